@@ -1,0 +1,219 @@
+"""The model is the Transformer: attention math, positions, causality, padding, KV cache, and it learns."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tfcli.errors import ConfigError
+from tfcli.model import BOS_ID, EOS_ID, PAD_ID, build_model, preset
+from tfcli.model.attention import KVCache, MultiHeadAttention
+from tfcli.model.positional import sinusoidal_table
+
+V = 40
+
+
+def seq2seq(**kw):
+    return build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, **kw)).eval()
+
+
+def lm(**kw):
+    return build_model(preset("lm-tiny", tgt_vocab_size=V, **kw)).eval()
+
+
+def reference_attention(mha: MultiHeadAttention, x, mask=None, causal=False):
+    """softmax(Q K^T / sqrt(d_k) + mask) V, written out by hand."""
+    B, T, d = x.shape
+    q, k, v = mha.qkv_proj(x).split(d, dim=-1)
+    q, k, v = (t.view(B, T, mha.n_head, mha.d_head).transpose(1, 2) for t in (q, k, v))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(mha.d_head)
+    if causal:
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    y = torch.softmax(scores, dim=-1) @ v
+    return mha.out_proj(y.transpose(1, 2).reshape(B, T, d))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_matches_hand_written_reference(causal):
+    mha = MultiHeadAttention(32, 4)
+    x = torch.randn(3, 7, 32)
+    mask = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    mask[1, ..., 5:] = False
+    y, w = mha(x, mask=None if causal else mask, is_causal=causal, need_weights=True)
+    ref = reference_attention(mha, x, None if causal else mask, causal)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    # the weights are a distribution over keys, zero where masked
+    torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 7))
+    if causal:
+        assert (w[..., torch.ones(7, 7, dtype=torch.bool).triu(1)] == 0).all()
+    else:
+        assert (w[1, :, :, 5:] == 0).all()
+
+
+def test_sinusoidal_table_is_the_formula():
+    d, n = 16, 50
+    pe = sinusoidal_table(n, d)
+    for pos in (0, 1, 7, 49):
+        for i in range(d // 2):
+            angle = pos / 10000 ** (2 * i / d)
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_seq2seq_decoder_is_causal(norm):
+    m = seq2seq(norm=norm)
+    src = torch.randint(4, V, (2, 6))
+    tgt = torch.randint(4, V, (2, 8))
+    out = m(src, tgt)
+    tgt2 = tgt.clone()
+    tgt2[:, 5:] = torch.randint(4, V, (2, 3))
+    out2 = m(src, tgt2)
+    torch.testing.assert_close(out[:, :5], out2[:, :5])
+    assert not torch.allclose(out[:, 5:], out2[:, 5:])
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope"])
+def test_lm_is_causal(positions):
+    m = lm(positions=positions)
+    x = torch.randint(4, V, (2, 10))
+    x2 = x.clone()
+    x2[:, 6:] = torch.randint(4, V, (2, 4))
+    torch.testing.assert_close(m(x)[:, :6], m(x2)[:, :6])
+
+
+def test_source_padding_does_not_change_outputs():
+    m = seq2seq()
+    src = torch.randint(4, V, (1, 6))
+    tgt = torch.randint(4, V, (1, 5))
+    padded_src = torch.cat([src, torch.full((1, 4), PAD_ID)], 1)
+    torch.testing.assert_close(m(src, tgt), m(padded_src, tgt), atol=1e-5, rtol=1e-5)
+    # batched with a longer sentence: the short one's outputs are unchanged
+    other = torch.randint(4, V, (1, 10))
+    batch_src = torch.cat([padded_src, other])
+    batch_tgt = torch.cat([tgt, torch.randint(4, V, (1, 5))])
+    torch.testing.assert_close(m(batch_src, batch_tgt)[0], m(src, tgt)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_target_padding_does_not_change_real_positions():
+    m = seq2seq()
+    src = torch.randint(4, V, (1, 6))
+    tgt = torch.randint(4, V, (1, 5))
+    padded = torch.cat([tgt, torch.full((1, 3), PAD_ID)], 1)
+    torch.testing.assert_close(m(src, padded)[:, :5], m(src, tgt), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_lm_left_padding_does_not_change_outputs(positions):
+    m = lm(positions=positions)
+    x = torch.randint(4, V, (1, 6))
+    padded = torch.cat([torch.full((1, 3), PAD_ID), x], 1)
+    valid = padded != PAD_ID
+    out = m(padded, valid=valid)
+    torch.testing.assert_close(out[:, 3:], m(x), atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_seq2seq_kv_cache_matches_full_forward(norm):
+    m = seq2seq(norm=norm)
+    src = torch.randint(4, V, (3, 7))
+    src[0, 5:] = PAD_ID
+    tgt = torch.randint(4, V, (3, 9))
+    full = m(src, tgt)
+    memory, mask = m.encode(src)
+    cache = m.new_cache()
+    steps = [m.decode(tgt[:, t : t + 1], memory, mask, cache) for t in range(tgt.size(1))]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    assert len(cache) == tgt.size(1)
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope"])
+def test_lm_kv_cache_matches_full_forward(positions):
+    m = lm(positions=positions)
+    x = torch.randint(4, V, (2, 12))
+    full = m(x)
+    cache = m.new_cache()
+    prefix = m(x[:, :5], cache=cache)  # prefill a prompt, then one token at a time
+    steps = [m(x[:, t : t + 1], cache=cache) for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat([prefix, *steps], 1), full, atol=1e-5, rtol=1e-5)
+    # a multi-token chunk on top of a non-empty cache uses the offset causal mask
+    cache2 = m.new_cache()
+    a = m(x[:, :4], cache=cache2)
+    b = m(x[:, 4:], cache=cache2)
+    torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_lm_kv_cache_with_left_padded_prompts():
+    m = lm(positions="rope")
+    short, long = torch.randint(4, V, (1, 4)), torch.randint(4, V, (1, 7))
+    batch = torch.cat([torch.cat([torch.full((1, 3), PAD_ID), short], 1), long])
+    cache = m.new_cache()
+    out = m(batch, cache=cache, valid=batch != PAD_ID)
+    nxt = torch.randint(4, V, (2, 1))
+    step = m(nxt, cache=cache)
+    torch.testing.assert_close(step[0], m(torch.cat([short, nxt[:1]], 1))[0, -1:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step[1], m(torch.cat([long, nxt[1:]], 1))[0, -1:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[0, 3:], m(short)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_cache_select_reorders_rows():
+    c = KVCache()
+    c.append(torch.arange(3.0).view(3, 1, 1, 1), torch.arange(3.0).view(3, 1, 1, 1))
+    c.select(torch.tensor([2, 2, 0]))
+    assert c.k.flatten().tolist() == [2.0, 2.0, 0.0]
+
+
+def test_tied_and_shared_embeddings():
+    m = seq2seq(share_embeddings=True, tie_output=True)
+    assert m.encoder.embed.tok.weight is m.decoder.embed.tok.weight
+    assert m.lm_head.weight is m.decoder.embed.tok.weight
+    untied = seq2seq(share_embeddings=False, tie_output=False)
+    assert untied.lm_head.weight is not untied.decoder.embed.tok.weight
+
+
+def test_config_rejects_impossible_shapes():
+    with pytest.raises(ConfigError, match="divisible"):
+        preset("tiny", d_model=30, n_head=4, src_vocab_size=V, tgt_vocab_size=V)
+    with pytest.raises(ConfigError, match="unknown architecture"):
+        preset("huge")
+    with pytest.raises(ConfigError, match="joint vocabulary"):
+        preset("tiny", src_vocab_size=10, tgt_vocab_size=20, share_embeddings=True)
+
+
+def test_presets_have_paper_shapes():
+    base = preset("base", src_vocab_size=100, tgt_vocab_size=100)
+    assert (base.d_model, base.n_head, base.d_ff, base.n_encoder_layers, base.n_decoder_layers) == (512, 8, 2048, 6, 6)
+    small = preset("small")
+    assert small.n_encoder_layers == 6 and 256 <= small.d_model <= 512
+
+
+def _copy_reverse_batch(n, length, g):
+    """Targets are the source reversed: needs attention across positions, not just a lookup."""
+    body = torch.randint(4, V, (n, length), generator=g)
+    tgt = torch.cat([torch.full((n, 1), BOS_ID), body.flip(1), torch.full((n, 1), EOS_ID)], 1)
+    return body, tgt[:, :-1], tgt[:, 1:]
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_tiny_model_learns_to_reverse(norm):
+    torch.manual_seed(0)
+    m = build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=64, d_ff=128, norm=norm)).train()
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    g = torch.Generator().manual_seed(0)
+    for step in range(400):
+        src, tgt_in, tgt_out = _copy_reverse_batch(64, 6, g)
+        loss = F.cross_entropy(m(src, tgt_in).flatten(0, 1), tgt_out.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    m.eval()
+    src, tgt_in, tgt_out = _copy_reverse_batch(256, 6, g)
+    with torch.no_grad():
+        logits = m(src, tgt_in)
+    loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten()).item()
+    acc = (logits.argmax(-1) == tgt_out).float().mean().item()
+    assert loss < 0.1 and acc > 0.98, (loss, acc)

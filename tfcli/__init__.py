@@ -1,0 +1,3 @@
+"""tfcli: a command-line Transformer toolkit."""
+
+__version__ = "0.1.0"

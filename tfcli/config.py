@@ -1,0 +1,179 @@
+"""Config files (YAML or TOML) mapped one-to-one onto dataclasses.
+
+Each concern has its own dataclass (`ModelConfig`, `TrainConfig`, ...). A config file is a mapping whose sections
+are those dataclasses' names (`model:`, `train:`, ...); CLI flags override single fields. Unknown keys, wrong types
+and impossible values are `ConfigError`s with a one-line message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+from tfcli.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def load_config_file(path: os.PathLike | str) -> dict:
+    """Read a YAML (.yaml/.yml), TOML (.toml) or JSON file into a dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".toml":
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover
+                import tomli as tomllib
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as e:  # parser errors carry line numbers in their messages
+        msg = str(e).replace("\n", " ")
+        raise ConfigError(f"{path}: cannot parse config: {msg}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of sections (model:, train:, ...)")
+    return data
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp, where: str):
+    """Check `value` against the annotation `tp`, converting only where lossless (int -> float, str -> number)."""
+    origin = get_origin(tp)
+    if origin is typing.Union or (sys.version_info >= (3, 10) and origin is types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        (item_tp, *_) = get_args(tp) or (Any,)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(float(value)) if float(value).is_integer() else int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")  # pragma: no cover
+
+
+def from_dict(cls: type[T], data: dict | None, where: str = "") -> T:
+    """Build dataclass `cls` from `data`, rejecting unknown keys and wrong types; then call its `validate()`."""
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {data!r}")
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        key_n = str(key).replace("-", "_")
+        path = f"{where}.{key}" if where else str(key)
+        if key_n not in names:
+            close = difflib.get_close_matches(key_n, sorted(names), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{path}: unknown config key{hint}")
+        kwargs[key_n] = _coerce(value, hints[key_n], path)
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate()
+    return obj
+
+
+def to_dict(obj) -> dict:
+    return dataclasses.asdict(obj)
+
+
+def override(obj: T, where: str = "", **changes) -> T:
+    """A copy of dataclass `obj` with the non-None `changes` applied, type-checked and validated."""
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes:
+        return obj
+    return from_dict(type(obj), {**to_dict(obj), **changes}, where)
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
+    """Parse `--set section.key=value` items into {section: {key: value}} (values parsed as YAML scalars)."""
+    import yaml
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"--set {item}: expected section.key=value, e.g. model.d_model=256")
+        key, value = item.split("=", 1)
+        section, name = key.split(".", 1)
+        out.setdefault(section, {})[name] = yaml.safe_load(value) if value else ""
+    return out

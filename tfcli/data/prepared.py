@@ -1,0 +1,118 @@
+"""The prepared directory: token ids in memory-mapped arrays, plus meta.json.
+
+    PREP/
+      meta.json                  format, kind (parallel|mono), splits with counts, vocab sizes, tokenizer files,
+                                 settings, input file hashes, tfcli version
+      tokenizer.src.json         Hugging Face `tokenizers` files (a joint vocabulary: both names hold the same model)
+      tokenizer.tgt.json         (a language model has only tgt)
+      {split}.{side}.bin         all token ids of that split/side back to back (uint16 if vocab < 65536, else uint32);
+                                 no <s> or </s>: batching adds them
+      {split}.{side}.idx         int64 offsets, count + 1 of them: sequence i is bin[idx[i]:idx[i+1]]
+      {split}.{side}.txt         the cleaned text (valid/test only), e.g. references for BLEU during training
+
+Sides are `src` and `tgt` for parallel data; a language model's monolingual data uses `tgt` alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+import tfcli
+from tfcli.errors import TfcliError
+
+FORMAT = "tfcli-prepared"
+FORMAT_VERSION = 1
+
+
+def dtype_for(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size < 2**16 else np.dtype(np.uint32)
+
+
+def write_sequences(directory: Path, split: str, side: str, seqs: list, vocab_size: int) -> dict:
+    """Write a list of id sequences as {split}.{side}.bin/.idx; returns {count, tokens, dtype}."""
+    dtype = dtype_for(vocab_size)
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter((t for s in seqs for t in s), dtype=dtype, count=int(offsets[-1]))
+    flat.tofile(directory / f"{split}.{side}.bin")
+    offsets.tofile(directory / f"{split}.{side}.idx")
+    return {"count": len(seqs), "tokens": int(offsets[-1]), "dtype": dtype.name}
+
+
+class Sequences:
+    """One split/side: `len()`, `[i]` -> np.ndarray of ids, `.lengths`, and `.flat` (all ids, memory-mapped)."""
+
+    def __init__(self, directory: Path, split: str, side: str, dtype: str):
+        bin_path, idx_path = directory / f"{split}.{side}.bin", directory / f"{split}.{side}.idx"
+        for p in (bin_path, idx_path):
+            if not p.exists():
+                raise TfcliError(f"{p}: missing from the prepared directory; re-run `tfcli prepare --force`")
+        self.offsets = np.fromfile(idx_path, dtype=np.int64)
+        size = bin_path.stat().st_size
+        itemsize = np.dtype(dtype).itemsize
+        if len(self.offsets) == 0 or self.offsets[-1] * itemsize != size:
+            raise TfcliError(f"{bin_path}: size does not match {idx_path.name}; the prepared directory is corrupt")
+        self.flat = np.memmap(bin_path, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
+        self.lengths = np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.flat[self.offsets[i] : self.offsets[i + 1]]
+
+
+class PreparedData:
+    """Read access to a prepared directory."""
+
+    def __init__(self, path: os.PathLike | str):
+        self.path = Path(path)
+        meta_path = self.path / "meta.json"
+        if not meta_path.exists():
+            raise TfcliError(f"{self.path}: not a prepared directory (no meta.json); run `tfcli prepare` first")
+        try:
+            self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise TfcliError(f"{meta_path}: corrupt ({e}); re-run `tfcli prepare --force`") from None
+        if self.meta.get("format") != FORMAT:
+            raise TfcliError(f"{meta_path}: not a tfcli prepared directory")
+        if int(self.meta.get("format_version", 0)) > FORMAT_VERSION:
+            raise TfcliError(f"{self.path}: prepared by a newer tfcli ({self.meta.get('tfcli_version')}); upgrade tfcli")
+
+    @property
+    def kind(self) -> str:
+        return self.meta["kind"]  # "parallel" or "mono"
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.meta["splits"])
+
+    def vocab_size(self, side: str) -> int:
+        return int(self.meta["vocab"][side])
+
+    def tokenizer_file(self, side: str) -> Path:
+        return self.path / self.meta["tokenizers"][side]
+
+    def tokenizer_files(self) -> dict[str, Path]:
+        return {side: self.path / name for side, name in self.meta["tokenizers"].items()}
+
+    def sequences(self, split: str, side: str) -> Sequences:
+        if split not in self.meta["splits"]:
+            raise TfcliError(f"{self.path}: has no '{split}' split (it has: {', '.join(self.splits)})")
+        info = self.meta["splits"][split].get(side)
+        if info is None:
+            raise TfcliError(f"{self.path}: split '{split}' has no '{side}' side")
+        return Sequences(self.path, split, side, info["dtype"])
+
+    def text_file(self, split: str, side: str) -> Path | None:
+        p = self.path / f"{split}.{side}.txt"
+        return p if p.exists() else None
+
+
+def new_meta(kind: str, **fields) -> dict:
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "tfcli_version": tfcli.__version__, "kind": kind, **fields}

@@ -1,0 +1,47 @@
+"""User-facing errors.
+
+Anything a user can cause (bad input, a wrong path, an impossible config) raises a `TfcliError`; the CLI prints its
+message as one line on stderr and exits with its code. Tracebacks are only shown with `--debug` or TFCLI_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Exit codes, so shell pipelines can tell failures apart.
+EXIT_ERROR = 1  # bad input, bad config, missing file: the user can fix it
+EXIT_USAGE = 2  # wrong command-line usage (also what click/typer use), or a command not available
+EXIT_INTERRUPTED = 130  # SIGINT / SIGTERM
+
+
+class TfcliError(Exception):
+    """An error with a message meant for the user; no traceback needed."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class InputError(TfcliError):
+    """Bad input data. Built with the file and line so the user can find it."""
+
+    def __init__(self, path: os.PathLike | str, line: int | None, message: str):
+        where = f"{path}:{line}" if line is not None else f"{path}"
+        super().__init__(f"{where}: {message}")
+        self.path = str(path)
+        self.line = line
+
+
+class ConfigError(TfcliError):
+    """A config file or flag with an unknown key, a wrong type or an impossible value."""
+
+
+class CheckpointError(TfcliError):
+    """A checkpoint that is missing, corrupt, or does not fit the model/tokenizer asked for."""
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("TFCLI_DEBUG", "").lower() not in ("", "0", "false", "no")

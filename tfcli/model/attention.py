@@ -1,0 +1,102 @@
+"""Multi-head scaled dot-product attention with a key/value cache for incremental decoding."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, each (B, n_head, T, d_head).
+
+    Self-attention appends one step at a time; cross-attention fills it once from the encoder output and reuses it.
+    `select` keeps rows (beam reordering, dropping finished sentences).
+    """
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.size(2)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k = torch.cat([self.k, k], dim=2)
+            self.v = torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def select(self, idx: torch.Tensor) -> None:
+        if self.k is not None:
+            self.k = self.k.index_select(0, idx)
+            self.v = self.v.index_select(0, idx)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,  head_i = softmax(Q_i K_i^T / sqrt(d_k) + mask) V_i.
+
+    Heads are a batch axis: (B, T, d_model) -> (B, n_head, T, d_head). Self-attention uses one fused QKV projection;
+    cross-attention projects queries from the decoder and keys/values (fused) from the encoder output.
+    The product itself is `F.scaled_dot_product_attention`, so fused/flash kernels run where available.
+    """
+
+    def __init__(self, d_model: int, n_head: int, attn_dropout: float = 0.0, bias: bool = True, cross: bool = False):
+        super().__init__()
+        assert d_model % n_head == 0
+        self.d_model, self.n_head, self.d_head = d_model, n_head, d_model // n_head
+        self.cross = cross
+        self.attn_dropout = attn_dropout
+        if cross:
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_head, self.d_head).transpose(1, 2)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        cache: KVCache | None = None,
+        rope=None,
+        pos: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, d_model). mask: bool, True = may attend, broadcastable to (B, n_head, T, T_k).
+
+        Returns the output (B, T, d_model) and, if `need_weights`, the attention weights (B, n_head, T, T_k).
+        """
+        B, T, _ = x.shape
+        if self.cross:
+            q = self._heads(self.q_proj(x))
+            if cache is not None and cache.k is not None:
+                k, v = cache.k, cache.v  # encoder keys/values, computed once per batch
+            else:
+                k, v = (self._heads(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
+                if cache is not None:
+                    cache.append(k, v)
+        else:
+            q, k, v = (self._heads(t) for t in self.qkv_proj(x).split(self.d_model, dim=-1))
+            if rope is not None:
+                q, k = rope(q, pos), rope(k, pos)
+            if cache is not None:
+                k, v = cache.append(k, v)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        # softmax(Q K^T / sqrt(d_head) + mask) V
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        weights = None
+        if need_weights:
+            # The weights from the very same kernel: with V = I, softmax(QK^T/sqrt(d) + mask) I is the weight matrix.
+            eye = torch.eye(k.size(2), dtype=q.dtype, device=q.device).expand(B, self.n_head, -1, -1)
+            weights = F.scaled_dot_product_attention(q, k, eye, attn_mask=mask, is_causal=is_causal)
+        y = y.transpose(1, 2).reshape(B, T, self.d_model)
+        return self.out_proj(y), weights

@@ -1,0 +1,108 @@
+"""One dataclass describes a Transformer architecture; presets name common sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from tfcli.errors import ConfigError
+
+# Special token ids are fixed across tfcli: every tokenizer is trained with these four first.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of an encoder-decoder (`seq2seq`) or decoder-only (`lm`) Transformer.
+
+    Names follow "Attention Is All You Need": d_model, n_head, d_ff (the FFN inner size), N layers.
+    """
+
+    kind: Literal["seq2seq", "lm"] = "seq2seq"
+    src_vocab_size: int = 0  # seq2seq only; filled from the prepared data
+    tgt_vocab_size: int = 0  # the output vocabulary (the LM's only vocabulary)
+    d_model: int = 512
+    n_head: int = 8
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1  # on embeddings, sublayer outputs (before the residual add) and inside the FFN
+    attn_dropout: float = 0.0  # on the attention weights
+    activation: Literal["relu", "gelu"] = "relu"
+    norm: Literal["pre", "post"] = "pre"  # post: LN(x + sublayer(x)) as in 2017; pre: x + sublayer(LN(x))
+    positions: Literal["sinusoidal", "learned", "rope"] = "sinusoidal"  # rope: decoder-only models
+    max_len: int = 1024  # longest sequence (learned positions table / RoPE cache size)
+    scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model), as the paper does
+    share_embeddings: bool = False  # one embedding table for source and target (needs a joint vocabulary)
+    tie_output: bool = True  # output projection = target embedding matrix (Press & Wolf 2017)
+    bias: bool = True
+    layer_norm_eps: float = 1e-5
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tgt_vocab_size
+
+    def validate(self) -> None:
+        if self.d_model <= 0 or self.n_head <= 0 or self.d_ff <= 0:
+            raise ConfigError("model: d_model, n_head and d_ff must be positive")
+        if self.d_model % self.n_head:
+            raise ConfigError(f"model: d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if self.positions == "rope" and self.d_head % 2:
+            raise ConfigError(f"model: rope needs an even head size, got d_model/n_head = {self.d_head}")
+        if self.positions == "rope" and self.kind != "lm":
+            raise ConfigError("model: positions 'rope' is for decoder-only models (kind: lm)")
+        if self.n_decoder_layers < 1 or (self.kind == "seq2seq" and self.n_encoder_layers < 1):
+            raise ConfigError("model: needs at least one layer in each stack")
+        if not (0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0):
+            raise ConfigError("model: dropout must be in [0, 1)")
+        if self.max_len < 2:
+            raise ConfigError("model: max_len must be at least 2")
+        if self.share_embeddings and self.kind == "seq2seq" and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError(
+                f"model: share_embeddings needs one joint vocabulary, but source has {self.src_vocab_size} "
+                f"and target {self.tgt_vocab_size} tokens; prepare with --joint-vocab or set share_embeddings: false"
+            )
+
+
+# Presets fix the shapes; vocab sizes come from the prepared data.
+PRESETS: dict[str, dict] = {
+    # for tests: trains in seconds on a CPU
+    "tiny": dict(d_model=32, n_head=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0),
+    # Multi30k-sized: 6+6 layers, d_model 256 (about 10M parameters plus embeddings)
+    "small": dict(d_model=256, n_head=4, n_encoder_layers=6, n_decoder_layers=6, d_ff=1024, dropout=0.1),
+    # the 2017 paper's base model
+    "base": dict(d_model=512, n_head=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1),
+    # the 2017 paper's big model
+    "big": dict(d_model=1024, n_head=16, n_encoder_layers=6, n_decoder_layers=6, d_ff=4096, dropout=0.3),
+    # decoder-only: nanoGPT's shapes
+    "lm-tiny": dict(kind="lm", d_model=32, n_head=4, n_decoder_layers=2, d_ff=128, dropout=0.0, max_len=256),
+    "lm-cpu": dict(kind="lm", d_model=128, n_head=4, n_decoder_layers=4, d_ff=512, dropout=0.0, max_len=64),
+    "baby-gpt": dict(kind="lm", d_model=384, n_head=6, n_decoder_layers=6, d_ff=1536, dropout=0.2, max_len=256),
+    "gpt2-small": dict(kind="lm", d_model=768, n_head=12, n_decoder_layers=12, d_ff=3072, dropout=0.0, max_len=1024),
+}
+_LM_DEFAULTS = dict(
+    n_encoder_layers=0, activation="gelu", positions="learned", scale_embedding=False, norm="pre", tie_output=True
+)
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """A `ModelConfig` for a named preset, with field overrides."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown architecture preset '{name}'; choose from: {', '.join(PRESETS)}")
+    fields = dict(PRESETS[name])
+    if fields.get("kind") == "lm":
+        fields = {**_LM_DEFAULTS, **fields}
+    fields.update(overrides)
+    from tfcli.config import from_dict
+
+    return from_dict(ModelConfig, fields, "model")
+
+
+def model_config_fields() -> list[str]:
+    return [f.name for f in dataclasses.fields(ModelConfig)]

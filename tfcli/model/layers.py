@@ -1,0 +1,123 @@
+"""Transformer blocks: residual sublayers with LayerNorm (pre- or post-norm) and the position-wise FFN."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tfcli.model.attention import KVCache, MultiHeadAttention
+from tfcli.model.config import ModelConfig
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2, applied to each position alone."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.act = F.relu if cfg.activation == "relu" else F.gelu
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.dropout(self.act(self.w1(x))))
+
+
+class Residual(nn.Module):
+    """A sublayer wrapped with dropout, the residual connection and LayerNorm.
+
+    post-norm (2017 paper): LN(x + Dropout(f(x)));  pre-norm (modern default): x + Dropout(f(LN(x))).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.pre = cfg.norm == "pre"
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, f) -> torch.Tensor:
+        if self.pre:
+            return x + self.dropout(f(self.norm(x)))
+        return self.norm(x + self.dropout(f(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Bidirectional self-attention, then FFN."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias)
+        self.ffn = FeedForward(cfg)
+        self.res_attn, self.res_ffn = Residual(cfg), Residual(cfg)
+
+    def forward(self, x, mask, attn_out: list | None = None):
+        def attn(h):
+            y, w = self.self_attn(h, mask=mask, need_weights=attn_out is not None)
+            if attn_out is not None:
+                attn_out.append(w)
+            return y
+
+        x = self.res_attn(x, attn)
+        return self.res_ffn(x, self.ffn)
+
+
+class LayerCache:
+    """Per decoder layer: self-attention keys/values so far, and the cross-attention keys/values of the source."""
+
+    def __init__(self):
+        self.self_kv, self.cross_kv = KVCache(), KVCache()
+
+    def select(self, idx: torch.Tensor) -> None:
+        self.self_kv.select(idx)
+        self.cross_kv.select(idx)
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to the encoder output (encoder-decoder only), then FFN."""
+
+    def __init__(self, cfg: ModelConfig, cross: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, cross=True) if cross else None
+        self.ffn = FeedForward(cfg)
+        self.res_self = Residual(cfg)
+        self.res_cross = Residual(cfg) if cross else None
+        self.res_ffn = Residual(cfg)
+
+    def forward(
+        self,
+        x,
+        self_mask=None,
+        is_causal=False,
+        memory=None,
+        memory_mask=None,
+        cache: LayerCache | None = None,
+        rope=None,
+        pos=None,
+        attn_out: dict | None = None,
+    ):
+        want = attn_out is not None
+
+        def self_attn(h):
+            y, w = self.self_attn(
+                h, mask=self_mask, is_causal=is_causal, cache=cache.self_kv if cache else None,
+                rope=rope, pos=pos, need_weights=want,
+            )
+            if want:
+                attn_out["self"].append(w)
+            return y
+
+        x = self.res_self(x, self_attn)
+        if self.cross_attn is not None:
+
+            def cross_attn(h):
+                y, w = self.cross_attn(
+                    h, memory=memory, mask=memory_mask, cache=cache.cross_kv if cache else None, need_weights=want
+                )
+                if want:
+                    attn_out["cross"].append(w)
+                return y
+
+            x = self.res_cross(x, cross_attn)
+        return self.res_ffn(x, self.ffn)

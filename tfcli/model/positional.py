@@ -1,0 +1,81 @@
+"""Positional information: sinusoidal tables, learned embeddings, and rotary embeddings (RoPE)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from tfcli.errors import TfcliError
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)),  PE[pos, 2i+1] = cos(pos / 10000^(2i/d))."""
+    pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * inv_freq)
+    pe[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
+    return pe.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal positions; the table grows on demand, so any length works."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        need = int(pos.max()) + 1 if pos.numel() else 0
+        if need > self.pe.size(0):
+            self.pe = sinusoidal_table(max(need, 2 * self.pe.size(0)), self.d_model).to(self.pe.device)
+        return self.pe[pos]
+
+
+class LearnedPositions(nn.Module):
+    """A learned embedding per absolute position (BERT/GPT-2 style); cannot go past max_len."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.emb = nn.Embedding(max_len, d_model)
+
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        if pos.numel() and int(pos.max()) >= self.emb.num_embeddings:
+            raise TfcliError(
+                f"sequence longer than the model's max_len ({self.emb.num_embeddings} positions, learned); "
+                "shorten the input or lower --max-len"
+            )
+        return self.emb(pos)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al. 2021): rotate each (x_i, x_{i+d/2}) pair of q and k by angle pos * theta_i.
+
+    theta_i = 10000^(-2i/d_head); q.k then depends only on the relative position.
+    """
+
+    def __init__(self, d_head: int, max_len: int, base: float = 10000.0):
+        super().__init__()
+        self.d_head, self.base = d_head, base
+        self._build(max_len)
+
+    def _build(self, n: int, device=None):
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.d_head, 2, dtype=torch.float32, device=device) / self.d_head))
+        angles = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv_freq)  # (n, d_head/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x: (B, H, T, d_head); pos: (T,) or (B, T) absolute positions."""
+        need = int(pos.max()) + 1 if pos.numel() else 0
+        if need > self.cos.size(0):
+            self._build(max(need, 2 * self.cos.size(0)), self.cos.device)
+        cos, sin = self.cos[pos], self.sin[pos]  # (T, d/2) or (B, T, d/2)
+        if cos.dim() == 3:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        x1, x2 = x[..., : self.d_head // 2], x[..., self.d_head // 2 :]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
