@@ -1,0 +1,79 @@
+"""Batching: where <s> and </s> are added, and token-based, length-bucketed batches.
+
+Conventions (shared by training, evaluation and decoding):
+  source      x_1 .. x_n </s>
+  target in   <s> y_1 .. y_m        (teacher forcing: the decoder input)
+  target out  y_1 .. y_m </s>       (what the model must predict)
+Padding is PAD_ID on the right.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID
+
+
+def pad(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch.Tensor:
+    """Right-pad a list of id sequences into a (B, T) int64 tensor."""
+    T = max((len(s) for s in seqs), default=0)
+    out = np.full((len(seqs), T), pad_id, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = s
+    return torch.from_numpy(out)
+
+
+def source_ids(ids: Sequence[int], max_len: int | None = None) -> list[int]:
+    """x_1 .. x_n </s>, truncated to max_len tokens in all."""
+    ids = list(ids)
+    if max_len is not None:
+        ids = ids[: max_len - 1]
+    return ids + [EOS_ID]
+
+
+def collate_seq2seq(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], max_len: int | None = None):
+    """(src, tgt_in, tgt_out) tensors for teacher forcing."""
+    src_b = pad([source_ids(s, max_len) for s in src])
+    tgt = [list(t)[: max_len - 1] if max_len else list(t) for t in tgt]
+    tgt_in = pad([[BOS_ID] + t for t in tgt])
+    tgt_out = pad([t + [EOS_ID] for t in tgt])
+    return src_b, tgt_in, tgt_out
+
+
+def token_batches(
+    lengths: np.ndarray,
+    max_tokens: int,
+    max_sentences: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+) -> list[np.ndarray]:
+    """Group example indices into batches of at most `max_tokens` padded tokens (batch size x longest example).
+
+    Examples are sorted by length (ties broken by a seeded shuffle) so each batch holds similar lengths and padding
+    stays small; with `shuffle`, the order of the batches is shuffled by (seed, epoch) — deterministic, so a resumed
+    run sees the same batches as an uninterrupted one.
+    """
+    lengths = np.asarray(lengths)
+    n = len(lengths)
+    if n == 0:
+        return []
+    rng = np.random.default_rng([seed, epoch])
+    tiebreak = rng.permutation(n) if shuffle else np.arange(n)
+    order = tiebreak[np.argsort(lengths[tiebreak], kind="stable")]
+    batches, start, longest = [], 0, 0
+    for i, idx in enumerate(order):
+        longest_if_added = max(longest, int(lengths[idx]))
+        size = i - start + 1
+        if size > 1 and (longest_if_added * size > max_tokens or (max_sentences and size > max_sentences)):
+            batches.append(order[start:i])
+            start, longest_if_added = i, int(lengths[idx])
+        longest = longest_if_added
+    batches.append(order[start:])
+    if shuffle:
+        perm = rng.permutation(len(batches))
+        batches = [batches[j] for j in perm]
+    return batches
