@@ -1,40 +1,235 @@
-"""Decoding for encoder-decoder models: batched greedy search (beam search lives beside it)."""
+"""Decoding for encoder-decoder models: batched greedy and beam search with the KV cache.
+
+Both run the encoder once per batch, feed the decoder one new token per step (the KV cache holds the rest, and the
+cross-attention keys/values of the source are computed once), and let finished sentences leave the batch, so no
+compute is spent on them. Neither ever emits <pad> or <s>.
+
+Length rules, shared with the slow reference in `reference.py`:
+  - a sentence may have at most max_len = a * src_len + b output tokens (src_len counts </s>; capped at the model's
+    max_len); a hypothesis that reaches it stops there, without </s>;
+  - </s> is forbidden before `min_len` tokens (benchmarks set min_len = max_len to force equal work).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID
 
 
-@torch.inference_mode()
-def greedy_search(model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10) -> list[list[int]]:
-    """Greedy decoding with the KV cache; the encoder runs once per batch.
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # output ids, without </s>
+    score: float  # sum of token log-probs / lp(|Y|)
+    token_scores: list[float] | None = None  # log p of each token, then of </s> when it ended with one
 
-    src: (B, S) padded source ids (with </s>). Each output is cut at </s> (not included), at most a*src_len+b tokens.
-    Finished sentences leave the batch, so no compute is spent on them.
-    """
-    B = src.size(0)
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| counting </s>. alpha = 0 ranks by raw log-prob."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int) -> torch.Tensor:
+    """(B,) longest allowed output per sentence: a * src_len + b, at least 1, at most the model's max_len."""
     src_len = (src != PAD_ID).sum(1)
-    max_len = (src_len.float() * max_len_a + max_len_b).long()
+    return (src_len.float() * max_len_a + max_len_b).long().clamp(min=1, max=model.cfg.max_len)
+
+
+def banned_tokens(step: int, min_len: int, device) -> torch.Tensor:
+    """Ids that may not come at `step` (1-based): <pad> and <s> always, </s> until min_len tokens exist."""
+    ids = [PAD_ID, BOS_ID] if step > min_len else [PAD_ID, BOS_ID, EOS_ID]
+    return torch.tensor(ids, device=device)
+
+
+def _next_log_probs(model, tok, memory, mem_mask, cache, step: int, min_len: int) -> torch.Tensor:
+    """log p(y_t | y_<t, x) for one new position per row, (R, V) float32, with banned tokens at -inf."""
+    logits = model.decode(tok, memory, mem_mask, cache)[:, -1]
+    lprobs = logits.float().log_softmax(-1)
+    return lprobs.index_fill_(1, banned_tokens(step, min_len, lprobs.device), float("-inf"))
+
+
+def _reorder(cache, self_idx: torch.Tensor, cross_idx: torch.Tensor | None) -> None:
+    """Reorder the self-attention caches by `self_idx` (one row per beam). The cross-attention keys/values depend
+    only on the source, so beam search keeps one row per sentence, shared by its beams (the attention layer groups
+    the beams' queries), and moves them only when sentences leave (`cross_idx`)."""
+    for layer in cache.layers:
+        layer.self_kv.select(self_idx)
+        if cross_idx is not None:
+            layer.cross_kv.select(cross_idx)
+
+
+@torch.inference_mode()
+def greedy_decode(
+    model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0
+) -> list[Hypothesis]:
+    """Greedy decoding with the KV cache; one `Hypothesis` per source row (scored like beam search with beam 1).
+
+    src: (B, S) right-padded source ids, each ending in </s>.
+    """
+    B, device = src.size(0), src.device
+    max_len = max_lengths(model, src, max_len_a, max_len_b)
     memory, mem_mask = model.encode(src)
     cache = model.new_cache()
-    alive = torch.arange(B, device=src.device)  # which original rows are still decoding
-    out: list[list[int]] = [[] for _ in range(B)]
-    tok = torch.full((B, 1), BOS_ID, dtype=torch.long, device=src.device)
+    alive = torch.arange(B, device=device)  # which input rows are still decoding
+    tokens = torch.empty(B, 0, dtype=torch.long, device=device)
+    lps = torch.empty(B, 0, device=device)
+    out: list[Hypothesis | None] = [None] * B
+    tok = torch.full((B, 1), BOS_ID, dtype=torch.long, device=device)
     step = 0
     while alive.numel():
-        logits = model.decode(tok, memory, mem_mask, cache)[:, -1]
-        nxt = logits.argmax(-1)
         step += 1
-        done = (nxt == EOS_ID) | (step >= max_len[alive])
-        for row, t, d in zip(alive.tolist(), nxt.tolist(), done.tolist()):
-            if t != EOS_ID:
-                out[row].append(t)
-        keep = (~done).nonzero().flatten()
-        if keep.numel() < alive.numel():
-            alive, memory, mem_mask = alive[keep], memory[keep], mem_mask[keep]
+        lprobs = _next_log_probs(model, tok, memory, mem_mask, cache, step, min_len)
+        memory = None  # the cross-attention cache holds what the decoder needs from the source now
+        lp, nxt = lprobs.max(-1)
+        tokens = torch.cat([tokens, nxt[:, None]], 1)
+        lps = torch.cat([lps, lp[:, None]], 1)
+        eos = nxt == EOS_ID
+        done = eos | (max_len[alive] <= step)
+        if bool(done.any()):
+            rows = done.nonzero().flatten()
+            for i, ended, toks, scores in zip(
+                alive[rows].tolist(), eos[rows].tolist(), tokens[rows].tolist(), lps[rows].tolist()
+            ):
+                n = step - 1 if ended else step
+                out[i] = Hypothesis(toks[:n], sum(scores) / length_penalty(step, len_penalty), scores)
+            keep = (~done).nonzero().flatten()
+            alive, tokens, lps, nxt, mem_mask = alive[keep], tokens[keep], lps[keep], nxt[keep], mem_mask[keep]
             cache.select(keep)
-            nxt = nxt[keep]
-        tok = nxt.unsqueeze(1)
-    return out
+        tok = nxt[:, None]
+    return out  # type: ignore[return-value]
+
+
+def greedy_search(model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10) -> list[list[int]]:
+    """Greedy decoding, just the output ids (without </s>) per source row."""
+    return [h.tokens for h in greedy_decode(model, src, max_len_a, max_len_b)]
+
+
+@torch.inference_mode()
+def beam_search(
+    model,
+    src: torch.Tensor,
+    beam_size: int = 5,
+    len_penalty: float = 0.6,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    nbest: int = 1,
+    min_len: int = 0,
+    token_scores: bool = False,
+) -> list[list[Hypothesis]]:
+    """Batched beam search; per source row, the `nbest` best hypotheses, best first.
+
+    Each step expands every live beam by the whole vocabulary and keeps the 2K best (beam, token) pairs by summed
+    log-prob (one topk over the flattened K x V scores). Pairs ending in </s> among the first K become finished
+    hypotheses, scored sum(log p) / lp(|Y|) (GNMT); the K best others go on. A sentence is done once it has K
+    finished hypotheses (the live beams are then no better by summed log-prob) or reaches its max length (its live
+    beams finish too); it then leaves the batch.
+    Rows are sentence-major: row s * k + j is beam j of live sentence s. The first step runs one row per sentence;
+    the source side (cross-attention keys/values, `mem_mask`) stays one row per live sentence throughout.
+    """
+    K = beam_size
+    B, device = src.size(0), src.device
+    V = model.cfg.tgt_vocab_size
+    if not 1 <= nbest <= K:
+        raise ValueError(f"nbest must be between 1 and the beam size ({K}), got {nbest}")
+    if 2 * K > V - 3:
+        raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
+    max_len = max_lengths(model, src, max_len_a, max_len_b)
+    memory, mem_mask = model.encode(src)
+    cache = model.new_cache()
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    alive = list(range(B))  # input row of each live sentence
+    alive_max = max_len
+    k = 1  # beams per live sentence: 1 at the first step, K after
+    scores = torch.zeros(B, 1, device=device)  # summed log-probs of the live beams, (n, k)
+    tokens = torch.empty(B, 0, dtype=torch.long, device=device)  # (n * k, step - 1)
+    lps = torch.empty(B, 0, device=device)  # per-token log-probs, kept only if asked for
+    tok = torch.full((B, 1), BOS_ID, dtype=torch.long, device=device)
+    step = 0
+    while alive:
+        step += 1
+        n = len(alive)
+        lprobs = _next_log_probs(model, tok, memory, mem_mask, cache, step, min_len)
+        memory = None
+        cand = (scores.unsqueeze(2) + lprobs.view(n, k, V)).view(n, k * V)
+        cand_scores, cand_idx = cand.topk(2 * K, dim=1)  # sorted, best first
+        cand_beam = torch.div(cand_idx, V, rounding_mode="floor")
+        cand_tok = cand_idx - cand_beam * V
+        cand_row = cand_beam + (torch.arange(n, device=device) * k)[:, None]  # the beam's row in `tokens` / cache
+        is_eos = cand_tok == EOS_ID
+        # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
+        next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
+        next_row, next_tok = cand_row.gather(1, pick), cand_tok.gather(1, pick)
+        cand_lp = lprobs.view(n, k * V).gather(1, cand_idx) if token_scores else None
+        next_lp = cand_lp.gather(1, pick) if token_scores else None
+
+        at_max = alive_max <= step
+        ending = is_eos[:, :K].any(1) | at_max
+        done = []
+        if bool(ending.any()):
+            done = _finish(
+                finished, alive, ending.nonzero().flatten(), at_max, K, length_penalty(step, len_penalty),
+                tokens, lps if token_scores else None,
+                (is_eos, cand_row, cand_scores, cand_lp), (next_row, next_tok, next_scores, next_lp),
+            )
+
+        keep = None
+        if done:
+            gone = set(done)
+            keep_list = [s for s in range(n) if s not in gone]
+            alive = [alive[s] for s in keep_list]
+            if not alive:
+                break
+            keep = torch.tensor(keep_list, device=device)
+            next_scores, next_row, next_tok, alive_max = next_scores[keep], next_row[keep], next_tok[keep], alive_max[keep]
+            if token_scores:
+                next_lp = next_lp[keep]
+            mem_mask = mem_mask.index_select(0, keep)
+        rows = next_row.flatten()
+        _reorder(cache, rows, keep)
+        tokens = torch.cat([tokens.index_select(0, rows), next_tok.reshape(-1, 1)], 1)
+        if token_scores:
+            lps = torch.cat([lps.index_select(0, rows), next_lp.reshape(-1, 1)], 1)
+        scores, k = next_scores, K
+        tok = next_tok.reshape(-1, 1)
+    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+def _finish(finished, alive, ends, at_max, K, lp_step, tokens, lps, cand, nxt) -> list[int]:
+    """Move the hypotheses that end at this step into `finished`; return the live sentences that are now done.
+
+    For each sentence in `ends`: its </s> candidates among the first K end; at its max length its K continuing
+    beams end too. Tensors are read into Python lists once, and only for these sentences.
+    """
+    n_end = ends.numel()
+    is_eos, cand_row, cand_scores, cand_lp = (t[ends, :K].tolist() if t is not None else [None] * n_end for t in cand)
+    next_row, next_tok, next_scores, next_lp = (t[ends].tolist() if t is not None else [None] * n_end for t in nxt)
+    stops = at_max[ends].tolist()
+    # per sentence: (row of the beam it extends, appended token or None for </s>, summed log-prob, last log-prob)
+    ending = []
+    for i, stop in enumerate(stops):
+        items = [
+            (cand_row[i][j], None, cand_scores[i][j], cand_lp[i][j] if lps is not None else None)
+            for j in range(K) if is_eos[i][j]
+        ]
+        if stop:
+            items += [
+                (next_row[i][j], next_tok[i][j], next_scores[i][j], next_lp[i][j] if lps is not None else None)
+                for j in range(K)
+            ]
+        ending.append(items)
+    rows = sorted({item[0] for items in ending for item in items})
+    idx = torch.tensor(rows, device=tokens.device)
+    prefix = dict(zip(rows, tokens.index_select(0, idx).tolist()))
+    prefix_lp = dict(zip(rows, lps.index_select(0, idx).tolist())) if lps is not None else None
+    done = []
+    for s, stop, items in zip(ends.tolist(), stops, ending):
+        hyps = finished[alive[s]]
+        for row, tok, score, last_lp in items:
+            toks = prefix[row] + ([tok] if tok is not None else [])
+            ts = prefix_lp[row] + [last_lp] if prefix_lp is not None else None
+            hyps.append(Hypothesis(toks, score / lp_step, ts))
+        if stop or len(hyps) >= K:
+            done.append(s)
+    return done

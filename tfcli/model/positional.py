@@ -29,9 +29,12 @@ class SinusoidalPositions(nn.Module):
         self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
 
     def forward(self, pos: torch.Tensor) -> torch.Tensor:
-        need = int(pos.max()) + 1 if pos.numel() else 0
-        if need > self.pe.size(0):
-            self.pe = sinusoidal_table(max(need, 2 * self.pe.size(0)), self.d_model).to(self.pe.device)
+        # Growing needs the largest position on the host. Under torch.compile that read would split the graph and
+        # wait for the GPU, so compiled training relies on the trainer keeping lengths within max_len.
+        if not torch.compiler.is_compiling():
+            need = int(pos.max()) + 1 if pos.numel() else 0
+            if need > self.pe.size(0):
+                self.pe = sinusoidal_table(max(need, 2 * self.pe.size(0)), self.d_model).to(self.pe.device)
         return self.pe[pos]
 
 
@@ -43,7 +46,7 @@ class LearnedPositions(nn.Module):
         self.emb = nn.Embedding(max_len, d_model)
 
     def forward(self, pos: torch.Tensor) -> torch.Tensor:
-        if pos.numel() and int(pos.max()) >= self.emb.num_embeddings:
+        if not torch.compiler.is_compiling() and pos.numel() and int(pos.max()) >= self.emb.num_embeddings:
             raise TfcliError(
                 f"sequence longer than the model's max_len ({self.emb.num_embeddings} positions, learned); "
                 "shorten the input or lower --max-len"
@@ -70,9 +73,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x: (B, H, T, d_head); pos: (T,) or (B, T) absolute positions."""
-        need = int(pos.max()) + 1 if pos.numel() else 0
-        if need > self.cos.size(0):
-            self._build(max(need, 2 * self.cos.size(0)), self.cos.device)
+        if not torch.compiler.is_compiling():  # as in SinusoidalPositions
+            need = int(pos.max()) + 1 if pos.numel() else 0
+            if need > self.cos.size(0):
+                self._build(max(need, 2 * self.cos.size(0)), self.cos.device)
         cos, sin = self.cos[pos], self.sin[pos]  # (T, d/2) or (B, T, d/2)
         if cos.dim() == 3:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)

@@ -1,0 +1,403 @@
+"""Translation speed, side by side in one run: tfcli vs Hugging Face `generate` vs CTranslate2, all on the CPU.
+
+    .venv/bin/python benchmarks/translate_speed.py [--threads N] [--checkpoint CKPT]
+
+(1) Synthetic: a randomly initialised tfcli model shaped like the `small` preset (d_model 256, 6+6 layers, 4 heads,
+    FFN 1024, vocabulary 8000, shared and tied embeddings, post-norm, ReLU, sinusoidal positions) is copied weight
+    for weight into a `transformers.MarianMTModel`, which CTranslate2's own converter turns into a float32 model.
+    The copy is exact (checked: same logits), because Marian's sinusoidal table is tfcli's with its columns
+    reordered (sin half, cos half instead of interleaved), so permuting the model dimension consistently in every
+    weight makes one network into the other; the decoder start token is given a zero embedding, as CTranslate2
+    starts Marian decoders from a zero vector. All three decode the same source batches with the same beam size,
+    batch size and threads, and a FORCED output length (no </s> before L tokens, stop at L), so they do the same
+    work: tfcli min_len = max_len = L, HF min_new_tokens = max_new_tokens = L, CT2 min/max_decoding_length = L.
+(2) Real: the 1,000 Multi30k test2016 German sentences, translated by a trained checkpoint (--checkpoint) through the
+    whole `tfcli translate` path (tokenise, batch, search, detokenise), greedy and beam; skipped, saying why, when
+    the data or the checkpoint is missing. If the checkpoint has Marian's architecture (post-norm, sinusoidal, shared
+    tied embeddings, ReLU), HF and CT2 translate the same ids with the same weights (natural stopping).
+
+Each measurement is repeated (--repeats), systems interleaved, and the best time is kept (the machine may be
+shared). Results: benchmarks/results/translate_speed.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tfcli.data.batching import pad, source_ids  # noqa: E402
+from tfcli.generate.search import beam_search, greedy_decode  # noqa: E402
+from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+# --- tfcli <-> Marian ------------------------------------------------------------------------------------------
+
+
+def marian_compatible(cfg) -> str | None:
+    """Why a tfcli config cannot be copied into MarianMTModel, or None if it can."""
+    if cfg.kind != "seq2seq":
+        return "not a translation model"
+    if cfg.norm != "post":
+        return "pre-norm (Marian is post-norm)"
+    if cfg.positions != "sinusoidal":
+        return f"{cfg.positions} positions (Marian is sinusoidal)"
+    if not (cfg.share_embeddings and cfg.tie_output and cfg.scale_embedding):
+        return "embeddings not shared, tied and scaled (as Marian's are)"
+    if cfg.activation != "relu" or not cfg.bias:
+        return "activation or biases differ"
+    return None
+
+
+def to_marian(model):
+    """A MarianMTModel computing the same function as tfcli `model` (see the module docstring).
+
+    Marian's vocabulary gets one extra last token, its <pad> (zero embedding, decoder start), as Marian models have;
+    CTranslate2's converter strips it again.
+    """
+    from transformers import MarianConfig, MarianMTModel
+
+    cfg = model.cfg
+    d, V = cfg.d_model, cfg.tgt_vocab_size
+    mcfg = MarianConfig(
+        vocab_size=V + 1, decoder_vocab_size=V + 1, d_model=d, encoder_layers=cfg.n_encoder_layers,
+        decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_head, decoder_attention_heads=cfg.n_head,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu", dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=max(cfg.max_len, 512),
+        scale_embedding=True, pad_token_id=V, decoder_start_token_id=V, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
+        forced_eos_token_id=None, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+    )
+    marian = MarianMTModel(mcfg).eval()
+    perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])  # Marian dim j = tfcli dim perm[j]
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out = {}
+
+    def lin(dst, w, b, rows=False, cols=False):
+        out[f"{dst}.weight"] = w[perm] if rows else w[:, perm] if cols else w
+        out[f"{dst}.bias"] = b[perm] if rows else b
+
+    def norm(dst, src):
+        out[f"{dst}.weight"], out[f"{dst}.bias"] = sd[f"{src}.weight"][perm], sd[f"{src}.bias"][perm]
+
+    def self_attn(dst, src):
+        for name, w, b in zip("qkv", sd[f"{src}.qkv_proj.weight"].split(d), sd[f"{src}.qkv_proj.bias"].split(d)):
+            lin(f"{dst}.{name}_proj", w, b, cols=True)
+        lin(f"{dst}.out_proj", sd[f"{src}.out_proj.weight"], sd[f"{src}.out_proj.bias"], rows=True)
+
+    def ffn(dst, src):
+        lin(f"{dst}.fc1", sd[f"{src}.ffn.w1.weight"], sd[f"{src}.ffn.w1.bias"], cols=True)
+        lin(f"{dst}.fc2", sd[f"{src}.ffn.w2.weight"], sd[f"{src}.ffn.w2.bias"], rows=True)
+
+    emb = sd["encoder.embed.tok.weight"][:, perm]
+    out["model.shared.weight"] = torch.cat([emb, torch.zeros(1, d)])
+    for i in range(cfg.n_encoder_layers):
+        m, t = f"model.encoder.layers.{i}", f"encoder.layers.{i}"
+        self_attn(f"{m}.self_attn", f"{t}.self_attn")
+        norm(f"{m}.self_attn_layer_norm", f"{t}.res_attn.norm")
+        ffn(m, t)
+        norm(f"{m}.final_layer_norm", f"{t}.res_ffn.norm")
+    for i in range(cfg.n_decoder_layers):
+        m, t = f"model.decoder.layers.{i}", f"decoder.layers.{i}"
+        self_attn(f"{m}.self_attn", f"{t}.self_attn")
+        norm(f"{m}.self_attn_layer_norm", f"{t}.res_self.norm")
+        lin(f"{m}.encoder_attn.q_proj", sd[f"{t}.cross_attn.q_proj.weight"], sd[f"{t}.cross_attn.q_proj.bias"], cols=True)
+        for name, w, b in zip("kv", sd[f"{t}.cross_attn.kv_proj.weight"].split(d), sd[f"{t}.cross_attn.kv_proj.bias"].split(d)):
+            lin(f"{m}.encoder_attn.{name}_proj", w, b, cols=True)
+        lin(f"{m}.encoder_attn.out_proj", sd[f"{t}.cross_attn.out_proj.weight"], sd[f"{t}.cross_attn.out_proj.bias"], rows=True)
+        norm(f"{m}.encoder_attn_layer_norm", f"{t}.res_cross.norm")
+        ffn(m, t)
+        norm(f"{m}.final_layer_norm", f"{t}.res_ffn.norm")
+    missing, unexpected = marian.load_state_dict(out, strict=False)
+    left = [k for k in missing if "embed_positions" not in k and "embed_tokens" not in k and k not in ("lm_head.weight", "final_logits_bias")]
+    assert not left and not unexpected, (left, unexpected)
+    marian.tie_weights()
+    return marian
+
+
+def check_same_function(model, marian, n=4, length=12) -> float:
+    """Max |logit difference| between tfcli and Marian on a random batch (raises if they are not the same)."""
+    g = torch.Generator().manual_seed(0)
+    V = model.cfg.tgt_vocab_size
+    src = torch.randint(4, V, (n, length), generator=g)
+    src[:, -1] = EOS_ID
+    src[1, 7:] = PAD_ID
+    tgt = torch.randint(4, V, (n, 9), generator=g)
+    tgt[:, 0] = BOS_ID
+    with torch.inference_mode():
+        ours = model(src, tgt)
+        mask = (src != PAD_ID).long()
+        theirs = marian(
+            input_ids=src.masked_fill(src == PAD_ID, V), attention_mask=mask,
+            decoder_input_ids=tgt.masked_fill(tgt == BOS_ID, V),
+        ).logits[..., :V]
+    diff = float((ours - theirs).abs().max())
+    assert diff < 1e-3, f"the Marian copy differs from the tfcli model (max logit difference {diff})"
+    return diff
+
+
+def save_for_ct2(marian, vocab: list[str], directory: Path) -> Path:
+    """Save the Marian model with a fast tokenizer (so AutoTokenizer works) and convert it with CT2's converter."""
+    import ctranslate2
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    hf_dir, ct2_dir = directory / "marian", directory / "ct2"
+    tokens = ["<blank>"] + vocab[1:] + ["<pad>"]  # Marian's <pad> is the extra last token; id 0 is never used
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", bos_token="<s>"
+    )
+    marian.save_pretrained(hf_dir)
+    fast.save_pretrained(hf_dir)
+    ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(ct2_dir), quantization="float32", force=True)
+    return ct2_dir
+
+
+# --- the three decoders ----------------------------------------------------------------------------------------
+
+
+class TfcliRunner:
+    name = "tfcli"
+
+    def __init__(self, model):
+        self.model = model
+
+    def run(self, batches, beam, length, alpha):
+        out = []
+        for batch in batches:
+            src = pad([source_ids(s) for s in batch])
+            if beam == 1:
+                hyps = greedy_decode(self.model, src, 0, length, min_len=length, len_penalty=alpha)
+                out += [h.tokens for h in hyps]
+            else:
+                hyps = beam_search(self.model, src, beam, alpha, 0, length, min_len=length)
+                out += [h[0].tokens for h in hyps]
+        return out
+
+
+class HFRunner:
+    name = "hf"
+
+    def __init__(self, marian):
+        self.marian = marian
+
+    def run(self, batches, beam, length, alpha):
+        V = self.marian.config.pad_token_id
+        out = []
+        with torch.inference_mode():
+            for batch in batches:
+                src = pad([source_ids(s) for s in batch], pad_id=V)
+                beam_args = dict(length_penalty=alpha, early_stopping=True) if beam > 1 else {}
+                gen = self.marian.generate(
+                    input_ids=src, attention_mask=(src != V).long(), num_beams=beam, do_sample=False,
+                    min_new_tokens=length, max_new_tokens=length, num_return_sequences=1, **beam_args,
+                )
+                out += [[t for t in row[1:].tolist() if t != V] for row in gen]
+        return out
+
+
+class CT2Runner:
+    name = "ct2"
+
+    def __init__(self, path, vocab, threads):
+        import ctranslate2
+
+        self.translator = ctranslate2.Translator(str(path), device="cpu", compute_type="float32",
+                                                 intra_threads=threads, inter_threads=1)
+        self.vocab = vocab
+        self.index = {t: i for i, t in enumerate(vocab)}
+
+    def run(self, batches, beam, length, alpha):
+        sents = [[self.vocab[t] for t in source_ids(s)] for batch in batches for s in batch]
+        res = self.translator.translate_batch(
+            sents, beam_size=beam, max_batch_size=max(len(b) for b in batches), batch_type="examples",
+            min_decoding_length=length, max_decoding_length=length, length_penalty=alpha,
+        )
+        return [[self.index[t] for t in r.hypotheses[0]] for r in res]
+
+
+def timed(fn, *args):
+    t = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t, out
+
+
+def compare(runners, batches, beam, length, alpha, repeats) -> dict:
+    """Best-of-`repeats` sentences/s per runner, interleaved; plus output agreement and lengths."""
+    n = sum(len(b) for b in batches)
+    for r in runners:  # warm-up: first calls allocate, pick kernels, fill caches
+        r.run([batches[0][:4]], beam, length, alpha)
+    times = {r.name: [] for r in runners}
+    outputs = {}
+    for _ in range(repeats):
+        for r in runners:
+            dt, outputs[r.name] = timed(r.run, batches, beam, length, alpha)
+            times[r.name].append(dt)
+    res = {"sentences": n, "beam": beam, "output_len": length}
+    for r in runners:
+        lens = {len(o) for o in outputs[r.name]}
+        res[r.name] = {
+            "sent_per_s": n / min(times[r.name]), "best_s": min(times[r.name]),
+            "median_s": float(np.median(times[r.name])), "times_s": times[r.name], "output_lengths": sorted(lens),
+        }
+    ref = outputs["tfcli"]
+    for r in runners[1:]:
+        res[r.name]["same_output_as_tfcli"] = sum(a == b for a, b in zip(ref, outputs[r.name])) / n
+        res[f"tfcli_over_{r.name}"] = res["tfcli"]["sent_per_s"] / res[r.name]["sent_per_s"]
+    return res
+
+
+# --- the parts -------------------------------------------------------------------------------------------------
+
+
+def synthetic(args, tmp: Path) -> dict:
+    torch.manual_seed(0)
+    cfg = preset("small", src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, norm="post", dropout=0.0,
+                 share_embeddings=True, tie_output=True, max_len=512)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        model.decoder.embed.tok.weight[BOS_ID].zero_()  # the decoder starts from a zero embedding, as in CT2's Marian
+    marian = to_marian(model)
+    diff = check_same_function(model, marian)
+    vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(len(SPECIAL_TOKENS), args.vocab)]
+    ct2_dir = save_for_ct2(marian, vocab, tmp)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(args.src_len - 5, args.src_len + 6, size=args.sentences)
+    sents = sorted(([int(t) for t in rng.integers(4, args.vocab, size=n)] for n in lengths), key=len)
+    batches = [sents[i : i + args.batch_size] for i in range(0, len(sents), args.batch_size)]
+    runners = [TfcliRunner(model), HFRunner(marian), CT2Runner(ct2_dir, vocab, args.threads)]
+    out = {"model": "small-shaped random seq2seq, post-norm, 6+6 x 256, ffn 1024, 4 heads, vocab %d" % args.vocab,
+           "max_logit_difference_tfcli_vs_marian": diff, "batch_size": args.batch_size,
+           "mean_src_len_with_eos": float(np.mean([len(s) + 1 for s in sents]))}
+    for beam in (args.beam, 1):
+        print(f"synthetic: beam {beam} ...", file=sys.stderr, flush=True)
+        out[f"beam{beam}"] = compare(runners, batches, beam, args.out_len, args.alpha, args.repeats)
+    return out
+
+
+def real(args) -> dict:
+    data = Path(args.data) / "multi30k" / "test2016.de"
+    if not data.exists():
+        return {"skipped": f"{data} not found"}
+    if not args.checkpoint:
+        return {"skipped": "no trained checkpoint given (--checkpoint CKPT)"}
+    from tfcli import checkpoint as ckpt_mod
+    from tfcli.generate.runtime import load
+    from tfcli.generate.translate import TranslateConfig, Translator, read_inputs
+
+    device = torch.device("cpu")
+    loaded = load(args.checkpoint, device, "seq2seq")
+    n = sum(1 for _ in open(data, encoding="utf-8"))
+    out = {"checkpoint": str(ckpt_mod.resolve(args.checkpoint)), "data": str(data), "sentences": n}
+    ref = Path(args.data) / "multi30k" / "test2016.en"
+    for beam in (args.beam, 1):
+        cfg = TranslateConfig(beam_size=beam, batch_size=args.batch_size, device="cpu")
+        best, hyps = float("inf"), []
+        for _ in range(args.repeats):
+            tr = Translator(loaded, cfg, device)
+            dt, hyps = timed(lambda: list(tr.run(read_inputs([str(data)]))))
+            best = min(best, dt)
+        entry = {"sent_per_s": n / best, "best_s": best}
+        if ref.exists():
+            import sacrebleu
+
+            entry["bleu"] = sacrebleu.corpus_bleu(hyps, [ref.read_text(encoding="utf-8").splitlines()]).score
+        out[f"tfcli_translate_beam{beam}"] = entry
+    why = marian_compatible(loaded.model.cfg)
+    out["hf_ct2"] = f"not compared: {why}" if why else "see the synthetic part for the side-by-side comparison"
+    return out
+
+
+def markdown(res: dict) -> str:
+    lines = ["# Translation speed (CPU)", "", f"Command: `{res['command']}`", "",
+             f"Machine: {res['nproc']} CPUs ({res['cpu']}), torch {res['torch']}, transformers {res['transformers']}, "
+             f"ctranslate2 {res['ctranslate2']}, threads {res['threads']}. Measured {res['date']}.", ""]
+    syn = res["synthetic"]
+    lines += ["## Synthetic: same weights in tfcli, HF MarianMT and CTranslate2 (float32), forced output length", "",
+              f"{syn['model']}; {syn['beam%d' % res['beam']]['sentences']} sentences of mean source length "
+              f"{syn['mean_src_len_with_eos']:.1f} (with </s>), output length forced to "
+              f"{res['out_len']} tokens, batch size {syn['batch_size']}. Best of {res['repeats']} interleaved runs.", "",
+              "| decoding | tfcli sent/s | HF generate sent/s | CT2 sent/s | tfcli / HF | tfcli / CT2 | same output as tfcli (HF, CT2) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for key in (f"beam{res['beam']}", "beam1"):
+        r = syn[key]
+        name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        lines.append(
+            f"| {name} | {r['tfcli']['sent_per_s']:.1f} | {r['hf']['sent_per_s']:.1f} | {r['ct2']['sent_per_s']:.1f} | "
+            f"{r['tfcli_over_hf']:.2f}x | {r['tfcli_over_ct2']:.2f}x | "
+            f"{r['hf']['same_output_as_tfcli']:.0%}, {r['ct2']['same_output_as_tfcli']:.0%} |"
+        )
+    b = syn[f"beam{res['beam']}"]
+    lines += ["", f"Targets (beam {res['beam']}): tfcli/HF >= 2.5 -> **{b['tfcli_over_hf']:.2f}** "
+              f"({'met' if b['tfcli_over_hf'] >= 2.5 else 'NOT met'}); tfcli/CT2 >= 0.6 -> **{b['tfcli_over_ct2']:.2f}** "
+              f"({'met' if b['tfcli_over_ct2'] >= 0.6 else 'NOT met'}).",
+              f"Max logit difference tfcli vs the Marian copy: {syn['max_logit_difference_tfcli_vs_marian']:.1e}.", ""]
+    rl = res["real"]
+    lines += ["## Real: Multi30k test2016 (de), trained checkpoint, full `tfcli translate` path", ""]
+    if "skipped" in rl:
+        lines.append(f"Skipped: {rl['skipped']}.")
+    else:
+        lines.append(f"Checkpoint `{rl['checkpoint']}`, {rl['sentences']} sentences.")
+        lines += ["", "| decoding | sent/s | BLEU |", "| --- | ---: | ---: |"]
+        for key in (f"tfcli_translate_beam{res['beam']}", "tfcli_translate_beam1"):
+            e = rl[key]
+            lines.append(f"| {key.replace('tfcli_translate_', '')} | {e['sent_per_s']:.1f} | {e.get('bleu', float('nan')):.1f} |")
+        lines += ["", f"HF / CT2: {rl['hf_ct2']}."]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--sentences", type=int, default=200)
+    p.add_argument("--src-len", type=int, default=20, help="mean source length (tokens, uniform +-5)")
+    p.add_argument("--out-len", type=int, default=20, help="forced output length")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--checkpoint", default=None, help="trained checkpoint for the Multi30k part")
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--out", default=str(RESULTS / "translate_speed"))
+    args = p.parse_args()
+
+    import ctranslate2
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    res = {
+        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/translate_speed.py", *sys.argv[1:]]),
+        "nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "ctranslate2": ctranslate2.__version__, "threads": args.threads,
+        "date": time.strftime("%Y-%m-%d %H:%M"), "beam": args.beam, "out_len": args.out_len, "repeats": args.repeats,
+        "load_average_at_start": os.getloadavg(),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        res["synthetic"] = synthetic(args, Path(tmp))
+    res["real"] = real(args)
+    res["load_average_at_end"] = os.getloadavg()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(res))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()

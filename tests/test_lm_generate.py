@@ -1,0 +1,259 @@
+"""lm-generate: sampling filters on hand-made distributions, cached batched generation equal to recomputing, seeds,
+stop strings, streaming, and the command line."""
+
+import dataclasses
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, models, pre_tokenizers
+from typer.testing import CliRunner
+
+from tfcli import checkpoint
+from tfcli.cli import app
+from tfcli.generate.lm import START_ID, Continuation, GenerateConfig, generate_ids, lm_generate
+from tfcli.generate.sampling import apply_repetition_penalty, apply_temperature, next_token, top_k_filter, top_p_filter
+from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset
+
+ROOT = Path(__file__).resolve().parents[1]
+TFCLI = ROOT / ".venv" / "bin" / "tfcli"
+WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
+VOCAB = SPECIAL_TOKENS + WORDS + ["."]
+V = len(VOCAB)
+ID = {w: i for i, w in enumerate(VOCAB)}
+NEG = float("-inf")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def counter_lm(tmp_path_factory):
+    """A tiny LM trained on runs of consecutive words ("cat dog egg ."), streams "</s> s1 </s> s2 ..." as training
+    does; it learns to continue a run and end it with "." and </s>."""
+    d = tmp_path_factory.mktemp("lm")
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tok.json"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = preset("lm-tiny", tgt_vocab_size=V, d_model=64, d_ff=128, max_len=48)
+    model = build_model(cfg).train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    rng = random.Random(0)
+
+    def sentence():
+        a, n = rng.randrange(len(WORDS)), rng.randint(2, 8)
+        return [4 + (a + i) % len(WORDS) for i in range(n)] + [ID["."]]
+
+    for _ in range(250):
+        rows = []
+        for _ in range(32):
+            s = [EOS_ID]
+            while len(s) < 33:
+                s += sentence() + [EOS_ID]
+            rows.append(s[:33])
+        x = torch.tensor(rows)
+        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.set_num_threads(threads)
+    return checkpoint.save(d / "ckpt", model.eval(), {"model": dataclasses.asdict(cfg)}, {"tgt": d / "tok.json"})
+
+
+@pytest.fixture(scope="module")
+def lm_model(counter_lm):
+    return checkpoint.load(counter_lm)[0]
+
+
+# --- filters on hand-made distributions ------------------------------------------------------------------------
+
+
+def logits_of(probs):
+    return torch.tensor(probs).log().unsqueeze(0)
+
+
+def kept(logits):
+    return (logits[0] > NEG).nonzero().flatten().tolist()
+
+
+def test_top_k_keeps_the_k_most_likely():
+    logits = logits_of([0.1, 0.4, 0.05, 0.3, 0.15])
+    assert kept(top_k_filter(logits, 2)) == [1, 3]
+    assert kept(top_k_filter(logits, 1)) == [1]
+    assert kept(top_k_filter(logits, 0)) == [0, 1, 2, 3, 4]  # 0: no filter
+    assert kept(top_k_filter(torch.tensor([[1.0, 2.0, 2.0, 0.0]]), 2)) == [1, 2]
+    assert kept(top_k_filter(torch.tensor([[1.0, 2.0, 2.0, 0.0]]), 1)) == [1, 2]  # ties with the k-th stay
+    torch.testing.assert_close(top_k_filter(logits, 3)[0, [1, 3, 4]], logits[0, [1, 3, 4]])  # untouched
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    logits = logits_of([0.05, 0.5, 0.15, 0.3])  # sorted: 0.5 (1), 0.3 (3), 0.15 (2), 0.05 (0)
+    assert kept(top_p_filter(logits, 0.4)) == [1]
+    assert kept(top_p_filter(logits, 0.7)) == [1, 3]  # 0.5 < 0.7 <= 0.8
+    assert kept(top_p_filter(logits, 0.9)) == [1, 2, 3]
+    assert kept(top_p_filter(logits, 0.99)) == [0, 1, 2, 3]
+    assert kept(top_p_filter(logits, 1e-6)) == [1]  # the most likely token always stays
+    two_rows = torch.cat([logits, logits_of([0.7, 0.1, 0.1, 0.1])])
+    assert (top_p_filter(two_rows, 0.6) > NEG).tolist() == [[False, True, False, True], [True, False, False, False]]
+
+
+def test_temperature_sharpens_and_flattens():
+    logits = logits_of([0.2, 0.8])
+    assert apply_temperature(logits, 1.0).softmax(-1)[0].tolist() == pytest.approx([0.2, 0.8])
+    cold, hot = apply_temperature(logits, 0.5).softmax(-1)[0], apply_temperature(logits, 2.0).softmax(-1)[0]
+    assert cold.tolist() == pytest.approx([0.04 / 0.68, 0.64 / 0.68])  # p^(1/T), renormalised
+    assert hot[1] < 0.8 < cold[1]
+    with pytest.raises(ValueError):
+        apply_temperature(logits, 0.0)
+
+
+def test_repetition_penalty_is_ctrls():
+    logits = torch.tensor([[2.0, -1.0, 3.0, 0.5]])
+    out = apply_repetition_penalty(logits, torch.tensor([[0, 1, 1]]), 2.0)
+    assert out.tolist() == [[1.0, -2.0, 3.0, 0.5]]  # seen: positive / 2, negative * 2; unseen untouched
+    assert apply_repetition_penalty(logits, torch.tensor([[0]]), 1.0) is logits
+
+
+def test_sampling_follows_the_filtered_distribution():
+    # ids 0 and 1 (<pad>, <s>) are the most likely by far, but must never come out
+    logits = torch.cat([torch.full((4000, 2), 5.0), logits_of([0.1, 0.2, 0.3, 0.4]).expand(4000, -1)], 1)
+    g = torch.Generator().manual_seed(0)
+    ids = next_token(logits, torch.empty(4000, 0, dtype=torch.long), top_k=2, generator=g)
+    counts = torch.bincount(ids, minlength=6).tolist()
+    assert counts[0] == counts[1] == 0  # <pad>, <s> banned
+    assert counts[2] == counts[3] == 0  # outside the top 2
+    assert counts[5] / 4000 == pytest.approx(0.4 / 0.7, abs=0.03)
+    same = next_token(logits, torch.empty(4000, 0, dtype=torch.long), top_k=2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ids, same)
+    assert next_token(logits[:1], torch.empty(1, 0, dtype=torch.long), greedy=True).item() == 5
+
+
+# --- generation ------------------------------------------------------------------------------------------------
+
+
+def recompute_greedy(model, prompt, n):
+    """The slow way: the whole sequence through the model at every step, no cache, no padding."""
+    ids = list(prompt)
+    out = []
+    for _ in range(n):
+        logits = model(torch.tensor([ids]))[0, -1].float()
+        logits[[PAD_ID, BOS_ID]] = NEG
+        t = int(logits.argmax())
+        if t == EOS_ID:
+            break
+        out.append(t)
+        ids.append(t)
+    return out
+
+
+@pytest.mark.parametrize("positions", ["trained", "rope"])
+def test_cached_left_padded_batch_equals_recomputing(positions, lm_model):
+    if positions == "trained":
+        model = lm_model
+    else:
+        torch.manual_seed(0)
+        model = build_model(preset("lm-tiny", tgt_vocab_size=V, positions="rope", max_len=48)).eval()
+    rng = random.Random(1)
+    prompts = [[START_ID] + [rng.randrange(4, V) for _ in range(rng.randint(0, 9))] for _ in range(8)]
+    calls = []
+    forward = model.forward
+
+    def spy(ids, cache=None, valid=None, attn_out=None):
+        calls.append(ids.shape)
+        return forward(ids, cache=cache, valid=valid)
+
+    model.forward = spy
+    try:
+        got = generate_ids(model, prompts, GenerateConfig(max_new_tokens=12, greedy=True))
+    finally:
+        del model.forward
+    assert got == [recompute_greedy(model, p, 12) for p in prompts]
+    assert calls[0] == (8, 10)  # the prompts run once, left-padded to the longest
+    assert all(shape[1] == 1 for shape in calls[1:])  # then one new token per row and step
+    assert [shape[0] for shape in calls[1:]] == sorted((shape[0] for shape in calls[1:]), reverse=True)
+
+
+def test_learned_the_task(lm_model):
+    out = generate_ids(lm_model, [[START_ID, ID["cat"], ID["dog"]]], GenerateConfig(max_new_tokens=20, greedy=True))
+    assert [VOCAB[i] for i in out[0][:3]] == ["egg", "fish", "goat"]
+
+
+def run_lm(ckpt, tmp_path, prompts, **kw):
+    out = tmp_path / "out.txt"
+    cfg = GenerateConfig(device="cpu", **kw)
+    n = lm_generate(str(ckpt), prompts, None, str(out), cfg)
+    lines = out.read_text().split("\n")[:-1]
+    assert len(lines) == n
+    return lines
+
+
+def test_seed_gives_the_same_text(counter_lm, tmp_path):
+    kw = dict(max_new_tokens=15, temperature=3.0, num_samples=3)
+    a = run_lm(counter_lm, tmp_path, ["cat", "moon sun"], seed=1, **kw)
+    b = run_lm(counter_lm, tmp_path, ["cat", "moon sun"], seed=1, **kw)
+    c = run_lm(counter_lm, tmp_path, ["cat", "moon sun"], seed=2, **kw)
+    assert a == b
+    assert a != c
+    assert len(set(a[:3])) > 1  # samples of one prompt differ
+    assert [line.split()[0] for line in a] == ["cat"] * 3 + ["moon"] * 3  # prompt order, samples together
+
+
+def test_stop_strings_and_eos(counter_lm, tmp_path):
+    out = run_lm(counter_lm, tmp_path, ["cat dog", "moon"], greedy=True, max_new_tokens=30, stop=["goat"])
+    assert out[0] == "cat dog egg fish "  # cut before the stop string, which is not printed
+    assert out[1].startswith("moon nest owl") and out[1].endswith(" .")  # ended by </s> after ".", not max length
+    assert len(out[1].split()) < 30
+    assert run_lm(counter_lm, tmp_path, ["cat"], greedy=True, max_new_tokens=2) == ["cat dog egg"]
+
+
+def test_streaming_single_prompt_equals_batch_output(counter_lm, tmp_path):
+    res = subprocess.run(
+        [str(TFCLI), "lm-generate", "-m", str(counter_lm), "cat dog", "--seed", "3", "-n", "12", "--threads", "1",
+         "--stop", "jam"],
+        capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert res.returncode == 0, res.stderr.decode()
+    assert res.stdout.decode() == run_lm(counter_lm, tmp_path, ["cat dog"], seed=3, max_new_tokens=12, stop=["jam"])[0] + "\n"
+
+
+def test_continuation_holds_back_a_possible_stop_string():
+    class Chars:  # a stand-in tokenizer: id i is chr(i)
+        @staticmethod
+        def decode_batch(ids, skip_special_tokens=False):
+            return ["".join(chr(i) for i in seq if i > 2) for seq in ids]
+
+    c = Continuation(Chars, [START_ID, ord("a")], stop=["xyz"])
+    c.update([ord("b"), ord("x")])
+    assert c.text == "bx" and c.safe_prefix() == ""  # "bx" could be the start of "xyz"... keep len-2 back
+    c.update([ord("b"), ord("x"), ord("q"), ord("r")])
+    assert c.safe_prefix() == "bx"
+    assert c.update([ord("b"), ord("x"), ord("q"), ord("x"), ord("y"), ord("z"), ord("w")])
+    assert c.text == "bxq" and c.safe_prefix() == "bxq"
+
+
+def test_prompts_from_file_and_stdin_and_errors(counter_lm, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("cat\nmoon\n")
+    runner = CliRunner()
+    res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), "-i", str(prompts), "--greedy", "-n", "3"])
+    assert res.exit_code == 0, res.output
+    assert res.output == "cat dog egg fish\nmoon nest owl pig\n"
+    res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), "--greedy", "-n", "2"], input="egg\n")
+    assert res.output == "egg fish goat\n"
+    res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), "x", "--top-p", "1.5"])
+    assert res.exit_code == 1 and "--top-p" in res.output
+    long = " ".join(WORDS * 4)
+    res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), long, "--greedy", "-n", "5"])
+    assert res.exit_code == 0 and "keeping the last 47" in res.output

@@ -1,0 +1,415 @@
+"""Training: schedules, loss, config resolution, the loop, checkpoints, exact resume, interrupts, DDP, bad input."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from helpers import make_mono_prepared, make_parallel_prepared, tiny_train_config, train_tiny_checkpoint
+from tfcli import checkpoint
+from tfcli.data.prepared import PreparedData
+from tfcli.errors import CheckpointError, ConfigError, TfcliError
+from tfcli.model import PAD_ID, build_model, preset
+from tfcli.train.average import average_checkpoints
+from tfcli.train.config import load_train_config
+from tfcli.train.data import ParallelData, StreamData
+from tfcli.train.flops import matmul_params
+from tfcli.train.loss import label_smoothed_loss
+from tfcli.train.schedule import learning_rate
+from tfcli.train.trainer import run as run_cli_config
+from tfcli.train.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_KEYS = {"step", "epoch", "time", "split", "loss", "nll", "ppl", "lr", "src_tokens_per_s", "tgt_tokens_per_s",
+              "padding_fraction", "grad_norm"}
+VALID_KEYS = {"step", "epoch", "time", "split", "loss", "ppl"}
+
+
+@pytest.fixture(scope="module")
+def parallel(tmp_path_factory):
+    return make_parallel_prepared(tmp_path_factory.mktemp("par"), n_train=200, task="reverse")
+
+
+@pytest.fixture(scope="module")
+def mono(tmp_path_factory):
+    return make_mono_prepared(tmp_path_factory.mktemp("mono"))
+
+
+def weights(run_dir: Path) -> dict:
+    return load_file(str(_latest(run_dir) / "model.safetensors"))
+
+
+def _latest(run_dir: Path) -> Path:
+    ckpts = Path(run_dir) / "checkpoints"
+    return ckpts / (ckpts / "LATEST").read_text().strip()
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+# --- pieces ---------------------------------------------------------------------------------------------------------
+
+
+def test_inverse_sqrt_is_the_papers_formula():
+    d_model, warmup = 512, 4000
+    peak = d_model**-0.5 * warmup**-0.5  # the paper's lr at step = warmup
+    for step in (1, 100, 3999, 4000, 4001, 20000, 100000):
+        paper = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        assert learning_rate(step, "inverse_sqrt", peak, warmup) == pytest.approx(paper, rel=1e-12)
+
+
+def test_cosine_and_constant_schedules():
+    lrs = [learning_rate(s, "cosine", 1.0, 10, total_steps=110, min_lr=0.1) for s in range(1, 111)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warmup to the peak at step 10
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # then monotone down
+    assert lrs[-1] == pytest.approx(0.1)  # to min_lr at the last step
+    assert learning_rate(60, "cosine", 1.0, 10, 110, 0.0) == pytest.approx(0.5)  # halfway: cos(pi/2)
+    assert learning_rate(5, "constant", 2.0, 10) == pytest.approx(1.0)
+    assert learning_rate(500, "constant", 2.0, 10) == 2.0
+
+
+def test_label_smoothed_loss_matches_pytorch_and_ignores_padding():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(4, 11, (3, 5))
+    target[0, 3:] = PAD_ID
+    target[2, 1:] = PAD_ID
+    loss, nll = label_smoothed_loss(logits, target, 0.1)
+    flat_logits, flat_target = logits.flatten(0, 1), target.flatten()
+    ref = F.cross_entropy(flat_logits, flat_target, ignore_index=PAD_ID, label_smoothing=0.1, reduction="sum")
+    ref_nll = F.cross_entropy(flat_logits, flat_target, ignore_index=PAD_ID, reduction="sum")
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(nll, ref_nll)
+    # padded positions have no influence, whatever their logits
+    logits2 = logits.clone()
+    logits2[target == PAD_ID] = 100.0
+    torch.testing.assert_close(label_smoothed_loss(logits2, target, 0.1)[0], loss)
+    # gradients flow through the smoothed loss
+    logits.requires_grad_(True)
+    label_smoothed_loss(logits, target, 0.1)[0].backward()
+    assert (logits.grad[target == PAD_ID] == 0).all() and logits.grad.abs().sum() > 0
+
+
+def test_token_batches_are_bucketed_deterministic_and_cover_every_pair(parallel):
+    data = ParallelData(PreparedData(parallel), "train", 64, max_tokens=60, max_sentences=0, seed=3)
+    b1, b2, other = data.batches(0), data.batches(0), data.batches(1)
+    assert [x.tolist() for x in b1] == [x.tolist() for x in b2]  # same seed and epoch: same batches
+    assert [x.tolist() for x in b1] != [x.tolist() for x in other]  # next epoch: reshuffled
+    assert sorted(np.concatenate(b1).tolist()) == list(range(len(data)))
+    lengths = np.maximum(data.src_len, data.tgt_len)
+    assert all(len(b) * lengths[b].max() <= 60 for b in b1)
+    batch = data.collate(b1[0])
+    assert batch.src_tokens == int(data.src_len[b1[0]].sum()) == int((batch.src != PAD_ID).sum())
+    assert batch.tgt_tokens == int((batch.targets != PAD_ID).sum())
+
+
+def test_lm_stream_blocks(mono):
+    data = StreamData(PreparedData(mono), "valid", 16, max_tokens=64, max_sentences=0, seed=1)
+    valid = data.batches(0, shuffle=False)
+    targets = np.concatenate([data.collate(b).targets.flatten().numpy() for b in valid])
+    # validation scores every id after the first exactly once, in order
+    assert targets.tolist() == data.stream[1:].astype(np.int64).tolist()
+    train_blocks = data.batches(0)
+    assert all(len(b) <= 64 // 16 for b in train_blocks)
+    b = data.collate(train_blocks[0])
+    assert torch.equal(b.inputs[:, 1:], b.targets[:, :-1])  # targets are the inputs shifted by one
+    assert data.batches(0)[0].tolist() == train_blocks[0].tolist() != data.batches(1)[0].tolist()
+
+
+@pytest.mark.parametrize("arch", ["tiny", "lm-tiny"])
+def test_flops_count_every_matmul_weight(arch):
+    """6N: N must be the weights multiplied per token; compare with the model's own Linear layers."""
+    cfg = preset(arch, src_vocab_size=0 if arch == "lm-tiny" else 50, tgt_vocab_size=50)
+    model = build_model(cfg)
+    per_src, per_tgt = matmul_params(cfg)
+    linears = {n: m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    src_side = sum(v for n, v in linears.items() if n.startswith("encoder.") or "cross_attn.kv_proj" in n)
+    assert per_src == src_side
+    assert per_tgt == sum(linears.values()) - src_side
+
+
+# --- config ---------------------------------------------------------------------------------------------------------
+
+
+def test_config_file_sections_and_precedence(tmp_path):
+    (tmp_path / "c.yaml").write_text("train:\n  lr: 0.001\n  warmup: 100\nmodel:\n  dropout: 0.3\n")
+    cfg, model = load_train_config(tmp_path / "c.yaml", {"warmup": 7, "lr": None}, ["train.seed=9"])
+    assert (cfg.lr, cfg.warmup, cfg.seed) == (0.001, 7, 9)  # file < --set < flags; None = flag not given
+    assert model == {"dropout": 0.3}
+    (tmp_path / "c.toml").write_text('[train]\nschedule = "cosine"\nmax_steps = 10\n')
+    cfg, _ = load_train_config(tmp_path / "c.toml", {})
+    assert cfg.schedule == "cosine" and cfg.max_steps == 10
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("train:\n  warmpu: 10\n", r"train\.warmpu: unknown config key \(did you mean 'warmup'"),
+        ("model:\n  d_modle: 64\n", r"model\.d_modle: unknown config key \(did you mean 'd_model'"),
+        ("trian:\n  lr: 0.1\n", "unknown section 'trian'"),
+        ("train:\n  schedule: linear\n", "must be one of"),
+        ("train:\n  max_tokens: 0\n", "max_tokens: must be positive"),
+        ("train:\n  label_smoothing: 1.5\n", "label_smoothing"),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path, text, match):
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_train_config(tmp_path / "c.yaml", {})
+
+
+def test_impossible_model_and_wrong_data_kind_are_clear_errors_and_write_nothing(tmp_path, parallel, mono):
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"d_model \(30\) must be divisible by n_head \(4\)"):
+        train(tiny_train_config(parallel, out), {"d_model": 30})
+    with pytest.raises(ConfigError, match="monolingual.*is an encoder-decoder.*lm-tiny"):
+        train(tiny_train_config(mono, out, arch="tiny"))
+    with pytest.raises(ConfigError, match="parallel.*decoder-only.*tiny"):
+        train(tiny_train_config(parallel, out, arch="lm-tiny"))
+    with pytest.raises(ConfigError, match="unknown architecture preset 'huge'"):
+        train(tiny_train_config(parallel, out, arch="huge"))
+    with pytest.raises(TfcliError, match="not a prepared directory"):
+        train(tiny_train_config(tmp_path, out))
+    assert not out.exists()
+
+
+# --- the loop -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_translation_run_layout_metrics_and_checkpoint(tmp_path):
+    run = train_tiny_checkpoint(tmp_path)  # the copy task, 300 steps
+    ckpts = run / "checkpoints"
+    assert (ckpts / "LATEST").read_text().strip() == "step-0000300" == (ckpts / "BEST").read_text().strip()
+    assert (run / "config.yaml").exists()
+    lines = metrics(run)
+    train_lines = [r for r in lines if r["split"] == "train"]
+    valid_lines = [r for r in lines if r["split"] == "valid"]
+    assert [r["step"] for r in train_lines] == list(range(25, 301, 25)) and len(valid_lines) == 1
+    for r in train_lines:
+        assert TRAIN_KEYS <= r.keys() and "mfu" not in r  # no MFU on a CPU
+        assert r["tgt_tokens_per_s"] > 0 and r["src_tokens_per_s"] > 0 and 0 <= r["padding_fraction"] < 0.5
+    assert VALID_KEYS | {"bleu"} <= valid_lines[0].keys()
+    assert train_lines[-1]["loss"] < 0.3 * train_lines[0]["loss"]  # it learns
+    assert valid_lines[0]["bleu"] > 90  # greedy copies the valid sentences
+    # the checkpoint stands alone: config, tokenizers, weights
+    model, meta = checkpoint.load(run)
+    assert meta["step"] == 300 and meta["data"]["kind"] == "parallel" and meta["train"]["arch"] == "tiny"
+    assert meta["model"]["share_embeddings"] is True  # joint vocabulary
+    assert checkpoint.tokenizer_path(meta, "src").exists() and checkpoint.tokenizer_path(meta, "tgt").exists()
+    from tokenizers import Tokenizer
+
+    from tfcli.data.batching import pad, source_ids
+    from tfcli.generate.search import greedy_search
+
+    tok = Tokenizer.from_file(str(checkpoint.tokenizer_path(meta, "tgt")))
+    src = pad([source_ids(tok.encode(s).ids) for s in ["w1 w2 w3 w4", "w7 w7 w0"]])
+    assert tok.decode_batch(greedy_search(model, src)) == ["w1 w2 w3 w4", "w7 w7 w0"]
+
+
+def test_lm_training_logs_and_checkpoints(tmp_path, mono):
+    cfg = tiny_train_config(mono, tmp_path / "run", arch="lm-tiny", max_len=16, max_steps=30, log_every=10,
+                            valid_every=15, schedule="constant", warmup=5)
+    result = train(cfg)
+    assert result.step == 30 and not result.interrupted
+    lines = metrics(cfg.out)
+    assert [r["step"] for r in lines] == [10, 15, 20, 30, 30]
+    assert all(TRAIN_KEYS <= r.keys() and r["src_tokens_per_s"] == 0 for r in lines if r["split"] == "train")
+    valid = [r for r in lines if r["split"] == "valid"]
+    assert all(VALID_KEYS <= r.keys() and "bleu" not in r for r in valid)
+    assert valid[-1]["ppl"] == pytest.approx(math.exp(valid[-1]["nll"]))
+    assert valid[-1]["loss"] < math.log(PreparedData(mono).vocab_size("tgt"))  # better than uniform
+    model, meta = checkpoint.load(cfg.out)
+    assert meta["model"]["kind"] == "lm" and list(meta["tokenizers"]) == ["tgt"]
+
+
+def test_keep_last_best_and_early_stopping(tmp_path, parallel):
+    # a learning rate too small to change the valid loss: no improvement after the first validation
+    cfg = tiny_train_config(parallel, tmp_path / "run", lr=1e-12, max_steps=100, valid_every=2, log_every=2,
+                            patience=2, keep_last=1, valid_bleu=False)
+    result = train(cfg)
+    assert result.early_stopped and result.step == 6  # validations at 2 (best), 4, 6 (2 without improvement)
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert ckpts == ["step-0000002", "step-0000006"]  # the best and the last one
+    assert (tmp_path / "run" / "checkpoints" / "BEST").read_text().strip() == "step-0000002"
+    assert checkpoint.resolve(tmp_path / "run").name == "step-0000002"
+
+
+def test_refuses_to_overwrite_a_run_and_resume_needs_one(tmp_path, parallel):
+    cfg = tiny_train_config(parallel, tmp_path / "run", max_steps=2, valid_every=2, valid_bleu=False)
+    train(cfg)
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(TfcliError, match="already holds a training run; pass --resume"):
+        train(cfg)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    with pytest.raises(CheckpointError, match="nothing to resume"):
+        run_cli_config(None, {"data": str(parallel), "out": str(tmp_path / "other"), "resume": True})
+
+
+# --- resume ---------------------------------------------------------------------------------------------------------
+
+RESUME = dict(max_steps=14, valid_every=5, log_every=1, grad_accum=2, max_tokens=200, label_smoothing=0.1,
+              valid_bleu=False)
+
+
+def test_resume_reaches_the_same_weights_as_an_uninterrupted_run(tmp_path, parallel):
+    model = {"dropout": 0.1}  # dropout on: the RNG state must round-trip too
+    full = tiny_train_config(parallel, tmp_path / "full", **RESUME)
+    train(full, model)
+    part = tiny_train_config(parallel, tmp_path / "part", **{**RESUME, "max_steps": 8})
+    train(part, model)
+    # continue with a longer max_steps, as a user would; everything else comes from the saved run
+    result = run_cli_config(None, {"out": str(tmp_path / "part"), "resume": True, "max_steps": 14})
+    assert result.step == 14
+    a, b = weights(tmp_path / "full"), weights(tmp_path / "part")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the resumed metrics continue the log; the loss curve is the uninterrupted one
+    full_loss = [(r["step"], r["loss"]) for r in metrics(tmp_path / "full") if r["split"] == "train"]
+    part_loss = [(r["step"], r["loss"]) for r in metrics(tmp_path / "part") if r["split"] == "train"]
+    assert full_loss == part_loss
+
+
+def test_resume_rejects_a_changed_architecture_and_corrupt_checkpoints(tmp_path, parallel):
+    train(tiny_train_config(parallel, tmp_path / "run", max_steps=2, valid_every=2, valid_bleu=False))
+    flags = {"out": str(tmp_path / "run"), "resume": True, "max_steps": 4}
+    with pytest.raises(ConfigError, match="architecture cannot change.*d_ff: 64 -> 128"):
+        run_cli_config(None, flags, ["model.d_ff=128"])
+    with pytest.raises(ConfigError, match="--arch tiny; it cannot change to small"):
+        run_cli_config(None, {**flags, "arch": "small"})
+    ckpt = _latest(tmp_path / "run")
+    files = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    weights_file = ckpt / "model.safetensors"
+    weights_file.write_bytes(files["model.safetensors"][:-100])  # truncated
+    with pytest.raises(CheckpointError, match="model.safetensors: corrupt or truncated"):
+        run_cli_config(None, flags)
+    weights_file.write_bytes(files["model.safetensors"])
+    (ckpt / "trainer_state.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="corrupt trainer state"):
+        run_cli_config(None, flags)
+    (ckpt / "trainer_state.json").write_bytes(files["trainer_state.json"])
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == files  # nothing else was touched
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["BEST", "LATEST", ckpt.name]
+
+
+def _cli(*args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "tfcli.cli", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+@pytest.mark.slow
+def test_sigint_saves_a_checkpoint_exits_130_and_resumes_exactly(tmp_path, parallel):
+    run = tmp_path / "run"
+    common = ["--arch", "tiny", "--max-tokens", "200", "--lr", "3e-3", "--warmup", "10", "--log-every", "1",
+              "--valid-every", "1000", "--no-valid-bleu", "--max-epochs", "0", "--device", "cpu", "--threads", "1",
+              "--set", "model.dropout=0.1", "--set", "train.tensorboard=false"]
+    proc = _cli("train", str(parallel), "-o", str(run), "--max-steps", "5000", *common)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted at step" in err and "--resume" in err
+    stopped = json.loads((_latest(run) / "trainer_state.json").read_text())["step"]
+    assert 3 <= stopped < 5000
+    # resume to a few steps further; compare with one uninterrupted run to the same step
+    target = stopped + 3
+    proc = _cli("train", "-o", str(run), "--resume", "--max-steps", str(target), "--threads", "1")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.strip() == str(run / "checkpoints" / f"step-{target:07d}")
+    flags = dict(data=str(parallel), out=str(tmp_path / "full"), arch="tiny", max_tokens=200, lr=3e-3, warmup=10,
+                 log_every=1, valid_every=1000, valid_bleu=False, max_epochs=0, device="cpu", threads=1,
+                 max_steps=target, tensorboard=False)
+    run_cli_config(None, flags, ["model.dropout=0.1"])
+    a, b = weights(tmp_path / "full"), weights(run)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- several processes ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one_process_with_twice_the_batch(tmp_path, parallel):
+    """torchrun with 2 CPU processes (each its share of every step's batches) vs 1 process accumulating both."""
+    common = dict(arch="tiny", max_tokens=200, lr=3e-3, warmup=5, log_every=1, valid_every=4, valid_bleu=False,
+                  max_epochs=0, max_steps=8, device="cpu", label_smoothing=0.1, tensorboard=False)
+    run_cli_config(None, {**common, "data": str(parallel), "out": str(tmp_path / "one"), "grad_accum": 2})
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in common.items() if not isinstance(v, bool)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "tfcli.cli",
+           "train", str(parallel), "-o", str(tmp_path / "two"), *args, "--no-valid-bleu", "--set",
+           "train.tensorboard=false"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [(r["step"], r["split"]) for r in one] == [(r["step"], r["split"]) for r in two]
+    for r1, r2 in zip(one, two):
+        assert r2["loss"] == pytest.approx(r1["loss"], rel=1e-4, abs=1e-5)
+        if r1["split"] == "train":
+            assert r2["tgt_tokens_per_s"] > 0  # counted over both processes
+    # Same function, not bit-identical weights: key biases have an exactly zero gradient (softmax ignores a constant
+    # added to every score), so Adam turns their float-noise gradients into lr-sized steps; outputs do not see them.
+    (m1, _), (m2, _) = checkpoint.load(tmp_path / "one"), checkpoint.load(tmp_path / "two")
+    src, tgt = torch.randint(4, 20, (4, 7)), torch.randint(4, 20, (4, 6))
+    torch.testing.assert_close(m1(src, tgt), m2(src, tgt), atol=1e-4, rtol=1e-4)
+    # rank 0 alone wrote: one metrics file, one set of checkpoints
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == [
+        "BEST", "LATEST", "step-0000004", "step-0000008"]
+
+
+# --- averaging ------------------------------------------------------------------------------------------------------
+
+
+def test_average_checkpoints_is_the_elementwise_mean(tmp_path, parallel):
+    run = tmp_path / "run"
+    train(tiny_train_config(parallel, run, max_steps=6, valid_every=2, keep_last=3, valid_bleu=False))
+    dirs = [run / "checkpoints" / f"step-{s:07d}" for s in (2, 4, 6)]
+    out = average_checkpoints(run, 3, tmp_path / "avg")
+    avg = load_file(str(out / "model.safetensors"))
+    parts = [load_file(str(d / "model.safetensors")) for d in dirs]
+    for k in avg:
+        torch.testing.assert_close(avg[k], sum(p[k] for p in parts) / 3)
+    model, meta = checkpoint.load(out)  # a working checkpoint, without trainer state
+    assert meta["averaged_from"] == [str(d) for d in dirs]
+    assert not (out / "trainer_state.json").exists()
+    with pytest.raises(TfcliError, match="already exists"):
+        average_checkpoints(run, 3, tmp_path / "avg")
+    with pytest.raises(CheckpointError, match="there are 3"):
+        average_checkpoints(run, 5, tmp_path / "avg5")
+
+
+# --- the command line -----------------------------------------------------------------------------------------------
+
+
+def test_cli_errors_are_one_line_and_nothing_is_written(tmp_path, mono):
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    (tmp_path / "bad.yaml").write_text("train:\n  max_tokenz: 10\n")
+    cases = {
+        "train.max_tokenz: unknown config key (did you mean 'max_tokens'?)": ["--config", str(tmp_path / "bad.yaml")],
+        "holds monolingual (language-model) data, but --arch tiny": ["--arch", "tiny"],
+        "d_model (32) must be divisible by n_head (5)": ["--arch", "lm-tiny", "--set", "model.n_head=5"],
+    }
+    for message, args in cases.items():
+        result = CliRunner().invoke(app, ["train", str(mono), "-o", str(tmp_path / "run"), *args])
+        assert result.exit_code == 1
+        assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert message in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,326 @@
+"""translate: the batched, cached beam/greedy search equals a slow reference; batching, order, formats and the
+command line (files, stdin/stdout pipelines, odd input) behave."""
+
+import dataclasses
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, models, pre_tokenizers
+from typer.testing import CliRunner
+
+from tfcli import checkpoint
+from tfcli.cli import app
+from tfcli.data.batching import collate_seq2seq, pad, source_ids
+from tfcli.generate.reference import reference_beam_search, reference_greedy
+from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty
+from tfcli.generate.translate import TranslateConfig, Translator, translate
+from tfcli.generate.runtime import load
+from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset
+
+ROOT = Path(__file__).resolve().parents[1]
+TFCLI = ROOT / ".venv" / "bin" / "tfcli"
+WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
+
+
+def word_tokenizer(path: Path) -> Path:
+    """A word-level tokenizer over WORDS, the four special tokens first; decoding joins words with spaces."""
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return path
+
+
+V = len(SPECIAL_TOKENS) + len(WORDS)
+
+
+@pytest.fixture(scope="module")
+def reverser(tmp_path_factory):
+    """A tiny model trained for a few hundred steps to reverse word order, saved as a checkpoint."""
+    d = tmp_path_factory.mktemp("reverser")
+    tok = word_tokenizer(d / "tok.json")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and the machine is shared
+    torch.manual_seed(0)
+    cfg = preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=64, d_ff=128, share_embeddings=True, max_len=32)
+    model = build_model(cfg).train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    rng = random.Random(0)
+    for _ in range(300):
+        src = [[rng.randrange(4, V) for _ in range(rng.randint(1, 8))] for _ in range(64)]
+        s, t_in, t_out = collate_seq2seq(src, [x[::-1] for x in src])
+        loss = F.cross_entropy(model(s, t_in).flatten(0, 1), t_out.flatten(), ignore_index=PAD_ID)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.set_num_threads(threads)
+    path = checkpoint.save(d / "ckpt", model.eval(), {"model": dataclasses.asdict(cfg)}, {"src": tok, "tgt": tok})
+    return path
+
+
+@pytest.fixture(scope="module")
+def reverser_model(reverser):
+    return checkpoint.load(reverser)[0]
+
+
+def random_model():
+    torch.manual_seed(1)
+    return build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V)).eval()
+
+
+def sources(n, seed=0, max_words=10):
+    rng = random.Random(seed)
+    return [source_ids([rng.randrange(4, V) for _ in range(rng.randint(1, max_words))]) for _ in range(n)]
+
+
+def words(ids):
+    return " ".join(WORDS[i - 4] for i in ids)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --- search ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["trained", "random"])
+def test_cached_batched_search_equals_slow_reference(which, reverser_model):
+    """Greedy and beam search (KV cache, batched, sentences leaving the batch) equal the no-cache reference run one
+    sentence at a time: same hypotheses in the same order, same scores."""
+    model = reverser_model if which == "trained" else random_model()
+    srcs = sources(20, seed=3, max_words=8)
+    beams = beam_search(model, pad(srcs), beam_size=4, len_penalty=0.6, nbest=4, token_scores=True)
+    greedy = greedy_decode(model, pad(srcs))
+    ended_early = 0
+    for src, hyps, g in zip(srcs, beams, greedy):
+        ref = reference_beam_search(model, src, beam_size=4, len_penalty=0.6, nbest=4)
+        assert [h.tokens for h in hyps] == [h.tokens for h in ref]
+        for h, r in zip(hyps, ref):
+            assert h.score == pytest.approx(r.score, abs=1e-4)
+            assert h.token_scores == pytest.approx(r.token_scores, abs=1e-4)
+        ref_g = reference_greedy(model, src)
+        assert g.tokens == ref_g.tokens
+        assert g.score == pytest.approx(ref_g.score, abs=1e-4)
+        ended_early += len(g.token_scores) == len(g.tokens) + 1  # ended with </s>
+    if which == "trained":
+        assert ended_early == len(srcs)  # the trained model ends its sentences: the </s> paths are exercised
+        # and it learned the task, so the search finds the reversal
+        assert sum(b[0].tokens == s[:-1][::-1] for s, b in zip(srcs, beams)) >= 18
+
+
+def test_batch_equals_one_by_one(reverser_model):
+    srcs = sources(16, seed=5)
+    batched = beam_search(reverser_model, pad(srcs), beam_size=5, nbest=3)
+    for src, hyps in zip(srcs, batched):
+        alone = beam_search(reverser_model, pad([src]), beam_size=5, nbest=3)[0]
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-5)
+    assert greedy_search(reverser_model, pad(srcs)) == [greedy_search(reverser_model, pad([s]))[0] for s in srcs]
+
+
+def test_greedy_is_beam_search_with_beam_one(reverser_model):
+    srcs = sources(10, seed=6)
+    for g, b in zip(greedy_decode(reverser_model, pad(srcs), len_penalty=0.6), beam_search(reverser_model, pad(srcs), beam_size=1)):
+        assert g.tokens == b[0].tokens and g.score == pytest.approx(b[0].score, abs=1e-5)
+
+
+class Recorder:
+    """Wraps a model to record how often the encoder runs and how many rows each decoder step gets."""
+
+    def __init__(self, model, boost=()):
+        self.model, self.cfg, self.boost = model, model.cfg, list(boost)
+        self.encodes, self.rows = 0, []
+
+    def encode(self, src):
+        self.encodes += 1
+        return self.model.encode(src)
+
+    def decode(self, tgt, memory, mask, cache):
+        self.rows.append(tgt.shape)
+        logits = self.model.decode(tgt, memory, mask, cache)
+        if self.boost:
+            logits[..., self.boost] += 100.0  # make these the most likely tokens by far
+        return logits
+
+    def new_cache(self):
+        return self.model.new_cache()
+
+
+def test_encoder_runs_once_and_finished_sentences_leave_the_batch(reverser_model):
+    srcs = [source_ids([5] * n) for n in (1, 3, 8)]
+    rec = Recorder(reverser_model)
+    hyps = beam_search(rec, pad(srcs), beam_size=3)
+    assert rec.encodes == 1
+    assert all(shape[1] == 1 for shape in rec.rows)  # one new token per step: the cache holds the prefix
+    rows = [shape[0] for shape in rec.rows]
+    assert rows[0] == 3 and rows[1] == 9  # first step one row per sentence, then K beams each
+    assert rows[-1] == 3  # at the end only the longest sentence is left
+    assert all(a >= b for a, b in zip(rows[1:], rows[2:]))
+    assert [len(h[0].tokens) for h in hyps] == [1, 3, 8]
+
+
+def test_never_emits_pad_or_bos():
+    model = Recorder(random_model(), boost=[PAD_ID, BOS_ID])
+    srcs = sources(4)
+    for hyps in beam_search(model, pad(srcs), beam_size=3, nbest=3):
+        assert all(PAD_ID not in h.tokens and BOS_ID not in h.tokens for h in hyps)
+    for h in greedy_decode(model, pad(srcs)):
+        assert PAD_ID not in h.tokens and BOS_ID not in h.tokens
+
+
+def test_length_limits(reverser_model):
+    srcs = sources(6, seed=2)
+    # forced length (what the speed benchmark uses): exactly L tokens, no </s>
+    for hyps in beam_search(reverser_model, pad(srcs), beam_size=3, max_len_a=0, max_len_b=7, min_len=7, nbest=3):
+        assert [len(h.tokens) for h in hyps] == [7, 7, 7]
+    assert {len(h.tokens) for h in greedy_decode(reverser_model, pad(srcs), 0, 7, min_len=7)} == {7}
+    # max length a * src_len + b, capped by the model's max_len
+    for src, hyps in zip(srcs, beam_search(reverser_model, pad(srcs), beam_size=3, max_len_a=0.5, max_len_b=0)):
+        assert len(hyps[0].tokens) <= max(1, int(len(src) * 0.5))
+    long = beam_search(reverser_model, pad(srcs[:1]), beam_size=2, max_len_a=0, max_len_b=500, min_len=500)
+    assert len(long[0][0].tokens) == reverser_model.cfg.max_len
+
+
+def test_scores_are_gnmt_normalised(reverser_model):
+    assert length_penalty(5, 0.6) == pytest.approx((10 / 6) ** 0.6)
+    assert length_penalty(7, 0.0) == 1.0
+    for hyps in beam_search(reverser_model, pad(sources(5)), beam_size=4, nbest=4, len_penalty=1.0, token_scores=True):
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        for h in hyps:
+            assert h.score == pytest.approx(sum(h.token_scores) / length_penalty(len(h.token_scores), 1.0), abs=1e-5)
+
+
+# --- translating lines -----------------------------------------------------------------------------------------
+
+
+def translator(ckpt, **kw):
+    cfg = TranslateConfig(device="cpu", **kw)
+    return Translator(load(str(ckpt), torch.device("cpu"), "seq2seq"), cfg, torch.device("cpu"))
+
+
+def lines_in(texts, name="in.txt"):
+    return [(name, i + 1, t) for i, t in enumerate(texts)]
+
+
+def test_order_is_preserved_across_batches_and_chunks(reverser):
+    rng = random.Random(7)
+    texts = [words([rng.randrange(4, V) for _ in range(rng.randint(1, 9))]) for _ in range(40)]
+    texts[5] = texts[17] = ""
+    small = translator(reverser, max_tokens=20, batch_size=3, buffer_size=11, beam_size=3)
+    out = list(small.run(lines_in(texts)))
+    one_by_one = [list(translator(reverser, beam_size=3).run(lines_in([t])))[0] for t in texts]
+    assert out == one_by_one
+    assert out[5] == out[17] == ""
+    assert sum(o == " ".join(t.split()[::-1]) for o, t in zip(out, texts)) >= 36
+
+
+def test_empty_odd_and_long_lines(reverser, capsys):
+    odd = ["", "   ", "\t", "cat 🐈 dog", "猫 と 犬", "a\x01b\x1b[31m red\x7f", "</s> cat <pad> <s>", "e\u0301 \u200b\ufeff x",
+           "\u2028 apple \u0085 egg"]
+    long = " ".join(["cat", "dog"] * 40)
+    out = list(translator(reverser).run(lines_in(odd + [long])))
+    assert len(out) == len(odd) + 1
+    assert out[:3] == ["", "", ""]
+    assert all("\n" not in o and "\r" not in o for o in out)
+    assert len(out[-1].split()) <= 31  # cut to the model's max_len
+    err = capsys.readouterr().err
+    assert "in.txt:10: 80 tokens, longer than the model's max_len (32)" in err
+    assert err.count("unknown (<unk>)") == 1  # warned once
+
+
+def test_nbest_scores_and_raw_formats(reverser):
+    texts = ["cat dog egg", "", "moon"]
+    out = "\n".join(translator(reverser, nbest=3, beam_size=4).run(lines_in(texts))).split("\n")
+    assert [line.split("\t")[0] for line in out] == ["0", "0", "0", "1", "2", "2", "2"]
+    first = [line.split("\t") for line in out[:3]]
+    assert first[0][2] == "egg dog cat"
+    assert [float(f[1]) for f in first] == sorted((float(f[1]) for f in first), reverse=True)
+    assert out[3] == "1\t0.0000\t"
+    scored = list(translator(reverser, scores=True).run(lines_in(["cat dog egg"])))[0].split("\t")
+    assert len(scored) == 4 and len(scored[3].split()) == 4  # three words, then </s>
+    assert float(scored[1]) == pytest.approx(sum(map(float, scored[3].split())) / length_penalty(4, 0.6), abs=1e-3)
+    raw = list(translator(reverser, raw=True, beam_size=1).run(lines_in(["cat dog"])))
+    assert raw == ["dog cat"]  # word-level: tokens are words
+
+
+# --- command line ----------------------------------------------------------------------------------------------
+
+
+def test_pipeline_through_a_real_subprocess(reverser, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("cat dog egg\n\nmoon sun\nfish 🐟 ✓\n", encoding="utf-8")
+    cmd = [str(TFCLI), "translate", "-m", str(reverser), "--threads", "1"]
+    with open(src, "rb") as fin:
+        res = subprocess.run(cmd, stdin=fin, capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr.decode()
+    out = res.stdout.decode("utf-8").split("\n")
+    assert out[:3] == ["egg dog cat", "", "sun moon"] and len(out) == 5 and out[4] == ""
+    assert "unknown (<unk>)" in res.stderr.decode()  # two of the last line's three tokens
+    # files and -o: the same text, written atomically
+    res = subprocess.run(cmd + [str(src), "-", "-o", str(tmp_path / "out.txt")], input=b"owl\n", capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr.decode()
+    assert (tmp_path / "out.txt").read_text().split("\n")[:3] == ["egg dog cat", "", "sun moon"]
+    assert (tmp_path / "out.txt").read_text().endswith("owl\n")
+
+
+def test_streams_a_line_before_input_ends(reverser):
+    """In a pipeline with --buffer-size 1, each translation comes out (flushed) while stdin is still open."""
+    cmd = [str(TFCLI), "translate", "-m", str(reverser), "--threads", "1", "--buffer-size", "1"]
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        p.stdin.write(b"cat dog\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"dog cat\n"
+        p.stdin.write(b"egg fish goat\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"goat fish egg\n"
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0
+    finally:
+        p.kill()
+
+
+def test_cli_errors_are_one_line(reverser, tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["translate", "-m", str(tmp_path / "nope"), "x"])
+    assert res.exit_code == 1 and "no such checkpoint" in res.output
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"cat\n\xff\xfe dog\n")
+    res = runner.invoke(app, ["translate", "-m", str(reverser), str(bad)])
+    assert res.exit_code == 1 and f"{bad}:2: invalid UTF-8" in res.output
+    res = runner.invoke(app, ["translate", "-m", str(reverser), "--nbest", "9", "x"])
+    assert res.exit_code == 1 and "--nbest must be between 1 and the beam size" in res.output
+    res = runner.invoke(app, ["translate", "-m", str(reverser), "--dtype", "fp16", "--device", "cpu", "x"])
+    assert res.exit_code == 1 and "fp16 needs a CUDA device" in res.output
+
+
+def test_config_file_section_and_flags(reverser, tmp_path):
+    conf = tmp_path / "decode.yaml"
+    conf.write_text("translate:\n  beam_size: 1\n  nbest: 1\n")
+    src = tmp_path / "in.txt"
+    src.write_text("cat dog\n")
+    res = CliRunner().invoke(app, ["translate", "-m", str(reverser), "-c", str(conf), str(src)])
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("0\t") and res.output.rstrip().endswith("dog cat")
+    conf.write_text("translate:\n  beam_sise: 2\n")
+    res = CliRunner().invoke(app, ["translate", "-m", str(reverser), "-c", str(conf), str(src)])
+    assert res.exit_code == 1 and "did you mean 'beam_size'" in res.output
+
+
+def test_translate_function_writes_output_file(reverser, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("cat\ndog egg\n")
+    n = translate(str(reverser), [str(src)], str(tmp_path / "o.txt"), TranslateConfig(device="cpu", dtype="bf16"))
+    assert n == 2
+    assert (tmp_path / "o.txt").read_text() == "cat\negg dog\n"

@@ -1,0 +1,472 @@
+"""`tfcli prepare`: corpus in, prepared directory out (see tfcli/data/prepared.py for the format).
+
+    read splits -> (--valid-ratio: cut valid off the end of train) -> normalise, drop empty, dedupe
+    -> train tokenizer(s) on train -> encode every split (Rust, parallel) -> length/ratio filters on train
+    -> write ids, tokenizers, cleaned valid/test text and meta.json into a temp dir -> rename it into place
+
+meta.json records a fingerprint of the settings and the input files' SHA-256, so a re-run with the same inputs and
+settings is a no-op, and a directory prepared with other settings is never overwritten without --force.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal, Optional
+
+from tfcli.config import from_dict, load_config_file, override, to_dict
+from tfcli.data import cleaning, loading
+from tfcli.data.prepared import FORMAT, FORMAT_VERSION, PreparedData, new_meta, write_sequences
+from tfcli.data.tokenizer import encode_batch, load_tokenizer, save_tokenizer, train_tokenizer, unk_rate
+from tfcli.errors import ConfigError, InputError, TfcliError
+from tfcli.io import atomic_dir
+
+SPLITS = ("train", "valid", "test")
+# Options that name input files: their content enters the fingerprint through "inputs", not "settings".
+PATH_OPTIONS = (
+    "out", "src", "tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "train", "valid", "test", "data_files",
+    "tokenizer_from",
+)
+
+
+@dataclass
+class PrepareConfig:
+    """Every `tfcli prepare` option. CLI flags and the `prepare:` section of a --config file fill it."""
+
+    out: Optional[str] = None  # the prepared directory to write
+    # parallel text: two aligned files per split
+    src: Optional[str] = None
+    tgt: Optional[str] = None
+    valid_src: Optional[str] = None
+    valid_tgt: Optional[str] = None
+    test_src: Optional[str] = None
+    test_tgt: Optional[str] = None
+    # one file per split: TSV (parallel), JSONL (parallel with src_field/tgt_field, else monolingual), or text
+    train: Optional[str] = None
+    valid: Optional[str] = None
+    test: Optional[str] = None
+    format: Literal["auto", "tsv", "jsonl", "text"] = "auto"  # auto: from the extension (.tsv, .jsonl/.json)
+    src_field: Optional[str] = None  # JSONL/dataset: dotted path (translation.de); TSV: column number
+    tgt_field: Optional[str] = None
+    text_field: str = "text"  # monolingual JSONL/dataset field
+    mono_mode: Literal["line", "paragraph", "document"] = "line"
+    valid_ratio: float = 0.0  # no valid split given: the LAST fraction of train becomes valid (as nanoGPT does)
+    # datasets.load_dataset: a hub name, or a packaged builder (json, text, ...) on local --data-files
+    dataset: Optional[str] = None
+    dataset_config: Optional[str] = None
+    data_files: list[str] = field(default_factory=list)  # SPLIT=PATH
+    dataset_splits: list[str] = field(default_factory=list)  # SPLIT=DATASET_SPLIT, e.g. valid=validation
+    streaming: bool = False
+    # cleaning
+    nfc: bool = True
+    strip: bool = True
+    drop_empty: bool = True  # keep them for WikiText-style evaluation (an empty line still counts one </s>)
+    dedupe: bool = False
+    max_length: int = 256  # tokens per side, train pairs; 0 = off
+    max_ratio: float = 3.0  # longer/shorter side in tokens, train pairs; 0 = off
+    # tokenizer
+    tokenizer: Literal["bpe", "unigram", "wordpiece", "bytelevel", "char"] = "bpe"
+    vocab_size: int = 8000  # includes the 4 special tokens; a cap for char (every training character is kept)
+    joint_vocab: bool = True  # one vocabulary for source and target (parallel data)
+    tokenizer_from: Optional[str] = None  # reuse tokenizers (a tokenizer.json, prepared dir or checkpoint): no training
+
+    def validate(self) -> None:
+        if self.vocab_size < 1:
+            raise ConfigError(f"prepare.vocab_size: must be positive, got {self.vocab_size}")
+        if not 0 <= self.valid_ratio < 1:
+            raise ConfigError(f"prepare.valid_ratio: must be in [0, 1), got {self.valid_ratio}")
+        if self.max_length < 0:
+            raise ConfigError(f"prepare.max_length: must be >= 0 (0 = off), got {self.max_length}")
+        if self.max_ratio and self.max_ratio < 1:
+            raise ConfigError(f"prepare.max_ratio: must be >= 1 (0 = off), got {self.max_ratio}")
+        if not self.text_field:
+            raise ConfigError("prepare.text_field: must not be empty")
+
+
+def prepare_config(path: str | Path | None = None, **flags) -> PrepareConfig:
+    """Settings from a config file's `prepare:` section (if any), then the non-None command-line flags."""
+    cfg = PrepareConfig()
+    if path is not None:
+        cfg = from_dict(PrepareConfig, load_config_file(path).get("prepare") or {}, "prepare")
+    return override(cfg, "prepare", **flags)
+
+
+# --- what to read --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Source:
+    """How to read one split from files: `fmt` is pair, tsv, jsonl or text."""
+
+    fmt: str
+    paths: tuple[str, ...]
+
+
+def _split_sources(cfg: PrepareConfig) -> dict[str, _Source]:
+    pairs = {"train": (cfg.src, cfg.tgt), "valid": (cfg.valid_src, cfg.valid_tgt), "test": (cfg.test_src, cfg.test_tgt)}
+    singles = {"train": cfg.train, "valid": cfg.valid, "test": cfg.test}
+    sources = {}
+    for split in SPLITS:
+        (s, t), one = pairs[split], singles[split]
+        opt = "" if split == "train" else f"{split}-"
+        if (s is None) != (t is None):
+            raise ConfigError(f"--{opt}src and --{opt}tgt go together: give both aligned files")
+        if s is not None and one is not None:
+            raise ConfigError(f"give either --{opt}src/--{opt}tgt or --{split}, not both")
+        if s is not None:
+            sources[split] = _Source("pair", (s, t))
+        elif one is not None:
+            sources[split] = _Source(loading.detect_format(one, cfg.format), (one,))
+    return sources
+
+
+def _kind_of(fmt: str, cfg: PrepareConfig) -> str:
+    if fmt in ("pair", "tsv"):
+        return "parallel"
+    if fmt == "jsonl" or fmt == "dataset":
+        if (cfg.src_field is None) != (cfg.tgt_field is None):
+            raise ConfigError("--src-field and --tgt-field go together (or give --text-field for monolingual data)")
+        return "parallel" if cfg.src_field else "mono"
+    return "mono"
+
+
+def _plan(cfg: PrepareConfig) -> tuple[str, dict[str, _Source]]:
+    """The data kind (parallel|mono) and the file sources per split; checks that the options fit together."""
+    if not cfg.out:
+        raise ConfigError("no output directory: give -o/--out DIR")
+    sources = _split_sources(cfg)
+    if cfg.dataset:
+        if sources:
+            raise ConfigError("--dataset gives all splits; it cannot be combined with --src/--tgt/--train/--valid/--test")
+        kind = _kind_of("dataset", cfg)
+    else:
+        if cfg.data_files or cfg.dataset_splits or cfg.dataset_config or cfg.streaming:
+            raise ConfigError("--data-files/--dataset-split/--dataset-config/--streaming need --dataset NAME")
+        if "train" not in sources and not (cfg.tokenizer_from and sources):
+            raise ConfigError("no training data: give --src/--tgt (aligned files), --train FILE, or --dataset NAME")
+        kinds = {split: _kind_of(s.fmt, cfg) for split, s in sources.items()}
+        first, kind = next(iter(kinds.items()))
+        for split, k in kinds.items():
+            if k != kind:
+                raise ConfigError(f"the {first} data is {kind} but the {split} data is {k}; use one kind for all splits")
+        for s in sources.values():
+            if "-" in s.paths:
+                raise ConfigError("prepare reads its inputs twice (hash, then load); give files, not '-' (stdin)")
+    if cfg.mono_mode == "document" and kind == "parallel":
+        raise ConfigError("--mono-mode document is for monolingual text (language models)")
+    return kind, sources
+
+
+# --- fingerprint ---------------------------------------------------------------------------------------------
+
+
+def _sha256_file(path: str) -> str:
+    p = Path(path)
+    if not p.exists():
+        raise TfcliError(f"{path}: no such file")
+    if p.is_dir():
+        raise TfcliError(f"{path}: is a directory, expected a text file")
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pretrained_tokenizer_files(path: str, sides: list[str]) -> dict[str, str]:
+    """The tokenizer file per side in `path`: a tokenizer.json (for every side), a prepared dir or a checkpoint."""
+    p = Path(path)
+    if p.is_file():
+        return {side: path for side in sides}
+    if (p / "meta.json").is_file():
+        found = {side: str(f) for side, f in PreparedData(p).tokenizer_files().items()}
+    else:
+        from tfcli import checkpoint  # imports torch: only here
+
+        meta = checkpoint.read_meta(p)
+        found = {side: str(checkpoint.tokenizer_path(meta, side)) for side in meta.get("tokenizers", {})}
+    missing = [side for side in sides if side not in found]
+    if missing:
+        raise TfcliError(f"--tokenizer-from {path}: has no {' or '.join(missing)} tokenizer (it has: {', '.join(found) or 'none'})")
+    return {side: found[side] for side in sides}
+
+
+def _input_files(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -> dict[str, str]:
+    """{role: path} of every input file, e.g. {"train.src": "train.de", "tokenizer.tgt": "run/tokenizer.tgt.json"}."""
+    files = {}
+    if cfg.tokenizer_from:
+        for side, path in pretrained_tokenizer_files(cfg.tokenizer_from, _sides(kind)).items():
+            files[f"tokenizer.{side}"] = path
+    if cfg.dataset:
+        for split, paths in loading.parse_assignments(cfg.data_files, "--data-files", "train").items():
+            matched = [m for p in paths for m in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
+            if not matched:
+                raise TfcliError(f"--data-files {split}={','.join(paths)}: no such file")
+            files.update({f"{split}.{i}": m for i, m in enumerate(matched)})
+        return files
+    for split, s in sources.items():
+        if s.fmt == "pair":
+            files[f"{split}.src"], files[f"{split}.tgt"] = s.paths
+        else:
+            files[split] = s.paths[0]
+    return files
+
+
+def _settings(cfg: PrepareConfig) -> dict:
+    return {k: v for k, v in to_dict(cfg).items() if k not in PATH_OPTIONS}
+
+
+def _fingerprint(settings: dict, roles: dict[str, str]) -> str:
+    blob = json.dumps({"format_version": FORMAT_VERSION, "settings": settings, "inputs": roles}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _existing_state(out: Path, fingerprint: str, settings: dict, inputs: dict, force: bool) -> str:
+    """"new" (nothing there), "same" (up to date), "replace" (--force, or an empty dir); else an error."""
+    if not out.exists():
+        return "new"
+    if not out.is_dir():
+        raise TfcliError(f"{out}: exists and is not a directory")
+    meta_path = out / "meta.json"
+    meta = None
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            meta = {}
+    if meta is None or meta.get("format") != FORMAT:
+        if meta is None and not any(out.iterdir()):
+            return "replace"
+        raise TfcliError(f"{out}: exists and is not a tfcli prepared directory; refusing to overwrite it")
+    if meta.get("fingerprint") == fingerprint and not force:
+        return "same"
+    if force:
+        return "replace"
+    old = meta.get("settings", {})
+    changed = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in settings.items() if old.get(k) != v]
+    if meta.get("inputs") != inputs:
+        changed.append("other input files or contents")
+    what = "; ".join(changed) or "other inputs"
+    raise TfcliError(f"{out}: already prepared with other settings ({what}); use --force to overwrite it")
+
+
+# --- loading and cleaning ------------------------------------------------------------------------------------
+
+
+def _read_source(s: _Source, kind: str, cfg: PrepareConfig) -> list[list[str]]:
+    """Columns of one split: [src, tgt] for parallel data, [text] for monolingual."""
+    if s.fmt == "pair":
+        return list(loading.read_parallel_files(*s.paths))
+    path = s.paths[0]
+    if s.fmt == "tsv":
+        return list(loading.read_tsv(path, cfg.src_field, cfg.tgt_field))
+    if s.fmt == "jsonl":
+        if kind == "parallel":
+            return loading.read_jsonl(path, [cfg.src_field, cfg.tgt_field])
+        (rows,) = loading.read_jsonl(path, [cfg.text_field])
+        return [loading.group_mono(rows, cfg.mono_mode)]
+    return [loading.read_mono(path, cfg.mono_mode)]
+
+
+def _load(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -> tuple[dict[str, list[list[str]]], dict[str, str]]:
+    """Columns per split, and a label per split for messages (its file names)."""
+    if cfg.dataset:
+        fields = [cfg.src_field, cfg.tgt_field] if kind == "parallel" else [cfg.text_field]
+        splits = {k: v[-1] for k, v in loading.parse_assignments(cfg.dataset_splits, "--dataset-split").items()}
+        data = loading.load_hf(
+            cfg.dataset,
+            fields,
+            config=cfg.dataset_config,
+            data_files=loading.parse_assignments(cfg.data_files, "--data-files", "train") or None,
+            splits=splits or None,
+            streaming=cfg.streaming,
+        )
+        if kind == "mono":
+            data = {split: [loading.group_mono(cols[0], cfg.mono_mode)] for split, cols in data.items()}
+        return data, {split: f"{cfg.dataset}[{split}]" for split in data}
+    data = {split: _read_source(s, kind, cfg) for split, s in sources.items()}
+    return data, {split: " / ".join(s.paths) for split, s in sources.items()}
+
+
+def _cut_valid(data: dict[str, list[list[str]]], labels: dict[str, str], ratio: float, mode: str) -> None:
+    """Move the last `ratio` of train into valid: rows, or characters of a single document (nanoGPT's split)."""
+    if "valid" in data:
+        raise ConfigError(f"{labels['valid']}: a valid split is given, so --valid-ratio has nothing to do; drop one")
+    if "train" not in data:
+        raise ConfigError("--valid-ratio cuts valid off the train split, and there is none")
+    train = data["train"]
+    if mode == "document" and len(train) == 1:
+        text = train[0][0]
+        cut = int(len(text) * (1 - ratio))
+        data["train"], data["valid"] = [[text[:cut]]], [[text[cut:]]]
+    else:
+        n = len(train[0])
+        cut = int(n * (1 - ratio))
+        if cut == 0 or cut == n:
+            raise TfcliError(f"{labels['train']}: {n} rows are too few to cut a --valid-ratio {ratio} valid split from")
+        data["train"], data["valid"] = [c[:cut] for c in train], [c[cut:] for c in train]
+    labels["valid"] = f"the last {ratio:g} of {labels['train']}"
+
+
+def _clean(cols: list[list[str]], split: str, kind: str, cfg: PrepareConfig) -> tuple[list[list[str]], dict]:
+    one_line = kind == "parallel" or cfg.mono_mode == "line"
+    strip = cfg.strip and cfg.mono_mode != "document"
+    cols = [cleaning.normalize(c, nfc=cfg.nfc, strip=strip, one_line=one_line) for c in cols]
+    counts = cleaning.new_counts(len(cols[0]))
+    if cfg.drop_empty:
+        cols = cleaning.drop_empty(cols, counts)
+    if split == "train" and cfg.dedupe:
+        cols = cleaning.dedupe(cols, counts)
+    return cols, counts
+
+
+def _text_file(rows: list[str], mode: str) -> str:
+    if mode == "document":
+        return rows[0]
+    sep = "\n\n" if mode == "paragraph" else "\n"
+    return sep.join(rows) + "\n"
+
+
+# --- the command ---------------------------------------------------------------------------------------------
+
+UP_TO_DATE = "{out}: up to date (same inputs and settings); use --force to rebuild it"
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def prepare(
+    cfg: PrepareConfig,
+    force: bool = False,
+    progress: Callable[[str], None] = _noop,
+    log: Callable[[str], None] = _noop,
+) -> Path:
+    """Build the prepared directory `cfg.out` and return its path.
+
+    `progress(stage)` is told what is happening (the CLI shows it on a terminal); `log(message)` gets what the
+    user should always see (the directory is up to date). With `force`, rebuild even when up to date and replace a
+    directory prepared with other settings.
+    """
+    kind, sources = _plan(cfg)
+    out = Path(cfg.out)
+    settings = _settings(cfg)
+
+    # Files are hashed before anything is loaded, so an up-to-date directory costs one read of each input. A hub
+    # dataset has no file to hash: its extracted text is hashed after loading.
+    progress("hashing inputs")
+    files = _input_files(cfg, kind, sources)
+    inputs = {path: _sha256_file(path) for path in dict.fromkeys(files.values())}
+    roles = {role: inputs[path] for role, path in files.items()}
+    hub_only = bool(cfg.dataset) and not cfg.data_files
+    if not hub_only:
+        fingerprint = _fingerprint(settings, roles)
+        state = _existing_state(out, fingerprint, settings, inputs, force)
+        if state == "same":
+            log(UP_TO_DATE.format(out=out))
+            return out
+
+    progress("reading inputs")
+    data, labels = _load(cfg, kind, sources)
+    if hub_only:
+        for split, cols in data.items():
+            inputs[labels[split]] = roles[split] = _sha256_texts(cols)
+        fingerprint = _fingerprint(settings, roles)
+        state = _existing_state(out, fingerprint, settings, inputs, force)
+        if state == "same":
+            log(UP_TO_DATE.format(out=out))
+            return out
+    if cfg.valid_ratio:
+        _cut_valid(data, labels, cfg.valid_ratio, cfg.mono_mode)
+
+    progress("cleaning")
+    report = {}
+    for split in [s for s in SPLITS if s in data]:
+        data[split], report[split] = _clean(data[split], split, kind, cfg)
+        if not data[split][0]:
+            raise InputError(labels[split], None, f"no {split} rows left after cleaning ({_dropped(report[split])})")
+
+    sides = _sides(kind)
+    mode = cfg.mono_mode if kind == "mono" else "line"
+    if cfg.tokenizer_from:
+        toks = {side: load_tokenizer(files[f"tokenizer.{side}"]) for side in sides}
+        joint = kind == "parallel" and inputs[files["tokenizer.src"]] == inputs[files["tokenizer.tgt"]]
+        tokenizer_meta = {"type": "pretrained", "from": cfg.tokenizer_from, "model": type(toks["tgt"].model).__name__}
+    else:
+        progress(f"training {cfg.tokenizer} tokenizer")
+        toks, joint = _train_tokenizers(cfg, kind, dict(zip(sides, data["train"])))
+        tokenizer_meta = {"type": cfg.tokenizer, "vocab_size": cfg.vocab_size}
+
+    progress("encoding")
+    ids = {split: {side: encode_batch(toks[side], col) for side, col in zip(sides, cols)} for split, cols in data.items()}
+    if kind == "parallel" and "train" in ids:
+        train_ids = ids["train"]
+        keep = cleaning.length_filter(train_ids["src"], train_ids["tgt"], report["train"], cfg.max_length, cfg.max_ratio)
+        if len(keep) < len(train_ids["src"]):
+            ids["train"] = {side: [seqs[i] for i in keep] for side, seqs in train_ids.items()}
+        if not keep:
+            raise InputError(labels["train"], None, f"no train rows left after cleaning ({_dropped(report['train'])})")
+
+    progress("writing")
+    vocab = {side: toks[side].get_vocab_size() for side in sides}
+    with atomic_dir(out, overwrite=state == "replace") as tmp:
+        tokenizer_files = {side: f"tokenizer.{side}.json" for side in sides}
+        for side, name in tokenizer_files.items():
+            if cfg.tokenizer_from:  # the very same bytes, so that eval can tell it is the checkpoint's tokenizer
+                shutil.copyfile(files[f"tokenizer.{side}"], tmp / name)
+            else:
+                save_tokenizer(toks[side], tmp / name)
+        splits_meta = {}
+        for split, by_side in ids.items():
+            splits_meta[split] = {}
+            for side, seqs in by_side.items():
+                info = write_sequences(tmp, split, side, seqs, vocab[side])
+                splits_meta[split][side] = {**info, "unk_rate": round(unk_rate(seqs), 6)}
+            if split != "train":
+                for side, col in zip(sides, data[split]):
+                    (tmp / f"{split}.{side}.txt").write_text(_text_file(col, mode), encoding="utf-8")
+        extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {}
+        meta = new_meta(
+            kind,
+            fingerprint=fingerprint,
+            splits=splits_meta,
+            vocab=vocab,
+            tokenizers=tokenizer_files,
+            joint_vocab=joint,
+            tokenizer=tokenizer_meta,
+            **extra,
+            settings=settings,
+            inputs=inputs,
+            cleaning=report,
+        )
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return out
+
+
+def _sides(kind: str) -> list[str]:
+    return ["src", "tgt"] if kind == "parallel" else ["tgt"]
+
+
+def _train_tokenizers(cfg: PrepareConfig, kind: str, train_cols: dict[str, list[str]]):
+    """Tokenizers trained on the train split: one shared (joint) or one per side. Returns ({side: tok}, joint)."""
+    if kind == "parallel" and cfg.joint_vocab:
+        tok = train_tokenizer(cfg.tokenizer, train_cols["src"] + train_cols["tgt"], cfg.vocab_size, nfc=cfg.nfc)
+        return {"src": tok, "tgt": tok}, True
+    return {side: train_tokenizer(cfg.tokenizer, col, cfg.vocab_size, nfc=cfg.nfc) for side, col in train_cols.items()}, False
+
+
+def _sha256_texts(cols: list[list[str]]) -> str:
+    h = hashlib.sha256()
+    for row in zip(*cols):
+        h.update("\t".join(row).encode("utf-8", "surrogatepass"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _dropped(counts: dict) -> str:
+    parts = [f"{counts[k]} {k}" for k in cleaning.COLUMNS[1:-1] if counts[k]]
+    return f"{counts['input']} read, dropped: {', '.join(parts) or 'none'}"

@@ -1,0 +1,185 @@
+"""Subword tokenizers (Hugging Face `tokenizers`): train, save/load, encode and decode.
+
+Every tokenizer is trained with SPECIAL_TOKENS first, so <pad>=0, <s>=1, </s>=2, <unk>=3 everywhere. Encoding never
+adds <s>/</s> (batching does), and special-token strings in the input are read as plain text: a sentence containing
+"</s>" must not end early.
+
+The pre-tokenizers and decoders are chosen so that decode(encode(text)) == text for normal text (NFC, no leading or
+trailing space, only characters seen in training):
+  bpe, unigram, wordpiece   Metaspace (a space becomes "▁" and starts a new piece, as in SentencePiece), then
+                            punctuation split off on its own; decoding turns "▁" back into spaces.
+  bytelevel                 GPT-2's byte-level BPE: every string round-trips exactly (no <unk>).
+  char                      one token per Unicode code point seen in training, newlines included (for
+                            character-level language models such as Tiny Shakespeare).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from tfcli.errors import TfcliError
+
+# The same ids as tfcli.model.config; repeated here so that `tfcli prepare` does not import torch (about 2 s).
+# tests/test_prepare.py checks that the two agree.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+
+TOKENIZER_TYPES = ("bpe", "unigram", "wordpiece", "bytelevel", "char")
+BYTELEVEL_MIN_VOCAB = len(SPECIAL_TOKENS) + 256
+
+# encode_batch splits very long texts (whole documents) into pieces of about this many characters, cut just before
+# a space that follows a non-space character. Every tokenizer here starts a new pre-token there anyway, so the ids
+# are the same as for the whole text, but memory stays bounded (a `tokenizers` Encoding costs ~400 bytes a token).
+CHUNK_CHARS = 1 << 15
+BATCH_CHARS = 1 << 18  # characters handed to one Rust encode_batch call
+
+
+def train_tokenizer(kind: str, texts: Sequence[str], vocab_size: int, nfc: bool = True) -> Tokenizer:
+    """Train a tokenizer of type `kind` on `texts`; `vocab_size` counts the special tokens (ignored for `char`)."""
+    if kind not in TOKENIZER_TYPES:
+        raise TfcliError(f"unknown tokenizer type '{kind}' (choose from {', '.join(TOKENIZER_TYPES)})")
+    if kind == "char":
+        tok = _char_tokenizer(texts)
+        if nfc:
+            tok.normalizer = normalizers.NFC()
+    else:
+        tok, trainer = _subword_tokenizer(kind, vocab_size)
+        if nfc:
+            tok.normalizer = normalizers.NFC()
+        try:
+            tok.train_from_iterator(_pieces(texts), trainer=trainer)
+        except Exception as e:  # e.g. Unigram: "The vocabulary is not large enough to contain all chars"
+            raise TfcliError(f"cannot train a {kind} tokenizer with --vocab-size {vocab_size}: {e}") from None
+    tok.encode_special_tokens = True
+    return tok
+
+
+def _subword_tokenizer(kind: str, vocab_size: int):
+    common = dict(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    metaspace = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation("isolated")])
+    if kind == "bytelevel":
+        if vocab_size < BYTELEVEL_MIN_VOCAB:
+            raise TfcliError(f"--vocab-size must be at least {BYTELEVEL_MIN_VOCAB} for bytelevel (4 specials + 256 bytes)")
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        return tok, trainers.BpeTrainer(initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), **common)
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise TfcliError(f"--vocab-size must be larger than {len(SPECIAL_TOKENS)} (the special tokens)")
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        trainer = trainers.BpeTrainer(**common)
+        tok.decoder = decoders.Metaspace()
+    elif kind == "unigram":
+        tok = Tokenizer(models.Unigram())
+        trainer = trainers.UnigramTrainer(unk_token="<unk>", **common)
+        tok.decoder = decoders.Metaspace()
+    else:  # wordpiece: word-internal pieces start with "##"; strip that prefix, then undo Metaspace
+        tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
+        trainer = trainers.WordPieceTrainer(continuing_subword_prefix="##", **common)
+        tok.decoder = decoders.Sequence([decoders.Replace(Regex(r"\A##"), ""), decoders.Metaspace()])
+    tok.pre_tokenizer = metaspace
+    return tok, trainer
+
+
+def _char_tokenizer(texts: Sequence[str]) -> Tokenizer:
+    """Specials, then every code point of `texts` in code point order (like nanoGPT's `sorted(set(text))`)."""
+    chars: set[str] = set()
+    for t in texts:
+        chars.update(t)
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    for c in sorted(chars):
+        vocab.setdefault(c, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # every code point, newlines too
+    tok.decoder = decoders.Fuse()  # join tokens with nothing between them
+    return tok
+
+
+def save_tokenizer(tok: Tokenizer, path: os.PathLike | str) -> None:
+    tok.save(str(path))
+
+
+def load_tokenizer(path: os.PathLike | str) -> Tokenizer:
+    """Load a tokenizer.json, with a clear error for a missing or invalid file."""
+    path = Path(path)
+    if not path.is_file():
+        raise TfcliError(f"{path}: tokenizer file not found")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TfcliError(f"{path}: not a valid tokenizer.json ({first})") from None
+    for i, s in enumerate(SPECIAL_TOKENS):
+        if tok.token_to_id(s) != i:
+            raise TfcliError(f"{path}: token '{s}' must have id {i}; train tokenizers with `tfcli prepare`")
+    tok.encode_special_tokens = True  # not saved in tokenizer.json
+    return tok
+
+
+def _split_long(text: str, size: int = CHUNK_CHARS) -> list[str]:
+    if len(text) <= size:
+        return [text]
+    pieces, start = [], 0
+    while len(text) - start > size:
+        cut = text.find(" ", start + size)
+        while cut != -1 and text[cut - 1] == " ":
+            cut = text.find(" ", cut + 1)
+        if cut == -1:
+            break
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+def _pieces(texts: Iterable[str]) -> Iterable[str]:
+    for t in texts:
+        yield from _split_long(t)
+
+
+def encode_batch(tok: Tokenizer, lines: Sequence[str]) -> list[list[int]]:
+    """Token ids of each line, without <s>/</s>; encoded in parallel by the Rust library, in bounded batches."""
+    out: list[list[int]] = [[] for _ in lines]
+    batch: list[str] = []
+    owners: list[int] = []
+    chars = 0
+
+    def flush():
+        for owner, enc in zip(owners, tok.encode_batch(batch, add_special_tokens=False)):
+            out[owner].extend(enc.ids)
+        batch.clear()
+        owners.clear()
+
+    for i, line in enumerate(lines):
+        for piece in _split_long(line):
+            batch.append(piece)
+            owners.append(i)
+            chars += len(piece)
+            if chars >= BATCH_CHARS:
+                flush()
+                chars = 0
+    if batch:
+        flush()
+    return out
+
+
+def decode_batch(tok: Tokenizer, id_lists: Iterable[Sequence[int]]) -> list[str]:
+    """Text of each id list; <pad>, <s> and </s> are dropped, <unk> shows as "<unk>"."""
+    drop = {PAD_ID, BOS_ID, EOS_ID}
+    cleaned = [[int(i) for i in ids if int(i) not in drop] for ids in id_lists]
+    return tok.decode_batch(cleaned, skip_special_tokens=False)
+
+
+def unk_rate(id_lists: Iterable[Sequence[int]]) -> float:
+    """Fraction of ids that are <unk> (0.0 for no tokens); translate warns when raw input gives many."""
+    total = unk = 0
+    for ids in id_lists:
+        total += len(ids)
+        unk += sum(1 for i in ids if i == UNK_ID)
+    return unk / total if total else 0.0

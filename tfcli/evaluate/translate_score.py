@@ -1,0 +1,34 @@
+"""`tfcli eval --model CKPT --translate SRC -r REF`: translate with `tfcli translate`'s own code, then score."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from tfcli.errors import ConfigError
+from tfcli.evaluate.metrics import MetricsConfig, Report, check_lengths, read_lines, score
+from tfcli.generate.translate import TranslateConfig, translate
+
+
+def translate_and_score(
+    ckpt: str,
+    source: str,
+    references: list[str],
+    metrics: MetricsConfig,
+    decoding: TranslateConfig,
+    output: str | None = None,
+    progress: bool | None = None,
+) -> Report:
+    """Translate `source` (`-` = stdin) with checkpoint `ckpt`, keep the translations in `output` if given, and
+    score them against `references`. Line counts are checked before the (slow) translation when possible."""
+    if decoding.tabular or decoding.raw:
+        raise ConfigError("--nbest, --scores and --raw make output that is not plain translations; BLEU needs text")
+    refs = {p: read_lines(p) for p in references}
+    if source != "-":
+        check_lengths({source: read_lines(source)}, refs)
+    with tempfile.TemporaryDirectory(prefix="tfcli-eval-") as tmp:
+        out = output or str(Path(tmp) / "translations.txt")
+        translate(ckpt, [source], out, decoding, progress)
+        hypotheses = read_lines(out)
+    name = output or f"{ckpt} on {'<stdin>' if source == '-' else source}"
+    return score({name: hypotheses}, refs, metrics)

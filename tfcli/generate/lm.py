@@ -1,0 +1,244 @@
+"""`tfcli lm-generate`: continue prompts with a decoder-only language model.
+
+The prompt runs through the model once (prefill), filling the KV cache; each later step feeds only the new token.
+Many prompts are generated together: left-padded to one length (the model's `valid` mask hides the padding and
+numbers positions from each row's first real token), and rows leave the batch as they finish. A row finishes at
+</s>, at a --stop string, or after --max-new-tokens. With a single prompt and sample, text streams to stdout as it
+is made.
+
+Language models are trained on one stream "</s> s_1 </s> s_2 </s> ...", so a prompt starts after a </s>: the model
+sees "</s> prompt" and an empty prompt generates from the start of a text.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import IO, Callable, Iterator, Literal, Optional
+
+import torch
+
+from tfcli.config import from_dict, load_config_file, override
+from tfcli.data.tokenizer import decode_batch, encode_batch
+from tfcli.errors import ConfigError
+from tfcli.generate.runtime import Progress, load, precision, resolve_device, warn
+from tfcli.generate.sampling import next_token
+from tfcli.generate.translate import open_output
+from tfcli.io import iter_lines
+from tfcli.model.config import EOS_ID, PAD_ID
+
+START_ID = EOS_ID  # what precedes every text in LM training streams
+
+
+@dataclass
+class GenerateConfig:
+    """Sampling, stopping, batching and device settings (the `generate:` section of a config file)."""
+
+    max_new_tokens: int = 100
+    greedy: bool = False  # argmax instead of sampling
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1: no nucleus filter
+    repetition_penalty: float = 1.0  # 1: none; CTRL uses 1.2
+    seed: Optional[int] = None  # same seed, same prompts and settings: same text
+    num_samples: int = 1  # samples per prompt
+    stop: list[str] = field(default_factory=list)  # also stop (and cut) at any of these strings
+    batch_size: int = 32  # rows (prompt x sample) generated together
+    device: str = "auto"
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    threads: Optional[int] = None
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1 or self.num_samples < 1 or self.batch_size < 1:
+            raise ConfigError("generate: --max-new-tokens, --num-samples and --batch-size must be positive")
+        if self.temperature <= 0:
+            raise ConfigError("generate: --temperature must be positive (use --greedy for the most likely text)")
+        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise ConfigError("generate: --top-k must be >= 0 and --top-p in (0, 1]")
+        if self.repetition_penalty <= 0:
+            raise ConfigError("generate: --repetition-penalty must be positive")
+        if any(s == "" for s in self.stop):
+            raise ConfigError("generate: --stop strings must not be empty")
+
+
+@torch.inference_mode()
+def generate_ids(
+    model,
+    prompts: list[list[int]],
+    cfg: GenerateConfig,
+    generator: torch.Generator | None = None,
+    on_token: Callable[[int, list[int]], bool] | None = None,
+) -> list[list[int]]:
+    """New ids (without </s>) for each prompt of one batch; prompts are id lists starting with START_ID.
+
+    A row gets at most `cfg.max_new_tokens` new ids, and never more than fit the model's max_len with its prompt.
+
+    `on_token(row, new_ids)` is called after each new token of a row; it returns True to stop that row (a stop
+    string was reached).
+    """
+    device = next(model.parameters()).device
+    B = len(prompts)
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    T = int(lengths.max())
+    ids = torch.full((B, T), PAD_ID, dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        ids[i, T - len(p) :] = torch.tensor(p, device=device)
+    valid = None if bool((lengths == T).all()) else torch.arange(T, device=device)[None, :] >= (T - lengths)[:, None]
+    cache = model.new_cache()
+    logits = model(ids, cache=cache, valid=valid)[:, -1]  # prefill: the prompt runs once
+    history = ids  # for the repetition penalty (padding is <pad>, which is never chosen anyway)
+    limit = [min(cfg.max_new_tokens, model.cfg.max_len - len(p)) for p in prompts]
+    alive = list(range(B))
+    out: list[list[int]] = [[] for _ in range(B)]
+    while True:
+        nxt = next_token(
+            logits, history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty, generator
+        )
+        keep = []
+        for j, (row, t) in enumerate(zip(alive, nxt.tolist())):
+            if t == EOS_ID:
+                continue
+            out[row].append(t)
+            if (on_token is not None and on_token(row, out[row])) or len(out[row]) >= limit[row]:
+                continue
+            keep.append(j)
+        if not keep:
+            break
+        if len(keep) < len(alive):
+            idx = torch.tensor(keep, device=device)
+            cache.select(idx)
+            history, nxt = history[idx], nxt[idx]
+            alive = [alive[j] for j in keep]
+        history = torch.cat([history, nxt[:, None]], 1)
+        logits = model(nxt[:, None], cache=cache)[:, -1]  # one new token per row; the cache holds the rest
+    return out
+
+
+class Continuation:
+    """The text a row has generated so far: detokenised after its prompt, cut at the first stop string."""
+
+    def __init__(self, tok, prompt_ids: list[int], stop: list[str]):
+        self.tok, self.prompt_ids, self.stop = tok, prompt_ids, stop
+        self.head = decode_batch(tok, [prompt_ids])[0]
+        self.text = ""
+        self.stopped = False
+
+    def update(self, new_ids: list[int]) -> bool:
+        """Recompute the text after a new token; True when a stop string has appeared (the text ends before it)."""
+        full = decode_batch(self.tok, [self.prompt_ids + new_ids])[0]
+        # decode prompt and continuation together so spacing between them is right
+        self.text = full[len(self.head) :] if full.startswith(self.head) else decode_batch(self.tok, [new_ids])[0]
+        cuts = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            self.text = self.text[: min(cuts)]
+            self.stopped = True
+        return self.stopped
+
+    def safe_prefix(self) -> str:
+        """What can be shown already: not a possible start of a stop string, nor a half-decoded character."""
+        n = len(self.text)
+        if not self.stopped:
+            n -= max((len(s) for s in self.stop), default=1) - 1
+            while n > 0 and self.text[n - 1] == "\ufffd":
+                n -= 1
+        return self.text[: max(n, 0)]
+
+
+def read_prompts(prompts: list[str], input_file: str | None) -> list[str]:
+    """Prompts from the arguments, else one per line of `input_file` (`-`: stdin), else stdin when it is piped,
+    else one empty prompt (generate from scratch)."""
+    if prompts:
+        return list(prompts)
+    if input_file is None and not sys.stdin.isatty():
+        input_file = "-"
+    if input_file is not None:
+        return list(iter_lines(input_file))
+    return [""]
+
+
+def lm_generate(
+    checkpoint: str, prompts: list[str], input_file: str | None, output: str | None, cfg: GenerateConfig,
+    progress: bool | None = None,
+) -> int:
+    """Generate `cfg.num_samples` continuations of every prompt; write "prompt + continuation" per sample, in order.
+
+    Returns the number of samples written.
+    """
+    device = resolve_device(cfg.device)
+    autocast = precision(device, cfg.dtype)
+    loaded = load(checkpoint, device, "lm", cfg.threads)
+    model, tok = loaded.model, loaded.tgt_tok
+    texts = read_prompts(prompts, input_file)
+    prompt_ids = _fit_prompts(model, [[START_ID] + ids for ids in encode_batch(tok, texts)])
+    generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.seed is not None else None
+    rows = [(p, s) for p in range(len(texts)) for s in range(cfg.num_samples)]
+    stream = len(rows) == 1 and output in (None, "-")
+    written = 0
+    with open_output(output) as out, Progress("generating", len(rows), "samples", False if stream else progress) as bar:
+        for r, text in _generate_rows(model, tok, texts, prompt_ids, rows, cfg, generator, autocast, out if stream else None):
+            if not stream:
+                out.write(text + "\n")
+                out.flush()
+            bar.advance(1)
+            written += 1
+    return written
+
+
+def _fit_prompts(model, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """Cut prompts longer than the model's max_len - 1 at their start (with a warning), leaving room to generate."""
+    room = model.cfg.max_len - 1
+    fitted = []
+    for i, ids in enumerate(prompt_ids):
+        if len(ids) > room:
+            warn(f"prompt {i + 1}: {len(ids)} tokens, more than the model's max_len ({model.cfg.max_len}) allows; "
+                 f"keeping the last {room}")
+            ids = ids[-room:]
+        fitted.append(ids)
+    return fitted
+
+
+def _generate_rows(model, tok, texts, prompt_ids, rows, cfg, generator, autocast, stream: IO[str] | None) -> Iterator[tuple[int, str]]:
+    """Yield (row, prompt + continuation) in row order; batches of similar prompt lengths, earliest rows first."""
+    order = sorted(range(len(rows)), key=lambda r: len(prompt_ids[rows[r][0]]))
+    batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+    batches.sort(key=min)
+    results: dict[int, str] = {}
+    done = 0
+    for batch in batches:
+        conts = [Continuation(tok, prompt_ids[rows[r][0]], cfg.stop) for r in batch]
+        shown = 0
+        if stream is not None:
+            stream.write(texts[rows[batch[0]][0]])
+            stream.flush()
+
+        def on_token(j: int, new_ids: list[int]) -> bool:
+            nonlocal shown
+            stop = conts[j].update(new_ids)
+            if stream is not None:
+                visible = conts[j].safe_prefix()
+                stream.write(visible[shown:])
+                stream.flush()
+                shown = len(visible)
+            return stop
+
+        needs_text = stream is not None or bool(cfg.stop)
+        with autocast:
+            new = generate_ids(model, [prompt_ids[rows[r][0]] for r in batch], cfg, generator, on_token if needs_text else None)
+        for j, (r, ids) in enumerate(zip(batch, new)):
+            if not needs_text:
+                conts[j].update(ids)
+            results[r] = texts[rows[r][0]] + conts[j].text
+        if stream is not None:
+            stream.write(conts[0].text[shown:] + "\n")
+            stream.flush()
+        while done in results:
+            yield done, results.pop(done)
+            done += 1
+
+
+def generate_config(path=None, **flags) -> GenerateConfig:
+    """Settings from a config file's `generate:` section (if any), then the non-None command-line flags."""
+    cfg = GenerateConfig()
+    if path is not None:
+        cfg = from_dict(GenerateConfig, load_config_file(path).get("generate") or {}, "generate")
+    return override(cfg, "generate", **flags)

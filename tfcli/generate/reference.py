@@ -1,0 +1,82 @@
+"""A deliberately slow reference decoder, used only by tests to check `search.py`.
+
+One sentence at a time, no KV cache, the full forward pass over the whole target prefix at every step, and the beam
+kept as plain Python lists. It follows the same rules as `search.py` (length limits, banned tokens, which
+candidates end, when a sentence is done), so the fast batched search must give the same hypotheses.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tfcli.generate.search import Hypothesis, banned_tokens, length_penalty, max_lengths
+from tfcli.model.config import BOS_ID, EOS_ID
+
+
+def _log_probs(model, src: torch.Tensor, prefix: list[int], step: int, min_len: int) -> torch.Tensor:
+    """log p(. | prefix, src) for the next position, recomputed from scratch."""
+    tgt = torch.tensor([[BOS_ID] + prefix], device=src.device)
+    lprobs = model(src, tgt)[0, -1].float().log_softmax(-1)
+    lprobs[banned_tokens(step, min_len, src.device)] = float("-inf")
+    return lprobs
+
+
+@torch.inference_mode()
+def reference_greedy(
+    model, src_ids: list[int], max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0
+) -> Hypothesis:
+    """Greedy decoding of one source sentence (ids ending in </s>)."""
+    src = torch.tensor([src_ids])
+    max_len = int(max_lengths(model, src, max_len_a, max_len_b)[0])
+    tokens: list[int] = []
+    scores: list[float] = []
+    for step in range(1, max_len + 1):
+        lprobs = _log_probs(model, src, tokens, step, min_len)
+        tok = int(lprobs.argmax())
+        scores.append(float(lprobs[tok]))
+        if tok == EOS_ID:
+            break
+        tokens.append(tok)
+    return Hypothesis(tokens, sum(scores) / length_penalty(len(scores), len_penalty), scores)
+
+
+@torch.inference_mode()
+def reference_beam_search(
+    model,
+    src_ids: list[int],
+    beam_size: int = 5,
+    len_penalty: float = 0.6,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    nbest: int = 1,
+    min_len: int = 0,
+) -> list[Hypothesis]:
+    """Beam search for one source sentence: every step scores all (beam, token) pairs and sorts them."""
+    K = beam_size
+    src = torch.tensor([src_ids])
+    max_len = int(max_lengths(model, src, max_len_a, max_len_b)[0])
+    beams = [([], torch.zeros(()), [])]  # (tokens, summed log-prob as float32, token log-probs)
+    finished: list[Hypothesis] = []
+    for step in range(1, max_len + 1):
+        candidates = []  # (summed log-prob, beam index, token, token log-prob)
+        for b, (tokens, score, _) in enumerate(beams):
+            lprobs = _log_probs(model, src, tokens, step, min_len)
+            totals = (score + lprobs).tolist()  # summed in float32, like the batched search
+            lp = lprobs.tolist()
+            candidates += [(totals[t], b, t, lp[t]) for t in range(len(lp))]
+        candidates.sort(key=lambda c: -c[0])
+        top = candidates[: 2 * K]
+        lp_step = length_penalty(step, len_penalty)
+        for total, b, t, lp in top[:K]:
+            if t == EOS_ID:
+                tokens, _, lps = beams[b]
+                finished.append(Hypothesis(list(tokens), total / lp_step, lps + [lp]))
+        beams = [
+            (beams[b][0] + [t], torch.tensor(total), beams[b][2] + [lp]) for total, b, t, lp in top if t != EOS_ID
+        ][:K]
+        if step == max_len:
+            finished += [Hypothesis(tokens, float(score) / lp_step, lps) for tokens, score, lps in beams]
+            break
+        if len(finished) >= K:
+            break
+    return sorted(finished, key=lambda h: -h.score)[:nbest]

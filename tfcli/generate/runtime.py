@@ -1,0 +1,105 @@
+"""What translate and lm-generate share: picking the device and precision, loading a checkpoint with its
+tokenizers, and a progress display that appears only on a terminal."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from tfcli import checkpoint
+from tfcli.data.tokenizer import load_tokenizer
+from tfcli.errors import CheckpointError, ConfigError, TfcliError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is CUDA when a GPU is visible, else the CPU; also `cpu`, `cuda`, `cuda:N`."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name != "cpu" and not (name == "cuda" or name.startswith("cuda:") and name[5:].isdigit()):
+        raise ConfigError(f"--device {name}: expected auto, cpu, cuda or cuda:N")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TfcliError(f"--device {name}: no CUDA GPU is available to torch; use --device cpu")
+    return torch.device(name)
+
+
+def precision(device: torch.device, dtype: str):
+    """A context for the forward passes: autocast to bf16/fp16, or nothing for fp32."""
+    if dtype == "fp32":
+        return contextlib.nullcontext()
+    if dtype == "fp16" and device.type != "cuda":
+        raise ConfigError("--dtype fp16 needs a CUDA device; on the CPU use bf16 or fp32")
+    return torch.autocast(device.type, dtype=DTYPES[dtype])
+
+
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    meta: dict
+    src_tok: object | None  # tokenizers.Tokenizer; None for a language model
+    tgt_tok: object
+
+
+def load(path: str, device: torch.device, kind: str, threads: int | None = None) -> Loaded:
+    """Load a checkpoint of the expected `kind` ("seq2seq" or "lm") and its tokenizers, ready for inference."""
+    if threads:
+        torch.set_num_threads(threads)
+    meta = checkpoint.read_meta(path)
+    cfg = checkpoint.model_config(meta)
+    if cfg.kind != kind:
+        want = "a translation (seq2seq)" if kind == "seq2seq" else "a language model (lm)"
+        hint = "tfcli lm-generate" if cfg.kind == "lm" else "tfcli translate"
+        raise CheckpointError(f"{meta['dir']}: is a {cfg.kind} model, not {want}; use `{hint}`")
+    model, meta = checkpoint.load(meta["dir"], device)
+    toks = {}
+    for side in ("src", "tgt") if kind == "seq2seq" else ("tgt",):
+        p = checkpoint.tokenizer_path(meta, side)
+        if p is None:
+            raise CheckpointError(f"{meta['dir']}: has no {side} tokenizer file")
+        toks[side] = load_tokenizer(p)
+    return Loaded(model, meta, toks.get("src"), toks["tgt"])
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+class Progress:
+    """A rich progress bar on stderr, only when stderr is a terminal; otherwise it does nothing."""
+
+    def __init__(self, description: str, total: int | None, unit: str, enabled: bool | None = None):
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        self._bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=False,
+            )
+            self._unit = unit
+            self._task = self._bar.add_task(description, total=total, rate="")
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def advance(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task, n)
+            task = self._bar.tasks[0]
+            if task.speed:
+                self._bar.update(self._task, rate=f"{task.speed:.1f} {self._unit}/s")
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.stop()

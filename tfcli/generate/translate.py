@@ -1,0 +1,241 @@
+"""`tfcli translate`: lines in, translations out, one for one and in order, so it composes in shell pipelines.
+
+Lines are read in chunks (`buffer_size` lines; one at a time from a terminal), tokenised with the checkpoint's
+source tokenizer, sorted by length into batches (`max_tokens` / `batch_size`) so little compute goes to padding, and
+decoded with batched beam or greedy search. Batches run in the order of their earliest line, and each output line
+is written (and flushed) as soon as every line before it is done, so output streams while input is still being
+translated. Empty lines give empty lines without running the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from dataclasses import dataclass
+from typing import IO, Iterable, Iterator, Literal, Optional
+
+import torch
+
+from tfcli.data.batching import pad, source_ids, token_batches
+from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
+from tfcli.config import from_dict, load_config_file, override
+from tfcli.errors import ConfigError
+from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, warn
+from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
+from tfcli.io import atomic_open, iter_lines
+
+UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
+
+
+@dataclass
+class TranslateConfig:
+    """Decoding, batching and device settings (the `translate:` section of a config file)."""
+
+    beam_size: int = 5  # 1 = greedy decoding
+    len_penalty: float = 0.6  # GNMT alpha: hypotheses ranked by sum(log p) / ((5 + |Y|) / 6)^alpha
+    max_len_a: float = 1.5  # at most a * source length + b output tokens
+    max_len_b: int = 10
+    min_len: int = 0  # no </s> before this many output tokens
+    nbest: Optional[int] = None  # print the N best per input as "i<TAB>score<TAB>hypothesis"
+    scores: bool = False  # add the per-token log-probs (implies the nbest format)
+    raw: bool = False  # print subword tokens instead of detokenised text
+    batch_size: int = 64  # sentences per batch, at most
+    max_tokens: int = 4096  # padded source tokens per batch, at most
+    buffer_size: int = 10000  # lines read ahead and sorted by length
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    threads: Optional[int] = None  # torch CPU threads (default: torch's choice)
+
+    def validate(self) -> None:
+        if self.beam_size < 1:
+            raise ConfigError("translate: --beam-size must be at least 1")
+        if self.nbest is not None and not 1 <= self.nbest <= self.beam_size:
+            raise ConfigError(f"translate: --nbest must be between 1 and the beam size ({self.beam_size})")
+        if self.batch_size < 1 or self.max_tokens < 1 or self.buffer_size < 1:
+            raise ConfigError("translate: --batch-size, --max-tokens and --buffer-size must be positive")
+        if self.max_len_a < 0 or self.min_len < 0:
+            raise ConfigError("translate: --max-len-a and --min-len must not be negative")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("translate: --threads must be positive")
+
+    @property
+    def tabular(self) -> bool:
+        return self.nbest is not None or self.scores
+
+
+class Translator:
+    """A loaded model with its tokenizers and settings; turns (name, line number, text) items into output lines."""
+
+    def __init__(self, loaded: Loaded, cfg: TranslateConfig, device: torch.device):
+        self.model, self.src_tok, self.tgt_tok = loaded.model, loaded.src_tok, loaded.tgt_tok
+        self.cfg, self.device = cfg, device
+        self.max_len = self.model.cfg.max_len
+        self.precision = precision(device, cfg.dtype)
+        self.warned_unk = False
+        self.index = 0  # 0-based index of the next input line, across chunks and files
+
+    def run(self, items: Iterable[tuple[str, int, str]]) -> Iterator[str]:
+        """Yield the output for each input line, in input order (several lines for --nbest)."""
+        tty = sys.stdin.isatty()
+        chunk: list[tuple[str, int, str]] = []
+        for item in items:
+            chunk.append(item)
+            # from a terminal, translate each line as it is typed
+            if len(chunk) >= self.cfg.buffer_size or (tty and item[0] == "<stdin>"):
+                yield from self.translate_chunk(chunk)
+                chunk = []
+        if chunk:
+            yield from self.translate_chunk(chunk)
+
+    def translate_chunk(self, chunk: list[tuple[str, int, str]]) -> Iterator[str]:
+        first = self.index
+        self.index += len(chunk)
+        results: dict[int, str] = {}
+        todo = []  # lines with text; the others are done already
+        for i, (_, _, text) in enumerate(chunk):
+            if text.strip():
+                todo.append(i)
+            else:
+                results[i] = self._empty(first + i)
+        ids = encode_batch(self.src_tok, [chunk[i][2] for i in todo])
+        self._check_unknowns(ids)
+        src = []
+        for i, seq in zip(todo, ids):
+            if len(seq) > self.max_len - 1:
+                name, lineno, _ = chunk[i]
+                warn(
+                    f"{name}:{lineno}: {len(seq)} tokens, longer than the model's max_len ({self.max_len}); "
+                    f"translating only the first {self.max_len - 1}"
+                )
+            src.append(source_ids(seq, self.max_len))
+        done = 0
+        if src:
+            lengths = [len(s) for s in src]
+            batches = token_batches(lengths, self.cfg.max_tokens, self.cfg.batch_size)
+            batches.sort(key=lambda b: int(b.min()))  # earliest lines first, so output can start early
+            for batch in batches:
+                hyps = self.decode([src[j] for j in batch])
+                for j, h in zip(batch.tolist(), hyps):
+                    results[todo[j]] = self._format(first + todo[j], h)
+                while done in results:
+                    yield results.pop(done)
+                    done += 1
+        while done < len(chunk):
+            yield results.pop(done)
+            done += 1
+
+    def decode(self, batch: list[list[int]]) -> list[list[Hypothesis]]:
+        """Hypotheses (best first) for a batch of source id lists (each ending in </s>)."""
+        cfg = self.cfg
+        src = pad(batch).to(self.device)
+        with self.precision:
+            if cfg.beam_size == 1:
+                return [[h] for h in greedy_decode(
+                    self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty
+                )]
+            return beam_search(
+                self.model, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
+                nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores,
+            )
+
+    def _text(self, hyps: list[Hypothesis]) -> list[str]:
+        if self.cfg.raw:
+            texts = [" ".join(self.tgt_tok.id_to_token(t) for t in h.tokens) for h in hyps]
+        else:
+            texts = decode_batch(self.tgt_tok, [h.tokens for h in hyps])
+        # one line out per line in, whatever the detokeniser makes
+        return [t.replace("\r", " ").replace("\n", " ") for t in texts]
+
+    def _format(self, index: int, hyps: list[Hypothesis]) -> str:
+        if not self.cfg.tabular:
+            return self._text(hyps[:1])[0]
+        lines = []
+        for h, text in zip(hyps, self._text(hyps)):
+            line = f"{index}\t{h.score:.4f}\t{text}"
+            if self.cfg.scores:
+                line += "\t" + " ".join(f"{s:.4f}" for s in h.token_scores)
+            lines.append(line)
+        return "\n".join(lines)
+
+    def _empty(self, index: int) -> str:
+        """An empty input line gives an empty hypothesis (one line, score 0, even with --nbest)."""
+        if not self.cfg.tabular:
+            return ""
+        return f"{index}\t0.0000\t" + ("\t" if self.cfg.scores else "")
+
+    def _check_unknowns(self, ids: list[list[int]]) -> None:
+        if self.warned_unk or not ids:
+            return
+        rate = unk_rate(ids)
+        if rate > UNK_WARN_RATE:
+            self.warned_unk = True
+            warn(
+                f"{rate:.0%} of the input's tokens are unknown (<unk>) to the model's source vocabulary: wrong "
+                "language or model, or raw text where subwords were expected (or the other way round)?"
+            )
+
+
+def read_inputs(inputs: list[str]) -> Iterator[tuple[str, int, str]]:
+    """(file name, line number, text) for every line of every input, `-` being stdin."""
+    for path in inputs:
+        name = "<stdin>" if path == "-" else path
+        for lineno, text in enumerate(iter_lines(path), 1):
+            yield name, lineno, text
+
+
+def _count_lines(inputs: list[str]) -> int | None:
+    """Lines in plain input files (for the progress bar's total); None when reading stdin or compressed files."""
+    if any(p == "-" or p.endswith(".gz") or not os.path.isfile(p) for p in inputs):
+        return None
+    total = 0
+    for p in inputs:
+        with open(p, "rb") as f:
+            last = b"\n"
+            for block in iter(lambda: f.read(1 << 20), b""):
+                total += block.count(b"\n")
+                last = block[-1:]
+            total += last != b"\n"  # a last line without a newline
+    return total
+
+
+@contextlib.contextmanager
+def open_output(path: str | None) -> Iterator[IO[str]]:
+    """A UTF-8 text stream: stdout, or a file written atomically (it appears only when complete)."""
+    if path is None or path == "-":
+        out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
+        try:
+            yield out
+            out.flush()
+        finally:
+            out.detach()  # leave sys.stdout open
+    else:
+        with atomic_open(path, "w") as f:
+            yield f
+
+
+def translate(
+    checkpoint: str, inputs: list[str], output: str | None, cfg: TranslateConfig, progress: bool | None = None
+) -> int:
+    """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout); returns the line count."""
+    device = resolve_device(cfg.device)
+    precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
+    translator = Translator(load(checkpoint, device, "seq2seq", cfg.threads), cfg, device)
+    total = _count_lines(inputs) if (progress if progress is not None else sys.stderr.isatty()) else None
+    n = 0
+    with open_output(output) as out, Progress("translating", total, "sent", progress) as bar:
+        for text in translator.run(read_inputs(inputs)):
+            out.write(text + "\n")
+            out.flush()  # a pipeline's next stage sees each line as soon as it is ready
+            bar.advance(1)
+            n += 1
+    return n
+
+
+def translate_config(path: os.PathLike | str | None = None, **flags) -> TranslateConfig:
+    """Settings from a config file's `translate:` section (if any), then the non-None command-line flags."""
+    cfg = TranslateConfig()
+    if path is not None:
+        cfg = from_dict(TranslateConfig, load_config_file(path).get("translate") or {}, "translate")
+    return override(cfg, "translate", **flags)

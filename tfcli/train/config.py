@@ -1,0 +1,153 @@
+"""Training options: one dataclass, filled from a config file (`train:` and `model:` sections), then flags.
+
+Precedence, lowest first: defaults < config file < `--set section.key=value` < explicit flags. On `--resume` the
+run's saved config is the base instead of the defaults, and the architecture may not change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tfcli.config import from_dict, load_config_file, parse_overrides, to_dict
+from tfcli.errors import ConfigError
+from tfcli.model.config import ModelConfig, model_config_fields
+
+SECTIONS = ("train", "model")
+
+
+@dataclass
+class TrainConfig:
+    """Everything `tfcli train` does besides the architecture (which is `arch` plus the `model:` section)."""
+
+    data: str = ""  # the prepared directory (`tfcli prepare`)
+    out: str = ""  # the run directory: metrics.jsonl, config.yaml, checkpoints/
+    arch: str = "small"  # a preset (tfcli.model.PRESETS); the `model:` section overrides its fields
+    # batching
+    max_tokens: int = 4096  # padded tokens per batch (per side), per micro-batch and per process
+    max_sentences: int = 0  # at most this many sentences per batch (0: no limit)
+    max_len: int = 0  # seq2seq: longer sentences are truncated; LM: the block length (0: the model's max_len)
+    # optimisation
+    lr: float = 5e-4  # peak learning rate
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0  # AdamW's decoupled decay, applied to matrices only (not biases, norms)
+    schedule: Literal["inverse_sqrt", "cosine", "constant"] = "inverse_sqrt"
+    warmup: int = 4000  # linear warmup steps
+    min_lr: float = 0.0  # cosine: the floor reached at the last step
+    max_steps: int = 0  # optimizer updates (0: no limit)
+    max_epochs: int = 20  # passes over the training data (0: no limit)
+    grad_accum: int = 1  # micro-batches per update (per process)
+    clip_norm: float = 1.0  # gradient clipping by global norm (0: off)
+    label_smoothing: float = 0.1
+    seed: int = 1
+    # logging, validation, checkpoints
+    log_every: int = 100  # steps between metrics lines
+    valid_every: int = 1000  # steps between validations; each validation also writes a checkpoint
+    valid_split: str = "valid"
+    valid_bleu: bool = True  # translation: greedy-decode the valid set and score it with sacrebleu
+    bleu_max_sentences: int = 500  # decode at most this many valid sentences for BLEU (0: all)
+    early_stop_metric: Literal["loss", "ppl", "bleu"] = "loss"  # also decides which checkpoint is BEST
+    patience: int = 0  # stop after this many validations without improvement (0: never stop early)
+    keep_last: int = 3  # checkpoints kept besides the best
+    average_last: int = 0  # at the end, average the last K checkpoints into checkpoints/avg-lastK (0: off)
+    tensorboard: bool = True  # also write TensorBoard events to RUN/tensorboard, if tensorboard is installed
+    # hardware
+    device: str = "auto"  # auto: cuda (this process's local rank) if available, else cpu
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on a GPU that has it, else fp32
+    compile: bool = False  # torch.compile the model
+    threads: int = 0  # CPU threads for torch (0: torch's default, one per core)
+    peak_flops: float = 989e12  # the hardware's dense peak per GPU, for MFU (default: H100 bf16)
+    resume: bool = False  # continue the run in `out` from its latest checkpoint
+
+    def validate(self) -> None:
+        positive = ("max_tokens", "lr", "grad_accum", "log_every", "valid_every", "keep_last")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"train.{name}: must be positive, got {getattr(self, name)}")
+        non_negative = ("max_sentences", "max_len", "warmup", "min_lr", "max_steps", "max_epochs", "clip_norm",
+                        "weight_decay", "patience", "average_last", "bleu_max_sentences", "adam_eps", "threads")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: must not be negative, got {getattr(self, name)}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {self.betas}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        if self.max_len == 1:
+            raise ConfigError("train.max_len: must be at least 2 (or 0 for the model's max_len)")
+        if self.max_steps == 0 and self.max_epochs == 0 and self.patience == 0:
+            raise ConfigError("train: no stopping rule; set max_steps, max_epochs or patience")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"train.min_lr ({self.min_lr}) is above the peak lr ({self.lr})")
+        if self.early_stop_metric == "bleu" and not self.valid_bleu:
+            raise ConfigError("train.early_stop_metric: 'bleu' needs valid_bleu: true")
+
+
+def _sections(data: dict, where: str) -> tuple[dict, dict]:
+    for key in data:
+        if key not in SECTIONS:
+            raise ConfigError(f"{where}: unknown section '{key}' (expected: {', '.join(s + ':' for s in SECTIONS)})")
+        if not isinstance(data[key], dict):
+            raise ConfigError(f"{where}: section '{key}' must be a mapping")
+    return dict(data.get("train") or {}), dict(data.get("model") or {})
+
+
+def _check_model_keys(model: dict, where: str) -> None:
+    """Unknown `model:` keys are caught here, before any data is read (the values are checked by `preset`)."""
+    names = model_config_fields()
+    for key in model:
+        if str(key).replace("-", "_") not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{where}: model.{key}: unknown config key{hint}")
+    if "kind" in model:
+        raise ConfigError(f"{where}: model.kind comes from the preset (--arch); choose an LM preset for an LM")
+    for key in ("src_vocab_size", "tgt_vocab_size"):
+        if key in model:
+            raise ConfigError(f"{where}: model.{key} comes from the prepared data; do not set it")
+
+
+def load_train_config(
+    config_file: str | Path | None = None,
+    flags: dict | None = None,
+    sets: list[str] | None = None,
+    saved: dict | None = None,
+) -> tuple[TrainConfig, dict]:
+    """Resolve the training config; returns (TrainConfig, model field overrides for the preset).
+
+    `flags` are the CLI's values (None = not given). `saved` is the resumed checkpoint's config.json, whose `train`
+    section becomes the base.
+    """
+    train: dict = dict(saved["train"]) if saved else {}
+    model: dict = {}
+    if config_file is not None:
+        t, m = _sections(load_config_file(config_file), str(config_file))
+        train.update(t)
+        model.update(m)
+    if sets:
+        t, m = _sections(parse_overrides(sets), "--set")
+        train.update(t)
+        model.update(m)
+    train.update({k: v for k, v in (flags or {}).items() if v is not None})
+    _check_model_keys(model, str(config_file or "--set"))
+    cfg = from_dict(TrainConfig, train, "train")
+    return cfg, model
+
+
+def config_to_yaml(cfg: TrainConfig, model_cfg: ModelConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump({"train": to_dict(cfg), "model": to_dict(model_cfg)}, sort_keys=False)
+
+
+def differences(a, b) -> list[str]:
+    """Fields that differ between two dataclasses of the same type, as 'name: a -> b'."""
+    return [
+        f"{f.name}: {getattr(a, f.name)} -> {getattr(b, f.name)}"
+        for f in dataclasses.fields(a)
+        if getattr(a, f.name) != getattr(b, f.name)
+    ]

@@ -1,0 +1,137 @@
+"""Training batches from a prepared directory: a deterministic list of batches per epoch, and collation.
+
+Each epoch's batch list is a pure function of (seed, epoch), so a run resumed at position i of epoch e sees exactly
+the batches an uninterrupted run would, and each of several processes can take its own share of the same list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tfcli.data.batching import collate_seq2seq, token_batches
+from tfcli.data.prepared import PreparedData
+from tfcli.errors import TfcliError
+from tfcli.model.config import EOS_ID
+
+
+@dataclass
+class Batch:
+    """One micro-batch. `src` is None for a language model; `inputs`/`targets` are the decoder's in/out."""
+
+    src: torch.Tensor | None
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    src_tokens: int  # non-padding source tokens (incl. </s>)
+    tgt_tokens: int  # non-padding target tokens (what the loss is averaged over)
+    slots: int  # all positions in the batch tensors, padding included (for the padding fraction)
+    # (query, key) pairs scored per attention layer, summed over sentences, for FLOPs: S^2, T^2 and T*S
+    src_pairs: int = 0
+    tgt_pairs: int = 0
+    cross_pairs: int = 0
+
+    def to(self, device: torch.device) -> "Batch":
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.src), move(self.inputs), move(self.targets), self.src_tokens, self.tgt_tokens,
+                     self.slots, self.src_pairs, self.tgt_pairs, self.cross_pairs)
+
+
+class ParallelData:
+    """Sentence pairs, batched by tokens in length buckets."""
+
+    kind = "seq2seq"
+
+    def __init__(self, prepared: PreparedData, split: str, max_len: int, max_tokens: int, max_sentences: int, seed: int):
+        self.src = prepared.sequences(split, "src")
+        self.tgt = prepared.sequences(split, "tgt")
+        if len(self.src) != len(self.tgt):
+            raise TfcliError(f"{prepared.path}: split '{split}' has {len(self.src)} source but {len(self.tgt)} target "
+                             "sentences; the prepared directory is corrupt")
+        self.max_len, self.max_tokens, self.max_sentences, self.seed = max_len, max_tokens, max_sentences, seed
+        # lengths as batched: source x.. </s>, target <s> y.. (or y.. </s>), both cut at max_len
+        self.src_len = np.minimum(self.src.lengths + 1, max_len)
+        self.tgt_len = np.minimum(self.tgt.lengths + 1, max_len)
+        self.truncated = int(((self.src.lengths + 1 > max_len) | (self.tgt.lengths + 1 > max_len)).sum())
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def batches(self, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
+        return token_batches(
+            np.maximum(self.src_len, self.tgt_len), self.max_tokens, self.max_sentences or None, shuffle, self.seed, epoch
+        )
+
+    def collate(self, idx: np.ndarray) -> Batch:
+        src, tgt_in, tgt_out = collate_seq2seq([self.src[i] for i in idx], [self.tgt[i] for i in idx], self.max_len)
+        s, t = self.src_len[idx], self.tgt_len[idx]
+        return Batch(
+            src, tgt_in, tgt_out, int(s.sum()), int(t.sum()), src.numel() + tgt_out.numel(),
+            src_pairs=int((s * s).sum()), tgt_pairs=int((t * t).sum()), cross_pairs=int((s * t).sum()),
+        )
+
+
+class StreamData:
+    """A language model's text as one stream of ids, sentences separated by </s>, cut into blocks.
+
+    A block holds block_len + 1 ids: inputs block[:-1], targets block[1:]. For training, each epoch starts the blocks
+    at a seeded offset and shuffles them; for validation the whole stream is read in consecutive blocks (the last one
+    shorter), so every token is scored once.
+    """
+
+    kind = "lm"
+
+    def __init__(self, prepared: PreparedData, split: str, block_len: int, max_tokens: int, max_sentences: int, seed: int):
+        seqs = prepared.sequences(split, "tgt")
+        n = len(seqs)
+        self.stream = np.empty(len(seqs.flat) + n, dtype=seqs.flat.dtype)
+        eos_at = seqs.offsets[1:] + np.arange(n)  # sentence i ends at offsets[i+1] in the ids, shifted by i </s>
+        is_text = np.ones(len(self.stream), dtype=bool)
+        is_text[eos_at] = False
+        self.stream[is_text] = seqs.flat
+        self.stream[eos_at] = EOS_ID
+        self.block_len, self.seed = block_len, seed
+        self.batch_size = max(1, max_tokens // block_len)
+        if max_sentences:
+            self.batch_size = min(self.batch_size, max_sentences)
+        self.truncated = 0
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def batches(self, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
+        """Each batch: an array of (start, length) rows, one per block.
+
+        Blocks advance by block_len, so consecutive blocks share one id: the last target of one is the first input
+        of the next, and every id after the first is a target exactly once.
+        """
+        bl, total = self.block_len, len(self.stream)
+        if shuffle:
+            rng = np.random.default_rng([self.seed, epoch])
+            offset = int(rng.integers(bl)) if total > 2 * (bl + 1) else 0
+            starts = offset + bl * np.arange(max(0, (total - offset - 1) // bl))
+            starts = starts[rng.permutation(len(starts))]
+        else:
+            starts = np.arange(0, max(total - 1, 0), bl)
+        if len(starts) == 0:
+            return []
+        blocks = np.stack([starts, np.minimum(bl + 1, total - starts)], 1)
+        # same-length blocks together: only the final, shorter validation block differs
+        out = []
+        for length in np.unique(blocks[:, 1])[::-1]:
+            same = blocks[blocks[:, 1] == length]
+            out += [same[i : i + self.batch_size] for i in range(0, len(same), self.batch_size)]
+        return out
+
+    def collate(self, blocks: np.ndarray) -> Batch:
+        length = int(blocks[0, 1])
+        ids = np.stack([self.stream[s : s + length] for s in blocks[:, 0]]).astype(np.int64)
+        ids = torch.from_numpy(ids)
+        n = ids.size(0) * (length - 1)
+        return Batch(None, ids[:, :-1], ids[:, 1:], 0, n, n, tgt_pairs=ids.size(0) * (length - 1) ** 2)
+
+
+def padding_fraction(batch: Batch) -> float:
+    real = batch.src_tokens + batch.tgt_tokens
+    return 1.0 - real / batch.slots if batch.slots else 0.0

@@ -1,0 +1,111 @@
+"""Several processes through `torchrun`: DistributedDataParallel, NCCL on GPUs, gloo on CPUs.
+
+torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without them training runs as one process. Every rank builds the
+same deterministic batch list and takes its own share of each step's batches; gradients are summed by DDP's
+all-reduce; only rank 0 writes checkpoints, logs and the progress bar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from tfcli.errors import ConfigError
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"train.device: unknown device '{name}' (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device: '{name}' asked for, but no CUDA GPU is available")
+        if device.index is None:
+            device = torch.device(f"cuda:{local_rank}")
+    return device
+
+
+def setup(device_name: str) -> tuple[DistInfo, torch.device]:
+    """Join the process group if launched by torchrun; pick this process's device."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    info = DistInfo(int(os.environ.get("RANK", "0")), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    device = pick_device(device_name, info.local_rank)
+    if info.enabled and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return info, device
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.nn.Module:
+    if not info.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    # no buffer broadcast: the only buffers are position tables, which each rank may grow to its own lengths
+    return DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+    )
+
+
+def no_sync(model: torch.nn.Module, last: bool):
+    """Skip DDP's gradient all-reduce on all but the last micro-batch of an accumulated step."""
+    if last or not hasattr(model, "no_sync"):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
+    """Sum a few numbers over all ranks (one small all-reduce)."""
+    if not info.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def gather_tensors(t: torch.Tensor, info: DistInfo, device: torch.device) -> list[torch.Tensor]:
+    """Every rank's copy of a same-shaped tensor (e.g. RNG states), on the CPU."""
+    if not info.enabled:
+        return [t]
+    local = t.to(device)
+    out = [torch.empty_like(local) for _ in range(info.world_size)]
+    dist.all_gather(out, local)
+    return [o.cpu() for o in out]
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def shard(group: list, info: DistInfo) -> list:
+    """This rank's micro-batches of one step's batches: rank r takes batches r, r + world, r + 2 world, ..."""
+    return group[info.rank :: info.world_size]

@@ -1,0 +1,129 @@
+"""Where training reports go: metrics.jsonl (one JSON object per log step and per validation), stderr lines, a rich
+progress bar when stderr is a terminal, and TensorBoard when it is installed.
+
+metrics.jsonl keys (other tools, e.g. `tfcli plot`, read them):
+  every line   step, epoch, time (seconds of training so far), split ("train" | "valid")
+  train        loss (label-smoothed, per target token), nll (plain cross-entropy per target token), ppl, lr,
+               src_tokens_per_s, tgt_tokens_per_s (non-padding tokens; 0 source tokens for a language model),
+               padding_fraction, grad_norm, and mfu on a GPU
+  valid        loss, nll, ppl, and bleu for translation
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from tfcli.io import atomic_write_text
+
+
+def ppl(nll: float) -> float:
+    return math.exp(min(nll, 100.0))
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def format_record(r: dict) -> str:
+    """One human line; says which tokens a rate counts."""
+    if r["split"] == "train":
+        parts = [
+            f"step {r['step']}", f"epoch {r['epoch']}", f"loss {r['loss']:.3f}", f"ppl {r['ppl']:.2f}",
+            f"lr {r['lr']:.2e}", f"|g| {r['grad_norm']:.2f}", f"tgt tok/s {_si(r['tgt_tokens_per_s'])}",
+        ]
+        if r["src_tokens_per_s"]:
+            parts.append(f"src tok/s {_si(r['src_tokens_per_s'])}")
+        parts.append(f"pad {100 * r['padding_fraction']:.1f}%")
+        if "mfu" in r:
+            parts.append(f"MFU {100 * r['mfu']:.1f}%")
+        return " | ".join(parts)
+    parts = [f"step {r['step']}", "valid", f"loss {r['loss']:.3f}", f"ppl {r['ppl']:.2f}"]
+    if r.get("bleu") is not None:
+        parts.append(f"BLEU {r['bleu']:.2f}")
+    if r.get("best"):
+        parts.append("(best)")
+    return " | ".join(parts)
+
+
+class MetricsLog:
+    """Rank 0's reports. Other ranks get `enabled=False` and everything is a no-op."""
+
+    def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None, tensorboard: bool, total_steps: int):
+        self.enabled = enabled
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.progress: Progress | None = None
+        self.tb = None
+        self.file = None
+        if not enabled:
+            return
+        path = run_dir / "metrics.jsonl"
+        if resume_step is not None and path.exists():
+            # drop what an interrupted run logged after its last checkpoint: the resumed run logs those steps again
+            kept = [ln for ln in path.read_text(encoding="utf-8").splitlines() if _step_of(ln) <= resume_step]
+            atomic_write_text(path, "".join(ln + "\n" for ln in kept))
+        elif path.exists():
+            path.unlink()
+        self.file = open(path, "a", encoding="utf-8")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:
+                self.tb = None
+        if self.console.is_terminal:
+            self.progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(), console=self.console, transient=True,
+            )
+            self.task = self.progress.add_task("train", total=total_steps or None, info="")
+            self.progress.start()
+
+    def print(self, text: str) -> None:
+        if self.enabled:
+            self.console.print(text, markup=False)
+
+    def advance(self, step: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step)
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        self.print(format_record(record))
+        if self.progress is not None and record["split"] == "train":
+            info = (f"loss {record['loss']:.3f} lr {record['lr']:.1e} tgt tok/s {_si(record['tgt_tokens_per_s'])}"
+                    + (f" src tok/s {_si(record['src_tokens_per_s'])}" if record["src_tokens_per_s"] else ""))
+            self.progress.update(self.task, info=info)
+        if self.tb is not None:
+            for key, value in record.items():
+                if key not in ("step", "epoch", "time", "split") and isinstance(value, (int, float)):
+                    self.tb.add_scalar(f"{record['split']}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+
+
+def _step_of(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf  # a torn last line from a killed run: drop it

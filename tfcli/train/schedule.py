@@ -1,0 +1,30 @@
+"""Learning-rate schedules as pure functions of the update number, so a resumed run needs no scheduler state."""
+
+from __future__ import annotations
+
+import math
+
+
+def learning_rate(
+    step: int, schedule: str, peak: float, warmup: int, total_steps: int = 0, min_lr: float = 0.0
+) -> float:
+    """The learning rate for update number `step` (1-based).
+
+    inverse_sqrt (Vaswani et al. 2017, eq. 3): lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), written with
+      the peak reached at step = warmup: lr = peak * min(step / warmup, sqrt(warmup / step)).
+    cosine: linear warmup to the peak, then lr = min + (peak - min) * (1 + cos(pi * progress)) / 2 until total_steps.
+    constant: linear warmup to the peak, then flat.
+    """
+    step = max(step, 1)
+    if warmup > 0 and step < warmup:
+        return peak * step / warmup
+    if schedule == "constant":
+        return peak
+    if schedule == "inverse_sqrt":
+        return peak * math.sqrt(max(warmup, 1) / step) if warmup > 0 else peak / math.sqrt(step)
+    if schedule == "cosine":
+        if total_steps <= warmup:
+            return peak
+        progress = min(1.0, (step - warmup) / (total_steps - warmup))
+        return min_lr + (peak - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown schedule {schedule!r}")

@@ -1,0 +1,598 @@
+"""The training loop: teacher-forced encoder-decoder on parallel data, or a decoder-only LM on a text stream.
+
+One step = world_size x grad_accum micro-batches taken in order from the epoch's deterministic batch list (a
+remainder too small for a step is skipped; the per-epoch shuffle changes which batches that is). The loss
+of a step is the sum over all its target tokens divided by their total count (over micro-batches and processes), so
+the update does not depend on how the step is split across processes or accumulation. Everything a step depends on
+(weights, optimizer moments, RNG states, the position in the batch list) goes into each checkpoint, so a resumed run
+reaches the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import re
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tfcli import checkpoint
+from tfcli.config import to_dict
+from tfcli.data.batching import pad, source_ids, token_batches
+from tfcli.data.prepared import PreparedData
+from tfcli.errors import CheckpointError, ConfigError, TfcliError
+from tfcli.io import atomic_write_text
+from tfcli.model import ModelConfig, build_model, count_parameters, preset
+from tfcli.model.config import PRESETS
+from tfcli.train import distributed
+from tfcli.train.config import TrainConfig, config_to_yaml, differences
+from tfcli.train.data import Batch, ParallelData, StreamData
+from tfcli.train.flops import train_flops
+from tfcli.train.log import MetricsLog, ppl
+from tfcli.train.loss import label_smoothed_loss
+from tfcli.train.schedule import learning_rate
+
+CHECKPOINTS = "checkpoints"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    checkpoint: Path | None  # the last one written
+    best: Path | None
+    interrupted: bool = False
+    early_stopped: bool = False
+
+
+def forward_loss(model, batch: Batch, smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed label-smoothed loss, summed nll) of one batch under teacher forcing."""
+    logits = model(batch.inputs) if batch.src is None else model(batch.src, batch.inputs)
+    return label_smoothed_loss(logits, batch.targets, smoothing)
+
+
+def resume_point(run_dir: str | Path) -> Path:
+    """The checkpoint `--resume` continues from: RUN/checkpoints/LATEST."""
+    pointer = Path(run_dir) / CHECKPOINTS / "LATEST"
+    if not pointer.exists():
+        raise CheckpointError(f"{run_dir}: nothing to resume (no {CHECKPOINTS}/LATEST); start without --resume")
+    return Path(run_dir) / CHECKPOINTS / pointer.read_text().strip()
+
+
+class StopRequest:
+    """SIGINT/SIGTERM: finish the current step, save, exit 130. A second signal stops at once, without saving."""
+
+    def __init__(self, log: MetricsLog):
+        self.requested = False
+        self.log = log
+        self._old: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.log.print(f"{signal.Signals(signum).name}: stopping after this step and saving a checkpoint "
+                       "(signal again to quit without saving)")
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, model_overrides: dict | None = None, saved: dict | None = None):
+        self.cfg = cfg
+        self.dist, self.device = distributed.setup(cfg.device)
+        self.main = self.dist.is_main
+        if not cfg.data:
+            raise ConfigError("train.data: no prepared directory given (tfcli train DATA ...)")
+        if not cfg.out:
+            raise ConfigError("train.out: no run directory given (--out RUN)")
+        self.run_dir = Path(cfg.out)
+        self.ckpt_dir = self.run_dir / CHECKPOINTS
+        self.resume_from = resume_point(self.run_dir) if cfg.resume else None
+        if not cfg.resume and (self.ckpt_dir / "LATEST").exists():
+            raise TfcliError(f"{self.run_dir}: already holds a training run; pass --resume to continue it, "
+                             "or choose another --out")
+
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.prepared = PreparedData(cfg.data)
+        self.model_cfg = self._model_config(model_overrides or {}, saved)
+        self.precision = self._precision()
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+        # data
+        mc = self.model_cfg
+        self.max_len = cfg.max_len or mc.max_len
+        if self.max_len > mc.max_len and mc.positions == "learned":
+            raise ConfigError(f"train.max_len ({self.max_len}) is longer than the model's learned positions "
+                              f"(model.max_len {mc.max_len}); raise model.max_len or lower --max-len")
+        Data = ParallelData if mc.kind == "seq2seq" else StreamData
+        self.train_data = Data(self.prepared, "train", self.max_len, cfg.max_tokens, cfg.max_sentences, cfg.seed)
+        self.valid_data = None
+        if cfg.valid_split in self.prepared.splits:
+            self.valid_data = Data(self.prepared, cfg.valid_split, self.max_len, cfg.max_tokens, cfg.max_sentences, cfg.seed)
+        elif cfg.patience:
+            raise ConfigError(f"train.patience: early stopping needs a '{cfg.valid_split}' split in {cfg.data}")
+        if mc.kind == "lm" and cfg.early_stop_metric == "bleu":
+            raise ConfigError("train.early_stop_metric: 'bleu' is for translation; use loss or ppl for a language model")
+
+        # model, optimizer, state
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        torch.manual_seed(cfg.seed)
+        if self.resume_from is not None:
+            self.raw, _ = checkpoint.load(self.resume_from, self.device)
+        else:
+            self.raw = build_model(mc).to(self.device)
+        self.raw.train()
+        torch.manual_seed(cfg.seed + self.dist.rank)  # each rank its own dropout stream
+        self.optimizer = self._optimizer()
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.model = torch.compile(self.raw) if cfg.compile else self.raw
+        self.model = distributed.wrap(self.model, self.dist, self.device)
+
+        self.step, self.epoch, self.pos = 0, 0, 0
+        self.elapsed = 0.0  # training seconds of earlier runs of this run directory
+        self.best: dict | None = None  # {"value", "step", "name"}
+        self.bad_validations = 0
+        self.last_valid: dict = {}
+        if self.resume_from is not None:
+            self._load_state(self.resume_from)
+
+        self.group_size = self.dist.world_size * cfg.grad_accum
+        first_epoch = self.train_data.batches(self.epoch)
+        if not first_epoch:
+            raise TfcliError(f"{cfg.data}: the training data is too small for one batch "
+                             f"(a language model needs more than --max-len {self.max_len} tokens)")
+        self.steps_per_epoch = len(first_epoch) // self.group_size
+        if not self.steps_per_epoch:
+            raise TfcliError(f"{cfg.data}: {len(first_epoch)} batches per epoch, fewer than one step takes "
+                             f"({self.dist.world_size} processes x grad_accum {cfg.grad_accum}); lower --max-tokens")
+        self.total_steps = min(
+            cfg.max_steps or math.inf, (cfg.max_epochs * self.steps_per_epoch) if cfg.max_epochs else math.inf
+        )
+        self.total_steps = 0 if self.total_steps == math.inf else int(self.total_steps)
+        if cfg.schedule == "cosine" and not self.total_steps:
+            raise ConfigError("train.schedule: cosine needs max_steps or max_epochs to know where it ends")
+
+        if self.main:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            for junk in self.ckpt_dir.glob(".step-*"):  # temp dirs of a save that was killed
+                shutil.rmtree(junk, ignore_errors=True)
+            atomic_write_text(self.run_dir / "config.yaml", config_to_yaml(cfg, mc))
+        self.log = MetricsLog(self.run_dir, self.main, self.step if self.resume_from else None, cfg.tensorboard,
+                              self.total_steps)
+        self._announce(first_epoch)
+        self._reset_interval()
+
+    # --- setup ----------------------------------------------------------------------------------------------------
+
+    def _model_config(self, overrides: dict, saved: dict | None) -> ModelConfig:
+        cfg, data = self.cfg, self.prepared
+        if cfg.arch not in PRESETS:
+            preset(cfg.arch)  # raises the "unknown preset" message
+        kind = PRESETS[cfg.arch].get("kind", "seq2seq")
+        want = "parallel" if kind == "seq2seq" else "mono"
+        if data.kind != want:
+            what = "monolingual (language-model) data" if data.kind == "mono" else "parallel (translation) data"
+            presets = [n for n, p in PRESETS.items() if p.get("kind", "seq2seq") == kind]
+            others = [n for n in PRESETS if n not in presets]
+            model = "an encoder-decoder" if kind == "seq2seq" else "a decoder-only language model"
+            raise ConfigError(f"{data.path}: holds {what}, but --arch {cfg.arch} is {model}; "
+                              f"use one of: {', '.join(others)}")
+        vocab = {"tgt_vocab_size": data.vocab_size("tgt")}
+        if kind == "seq2seq":
+            vocab["src_vocab_size"] = data.vocab_size("src")
+            if data.meta.get("joint") and "share_embeddings" not in overrides:
+                overrides = {**overrides, "share_embeddings": True}  # one vocabulary: one embedding table
+        model_cfg = preset(cfg.arch, **{**overrides, **vocab})
+        if saved is None and self.resume_from is not None:
+            saved = checkpoint.read_meta(self.resume_from)
+        if saved is not None:
+            old = checkpoint.model_config(saved)
+            old_arch = saved.get("train", {}).get("arch")
+            if old_arch != cfg.arch:
+                raise ConfigError(f"--resume: the run was trained with --arch {old_arch}; it cannot change to {cfg.arch}")
+            wanted = checkpoint.model_config({**saved, "model": {**to_dict(old), **overrides}})
+            diff = differences(old, wanted)
+            if diff:
+                raise ConfigError(f"--resume: the architecture cannot change ({'; '.join(diff)})")
+            if (old.src_vocab_size, old.tgt_vocab_size) != (model_cfg.src_vocab_size, model_cfg.tgt_vocab_size):
+                raise ConfigError(f"--resume: {data.path} has other vocabulary sizes than the run's model "
+                                  f"({model_cfg.src_vocab_size}/{model_cfg.tgt_vocab_size} vs "
+                                  f"{old.src_vocab_size}/{old.tgt_vocab_size}); resume with the same data")
+            model_cfg = old
+        return model_cfg
+
+    def _precision(self) -> str:
+        p = self.cfg.precision
+        if p == "auto":
+            cuda_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+            return "bf16" if cuda_bf16 else ("fp16" if self.device.type == "cuda" else "fp32")
+        if p == "fp16" and self.device.type != "cuda":
+            raise ConfigError("train.precision: fp16 needs a CUDA GPU; use fp32 or bf16 on the CPU")
+        return p
+
+    def autocast(self):
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """AdamW; weight decay on matrices only (biases, norms are not decayed)."""
+        params = [p for p in self.raw.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        other = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
+        return torch.optim.AdamW(
+            groups, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.adam_eps,
+            fused=self.device.type == "cuda" or None,
+        )
+
+    def _announce(self, batches: list) -> None:
+        if not self.main:
+            return
+        log, cfg, mc = self.log, self.cfg, self.model_cfg
+        log.print("resolved config:\n" + config_to_yaml(cfg, mc).rstrip())
+        what = "encoder-decoder" if mc.kind == "seq2seq" else "decoder-only LM"
+        log.print(f"model: {what} ({cfg.arch}), {count_parameters(self.raw) / 1e6:.2f}M parameters; "
+                  f"device {self.device}, {self.precision}, {self.dist.world_size} process(es)")
+        unit = "sentence pairs" if mc.kind == "seq2seq" else "tokens in the stream"
+        line = f"data: {len(self.train_data)} {unit}, {len(batches)} batches per epoch"
+        if mc.kind == "seq2seq":
+            d = self.train_data
+            real = sum(int(d.src_len[b].sum() + d.tgt_len[b].sum()) for b in batches)
+            slots = sum(len(b) * int(d.src_len[b].max() + d.tgt_len[b].max()) for b in batches)
+            line += f", {100 * (1 - real / slots):.1f}% padding after length bucketing"
+            if d.truncated:
+                line += f"; {d.truncated} pairs longer than {self.max_len} tokens are truncated"
+        log.print(line)
+        if self.resume_from is not None:
+            log.print(f"resuming from {self.resume_from} (step {self.step}, epoch {self.epoch + 1})")
+            if self.old_group_size != self.group_size:
+                log.print(f"note: {self.old_group_size} batches per step before, {self.group_size} now (processes x "
+                          "grad_accum changed): training continues, but not as the same run bit for bit")
+
+    # --- the loop -------------------------------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult:
+        cfg = self.cfg
+        interrupted = early_stopped = False
+        saved_step = self.step if self.resume_from is not None else -1
+        with StopRequest(self.log) as stop:
+            done = bool(cfg.max_steps and self.step >= cfg.max_steps)
+            while not done and not (cfg.max_epochs and self.epoch >= cfg.max_epochs):
+                batches = self.train_data.batches(self.epoch)
+                while self.pos < len(batches):
+                    group = batches[self.pos : self.pos + self.group_size]
+                    if len(group) < self.group_size:  # the epoch's remainder (a different one each epoch)
+                        self.pos = len(batches)
+                        continue
+                    mine = [self.train_data.collate(b) for b in distributed.shard(group, self.dist)]
+                    tokens, stops = distributed.all_reduce_sum(
+                        [sum(b.tgt_tokens for b in mine), float(stop.requested)], self.dist, self.device
+                    )
+                    if stops:
+                        interrupted = done = True
+                        break
+                    self._step(mine, tokens)
+                    self.pos += len(group)
+                    self.step += 1
+                    self.log.advance(self.step)
+                    if self.step % cfg.log_every == 0:
+                        self._log_train()
+                    done = bool(cfg.max_steps and self.step >= cfg.max_steps)
+                    if self.step % cfg.valid_every == 0 or done:
+                        early_stopped = self._validate_and_save()
+                        saved_step = self.step
+                        done = done or early_stopped
+                    if done:
+                        break
+                else:
+                    self.epoch += 1
+                    self.pos = 0
+            if saved_step != self.step:  # an interrupt, or the last epoch ended between validations
+                if interrupted:
+                    self._save(is_best=False)
+                else:
+                    early_stopped = self._validate_and_save()
+        self.log.close()
+        last = self.ckpt_dir / self._name(self.step)
+        best = self.ckpt_dir / self.best["name"] if self.best else None
+        if self.main and cfg.average_last and not interrupted:
+            from tfcli.train.average import average_checkpoints
+
+            average_checkpoints(self.run_dir, cfg.average_last, self.ckpt_dir / f"avg-last{cfg.average_last}",
+                                overwrite=True)
+        distributed.barrier(self.dist)
+        return TrainResult(self.run_dir, self.step, last, best, interrupted, early_stopped)
+
+    def _step(self, batches: list[Batch], global_tokens: float) -> None:
+        """One update from this process's micro-batches; the loss is normalised by the step's global token count."""
+        scale = self.dist.world_size / global_tokens  # DDP averages gradients over processes; undo that
+        for i, b in enumerate(batches):
+            b_dev = b.to(self.device)
+            with distributed.no_sync(self.model, last=i == len(batches) - 1):
+                with self.autocast():
+                    loss, nll = forward_loss(self.model, b_dev, self.cfg.label_smoothing)
+                self.scaler.scale(loss * scale).backward()
+            self.acc += torch.stack([loss.detach().float(), nll.float()])
+            self.counts += np.array([b.src_tokens, b.tgt_tokens, b.slots, 0.0])
+            if self.device.type == "cuda":
+                self.counts[3] += train_flops(self.model_cfg, b.src_tokens, b.tgt_tokens, b.src_pairs, b.tgt_pairs,
+                                              b.cross_pairs)
+        self.scaler.unscale_(self.optimizer)
+        clip = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
+        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.raw.parameters(), clip)
+        self.lr = self._lr(self.step + 1)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _lr(self, step: int) -> float:
+        c = self.cfg
+        return learning_rate(step, c.schedule, c.lr, c.warmup, self.total_steps, c.min_lr)
+
+    def _reset_interval(self) -> None:
+        self.acc = torch.zeros(2, device=self.device)  # summed loss, summed nll (on the device: no sync per step)
+        self.counts = np.zeros(4)  # src tokens, tgt tokens, slots, model FLOPs
+        self.interval_start = time.perf_counter()
+        self.excluded = 0.0  # seconds spent validating/saving within the interval
+        self.run_start = getattr(self, "run_start", self.interval_start)
+
+    def _epoch(self) -> int:
+        """The epoch in progress, 1-based (at an epoch boundary: the one just finished)."""
+        return self.epoch + 1 if self.pos > 0 or self.epoch == 0 else self.epoch
+
+    def _time(self) -> float:
+        return self.elapsed + time.perf_counter() - self.run_start
+
+    def _log_train(self) -> None:
+        local = self.acc.tolist() + self.counts.tolist()  # .tolist(): the one device sync per log step
+        loss, nll, src, tgt, slots, flops = distributed.all_reduce_sum(local, self.dist, self.device)
+        dt = max(time.perf_counter() - self.interval_start - self.excluded, 1e-9)
+        record = {
+            "step": self.step, "epoch": self._epoch(), "time": round(self._time(), 3), "split": "train",
+            "loss": loss / tgt, "nll": nll / tgt, "ppl": ppl(nll / tgt), "lr": self.lr,
+            "src_tokens_per_s": src / dt, "tgt_tokens_per_s": tgt / dt,
+            "padding_fraction": 1.0 - (src + tgt) / slots if slots else 0.0,
+            "grad_norm": float(self.grad_norm),
+        }
+        if self.device.type == "cuda":
+            record["mfu"] = flops / dt / (self.cfg.peak_flops * self.dist.world_size)
+        self.log.write(record)
+        self._reset_interval()
+
+    # --- validation and checkpoints -------------------------------------------------------------------------------
+
+    def _validate_and_save(self) -> bool:
+        """Validate, checkpoint, and decide on early stopping (the same decision on every rank)."""
+        t0 = time.perf_counter()
+        is_best, stop = False, False
+        if self.valid_data is not None:
+            metrics = self.validate()
+            name = self.cfg.early_stop_metric
+            value = metrics[name]
+            higher_is_better = name == "bleu"
+            if self.best is None or (value > self.best["value"] if higher_is_better else value < self.best["value"]):
+                self.best = {"metric": name, "value": value, "step": self.step, "name": self._name(self.step)}
+                self.bad_validations = 0
+                is_best = True
+            else:
+                self.bad_validations += 1
+            stop = bool(self.cfg.patience and self.bad_validations >= self.cfg.patience)
+            self.last_valid = metrics
+            self.log.write({"step": self.step, "epoch": self._epoch(), "time": round(self._time(), 3),
+                            "split": "valid", **metrics, "best": is_best})
+            if stop:
+                self.log.print(f"early stopping: valid {name} has not improved for {self.cfg.patience} validations "
+                               f"(best {self.best['value']:.4g} at step {self.best['step']})")
+        self._save(is_best)
+        self.excluded += time.perf_counter() - t0
+        return stop
+
+    @torch.inference_mode()
+    def validate(self) -> dict:
+        """Valid loss/ppl over the whole valid split (sharded over ranks), and greedy BLEU for translation."""
+        self.raw.eval()
+        sums = [0.0, 0.0, 0.0]
+        batches = self.valid_data.batches(0, shuffle=False)
+        for b in distributed.shard(batches, self.dist):
+            batch = self.valid_data.collate(b).to(self.device)
+            with self.autocast():
+                loss, nll = forward_loss(self.raw, batch, self.cfg.label_smoothing)
+            sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.tgt_tokens]
+        loss, nll, tokens = distributed.all_reduce_sum(sums, self.dist, self.device)
+        metrics = {"loss": loss / tokens, "nll": nll / tokens, "ppl": ppl(nll / tokens)}
+        if self.model_cfg.kind == "seq2seq" and self.cfg.valid_bleu:
+            bleu = self.bleu() if self.main else 0.0
+            metrics["bleu"] = distributed.all_reduce_sum([bleu], self.dist, self.device)[0]
+        self.raw.train()
+        return metrics
+
+    def bleu(self) -> float:
+        """Greedy-decode (up to bleu_max_sentences of) the valid sources; sacrebleu against the cleaned references."""
+        import sacrebleu
+        from tokenizers import Tokenizer
+
+        from tfcli.generate.search import greedy_search
+        from tfcli.io import read_lines
+
+        data = self.valid_data
+        n = len(data) if not self.cfg.bleu_max_sentences else min(len(data), self.cfg.bleu_max_sentences)
+        hyps: list[list[int]] = [[] for _ in range(n)]
+        for idx in token_batches(data.src_len[:n], self.cfg.max_tokens, self.cfg.max_sentences or None):
+            src = pad([source_ids(data.src[i], self.max_len) for i in idx]).to(self.device)
+            with self.autocast():
+                for i, out in zip(idx, greedy_search(self.raw, src)):
+                    hyps[i] = out
+        tok = Tokenizer.from_file(str(self.prepared.tokenizer_file("tgt")))
+        hyp_text = tok.decode_batch(hyps, skip_special_tokens=True)
+        ref_file = self.prepared.text_file(self.cfg.valid_split, "tgt")
+        refs = read_lines(ref_file) if ref_file is not None else []
+        if len(refs) != len(data):  # no cleaned text kept: detokenise the reference ids instead
+            refs = tok.decode_batch([data.tgt[i].tolist() for i in range(n)], skip_special_tokens=True)
+        return sacrebleu.corpus_bleu(hyp_text, [refs[:n]]).score
+
+    @staticmethod
+    def _name(step: int) -> str:
+        return f"step-{step:07d}"
+
+    def _save(self, is_best: bool) -> None:
+        """Checkpoint with the full trainer state (rank 0 writes; every rank contributes its RNG state)."""
+        rng = torch.get_rng_state()
+        torch_states = distributed.gather_tensors(rng, self.dist, self.device)
+        cuda_states = []
+        if self.device.type == "cuda":
+            cuda_states = distributed.gather_tensors(torch.cuda.get_rng_state(self.device), self.dist, self.device)
+        if self.main:
+            name = self._name(self.step)
+            tensors, state = self._trainer_state(torch_states, cuda_states)
+            meta = {
+                "model": to_dict(self.model_cfg),
+                "train": to_dict(self.cfg),
+                "data": {"path": str(Path(self.cfg.data).resolve()), "kind": self.prepared.kind,
+                         "vocab": self.prepared.meta.get("vocab"), "joint": bool(self.prepared.meta.get("joint"))},
+                "step": self.step,
+                "epoch": self._epoch(),
+                "metrics": {"valid": self.last_valid, "best": self.best},
+            }
+            checkpoint.save(self.ckpt_dir / name, self.raw, meta, self.prepared.tokenizer_files(), tensors, state)
+            if is_best:
+                atomic_write_text(self.ckpt_dir / "BEST", name + "\n")
+            atomic_write_text(self.ckpt_dir / "LATEST", name + "\n")
+            self._prune()
+        distributed.barrier(self.dist)
+
+    def _prune(self) -> None:
+        """Keep the last K checkpoints (K = max(keep_last, average_last)) and the best one."""
+        keep = max(self.cfg.keep_last, self.cfg.average_last)
+        steps = sorted(d for d in self.ckpt_dir.iterdir() if STEP_DIR.match(d.name))
+        protected = {self.best["name"]} if self.best else set()
+        for d in steps[:-keep]:
+            if d.name not in protected:
+                shutil.rmtree(d, ignore_errors=True)
+
+    def _trainer_state(self, torch_states: list, cuda_states: list) -> tuple[dict, dict]:
+        tensors: dict[str, torch.Tensor] = {}
+        extra: dict = {}
+        for i, st in self.optimizer.state_dict()["state"].items():
+            for key, value in st.items():
+                if torch.is_tensor(value):
+                    tensors[f"optimizer.{i}.{key}"] = value.detach().cpu()
+                else:
+                    extra[f"{i}.{key}"] = value
+        for r, t in enumerate(torch_states):
+            tensors[f"rng.torch.{r}"] = t
+        for r, t in enumerate(cuda_states):
+            tensors[f"rng.cuda.{r}"] = t
+        np_state = np.random.get_state()
+        tensors["rng.numpy"] = torch.from_numpy(np_state[1].astype(np.int64))
+        py_state = random.getstate()
+        state = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "position": self.pos,
+            "batches_per_step": self.group_size,
+            "world_size": self.dist.world_size,
+            "elapsed": self._time(),
+            "best": self.best,
+            "bad_validations": self.bad_validations,
+            "last_valid": self.last_valid,
+            "optimizer_extra": extra,
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "rng_numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "rng_python": [py_state[0], list(py_state[1]), py_state[2]],
+        }
+        return tensors, state
+
+    def _load_state(self, path: Path) -> None:
+        tensors, state = checkpoint.load_trainer_state(path)
+        try:
+            self.step, self.epoch, self.pos = int(state["step"]), int(state["epoch"]), int(state["position"])
+            self.elapsed = float(state["elapsed"])
+            self.best, self.bad_validations = state["best"], int(state["bad_validations"])
+            self.last_valid = state.get("last_valid") or {}
+            # optimizer: this run's param groups (from the config), the saved moments
+            sd = self.optimizer.state_dict()
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            opt_state: dict = {}
+            for key, value in tensors.items():
+                if key.startswith("optimizer."):
+                    _, i, name = key.split(".", 2)
+                    opt_state.setdefault(int(i), {})[name] = value
+            for key, value in state["optimizer_extra"].items():
+                i, name = key.split(".", 1)
+                opt_state.setdefault(int(i), {})[name] = value
+            for i, st in opt_state.items():
+                if i >= len(params) or any(
+                    torch.is_tensor(v) and v.dim() > 0 and v.shape != params[i].shape for v in st.values()
+                ):
+                    raise CheckpointError(f"{path}: optimizer state does not match the model")
+            sd["state"] = opt_state
+            self.optimizer.load_state_dict(sd)
+            if state.get("scaler") and self.scaler.is_enabled():
+                self.scaler.load_state_dict(state["scaler"])
+            # RNG: this rank's saved state (rank 0's if the run had fewer processes)
+            rank = self.dist.rank if f"rng.torch.{self.dist.rank}" in tensors else 0
+            torch.set_rng_state(tensors[f"rng.torch.{rank}"])
+            if self.device.type == "cuda" and f"rng.cuda.{rank}" in tensors:
+                torch.cuda.set_rng_state(tensors[f"rng.cuda.{rank}"], self.device)
+            name, pos, has_gauss, cached = state["rng_numpy"]
+            np.random.set_state((name, tensors["rng.numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
+            version, internal, gauss = state["rng_python"]
+            random.setstate((version, tuple(internal), gauss))
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise CheckpointError(f"{path}: corrupt or incomplete trainer state ({type(e).__name__}: {e})") from None
+        self.old_group_size = state.get("batches_per_step")
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def train(cfg: TrainConfig, model_overrides: dict | None = None, saved: dict | None = None) -> TrainResult:
+    """Train as configured; rank 0 writes RUN/{config.yaml, metrics.jsonl, checkpoints/}."""
+    trainer = None
+    threads = torch.get_num_threads()
+    try:
+        trainer = Trainer(cfg, model_overrides, saved)
+        return trainer.fit()
+    finally:
+        if trainer is not None:
+            trainer.close()
+        distributed.teardown()
+        torch.set_num_threads(threads)
+
+
+def run(config_file: str | Path | None, flags: dict, sets: list[str] | None = None) -> TrainResult:
+    """`tfcli train`: resolve the config (on --resume, on top of the run's saved one) and train."""
+    from tfcli.train.config import load_train_config
+
+    cfg, model_overrides = load_train_config(config_file, flags, sets)
+    saved = None
+    if cfg.resume:
+        saved = checkpoint.read_meta(resume_point(cfg.out))
+        cfg, model_overrides = load_train_config(config_file, flags, sets, saved=saved)
+    return train(cfg, model_overrides, saved)

@@ -1,0 +1,593 @@
+"""Attention weights from the real forward pass, drawn as heatmaps (PNG) and as an interactive HTML page.
+
+The weights come from the model's own attention: passing `attn_out` makes every layer hand back the softmax weights
+of the very `scaled_dot_product_attention` call that produced its output (tfcli.model.attention), masks included.
+A translation model runs once, teacher-forced, on the source and a target (given, or its own greedy translation),
+exactly as in training; a language model runs once on </s> + the prompt (in its training stream a line starts after
+</s>), plus, optionally, its greedy continuation.
+
+Kinds of attention, and the tokens on each axis (query rows × key columns):
+    encoder   encoder self-attention      source × source
+    self      decoder self-attention      target × target   (causal: nothing above the diagonal)
+    cross     encoder-decoder attention   target × source
+Target rows are the decoder inputs <s> y_1 .. y_m; row t is the position that predicts y_{t+1} (the last one </s>).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from tfcli import checkpoint
+from tfcli.data.batching import pad, source_ids
+from tfcli.data.tokenizer import decode_batch, encode_batch, load_tokenizer
+from tfcli.errors import CheckpointError, TfcliError
+from tfcli.generate.search import greedy_search
+from tfcli.io import atomic_write_text
+from tfcli.model.config import BOS_ID, EOS_ID
+
+MAX_SENTENCES = 16  # pictures are for looking at a few sentences, not for a corpus
+
+
+@dataclass(frozen=True)
+class Kind:
+    q: str  # token side of the query rows: "src" or "tgt"
+    k: str  # token side of the key columns
+    title: str
+    causal: bool  # keys after the query are masked by construction
+
+
+KINDS = {
+    "encoder": Kind("src", "src", "encoder self-attention", False),
+    "self": Kind("tgt", "tgt", "decoder self-attention", True),
+    "cross": Kind("tgt", "src", "cross-attention (target × source)", False),
+}
+AXIS_NAMES = {"src": "source", "tgt": "decoder input", "lm": "token"}
+
+
+@dataclass
+class AttentionSample:
+    """The attention of one input: its tokens per side and, per kind, one (n_head, T_q, T_k) array per layer."""
+
+    text: str
+    tokens: dict[str, list[str]]
+    maps: dict[str, list[np.ndarray]]
+    target_text: str | None = None
+    next_tokens: list[str | None] = field(default_factory=list)  # what each target row predicts
+
+    def kind_title(self, kind: str, lm: bool) -> str:
+        return "self-attention (causal)" if lm and kind == "self" else KINDS[kind].title
+
+
+# --- weights from the model -------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def seq2seq_attention(model, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """One teacher-forced forward; per kind, one (B, n_head, T_q, T_k) tensor per layer (padding not cropped)."""
+    attn: dict[str, list[torch.Tensor]] = {"encoder": [], "self": [], "cross": []}
+    memory, mem_mask = model.encode(src, attn_out=attn)
+    model.decode(tgt_in, memory, mem_mask, attn_out=attn)
+    return attn
+
+
+@torch.inference_mode()
+def lm_attention(model, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """One forward of a decoder-only LM over ids (B, T); {"self": [(B, n_head, T, T) per layer]}."""
+    attn: dict[str, list[torch.Tensor]] = {"self": [], "cross": []}
+    model(ids, attn_out=attn)
+    return {"self": attn["self"]}
+
+
+@torch.inference_mode()
+def lm_greedy(model, ids: list[int], n: int) -> list[int]:
+    """Up to n greedily chosen next tokens (stops at </s>), with the KV cache."""
+    device = next(model.parameters()).device
+    cache = model.new_cache()
+    logits = model(torch.tensor([ids], device=device), cache=cache)[:, -1]
+    out: list[int] = []
+    while len(out) < n and len(ids) + len(out) < model.cfg.max_len:
+        nxt = int(logits.argmax(-1))
+        if nxt == EOS_ID:
+            break
+        out.append(nxt)
+        logits = model(torch.tensor([[nxt]], device=device), cache=cache)[:, -1]
+    return out
+
+
+def collect(
+    model,
+    meta: dict,
+    texts: Sequence[str],
+    targets: Sequence[str] | None = None,
+    generate: int = 0,
+) -> list[AttentionSample]:
+    """Attention of `model` on each text: a source sentence (translation) or a prompt (language model)."""
+    if not texts:
+        raise TfcliError("no input sentences: give them as arguments or with --input FILE")
+    if len(texts) > MAX_SENTENCES:
+        raise TfcliError(f"attention pictures are for a few sentences; got {len(texts)}, at most {MAX_SENTENCES}")
+    if model.cfg.kind == "seq2seq":
+        if generate:
+            raise TfcliError(
+                "--generate is for language models; a translation model's target is --target or its greedy translation"
+            )
+        return _collect_seq2seq(model, meta, texts, targets)
+    if targets:
+        raise TfcliError(
+            "--target is for translation models; a language model attends over its prompt (--generate N continues it)"
+        )
+    return _collect_lm(model, meta, texts, generate)
+
+
+def _collect_seq2seq(model, meta, texts, targets) -> list[AttentionSample]:
+    cfg = model.cfg
+    device = next(model.parameters()).device
+    src_tok, tgt_tok = checkpoint_tokenizer(meta, "src"), checkpoint_tokenizer(meta, "tgt")
+    src_seqs = [source_ids(ids, cfg.max_len) for ids in encode_batch(src_tok, texts)]
+    src = pad(src_seqs).to(device)
+    if targets is None:
+        tgt_seqs = greedy_search(model, src)
+    else:
+        if len(targets) != len(texts):
+            raise TfcliError(
+                f"got {len(targets)} --target sentences for {len(texts)} source sentences; give one per source"
+            )
+        tgt_seqs = [ids[: cfg.max_len - 1] for ids in encode_batch(tgt_tok, targets)]
+    # The whole batch in one forward, as in decoding: the source is right-padded, so this also shows (and the tests
+    # check) that padding gets no attention.
+    tgt_in = pad([[BOS_ID] + t for t in tgt_seqs]).to(device)
+    attn = seq2seq_attention(model, src, tgt_in)
+    samples = []
+    for i, text in enumerate(texts):
+        S, T = len(src_seqs[i]), len(tgt_seqs[i]) + 1
+        crop = {"encoder": (S, S), "self": (T, T), "cross": (T, S)}
+        maps = {kind: [_numpy(w[i, :, : crop[kind][0], : crop[kind][1]]) for w in attn[kind]] for kind in crop}
+        tgt_labels = token_labels(tgt_tok, [BOS_ID] + tgt_seqs[i] + [EOS_ID])
+        samples.append(
+            AttentionSample(
+                text=text,
+                tokens={"src": token_labels(src_tok, src_seqs[i]), "tgt": tgt_labels[:-1]},
+                maps=maps,
+                target_text=decode_batch(tgt_tok, [tgt_seqs[i]])[0],
+                next_tokens=tgt_labels[1:],
+            )
+        )
+    return samples
+
+
+def _collect_lm(model, meta, texts, generate: int) -> list[AttentionSample]:
+    cfg = model.cfg
+    device = next(model.parameters()).device
+    tok = checkpoint_tokenizer(meta, "tgt")
+    samples = []
+    for text in texts:  # one at a time: no left padding, so each picture is exactly the prompt's own forward
+        ids = [EOS_ID] + encode_batch(tok, [text])[0]  # a line starts after </s>, as in training and eval
+        if len(ids) > cfg.max_len:
+            raise TfcliError(f"prompt is {len(ids)} tokens, longer than the model's max_len ({cfg.max_len})")
+        continuation = lm_greedy(model, ids, generate) if generate else []
+        ids = ids + continuation
+        attn = lm_attention(model, torch.tensor([ids], device=device))
+        labels = token_labels(tok, ids)
+        samples.append(
+            AttentionSample(
+                text=text,
+                tokens={"tgt": labels},
+                maps={"self": [_numpy(w[0]) for w in attn["self"]]},
+                target_text=decode_batch(tok, [continuation])[0] if continuation else None,
+                next_tokens=labels[1:] + [None],
+            )
+        )
+    return samples
+
+
+def _numpy(w: torch.Tensor) -> np.ndarray:
+    return w.detach().float().cpu().numpy()
+
+
+# --- tokens -----------------------------------------------------------------------------------------------------
+
+
+def checkpoint_tokenizer(meta: dict, side: str):
+    path = checkpoint.tokenizer_path(meta, side)
+    if path is None:
+        raise CheckpointError(f"{meta['dir']}: has no {side} tokenizer file")
+    return load_tokenizer(path)
+
+
+def token_labels(tok, ids: Sequence[int]) -> list[str]:
+    """Readable token strings: the vocabulary entry, with byte-level BPE's byte alphabet turned back into text."""
+    labels = [tok.id_to_token(i) or f"<{i}>" for i in ids]
+    if (json.loads(tok.to_str()).get("decoder") or {}).get("type") == "ByteLevel":
+        labels = [_from_byte_alphabet(t) for t in labels]
+    # white space made visible (character-level and byte-level tokens contain it)
+    visible = str.maketrans({" ": "▁", "\n": "↵", "\t": "⇥", "\r": "␍"})
+    return [t.translate(visible) or "∅" for t in labels]
+
+
+@lru_cache(maxsize=1)
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (printable characters stand for themselves, the rest are shifted past 255)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    chars = {chr(b): b for b in printable}
+    chars.update({chr(256 + n): b for n, b in enumerate(shifted)})
+    return chars
+
+
+def _from_byte_alphabet(token: str) -> str:
+    alphabet = _byte_alphabet()
+    if not all(c in alphabet for c in token):
+        return token  # a special token such as <s>
+    return bytes(alphabet[c] for c in token).decode("utf-8", errors="replace")
+
+
+# --- PNG --------------------------------------------------------------------------------------------------------
+
+
+def render_png(
+    sample: AttentionSample,
+    kind: str,
+    path: os.PathLike | str,
+    layers: Sequence[int] | None = None,
+    title: str | None = None,
+) -> None:
+    """A grid: one row per layer, one column per head plus the mean of the heads; tokens on both axes."""
+    from tfcli.viz.mpl import new_figure, save_png
+
+    spec = KINDS[kind]
+    q_tok, k_tok = sample.tokens[spec.q], sample.tokens[spec.k]
+    lm = "src" not in sample.tokens
+    axis_name = lambda side: AXIS_NAMES["lm" if lm else side]  # noqa: E731
+    maps = sample.maps[kind]
+    layers = list(range(len(maps))) if layers is None else list(layers)
+    n_head = maps[0].shape[0]
+    rows, cols = len(layers), n_head + 1
+
+    # Sizes in inches, from the token count: every token gets a label row/column tall enough for its font.
+    n = max(len(q_tok), len(k_tok))
+    fs = 10 if n <= 12 else 9 if n <= 20 else 8 if n <= 32 else 7 if n <= 50 else 6 if n <= 80 else 5
+    per_token = fs * 1.5 / 72
+    label = max(len(t) for t in q_tok + k_tok) * fs * 0.6 / 72 + 0.2
+    title_w = len(f"layer {len(maps)}, mean of heads") * (fs + 1) * 0.58 / 72 + 0.2
+    panel_w = max(len(k_tok) * per_token + label + 0.15, title_w)
+    panel_h = len(q_tok) * per_token + label + 0.35
+    width, height = cols * panel_w + 1.0, rows * panel_h + 0.6
+    fig = new_figure("tfcli attention", figsize=(width, height), layout="constrained")
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    hidden = np.triu(np.ones((len(q_tok), len(k_tok)), dtype=bool), 1) if spec.causal else None
+    image = None
+    for r, layer in enumerate(layers):
+        heads = maps[layer]
+        panels = [(heads[h], f"layer {layer + 1}, head {h + 1}") for h in range(n_head)]
+        panels.append((heads.mean(0), f"layer {layer + 1}, mean of heads"))
+        for c, (w, panel_title) in enumerate(panels):
+            ax = axes[r][c]
+            data = np.ma.masked_array(w, mask=hidden) if hidden is not None else w
+            image = ax.imshow(data, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
+            ax.set_title(panel_title, fontsize=fs + 1)
+            ax.set_xticks(range(len(k_tok)), k_tok, rotation=90, fontsize=fs)
+            ax.set_yticks(range(len(q_tok)), q_tok, fontsize=fs)
+            ax.tick_params(length=0)
+            if r == rows - 1:
+                ax.set_xlabel(f"{axis_name(spec.k)} (key)", fontsize=fs)
+            if c == 0:
+                ax.set_ylabel(f"{axis_name(spec.q)} (query)", fontsize=fs)
+    bar = fig.colorbar(image, ax=axes, shrink=min(1.0, 4.0 / height + 0.3), aspect=30, pad=0.01)
+    bar.set_label("attention weight" + (" (grey: masked, causal)" if spec.causal else ""), fontsize=fs + 1)
+    bar.ax.tick_params(labelsize=fs)
+    fig.suptitle(title or sample.kind_title(kind, lm), fontsize=fs + 4)
+    # Keep huge grids (deep models, long sentences) within a sane pixel size; fonts scale with the dots.
+    dpi = min(100.0, 9000.0 / max(width, height))
+    save_png(fig, path, dpi=dpi)
+
+
+# --- HTML -------------------------------------------------------------------------------------------------------
+
+
+def render_html(samples: Sequence[AttentionSample], path: os.PathLike | str, title: str, model_info: str = "") -> None:
+    """One self-contained page (data and script inline, nothing fetched): pick sentence, kind, layer and head."""
+    lm = "src" not in samples[0].tokens
+    data = {
+        "lm": lm,
+        "sentences": [
+            {
+                "text": s.text,
+                "target": s.target_text,
+                "tokens": s.tokens,
+                "next": s.next_tokens,
+                "kinds": {
+                    kind: {
+                        "title": s.kind_title(kind, lm),
+                        "q": KINDS[kind].q,
+                        "k": KINDS[kind].k,
+                        "causal": KINDS[kind].causal,
+                        # per layer: the heads, then their mean; 4 decimals keep the page small
+                        "layers": [np.round(np.concatenate([w, w.mean(0, keepdims=True)]), 4).tolist() for w in maps],
+                    }
+                    for kind, maps in s.maps.items()
+                },
+            }
+            for s in samples
+        ],
+    }
+    # JSON inside <script>: escape <, > and & so no token (e.g. "</s>" or "</script>") can end the element.
+    blob = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    blob = blob.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    page = (
+        _PAGE.replace("%TITLE%", html.escape(title))
+        .replace("%INFO%", html.escape(model_info))
+        .replace("%DATA%", blob)
+    )
+    atomic_write_text(path, page)
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>%TITLE%</title>
+<style>
+  body { font: 14px system-ui, sans-serif; margin: 1.2em 2em; color: #222; }
+  h1 { font-size: 1.3em; margin: 0 0 .2em; }
+  .info { color: #666; margin-bottom: .8em; }
+  .controls label { margin-right: 1.2em; white-space: nowrap; display: inline-block; margin-bottom: .3em; }
+  .controls select { font: inherit; margin-left: .3em; }
+  .sent { margin: .8em 0; line-height: 1.5; }
+  .sent b { display: inline-block; width: 4.5em; color: #666; font-weight: normal; }
+  #maps { display: flex; flex-wrap: wrap; gap: 1.2em; align-items: flex-start; }
+  .panel { text-align: center; }
+  .panel .t { font-weight: 600; margin-bottom: .2em; }
+  #tip { position: fixed; pointer-events: none; background: #fffffe; border: 1px solid #999; padding: .3em .5em;
+         font-size: 13px; box-shadow: 0 1px 4px rgba(0,0,0,.25); display: none; white-space: nowrap; }
+  svg text { font-family: ui-monospace, Menlo, Consolas, monospace; fill: #222; }
+</style>
+</head>
+<body>
+<h1>%TITLE%</h1>
+<div class="info">%INFO%</div>
+<div class="controls">
+  <label>sentence<select id="sentence"></select></label>
+  <label>attention<select id="kind"></select></label>
+  <label>layer<select id="layer"></select></label>
+  <label>head<select id="head"></select></label>
+</div>
+<div class="sent" id="sent"></div>
+<div id="maps"></div>
+<div id="tip"></div>
+<script type="application/json" id="attention-data">%DATA%</script>
+<script>
+"use strict";
+const D = JSON.parse(document.getElementById("attention-data").textContent);
+const $ = (id) => document.getElementById(id);
+const SVG = "http://www.w3.org/2000/svg";
+// viridis, 10 stops from 0 to 1
+const STOPS = ["#440154","#482878","#3e4989","#31688e","#26828e","#1f9e89","#35b779","#6ece58","#b5de2b","#fde725"];
+const MASKED = "#dddddd";
+
+function hex(c) { return [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)); }
+function colour(v) {
+  const x = Math.min(Math.max(v, 0), 1) * (STOPS.length - 1), i = Math.min(Math.floor(x), STOPS.length - 2), f = x - i;
+  const a = hex(STOPS[i]), b = hex(STOPS[i + 1]);
+  return "rgb(" + a.map((ai, j) => Math.round(ai + f * (b[j] - ai))).join(",") + ")";
+}
+function el(name, attrs, parent) {
+  const e = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (parent) parent.appendChild(e);
+  return e;
+}
+function fill(select, labels, keep) {
+  const old = select.value;
+  select.innerHTML = "";
+  labels.forEach((label, i) => {
+    const o = document.createElement("option"); o.value = i; o.textContent = label; select.appendChild(o);
+  });
+  if (keep && old !== "" && old < labels.length) select.value = old;
+}
+const AXIS = { src: "source", tgt: D.lm ? "token" : "target" };
+
+// One heatmap: rows = queries, columns = keys, token labels on both axes, value on hover.
+function heatmap(m, s, k, cell, title) {
+  const qt = s.tokens[k.q], kt = s.tokens[k.k];
+  const font = Math.max(9, Math.min(14, Math.round(cell * 0.6)));
+  const longest = Math.max(...qt.concat(kt).map((t) => t.length));
+  const left = Math.ceil(longest * font * 0.62) + 10, top = Math.ceil(longest * font * 0.62 * 0.9) + 12;
+  const w = left + kt.length * cell + 10, h = top + qt.length * cell + 10;
+  const svg = el("svg", { width: w, height: h, viewBox: "0 0 " + w + " " + h });
+  kt.forEach((t, j) => {
+    const x = left + (j + 0.5) * cell, y = top - 6;
+    const e = el("text", { x: x, y: y, "font-size": font, transform: "rotate(-60 " + x + " " + y + ")" }, svg);
+    e.textContent = t;
+  });
+  qt.forEach((t, i) => {
+    const e = el("text", { x: left - 6, y: top + (i + 0.5) * cell, "font-size": font, "text-anchor": "end",
+                           "dominant-baseline": "central" }, svg);
+    e.textContent = t;
+  });
+  m.forEach((row, i) => row.forEach((v, j) => {
+    const masked = k.causal && j > i;
+    const r = el("rect", { x: left + j * cell, y: top + i * cell, width: cell, height: cell,
+                           fill: masked ? MASKED : colour(v) }, svg);
+    r.addEventListener("mousemove", (ev) => {
+      const quote = (t) => "\\u201c" + t + "\\u201d";
+      const next = k.q === "tgt" && s.next[i] != null ? " (predicts " + quote(s.next[i]) + ")" : "";
+      $("tip").textContent = title + ": " + AXIS[k.q] + " " + quote(qt[i]) + next + " \\u2192 " + AXIS[k.k] + " " +
+        quote(kt[j]) + ": " + (masked ? "masked (causal), 0" : v.toFixed(4));
+      const tip = $("tip"); tip.style.display = "block";
+      tip.style.left = (ev.clientX + 14) + "px"; tip.style.top = (ev.clientY + 14) + "px";
+    });
+    r.addEventListener("mouseleave", () => { $("tip").style.display = "none"; });
+  }));
+  el("rect", { x: left, y: top, width: kt.length * cell, height: qt.length * cell, fill: "none", stroke: "#888" }, svg);
+  const div = document.createElement("div");
+  div.className = "panel";
+  div.innerHTML = '<div class="t"></div>';
+  div.firstChild.textContent = title;
+  div.appendChild(svg);
+  return div;
+}
+
+function colourbar() {
+  const svg = el("svg", { width: 90, height: 260 });
+  const g = el("linearGradient", { id: "cb", x1: 0, y1: 1, x2: 0, y2: 0 }, el("defs", {}, svg));
+  STOPS.forEach((c, i) => el("stop", { offset: i / (STOPS.length - 1), "stop-color": c }, g));
+  el("rect", { x: 10, y: 10, width: 18, height: 220, fill: "url(#cb)", stroke: "#888" }, svg);
+  [0, 0.25, 0.5, 0.75, 1].forEach((v) => {
+    const y = 10 + 220 * (1 - v);
+    el("line", { x1: 28, x2: 33, y1: y, y2: y, stroke: "#444" }, svg);
+    el("text", { x: 36, y: y, "font-size": 11, "dominant-baseline": "central" }, svg).textContent = v.toFixed(2);
+  });
+  el("text", { x: 10, y: 250, "font-size": 11 }, svg).textContent = "weight";
+  const div = document.createElement("div"); div.className = "panel"; div.innerHTML = '<div class="t">&nbsp;</div>';
+  div.appendChild(svg);
+  return div;
+}
+
+function kinds() { return Object.keys(D.sentences[+$("sentence").value].kinds); }
+function update(level) {
+  const s = D.sentences[+$("sentence").value];
+  if (level <= 0) fill($("kind"), kinds().map((k) => s.kinds[k].title), true);
+  const k = s.kinds[kinds()[+$("kind").value]];
+  if (level <= 1) {
+    fill($("layer"), k.layers.map((_, l) => "layer " + (l + 1)), true);
+    const n = k.layers[0].length - 1;
+    fill($("head"), [...Array(n).keys()].map((h) => "head " + (h + 1)).concat(["mean of heads", "all heads"]), true);
+    if (level < 0) $("head").value = n;  // start on the mean
+  }
+  const lines = [["input", s.text]].concat(s.target != null ? [["target", s.target]] : []);
+  $("sent").innerHTML = "";
+  lines.forEach(([name, text]) => {
+    const d = document.createElement("div"); d.innerHTML = "<b></b><span></span>";
+    d.firstChild.textContent = name; d.lastChild.textContent = text; $("sent").appendChild(d);
+  });
+  const layer = +$("layer").value, head = +$("head").value, heads = k.layers[layer], n = heads.length - 1;
+  const name = (h) => "layer " + (layer + 1) + ", " + (h === n ? "mean of heads" : "head " + (h + 1));
+  const size = Math.max(s.tokens[k.q].length, s.tokens[k.k].length);
+  $("maps").innerHTML = "";
+  if (head === n + 1) {  // all heads of the layer, small
+    const cell = Math.max(7, Math.min(22, Math.floor(300 / size)));
+    heads.forEach((m, h) => $("maps").appendChild(heatmap(m, s, k, cell, name(h))));
+  } else {
+    const cell = Math.max(10, Math.min(36, Math.floor(640 / size)));
+    $("maps").appendChild(heatmap(heads[head], s, k, cell, name(head)));
+  }
+  $("maps").appendChild(colourbar());
+}
+const short = (t) => (t.length > 60 ? t.slice(0, 57) + "..." : t);
+fill($("sentence"), D.sentences.map((s, i) => (i + 1) + ": " + short(s.text)));
+$("sentence").onchange = () => update(0);
+$("kind").onchange = () => update(1);
+$("layer").onchange = () => update(2);
+$("head").onchange = () => update(2);
+update(-1);
+// A link can pick the view: page.html#sentence=2&kind=cross&layer=1&head=3 (1-based; head may be mean or all).
+(function fromHash() {
+  const want = new URLSearchParams(location.hash.slice(1));
+  if (want.has("sentence")) { $("sentence").value = +want.get("sentence") - 1; update(0); }
+  if (want.has("kind") && kinds().includes(want.get("kind"))) {
+    $("kind").value = kinds().indexOf(want.get("kind"));
+    update(1);
+  }
+  if (want.has("layer")) $("layer").value = +want.get("layer") - 1;
+  if (want.has("head")) {
+    const h = want.get("head"), n = $("head").options.length - 2;
+    $("head").value = h === "mean" ? n : h === "all" ? n + 1 : +h - 1;
+  }
+  update(2);
+})();
+</script>
+</body>
+</html>
+"""
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+
+def parse_layers(spec: str | None, n_layers: int) -> list[int] | None:
+    """'1,3' or '2-4' (1-based, as in the pictures) -> 0-based layer indices; None = all."""
+    if not spec:
+        return None
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise TfcliError(f"--layers: '{part}' is not a layer number or range like 2-4") from None
+        if not 1 <= first <= last <= n_layers:
+            raise TfcliError(f"--layers: '{part}' is outside 1-{n_layers} (the model has {n_layers} layers)")
+        out.extend(range(first - 1, last))
+    return sorted(set(out))
+
+
+def write_attention(
+    ckpt: os.PathLike | str,
+    texts: Sequence[str],
+    out_dir: os.PathLike | str,
+    targets: Sequence[str] | None = None,
+    generate: int = 0,
+    kinds: Sequence[str] | None = None,
+    layers: str | None = None,
+    png: bool = True,
+    html_page: bool = True,
+    device: str = "auto",
+) -> list[Path]:
+    """Load a checkpoint, collect attention for `texts`, write PNGs and/or the HTML page into out_dir."""
+    from tfcli.generate.runtime import resolve_device
+
+    model, meta = checkpoint.load(ckpt, resolve_device(device))
+    lm = model.cfg.kind == "lm"
+    available = ["self"] if lm else ["encoder", "self", "cross"]
+    kinds = list(kinds) if kinds else available
+    for kind in kinds:
+        if kind not in available:
+            what = "language" if lm else "translation"
+            raise TfcliError(f"--kind {kind}: this {what} model has {', '.join(available)}")
+    n_layers = {"encoder": model.cfg.n_encoder_layers}
+    picked = {k: parse_layers(layers, n_layers.get(k, model.cfg.n_decoder_layers)) for k in kinds}
+    samples = collect(model, meta, texts, targets, generate)
+    for s in samples:
+        s.maps = {k: s.maps[k] for k in kinds}
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if png:
+        file_names = {"encoder": "encoder-self", "self": "self" if lm else "decoder-self", "cross": "cross"}
+        for i, s in enumerate(samples, 1):
+            for kind in kinds:
+                path = out / f"sentence{i}-{file_names[kind]}.png"
+                title = f"{s.kind_title(kind, lm)}: \u201c{_short(s.text)}\u201d"
+                if s.target_text is not None and kind != "encoder":
+                    title += f" \u2192 \u201c{_short(s.target_text)}\u201d"
+                render_png(s, kind, path, picked[kind], title)
+                written.append(path)
+    if html_page:
+        path = out / "attention.html"
+        cfg = model.cfg
+        info = (
+            f"{Path(meta['dir']).name}: {'language model' if lm else 'translation model'}, "
+            f"{cfg.n_decoder_layers if lm else f'{cfg.n_encoder_layers}+{cfg.n_decoder_layers}'} layers, "
+            f"{cfg.n_head} heads, d_model {cfg.d_model}"
+            + (f", step {meta['step']}" if "step" in meta else "")
+        )
+        render_html(samples, path, "tfcli attention", info)
+        written.append(path)
+    return written
+
+
+def _short(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
