@@ -9,7 +9,7 @@ Measures, in one run:
   3. encoding alone, all 58k training sentences: tfcli.data.tokenizer.encode_batch (Rust encode_batch, parallel,
      in bounded batches) against a Python loop of Tokenizer.encode, one sentence at a time; the ratio is the speed-up.
 Writes benchmarks/results/prepare_multi30k.json and .md. The machine may be shared: the load average before and
-after is recorded next to the times.
+after is recorded next to the times, and so is the CPU time the command used (less affected by other jobs).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -54,6 +55,12 @@ def loadavg() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
+def children_cpu() -> float:
+    """User + system CPU seconds of finished child processes: less sensitive to other jobs than wall time."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("TFCLI_SHARED_DATA", ROOT.parent / "shared" / "data")))
@@ -73,12 +80,13 @@ def main() -> None:
     shown = "tfcli prepare " + " ".join(a.replace(str(d), "$DATA/multi30k") for a in cmd[4:-2]) + " -o prep/multi30k"
     load_before = loadavg()
     try:
-        full = []
+        full, cpu = [], []
         for _ in range(args.repeats):
             shutil.rmtree(out, ignore_errors=True)
-            t = time.perf_counter()
+            c, t = children_cpu(), time.perf_counter()
             subprocess.run(cmd, check=True, capture_output=True)
             full.append(time.perf_counter() - t)
+            cpu.append(children_cpu() - c)
         t = time.perf_counter()
         r = subprocess.run(cmd, check=True, capture_output=True, text=True)
         noop = time.perf_counter() - t
@@ -106,6 +114,7 @@ def main() -> None:
         "loadavg_after": loadavg(),
         "repeats": args.repeats,
         "prepare_s": {"median": round(statistics.median(full), 2), "all": [round(x, 2) for x in full]},
+        "prepare_cpu_s": {"median": round(statistics.median(cpu), 2), "all": [round(x, 2) for x in cpu]},
         "noop_rerun_s": round(noop, 2),
         "pairs": {split: meta["splits"][split]["src"]["count"] for split in meta["splits"]},
         "tokens": {split: meta["splits"][split]["src"]["tokens"] + meta["splits"][split]["tgt"]["tokens"]
@@ -130,7 +139,8 @@ Load average before/after: {load_before} / {result['loadavg_after']} (a shared m
 
 | what | time |
 | --- | ---: |
-| full `tfcli prepare`, fresh output dir (median of {args.repeats}: {', '.join(f'{x:.2f}' for x in full)} s) | {result['prepare_s']['median']:.2f} s |
+| full `tfcli prepare`, fresh output dir, wall (median of {args.repeats}: {', '.join(f'{x:.2f}' for x in full)} s) | {result['prepare_s']['median']:.2f} s |
+| the same, CPU time used (user + system, all threads) | {result['prepare_cpu_s']['median']:.2f} s |
 | same command again (up to date, no-op) | {noop:.2f} s |
 | encode {len(lines):,} train sentences: `encode_batch` (Rust, parallel) | {result['encode_batch_s']:.3f} s |
 | encode {len(lines):,} train sentences: Python loop of `Tokenizer.encode` | {result['encode_loop_s']:.3f} s |

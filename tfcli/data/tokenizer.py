@@ -44,12 +44,11 @@ def train_tokenizer(kind: str, texts: Sequence[str], vocab_size: int, nfc: bool 
         raise TfcliError(f"unknown tokenizer type '{kind}' (choose from {', '.join(TOKENIZER_TYPES)})")
     if kind == "char":
         tok = _char_tokenizer(texts)
-        if nfc:
-            tok.normalizer = normalizers.NFC()
     else:
         tok, trainer = _subword_tokenizer(kind, vocab_size)
-        if nfc:
-            tok.normalizer = normalizers.NFC()
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    if kind != "char":
         try:
             tok.train_from_iterator(_pieces(texts), trainer=trainer)
         except Exception as e:  # e.g. Unigram: "The vocabulary is not large enough to contain all chars"

@@ -11,28 +11,56 @@ class KVCache:
     """Keys and values of the positions seen so far, each (B, n_head, T, d_head).
 
     Self-attention appends one step at a time; cross-attention fills it once from the encoder output and reuses it.
-    `select` keeps rows (beam reordering, dropping finished sentences).
+    `select` keeps rows (beam reordering, dropping finished sentences). It is applied lazily: the next `append`
+    gathers the kept rows straight into the grown tensor, one copy instead of two per decoding step.
     """
 
     def __init__(self):
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None  # a pending `select`
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        self._apply_select()
+        return self._k
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        self._apply_select()
+        return self._v
 
     def __len__(self) -> int:
-        return 0 if self.k is None else self.k.size(2)
+        return 0 if self._k is None else self._k.size(2)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k is None:
-            self.k, self.v = k, v
+        if self._k is None:
+            self._k, self._v = k, v
+        elif self._rows is not None:
+            self._k, self._v = _select_cat(self._k, self._rows, k), _select_cat(self._v, self._rows, v)
+            self._rows = None
         else:
-            self.k = torch.cat([self.k, k], dim=2)
-            self.v = torch.cat([self.v, v], dim=2)
-        return self.k, self.v
+            self._k = torch.cat([self._k, k], dim=2)
+            self._v = torch.cat([self._v, v], dim=2)
+        return self._k, self._v
 
     def select(self, idx: torch.Tensor) -> None:
-        if self.k is not None:
-            self.k = self.k.index_select(0, idx)
-            self.v = self.v.index_select(0, idx)
+        if self._k is not None:
+            self._rows = idx if self._rows is None else self._rows[idx]
+
+    def _apply_select(self) -> None:
+        if self._rows is not None:
+            self._k, self._v = self._k.index_select(0, self._rows), self._v.index_select(0, self._rows)
+            self._rows = None
+
+
+def _select_cat(old: torch.Tensor, rows: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """torch.cat([old[rows], new], dim=2) with a single copy of `old`."""
+    T = old.size(2)
+    out = old.new_empty(new.size(0), old.size(1), T + new.size(2), old.size(3))
+    torch.index_select(old, 0, rows, out=out[:, :, :T])
+    out[:, :, T:] = new
+    return out
 
 
 class MultiHeadAttention(nn.Module):
@@ -83,8 +111,8 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.k, cache.v  # encoder keys/values, computed once per batch
             else:
                 k, v = (self._heads(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
-                if cache is not None:
-                    cache.append(k, v)
+                if cache is not None:  # contiguous once, so the attention of every later step reads them directly
+                    k, v = cache.append(k.contiguous(), v.contiguous())
             # Beam search keeps the source keys/values once per sentence: query rows b*G .. b*G+G-1 (its G beams)
             # all use row b, so they are stacked as G*T queries of that row.
             group = B // k.size(0)

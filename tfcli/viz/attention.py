@@ -30,6 +30,7 @@ from tfcli import checkpoint
 from tfcli.data.batching import pad, source_ids
 from tfcli.data.tokenizer import decode_batch, encode_batch, load_tokenizer
 from tfcli.errors import CheckpointError, TfcliError
+from tfcli.generate.lm import START_ID, GenerateConfig, generate_ids
 from tfcli.generate.search import greedy_search
 from tfcli.io import atomic_write_text
 from tfcli.model.config import BOS_ID, EOS_ID
@@ -85,22 +86,6 @@ def lm_attention(model, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
     attn: dict[str, list[torch.Tensor]] = {"self": [], "cross": []}
     model(ids, attn_out=attn)
     return {"self": attn["self"]}
-
-
-@torch.inference_mode()
-def lm_greedy(model, ids: list[int], n: int) -> list[int]:
-    """Up to n greedily chosen next tokens (stops at </s>), with the KV cache."""
-    device = next(model.parameters()).device
-    cache = model.new_cache()
-    logits = model(torch.tensor([ids], device=device), cache=cache)[:, -1]
-    out: list[int] = []
-    while len(out) < n and len(ids) + len(out) < model.cfg.max_len:
-        nxt = int(logits.argmax(-1))
-        if nxt == EOS_ID:
-            break
-        out.append(nxt)
-        logits = model(torch.tensor([[nxt]], device=device), cache=cache)[:, -1]
-    return out
 
 
 def collect(
@@ -170,10 +155,12 @@ def _collect_lm(model, meta, texts, generate: int) -> list[AttentionSample]:
     tok = checkpoint_tokenizer(meta, "tgt")
     samples = []
     for text in texts:  # one at a time: no left padding, so each picture is exactly the prompt's own forward
-        ids = [EOS_ID] + encode_batch(tok, [text])[0]  # a line starts after </s>, as in training and eval
+        ids = [START_ID] + encode_batch(tok, [text])[0]  # a line starts after </s>, as in training and lm-generate
         if len(ids) > cfg.max_len:
             raise TfcliError(f"prompt is {len(ids)} tokens, longer than the model's max_len ({cfg.max_len})")
-        continuation = lm_greedy(model, ids, generate) if generate else []
+        continuation = []
+        if generate and len(ids) < cfg.max_len:
+            continuation = generate_ids(model, [ids], GenerateConfig(max_new_tokens=generate, greedy=True))[0]
         ids = ids + continuation
         attn = lm_attention(model, torch.tensor([ids], device=device))
         labels = token_labels(tok, ids)
