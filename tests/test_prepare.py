@@ -88,12 +88,14 @@ def leftovers(directory, name):
 # --- tokenizers ----------------------------------------------------------------------------------------------
 
 
-def test_special_ids_are_the_models():
-    from tfcli.model import config as model_config
+def test_prepare_does_not_import_torch():
+    """The special ids live in the torch-free tfcli.specials, so `tfcli prepare` starts fast."""
+    import subprocess
+    import sys
 
-    assert SPECIAL_TOKENS == model_config.SPECIAL_TOKENS
-    assert (PAD_ID, BOS_ID, EOS_ID, UNK_ID) == (model_config.PAD_ID, model_config.BOS_ID, model_config.EOS_ID,
-                                                model_config.UNK_ID)
+    code = "import sys, tfcli.data.prepare; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 @pytest.mark.parametrize("kind", TOKENIZER_TYPES)

@@ -23,10 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from tfcli.errors import TfcliError
 
-# The same ids as tfcli.model.config; repeated here so that `tfcli prepare` does not import torch (about 2 s).
-# tests/test_prepare.py checks that the two agree.
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID  # noqa: F401  (torch-free)
 
 TOKENIZER_TYPES = ("bpe", "unigram", "wordpiece", "bytelevel", "char")
 BYTELEVEL_MIN_VOCAB = len(SPECIAL_TOKENS) + 256

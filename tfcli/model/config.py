@@ -8,9 +8,7 @@ from typing import Literal
 
 from tfcli.errors import ConfigError
 
-# Special token ids are fixed across tfcli: every tokenizer is trained with these four first.
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID  # noqa: F401  (re-exported)
 
 
 @dataclass

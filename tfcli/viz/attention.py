@@ -550,7 +550,10 @@ def write_attention(
         s.maps = {k: s.maps[k] for k in kinds}
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TfcliError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
     written: list[Path] = []
     if png:
         file_names = {"encoder": "encoder-self", "self": "self" if lm else "decoder-self", "cross": "cross"}
