@@ -11,6 +11,8 @@
     starts Marian decoders from a zero vector. All three decode the same source batches with the same beam size,
     batch size and threads, and a FORCED output length (no </s> before L tokens, stop at L), so they do the same
     work: tfcli min_len = max_len = L, HF min_new_tokens = max_new_tokens = L, CT2 min/max_decoding_length = L.
+    tfcli runs as `tfcli translate` does on the CPU in fp32 (linear layers with pre-packed oneDNN weights); HF runs
+    its default eager path. Compared at each of --batch-sizes, for beam search and greedy decoding.
 (2) Real: the 1,000 Multi30k test2016 German sentences, translated by a trained checkpoint (--checkpoint) through the
     whole `tfcli translate` path (tokenise, batch, search, detokenise), greedy and beam; skipped, saying why, when
     the data or the checkpoint is missing. If the checkpoint has Marian's architecture (post-norm, sinusoidal, shared
@@ -39,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tfcli.data.batching import pad, source_ids  # noqa: E402
+from tfcli.generate.runtime import pack_linear_weights  # noqa: E402
 from tfcli.generate.search import beam_search, greedy_decode  # noqa: E402
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset  # noqa: E402
 
@@ -274,19 +277,23 @@ def synthetic(args, tmp: Path) -> dict:
         model.decoder.embed.tok.weight[BOS_ID].zero_()  # the decoder starts from a zero embedding, as in CT2's Marian
     marian = to_marian(model)
     diff = check_same_function(model, marian)
+    pack_linear_weights(model)  # as `tfcli translate` runs on the CPU in fp32
     vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(len(SPECIAL_TOKENS), args.vocab)]
     ct2_dir = save_for_ct2(marian, vocab, tmp)
     rng = np.random.default_rng(0)
     lengths = rng.integers(args.src_len - 5, args.src_len + 6, size=args.sentences)
     sents = sorted(([int(t) for t in rng.integers(4, args.vocab, size=n)] for n in lengths), key=len)
-    batches = [sents[i : i + args.batch_size] for i in range(0, len(sents), args.batch_size)]
     runners = [TfcliRunner(model), HFRunner(marian), CT2Runner(ct2_dir, vocab, args.threads)]
     out = {"model": "small-shaped random seq2seq, post-norm, 6+6 x 256, ffn 1024, 4 heads, vocab %d" % args.vocab,
-           "max_logit_difference_tfcli_vs_marian": diff, "batch_size": args.batch_size,
-           "mean_src_len_with_eos": float(np.mean([len(s) + 1 for s in sents]))}
-    for beam in (args.beam, 1):
-        print(f"synthetic: beam {beam} ...", file=sys.stderr, flush=True)
-        out[f"beam{beam}"] = compare(runners, batches, beam, args.out_len, args.alpha, args.repeats)
+           "max_logit_difference_tfcli_vs_marian": diff, "sentences": len(sents),
+           "mean_src_len_with_eos": float(np.mean([len(s) + 1 for s in sents])), "runs": []}
+    for bs in args.batch_sizes:
+        batches = [sents[i : i + bs] for i in range(0, len(sents), bs)]
+        run = {"batch_size": bs}
+        for beam in (args.beam, 1):
+            print(f"synthetic: batch size {bs}, beam {beam} ...", file=sys.stderr, flush=True)
+            run[f"beam{beam}"] = compare(runners, batches, beam, args.out_len, args.alpha, args.repeats)
+        out["runs"].append(run)
     return out
 
 
@@ -306,7 +313,7 @@ def real(args) -> dict:
     out = {"checkpoint": str(ckpt_mod.resolve(args.checkpoint)), "data": str(data), "sentences": n}
     ref = Path(args.data) / "multi30k" / "test2016.en"
     for beam in (args.beam, 1):
-        cfg = TranslateConfig(beam_size=beam, batch_size=args.batch_size, device="cpu")
+        cfg = TranslateConfig(beam_size=beam, batch_size=args.batch_sizes[0], device="cpu")
         best, hyps = float("inf"), []
         for _ in range(args.repeats):
             tr = Translator(loaded, cfg, device)
@@ -329,24 +336,32 @@ def markdown(res: dict) -> str:
              f"ctranslate2 {res['ctranslate2']}, threads {res['threads']}. Measured {res['date']}.", ""]
     syn = res["synthetic"]
     lines += ["## Synthetic: same weights in tfcli, HF MarianMT and CTranslate2 (float32), forced output length", "",
-              f"{syn['model']}; {syn['beam%d' % res['beam']]['sentences']} sentences of mean source length "
-              f"{syn['mean_src_len_with_eos']:.1f} (with </s>), output length forced to "
-              f"{res['out_len']} tokens, batch size {syn['batch_size']}. Best of {res['repeats']} interleaved runs.", "",
-              "| decoding | tfcli sent/s | HF generate sent/s | CT2 sent/s | tfcli / HF | tfcli / CT2 | same output as tfcli (HF, CT2) |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for key in (f"beam{res['beam']}", "beam1"):
-        r = syn[key]
-        name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+              f"{syn['model']}; {syn['sentences']} sentences of mean source length "
+              f"{syn['mean_src_len_with_eos']:.1f} (with </s>), output length forced to {res['out_len']} tokens. "
+              f"Best of {res['repeats']} interleaved runs.", "",
+              "| batch size | decoding | tfcli sent/s | HF generate sent/s | CT2 sent/s | tfcli / HF | tfcli / CT2 | "
+              "same output as tfcli (HF, CT2) |",
+              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for run in syn["runs"]:
+        for key in (f"beam{res['beam']}", "beam1"):
+            r = run[key]
+            name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+            lines.append(
+                f"| {run['batch_size']} | {name} | {r['tfcli']['sent_per_s']:.1f} | {r['hf']['sent_per_s']:.1f} | "
+                f"{r['ct2']['sent_per_s']:.1f} | {r['tfcli_over_hf']:.2f}x | {r['tfcli_over_ct2']:.2f}x | "
+                f"{r['hf']['same_output_as_tfcli']:.0%}, {r['ct2']['same_output_as_tfcli']:.0%} |"
+            )
+    lines += ["", f"Targets for beam {res['beam']}: tfcli/HF >= 2.5, tfcli/CT2 >= 0.6."]
+    for run in syn["runs"]:
+        b = run[f"beam{res['beam']}"]
         lines.append(
-            f"| {name} | {r['tfcli']['sent_per_s']:.1f} | {r['hf']['sent_per_s']:.1f} | {r['ct2']['sent_per_s']:.1f} | "
-            f"{r['tfcli_over_hf']:.2f}x | {r['tfcli_over_ct2']:.2f}x | "
-            f"{r['hf']['same_output_as_tfcli']:.0%}, {r['ct2']['same_output_as_tfcli']:.0%} |"
+            f"- batch size {run['batch_size']}: tfcli/HF **{b['tfcli_over_hf']:.2f}** "
+            f"({'met' if b['tfcli_over_hf'] >= 2.5 else 'NOT met'}), tfcli/CT2 **{b['tfcli_over_ct2']:.2f}** "
+            f"({'met' if b['tfcli_over_ct2'] >= 0.6 else 'NOT met'})"
         )
-    b = syn[f"beam{res['beam']}"]
-    lines += ["", f"Targets (beam {res['beam']}): tfcli/HF >= 2.5 -> **{b['tfcli_over_hf']:.2f}** "
-              f"({'met' if b['tfcli_over_hf'] >= 2.5 else 'NOT met'}); tfcli/CT2 >= 0.6 -> **{b['tfcli_over_ct2']:.2f}** "
-              f"({'met' if b['tfcli_over_ct2'] >= 0.6 else 'NOT met'}).",
-              f"Max logit difference tfcli vs the Marian copy: {syn['max_logit_difference_tfcli_vs_marian']:.1e}.", ""]
+    lines += ["", f"Max logit difference tfcli vs the Marian copy: {syn['max_logit_difference_tfcli_vs_marian']:.1e}. "
+              f"Load average (1, 5, 15 min) at start {res['load_average_at_start']}, at end {res['load_average_at_end']}: "
+              "the machine may have been shared.", ""]
     rl = res["real"]
     lines += ["## Real: Multi30k test2016 (de), trained checkpoint, full `tfcli translate` path", ""]
     if "skipped" in rl:
@@ -367,7 +382,7 @@ def main():
     p.add_argument("--sentences", type=int, default=200)
     p.add_argument("--src-len", type=int, default=20, help="mean source length (tokens, uniform +-5)")
     p.add_argument("--out-len", type=int, default=20, help="forced output length")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-sizes", default="32", help="comma-separated batch sizes (sentences) to compare at")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--vocab", type=int, default=8000)
@@ -376,6 +391,7 @@ def main():
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--out", default=str(RESULTS / "translate_speed"))
     args = p.parse_args()
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
 
     import ctranslate2
     import transformers

@@ -166,7 +166,7 @@ def lm_generate(
     """
     device = resolve_device(cfg.device)
     autocast = precision(device, cfg.dtype)
-    loaded = load(checkpoint, device, "lm", cfg.threads)
+    loaded = load(checkpoint, device, "lm", cfg.threads, cfg.dtype)
     model, tok = loaded.model, loaded.tgt_tok
     texts = read_prompts(prompts, input_file)
     prompt_ids = _fit_prompts(model, [[START_ID] + ids for ids in encode_batch(tok, texts)])

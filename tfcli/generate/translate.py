@@ -221,7 +221,7 @@ def translate(
     """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout); returns the line count."""
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
-    translator = Translator(load(checkpoint, device, "seq2seq", cfg.threads), cfg, device)
+    translator = Translator(load(checkpoint, device, "seq2seq", cfg.threads, cfg.dtype), cfg, device)
     total = _count_lines(inputs) if (progress if progress is not None else sys.stderr.isatty()) else None
     n = 0
     with open_output(output) as out, Progress("translating", total, "sent", progress) as bar:
