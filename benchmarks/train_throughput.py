@@ -9,8 +9,10 @@ embeddings, sublayer outputs and inside the FFN, no attention dropout, float32. 
 post-norm: the same operations, tfcli adds one final LayerNorm per stack.) Both train on the same synthetic batches
 (length-bucketed by tfcli's token batcher, about --max-tokens padded target tokens each, sentence lengths 15-35),
 with the same step: forward, label-smoothed (0.1) cross-entropy summed over the real target tokens and divided by
-their count, backward, gradient clipping at norm 1, AdamW (betas 0.9/0.98). tfcli's step is the trainer's own
-`forward_loss`; Marian's loss is `F.cross_entropy(..., label_smoothing=0.1, ignore_index=pad)` on its logits.
+their count, backward, gradient clipping at norm 1, AdamW (betas 0.9/0.98). tfcli's forward and loss are the
+trainer's own (`tfcli.train.loss.Objective`, which on the CPU skips the output projection at padding positions,
+and the model's CPU dropout, which draws its masks more cheaply: see tfcli/model/dropout.py); Marian's loss is
+`F.cross_entropy(..., label_smoothing=0.1, ignore_index=pad)` on its logits, as a Hugging Face training loop does.
 
 After warmup steps, R rounds each time K steps of one system then K of the other (the order alternating by round),
 so that a shared machine's load hits both alike. Reported: target tokens per second (non-padding target tokens;
@@ -40,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from tfcli.data.batching import collate_seq2seq, token_batches  # noqa: E402
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, build_model, count_parameters, preset  # noqa: E402
 from tfcli.train.data import Batch  # noqa: E402
-from tfcli.train.trainer import forward_loss  # noqa: E402
+from tfcli.train.loss import Objective  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -79,8 +81,8 @@ def marian_model(vocab: int):
     return MarianMTModel(cfg).train()
 
 
-def tfcli_loss(model, b: Batch) -> torch.Tensor:
-    loss, _ = forward_loss(model, b, 0.1)
+def tfcli_loss(objective: Objective, b: Batch) -> torch.Tensor:
+    loss, _ = objective(b.src, b.inputs, b.targets)
     return loss
 
 
@@ -129,7 +131,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     batches = synthetic_batches(args.steps, args.vocab, args.max_tokens, args.seed)
     warm = synthetic_batches(args.warmup, args.vocab, args.max_tokens, args.seed + 1)
-    systems = [System("tfcli", tfcli_model(args.vocab), tfcli_loss), System("hf-marian", marian_model(args.vocab), marian_loss)]
+    systems = [System("tfcli", Objective(tfcli_model(args.vocab), 0.1), tfcli_loss),
+               System("hf-marian", marian_model(args.vocab), marian_loss)]
     params = {s.name: count_parameters(s.model) for s in systems}
     load_before = os.getloadavg()
     for s in systems:

@@ -70,7 +70,7 @@ def make_parallel_prepared(
     for side in ("src", "tgt"):
         tok.save(str(d / f"tokenizer.{side}.json"))
     meta = new_meta(
-        "parallel", splits=splits, vocab={"src": vocab, "tgt": vocab}, joint=True,
+        "parallel", splits=splits, vocab={"src": vocab, "tgt": vocab}, joint_vocab=True,
         tokenizers={"src": "tokenizer.src.json", "tgt": "tokenizer.tgt.json"}, langs={"src": "xx", "tgt": "yy"},
         settings={"task": task, "synthetic": True},
     )
@@ -102,7 +102,7 @@ def make_mono_prepared(
             splits[split] = _write_split(d, split, lines(n), tok, vocab, text=split != "train")
     tok.save(str(d / "tokenizer.tgt.json"))
     meta = new_meta(
-        "mono", splits=splits, vocab={"tgt": vocab}, joint=False, tokenizers={"tgt": "tokenizer.tgt.json"},
+        "mono", splits=splits, vocab={"tgt": vocab}, joint_vocab=False, tokenizers={"tgt": "tokenizer.tgt.json"},
         settings={"task": "count", "synthetic": True},
     )
     (d / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")

@@ -135,8 +135,8 @@ def test_sampling_follows_the_filtered_distribution():
     assert counts[0] == counts[1] == 0  # <pad>, <s> banned
     assert counts[2] == counts[3] == 0  # outside the top 2
     assert counts[5] / 4000 == pytest.approx(0.4 / 0.7, abs=0.03)
-    same = next_token(logits, torch.empty(4000, 0, dtype=torch.long), top_k=2, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(ids, same)
+    again = torch.Generator().manual_seed(0)
+    assert torch.equal(ids, next_token(logits, torch.empty(4000, 0, dtype=torch.long), top_k=2, generator=again))
     assert next_token(logits[:1], torch.empty(1, 0, dtype=torch.long), greedy=True).item() == 5
 
 
@@ -225,7 +225,32 @@ def test_streaming_single_prompt_equals_batch_output(counter_lm, tmp_path):
         capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
     )
     assert res.returncode == 0, res.stderr.decode()
-    assert res.stdout.decode() == run_lm(counter_lm, tmp_path, ["cat dog"], seed=3, max_new_tokens=12, stop=["jam"])[0] + "\n"
+    batch = run_lm(counter_lm, tmp_path, ["cat dog"], seed=3, max_new_tokens=12, stop=["jam"])
+    assert res.stdout.decode() == batch[0] + "\n"
+
+
+def test_single_prompt_streams_token_by_token(counter_lm, monkeypatch):
+    """With one prompt and one sample, text is written and flushed as each token arrives, not at the end."""
+    import contextlib
+
+    import tfcli.generate.lm as lm
+
+    events = []
+
+    class Recorder:
+        def write(self, text):
+            events.append(("write", text))
+
+        def flush(self):
+            events.append(("flush", None))
+
+    monkeypatch.setattr(lm, "open_output", lambda path: contextlib.nullcontext(Recorder()))
+    lm_generate(str(counter_lm), ["cat"], None, None, GenerateConfig(device="cpu", greedy=True, max_new_tokens=4))
+    text = "".join(t for kind, t in events if kind == "write")
+    assert text == "cat dog egg fish goat\n"
+    pieces = [t for kind, t in events if kind == "write" and t]
+    assert len(pieces) >= 5  # the prompt, then one piece per new word (and the final newline)
+    assert events.count(("flush", None)) >= 5
 
 
 def test_continuation_holds_back_a_possible_stop_string():

@@ -4,7 +4,6 @@ command line (files, stdin/stdout pipelines, odd input) behave."""
 import dataclasses
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from tfcli.generate.reference import reference_beam_search, reference_greedy
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty
 from tfcli.generate.translate import TranslateConfig, Translator, translate
 from tfcli.generate.runtime import load
-from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset
+from tfcli.model import BOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset
 
 ROOT = Path(__file__).resolve().parents[1]
 TFCLI = ROOT / ".venv" / "bin" / "tfcli"
@@ -131,7 +130,8 @@ def test_batch_equals_one_by_one(reverser_model):
 
 def test_greedy_is_beam_search_with_beam_one(reverser_model):
     srcs = sources(10, seed=6)
-    for g, b in zip(greedy_decode(reverser_model, pad(srcs), len_penalty=0.6), beam_search(reverser_model, pad(srcs), beam_size=1)):
+    greedy = greedy_decode(reverser_model, pad(srcs), len_penalty=0.6)
+    for g, b in zip(greedy, beam_search(reverser_model, pad(srcs), beam_size=1)):
         assert g.tokens == b[0].tokens and g.score == pytest.approx(b[0].score, abs=1e-5)
 
 
@@ -226,8 +226,8 @@ def test_order_is_preserved_across_batches_and_chunks(reverser):
 
 
 def test_empty_odd_and_long_lines(reverser, capsys):
-    odd = ["", "   ", "\t", "cat 🐈 dog", "猫 と 犬", "a\x01b\x1b[31m red\x7f", "</s> cat <pad> <s>", "e\u0301 \u200b\ufeff x",
-           "\u2028 apple \u0085 egg"]
+    odd = ["", "   ", "\t", "cat 🐈 dog", "猫 と 犬", "a\x01b\x1b[31m red\x7f", "</s> cat <pad> <s>",
+           "e\u0301 \u200b\ufeff x", "\u2028 apple \u0085 egg"]
     long = " ".join(["cat", "dog"] * 40)
     out = list(translator(reverser).run(lines_in(odd + [long])))
     assert len(out) == len(odd) + 1
@@ -268,7 +268,8 @@ def test_pipeline_through_a_real_subprocess(reverser, tmp_path):
     assert out[:3] == ["egg dog cat", "", "sun moon"] and len(out) == 5 and out[4] == ""
     assert "unknown (<unk>)" in res.stderr.decode()  # two of the last line's three tokens
     # files and -o: the same text, written atomically
-    res = subprocess.run(cmd + [str(src), "-", "-o", str(tmp_path / "out.txt")], input=b"owl\n", capture_output=True, timeout=120)
+    out_file = tmp_path / "out.txt"
+    res = subprocess.run(cmd + [str(src), "-", "-o", str(out_file)], input=b"owl\n", capture_output=True, timeout=120)
     assert res.returncode == 0, res.stderr.decode()
     assert (tmp_path / "out.txt").read_text().split("\n")[:3] == ["egg dog cat", "", "sun moon"]
     assert (tmp_path / "out.txt").read_text().endswith("owl\n")

@@ -89,6 +89,25 @@ def tokenizer_path(meta: dict, side: str) -> Path | None:
     return Path(meta["dir"]) / name if name else None
 
 
+def tokenizer(meta: dict, side: str):
+    """The checkpoint's `side` tokenizer, checked against its model: a tokenizer.json from another model would map
+    ids to the wrong words, or to ids the model does not have."""
+    from tfcli.data.tokenizer import load_tokenizer
+
+    path = tokenizer_path(meta, side)
+    if path is None:
+        raise CheckpointError(f"{meta['dir']}: has no {side} tokenizer file")
+    tok = load_tokenizer(path)
+    cfg = model_config(meta)
+    model_vocab = cfg.src_vocab_size if side == "src" else cfg.tgt_vocab_size
+    if tok.get_vocab_size() != model_vocab:
+        raise CheckpointError(
+            f"{path}: has {tok.get_vocab_size()} tokens but the model's {side} vocabulary has {model_vocab}; "
+            f"this tokenizer does not belong to the model in {CONFIG}"
+        )
+    return tok
+
+
 def load(path: os.PathLike | str, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict]:
     """Build the model from the checkpoint's config and load its weights; returns (model in eval mode, meta)."""
     meta = read_meta(path)
@@ -126,7 +145,10 @@ def save(
     model = getattr(model, "module", model)  # DDP
     model = getattr(model, "_orig_mod", model)  # torch.compile
     with atomic_dir(path, overwrite=True) as tmp:
-        save_model(model, str(tmp / WEIGHTS))
+        try:
+            save_model(model, str(tmp / WEIGHTS))
+        except SafetensorError as e:  # the Rust writer's I/O errors (a full disk) are not OSErrors
+            raise CheckpointError(f"{path}: cannot write: {e}") from None
         names = {}
         for side, src in tokenizer_files.items():
             names[side] = f"tokenizer.{side}.json"
@@ -142,7 +164,10 @@ def save(
         if trainer_tensors is not None:
             from safetensors.torch import save_file
 
-            save_file({k: v.contiguous() for k, v in trainer_tensors.items()}, str(tmp / "trainer_state.safetensors"))
+            try:
+                save_file({k: v.contiguous() for k, v in trainer_tensors.items()}, str(tmp / "trainer_state.safetensors"))
+            except SafetensorError as e:
+                raise CheckpointError(f"{path}: cannot write: {e}") from None
             atomic_write_text(tmp / "trainer_state.json", json.dumps(trainer_json or {}, indent=2) + "\n")
     return path
 

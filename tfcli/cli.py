@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 import tfcli
 from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, debug_enabled
@@ -31,7 +34,10 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> None:
-    err.print(f"[bold red]error:[/] {message}", markup=True) if err.is_terminal else print(f"error: {message}", file=sys.stderr)
+    if err.is_terminal:
+        err.print(f"[bold red]error:[/] {escape(message)}", markup=True)  # escape: paths may contain [brackets]
+    else:
+        print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(code)
 
 
@@ -55,10 +61,26 @@ def run(fn, *args, **kwargs):
         except OSError:
             pass
         raise typer.Exit(0)
-    except MemoryError:
+    except (typer.Exit, typer.Abort, typer.TyperException):
+        raise
+    except OSError as e:  # the environment: permissions, a full disk, a file that vanished
         if debug_enabled():
             raise
-        fail("out of memory; lower --batch-size / --max-tokens")
+        fail(f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e))
+    except Exception as e:
+        if debug_enabled():
+            raise
+        if _out_of_memory(e):
+            size = re.search(r"allocate (\d+) bytes", str(e))
+            tried = f" (tried to allocate {int(size.group(1)) / 2**30:.1f} GiB)" if size else ""
+            fail(f"out of memory{tried}; use a smaller model or lower --batch-size / --max-tokens")
+        first = (str(e).strip().splitlines() or [""])[0]
+        fail(f"internal error: {type(e).__name__}: {first} (run with --debug for the traceback, and please report it)")
+
+
+def _out_of_memory(e: Exception) -> bool:
+    """MemoryError, torch's CUDA OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
 
 
 def not_implemented(command: str) -> None:
@@ -824,7 +846,12 @@ def plot(
         print(f"wrote {path}", file=sys.stderr)
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM acts as Ctrl-C: temp files are removed, training saves a checkpoint
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
     app()
 
 

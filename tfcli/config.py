@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -27,7 +28,11 @@ def load_config_file(path: os.PathLike | str) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: invalid UTF-8 (byte 0x{e.object[e.start]:02x}); save the file as UTF-8") from None
     try:
         if path.suffix == ".toml":
             if sys.version_info >= (3, 11):
@@ -41,14 +46,33 @@ def load_config_file(path: os.PathLike | str) -> dict:
             import yaml
 
             data = yaml.safe_load(text)
-    except Exception as e:  # parser errors carry line numbers in their messages
-        msg = str(e).replace("\n", " ")
-        raise ConfigError(f"{path}: cannot parse config: {msg}") from None
+    except Exception as e:
+        raise ConfigError(f"{path}{_error_line(e)}: cannot parse config: {_parse_message(e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config file must be a mapping of sections (model:, train:, ...)")
     return data
+
+
+def _error_line(e: Exception) -> str:
+    """":LINE" of a YAML, TOML or JSON parser error, where the parser says."""
+    mark = getattr(e, "problem_mark", None)  # yaml.MarkedYAMLError
+    if mark is not None:
+        return f":{mark.line + 1}"
+    if isinstance(e, json.JSONDecodeError):
+        return f":{e.lineno}"
+    toml = re.search(r"\(at line (\d+), column \d+\)", str(e))  # tomllib
+    return f":{toml.group(1)}" if toml else ""
+
+
+def _parse_message(e: Exception) -> str:
+    """The parser's complaint on one line, without YAML's quoted snippet of the file."""
+    if getattr(e, "problem_mark", None) is not None:
+        return ": ".join(filter(None, [getattr(e, "context", None), getattr(e, "problem", None)]))
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} (column {e.colno})"
+    return " ".join(str(e).split())
 
 
 def _type_name(tp) -> str:

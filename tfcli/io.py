@@ -1,17 +1,22 @@
 """File helpers: atomic writes and strict line reading with file:line errors.
 
 Every output tfcli writes goes to a temporary file (or directory) next to its destination and is renamed into place
-only when complete, so an interrupted or failed run never leaves a half-written file where a good one was.
+only when complete, so an interrupted or failed run never leaves a half-written file where a good one was. Temp
+names are dot-files carrying the writer's pid (`.NAME.tmp-PID...`); what a killed process (kill -9, power loss) left
+behind is removed by the next write of the same NAME.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import gzip
 
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
@@ -25,13 +30,67 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove_stale(path: Path) -> None:
+    """Remove `.NAME.tmp-PID...` / `.NAME.old-PID` entries beside `path` whose process no longer runs."""
+    prefixes = (f".{path.name}.tmp-", f".{path.name}.old-")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path.parent):
+            prefix = next((p for p in prefixes if entry.name.startswith(p)), None)
+            pid = entry.name[len(prefix):].split("-")[0] if prefix else ""
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no room for the output, whichever file an error names
+
+
+def _ours(e: BaseException, tmp: Path) -> bool:
+    """An OSError from writing the output (a full disk, no file name, or one inside `tmp`), not e.g. from opening an
+    input file."""
+    if not isinstance(e, OSError):
+        return False
+    return e.errno in FULL or e.filename is None or str(e.filename).startswith(str(tmp))
+
+
 @contextlib.contextmanager
 def atomic_open(path: os.PathLike | str, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
-    """Open a temp file beside `path`; on success fsync and rename it over `path`, on failure remove it."""
-    path = Path(path)
+    """Open a temp file beside `path`; on success fsync and rename it over `path`, on failure remove it.
+
+    A symlink is followed (the file it points to is replaced, the link kept). A device, FIFO or socket
+    (/dev/null, /dev/stdout, a named pipe) is written directly: it cannot hold a half-written file, and must never be
+    replaced by one.
+    """
+    shown = path
+    path = Path(os.path.realpath(path))
     if "b" in mode:
         encoding = None
+    if path.is_dir():
+        raise TfcliError(f"{shown}: is a directory")
+    if path.exists() and not path.is_file():
+        try:
+            with open(path, mode, encoding=encoding) as f:
+                yield f
+        except OSError as e:
+            if e.filename not in (None, str(path)):
+                raise
+            raise TfcliError(f"{shown}: cannot write: {e.strerror or e}") from e
+        return
     _check_writable_dir(path.parent)
+    _remove_stale(path)
     tmp = _tmp_name(path)
     try:
         with open(tmp, mode, encoding=encoding) as f:
@@ -42,8 +101,8 @@ def atomic_open(path: os.PathLike | str, mode: str = "w", encoding: str | None =
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
-            raise TfcliError(f"{path}: cannot write: {e.strerror or e}") from e
+        if _ours(e, tmp):
+            raise TfcliError(f"{shown}: cannot write: {e.strerror or e}") from e
         raise
 
 
@@ -60,31 +119,57 @@ def atomic_write_json(path: os.PathLike | str, obj) -> None:
 def atomic_dir(path: os.PathLike | str, overwrite: bool = False) -> Iterator[Path]:
     """Build a directory in a temp dir beside `path`, then rename it into place.
 
-    With `overwrite`, an existing `path` is moved aside first and deleted only after the new one is in place.
+    With `overwrite`, an existing `path` is swapped with the new one in one step where the OS can (Linux), else
+    moved aside first; the old one is deleted only after the new one is in place.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _check_writable_dir(path.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    _remove_stale(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     try:
         yield tmp
-        old = None
-        if path.exists():
-            if not overwrite:
-                raise TfcliError(f"{path}: already exists")
+        if not path.exists():
+            os.replace(tmp, path)
+        elif not overwrite:
+            raise TfcliError(f"{path}: already exists")
+        elif _exchange(tmp, path):  # now `tmp` holds the old directory
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:  # a kill between these two renames leaves no `path`, only `.NAME.old-PID`
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
-        os.replace(tmp, path)
-        if old is not None:
+            os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _ours(e, tmp):
+            raise TfcliError(f"{path}: cannot write: {e.strerror or e}") from e
         raise
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 with RENAME_EXCHANGE); False where the OS or filesystem cannot."""
+    if sys.platform != "linux":
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without it (old glibc, musl)
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # e.g. a filesystem without RENAME_EXCHANGE
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
 def _check_writable_dir(d: Path) -> None:
     if not d.exists():
         raise TfcliError(f"{d}: directory does not exist")
+    if not d.is_dir():
+        raise TfcliError(f"{d}: is not a directory")
     if not os.access(d, os.W_OK):
         raise TfcliError(f"{d}: directory is not writable")
 

@@ -39,8 +39,10 @@ def write_sequences(directory: Path, split: str, side: str, seqs: list, vocab_si
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = np.fromiter((t for s in seqs for t in s), dtype=dtype, count=int(offsets[-1]))
-    flat.tofile(directory / f"{split}.{side}.bin")
-    offsets.tofile(directory / f"{split}.{side}.idx")
+    # file.write rather than ndarray.tofile, whose errors carry no errno ("N requested and M written")
+    for array, suffix in ((flat, "bin"), (offsets, "idx")):
+        with open(directory / f"{split}.{side}.{suffix}", "wb") as f:
+            f.write(memoryview(array))
     return {"count": len(seqs), "tokens": int(offsets[-1]), "dtype": dtype.name}
 
 

@@ -98,7 +98,10 @@ def _char_tokenizer(texts: Sequence[str]) -> Tokenizer:
 
 
 def save_tokenizer(tok: Tokenizer, path: os.PathLike | str) -> None:
-    tok.save(str(path))
+    try:
+        tok.save(str(path))
+    except Exception as e:  # the Rust library's I/O errors (a full disk) are plain Exceptions
+        raise OSError(str(e)) from None
 
 
 def load_tokenizer(path: os.PathLike | str) -> Tokenizer:

@@ -131,9 +131,8 @@ def check_tokenizers(meta: dict, data: PreparedData, sides: list[str]) -> None:
     from tokenizers import Tokenizer
 
     for side in sides:
+        checkpoint.tokenizer(meta, side)  # exists, and fits the model
         ckpt_file = checkpoint.tokenizer_path(meta, side)
-        if ckpt_file is None or not ckpt_file.exists():
-            raise CheckpointError(f"{meta['dir']}: has no {side} tokenizer file")
         if side not in data.meta.get("tokenizers", {}):
             raise TfcliError(f"{data.path}: has no {side} tokenizer; was it prepared for another kind of model?")
         data_file = data.tokenizer_file(side)

@@ -171,11 +171,13 @@ def lm_generate(
     texts = read_prompts(prompts, input_file)
     prompt_ids = _fit_prompts(model, [[START_ID] + ids for ids in encode_batch(tok, texts)])
     generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.seed is not None else None
-    rows = [(p, s) for p in range(len(texts)) for s in range(cfg.num_samples)]
-    stream = len(rows) == 1 and output in (None, "-")
+    samples = [p for p in range(len(texts)) for _ in range(cfg.num_samples)]  # the prompt of each sample
+    stream = len(samples) == 1 and output in (None, "-")
     written = 0
-    with open_output(output) as out, Progress("generating", len(rows), "samples", False if stream else progress) as bar:
-        for r, text in _generate_rows(model, tok, texts, prompt_ids, rows, cfg, generator, autocast, out if stream else None):
+    bar = Progress("generating", len(samples), "samples", False if stream else progress)
+    with open_output(output) as out, bar:
+        texts, prompt_ids = [texts[p] for p in samples], [prompt_ids[p] for p in samples]
+        for text in _generate(model, tok, texts, prompt_ids, cfg, generator, autocast, out if stream else None):
             if not stream:
                 out.write(text + "\n")
                 out.flush()
@@ -197,18 +199,21 @@ def _fit_prompts(model, prompt_ids: list[list[int]]) -> list[list[int]]:
     return fitted
 
 
-def _generate_rows(model, tok, texts, prompt_ids, rows, cfg, generator, autocast, stream: IO[str] | None) -> Iterator[tuple[int, str]]:
-    """Yield (row, prompt + continuation) in row order; batches of similar prompt lengths, earliest rows first."""
-    order = sorted(range(len(rows)), key=lambda r: len(prompt_ids[rows[r][0]]))
+def _generate(model, tok, texts, prompt_ids, cfg, generator, autocast, stream: IO[str] | None) -> Iterator[str]:
+    """Yield prompt + continuation for each sample, in order; batches hold similar prompt lengths, and run in the
+    order of their earliest sample so output can start early. With `stream`, the one sample is written as it grows.
+    """
+    order = sorted(range(len(texts)), key=lambda i: len(prompt_ids[i]))
     batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
     batches.sort(key=min)
+    needs_text = stream is not None or bool(cfg.stop)  # decode after every token, not just at the end
     results: dict[int, str] = {}
     done = 0
     for batch in batches:
-        conts = [Continuation(tok, prompt_ids[rows[r][0]], cfg.stop) for r in batch]
+        conts = [Continuation(tok, prompt_ids[i], cfg.stop) for i in batch]
         shown = 0
         if stream is not None:
-            stream.write(texts[rows[batch[0]][0]])
+            stream.write(texts[batch[0]])
             stream.flush()
 
         def on_token(j: int, new_ids: list[int]) -> bool:
@@ -221,18 +226,17 @@ def _generate_rows(model, tok, texts, prompt_ids, rows, cfg, generator, autocast
                 shown = len(visible)
             return stop
 
-        needs_text = stream is not None or bool(cfg.stop)
         with autocast:
-            new = generate_ids(model, [prompt_ids[rows[r][0]] for r in batch], cfg, generator, on_token if needs_text else None)
-        for j, (r, ids) in enumerate(zip(batch, new)):
+            new = generate_ids(model, [prompt_ids[i] for i in batch], cfg, generator, on_token if needs_text else None)
+        for j, (i, ids) in enumerate(zip(batch, new)):
             if not needs_text:
                 conts[j].update(ids)
-            results[r] = texts[rows[r][0]] + conts[j].text
+            results[i] = texts[i] + conts[j].text
         if stream is not None:
             stream.write(conts[0].text[shown:] + "\n")
             stream.flush()
         while done in results:
-            yield done, results.pop(done)
+            yield results.pop(done)
             done += 1
 
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import torch
 
 from tfcli import checkpoint
-from tfcli.data.tokenizer import load_tokenizer
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -58,12 +57,7 @@ def load(path: str, device: torch.device, kind: str, threads: int | None = None,
     model, meta = checkpoint.load(meta["dir"], device)
     if device.type == "cpu" and dtype == "fp32":
         pack_linear_weights(model)
-    toks = {}
-    for side in ("src", "tgt") if kind == "seq2seq" else ("tgt",):
-        p = checkpoint.tokenizer_path(meta, side)
-        if p is None:
-            raise CheckpointError(f"{meta['dir']}: has no {side} tokenizer file")
-        toks[side] = load_tokenizer(p)
+    toks = {side: checkpoint.tokenizer(meta, side) for side in (("src", "tgt") if kind == "seq2seq" else ("tgt",))}
     return Loaded(model, meta, toks.get("src"), toks["tgt"])
 
 

@@ -182,7 +182,8 @@ def beam_search(
             if not alive:
                 break
             keep = torch.tensor(keep_list, device=device)
-            next_scores, next_row, next_tok, alive_max = next_scores[keep], next_row[keep], next_tok[keep], alive_max[keep]
+            next_scores, next_row, next_tok = next_scores[keep], next_row[keep], next_tok[keep]
+            alive_max = alive_max[keep]
             if token_scores:
                 next_lp = next_lp[keep]
             mem_mask = mem_mask.index_select(0, keep)

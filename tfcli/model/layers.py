@@ -8,6 +8,7 @@ from torch import nn
 
 from tfcli.model.attention import KVCache, MultiHeadAttention
 from tfcli.model.config import ModelConfig
+from tfcli.model.dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -18,7 +19,7 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.act = F.relu if cfg.activation == "relu" else F.gelu
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.dropout(self.act(self.w1(x))))
@@ -34,7 +35,7 @@ class Residual(nn.Module):
         super().__init__()
         self.pre = cfg.norm == "pre"
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:
         if self.pre:

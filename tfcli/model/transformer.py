@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tfcli.model.config import PAD_ID, ModelConfig
+from tfcli.model.dropout import Dropout
 from tfcli.model.layers import DecoderLayer, EncoderLayer, LayerCache
 from tfcli.model.positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions
 
@@ -25,7 +26,7 @@ class Embeddings(nn.Module):
             self.pos = LearnedPositions(cfg.d_model, cfg.max_len)
         else:  # rope: positions enter inside attention
             self.pos = None
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         x = self.tok(ids) * self.scale

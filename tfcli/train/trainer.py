@@ -37,7 +37,7 @@ from tfcli.train.config import TrainConfig, config_to_yaml, differences
 from tfcli.train.data import Batch, ParallelData, StreamData
 from tfcli.train.flops import train_flops
 from tfcli.train.log import MetricsLog, ppl
-from tfcli.train.loss import label_smoothed_loss
+from tfcli.train.loss import Objective
 from tfcli.train.schedule import learning_rate
 
 CHECKPOINTS = "checkpoints"
@@ -54,10 +54,9 @@ class TrainResult:
     early_stopped: bool = False
 
 
-def forward_loss(model, batch: Batch, smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_loss(objective, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed label-smoothed loss, summed nll) of one batch under teacher forcing."""
-    logits = model(batch.inputs) if batch.src is None else model(batch.src, batch.inputs)
-    return label_smoothed_loss(logits, batch.targets, smoothing)
+    return objective(batch.src, batch.inputs, batch.targets)
 
 
 def resume_point(run_dir: str | Path) -> Path:
@@ -147,7 +146,9 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.dist.rank)  # each rank its own dropout stream
         self.optimizer = self._optimizer()
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-        self.model = torch.compile(self.raw) if cfg.compile else self.raw
+        # DDP and torch.compile wrap the model together with its loss
+        self.objective = Objective(self.raw, cfg.label_smoothing)
+        self.model = torch.compile(self.objective) if cfg.compile else self.objective
         self.model = distributed.wrap(self.model, self.dist, self.device)
 
         self.step, self.epoch, self.pos = 0, 0, 0
@@ -202,7 +203,7 @@ class Trainer:
         vocab = {"tgt_vocab_size": data.vocab_size("tgt")}
         if kind == "seq2seq":
             vocab["src_vocab_size"] = data.vocab_size("src")
-            if data.meta.get("joint") and "share_embeddings" not in overrides:
+            if data.meta.get("joint_vocab") and "share_embeddings" not in overrides:
                 overrides = {**overrides, "share_embeddings": True}  # one vocabulary: one embedding table
         model_cfg = preset(cfg.arch, **{**overrides, **vocab})
         if saved is None and self.resume_from is not None:
@@ -320,10 +321,7 @@ class Trainer:
         last = self.ckpt_dir / self._name(self.step)
         best = self.ckpt_dir / self.best["name"] if self.best else None
         if self.main and cfg.average_last and not interrupted:
-            from tfcli.train.average import average_checkpoints
-
-            average_checkpoints(self.run_dir, cfg.average_last, self.ckpt_dir / f"avg-last{cfg.average_last}",
-                                overwrite=True)
+            self._average(cfg.average_last)
         distributed.barrier(self.dist)
         return TrainResult(self.run_dir, self.step, last, best, interrupted, early_stopped)
 
@@ -334,7 +332,7 @@ class Trainer:
             b_dev = b.to(self.device)
             with distributed.no_sync(self.model, last=i == len(batches) - 1):
                 with self.autocast():
-                    loss, nll = forward_loss(self.model, b_dev, self.cfg.label_smoothing)
+                    loss, nll = forward_loss(self.model, b_dev)
                 self.scaler.scale(loss * scale).backward()
             self.acc += torch.stack([loss.detach().float(), nll.float()])
             self.counts += np.array([b.src_tokens, b.tgt_tokens, b.slots, 0.0])
@@ -422,7 +420,7 @@ class Trainer:
         for b in distributed.shard(batches, self.dist):
             batch = self.valid_data.collate(b).to(self.device)
             with self.autocast():
-                loss, nll = forward_loss(self.raw, batch, self.cfg.label_smoothing)
+                loss, nll = forward_loss(self.objective, batch)
             sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.tgt_tokens]
         loss, nll, tokens = distributed.all_reduce_sum(sums, self.dist, self.device)
         metrics = {"loss": loss / tokens, "nll": nll / tokens, "ppl": ppl(nll / tokens)}
@@ -474,7 +472,7 @@ class Trainer:
                 "model": to_dict(self.model_cfg),
                 "train": to_dict(self.cfg),
                 "data": {"path": str(Path(self.cfg.data).resolve()), "kind": self.prepared.kind,
-                         "vocab": self.prepared.meta.get("vocab"), "joint": bool(self.prepared.meta.get("joint"))},
+                         "vocab": self.prepared.meta.get("vocab"), "joint": bool(self.prepared.meta.get("joint_vocab"))},
                 "step": self.step,
                 "epoch": self._epoch(),
                 "metrics": {"valid": self.last_valid, "best": self.best},
@@ -485,6 +483,18 @@ class Trainer:
             atomic_write_text(self.ckpt_dir / "LATEST", name + "\n")
             self._prune()
         distributed.barrier(self.dist)
+
+    def _average(self, k: int) -> None:
+        """Average the last `k` checkpoints into avg-lastK; a run that wrote fewer averages what it has."""
+        from tfcli.train.average import average_checkpoints
+
+        have = sum(1 for d in self.ckpt_dir.iterdir() if STEP_DIR.match(d.name))
+        if have < k:
+            self.log.print(f"warning: average_last {k}, but the run has {have} checkpoint(s): "
+                           + (f"averaging those into avg-last{have}" if have > 1 else "nothing to average"))
+            k = have
+        if k > 1:
+            average_checkpoints(self.run_dir, k, self.ckpt_dir / f"avg-last{k}", overwrite=True)
 
     def _prune(self) -> None:
         """Keep the last K checkpoints (K = max(keep_last, average_last)) and the best one."""

@@ -28,8 +28,8 @@ import torch
 
 from tfcli import checkpoint
 from tfcli.data.batching import pad, source_ids
-from tfcli.data.tokenizer import decode_batch, encode_batch, load_tokenizer
-from tfcli.errors import CheckpointError, TfcliError
+from tfcli.data.tokenizer import decode_batch, encode_batch
+from tfcli.errors import TfcliError
 from tfcli.generate.lm import START_ID, GenerateConfig, generate_ids
 from tfcli.generate.search import greedy_search
 from tfcli.io import atomic_write_text
@@ -184,10 +184,7 @@ def _numpy(w: torch.Tensor) -> np.ndarray:
 
 
 def checkpoint_tokenizer(meta: dict, side: str):
-    path = checkpoint.tokenizer_path(meta, side)
-    if path is None:
-        raise CheckpointError(f"{meta['dir']}: has no {side} tokenizer file")
-    return load_tokenizer(path)
+    return checkpoint.tokenizer(meta, side)
 
 
 def token_labels(tok, ids: Sequence[int]) -> list[str]:
