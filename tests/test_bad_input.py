@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import pickle
+import random
 import re
 import resource
 import shutil
@@ -45,10 +46,15 @@ def cli(*args, input=None, env=None):
     return runner.invoke(app, [str(a) for a in args], input=input, env=env)
 
 
-def assert_one_line_error(stderr: str, *fragments: str) -> None:
-    """ONE line, "error: ...", no traceback, containing every fragment (file names, line numbers, the reason)."""
+def assert_one_line_error(stderr: str, *fragments: str, after_log: bool = False) -> None:
+    """ONE line, "error: ...", no traceback, containing every fragment (file names, line numbers, the reason).
+
+    `after_log`: the error ends a training log (resolved config, steps), which comes before it on stderr."""
     assert "Traceback" not in stderr, stderr
     lines = [line for line in stderr.splitlines() if not line.startswith("warning: ")]
+    if after_log:
+        assert [line for line in lines if line.startswith("error")] == lines[-1:], stderr
+        lines = lines[-1:]
     assert len(lines) == 1 and lines[0].startswith("error: "), stderr
     for f in fragments:
         assert f in lines[0], (f, stderr)
@@ -74,8 +80,8 @@ def snapshot(path: Path) -> dict:
 
 def tfcli_process(*args, **kw) -> subprocess.Popen:
     """`python -m tfcli ARGS` as a real process (signals, exit codes)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **kw.pop("env", {})}
-    env.pop("TFCLI_DEBUG", None)
+    env = {k: v for k, v in os.environ.items() if k != "TFCLI_DEBUG"}
+    env.update({"PYTHONUNBUFFERED": "1", **kw.pop("env", {})})
     cmd = [*kw.pop("prefix", []), sys.executable, "-m", "tfcli", *map(str, args)]
     return subprocess.Popen(cmd, cwd=kw.pop("cwd", ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             **kw)
@@ -127,8 +133,6 @@ def parallel(tmp_path_factory):
 
 def corpus(d: Path, n: int = 300) -> tuple[Path, Path]:
     """A small parallel text corpus (two aligned files) for `tfcli prepare`."""
-    import random
-
     rng = random.Random(0)
     words = [f"w{i}" for i in range(30)]
     src = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 8))) for _ in range(n)]
@@ -258,6 +262,21 @@ def test_every_text_reader_names_file_and_line(command, ckpt, lm_ckpt, tmp_path)
     }[command]
     failed(cli(*args), f"{bad}:3: invalid UTF-8")
     assert not (tmp_path / "prep").exists() and not (tmp_path / "pics").exists()
+
+
+def test_prepare_a_1mb_line_without_spaces(tmp_path):
+    """A subword trainer re-scans a word at every merge: one 1 MB "word" (base64, a hash dump) once took it hours.
+    Now it trains in seconds and the row is dropped by the length filter, which the cleaning report counts."""
+    src, tgt = corpus(tmp_path, 50)
+    blob = "".join("abcdefghij"[(i * 7919) % 10] for i in range(1 << 20))
+    with open(src, "a") as f:
+        f.write(blob + "\n")
+    with open(tgt, "a") as f:
+        f.write("w1\n")
+    r = cli("prepare", "--src", src, "--tgt", tgt, "--tokenizer", "bpe", "--vocab-size", "200", "-o", tmp_path / "prep")
+    assert r.exit_code == 0, r.stderr
+    counts = PreparedData(tmp_path / "prep").meta["cleaning"]["train"]
+    assert counts["input"] == 51 and counts["kept"] == 50 and counts["too_long"] + counts["ratio"] == 1
 
 
 # --- parallel data ----------------------------------------------------------------------------------------------
@@ -414,7 +433,7 @@ CONFIG_CASES = {
     "train-not-a-mapping": ("train", "- lr\n- 0.1\n", [], ["a config file must be a mapping"]),
     "set-unknown-key": ("train", None, ["model.dmodel=64"], ["model.dmodel: unknown config key",
                                                               "did you mean 'd_model'"]),
-    "set-wrong-type": ("train", None, ["train.max_steps=many"], ["train.max_steps: expected an integer, got 'many'"]),
+    "set-wrong-type": ("train", None, ["train.warmup=many"], ["train.warmup: expected an integer, got 'many'"]),
     "set-impossible": ("train", None, ["model.n_head=5"], ["d_model (32) must be divisible by n_head (5)"]),
     "set-malformed": ("train", None, ["d_model=64"], ["expected section.key=value"]),
     "prepare-unknown-key": ("prepare", "prepare:\n  vocab_sise: 100\n", [], ["prepare.vocab_sise: unknown config key",
@@ -503,7 +522,7 @@ def test_train_sigterm_saves_a_checkpoint_exits_130_and_resumes(parallel, tmp_pa
     proc = tfcli_process("train", parallel, "-o", run, "--max-steps", "5000", "--valid-every", "1000", *TRAIN)
     wait_for(lambda: len(train_records(run)) >= 3 or proc.poll() is not None, what="training steps")
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    err = proc.communicate(timeout=120)[1].decode()
     assert proc.returncode == 130, err
     assert "SIGTERM" in err and "interrupted at step" in err and "Traceback" not in err
     stopped = json.loads((latest(run) / "trainer_state.json").read_text())["step"]
@@ -553,12 +572,12 @@ def start_translating_into(ckpt, out: Path) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_translate_interrupted_keeps_the_old_output_and_no_temp_file(sig, ckpt, tmp_path):
     out = tmp_path / "out.txt"
     out.write_text("good\n")
     proc = start_translating_into(ckpt, out)
-    proc.send_signal(sig)
+    proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err.decode()
@@ -603,7 +622,7 @@ main()
 def test_prepare_interrupted_mid_write_keeps_the_old_directory(sig, prepared, tmp_path):
     prep, args = prepared
     before = snapshot(prep)
-    cmd = [sys.executable, "-c", SIGNAL_MID_WRITE.format(sig=sig), *map(str, args[1:]), "--force"]
+    cmd = [sys.executable, "-c", SIGNAL_MID_WRITE.format(sig=sig), *map(str, args), "--force"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert snapshot(prep) == before  # the old prepared directory, intact
     if sig == "SIGKILL":
@@ -640,11 +659,27 @@ def test_translate_disk_full_keeps_the_old_output(ckpt, tmp_path, monkeypatch):
 @pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="needs Linux's /dev/full")
 def test_translate_to_a_full_device_through_a_symlink(ckpt, tmp_path):
     link = tmp_path / "out.txt"
-    link.symlink_to("/dev/full")
-    r, _ = translate_file(ckpt, tmp_path, b"w1 w2\nw3\n")
+    link.symlink_to("/dev/full")  # never read it: /dev/full reads as endless zeros
+    r = cli("translate", "-m", ckpt, "--greedy", "-o", link, input=b"w1 w2\nw3\n")
     failed(r, f"{link}: cannot write: No space left on device")
     # written through the link, never replacing it (or the device) with a file
     assert link.is_symlink() and os.readlink(link) == "/dev/full" and Path("/dev/full").is_char_device()
+
+
+def test_translate_into_a_named_pipe_writes_through_it(ckpt, tmp_path):
+    """-o on a FIFO (or /dev/stdout, a device): written directly, never replaced by a regular file."""
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    r = cli("translate", "-m", ckpt, "--greedy", "-o", fifo, input=b"w1 w2\n\nw3\n")
+    reader.join(timeout=60)
+    assert r.exit_code == 0, r.stderr
+    assert got and got[0].count("\n") == 3
+    assert fifo.is_fifo() and leftovers(tmp_path) == []
 
 
 def _file_size_limit(limit: int):
@@ -670,7 +705,8 @@ def test_train_disk_full_writes_no_checkpoint(parallel, tmp_path):
     code, _, err = tfcli_run("train", parallel, "-o", run, "--max-steps", "2", "--valid-every", "2", *TRAIN,
                              preexec_fn=_file_size_limit(20_000))
     assert code == 1
-    assert_one_line_error(err, f"{run / 'checkpoints' / 'step-0000002'}: cannot write", "File too large")
+    assert_one_line_error(err, f"{run / 'checkpoints' / 'step-0000002'}: cannot write", "File too large",
+                          after_log=True)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == []  # no LATEST, no half checkpoint
 
 
@@ -762,7 +798,7 @@ def test_error_with_brackets_on_a_terminal(tmp_path, monkeypatch):
 
     buf = io.StringIO()
     monkeypatch.setattr(tfcli.cli, "err", Console(file=buf, force_terminal=True, width=300, highlight=False))
-    weird = tmp_path / "[/bold] x"
+    weird = tmp_path / "[red]x.txt"  # as markup, "[red]" would vanish
     weird.write_bytes(b"\xff\n")
     r = cli("eval", weird, "-r", weird)
     assert r.exit_code == 1

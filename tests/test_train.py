@@ -101,6 +101,27 @@ def test_label_smoothed_loss_matches_pytorch_and_ignores_padding():
     assert (logits.grad[target == PAD_ID] == 0).all() and logits.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("arch", ["tiny", "lm-tiny"])
+def test_objective_equals_the_loss_of_the_full_logits(arch):
+    """On the CPU the objective drops padding rows before the output projection; the loss must not change."""
+    from tfcli.train.loss import Objective
+
+    torch.manual_seed(0)
+    V = 30
+    model = build_model(preset(arch, src_vocab_size=0 if arch == "lm-tiny" else V, tgt_vocab_size=V)).eval()
+    src = torch.randint(4, V, (3, 7))
+    src[1, 4:] = PAD_ID
+    inputs, targets = torch.randint(4, V, (3, 6)), torch.randint(4, V, (3, 6))
+    targets[0, 3:] = PAD_ID
+    if arch == "lm-tiny":
+        src, logits = None, model(inputs)
+    else:
+        logits = model(src, inputs)
+    got = Objective(model, 0.1)(src, inputs, targets)
+    want = label_smoothed_loss(logits, targets, 0.1)
+    torch.testing.assert_close(got, want)
+
+
 def test_token_batches_are_bucketed_deterministic_and_cover_every_pair(parallel):
     data = ParallelData(PreparedData(parallel), "train", 64, max_tokens=60, max_sentences=0, seed=3)
     b1, b2, other = data.batches(0), data.batches(0), data.batches(1)
@@ -391,6 +412,19 @@ def test_average_checkpoints_is_the_elementwise_mean(tmp_path, parallel):
         average_checkpoints(run, 3, tmp_path / "avg")
     with pytest.raises(CheckpointError, match="there are 3"):
         average_checkpoints(run, 5, tmp_path / "avg5")
+    # the command: the last K of a run, into RUN/checkpoints/avg-lastK by default
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    result = CliRunner().invoke(app, ["average-checkpoints", str(run), "--last", "2"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == str(run / "checkpoints" / "avg-last2")
+    avg2 = load_file(str(run / "checkpoints" / "avg-last2" / "model.safetensors"))
+    for k in avg2:
+        torch.testing.assert_close(avg2[k], (parts[1][k] + parts[2][k]) / 2)
+    result = CliRunner().invoke(app, ["average-checkpoints", str(run), "--last", "2"])
+    assert result.exit_code == 1 and "already exists" in result.stderr
 
 
 # --- the command line -----------------------------------------------------------------------------------------------

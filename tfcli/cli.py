@@ -363,15 +363,15 @@ def train(
 ):
     """Train an encoder-decoder (translation) or decoder-only (language model) Transformer.
 
-    tfcli train prep/ -o run/ --arch small --max-tokens 4096 --warmup 4000
-    tfcli train prep/ -o run/ --config train.yaml --set model.dropout=0.3
-    tfcli train -o run/ --resume --max-steps 50000           continue (exactly) where it stopped
-    torchrun --nproc_per_node=4 $(which tfcli) train prep/ -o run/      several GPUs (DDP)
+    tfcli train prep/ -o run/ --arch small --warmup 4000
+    tfcli train prep/ -o run/ -c train.yaml --set model.dropout=0.3
+    tfcli train -o run/ --resume --max-steps 50000      continue exactly
+    torchrun --nproc_per_node=4 $(which tfcli) train prep/ -o run/
 
-    Writes RUN/config.yaml (the resolved config), RUN/metrics.jsonl (one JSON line per log step and validation)
-    and RUN/checkpoints/step-N/ (with BEST and LATEST pointers); `tfcli translate -m RUN` uses BEST.
-    Ctrl-C (or SIGTERM) finishes the step, saves a checkpoint and exits with status 130. On success the path of
-    the best (else last) checkpoint is printed on stdout. "tok/s" counts non-padding target tokens.
+    Writes RUN/config.yaml (the resolved config), RUN/metrics.jsonl (one JSON line per log step and per
+    validation) and RUN/checkpoints/step-N/ with BEST and LATEST pointers; `tfcli translate -m RUN` uses BEST.
+    Ctrl-C or SIGTERM finishes the step, saves a checkpoint and exits with status 130.
+    Prints the best (else the last) checkpoint's path on stdout. "tok/s" counts non-padding target tokens.
     """
     from tfcli.train.trainer import run as run_training
 
@@ -403,7 +403,7 @@ def average_checkpoints(
     ),
     force: bool = typer.Option(False, "--force", help="Replace --output if it exists."),
 ):
-    """Average the weights of a run's last K checkpoints into a new checkpoint (often +0.5 BLEU or so).
+    """Average the weights of a run's last K checkpoints into a new checkpoint (weights only).
 
     tfcli average-checkpoints run/ --last 5        -> run/checkpoints/avg-last5
     tfcli translate -m run/checkpoints/avg-last5 test.de

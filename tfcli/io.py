@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -75,12 +76,15 @@ def atomic_open(path: os.PathLike | str, mode: str = "w", encoding: str | None =
     replaced by one.
     """
     shown = path
-    path = Path(os.path.realpath(path))
     if "b" in mode:
         encoding = None
-    if path.is_dir():
+    try:
+        kind = os.stat(path).st_mode  # through symlinks
+    except OSError:
+        kind = None  # a new file (or an unusable path: the checks below say why)
+    if kind is not None and stat.S_ISDIR(kind):
         raise TfcliError(f"{shown}: is a directory")
-    if path.exists() and not path.is_file():
+    if kind is not None and not stat.S_ISREG(kind):
         try:
             with open(path, mode, encoding=encoding) as f:
                 yield f
@@ -89,6 +93,7 @@ def atomic_open(path: os.PathLike | str, mode: str = "w", encoding: str | None =
                 raise
             raise TfcliError(f"{shown}: cannot write: {e.strerror or e}") from e
         return
+    path = Path(os.path.realpath(path))
     _check_writable_dir(path.parent)
     _remove_stale(path)
     tmp = _tmp_name(path)

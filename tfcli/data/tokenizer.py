@@ -16,6 +16,7 @@ trailing space, only characters seen in training):
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -33,6 +34,11 @@ BYTELEVEL_MIN_VOCAB = len(SPECIAL_TOKENS) + 256
 # are the same as for the whole text, but memory stays bounded (a `tokenizers` Encoding costs ~400 bytes a token).
 CHUNK_CHARS = 1 << 15
 BATCH_CHARS = 1 << 18  # characters handed to one Rust encode_batch call
+# Tokenizer training sees runs of non-space characters (base64, hashes, minified code) cut to this length: a subword
+# trainer re-scans a whole word for every merge that touches it, so one 1 MB "word" takes it hours. Only training
+# is affected; text is encoded as it is.
+TRAIN_WORD_CHARS = 100
+_LONG_WORD = re.compile(r"\S{%d}(?=\S)" % TRAIN_WORD_CHARS)
 
 
 def train_tokenizer(kind: str, texts: Sequence[str], vocab_size: int, nfc: bool = True) -> Tokenizer:
@@ -138,8 +144,10 @@ def _split_long(text: str, size: int = CHUNK_CHARS) -> list[str]:
 
 
 def _pieces(texts: Iterable[str]) -> Iterable[str]:
+    """Training input: long texts split at spaces, over-long words cut (a space after every TRAIN_WORD_CHARS)."""
     for t in texts:
-        yield from _split_long(t)
+        for piece in _split_long(t):
+            yield _LONG_WORD.sub(r"\g<0> ", piece) if len(piece) > TRAIN_WORD_CHARS else piece
 
 
 def encode_batch(tok: Tokenizer, lines: Sequence[str]) -> list[list[int]]:

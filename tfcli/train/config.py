@@ -126,14 +126,15 @@ def load_train_config(
     model: dict = {}
     if config_file is not None:
         t, m = _sections(load_config_file(config_file), str(config_file))
+        _check_model_keys(m, str(config_file))
         train.update(t)
         model.update(m)
     if sets:
         t, m = _sections(parse_overrides(sets), "--set")
+        _check_model_keys(m, "--set")
         train.update(t)
         model.update(m)
     train.update({k: v for k, v in (flags or {}).items() if v is not None})
-    _check_model_keys(model, str(config_file or "--set"))
     cfg = from_dict(TrainConfig, train, "train")
     return cfg, model
 

@@ -24,7 +24,7 @@ def label_smoothed_loss(
     nll = -lprobs.gather(1, target.unsqueeze(1)).squeeze(1).masked_fill(~real, 0.0).sum()
     if smoothing == 0.0:
         return nll, nll.detach()
-    smooth = -lprobs.mean(dim=-1).masked_fill(~real, 0.0).sum()
+    smooth = -lprobs.sum(dim=-1).masked_fill(~real, 0.0).sum() / lprobs.size(-1)  # mean over v, one division
     return (1.0 - smoothing) * nll + smoothing * smooth, nll.detach()
 
 
