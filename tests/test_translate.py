@@ -158,7 +158,8 @@ class Recorder:
 
 
 def test_encoder_runs_once_and_finished_sentences_leave_the_batch(reverser_model):
-    srcs = [source_ids([5] * n) for n in (1, 3, 8)]
+    words = [[5 + i for i in range(n)] for n in (1, 3, 8)]
+    srcs = [source_ids(w) for w in words]
     rec = Recorder(reverser_model)
     hyps = beam_search(rec, pad(srcs), beam_size=3)
     assert rec.encodes == 1
@@ -167,7 +168,9 @@ def test_encoder_runs_once_and_finished_sentences_leave_the_batch(reverser_model
     assert rows[0] == 3 and rows[1] == 9  # first step one row per sentence, then K beams each
     assert rows[-1] == 3  # at the end only the longest sentence is left
     assert all(a >= b for a, b in zip(rows[1:], rows[2:]))
-    assert [len(h[0].tokens) for h in hyps] == [1, 3, 8]
+    assert [h[0].tokens for h in hyps] == [reference_beam_search(reverser_model, s, beam_size=3)[0].tokens for s in srcs]
+    lengths = [len(h[0].tokens) for h in hyps]
+    assert lengths[0] < lengths[1] < lengths[2]  # so the longest sentence is the last one left
 
 
 def test_never_emits_pad_or_bos():

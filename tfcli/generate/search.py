@@ -121,7 +121,7 @@ def beam_search(
     """Batched beam search; per source row, the `nbest` best hypotheses, best first.
 
     Each step expands every live beam by the whole vocabulary and keeps the 2K best (beam, token) pairs by summed
-    log-prob (one topk over the flattened K x V scores). Pairs ending in </s> among the first K become finished
+    log-prob (each beam's 2K best tokens, then one topk over the K x 2K pairs). Pairs ending in </s> among the first K become finished
     hypotheses, scored sum(log p) / lp(|Y|) (GNMT); the K best others go on. A sentence is done once it has K
     finished hypotheses (the live beams are then no better by summed log-prob) or reaches its max length (its live
     beams finish too); it then leaves the batch.
@@ -152,16 +152,21 @@ def beam_search(
         n = len(alive)
         lprobs = _next_log_probs(model, tok, memory, mem_mask, cache, step, min_len)
         memory = None
-        cand = (scores.unsqueeze(2) + lprobs.view(n, k, V)).view(n, k * V)
+        # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
+        # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
+        # no topk runs over, all k * V pairs.
+        top_lp, top_tok = lprobs.topk(2 * K, dim=1)  # (n * k, 2K)
+        top_lp = top_lp.view(n, k * 2 * K)
+        cand = (scores.unsqueeze(2) + top_lp.view(n, k, 2 * K)).view(n, k * 2 * K)
         cand_scores, cand_idx = cand.topk(2 * K, dim=1)  # sorted, best first
-        cand_beam = torch.div(cand_idx, V, rounding_mode="floor")
-        cand_tok = cand_idx - cand_beam * V
+        cand_beam = torch.div(cand_idx, 2 * K, rounding_mode="floor")
+        cand_tok = top_tok.view(n, k * 2 * K).gather(1, cand_idx)
         cand_row = cand_beam + (torch.arange(n, device=device) * k)[:, None]  # the beam's row in `tokens` / cache
         is_eos = cand_tok == EOS_ID
         # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
         next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
         next_row, next_tok = cand_row.gather(1, pick), cand_tok.gather(1, pick)
-        cand_lp = lprobs.view(n, k * V).gather(1, cand_idx) if token_scores else None
+        cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
         next_lp = cand_lp.gather(1, pick) if token_scores else None
 
         at_max = alive_max <= step
