@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,plot,demo]"
+	$(PY) -m pip install -q -e ".[test,plot,demo,recipes]"
 	touch $@
 
 install: $(VENV)/.installed

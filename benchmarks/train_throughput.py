@@ -1,13 +1,14 @@
 """Training throughput on the CPU, side by side in one run: tfcli's `small` preset vs an equivalent Hugging Face
 `transformers.MarianMTModel`.
 
-    .venv/bin/python benchmarks/train_throughput.py [--threads N] [--rounds R] [--steps K]
+    .venv/bin/python benchmarks/train_throughput.py [--threads N] [--rounds R] [--steps K] [--data PREP]
 
 Both models: d_model 256, 6 + 6 layers, 4 heads, FFN 1024 (ReLU), vocabulary 8000 with one embedding table shared by
 encoder, decoder and output projection, sqrt(d_model)-scaled embeddings, sinusoidal positions, dropout 0.1 on
 embeddings, sublayer outputs and inside the FFN, no attention dropout, float32. (tfcli's `small` is pre-norm, Marian
 post-norm: the same operations, tfcli adds one final LayerNorm per stack.) Both train on the same synthetic batches
 (length-bucketed by tfcli's token batcher, about --max-tokens padded target tokens each, sentence lengths 15-35),
+or, with --data, on the first batches of a real prepared corpus (e.g. Multi30k, as `tfcli train` batches it),
 with the same step: forward, label-smoothed (0.1) cross-entropy summed over the real target tokens and divided by
 their count, backward, gradient clipping at norm 1, AdamW (betas 0.9/0.98). tfcli's forward and loss are the
 trainer's own (`tfcli.train.loss.Objective`, which on the CPU skips the output projection at padding positions,
@@ -60,6 +61,19 @@ def synthetic_batches(n: int, vocab: int, max_tokens: int, seed: int) -> list[Ba
         n_src, n_tgt = int((s != PAD_ID).sum()), int((t_out != PAD_ID).sum())
         out.append(Batch(s, t_in, t_out, n_src, n_tgt, s.numel() + t_out.numel()))
     return out
+
+
+def real_batches(prep: str, n: int, max_tokens: int, seed: int, skip: int = 0) -> tuple[list[Batch], int]:
+    """n batches of a prepared parallel directory (e.g. Multi30k with a joint vocabulary), exactly as `tfcli train`
+    batches its first epoch (after `skip` batches); returns them and the vocabulary size."""
+    from tfcli.data.prepared import PreparedData
+    from tfcli.train.data import ParallelData
+
+    prepared = PreparedData(prep)
+    if prepared.kind != "parallel" or prepared.vocab_size("src") != prepared.vocab_size("tgt"):
+        sys.exit(f"{prep}: needs a parallel prepared directory with a joint vocabulary (prepare --joint-vocab)")
+    data = ParallelData(prepared, "train", 256, max_tokens, 0, seed)
+    return [data.collate(idx) for idx in data.batches(0)[skip : skip + n]], prepared.vocab_size("tgt")
 
 
 def tfcli_model(vocab: int):
@@ -122,6 +136,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--vocab", type=int, default=8000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", default=None,
+                    help="a prepared parallel directory (joint vocabulary): real batches instead of synthetic ones")
     ap.add_argument("--out", default=str(RESULTS / "train_throughput"), help="results path without suffix")
     args = ap.parse_args()
     if args.threads:
@@ -129,8 +145,12 @@ def main() -> None:
     import transformers
 
     torch.manual_seed(args.seed)
-    batches = synthetic_batches(args.steps, args.vocab, args.max_tokens, args.seed)
-    warm = synthetic_batches(args.warmup, args.vocab, args.max_tokens, args.seed + 1)
+    if args.data:
+        warm, args.vocab = real_batches(args.data, args.warmup, args.max_tokens, args.seed)
+        batches, _ = real_batches(args.data, args.steps, args.max_tokens, args.seed, skip=args.warmup)
+    else:
+        batches = synthetic_batches(args.steps, args.vocab, args.max_tokens, args.seed)
+        warm = synthetic_batches(args.warmup, args.vocab, args.max_tokens, args.seed + 1)
     systems = [System("tfcli", Objective(tfcli_model(args.vocab), 0.1), tfcli_loss),
                System("hf-marian", marian_model(args.vocab), marian_loss)]
     params = {s.name: count_parameters(s.model) for s in systems}
@@ -159,7 +179,8 @@ def main() -> None:
                     "transformers": transformers.__version__,
                     "load_avg_before": [round(x, 2) for x in load_before],
                     "load_avg_after": [round(x, 2) for x in load_after]},
-        "setup": {"vocab": args.vocab, "max_tokens": args.max_tokens, "steps_per_round": args.steps,
+        "setup": {"batches": f"real: the first training batches of {args.data}" if args.data else "synthetic",
+                  "vocab": args.vocab, "max_tokens": args.max_tokens, "steps_per_round": args.steps,
                   "rounds": args.rounds, "warmup_steps": args.warmup, "mean_tgt_tokens_per_batch": tok,
                   "mean_src_tokens_per_batch": src_tok, "padding_fraction": pad, "parameters": params},
         "tgt_tokens_per_s": {s.name: s.rates for s in systems},
@@ -201,7 +222,7 @@ Machine: {m['cpu']}, {m['cores']} cores, torch threads {m['torch_threads']}; Pyt
 transformers {m['transformers']}. Load average before/after: {m['load_avg_before']} / {m['load_avg_after']}
 (a shared machine: other jobs may have run alongside; the systems alternate, so both see the same load).
 
-Same synthetic batches for both ({s['rounds']} rounds x {s['steps_per_round']} steps after {s['warmup_steps']} warmup
+Same batches for both ({s.get('batches', 'synthetic')}; {s['rounds']} rounds x {s['steps_per_round']} steps after {s['warmup_steps']} warmup
 steps): vocabulary {s['vocab']}, about {s['mean_tgt_tokens_per_batch']:.0f} target and {s['mean_src_tokens_per_batch']:.0f}
 source tokens per batch (--max-tokens {s['max_tokens']}), {100 * s['padding_fraction']:.1f}% padding. A step is
 forward + label-smoothed cross-entropy + backward + clipping + AdamW. "tok/s" = non-padding target tokens per second.

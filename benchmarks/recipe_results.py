@@ -1,0 +1,177 @@
+"""Collect what the recipes measured into benchmarks/results/recipes.{json,md}.
+
+    python3 benchmarks/recipe_results.py record multi30k OUT --pair de-en --size cpu --checkpoint CKPT
+    python3 benchmarks/recipe_results.py record lm OUT --name shakespeare-char --size cpu [--ppl OUT/ppl.json]
+    python3 benchmarks/recipe_results.py table          # rewrite recipes.md from recipes.json
+
+The recipes (recipes/*.sh) call `record` as their last step. It reads the run directory (OUT/run: metrics.jsonl,
+config.yaml) and the score files the recipe wrote, adds the hardware, writes OUT/result.json, and merges that entry
+into benchmarks/results/recipes.json under "NAME/SIZE" (an entry is replaced only by a new run of the same recipe).
+Every figure comes from those files; nothing is typed in by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "recipes"
+
+
+def hardware() -> dict:
+    import torch
+
+    hw = {"cpu": _cpu_name(), "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        hw["gpu"] = torch.cuda.get_device_name(0)
+    hw["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return hw
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def training(run: Path) -> dict:
+    """Steps, wall time (seconds from start to the last log or validation line) and the validations of a run."""
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    train = [x for x in lines if x["split"] == "train"]
+    valid = [x for x in lines if x["split"] == "valid"]
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    out = {
+        "steps": max(x["step"] for x in lines),
+        "epochs": max(x["epoch"] for x in lines if "epoch" in x),
+        "wall_s": max(x["time"] for x in lines),
+        "median_tgt_tokens_per_s": sorted(x["tgt_tokens_per_s"] for x in train)[len(train) // 2] if train else None,
+        "valid": [{k: x[k] for k in ("step", "loss", "ppl", "bleu") if k in x} for x in valid],
+        "config": cfg,
+    }
+    if valid:
+        out["best_valid_loss"] = min(x["loss"] for x in valid)
+    return out
+
+
+def _bleu(path: Path) -> dict:
+    d = json.loads(path.read_text())
+    scores = d["systems"][0]["scores"]
+    return {name: {"score": s["score"], "signature": d["signatures"][name]} for name, s in scores.items()}
+
+
+def record(args) -> dict:
+    out = Path(args.out)
+    entry = {
+        "recipe": args.recipe, "name": args.name or f"{args.recipe}-{args.pair}", "size": args.size,
+        "date": time.strftime("%Y-%m-%d %H:%M"), "out": str(out), "hardware": hardware(),
+    }
+    if (out / "run" / "metrics.jsonl").exists():
+        entry["training"] = training(out / "run")
+    if args.checkpoint:
+        entry["checkpoint"] = args.checkpoint
+    if args.recipe == "multi30k":
+        entry["pair"] = args.pair
+        entry["sacrebleu"] = _bleu(out / "sacrebleu.json")
+        entry["tokenised_bleu"] = _bleu(out / "tokbleu.json")["BLEU"]
+    if args.ppl:
+        entry["perplexity"] = json.loads(Path(args.ppl).read_text())
+    (out / "result.json").write_text(json.dumps(entry, indent=2) + "\n")
+    merge(entry)
+    return entry
+
+
+def merge(entry: dict) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    path = RESULTS.with_suffix(".json")
+    all_ = json.loads(path.read_text()) if path.exists() else {}
+    all_[f"{entry['name']}/{entry['size']}"] = entry
+    path.write_text(json.dumps(dict(sorted(all_.items())), indent=2) + "\n")
+    RESULTS.with_suffix(".md").write_text(table(all_))
+
+
+def _minutes(s: float) -> str:
+    return f"{s / 60:.1f} min"
+
+
+def _machine(hw: dict) -> str:
+    return hw.get("gpu") or f"{hw['cpus']}-core CPU ({hw['cpu']})"
+
+
+def table(all_: dict) -> str:
+    lines = ["# Recipe results", "",
+             "Written by `benchmarks/recipe_results.py` from the runs of `recipes/*.sh`; every figure is read from the "
+             "run's own files (metrics.jsonl, the `tfcli eval --json` outputs).", ""]
+    mt = [e for e in all_.values() if e["recipe"] == "multi30k"]
+    if mt:
+        lines += ["## Multi30k test2016, beam 5, averaged checkpoint", "",
+                  "| pair | size | sacreBLEU | chrF2 | tokenised BLEU | steps | training | machine | date |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+        for e in mt:
+            t = e.get("training", {})
+            lines.append(
+                f"| {e['pair']} | {e['size']} | {e['sacrebleu']['BLEU']['score']:.2f} | "
+                f"{e['sacrebleu'].get('chrF2', {}).get('score', float('nan')):.2f} | {e['tokenised_bleu']['score']:.2f} | "
+                f"{t.get('steps', '')} | {_minutes(t['wall_s']) if t else ''} | {_machine(e['hardware'])} | {e['date']} |"
+            )
+        sigs = sorted({s["signature"] for e in mt for s in e["sacrebleu"].values()})
+        lines += ["", "Signatures: " + "; ".join(f"`{s}`" for s in sigs),
+                  "Tokenised BLEU: hypotheses and references Moses-tokenised (sacremoses), then BLEU with "
+                  f"`{mt[0]['tokenised_bleu']['signature']}`.", ""]
+    lm = [e for e in all_.values() if e["recipe"] == "lm"]
+    if lm:
+        lines += ["## Language models", "",
+                  "| recipe | size | best valid loss | held-out perplexity | steps | training | machine | date |",
+                  "| --- | --- | ---: | --- | ---: | ---: | --- | --- |"]
+        for e in lm:
+            t, p = e.get("training", {}), e.get("perplexity")
+            ppl = ""
+            if p:
+                ppl = f"{p['ppl']:.2f} per token" + (f", {p['word_ppl']:.2f} per word" if p.get("word_ppl") else "")
+                ppl += f" ({p['split']}, {p['tokens']:,} tokens)"
+            loss = f"{t['best_valid_loss']:.4f}" if t.get("best_valid_loss") is not None else ""
+            lines.append(
+                f"| {e['name']} | {e['size']} | {loss} | {ppl} | {t.get('steps', '')} | "
+                f"{_minutes(t['wall_s']) if t else ''} | {_machine(e['hardware'])} | {e['date']} |"
+            )
+        lines.append("")
+    lines += ["Load average when each entry was recorded (a shared machine runs slower): "
+              + "; ".join(f"{k}: {e['hardware']['load_average']}" for k, e in all_.items()), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("recipe", choices=["multi30k", "lm"])
+    r.add_argument("out")
+    r.add_argument("--name")
+    r.add_argument("--pair")
+    r.add_argument("--size", required=True)
+    r.add_argument("--checkpoint")
+    r.add_argument("--ppl", help="a `tfcli eval --model ... --json` output")
+    sub.add_parser("table")
+    args = p.parse_args()
+    if args.cmd == "record":
+        e = record(args)
+        print(json.dumps({k: e[k] for k in ("name", "size")} | {"result": str(Path(args.out) / "result.json")}))
+    else:
+        path = RESULTS.with_suffix(".json")
+        RESULTS.with_suffix(".md").write_text(table(json.loads(path.read_text())))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

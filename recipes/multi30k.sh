@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Multi30k (task 1, test2016) from raw text to a score: prepare -> train -> average -> translate (beam 5) -> eval.
+#
+#   recipes/multi30k.sh SRC TGT [SIZE] [OUT]      e.g. recipes/multi30k.sh de en cpu
+#
+# SRC/TGT: two of de, en, fr. SIZE: cpu (recipes/multi30k-cpu.yaml, under 15 minutes on a 2-core CPU) or full
+# (recipes/multi30k.yaml, the `small` preset, for a GPU). OUT defaults to runs/multi30k-SRC-TGT-SIZE.
+# The data comes from $DATA (default ../shared/data), never from the repository. Scores: sacreBLEU (cased,
+# 13a, detokenised; the default signature), chrF2, and tokenised BLEU (both sides Moses-tokenised with sacremoses,
+# then BLEU without further tokenisation, as fairseq reports it). OUT/result.json holds the figures, signatures,
+# training time and hardware; benchmarks/recipe_results.py collects them into benchmarks/results/recipes.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SRC=${1:?usage: recipes/multi30k.sh SRC TGT [cpu|full] [OUT]}
+TGT=${2:?usage: recipes/multi30k.sh SRC TGT [cpu|full] [OUT]}
+SIZE=${3:-cpu}
+OUT=${4:-runs/multi30k-$SRC-$TGT-$SIZE}
+DATA=${DATA:-../shared/data}
+D=$DATA/multi30k
+case $SIZE in cpu) CONFIG=recipes/multi30k-cpu.yaml ;; full) CONFIG=recipes/multi30k.yaml ;;
+  *) echo "error: SIZE must be cpu or full, got '$SIZE'" >&2; exit 2 ;; esac
+[ -f "$D/train.$SRC" ] && [ -f "$D/train.$TGT" ] || { echo "error: $D/train.$SRC or $D/train.$TGT not found; set DATA" >&2; exit 1; }
+mkdir -p "$OUT"
+
+echo "== prepare: joint BPE (8000), memory-mapped ids" >&2
+tfcli prepare --src "$D/train.$SRC" --tgt "$D/train.$TGT" --valid-src "$D/valid.$SRC" --valid-tgt "$D/valid.$TGT" \
+  --test-src "$D/test2016.$SRC" --test-tgt "$D/test2016.$TGT" --tokenizer bpe --vocab-size 8000 --joint-vocab \
+  -o "$OUT/prep"
+
+echo "== train: $CONFIG" >&2
+[ -d "$OUT/run" ] && RESUME=(-o "$OUT/run" --resume) || RESUME=(-o "$OUT/run")
+tfcli train "$OUT/prep" "${RESUME[@]}" --config "$CONFIG" --seed "${SEED:-1}" ${TRAIN_ARGS:-} >/dev/null
+
+CKPT=$(ls -d "$OUT"/run/checkpoints/avg-last* 2>/dev/null | head -1)
+[ -n "$CKPT" ] || CKPT="$OUT/run"
+echo "== translate: test2016 with beam 5, from $CKPT" >&2
+tfcli translate -m "$CKPT" --beam-size 5 "$D/test2016.$SRC" -o "$OUT/test2016.hyp.$TGT"
+
+echo "== eval" >&2
+tfcli eval "$OUT/test2016.hyp.$TGT" -r "$D/test2016.$TGT" -m bleu,chrf --json > "$OUT/sacrebleu.json"
+sacremoses -l "$TGT" -j 1 tokenize < "$OUT/test2016.hyp.$TGT" > "$OUT/test2016.hyp.tok.$TGT"
+sacremoses -l "$TGT" -j 1 tokenize < "$D/test2016.$TGT" > "$OUT/test2016.ref.tok.$TGT"
+tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" -m bleu --tokenize none --json > "$OUT/tokbleu.json"
+python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT"

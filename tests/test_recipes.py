@@ -1,0 +1,79 @@
+"""Recipes: their scripts refuse bad arguments clearly, and benchmarks/recipe_results.py reports what the run files
+say (figures are read, never typed in)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import recipe_results  # noqa: E402
+
+
+def run_script(name, *args, env=None):
+    return subprocess.run(["bash", str(ROOT / "recipes" / name), *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+@pytest.mark.parametrize("script, args", [("multi30k.sh", ["de", "en", "huge"]), ("shakespeare.sh", ["huge"])])
+def test_recipe_rejects_an_unknown_size(script, args):
+    r = run_script(script, *args)
+    assert r.returncode == 2 and "SIZE must be cpu or full" in r.stderr
+
+
+@pytest.mark.parametrize("script, args", [("multi30k.sh", ["de", "en", "cpu"]), ("shakespeare.sh", ["cpu"]),
+                                          ("wikitext2.sh", [])])
+def test_recipe_without_data_says_where_it_looked(script, args, tmp_path):
+    r = run_script(script, *args, str(tmp_path / "out"), env={"DATA": str(tmp_path)})
+    assert r.returncode == 1 and str(tmp_path) in r.stderr and "set DATA" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def fake_run(out: Path, bleu: float) -> None:
+    run = out / "run"
+    run.mkdir(parents=True)
+    lines = [
+        {"step": 50, "epoch": 1, "time": 60.0, "split": "train", "loss": 5.0, "tgt_tokens_per_s": 1000.0},
+        {"step": 100, "epoch": 1, "time": 130.0, "split": "train", "loss": 4.0, "tgt_tokens_per_s": 1200.0},
+        {"step": 100, "epoch": 1, "time": 135.5, "split": "valid", "loss": 3.5, "ppl": 33.1, "bleu": 20.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (run / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": 100}, "model": {"d_model": 64}}))
+    sig = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    report = {"signatures": {"BLEU": sig, "chrF2": "chrF-sig"},
+              "systems": [{"scores": {"BLEU": {"score": bleu}, "chrF2": {"score": 55.5}}}]}
+    (out / "sacrebleu.json").write_text(json.dumps(report))
+    tok = {"signatures": {"BLEU": "tok:none"}, "systems": [{"scores": {"BLEU": {"score": bleu + 3}}}]}
+    (out / "tokbleu.json").write_text(json.dumps(tok))
+
+
+def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
+    out = tmp_path / "m30k"
+    fake_run(out, 31.25)
+    args = type("A", (), dict(recipe="multi30k", out=str(out), name=None, pair="de-en", size="cpu",
+                              checkpoint="ck", ppl=None))
+    entry = recipe_results.record(args)
+    assert entry["training"]["steps"] == 100 and entry["training"]["wall_s"] == 135.5
+    assert entry["training"]["median_tgt_tokens_per_s"] == 1200.0 and entry["training"]["best_valid_loss"] == 3.5
+    assert entry["sacrebleu"]["BLEU"]["score"] == 31.25 and entry["tokenised_bleu"]["score"] == 34.25
+    assert json.loads((out / "result.json").read_text()) == entry
+    md = (tmp_path / "results" / "recipes.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| de-en"))
+    assert "| 31.25 | 55.50 | 34.25 | 100 | 2.3 min |" in row
+    assert "tok:13a" in md
+    # a second run of the same recipe replaces its entry; another recipe adds one
+    fake_run(tmp_path / "again", 32.0)
+    recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "again")}))
+    recipe_results.record(type("A", (), {**vars(args), "pair": "en-de", "out": str(tmp_path / "again")}))
+    all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
+    assert sorted(all_) == ["multi30k-de-en/cpu", "multi30k-en-de/cpu"]
+    assert all_["multi30k-de-en/cpu"]["sacrebleu"]["BLEU"]["score"] == 32.0
