@@ -170,9 +170,9 @@ def test_cached_left_padded_batch_equals_recomputing(positions, lm_model):
     calls = []
     forward = model.forward
 
-    def spy(ids, cache=None, valid=None, attn_out=None):
-        calls.append(ids.shape)
-        return forward(ids, cache=cache, valid=valid)
+    def spy(ids, cache=None, valid=None, attn_out=None, last_only=False):
+        calls.append((ids.shape, last_only))
+        return forward(ids, cache=cache, valid=valid, last_only=last_only)
 
     model.forward = spy
     try:
@@ -180,9 +180,10 @@ def test_cached_left_padded_batch_equals_recomputing(positions, lm_model):
     finally:
         del model.forward
     assert got == [recompute_greedy(model, p, 12) for p in prompts]
-    assert calls[0] == (8, 10)  # the prompts run once, left-padded to the longest
-    assert all(shape[1] == 1 for shape in calls[1:])  # then one new token per row and step
-    assert [shape[0] for shape in calls[1:]] == sorted((shape[0] for shape in calls[1:]), reverse=True)
+    assert calls[0] == ((8, 10), True)  # the prompts run once, left-padded; the output layer only at the end
+    shapes = [shape for shape, _ in calls[1:]]
+    assert all(shape[1] == 1 for shape in shapes)  # then one new token per row and step
+    assert [shape[0] for shape in shapes] == sorted((shape[0] for shape in shapes), reverse=True)
 
 
 def test_learned_the_task(lm_model):

@@ -217,3 +217,33 @@ def test_tiny_model_learns_to_reverse(norm):
     loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten()).item()
     acc = (logits.argmax(-1) == tgt_out).float().mean().item()
     assert loss < 0.1 and acc > 0.98, (loss, acc)
+
+
+def test_lm_last_only_is_the_last_position_of_the_full_logits():
+    torch.manual_seed(0)
+    model = build_model(preset("lm-tiny", tgt_vocab_size=50)).eval()
+    ids = torch.randint(4, 50, (3, 7))
+    with torch.inference_mode():
+        full, last = model(ids), model(ids, last_only=True)
+    assert last.shape == (3, 1, 50)
+    torch.testing.assert_close(last[:, 0], full[:, -1])
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_packed_cpu_weights_give_the_same_logits_and_are_not_kept_twice(tie):
+    from tfcli.generate.runtime import pack_linear_weights
+
+    torch.manual_seed(0)
+    model = build_model(preset("tiny", src_vocab_size=40, tgt_vocab_size=40, tie_output=tie)).eval()
+    src, tgt = torch.randint(4, 40, (2, 6)), torch.randint(4, 40, (2, 5))
+    with torch.inference_mode():
+        before = model(src, tgt)
+        n_before = sum(p.numel() for p in model.parameters())
+        if not pack_linear_weights(model):
+            pytest.skip("oneDNN is not available in this torch build")
+        after = model(src, tgt)
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+    embed = model.decoder.embed.tok.weight
+    assert (model.lm_head.weight is embed) == tie  # a tied output layer keeps the embedding it shares
+    assert model.encoder.layers[0].ffn.w1.weight is None  # the unpacked copy of an untied weight is released
+    assert sum(p.numel() for p in model.parameters()) < n_before

@@ -85,7 +85,7 @@ def generate_ids(
         ids[i, T - len(p) :] = torch.tensor(p, device=device)
     valid = None if bool((lengths == T).all()) else torch.arange(T, device=device)[None, :] >= (T - lengths)[:, None]
     cache = model.new_cache()
-    logits = model(ids, cache=cache, valid=valid)[:, -1]  # prefill: the prompt runs once
+    logits = model(ids, cache=cache, valid=valid, last_only=True)[:, -1]  # prefill: the prompt runs once
     history = ids  # for the repetition penalty (padding is <pad>, which is never chosen anyway)
     limit = [min(cfg.max_new_tokens, model.cfg.max_len - len(p)) for p in prompts]
     alive = list(range(B))

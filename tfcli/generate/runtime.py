@@ -107,14 +107,22 @@ def pack_linear_weights(model: torch.nn.Module) -> bool:
 
     A plain GEMM re-packs the weight matrix on every call; decoding calls each layer once per step with few rows,
     so that re-packing is a large share of the work (the 8000 x 256 output projection for the 5 rows of one
-    sentence's beams gets several times faster). Returns False, changing nothing, where oneDNN is unavailable.
+    sentence's beams gets several times faster). The unpacked weights are released (except where tied to an
+    embedding), so the model is not held twice in memory. Returns False, changing nothing, where oneDNN is
+    unavailable.
     """
     mkldnn = getattr(torch.ops, "mkldnn", None)
     if not torch.backends.mkldnn.is_available() or not hasattr(mkldnn, "_linear_pointwise"):
         return False
+    # weights that other modules use too (an output layer tied to the embedding) must stay where they are
+    shared = {
+        p.data_ptr() for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)
+    }
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module.weight.device.type == "cpu":
             module.forward = _packed_forward(module)
+            if module.weight.data_ptr() not in shared:
+                module.weight = None  # the packed copy is the only one used now: do not keep the weights twice
     return True
 
 

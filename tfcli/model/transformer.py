@@ -186,9 +186,13 @@ class DecoderOnlyLM(nn.Module):
         cache: DecoderCache | None = None,
         valid: torch.Tensor | None = None,
         attn_out: dict | None = None,
+        last_only: bool = False,
     ) -> torch.Tensor:
-        """ids: (B, T); returns logits (B, T, V). With a cache, `ids` holds only the new positions."""
-        return self.lm_head(self.decoder(ids, cache=cache, valid=valid, attn_out=attn_out))
+        """ids: (B, T); returns logits (B, T, V), or (B, 1, V) for the last position only with `last_only` (all that
+        generation needs: the output layer is then not run over the whole prompt). With a cache, `ids` holds only
+        the new positions."""
+        h = self.decoder(ids, cache=cache, valid=valid, attn_out=attn_out)
+        return self.lm_head(h[:, -1:] if last_only else h)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(self.cfg.n_decoder_layers)
