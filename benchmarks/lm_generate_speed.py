@@ -49,6 +49,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import cpu_name, write_results  # noqa: E402
 from tfcli.generate.lm import START_ID, GenerateConfig, generate_ids  # noqa: E402
 from tfcli.generate.runtime import pack_linear_weights  # noqa: E402
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, count_parameters, preset  # noqa: E402
@@ -420,7 +421,7 @@ def main():
     torch.set_num_threads(args.threads)
     res = {
         "command": shlex.join([".venv/bin/python", "benchmarks/lm_generate_speed.py", *sys.argv[1:]]),
-        "nproc": os.cpu_count(), "cpu": _cpu(), "python": platform.python_version(), "torch": torch.__version__,
+        "nproc": os.cpu_count(), "cpu": cpu_name(), "python": platform.python_version(), "torch": torch.__version__,
         "transformers": transformers.__version__, "ctranslate2": ctranslate2.__version__, "threads": args.threads,
         "date": time.strftime("%Y-%m-%d %H:%M"), "repeats": args.repeats, "quick": args.quick,
         "load_average_at_start": os.getloadavg(),
@@ -428,22 +429,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         res["bench"] = benchmark(args, Path(tmp))
     res["load_average_at_end"] = os.getloadavg()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(res))
-    print(markdown(res))
-    print(f"written: {out.with_suffix('.json')}, {out.with_suffix('.md')}", file=sys.stderr)
+    write_results(args.out, res, markdown(res))
+    print(f"written: {args.out}.json, {args.out}.md", file=sys.stderr)
 
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

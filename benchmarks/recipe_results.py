@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from common import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "recipes"
 
@@ -29,21 +31,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "recipes"
 def hardware() -> dict:
     import torch
 
-    hw = {"cpu": _cpu_name(), "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+    hw = {"cpu": cpu_name(), "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
     if torch.cuda.is_available():
         hw["gpu"] = torch.cuda.get_device_name(0)
     hw["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return hw
 
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def training(run: Path) -> dict:

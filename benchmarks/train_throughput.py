@@ -24,7 +24,6 @@ Results: benchmarks/results/train_throughput.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
@@ -40,6 +39,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import cpu_name, write_results  # noqa: E402
 from tfcli.data.batching import collate_seq2seq, token_batches  # noqa: E402
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, build_model, count_parameters, preset  # noqa: E402
 from tfcli.train.data import Batch  # noqa: E402
@@ -174,7 +174,7 @@ def main() -> None:
     command = "python benchmarks/train_throughput.py " + shlex.join(sys.argv[1:])
     result = {
         "command": command.strip(),
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "python": platform.python_version(), "torch": torch.__version__,
                     "transformers": transformers.__version__,
                     "load_avg_before": [round(x, 2) for x in load_before],
@@ -189,21 +189,8 @@ def main() -> None:
         "ratio_of_medians": ratio,
         "target_ratio": 1.2,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(_markdown(result))
-    print(_markdown(result))
+    write_results(args.out, result, _markdown(result))
 
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _markdown(r: dict) -> str:

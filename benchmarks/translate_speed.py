@@ -26,9 +26,7 @@ shared). Results: benchmarks/results/translate_speed.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shlex
 import sys
 import tempfile
@@ -41,6 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import cpu_name, write_results  # noqa: E402
 from tfcli.data.batching import pad, source_ids  # noqa: E402
 from tfcli.generate.runtime import pack_linear_weights  # noqa: E402
 from tfcli.generate.search import beam_search, greedy_decode  # noqa: E402
@@ -385,7 +384,7 @@ def main():
     torch.set_num_threads(args.threads)
     res = {
         "command": shlex.join([".venv/bin/python", "benchmarks/translate_speed.py", *sys.argv[1:]]),
-        "nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+        "nproc": os.cpu_count(), "cpu": cpu_name(), "torch": torch.__version__,
         "transformers": transformers.__version__, "ctranslate2": ctranslate2.__version__, "threads": args.threads,
         "date": time.strftime("%Y-%m-%d %H:%M"), "beam": args.beam, "out_len": args.out_len, "repeats": args.repeats,
         "load_average_at_start": os.getloadavg(),
@@ -394,11 +393,7 @@ def main():
         res["synthetic"] = synthetic(args, Path(tmp))
     res["real"] = real(args)
     res["load_average_at_end"] = os.getloadavg()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(res))
-    print(markdown(res))
+    write_results(args.out, res, markdown(res))
 
 
 if __name__ == "__main__":
