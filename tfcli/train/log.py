@@ -5,7 +5,7 @@ metrics.jsonl keys (other tools, e.g. `tfcli plot`, read them):
   every line   step, epoch, time (seconds of training so far), split ("train" | "valid")
   train        loss (label-smoothed, per target token), nll (plain cross-entropy per target token), ppl, lr,
                src_tokens_per_s, tgt_tokens_per_s (non-padding tokens; 0 source tokens for a language model),
-               padding_fraction, grad_norm, and mfu on a GPU
+               padding_fraction, grad_norm, and on a GPU mfu and max_mem_gib (peak allocated GPU memory so far)
   valid        loss, nll, ppl, and bleu for translation
 """
 
@@ -44,6 +44,8 @@ def format_record(r: dict) -> str:
         parts.append(f"pad {100 * r['padding_fraction']:.1f}%")
         if "mfu" in r:
             parts.append(f"MFU {100 * r['mfu']:.1f}%")
+        if "max_mem_gib" in r:
+            parts.append(f"mem {r['max_mem_gib']:.1f} GiB")
         return " | ".join(parts)
     parts = [f"step {r['step']}", "valid", f"loss {r['loss']:.3f}", f"ppl {r['ppl']:.2f}"]
     if r.get("bleu") is not None:

@@ -380,6 +380,7 @@ class Trainer:
         }
         if self.device.type == "cuda":
             record["mfu"] = flops / dt / (self.cfg.peak_flops * self.dist.world_size)
+            record["max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30  # this rank's peak so far
         self.log.write(record)
         self._reset_interval()
 
