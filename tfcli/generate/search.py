@@ -121,10 +121,10 @@ def beam_search(
     """Batched beam search; per source row, the `nbest` best hypotheses, best first.
 
     Each step expands every live beam by the whole vocabulary and keeps the 2K best (beam, token) pairs by summed
-    log-prob (each beam's 2K best tokens, then one topk over the K x 2K pairs). Pairs ending in </s> among the first K become finished
-    hypotheses, scored sum(log p) / lp(|Y|) (GNMT); the K best others go on. A sentence is done once it has K
-    finished hypotheses (the live beams are then no better by summed log-prob) or reaches its max length (its live
-    beams finish too); it then leaves the batch.
+    log-prob (each beam's 2K best tokens, then one topk over the K x 2K pairs). Pairs ending in </s> among the first
+    K become finished hypotheses, scored sum(log p) / lp(|Y|) (GNMT); the K best others go on. A sentence is done
+    once it has K finished hypotheses (the live beams are then no better by summed log-prob) or reaches its max
+    length (its live beams finish too); it then leaves the batch.
     Rows are sentence-major: row s * k + j is beam j of live sentence s. The first step runs one row per sentence;
     the source side (cross-attention keys/values, `mem_mask`) stays one row per live sentence throughout.
     """
