@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 SIZE=${1:-cpu}
 OUT=${2:-runs/shakespeare-char-$SIZE}
 DATA=${DATA:-../shared/data}
-case $SIZE in cpu) CONFIG=recipes/shakespeare-char-cpu.yaml ;; full) CONFIG=recipes/shakespeare-char.yaml ;;
+# the sample fills the model's context (64 or 256 characters), prompt included
+case $SIZE in cpu) CONFIG=recipes/shakespeare-char-cpu.yaml; SAMPLE=56 ;; full) CONFIG=recipes/shakespeare-char.yaml; SAMPLE=248 ;;
   *) echo "error: SIZE must be cpu or full, got '$SIZE'" >&2; exit 2 ;; esac
 [ -f "$DATA/tinyshakespeare/input.txt" ] || { echo "error: $DATA/tinyshakespeare/input.txt not found; set DATA" >&2; exit 1; }
 mkdir -p "$OUT"
@@ -25,5 +26,5 @@ tfcli train "$OUT/prep" "${RESUME[@]}" --config "$CONFIG" --seed "${SEED:-1}" ${
 
 echo "== eval: validation loss of the best checkpoint, then a sample" >&2
 tfcli eval --model "$OUT/run" --data "$OUT/prep" --split valid --json > "$OUT/ppl.json"
-tfcli lm-generate -m "$OUT/run" "ROMEO:" --max-new-tokens 300 --top-k 40 --seed 1 | tee "$OUT/sample.txt"
+tfcli lm-generate -m "$OUT/run" "ROMEO:" --max-new-tokens $SAMPLE --top-k 40 --seed 1 | tee "$OUT/sample.txt"
 python3 benchmarks/recipe_results.py record lm "$OUT" --name shakespeare-char --size "$SIZE" --ppl "$OUT/ppl.json"

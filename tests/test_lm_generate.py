@@ -283,3 +283,4 @@ def test_prompts_from_file_and_stdin_and_errors(counter_lm, tmp_path):
     long = " ".join(WORDS * 4)
     res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), long, "--greedy", "-n", "5"])
     assert res.exit_code == 0 and "keeping the last 47" in res.output
+    assert "context is 48 tokens" in res.output and "at most 1 new token, not --max-new-tokens 5" in res.output

@@ -170,6 +170,10 @@ def lm_generate(
     model, tok = loaded.model, loaded.tgt_tok
     texts = read_prompts(prompts, input_file)
     prompt_ids = _fit_prompts(model, [[START_ID] + ids for ids in encode_batch(tok, texts)])
+    room = model.cfg.max_len - max(len(p) for p in prompt_ids)
+    if cfg.max_new_tokens > room:
+        warn(f"the model's context is {model.cfg.max_len} tokens (max_len), prompt included: generating at most "
+             f"{room} new token{'s' * (room != 1)}, not --max-new-tokens {cfg.max_new_tokens}, for the longest prompt")
     generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.seed is not None else None
     samples = [p for p in range(len(texts)) for _ in range(cfg.num_samples)]  # the prompt of each sample
     stream = len(samples) == 1 and output in (None, "-")
