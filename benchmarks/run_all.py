@@ -1,9 +1,12 @@
 """Run every peer benchmark in turn, then summarise their JSON results in one table (`make bench`).
 
     .venv/bin/python benchmarks/run_all.py [--quick] [--threads N] [--only a,b] [--summary-only] [--results DIR]
+                                           [--checkpoint MULTI30K_DE_EN_CHECKPOINT]
 
 Each script runs as its own subprocess (a fresh interpreter each, so no benchmark's threads, caches or memory
-affect the next), in this order: translate_speed, train_throughput, lm_generate_speed, prepare_multi30k. A failing
+affect the next), in this order: translate_speed (with --checkpoint, also its real Multi30k part), train_throughput
+on synthetic batches, train_throughput_multi30k (the same script on real Multi30k batches, when ../shared/data has
+Multi30k), lm_generate_speed, prepare_multi30k. A failing
 script is reported and the others still run; the exit status is 1 if any failed. Then benchmarks/results/peers.md
 gets one Markdown table built from the results JSON files (throughput and ratios against Hugging Face and
 CTranslate2, and each file's key figures), linking to the detailed .md files. Nothing in it is typed in by hand: a
@@ -31,7 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
 
-SCRIPTS = ["translate_speed", "train_throughput", "lm_generate_speed", "prepare_multi30k"]
+SCRIPTS = ["translate_speed", "train_throughput", "train_throughput_multi30k", "lm_generate_speed", "prepare_multi30k"]
+# a job that runs another job's script with other data: name -> script
+SCRIPT_OF = {"train_throughput_multi30k": "train_throughput"}
+DATA = ROOT.parent / "shared" / "data"
 # For --quick, scripts without a --quick flag of their own run with these (tiny, a check that they work).
 QUICK_ARGS = {
     "translate_speed": ["--sentences", "8", "--src-len", "8", "--out-len", "4", "--batch-sizes", "4",
@@ -47,15 +53,22 @@ def has_flag(script: Path, flag: str) -> bool:
 
 def command(name: str, args, results: Path) -> tuple[list[str] | None, str]:
     """The command line for one benchmark, or None and the reason it is skipped."""
-    script = BENCH / f"{name}.py"
+    script = BENCH / f"{SCRIPT_OF.get(name, name)}.py"
     if not script.exists():
         return None, f"{script.relative_to(ROOT)} not found"
     cmd = [sys.executable, str(script)]
+    if name == "train_throughput_multi30k":
+        prep = multi30k_prepared(results)
+        if prep is None:
+            return None, f"needs Multi30k in {DATA / 'multi30k'}"
+        cmd += ["--data", str(prep)]
+    if name == "translate_speed" and args.checkpoint:
+        cmd += ["--checkpoint", args.checkpoint]
     if args.quick:
         if has_flag(script, "--quick"):
             cmd.append("--quick")
-        elif name in QUICK_ARGS:
-            cmd += QUICK_ARGS[name]
+        elif SCRIPT_OF.get(name, name) in QUICK_ARGS:
+            cmd += QUICK_ARGS[SCRIPT_OF.get(name, name)]
         else:
             return None, "has no --quick (nor small settings here) and a quick run is only a check"
     if args.threads and has_flag(script, "--threads"):
@@ -65,6 +78,18 @@ def command(name: str, args, results: Path) -> tuple[list[str] | None, str]:
     elif results.resolve() != RESULTS.resolve():
         return None, f"has no --out: it can only write to {RESULTS.relative_to(ROOT)}, not to {results}"
     return cmd, ""
+
+
+def multi30k_prepared(results: Path) -> Path | None:
+    """Multi30k de-en prepared as the recipes do (joint BPE 8000), for real training batches; None without the data."""
+    d = DATA / "multi30k"
+    if not (d / "train.de").exists():
+        return None
+    out = results / "prep-multi30k-de-en"
+    cmd = [sys.executable, "-m", "tfcli", "prepare", "--src", str(d / "train.de"), "--tgt", str(d / "train.en"), "--tokenizer", "bpe",
+           "--vocab-size", "8000", "--joint-vocab", "-o", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return out
 
 
 def run_benchmarks(args, results: Path) -> dict[str, str]:
@@ -125,7 +150,8 @@ def translate_rows(r: dict) -> list[list[str]]:
 def train_rows(r: dict) -> list[list[str]]:
     med = r["median_tgt_tokens_per_s"]
     hf = next((v for k, v in med.items() if k != "tfcli"), None)
-    return [["training (`small` vs HF MarianMT, same batches)", "median target tok/s",
+    batches = "Multi30k batches" if r.get("setup", {}).get("batches", "synthetic") != "synthetic" else "synthetic batches"
+    return [[f"training (`small` vs HF MarianMT, the same {batches})", "median target tok/s",
              _n(med.get("tfcli")), _n(hf), "–", _x(r.get("ratio_of_medians")), "–"]]
 
 
@@ -159,8 +185,8 @@ def prepare_rows(r: dict) -> list[list[str]]:
     ]
 
 
-ROWS = {"translate_speed": translate_rows, "train_throughput": train_rows, "lm_generate_speed": lm_rows,
-        "prepare_multi30k": prepare_rows}
+ROWS = {"translate_speed": translate_rows, "train_throughput": train_rows, "train_throughput_multi30k": train_rows,
+        "lm_generate_speed": lm_rows, "prepare_multi30k": prepare_rows}
 
 
 def _when(r: dict) -> str:
@@ -218,6 +244,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="passed to the scripts that take --threads")
     ap.add_argument("--only", default=",".join(SCRIPTS), help="comma-separated subset of: " + ", ".join(SCRIPTS))
     ap.add_argument("--summary-only", action="store_true", help="only rebuild peers.md from existing JSON files")
+    ap.add_argument("--checkpoint", default=None, help="a trained Multi30k de-en checkpoint for translate_speed's "
+                    "real-data part (e.g. the one recipes/multi30k.sh de en cpu writes)")
     ap.add_argument("--results", default=None, help="results directory (default benchmarks/results; with --quick "
                     "a temporary directory)")
     args = ap.parse_args()
