@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Multi30k (task 1, test2016) from raw text to a score: prepare -> train -> average -> translate (beam 5) -> eval.
+# Multi30k (task 1, test2016) from raw text to a score: prepare -> train (-> average, full size) -> translate
+# (beam 5) -> eval.
 #
 #   recipes/multi30k.sh SRC TGT [SIZE] [OUT]      e.g. recipes/multi30k.sh de en cpu
 #
@@ -31,8 +32,8 @@ echo "== train: $CONFIG" >&2
 [ -d "$OUT/run" ] && RESUME=(-o "$OUT/run" --resume) || RESUME=(-o "$OUT/run")
 tfcli train "$OUT/prep" "${RESUME[@]}" --config "$CONFIG" --seed "${SEED:-1}" ${TRAIN_ARGS:-} >/dev/null
 
-CKPT=$(ls -d "$OUT"/run/checkpoints/avg-last* 2>/dev/null | head -1)
-[ -n "$CKPT" ] || CKPT="$OUT/run"
+CKPT="$OUT/run"  # its best checkpoint, or the average of the last ones where the config asks for one
+for avg in "$OUT"/run/checkpoints/avg-last*; do [ -d "$avg" ] && CKPT=$avg; done
 echo "== translate: test2016 with beam 5, from $CKPT" >&2
 tfcli translate -m "$CKPT" --beam-size 5 "$D/test2016.$SRC" -o "$OUT/test2016.hyp.$TGT"
 
