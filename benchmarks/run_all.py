@@ -58,7 +58,7 @@ def command(name: str, args, results: Path) -> tuple[list[str] | None, str]:
         return None, f"{script.relative_to(ROOT)} not found"
     cmd = [sys.executable, str(script)]
     if name == "train_throughput_multi30k":
-        prep = multi30k_prepared(results)
+        prep = multi30k_prepared()
         if prep is None:
             return None, f"needs Multi30k in {DATA / 'multi30k'}"
         cmd += ["--data", str(prep)]
@@ -80,12 +80,12 @@ def command(name: str, args, results: Path) -> tuple[list[str] | None, str]:
     return cmd, ""
 
 
-def multi30k_prepared(results: Path) -> Path | None:
+def multi30k_prepared() -> Path | None:
     """Multi30k de-en prepared as the recipes do (joint BPE 8000), for real training batches; None without the data."""
     d = DATA / "multi30k"
     if not (d / "train.de").exists():
         return None
-    out = results / "prep-multi30k-de-en"
+    out = Path(tempfile.gettempdir()) / "tfcli-bench-prep-multi30k-de-en"  # derived from the corpus: never in the repo
     cmd = [sys.executable, "-m", "tfcli", "prepare", "--src", str(d / "train.de"), "--tgt", str(d / "train.en"), "--tokenizer", "bpe",
            "--vocab-size", "8000", "--joint-vocab", "-o", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
