@@ -6,9 +6,8 @@
 Each script runs as its own subprocess (a fresh interpreter each, so no benchmark's threads, caches or memory
 affect the next), in this order: translate_speed (with --checkpoint, also its real Multi30k part), train_throughput
 on synthetic batches, train_throughput_multi30k (the same script on real Multi30k batches, when ../shared/data has
-Multi30k), lm_generate_speed, prepare_multi30k. A failing
-script is reported and the others still run; the exit status is 1 if any failed. Then benchmarks/results/peers.md
-gets one Markdown table built from the results JSON files (throughput and ratios against Hugging Face and
+Multi30k), lm_generate_speed, prepare_multi30k. A failing script is reported and the others still run; the exit
+status is 1 if any failed. Then benchmarks/results/peers.md gets one Markdown table built from the results JSON files (throughput and ratios against Hugging Face and
 CTranslate2, and each file's key figures), linking to the detailed .md files. Nothing in it is typed in by hand: a
 figure missing from the JSON files is shown as missing.
 
@@ -53,7 +52,8 @@ def has_flag(script: Path, flag: str) -> bool:
 
 def command(name: str, args, results: Path) -> tuple[list[str] | None, str]:
     """The command line for one benchmark, or None and the reason it is skipped."""
-    script = BENCH / f"{SCRIPT_OF.get(name, name)}.py"
+    base = SCRIPT_OF.get(name, name)
+    script = BENCH / f"{base}.py"
     if not script.exists():
         return None, f"{script.relative_to(ROOT)} not found"
     cmd = [sys.executable, str(script)]
@@ -67,8 +67,8 @@ def command(name: str, args, results: Path) -> tuple[list[str] | None, str]:
     if args.quick:
         if has_flag(script, "--quick"):
             cmd.append("--quick")
-        elif SCRIPT_OF.get(name, name) in QUICK_ARGS:
-            cmd += QUICK_ARGS[SCRIPT_OF.get(name, name)]
+        elif base in QUICK_ARGS:
+            cmd += QUICK_ARGS[base]
         else:
             return None, "has no --quick (nor small settings here) and a quick run is only a check"
     if args.threads and has_flag(script, "--threads"):
@@ -86,8 +86,8 @@ def multi30k_prepared() -> Path | None:
     if not (d / "train.de").exists():
         return None
     out = Path(tempfile.gettempdir()) / "tfcli-bench-prep-multi30k-de-en"  # derived from the corpus: never in the repo
-    cmd = [sys.executable, "-m", "tfcli", "prepare", "--src", str(d / "train.de"), "--tgt", str(d / "train.en"), "--tokenizer", "bpe",
-           "--vocab-size", "8000", "--joint-vocab", "-o", str(out)]
+    cmd = [sys.executable, "-m", "tfcli", "prepare", "--src", str(d / "train.de"), "--tgt", str(d / "train.en"),
+           "--tokenizer", "bpe", "--vocab-size", "8000", "--joint-vocab", "-o", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return out
 
