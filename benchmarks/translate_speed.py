@@ -51,11 +51,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 # --- tfcli <-> Marian ------------------------------------------------------------------------------------------
 
 
-def to_marian(model):
+def to_marian(model, start_id: int | None = None):
     """A MarianMTModel computing the same function as tfcli `model` (see the module docstring).
 
-    Marian's vocabulary gets one extra last token, its <pad> (zero embedding, decoder start), as Marian models have;
-    CTranslate2's converter strips it again.
+    Marian's vocabulary gets one extra last token, its <pad> (zero embedding), as Marian models have; CTranslate2's
+    converter strips it again. The decoder starts from that <pad> (the synthetic model, whose <s> embedding is zero)
+    or from `start_id` (a trained model: its <s>).
     """
     from transformers import MarianConfig, MarianMTModel
 
@@ -66,7 +67,8 @@ def to_marian(model):
         decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_head, decoder_attention_heads=cfg.n_head,
         encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu", dropout=0.0,
         attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=max(cfg.max_len, 512),
-        scale_embedding=True, pad_token_id=V, decoder_start_token_id=V, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
+        scale_embedding=True, pad_token_id=V, decoder_start_token_id=V if start_id is None else start_id,
+        eos_token_id=EOS_ID, bos_token_id=BOS_ID,
         forced_eos_token_id=None, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
     )
     marian = MarianMTModel(mcfg).eval()
@@ -127,12 +129,13 @@ def check_same_function(model, marian, n=4, length=12) -> float:
     src[1, 7:] = PAD_ID
     tgt = torch.randint(4, V, (n, 9), generator=g)
     tgt[:, 0] = BOS_ID
+    start = marian.config.decoder_start_token_id
     with torch.inference_mode():
         ours = model(src, tgt)
         mask = (src != PAD_ID).long()
         theirs = marian(
             input_ids=src.masked_fill(src == PAD_ID, V), attention_mask=mask,
-            decoder_input_ids=tgt.masked_fill(tgt == BOS_ID, V),
+            decoder_input_ids=tgt.masked_fill(tgt == BOS_ID, start),
         ).logits[..., :V]
     diff = float((ours - theirs).abs().max())
     assert diff < 1e-3, f"the Marian copy differs from the tfcli model (max logit difference {diff})"
@@ -140,8 +143,13 @@ def check_same_function(model, marian, n=4, length=12) -> float:
 
 
 def save_for_ct2(marian, vocab: list[str], directory: Path) -> Path:
-    """Save the Marian model with a fast tokenizer (so AutoTokenizer works) and convert it with CT2's converter."""
+    """Save the Marian model with a fast tokenizer (so AutoTokenizer works) and convert it with CT2's converter.
+
+    CT2's Marian loader always starts the decoder from a zero vector; for a model that starts from its <s> (a
+    trained tfcli model), the loader is told to start from the <s> token's embedding instead, for this conversion.
+    """
     import ctranslate2
+    from ctranslate2.converters import transformers as ct2_hf
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -154,7 +162,26 @@ def save_for_ct2(marian, vocab: list[str], directory: Path) -> Path:
     )
     marian.save_pretrained(hf_dir)
     fast.save_pretrained(hf_dir)
-    ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(ct2_dir), quantization="float32", force=True)
+    start_id = marian.config.decoder_start_token_id
+    default = ct2_hf._MODEL_LOADERS["MarianConfig"]
+    if start_id != marian.config.pad_token_id:
+
+        class StartFromToken(ct2_hf.MarianMTLoader):
+            def set_config(self, config, model, tokenizer):
+                super().set_config(config, model, tokenizer)
+                config.decoder_start_token = tokens[start_id]
+
+            def set_decoder(self, spec, decoder):
+                super().set_decoder(spec, decoder)
+                spec.start_from_zero_embedding = False
+
+        ct2_hf._MODEL_LOADERS["MarianConfig"] = StartFromToken()
+    try:
+        ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(
+            str(ct2_dir), quantization="float32", force=True
+        )
+    finally:
+        ct2_hf._MODEL_LOADERS["MarianConfig"] = default
     return ct2_dir
 
 
@@ -167,15 +194,17 @@ class TfcliRunner:
     def __init__(self, model):
         self.model = model
 
-    def run(self, batches, beam, length, alpha):
+    def run(self, batches, beam, length, alpha, forced=True):
+        """Forced: exactly `length` tokens each; else up to `length` tokens, stopping at </s>."""
+        min_len = length if forced else 0
         out = []
         for batch in batches:
             src = pad([source_ids(s) for s in batch])
             if beam == 1:
-                hyps = greedy_decode(self.model, src, 0, length, min_len=length, len_penalty=alpha)
+                hyps = greedy_decode(self.model, src, 0, length, min_len=min_len, len_penalty=alpha)
                 out += [h.tokens for h in hyps]
             else:
-                hyps = beam_search(self.model, src, beam, alpha, 0, length, min_len=length)
+                hyps = beam_search(self.model, src, beam, alpha, 0, length, min_len=min_len)
                 out += [h[0].tokens for h in hyps]
         return out
 
@@ -186,7 +215,7 @@ class HFRunner:
     def __init__(self, marian):
         self.marian = marian
 
-    def run(self, batches, beam, length, alpha):
+    def run(self, batches, beam, length, alpha, forced=True):
         V = self.marian.config.pad_token_id
         out = []
         with torch.inference_mode():
@@ -195,9 +224,10 @@ class HFRunner:
                 beam_args = dict(length_penalty=alpha, early_stopping=True) if beam > 1 else {}
                 gen = self.marian.generate(
                     input_ids=src, attention_mask=(src != V).long(), num_beams=beam, do_sample=False,
-                    min_new_tokens=length, max_new_tokens=length, num_return_sequences=1, **beam_args,
+                    min_new_tokens=length if forced else 0, max_new_tokens=length, num_return_sequences=1,
+                    **beam_args,
                 )
-                out += [[t for t in row[1:].tolist() if t != V] for row in gen]
+                out += [_until_eos([t for t in row[1:].tolist() if t != V]) for row in gen]
         return out
 
 
@@ -212,13 +242,17 @@ class CT2Runner:
         self.vocab = vocab
         self.index = {t: i for i, t in enumerate(vocab)}
 
-    def run(self, batches, beam, length, alpha):
+    def run(self, batches, beam, length, alpha, forced=True):
         sents = [[self.vocab[t] for t in source_ids(s)] for batch in batches for s in batch]
         res = self.translator.translate_batch(
             sents, beam_size=beam, max_batch_size=max(len(b) for b in batches), batch_type="examples",
-            min_decoding_length=length, max_decoding_length=length, length_penalty=alpha,
+            min_decoding_length=length if forced else 0, max_decoding_length=length, length_penalty=alpha,
         )
         return [[self.index[t] for t in r.hypotheses[0]] for r in res]
+
+
+def _until_eos(ids: list[int]) -> list[int]:
+    return ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
 
 
 def timed(fn, *args):
@@ -227,18 +261,19 @@ def timed(fn, *args):
     return time.perf_counter() - t, out
 
 
-def compare(runners, batches, beam, length, alpha, repeats) -> dict:
-    """Best-of-`repeats` sentences/s per runner, interleaved; plus output agreement and lengths."""
+def compare(runners, batches, beam, length, alpha, repeats, forced=True) -> tuple[dict, dict]:
+    """Best-of-`repeats` sentences/s per runner, interleaved; plus output agreement and lengths. Returns the figures
+    and each runner's outputs (token ids per sentence)."""
     n = sum(len(b) for b in batches)
     for r in runners:  # warm-up: first calls allocate, pick kernels, fill caches
-        r.run([batches[0][:4]], beam, length, alpha)
+        r.run([batches[0][:4]], beam, length, alpha, forced)
     times = {r.name: [] for r in runners}
     outputs = {}
     for _ in range(repeats):
         for r in runners:
-            dt, outputs[r.name] = timed(r.run, batches, beam, length, alpha)
+            dt, outputs[r.name] = timed(r.run, batches, beam, length, alpha, forced)
             times[r.name].append(dt)
-    res = {"sentences": n, "beam": beam, "output_len": length}
+    res = {"sentences": n, "beam": beam, ("output_len" if forced else "max_output_len"): length}
     for r in runners:
         lens = {len(o) for o in outputs[r.name]}
         res[r.name] = {
@@ -249,7 +284,7 @@ def compare(runners, batches, beam, length, alpha, repeats) -> dict:
     for r in runners[1:]:
         res[r.name]["same_output_as_tfcli"] = sum(a == b for a, b in zip(ref, outputs[r.name])) / n
         res[f"tfcli_over_{r.name}"] = res["tfcli"]["sent_per_s"] / res[r.name]["sent_per_s"]
-    return res
+    return res, outputs
 
 
 # --- the parts -------------------------------------------------------------------------------------------------
@@ -279,7 +314,7 @@ def synthetic(args, tmp: Path) -> dict:
         run = {"batch_size": bs}
         for beam in (args.beam, 1):
             print(f"synthetic: batch size {bs}, beam {beam} ...", file=sys.stderr, flush=True)
-            run[f"beam{beam}"] = compare(runners, batches, beam, args.out_len, args.alpha, args.repeats)
+            run[f"beam{beam}"], _ = compare(runners, batches, beam, args.out_len, args.alpha, args.repeats)
         out["runs"].append(run)
     return out
 
@@ -315,6 +350,56 @@ def real(args) -> dict:
     return out
 
 
+def real_peers(args, tmp: Path) -> dict:
+    """The 1,000 test2016 sentences through all three systems, with a trained post-norm checkpoint copied into
+    Marian and CTranslate2: natural output lengths (stop at </s>, at most --real-max-len tokens), no length
+    normalisation (alpha 0: HF, CT2 and tfcli define the length penalty differently, but all three rank by summed
+    log-probability with it off), the same pre-tokenised batches of --batch-sizes[0] sentences, sorted by length."""
+    data = Path(args.data) / "multi30k"
+    if not (data / "test2016.de").exists():
+        return {"skipped": f"{data / 'test2016.de'} not found"}
+    if not args.peer_checkpoint:
+        return {"skipped": "no post-norm checkpoint given (--peer-checkpoint CKPT)"}
+    import sacrebleu
+
+    from tfcli import checkpoint as ckpt_mod
+    from tfcli.data.tokenizer import decode_batch, encode_batch
+
+    model, meta = ckpt_mod.load(args.peer_checkpoint)
+    cfg = model.cfg
+    needs = dict(kind="seq2seq", norm="post", positions="sinusoidal", scale_embedding=True, share_embeddings=True,
+                 tie_output=True, bias=True, activation="relu")
+    wrong = {k: getattr(cfg, k) for k, v in needs.items() if getattr(cfg, k) != v}
+    if wrong:
+        return {"skipped": f"{args.peer_checkpoint} is not a model Marian can run unchanged ({wrong}; needs {needs})"}
+    marian = to_marian(model, start_id=BOS_ID)
+    diff = check_same_function(model, marian)
+    pack_linear_weights(model)
+    src_tok, tgt_tok = ckpt_mod.tokenizer(meta, "src"), ckpt_mod.tokenizer(meta, "tgt")
+    vocab = [tgt_tok.id_to_token(i) for i in range(cfg.tgt_vocab_size)]
+    ct2_dir = save_for_ct2(marian, vocab, tmp)
+    lines = (data / "test2016.de").read_text(encoding="utf-8").splitlines()
+    refs = (data / "test2016.en").read_text(encoding="utf-8").splitlines()
+    ids = encode_batch(src_tok, lines)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    bs = args.batch_sizes[0]
+    batches = [[ids[i] for i in order[j : j + bs]] for j in range(0, len(order), bs)]
+    runners = [TfcliRunner(model), HFRunner(marian), CT2Runner(ct2_dir, vocab, args.threads)]
+    out = {"checkpoint": str(ckpt_mod.resolve(args.peer_checkpoint)), "sentences": len(lines), "batch_size": bs,
+           "max_logit_difference_tfcli_vs_marian": diff, "alpha": 0.0, "max_output_len": args.real_max_len}
+    for beam in (args.beam, 1):
+        print(f"real (peers): beam {beam} ...", file=sys.stderr, flush=True)
+        res, outputs = compare(runners, batches, beam, args.real_max_len, 0.0, args.repeats, forced=False)
+        for r in runners:
+            hyps = [""] * len(lines)
+            for i, text in zip(order, decode_batch(tgt_tok, outputs[r.name])):
+                hyps[i] = text
+            res[r.name]["bleu"] = sacrebleu.corpus_bleu(hyps, [refs]).score
+            res[r.name]["mean_output_len"] = float(np.mean([len(o) for o in outputs[r.name]]))
+        out[f"beam{beam}"] = res
+    return out
+
+
 def markdown(res: dict) -> str:
     lines = ["# Translation speed (CPU)", "", f"Command: `{res['command']}`", "",
              f"Machine: {res['nproc']} CPUs ({res['cpu']}), torch {res['torch']}, transformers {res['transformers']}, "
@@ -347,6 +432,29 @@ def markdown(res: dict) -> str:
     load = f"at start {res['load_average_at_start']}, at end {res['load_average_at_end']}"
     lines += ["", f"Max logit difference tfcli vs the Marian copy: {syn['max_logit_difference_tfcli_vs_marian']:.1e}. "
               f"Load average (1, 5, 15 min) {load}: the machine may have been shared.", ""]
+    rp = res["real_peers"]
+    lines += ["## Real: Multi30k test2016 (de->en), a trained post-norm model in all three systems", ""]
+    if "skipped" in rp:
+        lines.append(f"Skipped: {rp['skipped']}.")
+    else:
+        lines += [f"Checkpoint `{rp['checkpoint']}` (trained with the CPU recipe and `--set model.norm=post`), copied "
+                  f"into Marian and CTranslate2 (max logit difference {rp['max_logit_difference_tfcli_vs_marian']:.1e})."
+                  f" {rp['sentences']} sentences, pre-tokenised, in batches of {rp['batch_size']} sorted by length; "
+                  f"natural lengths (stop at </s>, at most {rp['max_output_len']} tokens), alpha 0 (no length "
+                  f"normalisation, so all three rank hypotheses alike). Best of {res['repeats']} interleaved runs.", "",
+                  "| decoding | tfcli sent/s | HF sent/s | CT2 sent/s | tfcli / HF | tfcli / CT2 | BLEU (tfcli, HF, CT2) "
+                  "| same output as tfcli (HF, CT2) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+        for key in (f"beam{res['beam']}", "beam1"):
+            r = rp[key]
+            name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+            lines.append(
+                f"| {name} | {r['tfcli']['sent_per_s']:.1f} | {r['hf']['sent_per_s']:.1f} | {r['ct2']['sent_per_s']:.1f}"
+                f" | {r['tfcli_over_hf']:.2f}x | {r['tfcli_over_ct2']:.2f}x | {r['tfcli']['bleu']:.1f}, "
+                f"{r['hf']['bleu']:.1f}, {r['ct2']['bleu']:.1f} | {r['hf']['same_output_as_tfcli']:.0%}, "
+                f"{r['ct2']['same_output_as_tfcli']:.0%} |"
+            )
+    lines.append("")
     rl = res["real"]
     lines += ["## Real: Multi30k test2016 (de), trained checkpoint, full `tfcli translate` path", ""]
     if "skipped" in rl:
@@ -372,7 +480,10 @@ def main():
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--checkpoint", default=None, help="trained checkpoint for the Multi30k part")
+    p.add_argument("--checkpoint", default=None, help="trained checkpoint for the Multi30k `tfcli translate` part")
+    p.add_argument("--peer-checkpoint", default=None,
+                   help="trained post-norm de->en checkpoint for the Multi30k side-by-side part")
+    p.add_argument("--real-max-len", type=int, default=80, help="most output tokens in the Multi30k side-by-side part")
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--out", default=str(RESULTS / "translate_speed"))
     args = p.parse_args()
@@ -391,6 +502,8 @@ def main():
     }
     with tempfile.TemporaryDirectory() as tmp:
         res["synthetic"] = synthetic(args, Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp:
+        res["real_peers"] = real_peers(args, Path(tmp))
     res["real"] = real(args)
     res["load_average_at_end"] = os.getloadavg()
     write_results(args.out, res, markdown(res))

@@ -173,6 +173,32 @@ def test_encoder_runs_once_and_finished_sentences_leave_the_batch(reverser_model
     assert lengths[0] < lengths[1] < lengths[2]  # so the longest sentence is the last one left
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_search_stops_once_the_best_is_settled(alpha, reverser_model):
+    """A sentence leaves as soon as no live beam can beat its n best finished hypotheses; the answer is the one
+    the slow reference finds (which runs until K hypotheses end), and with alpha = 0 the search stops at the step
+    the best hypothesis ends."""
+    for model in (reverser_model, random_model()):
+        srcs = sources(12, seed=5, max_words=8)
+        for nbest in (1, 2):
+            hyps = beam_search(model, pad(srcs), beam_size=4, len_penalty=alpha, nbest=nbest)
+            for src, h in zip(srcs, hyps):
+                ref = reference_beam_search(model, src, beam_size=4, len_penalty=alpha, nbest=nbest)
+                assert [x.tokens for x in h] == [x.tokens for x in ref]
+                assert [x.score for x in h] == pytest.approx([x.score for x in ref], abs=1e-4)
+    # the trained reverser ends its sentences confidently: with alpha 0 the search stops once the reversal ends,
+    # long before the other beams would end or reach the max length (1.2 * (n + 1) + 10 tokens)
+    if alpha == 0.0:
+        reversed_ok = 0
+        for src in sources(12, seed=5, max_words=8):
+            rec = Recorder(reverser_model)
+            best = beam_search(rec, pad([src]), beam_size=4, len_penalty=0.0)[0][0]
+            if best.tokens == src[:-1][::-1]:
+                reversed_ok += 1
+                assert len(rec.rows) == len(src)  # n words, then </s>: n + 1 steps
+        assert reversed_ok >= 9
+
+
 def test_never_emits_pad_or_bos():
     model = Recorder(random_model(), boost=[PAD_ID, BOS_ID])
     srcs = sources(4)

@@ -124,7 +124,11 @@ def beam_search(
     log-prob (each beam's 2K best tokens, then one topk over the K x 2K pairs). Pairs ending in </s> among the first
     K become finished hypotheses, scored sum(log p) / lp(|Y|) (GNMT); the K best others go on. A sentence is done
     once it has K finished hypotheses (the live beams are then no better by summed log-prob) or reaches its max
-    length (its live beams finish too); it then leaves the batch.
+    length (its live beams finish too); it then leaves the batch. It also leaves as soon as its `nbest` best
+    finished hypotheses cannot be beaten: a live beam's summed log-prob only falls and lp(|Y|) is at most
+    lp(max_len + 1), so no live beam can finish above best_live_sum / lp(max_len + 1). That changes no output
+    (the n-best are the same as with the K-finished rule alone) and saves the steps after the answer is settled;
+    with alpha = 0 it stops as soon as the best beam ends.
     Rows are sentence-major: row s * k + j is beam j of live sentence s. The first step runs one row per sentence;
     the source side (cross-attention keys/values, `mem_mask`) stays one row per live sentence throughout.
     """
@@ -141,6 +145,10 @@ def beam_search(
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     alive = list(range(B))  # input row of each live sentence
     alive_max = max_len
+    # the largest length penalty a live hypothesis can still get, and the score of each sentence's nbest-th best
+    # finished hypothesis so far (-inf while it has fewer)
+    lp_max = ((5 + max_len.float() + 1) / 6) ** len_penalty
+    floor = torch.full((B,), float("-inf"), device=device)
     k = 1  # beams per live sentence: 1 at the first step, K after
     scores = torch.zeros(B, 1, device=device)  # summed log-probs of the live beams, (n, k)
     tokens = torch.empty(B, 0, dtype=torch.long, device=device)  # (n * k, step - 1)
@@ -170,14 +178,24 @@ def beam_search(
         next_lp = cand_lp.gather(1, pick) if token_scores else None
 
         at_max = alive_max <= step
-        ending = is_eos[:, :K].any(1) | at_max
+        bound = next_scores[:, 0] / lp_max  # no live beam can finish with a better score
+        settled = floor >= bound
+        ending = is_eos[:, :K].any(1) | at_max | settled
         done = []
         if bool(ending.any()):
+            ends = ending.nonzero().flatten()
             done = _finish(
-                finished, alive, ending.nonzero().flatten(), at_max, K, length_penalty(step, len_penalty),
+                finished, alive, ends, at_max, settled, K, length_penalty(step, len_penalty),
                 tokens, lps if token_scores else None,
                 (is_eos, cand_row, cand_scores, cand_lp), (next_row, next_tok, next_scores, next_lp),
             )
+            if len_penalty >= 0:  # (with alpha < 0, lp falls with length and the bound does not hold)
+                for s, b in zip(ends.tolist(), bound[ends].tolist()):
+                    hyps = finished[alive[s]]
+                    if len(hyps) >= nbest:
+                        floor[s] = best = sorted(h.score for h in hyps)[-nbest]
+                        if best >= b and s not in done:
+                            done.append(s)
 
         keep = None
         if done:
@@ -188,7 +206,7 @@ def beam_search(
                 break
             keep = torch.tensor(keep_list, device=device)
             next_scores, next_row, next_tok = next_scores[keep], next_row[keep], next_tok[keep]
-            alive_max = alive_max[keep]
+            alive_max, lp_max, floor = alive_max[keep], lp_max[keep], floor[keep]
             if token_scores:
                 next_lp = next_lp[keep]
             mem_mask = mem_mask.index_select(0, keep)
@@ -202,16 +220,17 @@ def beam_search(
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
 
 
-def _finish(finished, alive, ends, at_max, K, lp_step, tokens, lps, cand, nxt) -> list[int]:
+def _finish(finished, alive, ends, at_max, settled, K, lp_step, tokens, lps, cand, nxt) -> list[int]:
     """Move the hypotheses that end at this step into `finished`; return the live sentences that are now done.
 
     For each sentence in `ends`: its </s> candidates among the first K end; at its max length its K continuing
-    beams end too. Tensors are read into Python lists once, and only for these sentences.
+    beams end too. A `settled` sentence is done, its live beams dropped. Tensors are read into Python lists once,
+    and only for these sentences.
     """
     n_end = ends.numel()
     is_eos, cand_row, cand_scores, cand_lp = (t[ends, :K].tolist() if t is not None else [None] * n_end for t in cand)
     next_row, next_tok, next_scores, next_lp = (t[ends].tolist() if t is not None else [None] * n_end for t in nxt)
-    stops = at_max[ends].tolist()
+    stops, settles = at_max[ends].tolist(), settled[ends].tolist()
     # per sentence: (row of the beam it extends, appended token or None for </s>, summed log-prob, last log-prob)
     ending = []
     for i, stop in enumerate(stops):
@@ -226,16 +245,16 @@ def _finish(finished, alive, ends, at_max, K, lp_step, tokens, lps, cand, nxt) -
             ]
         ending.append(items)
     rows = sorted({item[0] for items in ending for item in items})
-    idx = torch.tensor(rows, device=tokens.device)
+    idx = torch.tensor(rows, dtype=torch.long, device=tokens.device)
     prefix = dict(zip(rows, tokens.index_select(0, idx).tolist()))
     prefix_lp = dict(zip(rows, lps.index_select(0, idx).tolist())) if lps is not None else None
     done = []
-    for s, stop, items in zip(ends.tolist(), stops, ending):
+    for s, stop, settle, items in zip(ends.tolist(), stops, settles, ending):
         hyps = finished[alive[s]]
         for row, tok, score, last_lp in items:
             toks = prefix[row] + ([tok] if tok is not None else [])
             ts = prefix_lp[row] + [last_lp] if prefix_lp is not None else None
             hyps.append(Hypothesis(toks, score / lp_step, ts))
-        if stop or len(hyps) >= K:
+        if stop or settle or len(hyps) >= K:
             done.append(s)
     return done
