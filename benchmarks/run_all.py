@@ -1,15 +1,16 @@
 """Run every peer benchmark in turn, then summarise their JSON results in one table (`make bench`).
 
     .venv/bin/python benchmarks/run_all.py [--quick] [--threads N] [--only a,b] [--summary-only] [--results DIR]
-                                           [--checkpoint MULTI30K_DE_EN_CHECKPOINT]
+                                           [--checkpoint MULTI30K_DE_EN_CHECKPOINT] [--peer-checkpoint POST_NORM_CKPT]
 
 Each script runs as its own subprocess (a fresh interpreter each, so no benchmark's threads, caches or memory
-affect the next), in this order: translate_speed (with --checkpoint, also its real Multi30k part), train_throughput
-on synthetic batches, train_throughput_multi30k (the same script on real Multi30k batches, when ../shared/data has
-Multi30k), lm_generate_speed, prepare_multi30k. A failing script is reported and the others still run; the exit
-status is 1 if any failed. Then benchmarks/results/peers.md gets one Markdown table built from the results JSON files (throughput and ratios against Hugging Face and
-CTranslate2, and each file's key figures), linking to the detailed .md files. Nothing in it is typed in by hand: a
-figure missing from the JSON files is shown as missing.
+affect the next), in this order: translate_speed (with --checkpoint / --peer-checkpoint, also its real Multi30k
+parts), train_throughput on synthetic batches, train_throughput_multi30k (the same script on real Multi30k batches,
+when ../shared/data has Multi30k), lm_generate_speed, prepare_multi30k. A failing script is reported and the others
+still run; the exit status is 1 if any failed. Then benchmarks/results/peers.md gets one Markdown table built from
+the results JSON files (throughput and ratios against Hugging Face and CTranslate2, and each file's key figures),
+linking to the detailed .md files. Nothing in it is typed in by hand: a figure missing from the JSON files is shown
+as missing.
 
 --quick is a check that everything runs, not a measurement: scripts that have --quick get it; the others get small
 settings of their own flags (QUICK_ARGS below); every result, peers.md included, goes to a temporary directory, so
@@ -64,6 +65,8 @@ def command(name: str, args, results: Path) -> tuple[list[str] | None, str]:
         cmd += ["--data", str(prep)]
     if name == "translate_speed" and args.checkpoint:
         cmd += ["--checkpoint", args.checkpoint]
+    if name == "translate_speed" and args.peer_checkpoint:
+        cmd += ["--peer-checkpoint", args.peer_checkpoint]
     if args.quick:
         if has_flag(script, "--quick"):
             cmd.append("--quick")
@@ -134,6 +137,17 @@ def translate_rows(r: dict) -> list[list[str]]:
             decoding = "greedy" if e["beam"] == 1 else f"beam {e['beam']}"
             rows.append([
                 "translation (synthetic `small`, same weights)", f"batch {run['batch_size']}, {decoding}, sent/s",
+                _n(e["tfcli"]["sent_per_s"]), _n(e["hf"]["sent_per_s"]), _n(e["ct2"]["sent_per_s"]),
+                _x(e.get("tfcli_over_hf")), _x(e.get("tfcli_over_ct2")),
+            ])
+    peers = r.get("real_peers", {})
+    for key in (f"beam{r['beam']}", "beam1"):
+        e = peers.get(key)
+        if e:
+            decoding = "greedy" if e["beam"] == 1 else f"beam {e['beam']}"
+            rows.append([
+                "translation (Multi30k test2016, trained post-norm model, same weights)",
+                f"batch {peers['batch_size']}, {decoding}, natural lengths, sent/s",
                 _n(e["tfcli"]["sent_per_s"]), _n(e["hf"]["sent_per_s"]), _n(e["ct2"]["sent_per_s"]),
                 _x(e.get("tfcli_over_hf")), _x(e.get("tfcli_over_ct2")),
             ])
@@ -246,6 +260,8 @@ def main() -> int:
     ap.add_argument("--summary-only", action="store_true", help="only rebuild peers.md from existing JSON files")
     ap.add_argument("--checkpoint", default=None, help="a trained Multi30k de-en checkpoint for translate_speed's "
                     "real-data part (e.g. the one recipes/multi30k.sh de en cpu writes)")
+    ap.add_argument("--peer-checkpoint", default=None, help="a trained post-norm Multi30k de-en checkpoint for "
+                    "translate_speed's side-by-side real-data part (the CPU recipe with --set model.norm=post)")
     ap.add_argument("--results", default=None, help="results directory (default benchmarks/results; with --quick "
                     "a temporary directory)")
     args = ap.parse_args()
