@@ -186,6 +186,46 @@ def test_cached_left_padded_batch_equals_recomputing(positions, lm_model):
     assert [shape[0] for shape in shapes] == sorted((shape[0] for shape in shapes), reverse=True)
 
 
+class NoEnd:
+    """Wraps an LM so that it never ends a text (</s> and "." banned) and records the length of every forward pass."""
+
+    def __init__(self, model):
+        self.model, self.cfg, self.calls = model, model.cfg, []
+
+    def __call__(self, ids, cache=None, valid=None, last_only=False):
+        self.calls.append((ids.size(1), len(cache) if cache is not None else 0))
+        logits = self.model(ids, cache=cache, valid=valid, last_only=last_only).clone()
+        logits[..., [EOS_ID, ID["."]]] = NEG
+        return logits
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def new_cache(self):
+        return self.model.new_cache()
+
+
+def test_generation_slides_past_the_context(lm_model):
+    """Past max_len (48) tokens, generation goes on from the last 24, as nanoGPT crops its context: the same tokens
+    as recomputing each step over that window, never a position beyond max_len, one prefill per 24 new tokens."""
+    model = NoEnd(lm_model)
+    prompts = [[START_ID, ID["cat"], ID["dog"]], [START_ID, ID["moon"]]]  # different lengths: left padding
+    cfg = GenerateConfig(max_new_tokens=100, greedy=True)
+    out = generate_ids(model, prompts, cfg)
+    assert [len(o) for o in out] == [100, 100]
+    assert all(cached + new <= 48 for new, cached in model.calls)
+    # the prompt (3 positions), then a refill of 24 each time the cache is full: after 45, 24 and 24 single steps
+    assert [new for new, _ in model.calls if new > 1] == [3, 24, 24, 24]
+    for prompt, got in zip(prompts, out):  # the slow way: one full forward pass per token over the window
+        tokens, start = list(prompt), 0
+        for _ in range(100):
+            if len(tokens) - start > 48:
+                start = len(tokens) - 24
+            logits = model(torch.tensor([tokens[start:]]))[0, -1]
+            tokens.append(int(logits.argmax()))
+        assert got == tokens[len(prompt):]
+
+
 def test_learned_the_task(lm_model):
     out = generate_ids(lm_model, [[START_ID, ID["cat"], ID["dog"]]], GenerateConfig(max_new_tokens=20, greedy=True))
     assert [VOCAB[i] for i in out[0][:3]] == ["egg", "fish", "goat"]
@@ -283,4 +323,3 @@ def test_prompts_from_file_and_stdin_and_errors(counter_lm, tmp_path):
     long = " ".join(WORDS * 4)
     res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), long, "--greedy", "-n", "5"])
     assert res.exit_code == 0 and "keeping the last 47" in res.output
-    assert "context is 48 tokens" in res.output and "at most 1 new token, not --max-new-tokens 5" in res.output

@@ -569,6 +569,7 @@ def lm_generate(
 
     Each sample is written as its prompt followed by the generated text, then a newline, in prompt order (samples
     of one prompt together). Generation stops at </s>, at a --stop string (cut off), or after --max-new-tokens.
+    Past the model's context (max_len tokens, prompt included) it goes on from the last max_len / 2 tokens.
     A single prompt with a single sample streams to stdout as tokens are made.
     """
     from tfcli.generate.lm import generate_config, lm_generate as run_generate

@@ -71,7 +71,9 @@ def generate_ids(
 ) -> list[list[int]]:
     """New ids (without </s>) for each prompt of one batch; prompts are id lists starting with START_ID.
 
-    A row gets at most `cfg.max_new_tokens` new ids, and never more than fit the model's max_len with its prompt.
+    A row gets at most `cfg.max_new_tokens` new ids. When the context reaches the model's max_len, generation goes on
+    from the last max_len / 2 tokens, as nanoGPT's sample.py crops the context to its block size: the cache is
+    rebuilt from them (one prefill every max_len / 2 new tokens, not a full forward pass per token).
 
     `on_token(row, new_ids)` is called after each new token of a row; it returns True to stop that row (a stop
     string was reached).
@@ -87,7 +89,7 @@ def generate_ids(
     cache = model.new_cache()
     logits = model(ids, cache=cache, valid=valid, last_only=True)[:, -1]  # prefill: the prompt runs once
     history = ids  # for the repetition penalty (padding is <pad>, which is never chosen anyway)
-    limit = [min(cfg.max_new_tokens, model.cfg.max_len - len(p)) for p in prompts]
+    max_len = model.cfg.max_len
     alive = list(range(B))
     out: list[list[int]] = [[] for _ in range(B)]
     while True:
@@ -99,7 +101,7 @@ def generate_ids(
             if t == EOS_ID:
                 continue
             out[row].append(t)
-            if (on_token is not None and on_token(row, out[row])) or len(out[row]) >= limit[row]:
+            if (on_token is not None and on_token(row, out[row])) or len(out[row]) >= cfg.max_new_tokens:
                 continue
             keep.append(j)
         if not keep:
@@ -110,7 +112,13 @@ def generate_ids(
             history, nxt = history[idx], nxt[idx]
             alive = [alive[j] for j in keep]
         history = torch.cat([history, nxt[:, None]], 1)
-        logits = model(nxt[:, None], cache=cache)[:, -1]  # one new token per row; the cache holds the rest
+        if len(cache) < max_len:
+            logits = model(nxt[:, None], cache=cache)[:, -1]  # one new token per row; the cache holds the rest
+        else:  # the context is full: go on from its second half (positions count from 0 again)
+            window = history[:, -max(1, max_len // 2) :]
+            valid = window != PAD_ID  # rows with short prompts may still have left padding in it
+            cache = model.new_cache()
+            logits = model(window, cache=cache, valid=None if bool(valid.all()) else valid, last_only=True)[:, -1]
     return out
 
 
@@ -170,10 +178,6 @@ def lm_generate(
     model, tok = loaded.model, loaded.tgt_tok
     texts = read_prompts(prompts, input_file)
     prompt_ids = _fit_prompts(model, [[START_ID] + ids for ids in encode_batch(tok, texts)])
-    room = model.cfg.max_len - max(len(p) for p in prompt_ids)
-    if cfg.max_new_tokens > room:
-        warn(f"the model's context is {model.cfg.max_len} tokens (max_len), prompt included: generating at most "
-             f"{room} new token{'s' * (room != 1)}, not --max-new-tokens {cfg.max_new_tokens}, for the longest prompt")
     generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.seed is not None else None
     samples = [p for p in range(len(texts)) for _ in range(cfg.num_samples)]  # the prompt of each sample
     stream = len(samples) == 1 and output in (None, "-")
