@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 SIZE=${1:-cpu}
 OUT=${2:-runs/shakespeare-char-$SIZE}
 DATA=${DATA:-../shared/data}
-# the sample fills the model's context (64 or 256 characters), prompt included
-case $SIZE in cpu) CONFIG=recipes/shakespeare-char-cpu.yaml; SAMPLE=56 ;; full) CONFIG=recipes/shakespeare-char.yaml; SAMPLE=248 ;;
+# a 500-character sample: past the model's context (64 or 256 characters) it slides, as nanoGPT's sample.py does
+SAMPLE=500
+case $SIZE in cpu) CONFIG=recipes/shakespeare-char-cpu.yaml ;; full) CONFIG=recipes/shakespeare-char.yaml ;;
   *) echo "error: SIZE must be cpu or full, got '$SIZE'" >&2; exit 2 ;; esac
 [ -f "$DATA/tinyshakespeare/input.txt" ] || { echo "error: $DATA/tinyshakespeare/input.txt not found; set DATA" >&2; exit 1; }
 mkdir -p "$OUT"
