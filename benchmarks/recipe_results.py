@@ -108,7 +108,8 @@ def table(all_: dict) -> str:
              "run's own files (metrics.jsonl, the `tfcli eval --json` outputs).", ""]
     mt = [e for e in all_.values() if e["recipe"] == "multi30k"]
     if mt:
-        lines += ["## Multi30k test2016, beam 5, averaged checkpoint", "",
+        lines += ["## Multi30k test2016, beam 5", "",
+                  "cpu: the checkpoint with the best validation BLEU; full: the average of the last 5.", "",
                   "| pair | size | sacreBLEU | chrF2 | tokenised BLEU | steps | training | machine | date |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         for e in mt:
