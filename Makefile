@@ -29,8 +29,8 @@ test-fast: install
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash recipes/demo.sh
 
-## bench: peer benchmarks (installs transformers + ctranslate2 into the venv); BENCH_ARGS="--checkpoint RUN" adds
-## translation of Multi30k test2016 by a trained de-en model (recipes/multi30k.sh de en cpu)
+## bench: peer benchmarks (installs transformers + ctranslate2 into the venv); BENCH_ARGS="--checkpoint RUN
+## --peer-checkpoint POST_RUN" adds Multi30k test2016 by trained de-en models (README: Benchmarks)
 bench: install
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
