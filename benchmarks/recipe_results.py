@@ -67,7 +67,8 @@ def _bleu(path: Path) -> dict:
 def record(args) -> dict:
     out = Path(args.out)
     entry = {
-        "recipe": args.recipe, "name": args.name or f"{args.recipe}-{args.pair}", "size": args.size,
+        "recipe": args.recipe, "name": args.name or f"{args.recipe}-{args.pair}",
+        "size": f"{args.size} ({args.train_args.strip()})" if args.train_args.strip() else args.size,
         "date": time.strftime("%Y-%m-%d %H:%M"), "out": str(out), "hardware": hardware(),
     }
     if (out / "run" / "metrics.jsonl").exists():
@@ -156,6 +157,8 @@ def main() -> None:
     r.add_argument("--size", required=True)
     r.add_argument("--checkpoint")
     r.add_argument("--ppl", help="a `tfcli eval --model ... --json` output")
+    r.add_argument("--train-args", default="", help="extra `tfcli train` arguments the run had (TRAIN_ARGS): such a "
+                   "variant is recorded beside the recipe's own figures, not over them")
     sub.add_parser("table")
     args = p.parse_args()
     if args.cmd == "record":

@@ -42,4 +42,5 @@ tfcli eval "$OUT/test2016.hyp.$TGT" -r "$D/test2016.$TGT" -m bleu,chrf --json > 
 sacremoses -l "$TGT" -j 1 tokenize < "$OUT/test2016.hyp.$TGT" > "$OUT/test2016.hyp.tok.$TGT"
 sacremoses -l "$TGT" -j 1 tokenize < "$D/test2016.$TGT" > "$OUT/test2016.ref.tok.$TGT"
 tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" -m bleu --tokenize none --json > "$OUT/tokbleu.json"
-python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT"
+python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT" \
+  --train-args "${TRAIN_ARGS:-}"

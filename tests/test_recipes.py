@@ -60,7 +60,7 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     out = tmp_path / "m30k"
     fake_run(out, 31.25)
     args = type("A", (), dict(recipe="multi30k", out=str(out), name=None, pair="de-en", size="cpu",
-                              checkpoint="ck", ppl=None))
+                              checkpoint="ck", ppl=None, train_args=""))
     entry = recipe_results.record(args)
     assert entry["training"]["steps"] == 100 and entry["training"]["wall_s"] == 135.5
     assert entry["training"]["median_tgt_tokens_per_s"] == 1200.0 and entry["training"]["best_valid_loss"] == 3.5
@@ -77,3 +77,10 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
     assert sorted(all_) == ["multi30k-de-en/cpu", "multi30k-en-de/cpu"]
     assert all_["multi30k-de-en/cpu"]["sacrebleu"]["BLEU"]["score"] == 32.0
+    # a variant (extra training arguments) goes beside the recipe's own entry, not over it
+    fake_run(tmp_path / "post", 30.0)
+    recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "post"),
+                                         "train_args": " --set model.norm=post "}))
+    all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
+    assert all_["multi30k-de-en/cpu"]["sacrebleu"]["BLEU"]["score"] == 32.0
+    assert all_["multi30k-de-en/cpu (--set model.norm=post)"]["sacrebleu"]["BLEU"]["score"] == 30.0
