@@ -1,6 +1,6 @@
 """Translation speed, side by side in one run: tfcli vs Hugging Face `generate` vs CTranslate2, all on the CPU.
 
-    .venv/bin/python benchmarks/translate_speed.py [--threads N] [--checkpoint CKPT]
+    .venv/bin/python benchmarks/translate_speed.py [--threads N] [--checkpoint CKPT] [--peer-checkpoint POST_CKPT]
 
 (1) Synthetic: a randomly initialised tfcli model shaped like the `small` preset (d_model 256, 6+6 layers, 4 heads,
     FFN 1024, vocabulary 8000, shared and tied embeddings, post-norm, ReLU, sinusoidal positions) is copied weight
@@ -15,9 +15,11 @@
     its default eager path. Compared at each of --batch-sizes, for beam search and greedy decoding.
 (2) Real: the 1,000 Multi30k test2016 German sentences, translated by a trained checkpoint (--checkpoint) through the
     whole `tfcli translate` path (tokenise, batch, search, detokenise), greedy and beam, at the first --batch-sizes,
-    with BLEU as a sanity check; skipped, saying why, when the data or the checkpoint is missing. tfcli only: the
-    side-by-side comparison is the synthetic part's (a trained tfcli model is not, in general, one that HF Marian
-    and CTranslate2 can run unchanged).
+    with BLEU as a sanity check; skipped, saying why, when the data or the checkpoint is missing. tfcli only (a
+    trained tfcli model is not, in general, one that HF Marian and CTranslate2 can run unchanged).
+(3) Real, side by side: a trained post-norm checkpoint (--peer-checkpoint; post-norm, sinusoidal, scaled and tied
+    embeddings, ReLU: what Marian is) copied into Marian and CTranslate2 as in (1), its decoder starting from <s>;
+    the same 1,000 sentences pre-tokenised, natural output lengths, alpha 0, BLEU and agreement per system.
 
 Each measurement is repeated (--repeats), systems interleaved, and the best time is kept (the machine may be
 shared). Results: benchmarks/results/translate_speed.{json,md}.
