@@ -66,9 +66,10 @@ def _bleu(path: Path) -> dict:
 
 def record(args) -> dict:
     out = Path(args.out)
+    variant = args.train_args.strip()
     entry = {
         "recipe": args.recipe, "name": args.name or f"{args.recipe}-{args.pair}",
-        "size": f"{args.size} ({args.train_args.strip()})" if args.train_args.strip() else args.size,
+        "size": f"{args.size} ({variant})" if variant else args.size,
         "date": time.strftime("%Y-%m-%d %H:%M"), "out": str(out), "hardware": hardware(),
     }
     if (out / "run" / "metrics.jsonl").exists():

@@ -128,29 +128,21 @@ def _n(v, unit="") -> str:
     return (f"{v:,.0f}" if v >= 100 else f"{v:.1f}") + unit
 
 
+def _side_by_side(what: str, batch_size: int, e: dict, lengths: str = "") -> list[str]:
+    """One translate_speed comparison (tfcli, HF, CT2 on the same batches) as a summary row."""
+    decoding = "greedy" if e["beam"] == 1 else f"beam {e['beam']}"
+    return [what, f"batch {batch_size}, {decoding}{lengths}, sent/s",
+            _n(e["tfcli"]["sent_per_s"]), _n(e["hf"]["sent_per_s"]), _n(e["ct2"]["sent_per_s"]),
+            _x(e.get("tfcli_over_hf")), _x(e.get("tfcli_over_ct2"))]
+
+
 def translate_rows(r: dict) -> list[list[str]]:
-    syn = r["synthetic"]
-    rows = []
-    for run in syn["runs"]:
-        for key in (f"beam{r['beam']}", "beam1"):
-            e = run[key]
-            decoding = "greedy" if e["beam"] == 1 else f"beam {e['beam']}"
-            rows.append([
-                "translation (synthetic `small`, same weights)", f"batch {run['batch_size']}, {decoding}, sent/s",
-                _n(e["tfcli"]["sent_per_s"]), _n(e["hf"]["sent_per_s"]), _n(e["ct2"]["sent_per_s"]),
-                _x(e.get("tfcli_over_hf")), _x(e.get("tfcli_over_ct2")),
-            ])
+    keys = (f"beam{r['beam']}", "beam1")
+    rows = [_side_by_side("translation (synthetic `small`, same weights)", run["batch_size"], run[key])
+            for run in r["synthetic"]["runs"] for key in keys]
     peers = r.get("real_peers", {})
-    for key in (f"beam{r['beam']}", "beam1"):
-        e = peers.get(key)
-        if e:
-            decoding = "greedy" if e["beam"] == 1 else f"beam {e['beam']}"
-            rows.append([
-                "translation (Multi30k test2016, trained post-norm model, same weights)",
-                f"batch {peers['batch_size']}, {decoding}, natural lengths, sent/s",
-                _n(e["tfcli"]["sent_per_s"]), _n(e["hf"]["sent_per_s"]), _n(e["ct2"]["sent_per_s"]),
-                _x(e.get("tfcli_over_hf")), _x(e.get("tfcli_over_ct2")),
-            ])
+    rows += [_side_by_side("translation (Multi30k test2016, trained post-norm model, same weights)",
+                           peers["batch_size"], peers[key], ", natural lengths") for key in keys if key in peers]
     real = r.get("real", {})
     for key, e in real.items():
         if key.startswith("tfcli_translate_beam"):

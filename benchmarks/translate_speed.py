@@ -402,6 +402,16 @@ def real_peers(args, tmp: Path) -> dict:
     return out
 
 
+def _speeds(r: dict) -> str:
+    """The sent/s of each system and tfcli's ratios, as Markdown table cells."""
+    return (f"{r['tfcli']['sent_per_s']:.1f} | {r['hf']['sent_per_s']:.1f} | {r['ct2']['sent_per_s']:.1f} | "
+            f"{r['tfcli_over_hf']:.2f}x | {r['tfcli_over_ct2']:.2f}x")
+
+
+def _agreement(r: dict) -> str:
+    return f"{r['hf']['same_output_as_tfcli']:.0%}, {r['ct2']['same_output_as_tfcli']:.0%}"
+
+
 def markdown(res: dict) -> str:
     lines = ["# Translation speed (CPU)", "", f"Command: `{res['command']}`", "",
              f"Machine: {res['nproc']} CPUs ({res['cpu']}), torch {res['torch']}, transformers {res['transformers']}, "
@@ -418,11 +428,7 @@ def markdown(res: dict) -> str:
         for key in (f"beam{res['beam']}", "beam1"):
             r = run[key]
             name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-            lines.append(
-                f"| {run['batch_size']} | {name} | {r['tfcli']['sent_per_s']:.1f} | {r['hf']['sent_per_s']:.1f} | "
-                f"{r['ct2']['sent_per_s']:.1f} | {r['tfcli_over_hf']:.2f}x | {r['tfcli_over_ct2']:.2f}x | "
-                f"{r['hf']['same_output_as_tfcli']:.0%}, {r['ct2']['same_output_as_tfcli']:.0%} |"
-            )
+            lines.append(f"| {run['batch_size']} | {name} | {_speeds(r)} | {_agreement(r)} |")
     lines += ["", f"Targets for beam {res['beam']}: tfcli/HF >= 2.5, tfcli/CT2 >= 0.6."]
     for run in syn["runs"]:
         b = run[f"beam{res['beam']}"]
@@ -450,12 +456,8 @@ def markdown(res: dict) -> str:
         for key in (f"beam{res['beam']}", "beam1"):
             r = rp[key]
             name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-            lines.append(
-                f"| {name} | {r['tfcli']['sent_per_s']:.1f} | {r['hf']['sent_per_s']:.1f} | {r['ct2']['sent_per_s']:.1f}"
-                f" | {r['tfcli_over_hf']:.2f}x | {r['tfcli_over_ct2']:.2f}x | {r['tfcli']['bleu']:.1f}, "
-                f"{r['hf']['bleu']:.1f}, {r['ct2']['bleu']:.1f} | {r['hf']['same_output_as_tfcli']:.0%}, "
-                f"{r['ct2']['same_output_as_tfcli']:.0%} |"
-            )
+            bleu = ", ".join(f"{r[system]['bleu']:.1f}" for system in ("tfcli", "hf", "ct2"))
+            lines.append(f"| {name} | {_speeds(r)} | {bleu} | {_agreement(r)} |")
     lines.append("")
     rl = res["real"]
     lines += ["## Real: Multi30k test2016 (de), trained checkpoint, full `tfcli translate` path", ""]

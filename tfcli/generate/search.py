@@ -147,7 +147,7 @@ def beam_search(
     alive_max = max_len
     # the largest length penalty a live hypothesis can still get, and the score of each sentence's nbest-th best
     # finished hypothesis so far (-inf while it has fewer)
-    lp_max = ((5 + max_len.float() + 1) / 6) ** len_penalty
+    lp_max = length_penalty(max_len.float() + 1, len_penalty)
     floor = torch.full((B,), float("-inf"), device=device)
     k = 1  # beams per live sentence: 1 at the first step, K after
     scores = torch.zeros(B, 1, device=device)  # summed log-probs of the live beams, (n, k)
