@@ -25,3 +25,71 @@ def write_results(out: str | Path, result: dict, markdown: str) -> None:
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown)
     print(markdown)
+
+
+class Isolated:
+    """A benchmark runner in a process of its own: `run(*args)` returns (seconds, output), timed in that process.
+
+    Each system runs alone in its process, as users run them. Sharing one process is not neutral: CTranslate2
+    ships its own OpenMP runtime, and once it has run in a process, torch's two threads there contend for one core
+    (measured on this project's 2-core machine: tfcli and HF generate 2-3x slower after a single CT2 call, for as
+    long as the process lives). `factory(*args)` builds the runner (an object with `.run`) in the child; it and its
+    arguments must be picklable (a module-level function, paths, plain data).
+    """
+
+    def __init__(self, name: str, factory, *args, threads: int):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing inherited from this process
+        self.name = name
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, factory, args, threads), daemon=True)
+        self._proc.start()
+        child.close()
+        self._reply()  # the runner is built (or the error that stopped it)
+
+    def run(self, *args):
+        self._conn.send(("run", *args))
+        return self._reply()
+
+    def _reply(self):
+        ok, value = self._conn.recv()
+        if not ok:
+            raise RuntimeError(f"{self.name} (in its own process) failed:\n{value}")
+        return value
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            self._conn.send(("stop",))
+            self._proc.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _serve(conn, factory, args, threads: int) -> None:
+    import time
+    import traceback
+
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        runner = factory(*args)
+        conn.send((True, None))
+    except Exception:
+        conn.send((False, traceback.format_exc()))
+        return
+    while True:
+        message = conn.recv()
+        if message[0] == "stop":
+            return
+        try:
+            start = time.perf_counter()
+            out = runner.run(*message[1:])
+            conn.send((True, (time.perf_counter() - start, out)))
+        except Exception:
+            conn.send((False, traceback.format_exc()))

@@ -12,7 +12,9 @@
     batch size and threads, and a FORCED output length (no </s> before L tokens, stop at L), so they do the same
     work: tfcli min_len = max_len = L, HF min_new_tokens = max_new_tokens = L, CT2 min/max_decoding_length = L.
     tfcli runs as `tfcli translate` does on the CPU in fp32 (linear layers with pre-packed oneDNN weights); HF runs
-    its default eager path. Compared at each of --batch-sizes, for beam search and greedy decoding.
+    its default eager path. Each system runs in a process of its own, one at a time (sharing a process with
+    CTranslate2's OpenMP runtime slows torch 2-3x: benchmarks/common.py, Isolated). Compared at each of
+    --batch-sizes, for beam search and greedy decoding.
 (2) Real: the 1,000 Multi30k test2016 German sentences, translated by a trained checkpoint (--checkpoint) through the
     whole `tfcli translate` path (tokenise, batch, search, detokenise), greedy and beam, at the first --batch-sizes,
     with BLEU as a sanity check; skipped, saying why, when the data or the checkpoint is missing. tfcli only (a
@@ -28,6 +30,7 @@ shared). Results: benchmarks/results/translate_speed.{json,md}.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -41,11 +44,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import cpu_name, write_results  # noqa: E402
+from common import Isolated, cpu_name, write_results  # noqa: E402
 from tfcli.data.batching import pad, source_ids  # noqa: E402
 from tfcli.generate.runtime import pack_linear_weights  # noqa: E402
 from tfcli.generate.search import beam_search, greedy_decode  # noqa: E402
-from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset  # noqa: E402
+from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, ModelConfig, build_model, preset  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -253,6 +256,35 @@ class CT2Runner:
         return [[self.index[t] for t in r.hypotheses[0]] for r in res]
 
 
+def tfcli_runner(cfg: dict, weights: str) -> TfcliRunner:
+    """In the runner's own process: the model from its config and saved weights, as `tfcli translate` runs it on
+    the CPU in fp32 (linear layers with pre-packed oneDNN weights)."""
+    from safetensors.torch import load_model
+
+    model = build_model(ModelConfig(**cfg)).eval()
+    load_model(model, weights, strict=False)  # tied weights are stored once
+    pack_linear_weights(model)
+    return TfcliRunner(model)
+
+
+def hf_runner(directory: str) -> HFRunner:
+    from transformers import MarianMTModel
+
+    return HFRunner(MarianMTModel.from_pretrained(directory).eval())
+
+
+def start_runners(model, marian_dir: Path, ct2_dir: Path, vocab: list[str], threads: int, tmp: Path) -> list:
+    """tfcli, HF and CT2, each in a process of its own (benchmarks/common.py: Isolated says why)."""
+    from safetensors.torch import save_model
+
+    weights = tmp / "tfcli.safetensors"
+    save_model(model, str(weights))
+    cfg = dataclasses.asdict(model.cfg)
+    return [Isolated("tfcli", tfcli_runner, cfg, str(weights), threads=threads),
+            Isolated("hf", hf_runner, str(marian_dir), threads=threads),
+            Isolated("ct2", CT2Runner, str(ct2_dir), vocab, threads, threads=threads)]
+
+
 def _until_eos(ids: list[int]) -> list[int]:
     return ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
 
@@ -264,8 +296,8 @@ def timed(fn, *args):
 
 
 def compare(runners, batches, beam, length, alpha, repeats, forced=True) -> tuple[dict, dict]:
-    """Best-of-`repeats` sentences/s per runner, interleaved; plus output agreement and lengths. Returns the figures
-    and each runner's outputs (token ids per sentence)."""
+    """Best-of-`repeats` sentences/s per runner (each an `Isolated` process; one runs at a time), interleaved; plus
+    output agreement and lengths. Returns the figures and each runner's outputs (token ids per sentence)."""
     n = sum(len(b) for b in batches)
     for r in runners:  # warm-up: first calls allocate, pick kernels, fill caches
         r.run([batches[0][:4]], beam, length, alpha, forced)
@@ -273,7 +305,7 @@ def compare(runners, batches, beam, length, alpha, repeats, forced=True) -> tupl
     outputs = {}
     for _ in range(repeats):
         for r in runners:
-            dt, outputs[r.name] = timed(r.run, batches, beam, length, alpha, forced)
+            dt, outputs[r.name] = r.run(batches, beam, length, alpha, forced)
             times[r.name].append(dt)
     res = {"sentences": n, "beam": beam, ("output_len" if forced else "max_output_len"): length}
     for r in runners:
@@ -301,13 +333,12 @@ def synthetic(args, tmp: Path) -> dict:
         model.decoder.embed.tok.weight[BOS_ID].zero_()  # the decoder starts from a zero embedding, as in CT2's Marian
     marian = to_marian(model)
     diff = check_same_function(model, marian)
-    pack_linear_weights(model)  # as `tfcli translate` runs on the CPU in fp32
     vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(len(SPECIAL_TOKENS), args.vocab)]
     ct2_dir = save_for_ct2(marian, vocab, tmp)
     rng = np.random.default_rng(0)
     lengths = rng.integers(args.src_len - 5, args.src_len + 6, size=args.sentences)
     sents = sorted(([int(t) for t in rng.integers(4, args.vocab, size=n)] for n in lengths), key=len)
-    runners = [TfcliRunner(model), HFRunner(marian), CT2Runner(ct2_dir, vocab, args.threads)]
+    runners = start_runners(model, tmp / "marian", ct2_dir, vocab, args.threads, tmp)
     out = {"model": "small-shaped random seq2seq, post-norm, 6+6 x 256, ffn 1024, 4 heads, vocab %d" % args.vocab,
            "max_logit_difference_tfcli_vs_marian": diff, "sentences": len(sents),
            "mean_src_len_with_eos": float(np.mean([len(s) + 1 for s in sents])), "runs": []}
@@ -318,6 +349,8 @@ def synthetic(args, tmp: Path) -> dict:
             print(f"synthetic: batch size {bs}, beam {beam} ...", file=sys.stderr, flush=True)
             run[f"beam{beam}"], _ = compare(runners, batches, beam, args.out_len, args.alpha, args.repeats)
         out["runs"].append(run)
+    for r in runners:
+        r.close()
     return out
 
 
@@ -376,7 +409,6 @@ def real_peers(args, tmp: Path) -> dict:
         return {"skipped": f"{args.peer_checkpoint} is not a model Marian can run unchanged ({wrong}; needs {needs})"}
     marian = to_marian(model, start_id=BOS_ID)
     diff = check_same_function(model, marian)
-    pack_linear_weights(model)
     src_tok, tgt_tok = ckpt_mod.tokenizer(meta, "src"), ckpt_mod.tokenizer(meta, "tgt")
     vocab = [tgt_tok.id_to_token(i) for i in range(cfg.tgt_vocab_size)]
     ct2_dir = save_for_ct2(marian, vocab, tmp)
@@ -386,7 +418,7 @@ def real_peers(args, tmp: Path) -> dict:
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     bs = args.batch_sizes[0]
     batches = [[ids[i] for i in order[j : j + bs]] for j in range(0, len(order), bs)]
-    runners = [TfcliRunner(model), HFRunner(marian), CT2Runner(ct2_dir, vocab, args.threads)]
+    runners = start_runners(model, tmp / "marian", ct2_dir, vocab, args.threads, tmp)
     out = {"checkpoint": str(ckpt_mod.resolve(args.peer_checkpoint)), "sentences": len(lines), "batch_size": bs,
            "max_logit_difference_tfcli_vs_marian": diff, "alpha": 0.0, "max_output_len": args.real_max_len}
     for beam in (args.beam, 1):
@@ -399,6 +431,8 @@ def real_peers(args, tmp: Path) -> dict:
             res[r.name]["bleu"] = sacrebleu.corpus_bleu(hyps, [refs]).score
             res[r.name]["mean_output_len"] = float(np.mean([len(o) for o in outputs[r.name]]))
         out[f"beam{beam}"] = res
+    for r in runners:
+        r.close()
     return out
 
 
