@@ -16,6 +16,7 @@ from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.data.batching import collate_seq2seq, pad, source_ids
 from tfcli.generate.reference import reference_beam_search, reference_greedy
+from tfcli.generate.step import IncrementalDecoder
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty
 from tfcli.generate.translate import TranslateConfig, Translator, translate
 from tfcli.generate.runtime import load
@@ -136,35 +137,35 @@ def test_greedy_is_beam_search_with_beam_one(reverser_model):
 
 
 class Recorder:
-    """Wraps a model to record how often the encoder runs and how many rows each decoder step gets."""
+    """Records how often `model`'s encoder runs and how many rows each decoder step gets (by wrapping its `encode`
+    and IncrementalDecoder.step, which the searches use); `boost` makes some tokens the most likely by far."""
 
-    def __init__(self, model, boost=()):
-        self.model, self.cfg, self.boost = model, model.cfg, list(boost)
+    def __init__(self, monkeypatch, model, boost=()):
         self.encodes, self.rows = 0, []
+        encode, step = model.encode, IncrementalDecoder.step
 
-    def encode(self, src):
-        self.encodes += 1
-        return self.model.encode(src)
+        def counted_encode(src):
+            self.encodes += 1
+            return encode(src)
 
-    def decode(self, tgt, memory, mask, cache):
-        self.rows.append(tgt.shape)
-        logits = self.model.decode(tgt, memory, mask, cache)
-        if self.boost:
-            logits[..., self.boost] += 100.0  # make these the most likely tokens by far
-        return logits
+        def recorded_step(decoder, tok):
+            self.rows.append(tok.shape[0])
+            logits = step(decoder, tok)
+            if boost:
+                logits[..., list(boost)] += 100.0
+            return logits
 
-    def new_cache(self):
-        return self.model.new_cache()
+        monkeypatch.setattr(model, "encode", counted_encode)
+        monkeypatch.setattr(IncrementalDecoder, "step", recorded_step)
 
 
-def test_encoder_runs_once_and_finished_sentences_leave_the_batch(reverser_model):
+def test_encoder_runs_once_and_finished_sentences_leave_the_batch(reverser_model, monkeypatch):
     words = [[5 + i for i in range(n)] for n in (1, 3, 8)]
     srcs = [source_ids(w) for w in words]
-    rec = Recorder(reverser_model)
-    hyps = beam_search(rec, pad(srcs), beam_size=3)
+    rec = Recorder(monkeypatch, reverser_model)
+    hyps = beam_search(reverser_model, pad(srcs), beam_size=3)
     assert rec.encodes == 1
-    assert all(shape[1] == 1 for shape in rec.rows)  # one new token per step: the cache holds the prefix
-    rows = [shape[0] for shape in rec.rows]
+    rows = rec.rows  # one new token per beam and step: the cache holds the prefix
     assert rows[0] == 3 and rows[1] == 9  # first step one row per sentence, then K beams each
     assert rows[-1] == 3  # at the end only the longest sentence is left
     assert all(a >= b for a, b in zip(rows[1:], rows[2:]))
@@ -174,7 +175,7 @@ def test_encoder_runs_once_and_finished_sentences_leave_the_batch(reverser_model
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_search_stops_once_the_best_is_settled(alpha, reverser_model):
+def test_search_stops_once_the_best_is_settled(alpha, reverser_model, monkeypatch):
     """A sentence leaves as soon as no live beam can beat its n best finished hypotheses; the answer is the one
     the slow reference finds (which runs until K hypotheses end), and with alpha = 0 the search stops at the step
     the best hypothesis ends."""
@@ -191,16 +192,18 @@ def test_search_stops_once_the_best_is_settled(alpha, reverser_model):
     if alpha == 0.0:
         reversed_ok = 0
         for src in sources(12, seed=5, max_words=8):
-            rec = Recorder(reverser_model)
-            best = beam_search(rec, pad([src]), beam_size=4, len_penalty=0.0)[0][0]
+            rec = Recorder(monkeypatch, reverser_model)
+            best = beam_search(reverser_model, pad([src]), beam_size=4, len_penalty=0.0)[0][0]
+            monkeypatch.undo()
             if best.tokens == src[:-1][::-1]:
                 reversed_ok += 1
                 assert len(rec.rows) == len(src)  # n words, then </s>: n + 1 steps
         assert reversed_ok >= 9
 
 
-def test_never_emits_pad_or_bos():
-    model = Recorder(random_model(), boost=[PAD_ID, BOS_ID])
+def test_never_emits_pad_or_bos(monkeypatch):
+    model = random_model()
+    Recorder(monkeypatch, model, boost=[PAD_ID, BOS_ID])
     srcs = sources(4)
     for hyps in beam_search(model, pad(srcs), beam_size=3, nbest=3):
         assert all(PAD_ID not in h.tokens and BOS_ID not in h.tokens for h in hyps)

@@ -129,6 +129,7 @@ def pack_linear_weights(model: torch.nn.Module) -> bool:
 def _packed_forward(linear: torch.nn.Linear):
     weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().float(), 64)
     bias = linear.bias.detach().float() if linear.bias is not None else None
+    linear.packed = (weight, bias)  # for the fused calls of generate/step.py
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.size(-1)), weight, bias, "none", [], "")

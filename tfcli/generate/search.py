@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tfcli.generate.step import IncrementalDecoder
 from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -43,21 +44,10 @@ def banned_tokens(step: int, min_len: int, device) -> torch.Tensor:
     return torch.tensor(ids, device=device)
 
 
-def _next_log_probs(model, tok, memory, mem_mask, cache, step: int, min_len: int) -> torch.Tensor:
+def _next_log_probs(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_len: int) -> torch.Tensor:
     """log p(y_t | y_<t, x) for one new position per row, (R, V) float32, with banned tokens at -inf."""
-    logits = model.decode(tok, memory, mem_mask, cache)[:, -1]
-    lprobs = logits.float().log_softmax(-1)
+    lprobs = decoder.step(tok).float().log_softmax(-1)
     return lprobs.index_fill_(1, banned_tokens(step, min_len, lprobs.device), float("-inf"))
-
-
-def _reorder(cache, self_idx: torch.Tensor, cross_idx: torch.Tensor | None) -> None:
-    """Reorder the self-attention caches by `self_idx` (one row per beam). The cross-attention keys/values depend
-    only on the source, so beam search keeps one row per sentence, shared by its beams (the attention layer groups
-    the beams' queries), and moves them only when sentences leave (`cross_idx`)."""
-    for layer in cache.layers:
-        layer.self_kv.select(self_idx)
-        if cross_idx is not None:
-            layer.cross_kv.select(cross_idx)
 
 
 @torch.inference_mode()
@@ -70,18 +60,16 @@ def greedy_decode(
     """
     B, device = src.size(0), src.device
     max_len = max_lengths(model, src, max_len_a, max_len_b)
-    memory, mem_mask = model.encode(src)
-    cache = model.new_cache()
+    decoder = IncrementalDecoder(model, *model.encode(src), beam_size=1)
     alive = torch.arange(B, device=device)  # which input rows are still decoding
     tokens = torch.empty(B, 0, dtype=torch.long, device=device)
     lps = torch.empty(B, 0, device=device)
     out: list[Hypothesis | None] = [None] * B
-    tok = torch.full((B, 1), BOS_ID, dtype=torch.long, device=device)
+    tok = torch.full((B,), BOS_ID, dtype=torch.long, device=device)
     step = 0
     while alive.numel():
         step += 1
-        lprobs = _next_log_probs(model, tok, memory, mem_mask, cache, step, min_len)
-        memory = None  # the cross-attention cache holds what the decoder needs from the source now
+        lprobs = _next_log_probs(decoder, tok, step, min_len)
         lp, nxt = lprobs.max(-1)
         tokens = torch.cat([tokens, nxt[:, None]], 1)
         lps = torch.cat([lps, lp[:, None]], 1)
@@ -95,9 +83,9 @@ def greedy_decode(
                 n = step - 1 if ended else step
                 out[i] = Hypothesis(toks[:n], sum(scores) / length_penalty(step, len_penalty), scores)
             keep = (~done).nonzero().flatten()
-            alive, tokens, lps, nxt, mem_mask = alive[keep], tokens[keep], lps[keep], nxt[keep], mem_mask[keep]
-            cache.select(keep)
-        tok = nxt[:, None]
+            alive, tokens, lps, nxt = alive[keep], tokens[keep], lps[keep], nxt[keep]
+            decoder.select(keep)
+        tok = nxt
     return out  # type: ignore[return-value]
 
 
@@ -140,8 +128,7 @@ def beam_search(
     if 2 * K > V - 3:
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
     max_len = max_lengths(model, src, max_len_a, max_len_b)
-    memory, mem_mask = model.encode(src)
-    cache = model.new_cache()
+    decoder = IncrementalDecoder(model, *model.encode(src), beam_size=K)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     alive = list(range(B))  # input row of each live sentence
     alive_max = max_len
@@ -153,13 +140,12 @@ def beam_search(
     scores = torch.zeros(B, 1, device=device)  # summed log-probs of the live beams, (n, k)
     tokens = torch.empty(B, 0, dtype=torch.long, device=device)  # (n * k, step - 1)
     lps = torch.empty(B, 0, device=device)  # per-token log-probs, kept only if asked for
-    tok = torch.full((B, 1), BOS_ID, dtype=torch.long, device=device)
+    tok = torch.full((B,), BOS_ID, dtype=torch.long, device=device)
     step = 0
     while alive:
         step += 1
         n = len(alive)
-        lprobs = _next_log_probs(model, tok, memory, mem_mask, cache, step, min_len)
-        memory = None
+        lprobs = _next_log_probs(decoder, tok, step, min_len)
         # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
         # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
         # no topk runs over, all k * V pairs.
@@ -173,7 +159,8 @@ def beam_search(
         is_eos = cand_tok == EOS_ID
         # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
         next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
-        next_row, next_tok = cand_row.gather(1, pick), cand_tok.gather(1, pick)
+        next_beam, next_tok = cand_beam.gather(1, pick), cand_tok.gather(1, pick)
+        next_row = next_beam + (torch.arange(n, device=device) * k)[:, None]
         cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
         next_lp = cand_lp.gather(1, pick) if token_scores else None
 
@@ -205,18 +192,17 @@ def beam_search(
             if not alive:
                 break
             keep = torch.tensor(keep_list, device=device)
-            next_scores, next_row, next_tok = next_scores[keep], next_row[keep], next_tok[keep]
+            next_scores, next_row, next_tok, next_beam = next_scores[keep], next_row[keep], next_tok[keep], next_beam[keep]
             alive_max, lp_max, floor = alive_max[keep], lp_max[keep], floor[keep]
             if token_scores:
                 next_lp = next_lp[keep]
-            mem_mask = mem_mask.index_select(0, keep)
+        decoder.select(keep, next_beam)
         rows = next_row.flatten()
-        _reorder(cache, rows, keep)
         tokens = torch.cat([tokens.index_select(0, rows), next_tok.reshape(-1, 1)], 1)
         if token_scores:
             lps = torch.cat([lps.index_select(0, rows), next_lp.reshape(-1, 1)], 1)
         scores, k = next_scores, K
-        tok = next_tok.reshape(-1, 1)
+        tok = next_tok.flatten()
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
 
 

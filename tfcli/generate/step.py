@@ -1,0 +1,155 @@
+"""Incremental decoding for search: an `EncoderDecoder`'s decoder run one position at a time over n sentences with
+k beams each (k = 1 for greedy decoding, and at the first step of beam search).
+
+It computes what `EncoderDecoder.decode` computes with a KV cache (tests check that), arranged for inference speed:
+- Self-attention keys/values are written once, each beam's at a slot of its own (position s, beam j: slot s*K + j),
+  and never copied when beams are reordered. A beam's history is a mask over the slots, (n, k, t*K): reordering
+  beams gathers that small mask instead of copying every layer's (n*K, H, t, d_head) keys and values.
+- The queries of a sentence's beams attend together: (n*H) products of k x d_head by d_head x t*K for the
+  self-attention, and by the d_head x S source keys/values that the sentence holds once, instead of n*k*H products
+  of a single query row.
+- Linear layers packed for oneDNN on the CPU (runtime.pack_linear_weights) run with the ReLU/GELU and the residual
+  addition fused into the layer before them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class IncrementalDecoder:
+    """Decoder state for one batch of sentences. `step` feeds one token per beam and returns the next-token logits;
+    `select` drops sentences and reorders beams between steps."""
+
+    def __init__(self, model, memory: torch.Tensor, mem_mask: torch.Tensor, beam_size: int):
+        """memory: (n, S, d_model) encoder output; mem_mask: (n, 1, 1, S) True at real source tokens."""
+        cfg = model.cfg
+        self.model, self.decoder = model, model.decoder
+        self.K, self.H, self.dh = beam_size, cfg.n_head, cfg.d_head
+        self.scale = self.dh**-0.5
+        self.pre = cfg.norm == "pre"
+        self.act = cfg.activation
+        n, S, _ = memory.shape
+        self.n, self.k, self.t = n, 1, 0  # sentences, beams per sentence, positions so far
+        # the source side, once per batch: per layer the cross-attention keys and values as (n*H, S, d_head)
+        self.mem_kv = [
+            tuple(self._heads(kv, 1, S) for kv in _linear(layer.cross_attn.kv_proj, memory).chunk(2, dim=-1))
+            for layer in self.decoder.layers
+        ]
+        bias = torch.zeros(n, 1, S, device=memory.device).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
+        self.mem_bias = bias.repeat_interleave(self.H, dim=0)  # (n*H, 1, S): -inf at source padding
+        self.keys: list[torch.Tensor] = []  # per layer (n, H, capacity*K, d_head), slot s*K + j
+        self.values: list[torch.Tensor] = []
+        self.history = memory.new_zeros(n, 1, 0)  # (n, k, t*K): 0 at the slots beam j descends from, -inf elsewhere
+
+    def _heads(self, x: torch.Tensor, k: int, T: int) -> torch.Tensor:
+        """(n*k*T, d_model) rows of sentence-major beams -> (n*H, k*T, d_head)."""
+        return x.reshape(self.n, k * T, self.H, self.dh).transpose(1, 2).reshape(self.n * self.H, k * T, self.dh)
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        """tok: (n*k,) the last token of each beam (sentence-major); returns logits (n*k, V) for the next one."""
+        n, k, K, H, t = self.n, self.k, self.K, self.H, self.t
+        embed = self.decoder.embed
+        x = embed.tok(tok) * embed.scale
+        if embed.pos is not None:
+            x = x + embed.pos(torch.tensor([t], device=tok.device))
+        # this position's slots: beam j writes slot t*K + j and sees it (and, through `history`, its ancestors')
+        own = torch.full((k, K), float("-inf"), device=x.device)
+        own[torch.arange(k), torch.arange(k)] = 0.0
+        self.history = torch.cat([self.history, own.expand(n, k, K)], dim=2)
+        L = (t + 1) * K
+        self_bias = self.history[:, None].expand(n, H, k, L).reshape(n * H, k, L)
+        for i, layer in enumerate(self.decoder.layers):
+            # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this sentence's slots
+            h = layer.res_self.norm(x) if self.pre else x
+            q, key, value = _linear(layer.self_attn.qkv_proj, h).view(n, k, 3, H, self.dh).unbind(2)
+            keys, values = self._write(i, key, value)
+            y = self._attend(q, keys[:, :, :L].reshape(n * H, L, self.dh),
+                             values[:, :, :L].reshape(n * H, L, self.dh), self_bias)
+            x = _linear(layer.self_attn.out_proj, y, add=x)
+            x = x if self.pre else layer.res_self.norm(x)
+            # cross-attention to the source
+            h = layer.res_cross.norm(x) if self.pre else x
+            q = _linear(layer.cross_attn.q_proj, h).view(n, k, H, self.dh)
+            y = self._attend(q, *self.mem_kv[i], self.mem_bias)
+            x = _linear(layer.cross_attn.out_proj, y, add=x)
+            x = x if self.pre else layer.res_cross.norm(x)
+            # position-wise FFN
+            h = layer.res_ffn.norm(x) if self.pre else x
+            x = _linear(layer.ffn.w2, _linear(layer.ffn.w1, h, act=self.act), add=x)
+            x = x if self.pre else layer.res_ffn.norm(x)
+        self.t += 1
+        return self.model.lm_head(self.decoder.norm(x))
+
+    def _attend(self, q, keys, values, bias) -> torch.Tensor:
+        """q: (n, k, H, d_head); keys/values (n*H, L, d_head); bias broadcastable to (n*H, k, L). -> (n*k, d_model)"""
+        n, k, H, dh = q.shape
+        q = q.transpose(1, 2).reshape(n * H, k, dh)
+        scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=self.scale)
+        y = torch.bmm(scores.softmax(-1), values)
+        return y.view(n, H, k, dh).transpose(1, 2).reshape(n * k, H * dh)
+
+    def _write(self, i: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store position t's keys/values (n, k, H, d_head) of layer i at slots t*K .. t*K + k - 1."""
+        n, k, K, t = self.n, self.k, self.K, self.t
+        if i == len(self.keys) or t * K == self.keys[i].size(2):  # first use, or full: grow (double) the buffers
+            grown = []
+            for buffers in (self.keys, self.values):
+                old = buffers[i] if i < len(buffers) else None
+                cap = 2 * old.size(2) // K if old is not None else 8
+                new = key.new_empty(n, self.H, cap * K, self.dh)
+                if old is not None:
+                    new[:, :, : t * K] = old
+                grown.append(new)
+            if i == len(self.keys):
+                self.keys.append(grown[0])
+                self.values.append(grown[1])
+            else:
+                self.keys[i], self.values[i] = grown
+        keys, values = self.keys[i], self.values[i]
+        keys[:, :, t * K : t * K + k] = key.transpose(1, 2)
+        values[:, :, t * K : t * K + k] = value.transpose(1, 2)
+        if k < K:  # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
+            keys[:, :, t * K + k : (t + 1) * K] = 0.0
+            values[:, :, t * K + k : (t + 1) * K] = 0.0
+        return keys, values
+
+    def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
+        """Before the next step: keep the sentences `keep` (indices, or None for all), then let beam j of each
+        sentence continue beam parent[s, j] of the same sentence ((n_kept, K') indices; None: beam j continues
+        beam j)."""
+        if keep is not None:
+            n_old = self.n
+            self.n = keep.numel()
+            self.history = self.history.index_select(0, keep)
+            self.keys = [b.index_select(0, keep) for b in self.keys]
+            self.values = [b.index_select(0, keep) for b in self.values]
+            self.mem_kv = [tuple(_rows(m, n_old, keep) for m in kv) for kv in self.mem_kv]
+            self.mem_bias = _rows(self.mem_bias, n_old, keep)
+        if parent is not None:
+            self.history = self.history.gather(1, parent[:, :, None].expand(-1, -1, self.history.size(2)))
+            self.k = parent.size(1)
+
+
+def _rows(x: torch.Tensor, n: int, keep: torch.Tensor) -> torch.Tensor:
+    """Keep sentences `keep` of a (n*H, ...) tensor."""
+    return x.view(n, -1, *x.shape[1:]).index_select(0, keep).flatten(0, 1)
+
+
+def _linear(module: nn.Linear, x: torch.Tensor, act: str | None = None, add: torch.Tensor | None = None):
+    """y = act(x W^T + b) (+ add): with weights packed for oneDNN, one fused call."""
+    packed = getattr(module, "packed", None)
+    if packed is not None:
+        weight, bias = packed
+        x2 = x.reshape(-1, x.size(-1))
+        if add is not None:
+            y = torch.ops.mkldnn._linear_pointwise.binary(x2, add.reshape(x2.size(0), -1), weight, bias, "add")
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, act or "none", [], "none" if act else "")
+        return y.view(*x.shape[:-1], y.size(-1))
+    y = module(x)
+    if act is not None:
+        y = F.relu(y) if act == "relu" else F.gelu(y)
+    return y + add if add is not None else y
