@@ -60,7 +60,7 @@ def greedy_decode(
     """
     B, device = src.size(0), src.device
     max_len = max_lengths(model, src, max_len_a, max_len_b)
-    decoder = IncrementalDecoder(model, *model.encode(src), beam_size=1)
+    decoder = IncrementalDecoder(model, *model.encode(src), beam_size=1, max_steps=int(max_len.max()))
     alive = torch.arange(B, device=device)  # which input rows are still decoding
     tokens = torch.empty(B, 0, dtype=torch.long, device=device)
     lps = torch.empty(B, 0, device=device)
@@ -86,6 +86,7 @@ def greedy_decode(
             alive, tokens, lps, nxt = alive[keep], tokens[keep], lps[keep], nxt[keep]
             decoder.select(keep)
         tok = nxt
+    decoder.release()
     return out  # type: ignore[return-value]
 
 
@@ -128,7 +129,7 @@ def beam_search(
     if 2 * K > V - 3:
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
     max_len = max_lengths(model, src, max_len_a, max_len_b)
-    decoder = IncrementalDecoder(model, *model.encode(src), beam_size=K)
+    decoder = IncrementalDecoder(model, *model.encode(src), beam_size=K, max_steps=int(max_len.max()))
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     alive = list(range(B))  # input row of each live sentence
     alive_max = max_len
@@ -203,6 +204,7 @@ def beam_search(
             lps = torch.cat([lps.index_select(0, rows), next_lp.reshape(-1, 1)], 1)
         scores, k = next_scores, K
         tok = next_tok.flatten()
+    decoder.release()
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
 
 

@@ -23,8 +23,9 @@ class IncrementalDecoder:
     """Decoder state for one batch of sentences. `step` feeds one token per beam and returns the next-token logits;
     `select` drops sentences and reorders beams between steps."""
 
-    def __init__(self, model, memory: torch.Tensor, mem_mask: torch.Tensor, beam_size: int):
-        """memory: (n, S, d_model) encoder output; mem_mask: (n, 1, 1, S) True at real source tokens."""
+    def __init__(self, model, memory: torch.Tensor, mem_mask: torch.Tensor, beam_size: int, max_steps: int):
+        """memory: (n, S, d_model) encoder output; mem_mask: (n, 1, 1, S) True at real source tokens; `max_steps`:
+        the most positions that will be decoded."""
         cfg = model.cfg
         self.model, self.decoder = model, model.decoder
         self.K, self.H, self.dh = beam_size, cfg.n_head, cfg.d_head
@@ -40,8 +41,10 @@ class IncrementalDecoder:
         ]
         bias = torch.zeros(n, 1, S, device=memory.device).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
         self.mem_bias = bias.repeat_interleave(self.H, dim=0)  # (n*H, 1, S): -inf at source padding
-        self.keys: list[torch.Tensor] = []  # per layer (n, H, capacity*K, d_head), slot s*K + j
+        self.max_steps = max_steps
+        self.keys: list[torch.Tensor] = []  # per layer (n, H, max_steps*K, d_head), slot s*K + j
         self.values: list[torch.Tensor] = []
+        self._workspace: torch.Tensor | None = None
         self.history = memory.new_zeros(n, 1, 0)  # (n, k, t*K): 0 at the slots beam j descends from, -inf elsewhere
 
     def _heads(self, x: torch.Tensor, k: int, T: int) -> torch.Tensor:
@@ -94,20 +97,14 @@ class IncrementalDecoder:
     def _write(self, i: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store position t's keys/values (n, k, H, d_head) of layer i at slots t*K .. t*K + k - 1."""
         n, k, K, t = self.n, self.k, self.K, self.t
-        if i == len(self.keys) or t * K == self.keys[i].size(2):  # first use, or full: grow (double) the buffers
-            grown = []
-            for buffers in (self.keys, self.values):
-                old = buffers[i] if i < len(buffers) else None
-                cap = 2 * old.size(2) // K if old is not None else 8
-                new = key.new_empty(n, self.H, cap * K, self.dh)
-                if old is not None:
-                    new[:, :, : t * K] = old
-                grown.append(new)
-            if i == len(self.keys):
-                self.keys.append(grown[0])
-                self.values.append(grown[1])
-            else:
-                self.keys[i], self.values[i] = grown
+        if t == self.max_steps:
+            raise RuntimeError(f"decoded past the {self.max_steps} positions this decoder was made for")
+        if not self.keys:  # the first step: buffers for every layer, carved out of one (reused) allocation
+            shape = (n, self.H, self.max_steps * K, self.dh)
+            per = shape[0] * shape[1] * shape[2] * shape[3]
+            self._workspace = _take_workspace(self.model, 2 * len(self.decoder.layers) * per, key.dtype, key.device)
+            views = self._workspace[: 2 * len(self.decoder.layers) * per].view(-1, *shape).unbind(0)
+            self.keys, self.values = list(views[0::2]), list(views[1::2])
         keys, values = self.keys[i], self.values[i]
         keys[:, :, t * K : t * K + k] = key.transpose(1, 2)
         values[:, :, t * K : t * K + k] = value.transpose(1, 2)
@@ -115,6 +112,14 @@ class IncrementalDecoder:
             keys[:, :, t * K + k : (t + 1) * K] = 0.0
             values[:, :, t * K + k : (t + 1) * K] = 0.0
         return keys, values
+
+    def release(self) -> None:
+        """Hand the key/value memory back to the model for the next batch: reusing it spares the page faults of
+        fresh memory, a large share of a step's time on the CPU."""
+        if self._workspace is not None:
+            _return_workspace(self.model, self._workspace)
+            self._workspace = None
+        self.keys, self.values = [], []
 
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
         """Before the next step: keep the sentences `keep` (indices, or None for all), then let beam j of each
@@ -131,6 +136,20 @@ class IncrementalDecoder:
         if parent is not None:
             self.history = self.history.gather(1, parent[:, :, None].expand(-1, -1, self.history.size(2)))
             self.k = parent.size(1)
+
+
+def _take_workspace(model, numel: int, dtype, device) -> torch.Tensor:
+    """A flat tensor of at least `numel` elements: the one the model's last decoder released, if it fits."""
+    ws = model.__dict__.pop("_decode_workspace", None)
+    if ws is None or ws.numel() < numel or ws.dtype != dtype or ws.device != device:
+        ws = torch.empty(numel, dtype=dtype, device=device)
+    return ws
+
+
+def _return_workspace(model, ws: torch.Tensor) -> None:
+    old = model.__dict__.get("_decode_workspace")
+    if old is None or old.numel() < ws.numel():
+        model.__dict__["_decode_workspace"] = ws
 
 
 def _rows(x: torch.Tensor, n: int, keep: torch.Tensor) -> torch.Tensor:
