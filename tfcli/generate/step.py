@@ -32,57 +32,62 @@ class IncrementalDecoder:
         self.scale = self.dh**-0.5
         self.pre = cfg.norm == "pre"
         self.act = cfg.activation
+        self.max_steps = max_steps
         n, S, _ = memory.shape
+        device = memory.device
         self.n, self.k, self.t = n, 1, 0  # sentences, beams per sentence, positions so far
         # the source side, once per batch: per layer the cross-attention keys and values as (n*H, S, d_head)
         self.mem_kv = [
-            tuple(self._heads(kv, 1, S) for kv in _linear(layer.cross_attn.kv_proj, memory).chunk(2, dim=-1))
+            tuple(
+                kv.reshape(n, S, self.H, self.dh).transpose(1, 2).reshape(n * self.H, S, self.dh)
+                for kv in _linear(layer.cross_attn.kv_proj, memory).chunk(2, dim=-1)
+            )
             for layer in self.decoder.layers
         ]
-        bias = torch.zeros(n, 1, S, device=memory.device).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
+        bias = torch.zeros(n, 1, S, device=device).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
         self.mem_bias = bias.repeat_interleave(self.H, dim=0)  # (n*H, 1, S): -inf at source padding
-        self.max_steps = max_steps
-        self.keys: list[torch.Tensor] = []  # per layer (n, H, max_steps*K, d_head), slot s*K + j
-        self.values: list[torch.Tensor] = []
-        self._workspace: torch.Tensor | None = None
+        embed = self.decoder.embed
+        steps = torch.arange(max_steps, device=device)
+        self.positions = embed.pos(steps) if embed.pos is not None else torch.zeros(max_steps, cfg.d_model, device=device)
+        # the slots of one position, seen by the k beams that write it: beam j sees slot j (k = 1 or K)
+        own = torch.full((beam_size, beam_size), float("-inf"), device=device).fill_diagonal_(0.0)
+        self.own = {1: own[:1], beam_size: own}
         self.history = memory.new_zeros(n, 1, 0)  # (n, k, t*K): 0 at the slots beam j descends from, -inf elsewhere
-
-    def _heads(self, x: torch.Tensor, k: int, T: int) -> torch.Tensor:
-        """(n*k*T, d_model) rows of sentence-major beams -> (n*H, k*T, d_head)."""
-        return x.reshape(self.n, k * T, self.H, self.dh).transpose(1, 2).reshape(self.n * self.H, k * T, self.dh)
+        self.kv: list[torch.Tensor] = []  # per layer (n, H, max_steps*K, 2*d_head): slot s*K + j, key | value
+        self._workspace: torch.Tensor | None = None
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """tok: (n*k,) the last token of each beam (sentence-major); returns logits (n*k, V) for the next one."""
-        n, k, K, H, t = self.n, self.k, self.K, self.H, self.t
+        n, k, K, H, dh, t = self.n, self.k, self.K, self.H, self.dh, self.t
+        if t == self.max_steps:
+            raise RuntimeError(f"decoded past the {self.max_steps} positions this decoder was made for")
         embed = self.decoder.embed
-        x = embed.tok(tok) * embed.scale
-        if embed.pos is not None:
-            x = x + embed.pos(torch.tensor([t], device=tok.device))
+        x = torch.add(self.positions[t], embed.tok(tok), alpha=embed.scale)
         # this position's slots: beam j writes slot t*K + j and sees it (and, through `history`, its ancestors')
-        own = torch.full((k, K), float("-inf"), device=x.device)
-        own[torch.arange(k), torch.arange(k)] = 0.0
-        self.history = torch.cat([self.history, own.expand(n, k, K)], dim=2)
+        self.history = torch.cat([self.history, self.own[k].expand(n, k, K)], dim=2)
         L = (t + 1) * K
         self_bias = self.history[:, None].expand(n, H, k, L).reshape(n * H, k, L)
-        for i, layer in enumerate(self.decoder.layers):
+        pre = self.pre
+        for layer, kv, (mem_k, mem_v) in zip(self.decoder.layers, self._slots(), self.mem_kv):
             # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this sentence's slots
-            h = layer.res_self.norm(x) if self.pre else x
-            q, key, value = _linear(layer.self_attn.qkv_proj, h).view(n, k, 3, H, self.dh).unbind(2)
-            keys, values = self._write(i, key, value)
-            y = self._attend(q, keys[:, :, :L].reshape(n * H, L, self.dh),
-                             values[:, :, :L].reshape(n * H, L, self.dh), self_bias)
+            h = layer.res_self.norm(x) if pre else x
+            qkv = _linear(layer.self_attn.qkv_proj, h).view(n, k, 3, H, dh)
+            kv.view(n, H, -1, 2, dh)[:, :, t * K : t * K + k] = qkv[:, :, 1:].permute(0, 3, 1, 2, 4)
+            keys = kv[:, :, :L, :dh].reshape(n * H, L, dh)
+            values = kv[:, :, :L, dh:].reshape(n * H, L, dh)
+            y = self._attend(qkv[:, :, 0], keys, values, self_bias)
             x = _linear(layer.self_attn.out_proj, y, add=x)
-            x = x if self.pre else layer.res_self.norm(x)
+            x = x if pre else layer.res_self.norm(x)
             # cross-attention to the source
-            h = layer.res_cross.norm(x) if self.pre else x
-            q = _linear(layer.cross_attn.q_proj, h).view(n, k, H, self.dh)
-            y = self._attend(q, *self.mem_kv[i], self.mem_bias)
+            h = layer.res_cross.norm(x) if pre else x
+            q = _linear(layer.cross_attn.q_proj, h).view(n, k, H, dh)
+            y = self._attend(q, mem_k, mem_v, self.mem_bias)
             x = _linear(layer.cross_attn.out_proj, y, add=x)
-            x = x if self.pre else layer.res_cross.norm(x)
+            x = x if pre else layer.res_cross.norm(x)
             # position-wise FFN
-            h = layer.res_ffn.norm(x) if self.pre else x
+            h = layer.res_ffn.norm(x) if pre else x
             x = _linear(layer.ffn.w2, _linear(layer.ffn.w1, h, act=self.act), add=x)
-            x = x if self.pre else layer.res_ffn.norm(x)
+            x = x if pre else layer.res_ffn.norm(x)
         self.t += 1
         return self.model.lm_head(self.decoder.norm(x))
 
@@ -94,32 +99,26 @@ class IncrementalDecoder:
         y = torch.bmm(scores.softmax(-1), values)
         return y.view(n, H, k, dh).transpose(1, 2).reshape(n * k, H * dh)
 
-    def _write(self, i: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store position t's keys/values (n, k, H, d_head) of layer i at slots t*K .. t*K + k - 1."""
-        n, k, K, t = self.n, self.k, self.K, self.t
-        if t == self.max_steps:
-            raise RuntimeError(f"decoded past the {self.max_steps} positions this decoder was made for")
-        if not self.keys:  # the first step: buffers for every layer, carved out of one (reused) allocation
-            shape = (n, self.H, self.max_steps * K, self.dh)
-            per = shape[0] * shape[1] * shape[2] * shape[3]
-            self._workspace = _take_workspace(self.model, 2 * len(self.decoder.layers) * per, key.dtype, key.device)
-            views = self._workspace[: 2 * len(self.decoder.layers) * per].view(-1, *shape).unbind(0)
-            self.keys, self.values = list(views[0::2]), list(views[1::2])
-        keys, values = self.keys[i], self.values[i]
-        keys[:, :, t * K : t * K + k] = key.transpose(1, 2)
-        values[:, :, t * K : t * K + k] = value.transpose(1, 2)
-        if k < K:  # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
-            keys[:, :, t * K + k : (t + 1) * K] = 0.0
-            values[:, :, t * K + k : (t + 1) * K] = 0.0
-        return keys, values
+    def _slots(self) -> list[torch.Tensor]:
+        """The per-layer key/value slots; made at the first step, carved out of one allocation that the model keeps
+        for the next batch (fresh memory would page-fault on first use: a large share of a step on the CPU)."""
+        if not self.kv:
+            shape = (self.n, self.H, self.max_steps * self.K, 2 * self.dh)
+            size = shape[0] * shape[1] * shape[2] * shape[3]
+            n_layers = len(self.decoder.layers)
+            weight = self.decoder.embed.tok.weight  # the model's dtype (under autocast, writes are cast to it)
+            self._workspace = _take_workspace(self.model, n_layers * size, weight.dtype, weight.device)
+            self.kv = list(self._workspace[: n_layers * size].view(n_layers, *shape).unbind(0))
+            for kv in self.kv:  # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
+                kv[:, :, : self.K].zero_()
+        return self.kv
 
     def release(self) -> None:
-        """Hand the key/value memory back to the model for the next batch: reusing it spares the page faults of
-        fresh memory, a large share of a step's time on the CPU."""
+        """Hand the key/value memory back to the model for the next batch."""
         if self._workspace is not None:
             _return_workspace(self.model, self._workspace)
             self._workspace = None
-        self.keys, self.values = [], []
+        self.kv = []
 
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
         """Before the next step: keep the sentences `keep` (indices, or None for all), then let beam j of each
@@ -129,8 +128,7 @@ class IncrementalDecoder:
             n_old = self.n
             self.n = keep.numel()
             self.history = self.history.index_select(0, keep)
-            self.keys = [b.index_select(0, keep) for b in self.keys]
-            self.values = [b.index_select(0, keep) for b in self.values]
+            self.kv = [b.index_select(0, keep) for b in self.kv]
             self.mem_kv = [tuple(_rows(m, n_old, keep) for m in kv) for kv in self.mem_kv]
             self.mem_bias = _rows(self.mem_bias, n_old, keep)
         if parent is not None:
