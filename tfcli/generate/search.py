@@ -1,7 +1,8 @@
 """Decoding for encoder-decoder models: batched greedy and beam search with the KV cache.
 
-Both run the encoder once per batch, feed the decoder one new token per step (the KV cache holds the rest, and the
-cross-attention keys/values of the source are computed once), and let finished sentences leave the batch, so no
+Both run the encoder once per batch, feed the decoder one new token per beam and step through
+`step.IncrementalDecoder` (the KV cache holds the rest, the cross-attention keys/values of the source are computed
+once per sentence, and reordering beams copies no keys/values), and let finished sentences leave the batch, so no
 compute is spent on them. Neither ever emits <pad> or <s>.
 
 Length rules, shared with the slow reference in `reference.py`:
@@ -118,8 +119,7 @@ def beam_search(
     lp(max_len + 1), so no live beam can finish above best_live_sum / lp(max_len + 1). That changes no output
     (the n-best are the same as with the K-finished rule alone) and saves the steps after the answer is settled;
     with alpha = 0 it stops as soon as the best beam ends.
-    Rows are sentence-major: row s * k + j is beam j of live sentence s. The first step runs one row per sentence;
-    the source side (cross-attention keys/values, `mem_mask`) stays one row per live sentence throughout.
+    Rows are sentence-major: row s * k + j is beam j of live sentence s. The first step runs one row per sentence.
     """
     K = beam_size
     B, device = src.size(0), src.device

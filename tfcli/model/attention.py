@@ -104,7 +104,6 @@ class MultiHeadAttention(nn.Module):
         Returns the output (B, T, d_model) and, if `need_weights`, the attention weights (B, n_head, T, T_k).
         """
         B, T, _ = x.shape
-        group = 1
         if self.cross:
             q = self._heads(self.q_proj(x))
             if cache is not None and cache.k is not None:
@@ -113,11 +112,6 @@ class MultiHeadAttention(nn.Module):
                 k, v = (self._heads(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
                 if cache is not None:  # contiguous once, so the attention of every later step reads them directly
                     k, v = cache.append(k.contiguous(), v.contiguous())
-            # Beam search keeps the source keys/values once per sentence: query rows b*G .. b*G+G-1 (its G beams)
-            # all use row b, so they are stacked as G*T queries of that row.
-            group = B // k.size(0)
-            if group > 1:
-                q = _group(q, group)
         else:
             q, k, v = (self._heads(t) for t in self.qkv_proj(x).split(self.d_model, dim=-1))
             if rope is not None:
@@ -135,9 +129,6 @@ class MultiHeadAttention(nn.Module):
                 # The weights from the very same kernel: with V = I, softmax(QK^T/sqrt(d) + mask) I is the weights.
                 eye = torch.eye(k.size(2), dtype=q.dtype, device=q.device).expand(q.size(0), self.n_head, -1, -1)
                 weights = F.scaled_dot_product_attention(q, k, eye, attn_mask=mask, is_causal=is_causal)
-        if group > 1:
-            y = _ungroup(y, group)
-            weights = _ungroup(weights, group) if weights is not None else None
         y = y.transpose(1, 2).reshape(B, T, self.d_model)
         return self.out_proj(y), weights
 
@@ -149,15 +140,3 @@ def _attend_few_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(-1) @ v
-
-
-def _group(q: torch.Tensor, group: int) -> torch.Tensor:
-    """(B*G, H, T, d) -> (B, H, G*T, d): the queries of G consecutive rows as one row's queries."""
-    BG, H, T, d = q.shape
-    return q.view(BG // group, group, H, T, d).transpose(1, 2).reshape(BG // group, H, group * T, d)
-
-
-def _ungroup(y: torch.Tensor, group: int) -> torch.Tensor:
-    """The inverse of `_group`: (B, H, G*T, d) -> (B*G, H, T, d)."""
-    B, H, GT, d = y.shape
-    return y.view(B, H, group, GT // group, d).transpose(1, 2).reshape(B * group, H, GT // group, d)
