@@ -39,10 +39,12 @@ def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int) -> t
     return (src_len.float() * max_len_a + max_len_b).long().clamp(min=1, max=model.cfg.max_len)
 
 
+_BANNED = {False: torch.tensor([PAD_ID, BOS_ID]), True: torch.tensor([PAD_ID, BOS_ID, EOS_ID])}
+
+
 def banned_tokens(step: int, min_len: int, device) -> torch.Tensor:
     """Ids that may not come at `step` (1-based): <pad> and <s> always, </s> until min_len tokens exist."""
-    ids = [PAD_ID, BOS_ID] if step > min_len else [PAD_ID, BOS_ID, EOS_ID]
-    return torch.tensor(ids, device=device)
+    return _BANNED[step <= min_len].to(device)
 
 
 def _next_log_probs(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_len: int) -> torch.Tensor:
@@ -160,8 +162,7 @@ def beam_search(
         is_eos = cand_tok == EOS_ID
         # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
         next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
-        next_beam, next_tok = cand_beam.gather(1, pick), cand_tok.gather(1, pick)
-        next_row = next_beam + (torch.arange(n, device=device) * k)[:, None]
+        next_beam, next_tok, next_row = cand_beam.gather(1, pick), cand_tok.gather(1, pick), cand_row.gather(1, pick)
         cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
         next_lp = cand_lp.gather(1, pick) if token_scores else None
 

@@ -30,8 +30,9 @@ class IncrementalDecoder:
         self.model, self.decoder = model, model.decoder
         self.K, self.H, self.dh = beam_size, cfg.n_head, cfg.d_head
         self.scale = self.dh**-0.5
-        self.pre = cfg.norm == "pre"
-        self.act = cfg.activation
+        self.layers = [_Layer(layer, cfg) for layer in self.decoder.layers]
+        self.final_norm = _norm(self.decoder.norm)
+        self.lm_head = _linear(model.lm_head)
         self.max_steps = max_steps
         n, S, _ = memory.shape
         device = memory.device
@@ -40,7 +41,7 @@ class IncrementalDecoder:
         self.mem_kv = [
             tuple(
                 kv.reshape(n, S, self.H, self.dh).transpose(1, 2).reshape(n * self.H, S, self.dh)
-                for kv in _linear(layer.cross_attn.kv_proj, memory).chunk(2, dim=-1)
+                for kv in layer.cross_attn.kv_proj(memory).chunk(2, dim=-1)
             )
             for layer in self.decoder.layers
         ]
@@ -67,29 +68,20 @@ class IncrementalDecoder:
         self.history = torch.cat([self.history, self.own[k].expand(n, k, K)], dim=2)
         L = (t + 1) * K
         self_bias = self.history[:, None].expand(n, H, k, L).reshape(n * H, k, L)
-        pre = self.pre
-        for layer, kv, (mem_k, mem_v) in zip(self.decoder.layers, self._slots(), self.mem_kv):
+        for layer, kv, (mem_k, mem_v) in zip(self.layers, self._slots(), self.mem_kv):
             # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this sentence's slots
-            h = layer.res_self.norm(x) if pre else x
-            qkv = _linear(layer.self_attn.qkv_proj, h).view(n, k, 3, H, dh)
+            qkv = layer.qkv(layer.norm_self_in(x)).view(n, k, 3, H, dh)
             kv.view(n, H, -1, 2, dh)[:, :, t * K : t * K + k] = qkv[:, :, 1:].permute(0, 3, 1, 2, 4)
             keys = kv[:, :, :L, :dh].reshape(n * H, L, dh)
             values = kv[:, :, :L, dh:].reshape(n * H, L, dh)
-            y = self._attend(qkv[:, :, 0], keys, values, self_bias)
-            x = _linear(layer.self_attn.out_proj, y, add=x)
-            x = x if pre else layer.res_self.norm(x)
+            x = layer.norm_self_out(layer.self_out(self._attend(qkv[:, :, 0], keys, values, self_bias), x))
             # cross-attention to the source
-            h = layer.res_cross.norm(x) if pre else x
-            q = _linear(layer.cross_attn.q_proj, h).view(n, k, H, dh)
-            y = self._attend(q, mem_k, mem_v, self.mem_bias)
-            x = _linear(layer.cross_attn.out_proj, y, add=x)
-            x = x if pre else layer.res_cross.norm(x)
+            q = layer.cross_q(layer.norm_cross_in(x)).view(n, k, H, dh)
+            x = layer.norm_cross_out(layer.cross_out(self._attend(q, mem_k, mem_v, self.mem_bias), x))
             # position-wise FFN
-            h = layer.res_ffn.norm(x) if pre else x
-            x = _linear(layer.ffn.w2, _linear(layer.ffn.w1, h, act=self.act), add=x)
-            x = x if pre else layer.res_ffn.norm(x)
+            x = layer.norm_ffn_out(layer.w2(layer.w1(layer.norm_ffn_in(x)), x))
         self.t += 1
-        return self.model.lm_head(self.decoder.norm(x))
+        return self.lm_head(self.final_norm(x))
 
     def _attend(self, q, keys, values, bias) -> torch.Tensor:
         """q: (n, k, H, d_head); keys/values (n*H, L, d_head); bias broadcastable to (n*H, k, L). -> (n*k, d_model)"""
@@ -155,18 +147,52 @@ def _rows(x: torch.Tensor, n: int, keep: torch.Tensor) -> torch.Tensor:
     return x.view(n, -1, *x.shape[1:]).index_select(0, keep).flatten(0, 1)
 
 
-def _linear(module: nn.Linear, x: torch.Tensor, act: str | None = None, add: torch.Tensor | None = None):
-    """y = act(x W^T + b) (+ add): with weights packed for oneDNN, one fused call."""
+class _Layer:
+    """One decoder layer as the functions a step calls: LayerNorms where the norm placement puts them (identity
+    elsewhere), and linear layers with the activation or the residual addition fused in."""
+
+    def __init__(self, layer, cfg):
+        pre = cfg.norm == "pre"
+        norms = {name: _norm(getattr(layer, name).norm) for name in ("res_self", "res_cross", "res_ffn")}
+        same = _identity
+        # pre-norm: x + f(LN(x)); post-norm: LN(x + f(x))
+        self.norm_self_in, self.norm_self_out = (norms["res_self"], same) if pre else (same, norms["res_self"])
+        self.norm_cross_in, self.norm_cross_out = (norms["res_cross"], same) if pre else (same, norms["res_cross"])
+        self.norm_ffn_in, self.norm_ffn_out = (norms["res_ffn"], same) if pre else (same, norms["res_ffn"])
+        self.qkv = _linear(layer.self_attn.qkv_proj)
+        self.self_out = _linear(layer.self_attn.out_proj, residual=True)
+        self.cross_q = _linear(layer.cross_attn.q_proj)
+        self.cross_out = _linear(layer.cross_attn.out_proj, residual=True)
+        self.w1 = _linear(layer.ffn.w1, act=cfg.activation)
+        self.w2 = _linear(layer.ffn.w2, residual=True)
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _norm(module: nn.Module):
+    if not isinstance(module, nn.LayerNorm):
+        return _identity
+    shape, weight, bias, eps = module.normalized_shape, module.weight, module.bias, module.eps
+    return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
+
+
+def _linear(module: nn.Linear, act: str | None = None, residual: bool = False):
+    """x -> act(x W^T + b), or with `residual` (x, r) -> x W^T + b + r, for 2-d x. Where the weights are packed for
+    oneDNN (runtime.pack_linear_weights), one fused call."""
     packed = getattr(module, "packed", None)
     if packed is not None:
         weight, bias = packed
-        x2 = x.reshape(-1, x.size(-1))
-        if add is not None:
-            y = torch.ops.mkldnn._linear_pointwise.binary(x2, add.reshape(x2.size(0), -1), weight, bias, "add")
-        else:
-            y = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, act or "none", [], "none" if act else "")
-        return y.view(*x.shape[:-1], y.size(-1))
-    y = module(x)
+        if residual:
+            binary = torch.ops.mkldnn._linear_pointwise.binary
+            return lambda x, r: binary(x, r, weight, bias, "add")
+        linear = torch.ops.mkldnn._linear_pointwise.default
+        attr, algorithm = (act, "none") if act else ("none", "")
+        return lambda x: linear(x, weight, bias, attr, [], algorithm)
+    if residual:
+        return lambda x, r: module(x) + r
     if act is not None:
-        y = F.relu(y) if act == "relu" else F.gelu(y)
-    return y + add if add is not None else y
+        f = F.relu if act == "relu" else F.gelu
+        return lambda x: f(module(x))
+    return module
