@@ -20,7 +20,8 @@ path (`generate`, its default attention implementation and cache); CT2 a `Genera
 once (include_prompt_in_result=False). Greedy and top-k sampling (--top-k, temperature 1) at each of --batch-sizes;
 every measurement generates for the same --prompts rows (in batches of that size).
 
-Reported: new tokens per second = rows x N / wall time of the generation calls (prompt processing included in the
+Each system runs in a process of its own, one at a time (in a shared process, CTranslate2's OpenMP runtime slows
+torch 2-3x: benchmarks/common.py, Isolated). Reported: new tokens per second = rows x N / wall time of the generation calls (prompt processing included in the
 time, prompt tokens not counted), best of --repeats with the systems interleaved (the machine may be shared); the
 ratios tfcli/HF and tfcli/CT2; for greedy, the share of rows whose N tokens are identical to tfcli's. Peak memory:
 each system alone in a fresh subprocess that loads the model and generates one batch (the largest batch size,
@@ -49,9 +50,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import cpu_name, write_results  # noqa: E402
+from common import Isolated, cpu_name, write_results  # noqa: E402
 from tfcli.generate.lm import START_ID, GenerateConfig, generate_ids  # noqa: E402
-from tfcli.generate.runtime import pack_linear_weights  # noqa: E402
+from tfcli.generate.runtime import prepare_for_inference  # noqa: E402
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, count_parameters, preset  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -209,9 +210,9 @@ def compare(runners, prompts, bs, n, top_k, repeats, seed) -> dict:
     outputs = {}
     for _ in range(repeats):
         for r in runners:
-            t = time.perf_counter()
-            outputs[r.name] = [row for i, b in enumerate(batches) for row in r.run(b, n, top_k, seed + i)]
-            times[r.name].append(time.perf_counter() - t)
+            timed = [r.run(b, n, top_k, seed + i) for i, b in enumerate(batches)]  # (seconds, rows) per batch
+            outputs[r.name] = [row for _, rows in timed for row in rows]
+            times[r.name].append(sum(dt for dt, _ in timed))
     res = {"rows": rows, "batch_size": bs, "new_tokens_per_row": n, "decoding": f"top-k {top_k}" if top_k else "greedy"}
     for r in runners:
         lengths = sorted({len(o) for o in outputs[r.name]})
@@ -233,6 +234,27 @@ def maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def make_runner(system: str, directory: str, threads: int):
+    """One system's runner from the files saved in `directory` (probe.json, the tfcli weights, the HF and CT2
+    copies): the timing processes and the memory probe build it alike. tfcli is prepared as `tfcli lm-generate`
+    prepares it on the CPU in fp32 (runtime.prepare_for_inference)."""
+    d = Path(directory)
+    meta = json.loads((d / "probe.json").read_text())
+    if system == "tfcli":
+        from safetensors.torch import load_model
+
+        model = build_model(preset(meta["preset"], **meta["overrides"])).eval()
+        load_model(model, str(d / "tfcli.safetensors"), strict=False)  # the tied output weight is stored once
+        prepare_for_inference(model, torch.device("cpu"))
+        ban_eos(model)
+        return TfcliRunner(model)
+    if system == "hf":
+        from transformers import GPT2LMHeadModel
+
+        return HFRunner(GPT2LMHeadModel.from_pretrained(d / "hf").eval())
+    return CT2Runner(d / "ct2", meta["vocab"], threads)
+
+
 def probe(args) -> None:
     """Subprocess body (--probe SYSTEM): import, load the model saved in --probe-dir, generate one greedy batch;
     print peak-RSS figures as one JSON line."""
@@ -245,17 +267,8 @@ def probe(args) -> None:
     else:
         import ctranslate2  # noqa: F401
     after_imports = maxrss_mib()
+    runner = make_runner(args.probe, str(d), args.threads)
     meta = json.loads((d / "probe.json").read_text())
-    if args.probe == "tfcli":
-        model = build_model(preset(meta["preset"], **meta["overrides"])).eval()
-        load_model(model, str(d / "tfcli.safetensors"), strict=False)  # the tied output weight is stored once
-        pack_linear_weights(model)
-        ban_eos(model)
-        runner = TfcliRunner(model)
-    elif args.probe == "hf":
-        runner = HFRunner(GPT2LMHeadModel.from_pretrained(d / "hf").eval())
-    else:
-        runner = CT2Runner(d / "ct2", meta["vocab"], args.threads)
     prompts = make_prompts(meta["batch_size"], meta["prompt_len"], len(meta["vocab"]), seed=1)
     out = runner.run(prompts, meta["new_tokens"], 0, 0)
     assert all(len(o) == meta["new_tokens"] for o in out)
@@ -322,11 +335,10 @@ def benchmark(args, tmp: Path) -> dict:
     vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(len(SPECIAL_TOKENS), args.vocab)]
     gpt2 = to_gpt2(model)
     ct2_dir = save_for_ct2(gpt2, vocab, tmp)
-    runners = [TfcliRunner(model), HFRunner(gpt2), CT2Runner(ct2_dir, vocab, args.threads)]
-    diff = check_same_function(model, gpt2, runners[2].generator)
-    memory = measure_memory(args, tmp, model, overrides, vocab)  # before packing: the probe packs by itself
-    pack_linear_weights(model)  # as `tfcli lm-generate` runs on the CPU in fp32
-    ban_eos(model)
+    diff = check_same_function(model, gpt2, CT2Runner(ct2_dir, vocab, args.threads).generator)
+    memory = measure_memory(args, tmp, model, overrides, vocab)  # also saves what make_runner reads
+    # each system in a process of its own, one at a time (benchmarks/common.py, Isolated, says why)
+    runners = [Isolated(s, make_runner, s, str(tmp), args.threads, threads=args.threads) for s in ("tfcli", "hf", "ct2")]
     prompts = make_prompts(args.prompts, args.prompt_len, args.vocab, seed=0)
     out = {
         "model": f"random {args.preset}-shaped decoder-only LM: {cfg.n_decoder_layers} layers, d_model {cfg.d_model}, "
@@ -342,6 +354,8 @@ def benchmark(args, tmp: Path) -> dict:
             print(f"batch size {bs}, {key} ...", file=sys.stderr, flush=True)
             run[key] = compare(runners, prompts, bs, args.new_tokens, top_k, args.repeats, args.seed)
         out["runs"].append(run)
+    for r in runners:
+        r.close()
     return out
 
 

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from common import Isolated, cpu_name, write_results  # noqa: E402
 from tfcli.data.batching import pad, source_ids  # noqa: E402
-from tfcli.generate.runtime import pack_linear_weights  # noqa: E402
+from tfcli.generate.runtime import prepare_for_inference  # noqa: E402
 from tfcli.generate.search import beam_search, greedy_decode  # noqa: E402
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, ModelConfig, build_model, preset  # noqa: E402
 
@@ -257,13 +257,13 @@ class CT2Runner:
 
 
 def tfcli_runner(cfg: dict, weights: str) -> TfcliRunner:
-    """In the runner's own process: the model from its config and saved weights, as `tfcli translate` runs it on
-    the CPU in fp32 (linear layers with pre-packed oneDNN weights)."""
+    """In the runner's own process: the model from its config and saved weights, prepared as `tfcli translate`
+    prepares it on the CPU in fp32 (runtime.prepare_for_inference: pre-packed oneDNN weights, freed memory kept)."""
     from safetensors.torch import load_model
 
     model = build_model(ModelConfig(**cfg)).eval()
     load_model(model, weights, strict=False)  # tied weights are stored once
-    pack_linear_weights(model)
+    prepare_for_inference(model, torch.device("cpu"))
     return TfcliRunner(model)
 
 

@@ -93,3 +93,13 @@ def test_bf16_autocast_runs_close_to_fp32():
             dec = IncrementalDecoder(model, *model.encode(src), beam_size=2, max_steps=2)
             out = dec.step(torch.full((2,), BOS_ID))
     torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=0.05)
+
+
+def test_freed_memory_is_kept_on_glibc():
+    import platform
+
+    from tfcli.generate.runtime import keep_freed_memory
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt tuning is for glibc")
+    assert keep_freed_memory()
