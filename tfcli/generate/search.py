@@ -47,10 +47,21 @@ def banned_tokens(step: int, min_len: int, device) -> torch.Tensor:
     return _BANNED[step <= min_len].to(device)
 
 
-def _next_log_probs(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_len: int) -> torch.Tensor:
-    """log p(y_t | y_<t, x) for one new position per row, (R, V) float32, with banned tokens at -inf."""
-    lprobs = decoder.step(tok).float().log_softmax(-1)
-    return lprobs.index_fill_(1, banned_tokens(step, min_len, lprobs.device), float("-inf"))
+def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_len: int, k: int):
+    """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
+    each (R, k) (k = 1: the max, each (R,)).
+
+    log_softmax and topk each read the (R, V) logits once; done by blocks of 64 rows, the log-probs that topk
+    reads are still in the cache (measured on the CPU: this part 8-30% faster than on the whole at once)."""
+    logits = decoder.step(tok).float()
+    banned = banned_tokens(step, min_len, logits.device)
+    values, ids = [], []
+    for block in logits.split(64):
+        lprobs = block.log_softmax(-1).index_fill_(1, banned, float("-inf"))
+        v, i = lprobs.max(-1) if k == 1 else lprobs.topk(k, dim=1)
+        values.append(v)
+        ids.append(i)
+    return (values[0], ids[0]) if len(values) == 1 else (torch.cat(values), torch.cat(ids))
 
 
 @torch.inference_mode()
@@ -72,8 +83,7 @@ def greedy_decode(
     step = 0
     while alive.numel():
         step += 1
-        lprobs = _next_log_probs(decoder, tok, step, min_len)
-        lp, nxt = lprobs.max(-1)
+        lp, nxt = _best_next(decoder, tok, step, min_len, 1)
         tokens = torch.cat([tokens, nxt[:, None]], 1)
         lps = torch.cat([lps, lp[:, None]], 1)
         eos = nxt == EOS_ID
@@ -148,11 +158,10 @@ def beam_search(
     while alive:
         step += 1
         n = len(alive)
-        lprobs = _next_log_probs(decoder, tok, step, min_len)
         # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
         # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
         # no topk runs over, all k * V pairs.
-        top_lp, top_tok = lprobs.topk(2 * K, dim=1)  # (n * k, 2K)
+        top_lp, top_tok = _best_next(decoder, tok, step, min_len, 2 * K)  # (n * k, 2K)
         top_lp = top_lp.view(n, k * 2 * K)
         cand = (scores.unsqueeze(2) + top_lp.view(n, k, 2 * K)).view(n, k * 2 * K)
         cand_scores, cand_idx = cand.topk(2 * K, dim=1)  # sorted, best first
