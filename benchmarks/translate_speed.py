@@ -517,7 +517,7 @@ def main():
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--checkpoint", default=None, help="trained checkpoint for the Multi30k `tfcli translate` part")
     p.add_argument("--peer-checkpoint", default=None,
                    help="trained post-norm de->en checkpoint for the Multi30k side-by-side part")
