@@ -21,8 +21,8 @@ once (include_prompt_in_result=False). Greedy and top-k sampling (--top-k, tempe
 every measurement generates for the same --prompts rows (in batches of that size).
 
 Each system runs in a process of its own, one at a time (in a shared process, CTranslate2's OpenMP runtime slows
-torch 2-3x: benchmarks/common.py, Isolated). Reported: new tokens per second = rows x N / wall time of the generation calls (prompt processing included in the
-time, prompt tokens not counted), best of --repeats with the systems interleaved (the machine may be shared); the
+torch 2-3x: benchmarks/common.py, Isolated). Reported: new tokens per second = rows x N / wall time of the generation
+calls (prompt processing included in the time, prompt tokens not counted), best of --repeats with the systems interleaved (the machine may be shared); the
 ratios tfcli/HF and tfcli/CT2; for greedy, the share of rows whose N tokens are identical to tfcli's. Peak memory:
 each system alone in a fresh subprocess that loads the model and generates one batch (the largest batch size,
 greedy): ru_maxrss at the end minus ru_maxrss right after its imports. Results: benchmarks/results/lm_generate_speed.
@@ -338,7 +338,8 @@ def benchmark(args, tmp: Path) -> dict:
     diff = check_same_function(model, gpt2, CT2Runner(ct2_dir, vocab, args.threads).generator)
     memory = measure_memory(args, tmp, model, overrides, vocab)  # also saves what make_runner reads
     # each system in a process of its own, one at a time (benchmarks/common.py, Isolated, says why)
-    runners = [Isolated(s, make_runner, s, str(tmp), args.threads, threads=args.threads) for s in ("tfcli", "hf", "ct2")]
+    runners = [Isolated(s, make_runner, s, str(tmp), args.threads, threads=args.threads)
+               for s in ("tfcli", "hf", "ct2")]
     prompts = make_prompts(args.prompts, args.prompt_len, args.vocab, seed=0)
     out = {
         "model": f"random {args.preset}-shaped decoder-only LM: {cfg.n_decoder_layers} layers, d_model {cfg.d_model}, "

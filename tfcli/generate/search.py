@@ -203,7 +203,8 @@ def beam_search(
             if not alive:
                 break
             keep = torch.tensor(keep_list, device=device)
-            next_scores, next_row, next_tok, next_beam = next_scores[keep], next_row[keep], next_tok[keep], next_beam[keep]
+            next_scores, next_row, next_tok = next_scores[keep], next_row[keep], next_tok[keep]
+            next_beam = next_beam[keep]
             alive_max, lp_max, floor = alive_max[keep], lp_max[keep], floor[keep]
             if token_scores:
                 next_lp = next_lp[keep]

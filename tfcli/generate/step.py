@@ -10,6 +10,7 @@ It computes what `EncoderDecoder.decode` computes with a KV cache (tests check t
   of a single query row.
 - Linear layers packed for oneDNN on the CPU (runtime.pack_linear_weights) run with the ReLU/GELU and the residual
   addition fused into the layer before them.
+- The key/value memory is allocated once per batch and reused by the next batch (`release`), not grown step by step.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class IncrementalDecoder:
         self.mem_bias = bias.repeat_interleave(self.H, dim=0)  # (n*H, 1, S): -inf at source padding
         embed = self.decoder.embed
         steps = torch.arange(max_steps, device=device)
-        self.positions = embed.pos(steps) if embed.pos is not None else torch.zeros(max_steps, cfg.d_model, device=device)
+        no_positions = torch.zeros(max_steps, cfg.d_model, device=device)
+        self.positions = embed.pos(steps) if embed.pos is not None else no_positions
         # the slots of one position, seen by the k beams that write it: beam j sees slot j (k = 1 or K)
         own = torch.full((beam_size, beam_size), float("-inf"), device=device).fill_diagonal_(0.0)
         self.own = {1: own[:1], beam_size: own}
