@@ -19,7 +19,7 @@ from tfcli.generate.reference import reference_beam_search, reference_greedy
 from tfcli.generate.step import IncrementalDecoder
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty
 from tfcli.generate.translate import TranslateConfig, Translator, translate
-from tfcli.generate.runtime import load
+from tfcli.generate.runtime import load, pack_linear_weights
 from tfcli.model import BOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,11 +94,14 @@ def _one_thread():
 # --- search ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("which", ["trained", "random"])
+@pytest.mark.parametrize("which", ["trained", "random", "packed"])
 def test_cached_batched_search_equals_slow_reference(which, reverser_model):
     """Greedy and beam search (KV cache, batched, sentences leaving the batch) equal the no-cache reference run one
-    sentence at a time: same hypotheses in the same order, same scores."""
+    sentence at a time: same hypotheses in the same order, same scores. `packed`: CPU inference as translate runs it
+    (oneDNN weights, fused linear layers in the search)."""
     model = reverser_model if which == "trained" else random_model()
+    if which == "packed" and not pack_linear_weights(model):
+        pytest.skip("oneDNN is not available in this torch build")
     srcs = sources(20, seed=3, max_words=8)
     beams = beam_search(model, pad(srcs), beam_size=4, len_penalty=0.6, nbest=4, token_scores=True)
     greedy = greedy_decode(model, pad(srcs))
