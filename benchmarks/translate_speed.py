@@ -443,7 +443,9 @@ def _speeds(r: dict) -> str:
 
 
 def _agreement(r: dict) -> str:
-    return f"{r['hf']['same_output_as_tfcli']:.0%}, {r['ct2']['same_output_as_tfcli']:.0%}"
+    """The share of sentences each peer translates exactly as tfcli does (never rounded up to 100%)."""
+    shares = (r[system]["same_output_as_tfcli"] for system in ("hf", "ct2"))
+    return ", ".join("100%" if x == 1 else f"{min(x, 0.999):.1%}" for x in shares)
 
 
 def markdown(res: dict) -> str:
