@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tfcli.generate.runtime import pack_linear_weights
-from tfcli.generate.step import IncrementalDecoder
+from tfcli.generate.step import IncrementalDecoder, free_memory
 from tfcli.model import BOS_ID, PAD_ID, build_model, preset
 
 V = 40
@@ -82,6 +82,8 @@ def test_greedy_rows_and_memory_reuse():
                 prefix = [p + [w] for p, w in zip(prefix, tok.tolist())]
             dec.release()
         assert "_decode_workspace" in model.__dict__
+        free_memory(model)
+        assert "_decode_workspace" not in model.__dict__
 
 
 def test_bf16_autocast_runs_close_to_fp32():

@@ -108,7 +108,7 @@ class IncrementalDecoder:
         return self.kv
 
     def release(self) -> None:
-        """Hand the key/value memory back to the model for the next batch."""
+        """Hand the key/value memory back to the model for the next batch (until `free_memory(model)`)."""
         if self._workspace is not None:
             _return_workspace(self.model, self._workspace)
             self._workspace = None
@@ -128,6 +128,12 @@ class IncrementalDecoder:
         if parent is not None:
             self.history = self.history.gather(1, parent[:, :, None].expand(-1, -1, self.history.size(2)))
             self.k = parent.size(1)
+
+
+def free_memory(model) -> None:
+    """Drop the key/value memory that the model keeps for its next batch (training does after its validation BLEU,
+    so the memory is not held while training goes on)."""
+    model.__dict__.pop("_decode_workspace", None)
 
 
 def _take_workspace(model, numel: int, dtype, device) -> torch.Tensor:

@@ -437,6 +437,7 @@ class Trainer:
         from tokenizers import Tokenizer
 
         from tfcli.generate.search import greedy_search
+        from tfcli.generate.step import free_memory
         from tfcli.io import read_lines
 
         data = self.valid_data
@@ -447,6 +448,7 @@ class Trainer:
             with self.autocast():
                 for i, out in zip(idx, greedy_search(self.raw, src)):
                     hyps[i] = out
+        free_memory(self.raw)  # the decoder's key/value memory is not kept while training goes on
         tok = Tokenizer.from_file(str(self.prepared.tokenizer_file("tgt")))
         hyp_text = tok.decode_batch(hyps, skip_special_tokens=True)
         ref_file = self.prepared.text_file(self.cfg.valid_split, "tgt")
