@@ -56,8 +56,17 @@ class IncrementalDecoder:
         own = torch.full((beam_size, beam_size), float("-inf"), device=device).fill_diagonal_(0.0)
         self.own = {1: own[:1], beam_size: own}
         self.history = memory.new_zeros(n, 1, 0)  # (n, k, t*K): 0 at the slots beam j descends from, -inf elsewhere
-        self.kv: list[torch.Tensor] = []  # per layer (n, H, max_steps*K, 2*d_head): slot s*K + j, key | value
-        self._workspace: torch.Tensor | None = None
+        # per layer (n, H, max_steps*K, 2*d_head): slot s*K + j, key | value; carved out of one allocation that the
+        # model keeps for the next batch (fresh memory would page-fault on first use: a large share of a step on the
+        # CPU), in the model's dtype (under autocast, writes are cast to it)
+        shape = (n, self.H, max_steps * beam_size, 2 * self.dh)
+        size = shape[0] * shape[1] * shape[2] * shape[3]
+        n_layers = len(self.layers)
+        weight = embed.tok.weight
+        self._workspace: torch.Tensor | None = _take_workspace(model, n_layers * size, weight.dtype, weight.device)
+        self.kv = list(self._workspace[: n_layers * size].view(n_layers, *shape).unbind(0))
+        for kv in self.kv:  # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
+            kv[:, :, :beam_size].zero_()
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """tok: (n*k,) the last token of each beam (sentence-major); returns logits (n*k, V) for the next one."""
@@ -70,7 +79,7 @@ class IncrementalDecoder:
         self.history = torch.cat([self.history, self.own[k].expand(n, k, K)], dim=2)
         L = (t + 1) * K
         self_bias = self.history[:, None].expand(n, H, k, L).reshape(n * H, k, L)
-        for layer, kv, (mem_k, mem_v) in zip(self.layers, self._slots(), self.mem_kv):
+        for layer, kv, (mem_k, mem_v) in zip(self.layers, self.kv, self.mem_kv):
             # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this sentence's slots
             qkv = layer.qkv(layer.norm_self_in(x)).view(n, k, 3, H, dh)
             kv.view(n, H, -1, 2, dh)[:, :, t * K : t * K + k] = qkv[:, :, 1:].permute(0, 3, 1, 2, 4)
@@ -92,20 +101,6 @@ class IncrementalDecoder:
         scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=self.scale)
         y = torch.bmm(scores.softmax(-1), values)
         return y.view(n, H, k, dh).transpose(1, 2).reshape(n * k, H * dh)
-
-    def _slots(self) -> list[torch.Tensor]:
-        """The per-layer key/value slots; made at the first step, carved out of one allocation that the model keeps
-        for the next batch (fresh memory would page-fault on first use: a large share of a step on the CPU)."""
-        if not self.kv:
-            shape = (self.n, self.H, self.max_steps * self.K, 2 * self.dh)
-            size = shape[0] * shape[1] * shape[2] * shape[3]
-            n_layers = len(self.decoder.layers)
-            weight = self.decoder.embed.tok.weight  # the model's dtype (under autocast, writes are cast to it)
-            self._workspace = _take_workspace(self.model, n_layers * size, weight.dtype, weight.device)
-            self.kv = list(self._workspace[: n_layers * size].view(n_layers, *shape).unbind(0))
-            for kv in self.kv:  # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
-                kv[:, :, : self.K].zero_()
-        return self.kv
 
     def release(self) -> None:
         """Hand the key/value memory back to the model for the next batch (until `free_memory(model)`)."""
