@@ -27,6 +27,21 @@ def write_results(out: str | Path, result: dict, markdown: str) -> None:
     print(markdown)
 
 
+def tfcli_for_inference(model_config: dict, weights: str):
+    """A tfcli model from its config (as a dict) and weights saved with safetensors' save_model, prepared as
+    `tfcli translate` and `tfcli lm-generate` prepare it on the CPU in fp32 (runtime.prepare_for_inference)."""
+    import torch
+    from safetensors.torch import load_model
+
+    from tfcli.generate.runtime import prepare_for_inference
+    from tfcli.model import ModelConfig, build_model
+
+    model = build_model(ModelConfig(**model_config)).eval()
+    load_model(model, weights, strict=False)  # tied weights are stored once
+    prepare_for_inference(model, torch.device("cpu"))
+    return model
+
+
 class Isolated:
     """A benchmark runner in a process of its own: `run(*args)` returns (seconds, output), timed in that process.
 

@@ -22,17 +22,18 @@ every measurement generates for the same --prompts rows (in batches of that size
 
 Each system runs in a process of its own, one at a time (in a shared process, CTranslate2's OpenMP runtime slows
 torch 2-3x: benchmarks/common.py, Isolated). Reported: new tokens per second = rows x N / wall time of the generation
-calls (prompt processing included in the time, prompt tokens not counted), best of --repeats with the systems interleaved (the machine may be shared); the
-ratios tfcli/HF and tfcli/CT2; for greedy, the share of rows whose N tokens are identical to tfcli's. Peak memory:
-each system alone in a fresh subprocess that loads the model and generates one batch (the largest batch size,
-greedy): ru_maxrss at the end minus ru_maxrss right after its imports. Results: benchmarks/results/lm_generate_speed.
-{json,md}; --quick (a tiny model, a few rows, one repeat) is a check that everything runs and writes to a temporary
-directory unless --out is given.
+calls (prompt processing included in the time, prompt tokens not counted), best of --repeats with the systems
+interleaved (the machine may be shared); the ratios tfcli/HF and tfcli/CT2; for greedy, the share of rows whose N
+tokens are identical to tfcli's. Peak memory: each system alone in a fresh subprocess that loads the model and
+generates one batch (the largest batch size, greedy): ru_maxrss at the end minus ru_maxrss right after its imports.
+Results: benchmarks/results/lm_generate_speed.{json,md}; --quick (a tiny model, a few rows, one repeat) is a check
+that everything runs and writes to a temporary directory unless --out is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -50,9 +51,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import Isolated, cpu_name, write_results  # noqa: E402
+from common import Isolated, cpu_name, tfcli_for_inference, write_results  # noqa: E402
 from tfcli.generate.lm import START_ID, GenerateConfig, generate_ids  # noqa: E402
-from tfcli.generate.runtime import prepare_for_inference  # noqa: E402
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, count_parameters, preset  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -237,15 +237,12 @@ def maxrss_mib() -> float:
 def make_runner(system: str, directory: str, threads: int):
     """One system's runner from the files saved in `directory` (probe.json, the tfcli weights, the HF and CT2
     copies): the timing processes and the memory probe build it alike. tfcli is prepared as `tfcli lm-generate`
-    prepares it on the CPU in fp32 (runtime.prepare_for_inference)."""
+    prepares it (common.tfcli_for_inference)."""
     d = Path(directory)
     meta = json.loads((d / "probe.json").read_text())
     if system == "tfcli":
-        from safetensors.torch import load_model
-
-        model = build_model(preset(meta["preset"], **meta["overrides"])).eval()
-        load_model(model, str(d / "tfcli.safetensors"), strict=False)  # the tied output weight is stored once
-        prepare_for_inference(model, torch.device("cpu"))
+        cfg = dataclasses.asdict(preset(meta["preset"], **meta["overrides"]))
+        model = tfcli_for_inference(cfg, str(d / "tfcli.safetensors"))
         ban_eos(model)
         return TfcliRunner(model)
     if system == "hf":

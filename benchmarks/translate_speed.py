@@ -44,11 +44,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import Isolated, cpu_name, write_results  # noqa: E402
+from common import Isolated, cpu_name, tfcli_for_inference, write_results  # noqa: E402
 from tfcli.data.batching import pad, source_ids  # noqa: E402
-from tfcli.generate.runtime import prepare_for_inference  # noqa: E402
 from tfcli.generate.search import beam_search, greedy_decode  # noqa: E402
-from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, ModelConfig, build_model, preset  # noqa: E402
+from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -257,14 +256,8 @@ class CT2Runner:
 
 
 def tfcli_runner(cfg: dict, weights: str) -> TfcliRunner:
-    """In the runner's own process: the model from its config and saved weights, prepared as `tfcli translate`
-    prepares it on the CPU in fp32 (runtime.prepare_for_inference: pre-packed oneDNN weights, freed memory kept)."""
-    from safetensors.torch import load_model
-
-    model = build_model(ModelConfig(**cfg)).eval()
-    load_model(model, weights, strict=False)  # tied weights are stored once
-    prepare_for_inference(model, torch.device("cpu"))
-    return TfcliRunner(model)
+    """In the runner's own process: the model prepared as `tfcli translate` prepares it (common.tfcli_for_inference)."""
+    return TfcliRunner(tfcli_for_inference(cfg, weights))
 
 
 def hf_runner(directory: str) -> HFRunner:
