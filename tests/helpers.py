@@ -146,3 +146,112 @@ def train_tiny_checkpoint(
         overrides = dict(model or {})
     run_train(cfg, overrides)
     return Path(cfg.out)
+
+
+# --- hand-built models: behaviour known by construction, the same on every CPU --------------------------------------
+#
+# Trained toy models converge differently under other float kernels (another CPU, ATEN_CPU_CAPABILITY, threads), so
+# tests that need a model which "does the task" use these: their weights are set by hand, every decision they make
+# wins by a margin of tens of logits, and near-ties among the other tokens are broken by a fixed bias.
+
+
+def _ln_identity(norm, d_model: int, ones: int) -> None:
+    """Set a LayerNorm so that LN(x) = x for every x made of `ones` one-hot entries (mean and variance then fixed)."""
+    import torch
+
+    mu = ones / d_model
+    sigma = (ones / d_model - mu * mu + norm.eps) ** 0.5
+    norm.weight.data.fill_(sigma)
+    norm.bias.data.fill_(mu)
+    assert isinstance(norm.weight, torch.nn.Parameter)
+
+
+def copy_model(n_words: int = 20, max_len: int = 32, n_layers: int = 2, logit_scale: float = 6.0):
+    """A pre-norm encoder-decoder (learned positions) that copies its source: y_t = x_t, then </s>.
+
+    Layout of the residual stream (d_model = 2V + max_len): token one-hot [0, V), position one-hot [V, V + P), and
+    the copied source token [V + P, 2V + P). The encoder passes its embeddings through (every sublayer outputs 0).
+    In the decoder's first layer, cross-attention head 0 matches target position t to source position t
+    (q = c * onehot(t), k = onehot(s): a score of 60 against 0; the source's </s> scores 30 for every query, so past
+    the source's end the model copies </s>) and writes that source token's one-hot into the third block, which alone
+    feeds the output layer (with a fixed pseudo-random term per position and token, so that no two hypotheses tie).
+    The right token wins by 20 logits or more.
+    """
+    import torch
+
+    from tfcli.model import EOS_ID, build_model, preset
+
+    V, P = 4 + n_words, max_len
+    D = 2 * V + P
+    D += D % 2
+    d_head = D // 2
+    assert d_head >= P and d_head >= V
+    cfg = preset(
+        "tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=D, n_head=2, d_ff=16, n_encoder_layers=n_layers,
+        n_decoder_layers=n_layers, positions="learned", max_len=P, scale_embedding=False, share_embeddings=True,
+        tie_output=False, norm="pre", dropout=0.0,
+    )
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.fill_(1.0)
+        model.encoder.embed.tok.weight[:, :V] = torch.eye(V)
+        for embed in (model.encoder.embed, model.decoder.embed):
+            embed.pos.emb.weight[:, V:V + P] = torch.eye(P)
+        _ln_identity(model.encoder.norm, D, 2)
+        layer = model.decoder.layers[0]
+        _ln_identity(layer.res_cross.norm, D, 2)
+        c = 60.0 * d_head**0.5
+        layer.cross_attn.q_proj.weight[:P, V:V + P] = c * torch.eye(P)  # head 0 queries: the target position
+        layer.cross_attn.kv_proj.weight[:P, V:V + P] = torch.eye(P)  # head 0 keys: the source position
+        layer.cross_attn.q_proj.bias[P] = 30.0 * d_head**0.5  # and every query likes </s> a little
+        layer.cross_attn.kv_proj.weight[P, EOS_ID] = 1.0
+        layer.cross_attn.kv_proj.weight[D:D + V, :V] = torch.eye(V)  # head 0 values: the source token
+        layer.cross_attn.out_proj.weight[V + P:2 * V + P, :V] = torch.eye(V)
+        bias = -0.05 * torch.arange(V) / V  # tie-breaker: lower ids first, and </s> never unless copied, so that
+        bias[EOS_ID] = -0.5  # a beam's runner-up expansions are wrong words, not early ends
+        layer.ffn.w2.bias[V + P:2 * V + P] = bias
+        model.lm_head.weight[:, V + P:2 * V + P] = logit_scale * torch.eye(V)
+        g = torch.Generator().manual_seed(0)
+        model.lm_head.weight[:, V:V + P] = 0.5 * torch.rand(V, P, generator=g)  # position x token: no ties
+    return model
+
+
+def successor_lm(vocab: list[str], successor: dict[int, int], max_len: int = 48, logit_scale: float = 1.75):
+    """A decoder-only LM (learned positions, all zero) whose next token depends on the current one only:
+    p(successor[v] | ..., v) is the largest by about 10 logits (moderate, so temperature sampling varies).
+    Tokens missing from `successor` continue with nothing in particular (their row of the output layer is 0)."""
+    import torch
+
+    from tfcli.model import build_model, preset
+
+    V = len(vocab)
+    D = V + V % 2 + 2
+    D += (-D) % 4
+    cfg = preset("lm-tiny", tgt_vocab_size=V, d_model=D, n_head=4, d_ff=16, max_len=max_len, tie_output=False)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.fill_(1.0)
+        model.decoder.embed.tok.weight[:, :V] = torch.eye(V)
+        model.decoder.layers[0].ffn.w2.bias[:V] = -0.02 * torch.arange(V) / V  # tie-breaker
+        model.lm_head.weight.zero_()
+        for v, nxt in successor.items():
+            model.lm_head.weight[nxt, v] = logit_scale
+    return model
+
+
+def save_model(path, model, tokenizer_file) -> "Path":
+    """Save a hand-built model as a checkpoint that translate/lm-generate/eval load (one tokenizer for both sides)."""
+    import dataclasses
+
+    from tfcli import checkpoint
+
+    sides = {"src": tokenizer_file, "tgt": tokenizer_file} if model.cfg.kind == "seq2seq" else {"tgt": tokenizer_file}
+    return checkpoint.save(path, model, {"model": dataclasses.asdict(model.cfg)}, sides)

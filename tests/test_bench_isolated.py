@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,16 +16,18 @@ class Doubler:
     def __init__(self, offset):
         self.offset = offset
 
-    def run(self, x):
+    def run(self, x, pause=0.0):
         if x < 0:
             raise ValueError("negative input")
+        time.sleep(pause)
         return os.getpid(), 2 * x + self.offset
 
 
 def test_runs_in_its_own_process_and_reports_the_time():
     with Isolated("doubler", Doubler, 1, threads=1) as runner:
-        seconds, (pid, y) = runner.run(20)
-        assert y == 41 and pid != os.getpid() and seconds >= 0.0
+        seconds, (pid, y) = runner.run(20, 0.25)
+        assert y == 41 and pid != os.getpid()
+        assert seconds >= 0.25  # the call is timed (a sleep lasts at least as long as asked)
         with pytest.raises(RuntimeError, match="(?s)doubler .*negative input"):
             runner.run(-1)
         assert runner.run(1)[1][1] == 3  # the process survives a failed call

@@ -446,7 +446,6 @@ def test_translate_and_score_equals_translate_then_eval(tmp_path):
     assert hyp.read_text() == two.read_text()
     two_step = cli_json(two, "-r", ref)
     assert one_step["systems"][0]["scores"] == two_step["systems"][0]["scores"]
-    assert one_step["systems"][0]["scores"]["BLEU"]["score"] > 50  # the copy task is learnt
     # line counts are checked before translating
     short = write(tmp_path / "short.txt", lines_of(src)[:3])
     r = tfcli("eval", "--model", run_dir, "--translate", short, "-r", ref)

@@ -1,26 +1,26 @@
 """translate: the batched, cached beam/greedy search equals a slow reference; batching, order, formats and the
 command line (files, stdin/stdout pipelines, odd input) behave."""
 
-import dataclasses
 import random
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers
 from typer.testing import CliRunner
 
 from tfcli import checkpoint
 from tfcli.cli import app
-from tfcli.data.batching import collate_seq2seq, pad, source_ids
+from tfcli.data.batching import pad, source_ids
 from tfcli.generate.reference import reference_beam_search, reference_greedy
 from tfcli.generate.step import IncrementalDecoder
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty
 from tfcli.generate.translate import TranslateConfig, Translator, translate
 from tfcli.generate.runtime import load, pack_linear_weights
 from tfcli.model import BOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset
+
+from helpers import copy_model, save_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TFCLI = ROOT / ".venv" / "bin" / "tfcli"
@@ -41,32 +41,17 @@ V = len(SPECIAL_TOKENS) + len(WORDS)
 
 
 @pytest.fixture(scope="module")
-def reverser(tmp_path_factory):
-    """A tiny model trained for a few hundred steps to reverse word order, saved as a checkpoint."""
-    d = tmp_path_factory.mktemp("reverser")
-    tok = word_tokenizer(d / "tok.json")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and the machine is shared
-    torch.manual_seed(0)
-    cfg = preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=64, d_ff=128, share_embeddings=True, max_len=32)
-    model = build_model(cfg).train()
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
-    rng = random.Random(0)
-    for _ in range(300):
-        src = [[rng.randrange(4, V) for _ in range(rng.randint(1, 8))] for _ in range(64)]
-        s, t_in, t_out = collate_seq2seq(src, [x[::-1] for x in src])
-        loss = F.cross_entropy(model(s, t_in).flatten(0, 1), t_out.flatten(), ignore_index=PAD_ID)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    torch.set_num_threads(threads)
-    path = checkpoint.save(d / "ckpt", model.eval(), {"model": dataclasses.asdict(cfg)}, {"src": tok, "tgt": tok})
-    return path
+def copier(tmp_path_factory):
+    """A hand-built model that copies its input word for word (tests/helpers.copy_model), saved as a checkpoint: what
+    it outputs is known by construction, on every CPU."""
+    d = tmp_path_factory.mktemp("copier")
+    model = copy_model(n_words=len(WORDS), max_len=32)
+    return save_model(d / "ckpt", model, word_tokenizer(d / "tok.json"))
 
 
 @pytest.fixture(scope="module")
-def reverser_model(reverser):
-    return checkpoint.load(reverser)[0]
+def copier_model(copier):
+    return checkpoint.load(copier)[0]
 
 
 def random_model():
@@ -94,12 +79,12 @@ def _one_thread():
 # --- search ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("which", ["trained", "random", "packed"])
-def test_cached_batched_search_equals_slow_reference(which, reverser_model):
+@pytest.mark.parametrize("which", ["copier", "random", "packed"])
+def test_cached_batched_search_equals_slow_reference(which, copier_model):
     """Greedy and beam search (KV cache, batched, sentences leaving the batch) equal the no-cache reference run one
     sentence at a time: same hypotheses in the same order, same scores. `packed`: CPU inference as translate runs it
     (oneDNN weights, fused linear layers in the search)."""
-    model = reverser_model if which == "trained" else random_model()
+    model = copier_model if which == "copier" else random_model()
     if which == "packed" and not pack_linear_weights(model):
         pytest.skip("oneDNN is not available in this torch build")
     srcs = sources(20, seed=3, max_words=8)
@@ -116,26 +101,27 @@ def test_cached_batched_search_equals_slow_reference(which, reverser_model):
         assert g.tokens == ref_g.tokens
         assert g.score == pytest.approx(ref_g.score, abs=1e-4)
         ended_early += len(g.token_scores) == len(g.tokens) + 1  # ended with </s>
-    if which == "trained":
-        assert ended_early == len(srcs)  # the trained model ends its sentences: the </s> paths are exercised
-        # and it learned the task, so the search finds the reversal
-        assert sum(b[0].tokens == s[:-1][::-1] for s, b in zip(srcs, beams)) >= 18
+    if which == "copier":  # it ends every sentence (by construction), so the </s> paths are exercised
+        assert ended_early == len(srcs)
+        assert all(b[0].tokens == s[:-1] for s, b in zip(srcs, beams))
 
 
-def test_batch_equals_one_by_one(reverser_model):
+@pytest.mark.parametrize("which", ["copier", "random"])
+def test_batch_equals_one_by_one(which, copier_model):
+    model = copier_model if which == "copier" else random_model()
     srcs = sources(16, seed=5)
-    batched = beam_search(reverser_model, pad(srcs), beam_size=5, nbest=3)
+    batched = beam_search(model, pad(srcs), beam_size=5, nbest=3)
     for src, hyps in zip(srcs, batched):
-        alone = beam_search(reverser_model, pad([src]), beam_size=5, nbest=3)[0]
+        alone = beam_search(model, pad([src]), beam_size=5, nbest=3)[0]
         assert [h.tokens for h in hyps] == [h.tokens for h in alone]
         assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-5)
-    assert greedy_search(reverser_model, pad(srcs)) == [greedy_search(reverser_model, pad([s]))[0] for s in srcs]
+    assert greedy_search(model, pad(srcs)) == [greedy_search(model, pad([s]))[0] for s in srcs]
 
 
-def test_greedy_is_beam_search_with_beam_one(reverser_model):
+def test_greedy_is_beam_search_with_beam_one(copier_model):
     srcs = sources(10, seed=6)
-    greedy = greedy_decode(reverser_model, pad(srcs), len_penalty=0.6)
-    for g, b in zip(greedy, beam_search(reverser_model, pad(srcs), beam_size=1)):
+    greedy = greedy_decode(copier_model, pad(srcs), len_penalty=0.6)
+    for g, b in zip(greedy, beam_search(copier_model, pad(srcs), beam_size=1)):
         assert g.tokens == b[0].tokens and g.score == pytest.approx(b[0].score, abs=1e-5)
 
 
@@ -162,27 +148,27 @@ class Recorder:
         monkeypatch.setattr(IncrementalDecoder, "step", recorded_step)
 
 
-def test_encoder_runs_once_and_finished_sentences_leave_the_batch(reverser_model, monkeypatch):
+def test_encoder_runs_once_and_finished_sentences_leave_the_batch(copier_model, monkeypatch):
     words = [[5 + i for i in range(n)] for n in (1, 3, 8)]
     srcs = [source_ids(w) for w in words]
-    rec = Recorder(monkeypatch, reverser_model)
-    hyps = beam_search(reverser_model, pad(srcs), beam_size=3)
+    rec = Recorder(monkeypatch, copier_model)
+    hyps = beam_search(copier_model, pad(srcs), beam_size=3)
     assert rec.encodes == 1
     rows = rec.rows  # one new token per beam and step: the cache holds the prefix
     assert rows[0] == 3 and rows[1] == 9  # first step one row per sentence, then K beams each
     assert rows[-1] == 3  # at the end only the longest sentence is left
     assert all(a >= b for a, b in zip(rows[1:], rows[2:]))
-    assert [h[0].tokens for h in hyps] == [reference_beam_search(reverser_model, s, beam_size=3)[0].tokens for s in srcs]
+    assert [h[0].tokens for h in hyps] == [reference_beam_search(copier_model, s, beam_size=3)[0].tokens for s in srcs]
     lengths = [len(h[0].tokens) for h in hyps]
     assert lengths[0] < lengths[1] < lengths[2]  # so the longest sentence is the last one left
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_search_stops_once_the_best_is_settled(alpha, reverser_model, monkeypatch):
+def test_search_stops_once_the_best_is_settled(alpha, copier_model, monkeypatch):
     """A sentence leaves as soon as no live beam can beat its n best finished hypotheses; the answer is the one
     the slow reference finds (which runs until K hypotheses end), and with alpha = 0 the search stops at the step
     the best hypothesis ends."""
-    for model in (reverser_model, random_model()):
+    for model in (copier_model, random_model()):
         srcs = sources(12, seed=5, max_words=8)
         for nbest in (1, 2):
             hyps = beam_search(model, pad(srcs), beam_size=4, len_penalty=alpha, nbest=nbest)
@@ -190,18 +176,15 @@ def test_search_stops_once_the_best_is_settled(alpha, reverser_model, monkeypatc
                 ref = reference_beam_search(model, src, beam_size=4, len_penalty=alpha, nbest=nbest)
                 assert [x.tokens for x in h] == [x.tokens for x in ref]
                 assert [x.score for x in h] == pytest.approx([x.score for x in ref], abs=1e-4)
-    # the trained reverser ends its sentences confidently: with alpha 0 the search stops once the reversal ends,
-    # long before the other beams would end or reach the max length (1.2 * (n + 1) + 10 tokens)
+    # the copier ends its sentences confidently (by 18 logits or more): with alpha 0 the search stops once the copy
+    # ends, long before the other beams would end or reach the max length (1.2 * (n + 1) + 10 tokens)
     if alpha == 0.0:
-        reversed_ok = 0
         for src in sources(12, seed=5, max_words=8):
-            rec = Recorder(monkeypatch, reverser_model)
-            best = beam_search(reverser_model, pad([src]), beam_size=4, len_penalty=0.0)[0][0]
+            rec = Recorder(monkeypatch, copier_model)
+            best = beam_search(copier_model, pad([src]), beam_size=4, len_penalty=0.0)[0][0]
             monkeypatch.undo()
-            if best.tokens == src[:-1][::-1]:
-                reversed_ok += 1
-                assert len(rec.rows) == len(src)  # n words, then </s>: n + 1 steps
-        assert reversed_ok >= 9
+            assert best.tokens == src[:-1]
+            assert len(rec.rows) == len(src)  # n words, then </s>: n + 1 steps
 
 
 def test_never_emits_pad_or_bos(monkeypatch):
@@ -214,23 +197,23 @@ def test_never_emits_pad_or_bos(monkeypatch):
         assert PAD_ID not in h.tokens and BOS_ID not in h.tokens
 
 
-def test_length_limits(reverser_model):
+def test_length_limits(copier_model):
     srcs = sources(6, seed=2)
     # forced length (what the speed benchmark uses): exactly L tokens, no </s>
-    for hyps in beam_search(reverser_model, pad(srcs), beam_size=3, max_len_a=0, max_len_b=7, min_len=7, nbest=3):
+    for hyps in beam_search(copier_model, pad(srcs), beam_size=3, max_len_a=0, max_len_b=7, min_len=7, nbest=3):
         assert [len(h.tokens) for h in hyps] == [7, 7, 7]
-    assert {len(h.tokens) for h in greedy_decode(reverser_model, pad(srcs), 0, 7, min_len=7)} == {7}
+    assert {len(h.tokens) for h in greedy_decode(copier_model, pad(srcs), 0, 7, min_len=7)} == {7}
     # max length a * src_len + b, capped by the model's max_len
-    for src, hyps in zip(srcs, beam_search(reverser_model, pad(srcs), beam_size=3, max_len_a=0.5, max_len_b=0)):
+    for src, hyps in zip(srcs, beam_search(copier_model, pad(srcs), beam_size=3, max_len_a=0.5, max_len_b=0)):
         assert len(hyps[0].tokens) <= max(1, int(len(src) * 0.5))
-    long = beam_search(reverser_model, pad(srcs[:1]), beam_size=2, max_len_a=0, max_len_b=500, min_len=500)
-    assert len(long[0][0].tokens) == reverser_model.cfg.max_len
+    long = beam_search(copier_model, pad(srcs[:1]), beam_size=2, max_len_a=0, max_len_b=500, min_len=500)
+    assert len(long[0][0].tokens) == copier_model.cfg.max_len
 
 
-def test_scores_are_gnmt_normalised(reverser_model):
+def test_scores_are_gnmt_normalised(copier_model):
     assert length_penalty(5, 0.6) == pytest.approx((10 / 6) ** 0.6)
     assert length_penalty(7, 0.0) == 1.0
-    for hyps in beam_search(reverser_model, pad(sources(5)), beam_size=4, nbest=4, len_penalty=1.0, token_scores=True):
+    for hyps in beam_search(copier_model, pad(sources(5)), beam_size=4, nbest=4, len_penalty=1.0, token_scores=True):
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
         for h in hyps:
             assert h.score == pytest.approx(sum(h.token_scores) / length_penalty(len(h.token_scores), 1.0), abs=1e-5)
@@ -248,23 +231,22 @@ def lines_in(texts, name="in.txt"):
     return [(name, i + 1, t) for i, t in enumerate(texts)]
 
 
-def test_order_is_preserved_across_batches_and_chunks(reverser):
+def test_order_is_preserved_across_batches_and_chunks(copier):
     rng = random.Random(7)
     texts = [words([rng.randrange(4, V) for _ in range(rng.randint(1, 9))]) for _ in range(40)]
     texts[5] = texts[17] = ""
-    small = translator(reverser, max_tokens=20, batch_size=3, buffer_size=11, beam_size=3)
+    small = translator(copier, max_tokens=20, batch_size=3, buffer_size=11, beam_size=3)
     out = list(small.run(lines_in(texts)))
-    one_by_one = [list(translator(reverser, beam_size=3).run(lines_in([t])))[0] for t in texts]
+    one_by_one = [list(translator(copier, beam_size=3).run(lines_in([t])))[0] for t in texts]
     assert out == one_by_one
-    assert out[5] == out[17] == ""
-    assert sum(o == " ".join(t.split()[::-1]) for o, t in zip(out, texts)) >= 36
+    assert out == texts  # the copier's output, known by construction
 
 
-def test_empty_odd_and_long_lines(reverser, capsys):
+def test_empty_odd_and_long_lines(copier, capsys):
     odd = ["", "   ", "\t", "cat 🐈 dog", "猫 と 犬", "a\x01b\x1b[31m red\x7f", "</s> cat <pad> <s>",
            "e\u0301 \u200b\ufeff x", "\u2028 apple \u0085 egg"]
     long = " ".join(["cat", "dog"] * 40)
-    out = list(translator(reverser).run(lines_in(odd + [long])))
+    out = list(translator(copier).run(lines_in(odd + [long])))
     assert len(out) == len(odd) + 1
     assert out[:3] == ["", "", ""]
     assert all("\n" not in o and "\r" not in o for o in out)
@@ -274,89 +256,89 @@ def test_empty_odd_and_long_lines(reverser, capsys):
     assert err.count("unknown (<unk>)") == 1  # warned once
 
 
-def test_nbest_scores_and_raw_formats(reverser):
+def test_nbest_scores_and_raw_formats(copier):
     texts = ["cat dog egg", "", "moon"]
-    out = "\n".join(translator(reverser, nbest=3, beam_size=4).run(lines_in(texts))).split("\n")
+    out = "\n".join(translator(copier, nbest=3, beam_size=4).run(lines_in(texts))).split("\n")
     assert [line.split("\t")[0] for line in out] == ["0", "0", "0", "1", "2", "2", "2"]
     first = [line.split("\t") for line in out[:3]]
-    assert first[0][2] == "egg dog cat"
+    assert first[0][2] == "cat dog egg"
     assert [float(f[1]) for f in first] == sorted((float(f[1]) for f in first), reverse=True)
     assert out[3] == "1\t0.0000\t"
-    scored = list(translator(reverser, scores=True).run(lines_in(["cat dog egg"])))[0].split("\t")
+    scored = list(translator(copier, scores=True).run(lines_in(["cat dog egg"])))[0].split("\t")
     assert len(scored) == 4 and len(scored[3].split()) == 4  # three words, then </s>
     assert float(scored[1]) == pytest.approx(sum(map(float, scored[3].split())) / length_penalty(4, 0.6), abs=1e-3)
-    raw = list(translator(reverser, raw=True, beam_size=1).run(lines_in(["cat dog"])))
-    assert raw == ["dog cat"]  # word-level: tokens are words
+    raw = list(translator(copier, raw=True, beam_size=1).run(lines_in(["cat dog"])))
+    assert raw == ["cat dog"]  # word-level: tokens are words
 
 
 # --- command line ----------------------------------------------------------------------------------------------
 
 
-def test_pipeline_through_a_real_subprocess(reverser, tmp_path):
+def test_pipeline_through_a_real_subprocess(copier, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("cat dog egg\n\nmoon sun\nfish 🐟 ✓\n", encoding="utf-8")
-    cmd = [str(TFCLI), "translate", "-m", str(reverser), "--threads", "1"]
+    cmd = [str(TFCLI), "translate", "-m", str(copier), "--threads", "1"]
     with open(src, "rb") as fin:
         res = subprocess.run(cmd, stdin=fin, capture_output=True, timeout=120)
     assert res.returncode == 0, res.stderr.decode()
     out = res.stdout.decode("utf-8").split("\n")
-    assert out[:3] == ["egg dog cat", "", "sun moon"] and len(out) == 5 and out[4] == ""
+    assert out[:3] == ["cat dog egg", "", "moon sun"] and len(out) == 5 and out[4] == ""
     assert "unknown (<unk>)" in res.stderr.decode()  # two of the last line's three tokens
     # files and -o: the same text, written atomically
     out_file = tmp_path / "out.txt"
     res = subprocess.run(cmd + [str(src), "-", "-o", str(out_file)], input=b"owl\n", capture_output=True, timeout=120)
     assert res.returncode == 0, res.stderr.decode()
-    assert (tmp_path / "out.txt").read_text().split("\n")[:3] == ["egg dog cat", "", "sun moon"]
+    assert (tmp_path / "out.txt").read_text().split("\n")[:3] == ["cat dog egg", "", "moon sun"]
     assert (tmp_path / "out.txt").read_text().endswith("owl\n")
 
 
-def test_streams_a_line_before_input_ends(reverser):
+def test_streams_a_line_before_input_ends(copier):
     """In a pipeline with --buffer-size 1, each translation comes out (flushed) while stdin is still open."""
-    cmd = [str(TFCLI), "translate", "-m", str(reverser), "--threads", "1", "--buffer-size", "1"]
+    cmd = [str(TFCLI), "translate", "-m", str(copier), "--threads", "1", "--buffer-size", "1"]
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         p.stdin.write(b"cat dog\n")
         p.stdin.flush()
-        assert p.stdout.readline() == b"dog cat\n"
+        assert p.stdout.readline() == b"cat dog\n"
         p.stdin.write(b"egg fish goat\n")
         p.stdin.flush()
-        assert p.stdout.readline() == b"goat fish egg\n"
+        assert p.stdout.readline() == b"egg fish goat\n"
         p.stdin.close()
         assert p.wait(timeout=60) == 0
     finally:
         p.kill()
 
 
-def test_cli_errors_are_one_line(reverser, tmp_path):
+def test_cli_errors_are_one_line(copier, tmp_path):
     runner = CliRunner()
     res = runner.invoke(app, ["translate", "-m", str(tmp_path / "nope"), "x"])
     assert res.exit_code == 1 and "no such checkpoint" in res.output
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"cat\n\xff\xfe dog\n")
-    res = runner.invoke(app, ["translate", "-m", str(reverser), str(bad)])
+    res = runner.invoke(app, ["translate", "-m", str(copier), str(bad)])
     assert res.exit_code == 1 and f"{bad}:2: invalid UTF-8" in res.output
-    res = runner.invoke(app, ["translate", "-m", str(reverser), "--nbest", "9", "x"])
+    res = runner.invoke(app, ["translate", "-m", str(copier), "--nbest", "9", "x"])
     assert res.exit_code == 1 and "--nbest must be between 1 and the beam size" in res.output
-    res = runner.invoke(app, ["translate", "-m", str(reverser), "--dtype", "fp16", "--device", "cpu", "x"])
+    res = runner.invoke(app, ["translate", "-m", str(copier), "--dtype", "fp16", "--device", "cpu", "x"])
     assert res.exit_code == 1 and "fp16 needs a CUDA device" in res.output
 
 
-def test_config_file_section_and_flags(reverser, tmp_path):
+def test_config_file_section_and_flags(copier, tmp_path):
     conf = tmp_path / "decode.yaml"
     conf.write_text("translate:\n  beam_size: 1\n  nbest: 1\n")
     src = tmp_path / "in.txt"
     src.write_text("cat dog\n")
-    res = CliRunner().invoke(app, ["translate", "-m", str(reverser), "-c", str(conf), str(src)])
+    res = CliRunner().invoke(app, ["translate", "-m", str(copier), "-c", str(conf), str(src)])
     assert res.exit_code == 0, res.output
-    assert res.output.startswith("0\t") and res.output.rstrip().endswith("dog cat")
+    assert res.output.startswith("0\t") and res.output.rstrip().endswith("cat dog")
     conf.write_text("translate:\n  beam_sise: 2\n")
-    res = CliRunner().invoke(app, ["translate", "-m", str(reverser), "-c", str(conf), str(src)])
+    res = CliRunner().invoke(app, ["translate", "-m", str(copier), "-c", str(conf), str(src)])
     assert res.exit_code == 1 and "did you mean 'beam_size'" in res.output
 
 
-def test_translate_function_writes_output_file(reverser, tmp_path):
+def test_translate_function_writes_output_file(copier, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("cat\ndog egg\n")
-    n = translate(str(reverser), [str(src)], str(tmp_path / "o.txt"), TranslateConfig(device="cpu", dtype="bf16"))
+    n = translate(str(copier), [str(src)], str(tmp_path / "o.txt"), TranslateConfig(device="cpu", dtype="bf16"))
     assert n == 2
-    assert (tmp_path / "o.txt").read_text() == "cat\negg dog\n"
+    assert (tmp_path / "o.txt").read_text() == "cat\ndog egg\n"

@@ -20,6 +20,7 @@ from tfcli.data.batching import pad, source_ids
 from tfcli.errors import TfcliError
 from tfcli.model import BOS_ID, build_model, preset
 from tfcli.viz.attention import (
+    AttentionSample,
     collect,
     lm_attention,
     render_html,
@@ -70,14 +71,20 @@ def is_png(path: Path) -> bool:
 
 
 def assert_picture(path: Path, min_px: int = 300):
-    """A real PNG, not a blank canvas: decodable, big enough, with many distinct colours."""
+    """A decodable PNG of a sensible size, not a blank canvas (what the picture shows is checked by
+    test_picture_shows_the_weights_it_was_given)."""
     import matplotlib.image
 
     assert is_png(path)
     img = matplotlib.image.imread(str(path))
     assert img.shape[0] >= min_px and img.shape[1] >= min_px
-    rgb = (img[..., :3] * 255).round().astype(np.int64)
-    assert len(np.unique(rgb[..., 0] * 65536 + rgb[..., 1] * 256 + rgb[..., 2])) > 50
+    assert img[..., :3].std() > 0.05
+
+
+def runs_of(flags: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of True in a 1-D boolean array."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], flags.astype(np.int8), [0]])))
+    return list(zip(edges[::2], edges[1::2]))
 
 
 def assert_distributions(w: np.ndarray):
@@ -213,6 +220,36 @@ def test_png_per_kind(s2s, tmp_path):
     assert [p.name for p in written] == [f"sentence1-{k}.png" for k in ("encoder-self", "decoder-self", "cross")]
     for p in written:
         assert_picture(p, min_px=200)
+
+
+@pytest.mark.parametrize("cell", [(0, 0), (2, 3), (3, 1)])
+def test_picture_shows_the_weights_it_was_given(cell, tmp_path):
+    """A hand-made map, weight 1 in one cell and 0 elsewhere: the picture's first panel is dark (viridis at 0)
+    except for one bright cell (viridis at 1), in the row of that query and the column of that key."""
+    import matplotlib
+    import matplotlib.image
+
+    nq, nk = 4, 5
+    w = np.zeros((1, nq, nk), dtype=np.float32)
+    w[0][cell] = 1.0
+    sample = AttentionSample("a b c d", {"src": list("abcde"), "tgt": list("vxyz")}, {"cross": [w]})
+    render_png(sample, "cross", tmp_path / "p.png")
+    img = (matplotlib.image.imread(str(tmp_path / "p.png"))[..., :3] * 255).round()
+    viridis = matplotlib.colormaps["viridis"]
+
+    def near(value):
+        return (np.abs(img - np.array(viridis(value)[:3]) * 255).max(-1) <= 12)
+
+    dark, bright = near(0.0), near(1.0)
+    panel = runs_of((dark | bright).any(0))[0]  # the first panel: head 1 (then the mean of heads, the colour bar)
+    cols = slice(*panel)
+    top, bottom = runs_of((dark | bright)[:, cols].any(1))[0]
+    ys, xs = np.nonzero(bright[top:bottom, cols])
+    assert len(ys) > 0.5 * (bottom - top) * (panel[1] - panel[0]) / (nq * nk)  # one whole cell is bright
+    row = int(ys.mean() * nq / (bottom - top))
+    col = int(xs.mean() * nk / (panel[1] - panel[0]))
+    assert (row, col) == cell
+    assert dark[top:bottom, cols].sum() > 0.8 * (nq * nk - 1) / (nq * nk) * (bottom - top) * (panel[1] - panel[0])
 
 
 def test_html_page_is_self_contained_and_holds_the_weights(s2s, tmp_path):
