@@ -445,3 +445,70 @@ def test_cli_errors_are_one_line_and_nothing_is_written(tmp_path, mono):
         assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert message in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+# --- a wall-clock budget ---------------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """time.perf_counter for the trainer: each training step takes `step_s` seconds, each validation 5."""
+
+    def __init__(self, monkeypatch, step_s):
+        import tfcli.train.trainer as trainer_module
+
+        self.t, self.step_s = 1000.0, step_s
+        monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: self.t)
+        step, validate = trainer_module.Trainer._step, trainer_module.Trainer.validate
+
+        def timed_step(trainer, *a):
+            self.t += self.step_s(trainer.step + 1)
+            return step(trainer, *a)
+
+        def timed_validate(trainer):
+            self.t += 5.0
+            return validate(trainer)
+
+        monkeypatch.setattr(trainer_module.Trainer, "_step", timed_step)
+        monkeypatch.setattr(trainer_module.Trainer, "validate", timed_validate)
+
+
+BUDGET = dict(max_steps=0, max_minutes=1.0, warmup=10, schedule="cosine", valid_every=20, log_every=5,
+              valid_bleu=False, keep_last=5)
+
+
+def test_time_budget_plans_the_steps_that_fit_and_max_steps_repeats_the_run(tmp_path, parallel, monkeypatch):
+    """1 s per step, 5 s per validation, 60 s: at the end of warmup (step 10, validated there: 15 s spent) the plan
+    leaves room for the last validation and one every 20 steps: 32 more steps fit, 30 are planned (a multiple of
+    10), so 40 in all, and training ends at 55 s with the cosine schedule at its floor."""
+    clock = FakeClock(monkeypatch, lambda step: 1.0)
+    result = train(tiny_train_config(parallel, tmp_path / "budget", **BUDGET))
+    assert result.step == 40 and not result.interrupted
+    assert clock.t - 1000.0 == 55.0
+    valid = [r["step"] for r in metrics(tmp_path / "budget") if r["split"] == "valid"]
+    assert valid == [10, 20, 40]
+    assert "max_steps: 40" in (tmp_path / "budget" / "config.yaml").read_text()
+    assert checkpoint.load(tmp_path / "budget")[1]["train"]["max_steps"] == 40
+    lrs = {r["step"]: r["lr"] for r in metrics(tmp_path / "budget") if r["split"] == "train"}
+    assert lrs[40] == pytest.approx(0.0, abs=1e-12)  # the cosine ends at the planned step
+    monkeypatch.undo()
+    # the planned count, given as max_steps without a budget, repeats the run exactly
+    plain = tiny_train_config(parallel, tmp_path / "plain", **{**BUDGET, "max_minutes": 0.0, "max_steps": 40})
+    train(plain)
+    a, b = weights(tmp_path / "budget"), weights(tmp_path / "plain")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_time_budget_stops_a_run_that_slows_down(tmp_path, parallel, monkeypatch, capsys):
+    """Planned at 1 s per step, the machine then slows to 3 s per step: the run stops when the budget is spent,
+    validated and saved, short of the planned steps."""
+    FakeClock(monkeypatch, lambda step: 1.0 if step <= 10 else 3.0)
+    result = train(tiny_train_config(parallel, tmp_path / "run", **BUDGET))
+    assert not result.interrupted and 10 < result.step < 40
+    assert "time budget of 1 minutes reached at step" in capsys.readouterr().err
+    assert (tmp_path / "run" / "checkpoints" / "LATEST").read_text().strip() == f"step-{result.step:07d}"
+
+
+def test_time_budget_needs_a_warmup_to_measure(tmp_path, parallel):
+    with pytest.raises(ConfigError, match="max_minutes.*warmup to at least 10"):
+        tiny_train_config(parallel, tmp_path / "run", **{**BUDGET, "warmup": 5}).validate()
+    tiny_train_config(parallel, tmp_path / "run", **{**BUDGET, "warmup": 5, "max_steps": 50}).validate()

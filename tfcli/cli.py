@@ -303,6 +303,11 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue the run in RUN from its latest checkpoint."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", rich_help_panel=_OPT, help="Updates (0: no limit) \\[default: 0]."),
     max_epochs: Optional[int] = typer.Option(None, "--max-epochs", rich_help_panel=_OPT, help="Epochs (0: no limit) \\[default: 20]."),
+    max_minutes: Optional[float] = typer.Option(
+        None, "--max-minutes", rich_help_panel=_OPT, help="Wall-clock budget, validations included (0: none). Without "
+        "--max-steps the step count is planned at the end of warmup from the measured speed (logged; --max-steps N "
+        "repeats it) \\[default: 0]."
+    ),
     lr: Optional[float] = typer.Option(None, "--lr", rich_help_panel=_OPT, help="Peak learning rate \\[default: 5e-4]."),
     schedule: Optional[str] = typer.Option(
         None, "--schedule", rich_help_panel=_OPT, help="inverse_sqrt (the 2017 paper's), cosine or constant, all with "
@@ -376,9 +381,9 @@ def train(
     from tfcli.train.trainer import run as run_training
 
     flags = dict(
-        data=data, out=out, arch=arch, resume=resume or None, max_steps=max_steps, max_epochs=max_epochs, lr=lr,
-        schedule=schedule, warmup=warmup, label_smoothing=label_smoothing, weight_decay=weight_decay,
-        clip_norm=clip_norm, grad_accum=grad_accum, seed=seed, max_tokens=max_tokens, max_sentences=max_sentences,
+        data=data, out=out, arch=arch, resume=resume or None, max_steps=max_steps, max_epochs=max_epochs,
+        max_minutes=max_minutes, lr=lr, schedule=schedule, warmup=warmup, label_smoothing=label_smoothing,
+        weight_decay=weight_decay, clip_norm=clip_norm, grad_accum=grad_accum, seed=seed, max_tokens=max_tokens, max_sentences=max_sentences,
         max_len=max_len, log_every=log_every, valid_every=valid_every, valid_bleu=valid_bleu,
         early_stop_metric=early_stop, patience=patience, keep_last=keep_last, average_last=average_last,
         device=device, precision=precision, compile=compile_, threads=threads,

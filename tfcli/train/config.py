@@ -17,6 +17,7 @@ from tfcli.errors import ConfigError
 from tfcli.model.config import ModelConfig, model_config_fields
 
 SECTIONS = ("train", "model")
+PLAN_MIN_STEPS = 10  # a time budget is planned from at least this many measured steps
 
 
 @dataclass
@@ -40,6 +41,10 @@ class TrainConfig:
     min_lr: float = 0.0  # cosine: the floor reached at the last step
     max_steps: int = 0  # optimizer updates (0: no limit)
     max_epochs: int = 20  # passes over the training data (0: no limit)
+    # A wall-clock budget for the whole run, validations included (0: none). With max_steps 0, the number of steps
+    # is planned at the end of warmup from the speed measured so far (so a cosine schedule ends on time), written
+    # to the log and the config; the run stops at the budget at the latest.
+    max_minutes: float = 0.0
     grad_accum: int = 1  # micro-batches per update (per process)
     clip_norm: float = 1.0  # gradient clipping by global norm (0: off)
     label_smoothing: float = 0.1
@@ -68,8 +73,9 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name}: must be positive, got {getattr(self, name)}")
-        non_negative = ("max_sentences", "max_len", "warmup", "min_lr", "max_steps", "max_epochs", "clip_norm",
-                        "weight_decay", "patience", "average_last", "bleu_max_sentences", "adam_eps", "threads")
+        non_negative = ("max_sentences", "max_len", "warmup", "min_lr", "max_steps", "max_epochs", "max_minutes",
+                        "clip_norm", "weight_decay", "patience", "average_last", "bleu_max_sentences", "adam_eps",
+                        "threads")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: must not be negative, got {getattr(self, name)}")
@@ -79,8 +85,11 @@ class TrainConfig:
             raise ConfigError(f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
         if self.max_len == 1:
             raise ConfigError("train.max_len: must be at least 2 (or 0 for the model's max_len)")
-        if self.max_steps == 0 and self.max_epochs == 0 and self.patience == 0:
-            raise ConfigError("train: no stopping rule; set max_steps, max_epochs or patience")
+        if self.max_steps == 0 and self.max_epochs == 0 and self.patience == 0 and self.max_minutes == 0:
+            raise ConfigError("train: no stopping rule; set max_steps, max_epochs, max_minutes or patience")
+        if self.max_minutes and not self.max_steps and self.warmup < PLAN_MIN_STEPS:
+            raise ConfigError(f"train.max_minutes: the step count is planned from the speed measured during warmup; "
+                              f"set warmup to at least {PLAN_MIN_STEPS} steps (or give max_steps)")
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr ({self.min_lr}) is above the peak lr ({self.lr})")
         if self.early_stop_metric == "bleu" and not self.valid_bleu:

@@ -93,6 +93,10 @@ class MetricsLog:
         if self.enabled:
             self.console.print(text, markup=False)
 
+    def set_total(self, total_steps: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, total=total_steps or None)
+
     def advance(self, step: int) -> None:
         if self.progress is not None:
             self.progress.update(self.task, completed=step)

@@ -172,8 +172,10 @@ class Trainer:
             cfg.max_steps or math.inf, (cfg.max_epochs * self.steps_per_epoch) if cfg.max_epochs else math.inf
         )
         self.total_steps = 0 if self.total_steps == math.inf else int(self.total_steps)
-        if cfg.schedule == "cosine" and not self.total_steps:
-            raise ConfigError("train.schedule: cosine needs max_steps or max_epochs to know where it ends")
+        if cfg.schedule == "cosine" and not self.total_steps and not cfg.max_minutes:
+            raise ConfigError("train.schedule: cosine needs max_steps, max_epochs or max_minutes to know where it ends")
+        self.plan_at = cfg.warmup if cfg.max_minutes and not cfg.max_steps else 0  # the step that plans the budget
+        self.valid_seconds: list[float] = []  # how long each validation + checkpoint took (for the plan)
 
         if self.main:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -184,6 +186,7 @@ class Trainer:
                               self.total_steps)
         self._announce(first_epoch)
         self._reset_interval()
+        self.elapsed_at_start, self.step_at_start = self.elapsed, self.step
 
     # --- setup ----------------------------------------------------------------------------------------------------
 
@@ -290,11 +293,17 @@ class Trainer:
                         self.pos = len(batches)
                         continue
                     mine = [self.train_data.collate(b) for b in distributed.shard(group, self.dist)]
-                    tokens, stops = distributed.all_reduce_sum(
-                        [sum(b.tgt_tokens for b in mine), float(stop.requested)], self.dist, self.device
+                    over = bool(cfg.max_minutes) and self._time() >= 60 * cfg.max_minutes
+                    tokens, stops, overs = distributed.all_reduce_sum(
+                        [sum(b.tgt_tokens for b in mine), float(stop.requested), float(over)], self.dist, self.device
                     )
                     if stops:
                         interrupted = done = True
+                        break
+                    if overs:
+                        self.log.print(f"time budget of {cfg.max_minutes:g} minutes reached at step {self.step}"
+                                       + (f" of {cfg.max_steps} planned" if cfg.max_steps else ""))
+                        done = True
                         break
                     self._step(mine, tokens)
                     self.pos += len(group)
@@ -307,6 +316,12 @@ class Trainer:
                         early_stopped = self._validate_and_save()
                         saved_step = self.step
                         done = done or early_stopped
+                    if self.step == self.plan_at and not done:
+                        if saved_step != self.step:  # time one validation for the plan
+                            early_stopped = self._validate_and_save()
+                            saved_step = self.step
+                            done = early_stopped
+                        self._plan_budget()
                     if done:
                         break
                 else:
@@ -324,6 +339,32 @@ class Trainer:
             self._average(cfg.average_last)
         distributed.barrier(self.dist)
         return TrainResult(self.run_dir, self.step, last, best, interrupted, early_stopped)
+
+    def _plan_budget(self) -> None:
+        """Fix max_steps so that training, its validations and the last one fit cfg.max_minutes, from the seconds
+        per step and per validation measured so far (the same figures on every process). Until now the learning
+        rate did not depend on the total (warmup), so `--max-steps N` with the planned N repeats this run."""
+        cfg = self.cfg
+        spent = self._time() - self.elapsed_at_start
+        valid_s = sum(self.valid_seconds)
+        steps_done = self.step - self.step_at_start
+        step_s, one_valid = distributed.all_reduce_sum(
+            [(spent - valid_s) / max(steps_done, 1), valid_s / max(len(self.valid_seconds), 1)], self.dist, self.device
+        )
+        step_s, one_valid = step_s / self.dist.world_size, one_valid / self.dist.world_size
+        left = 60 * cfg.max_minutes - self._time() - one_valid  # the last validation comes after the last step
+        more = max(int(left / (step_s + one_valid / cfg.valid_every)), 0)
+        planned = self.step + more // 10 * 10
+        cfg.max_steps = max(planned, self.step + 1)
+        self.total_steps = min(cfg.max_steps, self.total_steps or cfg.max_steps)
+        self.log.set_total(self.total_steps)
+        if self.main:
+            atomic_write_text(self.run_dir / "config.yaml", config_to_yaml(cfg, self.model_cfg))
+        self.log.print(
+            f"time budget {cfg.max_minutes:g} min: {cfg.max_steps} steps planned ({step_s:.3f} s per step, "
+            f"{one_valid:.1f} s per validation, measured); --max-steps {cfg.max_steps} without --max-minutes "
+            "repeats this schedule"
+        )
 
     def _step(self, batches: list[Batch], global_tokens: float) -> None:
         """One update from this process's micro-batches; the loss is normalised by the step's global token count."""
@@ -410,6 +451,7 @@ class Trainer:
                                f"(best {self.best['value']:.4g} at step {self.best['step']})")
         self._save(is_best)
         self.excluded += time.perf_counter() - t0
+        self.valid_seconds.append(time.perf_counter() - t0)
         return stop
 
     @torch.inference_mode()
