@@ -2,6 +2,7 @@
 
     python3 benchmarks/recipe_results.py record multi30k OUT --pair de-en --size cpu --checkpoint CKPT
     python3 benchmarks/recipe_results.py record lm OUT --name shakespeare-char --size cpu [--ppl OUT/ppl.json]
+    python3 benchmarks/recipe_results.py record demo OUT --size cpu --wall-s SECONDS
     python3 benchmarks/recipe_results.py table          # rewrite recipes.md from recipes.json
 
 The recipes (recipes/*.sh) call `record` as their last step. It reads the run directory (OUT/run: metrics.jsonl,
@@ -76,6 +77,10 @@ def record(args) -> dict:
         entry["training"] = training(out / "run")
     if args.checkpoint:
         entry["checkpoint"] = args.checkpoint
+    if args.wall_s is not None:
+        entry["recipe_wall_s"] = args.wall_s  # the whole recipe, as timed by its script
+    if args.recipe == "demo":
+        entry["sacrebleu"] = _bleu(out / "sacrebleu.json")
     if args.recipe == "multi30k":
         entry["pair"] = args.pair
         entry["sacrebleu"] = _bleu(out / "sacrebleu.json")
@@ -100,6 +105,10 @@ def _minutes(s: float) -> str:
     return f"{s / 60:.1f} min"
 
 
+def _wall(e: dict) -> str:
+    return _minutes(e["recipe_wall_s"]) if e.get("recipe_wall_s") is not None else "(not timed)"
+
+
 def _machine(hw: dict) -> str:
     return hw.get("gpu") or f"{hw['cpus']}-core CPU ({hw['cpu']})"
 
@@ -107,19 +116,35 @@ def _machine(hw: dict) -> str:
 def table(all_: dict) -> str:
     lines = ["# Recipe results", "",
              "Written by `benchmarks/recipe_results.py` from the runs of `recipes/*.sh`; every figure is read from the "
-             "run's own files (metrics.jsonl, the `tfcli eval --json` outputs).", ""]
+             "run's own files (metrics.jsonl, the `tfcli eval --json` outputs). \"training\" is the training run "
+             "alone (validations included); \"whole recipe\" is the script from start to end (prepare, train, "
+             "translate, score), as it timed itself.", ""]
+    demo = [e for e in all_.values() if e["recipe"] == "demo"]
+    if demo:
+        lines += ["## Demo (`make demo`: data/numbers, English -> French number words, 500 test sentences, beam 5)", "",
+                  "| sacreBLEU | chrF2 | steps | training | whole recipe | machine | date |",
+                  "| ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+        for e in demo:
+            t = e.get("training", {})
+            lines.append(
+                f"| {e['sacrebleu']['BLEU']['score']:.2f} | {e['sacrebleu']['chrF2']['score']:.2f} | "
+                f"{t.get('steps', '')} | {_minutes(t['wall_s']) if t else ''} | {_wall(e)} | "
+                f"{_machine(e['hardware'])} | {e['date']} |"
+            )
+        lines.append("")
     mt = [e for e in all_.values() if e["recipe"] == "multi30k"]
     if mt:
         lines += ["## Multi30k test2016, beam 5", "",
                   "cpu: the checkpoint with the best validation BLEU; full: the average of the last 5.", "",
-                  "| pair | size | sacreBLEU | chrF2 | tokenised BLEU | steps | training | machine | date |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+                  "| pair | size | sacreBLEU | chrF2 | tokenised BLEU | steps | training | whole recipe | machine | date |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         for e in mt:
             t = e.get("training", {})
             lines.append(
                 f"| {e['pair']} | {e['size']} | {e['sacrebleu']['BLEU']['score']:.2f} | "
                 f"{e['sacrebleu'].get('chrF2', {}).get('score', float('nan')):.2f} | {e['tokenised_bleu']['score']:.2f} | "
-                f"{t.get('steps', '')} | {_minutes(t['wall_s']) if t else ''} | {_machine(e['hardware'])} | {e['date']} |"
+                f"{t.get('steps', '')} | {_minutes(t['wall_s']) if t else ''} | {_wall(e)} | {_machine(e['hardware'])} | "
+                f"{e['date']} |"
             )
         sigs = sorted({s["signature"] for e in mt for s in e["sacrebleu"].values()})
         lines += ["", "Signatures: " + "; ".join(f"`{s}`" for s in sigs),
@@ -151,13 +176,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("record")
-    r.add_argument("recipe", choices=["multi30k", "lm"])
+    r.add_argument("recipe", choices=["multi30k", "lm", "demo"])
     r.add_argument("out")
     r.add_argument("--name")
     r.add_argument("--pair")
     r.add_argument("--size", required=True)
     r.add_argument("--checkpoint")
     r.add_argument("--ppl", help="a `tfcli eval --model ... --json` output")
+    r.add_argument("--wall-s", type=float, help="seconds the whole recipe took (its script times itself)")
     r.add_argument("--train-args", default="", help="extra `tfcli train` arguments the run had (TRAIN_ARGS): such a "
                    "variant is recorded beside the recipe's own figures, not over them")
     sub.add_parser("table")

@@ -4,22 +4,26 @@
 #
 #   recipes/multi30k.sh SRC TGT [SIZE] [OUT]      e.g. recipes/multi30k.sh de en cpu
 #
-# SRC/TGT: two of de, en, fr. SIZE: cpu (recipes/multi30k-cpu.yaml, under 15 minutes on a 2-core CPU) or full
-# (recipes/multi30k.yaml, the `small` preset, for a GPU). OUT defaults to runs/multi30k-SRC-TGT-SIZE.
+# SRC/TGT: two of de, en, fr. SIZE: cpu (recipes/multi30k-cpu.yaml: at most 15 minutes on a 2-core CPU, the whole
+# recipe), cpu-long (recipes/multi30k-cpu-long.yaml: at most 45 minutes) or full (recipes/multi30k.yaml, the `small`
+# preset, for a GPU). The CPU sizes train on a wall-clock budget (train.max_minutes): the step count is planned from
+# the machine's measured speed and written to the log, so a faster machine trains longer, a slower one less.
+# OUT defaults to runs/multi30k-SRC-TGT-SIZE.
 # The data comes from $DATA (default ../shared/data), never from the repository. Scores: sacreBLEU (cased,
 # 13a, detokenised; the default signature), chrF2, and tokenised BLEU (both sides Moses-tokenised with sacremoses,
 # then BLEU without further tokenisation, as fairseq reports it). OUT/result.json holds the figures, signatures,
 # training time and hardware; benchmarks/recipe_results.py collects them into benchmarks/results/recipes.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SRC=${1:?usage: recipes/multi30k.sh SRC TGT [cpu|full] [OUT]}
-TGT=${2:?usage: recipes/multi30k.sh SRC TGT [cpu|full] [OUT]}
+SRC=${1:?usage: recipes/multi30k.sh SRC TGT [cpu|cpu-long|full] [OUT]}
+TGT=${2:?usage: recipes/multi30k.sh SRC TGT [cpu|cpu-long|full] [OUT]}
 SIZE=${3:-cpu}
 OUT=${4:-runs/multi30k-$SRC-$TGT-$SIZE}
 DATA=${DATA:-../shared/data}
 D=$DATA/multi30k
-case $SIZE in cpu) CONFIG=recipes/multi30k-cpu.yaml ;; full) CONFIG=recipes/multi30k.yaml ;;
-  *) echo "error: SIZE must be cpu or full, got '$SIZE'" >&2; exit 2 ;; esac
+case $SIZE in cpu) CONFIG=recipes/multi30k-cpu.yaml ;; cpu-long) CONFIG=recipes/multi30k-cpu-long.yaml ;;
+  full) CONFIG=recipes/multi30k.yaml ;;
+  *) echo "error: SIZE must be cpu, cpu-long or full, got '$SIZE'" >&2; exit 2 ;; esac
 [ -f "$D/train.$SRC" ] && [ -f "$D/train.$TGT" ] || { echo "error: $D/train.$SRC or $D/train.$TGT not found; set DATA" >&2; exit 1; }
 mkdir -p "$OUT"
 
@@ -35,7 +39,8 @@ tfcli train "$OUT/prep" "${RESUME[@]}" --config "$CONFIG" --seed "${SEED:-1}" ${
 CKPT="$OUT/run"  # its best checkpoint, or the average of the last ones where the config asks for one
 for avg in "$OUT"/run/checkpoints/avg-last*; do [ -d "$avg" ] && CKPT=$avg; done
 echo "== translate: test2016 with beam 5, from $CKPT" >&2
-tfcli translate -m "$CKPT" --beam-size 5 "$D/test2016.$SRC" -o "$OUT/test2016.hyp.$TGT"
+tfcli translate -m "$CKPT" --beam-size 5 --len-penalty "${LEN_PENALTY:-0.6}" "$D/test2016.$SRC" \
+  -o "$OUT/test2016.hyp.$TGT"
 
 echo "== eval" >&2
 tfcli eval "$OUT/test2016.hyp.$TGT" -r "$D/test2016.$TGT" -m bleu,chrf --json > "$OUT/sacrebleu.json"
@@ -43,4 +48,4 @@ sacremoses -l "$TGT" -j 1 tokenize < "$OUT/test2016.hyp.$TGT" > "$OUT/test2016.h
 sacremoses -l "$TGT" -j 1 tokenize < "$D/test2016.$TGT" > "$OUT/test2016.ref.tok.$TGT"
 tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" -m bleu --tokenize none --json > "$OUT/tokbleu.json"
 python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT" \
-  --train-args "${TRAIN_ARGS:-}"
+  --train-args "${TRAIN_ARGS:-}" --wall-s "$SECONDS"  # the whole recipe: prepare, train, translate, score
