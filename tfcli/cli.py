@@ -83,10 +83,6 @@ def _out_of_memory(e: Exception) -> bool:
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
 
 
-def not_implemented(command: str) -> None:
-    fail(f"'tfcli {command}' is not implemented yet", EXIT_USAGE)
-
-
 def _version(value: bool):
     if value:
         print(f"tfcli {tfcli.__version__}")

@@ -42,10 +42,6 @@ class ModelConfig:
     def d_head(self) -> int:
         return self.d_model // self.n_head
 
-    @property
-    def vocab_size(self) -> int:
-        return self.tgt_vocab_size
-
     def validate(self) -> None:
         if self.d_model <= 0 or self.n_head <= 0 or self.d_ff <= 0:
             raise ConfigError("model: d_model, n_head and d_ff must be positive")

@@ -130,8 +130,3 @@ class StreamData:
         ids = torch.from_numpy(ids)
         n = ids.size(0) * (length - 1)
         return Batch(None, ids[:, :-1], ids[:, 1:], 0, n, n, tgt_pairs=ids.size(0) * (length - 1) ** 2)
-
-
-def padding_fraction(batch: Batch) -> float:
-    real = batch.src_tokens + batch.tgt_tokens
-    return 1.0 - real / batch.slots if batch.slots else 0.0
