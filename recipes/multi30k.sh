@@ -11,7 +11,7 @@
 # OUT defaults to runs/multi30k-SRC-TGT-SIZE.
 # The data comes from $DATA (default ../shared/data), never from the repository. Scores: sacreBLEU (cased,
 # 13a, detokenised; the default signature), chrF2, and tokenised BLEU (both sides Moses-tokenised with sacremoses,
-# then BLEU without further tokenisation, as fairseq reports it). OUT/result.json holds the figures, signatures,
+# then BLEU without further tokenisation, as fairseq reports it), and the same lowercased. OUT/result.json holds the figures, signatures,
 # training time and hardware; benchmarks/recipe_results.py collects them into benchmarks/results/recipes.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,14 +38,25 @@ tfcli train "$OUT/prep" "${RESUME[@]}" --config "$CONFIG" --seed "${SEED:-1}" ${
 
 CKPT="$OUT/run"  # its best checkpoint, or the average of the last ones where the config asks for one
 for avg in "$OUT"/run/checkpoints/avg-last*; do [ -d "$avg" ] && CKPT=$avg; done
-echo "== translate: test2016 with beam 5, from $CKPT" >&2
-tfcli translate -m "$CKPT" --beam-size 5 --len-penalty "${LEN_PENALTY:-0.6}" "$D/test2016.$SRC" \
-  -o "$OUT/test2016.hyp.$TGT"
+# the length penalty is chosen on the valid split (sacreBLEU with beam 5); test2016 is translated once, with it
+BEST_ALPHA=0.6 BEST_BLEU=-1
+for alpha in 0.6 1.0 1.4; do
+  bleu=$(tfcli eval --model "$CKPT" --translate "$D/valid.$SRC" -r "$D/valid.$TGT" --beam-size 5 --len-penalty "$alpha" \
+    --metrics bleu --score-only)
+  echo "   valid, beam 5, length penalty $alpha: sacreBLEU $bleu" >&2
+  if python3 -c "import sys; sys.exit(not float('$bleu') > float('$BEST_BLEU'))"; then BEST_ALPHA=$alpha BEST_BLEU=$bleu; fi
+done
+echo "$BEST_ALPHA" > "$OUT/len_penalty.txt"
+echo "== translate: test2016 with beam 5 and length penalty $BEST_ALPHA, from $CKPT" >&2
+tfcli translate -m "$CKPT" --beam-size 5 --len-penalty "$BEST_ALPHA" "$D/test2016.$SRC" -o "$OUT/test2016.hyp.$TGT"
 
 echo "== eval" >&2
-tfcli eval "$OUT/test2016.hyp.$TGT" -r "$D/test2016.$TGT" -m bleu,chrf --json > "$OUT/sacrebleu.json"
+tfcli eval "$OUT/test2016.hyp.$TGT" -r "$D/test2016.$TGT" --metrics bleu,chrf --json > "$OUT/sacrebleu.json"
 sacremoses -l "$TGT" -j 1 tokenize < "$OUT/test2016.hyp.$TGT" > "$OUT/test2016.hyp.tok.$TGT"
 sacremoses -l "$TGT" -j 1 tokenize < "$D/test2016.$TGT" > "$OUT/test2016.ref.tok.$TGT"
-tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" -m bleu --tokenize none --json > "$OUT/tokbleu.json"
+tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --json > "$OUT/tokbleu.json"
+# the anchor's metric (bentrevett/pytorch-seq2seq): lowercased tokenised BLEU (its tokens are spaCy's; ours Moses')
+tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --lowercase \
+  --json > "$OUT/tokbleu-lc.json"
 python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT" \
-  --train-args "${TRAIN_ARGS:-}" --wall-s "$SECONDS"  # the whole recipe: prepare, train, translate, score
+  --train-args "${TRAIN_ARGS:-}" --len-penalty "$BEST_ALPHA" --wall-s "$SECONDS"  # the whole recipe's time

@@ -68,7 +68,7 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     assert json.loads((out / "result.json").read_text()) == entry
     md = (tmp_path / "results" / "recipes.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| de-en"))
-    assert "| 31.25 | 55.50 | 34.25 | 100 | 2.3 min | 13.3 min |" in row  # training, then the whole recipe
+    assert "| 31.25 | 55.50 | 34.25 | – | 0.6 | 100 | 2.3 min | 13.3 min |" in row  # training, then the whole recipe
     assert "tok:13a" in md
     # a second run of the same recipe replaces its entry; another recipe adds one
     fake_run(tmp_path / "again", 32.0)
