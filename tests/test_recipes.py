@@ -57,6 +57,7 @@ def fake_run(out: Path, bleu: float) -> None:
 
 def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
+    monkeypatch.setattr(recipe_results, "README", tmp_path / "README.md")
     out = tmp_path / "m30k"
     fake_run(out, 31.25)
     args = type("A", (), dict(recipe="multi30k", out=str(out), name=None, pair="de-en", size="cpu",
@@ -88,6 +89,10 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
 
 def test_demo_records_its_scores_time_and_machine(tmp_path, monkeypatch):
     monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- demo:begin -->\nold figures\n<!-- demo:end -->\nafter\n<!-- recipes:begin -->\n"
+                      "<!-- recipes:end -->\n")
+    monkeypatch.setattr(recipe_results, "README", readme)
     out = tmp_path / "demo"
     fake_run(out, 98.5)
     args = type("A", (), dict(recipe="demo", out=str(out), name="demo", pair=None, size="cpu", checkpoint="ck",
@@ -98,3 +103,9 @@ def test_demo_records_its_scores_time_and_machine(tmp_path, monkeypatch):
     md = (tmp_path / "results" / "recipes.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 98.50"))
     assert "| 98.50 | 55.50 | 100 | 2.3 min | 1.9 min |" in row and entry["hardware"]["cpu"] in row
+    # the README's demo sentence and recipe table are rewritten from recipes.json, the rest of the README is kept
+    text = readme.read_text()
+    assert "old figures" not in text and text.startswith("intro\n") and "\nafter\n" in text
+    assert f"CPU ({entry['hardware']['cpu']})" in text
+    assert "1.9 min, BLEU 98.50, chrF2 55.50." in text
+    assert text.count("<!-- demo:begin -->") == 1 and text.count("<!-- recipes:end -->") == 1
