@@ -90,7 +90,7 @@ def record(args) -> dict:
         entry["checkpoint"] = args.checkpoint
     if args.wall_s is not None:
         entry["recipe_wall_s"] = args.wall_s  # the whole recipe, as timed by its script
-    if getattr(args, "len_penalty", None) is not None:
+    if args.len_penalty is not None:
         entry["len_penalty"] = args.len_penalty  # chosen on the valid split
     if args.recipe == "demo":
         entry["sacrebleu"] = _bleu(out / "sacrebleu.json")
@@ -166,8 +166,8 @@ def table(all_: dict) -> str:
             lines.append(
                 f"| {e['pair']} | {e['size']} | {e['sacrebleu']['BLEU']['score']:.2f} | "
                 f"{e['sacrebleu'].get('chrF2', {}).get('score', float('nan')):.2f} | {e['tokenised_bleu']['score']:.2f} | "
-                f"{_score(e.get('tokenised_bleu_lowercased'))} | {e.get('len_penalty', 0.6):g} | {t.get('steps', '')} | {_minutes(t['wall_s']) if t else ''} | {_wall(e)} | {_machine(e['hardware'])} | "
-                f"{e['date']} |"
+                f"{_score(e.get('tokenised_bleu_lowercased'))} | {e.get('len_penalty', 0.6):g} | {t.get('steps', '')} | "
+                f"{_minutes(t['wall_s']) if t else ''} | {_wall(e)} | {_machine(e['hardware'])} | {e['date']} |"
             )
         sigs = sorted({s["signature"] for e in mt for s in e["sacrebleu"].values()})
         lines += ["", "Signatures: " + "; ".join(f"`{s}`" for s in sigs),

@@ -158,13 +158,22 @@ def train_tiny_checkpoint(
 
 def _ln_identity(norm, d_model: int, ones: int) -> None:
     """Set a LayerNorm so that LN(x) = x for every x made of `ones` one-hot entries (mean and variance then fixed)."""
-    import torch
-
     mu = ones / d_model
     sigma = (ones / d_model - mu * mu + norm.eps) ** 0.5
     norm.weight.data.fill_(sigma)
     norm.bias.data.fill_(mu)
-    assert isinstance(norm.weight, torch.nn.Parameter)
+
+
+def _blank(model) -> None:
+    """Every weight and bias 0, every LayerNorm gain 1: the starting point the hand-built models write into."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.fill_(1.0)
 
 
 def copy_model(n_words: int = 20, max_len: int = 32, n_layers: int = 2, logit_scale: float = 6.0):
@@ -193,12 +202,8 @@ def copy_model(n_words: int = 20, max_len: int = 32, n_layers: int = 2, logit_sc
         tie_output=False, norm="pre", dropout=0.0,
     )
     model = build_model(cfg).eval()
+    _blank(model)
     with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        for m in model.modules():
-            if isinstance(m, torch.nn.LayerNorm):
-                m.weight.fill_(1.0)
         model.encoder.embed.tok.weight[:, :V] = torch.eye(V)
         for embed in (model.encoder.embed, model.decoder.embed):
             embed.pos.emb.weight[:, V:V + P] = torch.eye(P)
@@ -234,15 +239,10 @@ def successor_lm(vocab: list[str], successor: dict[int, int], max_len: int = 48,
     D += (-D) % 4
     cfg = preset("lm-tiny", tgt_vocab_size=V, d_model=D, n_head=4, d_ff=16, max_len=max_len, tie_output=False)
     model = build_model(cfg).eval()
+    _blank(model)
     with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        for m in model.modules():
-            if isinstance(m, torch.nn.LayerNorm):
-                m.weight.fill_(1.0)
         model.decoder.embed.tok.weight[:, :V] = torch.eye(V)
         model.decoder.layers[0].ffn.w2.bias[:V] = -0.02 * torch.arange(V) / V  # tie-breaker
-        model.lm_head.weight.zero_()
         for v, nxt in successor.items():
             model.lm_head.weight[nxt, v] = logit_scale
     return model

@@ -61,7 +61,8 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     out = tmp_path / "m30k"
     fake_run(out, 31.25)
     args = type("A", (), dict(recipe="multi30k", out=str(out), name=None, pair="de-en", size="cpu",
-                              checkpoint="ck", ppl=None, train_args="", wall_s=800.0))
+                              checkpoint="ck", ppl=None, train_args="", wall_s=800.0,
+                              len_penalty=None))
     entry = recipe_results.record(args)
     assert entry["training"]["steps"] == 100 and entry["training"]["wall_s"] == 135.5
     assert entry["training"]["median_tgt_tokens_per_s"] == 1200.0 and entry["training"]["best_valid_loss"] == 3.5
@@ -96,7 +97,7 @@ def test_demo_records_its_scores_time_and_machine(tmp_path, monkeypatch):
     out = tmp_path / "demo"
     fake_run(out, 98.5)
     args = type("A", (), dict(recipe="demo", out=str(out), name="demo", pair=None, size="cpu", checkpoint="ck",
-                              ppl=None, train_args="", wall_s=114.0))
+                              ppl=None, train_args="", wall_s=114.0, len_penalty=None))
     entry = recipe_results.record(args)
     assert entry["sacrebleu"]["BLEU"]["score"] == 98.5 and entry["recipe_wall_s"] == 114.0
     assert entry["hardware"]["cpu"] and entry["hardware"]["cpus"]
