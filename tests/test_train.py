@@ -508,6 +508,16 @@ def test_time_budget_stops_a_run_that_slows_down(tmp_path, parallel, monkeypatch
     assert (tmp_path / "run" / "checkpoints" / "LATEST").read_text().strip() == f"step-{result.step:07d}"
 
 
+def test_time_budget_measures_the_step_time_after_the_first_steps(tmp_path, parallel, monkeypatch):
+    """The first 5 steps take 3 s (one-time costs), then 1 s: the plan uses the second half of warmup (steps 6-10,
+    1 s each). At step 10, validated there, 25 s are spent; 30 s are left after the last validation, room for 24
+    steps at 1.25 s (a validation every 20): 20 are planned, 30 in all, and training ends at 55 s."""
+    clock = FakeClock(monkeypatch, lambda step: 3.0 if step <= 5 else 1.0)
+    result = train(tiny_train_config(parallel, tmp_path / "run", **BUDGET))
+    assert result.step == 30 and clock.t - 1000.0 == 55.0
+    assert [r["step"] for r in metrics(tmp_path / "run") if r["split"] == "valid"] == [10, 20, 30]
+
+
 def test_time_budget_needs_a_warmup_to_measure(tmp_path, parallel):
     with pytest.raises(ConfigError, match="max_minutes.*warmup to at least 10"):
         tiny_train_config(parallel, tmp_path / "run", **{**BUDGET, "warmup": 5}).validate()
