@@ -28,18 +28,20 @@ def write_results(out: str | Path, result: dict, markdown: str) -> None:
 
 
 def tfcli_for_inference(model_config: dict, weights: str):
-    """A tfcli model from its config (as a dict) and weights saved with safetensors' save_model, prepared as
-    `tfcli translate` and `tfcli lm-generate` prepare it on the CPU in fp32 (runtime.prepare_for_inference)."""
+    """A tfcli model from its config (as a dict) and weights saved with safetensors' save_model, run as `tfcli
+    translate` and `tfcli lm-generate` run it on the CPU in fp32: its StepModel with packed weights, in a process
+    tuned as they tune theirs (runtime.tune_process)."""
     import torch
     from safetensors.torch import load_model
 
-    from tfcli.generate.runtime import prepare_for_inference
+    from tfcli.generate.runtime import tune_process
+    from tfcli.generate.step import StepModel
     from tfcli.model import ModelConfig, build_model
 
     model = build_model(ModelConfig(**model_config)).eval()
     load_model(model, weights, strict=False)  # tied weights are stored once
-    prepare_for_inference(model, torch.device("cpu"))
-    return model
+    tune_process(torch.device("cpu"), None)
+    return StepModel(model, pack=True)
 
 
 class Isolated:

@@ -15,7 +15,7 @@ lengths so there is no padding) for a FORCED number of new tokens N (--new-token
 only way to stop generate_ids from ending a row; HF: min_new_tokens = max_new_tokens = N; CT2: min_length =
 max_length = N), and <pad> and <s>, which tfcli's sampler never picks, are suppressed in HF and CT2 too (HF
 suppress_tokens, CT2 suppress_sequences), so greedy decoding can agree token for token. tfcli runs as `tfcli
-lm-generate` does on the CPU in fp32 (`generate_ids`, KV cache, pre-packed oneDNN linear weights); HF runs its default
+lm-generate` does on the CPU in fp32 (`generate_ids` on a StepModel: pre-packed oneDNN linear weights); HF runs its default
 path (`generate`, its default attention implementation and cache); CT2 a `Generator` with the prompt forwarded at
 once (include_prompt_in_result=False). Greedy and top-k sampling (--top-k, temperature 1) at each of --batch-sizes;
 every measurement generates for the same --prompts rows (in batches of that size).
@@ -134,15 +134,15 @@ def check_same_function(model, gpt2, ct2_generator, n=4, length=20) -> dict:
     return diff
 
 
-def ban_eos(model) -> None:
+def ban_eos(steps) -> None:
     """Mask </s> in the output layer, so that generate_ids (which ends a row at </s>) generates exactly N tokens."""
-    head = model.lm_head.forward  # after pack_linear_weights: the packed forward
+    head = steps.lm_head  # the StepModel's (packed) output layer
     eos = torch.tensor([EOS_ID])
 
     def forward(x):
         return head(x).index_fill_(-1, eos, float("-inf"))
 
-    model.lm_head.forward = forward
+    steps.lm_head = forward
 
 
 # --- the three generators --------------------------------------------------------------------------------------

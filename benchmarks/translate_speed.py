@@ -354,10 +354,11 @@ def real(args) -> dict:
     if not args.checkpoint:
         return {"skipped": "no trained checkpoint given (--checkpoint CKPT)"}
     from tfcli import checkpoint as ckpt_mod
-    from tfcli.generate.runtime import load
+    from tfcli.generate.runtime import load, tune_process
     from tfcli.generate.translate import TranslateConfig, Translator, read_inputs
 
     device = torch.device("cpu")
+    tune_process(device, None)  # as `tfcli translate` does
     loaded = load(args.checkpoint, device, "seq2seq")
     n = sum(1 for _ in open(data, encoding="utf-8"))
     out = {"checkpoint": str(ckpt_mod.resolve(args.checkpoint)), "data": str(data), "sentences": n}

@@ -248,6 +248,18 @@ def successor_lm(vocab: list[str], successor: dict[int, int], max_len: int = 48,
     return model
 
 
+def save_word_tokenizer(path, words: list[str]) -> Path:
+    """A word-level tokenizer file whose ids are SPECIAL_TOKENS (0-3) then `words` in order; decoding joins words
+    with spaces."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(SPECIAL_TOKENS + words)}, unk_token="<unk>"))
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return Path(path)
+
+
 def save_model(path, model, tokenizer_file) -> "Path":
     """Save a hand-built model as a checkpoint that translate/lm-generate/eval load (one tokenizer for both sides)."""
     import dataclasses

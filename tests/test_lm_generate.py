@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from typer.testing import CliRunner
 
-from helpers import save_model, successor_lm
+from helpers import save_model, save_word_tokenizer, successor_lm
 from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.generate.lm import START_ID, Continuation, GenerateConfig, generate_ids, lm_generate
 from tfcli.generate.sampling import apply_repetition_penalty, apply_temperature, next_token, top_k_filter, top_p_filter
+from tfcli.generate.step import IncrementalDecoder, StepModel
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,11 +44,8 @@ def counter_lm(tmp_path_factory):
     """A hand-built LM (tests/helpers.successor_lm) that continues a run of consecutive words ("cat dog egg ...") and
     ends it after "tree" with "." and </s>: its greedy output is known by construction, on every CPU."""
     d = tmp_path_factory.mktemp("lm")
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(d / "tok.json"))
-    return save_model(d / "ckpt", successor_lm(VOCAB, SUCCESSOR, max_len=48), d / "tok.json")
+    tok = save_word_tokenizer(d / "tok.json", VOCAB[len(SPECIAL_TOKENS):])
+    return save_model(d / "ckpt", successor_lm(VOCAB, SUCCESSOR, max_len=48), tok)
 
 
 @pytest.fixture(scope="module")
@@ -142,66 +139,69 @@ def random_lm(positions="learned"):
     return build_model(preset("lm-tiny", tgt_vocab_size=V, positions=positions, max_len=48)).eval()
 
 
+class Calls:
+    """Records each prefill (rows, positions) and step (rows) of the incremental decoder, and the positions it held
+    before each."""
+
+    def __init__(self, monkeypatch):
+        self.prefills, self.steps, self.held = [], [], []
+        prefill, step = IncrementalDecoder.prefill, IncrementalDecoder.step
+
+        def spy_prefill(dec, ids, valid=None):
+            self.prefills.append(tuple(ids.shape))
+            self.held.append((dec.t, ids.size(1)))
+            return prefill(dec, ids, valid)
+
+        def spy_step(dec, tok):
+            self.steps.append(tok.numel())
+            self.held.append((dec.t, 1))
+            return step(dec, tok)
+
+        monkeypatch.setattr(IncrementalDecoder, "prefill", spy_prefill)
+        monkeypatch.setattr(IncrementalDecoder, "step", spy_step)
+
+
 @pytest.mark.parametrize("positions", ["learned", "rope"])
-def test_cached_left_padded_batch_equals_recomputing(positions):
+def test_cached_left_padded_batch_equals_recomputing(positions, monkeypatch):
     model = random_lm(positions)
     rng = random.Random(1)
     prompts = [[START_ID] + [rng.randrange(4, V) for _ in range(rng.randint(0, 9))] for _ in range(8)]
-    calls = []
-    forward = model.forward
-
-    def spy(ids, cache=None, valid=None, attn_out=None, last_only=False):
-        calls.append((ids.shape, last_only))
-        return forward(ids, cache=cache, valid=valid, last_only=last_only)
-
-    model.forward = spy
-    try:
-        got = generate_ids(model, prompts, GenerateConfig(max_new_tokens=12, greedy=True))
-    finally:
-        del model.forward
+    calls = Calls(monkeypatch)
+    got = generate_ids(model, prompts, GenerateConfig(max_new_tokens=12, greedy=True))
+    monkeypatch.undo()
     assert got == [recompute_greedy(model, p, 12) for p in prompts]
-    assert calls[0] == ((8, 10), True)  # the prompts run once, left-padded; the output layer only at the end
-    shapes = [shape for shape, _ in calls[1:]]
-    assert all(shape[1] == 1 for shape in shapes)  # then one new token per row and step
-    assert [shape[0] for shape in shapes] == sorted((shape[0] for shape in shapes), reverse=True)
+    assert calls.prefills == [(8, 10)]  # the prompts run once, left-padded
+    assert calls.steps == sorted(calls.steps, reverse=True)  # then one new token per row, rows leaving as they end
 
 
-class NoEnd:
-    """Wraps an LM so that it never ends a text (</s> and "." banned) and records the length of every forward pass."""
-
-    def __init__(self, model):
-        self.model, self.cfg, self.calls = model, model.cfg, []
-
-    def __call__(self, ids, cache=None, valid=None, last_only=False):
-        self.calls.append((ids.size(1), len(cache) if cache is not None else 0))
-        logits = self.model(ids, cache=cache, valid=valid, last_only=last_only).clone()
-        logits[..., [EOS_ID, ID["."]]] = NEG
-        return logits
-
-    def parameters(self):
-        return self.model.parameters()
-
-    def new_cache(self):
-        return self.model.new_cache()
+def no_end(model) -> StepModel:
+    """The model's StepModel, with </s> and "." banned, so that it never ends a text."""
+    sm = StepModel(model)
+    head = sm.lm_head
+    sm.lm_head = lambda x: head(x).index_fill(-1, torch.tensor([EOS_ID, ID["."]]), NEG)
+    return sm
 
 
-def test_generation_slides_past_the_context():
+def test_generation_slides_past_the_context(monkeypatch):
     """Past max_len (48) tokens, generation goes on from the last 24, as nanoGPT crops its context: the same tokens
     as recomputing each step over that window, never a position beyond max_len, one prefill per 24 new tokens."""
-    model = NoEnd(random_lm())
+    model = random_lm()
     prompts = [[START_ID, ID["cat"], ID["dog"]], [START_ID, ID["moon"]]]  # different lengths: left padding
     cfg = GenerateConfig(max_new_tokens=100, greedy=True)
-    out = generate_ids(model, prompts, cfg)
+    calls = Calls(monkeypatch)
+    out = generate_ids(no_end(model), prompts, cfg)
+    monkeypatch.undo()
     assert [len(o) for o in out] == [100, 100]
-    assert all(cached + new <= 48 for new, cached in model.calls)
-    # the prompt (3 positions), then a refill of 24 each time the cache is full: after 45, 24 and 24 single steps
-    assert [new for new, _ in model.calls if new > 1] == [3, 24, 24, 24]
+    assert all(held + new <= 48 for held, new in calls.held)
+    # the prompt (3 positions), then a refill of 24 each time the context is full: after 45, 24 and 24 single steps
+    assert [positions for _, positions in calls.prefills] == [3, 24, 24, 24]
     for prompt, got in zip(prompts, out):  # the slow way: one full forward pass per token over the window
         tokens, start = list(prompt), 0
         for _ in range(100):
             if len(tokens) - start > 48:
                 start = len(tokens) - 24
             logits = model(torch.tensor([tokens[start:]]))[0, -1]
+            logits[[EOS_ID, ID["."]]] = NEG
             tokens.append(int(logits.argmax()))
         assert got == tokens[len(prompt):]
 

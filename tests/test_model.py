@@ -1,4 +1,5 @@
-"""The model is the Transformer: attention math, positions, causality, padding, KV cache, and it learns."""
+"""The model is the Transformer: attention math, positions, causality, padding, and it learns (incremental decoding:
+test_step.py)."""
 
 import math
 
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 
 from tfcli.errors import ConfigError
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, build_model, preset
-from tfcli.model.attention import KVCache, MultiHeadAttention
+from tfcli.model.attention import MultiHeadAttention
 from tfcli.model.positional import sinusoidal_table
 
 V = 40
@@ -106,67 +107,6 @@ def test_target_padding_does_not_change_real_positions():
     torch.testing.assert_close(m(src, padded)[:, :5], m(src, tgt), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("positions", ["learned", "rope"])
-def test_lm_left_padding_does_not_change_outputs(positions):
-    m = lm(positions=positions)
-    x = torch.randint(4, V, (1, 6))
-    padded = torch.cat([torch.full((1, 3), PAD_ID), x], 1)
-    valid = padded != PAD_ID
-    out = m(padded, valid=valid)
-    torch.testing.assert_close(out[:, 3:], m(x), atol=1e-5, rtol=1e-5)
-    assert torch.isfinite(out).all()
-
-
-@pytest.mark.parametrize("norm", ["pre", "post"])
-def test_seq2seq_kv_cache_matches_full_forward(norm):
-    m = seq2seq(norm=norm)
-    src = torch.randint(4, V, (3, 7))
-    src[0, 5:] = PAD_ID
-    tgt = torch.randint(4, V, (3, 9))
-    full = m(src, tgt)
-    memory, mask = m.encode(src)
-    cache = m.new_cache()
-    steps = [m.decode(tgt[:, t : t + 1], memory, mask, cache) for t in range(tgt.size(1))]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
-    assert len(cache) == tgt.size(1)
-
-
-@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope"])
-def test_lm_kv_cache_matches_full_forward(positions):
-    m = lm(positions=positions)
-    x = torch.randint(4, V, (2, 12))
-    full = m(x)
-    cache = m.new_cache()
-    prefix = m(x[:, :5], cache=cache)  # prefill a prompt, then one token at a time
-    steps = [m(x[:, t : t + 1], cache=cache) for t in range(5, 12)]
-    torch.testing.assert_close(torch.cat([prefix, *steps], 1), full, atol=1e-5, rtol=1e-5)
-    # a multi-token chunk on top of a non-empty cache uses the offset causal mask
-    cache2 = m.new_cache()
-    a = m(x[:, :4], cache=cache2)
-    b = m(x[:, 4:], cache=cache2)
-    torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-5, rtol=1e-5)
-
-
-def test_lm_kv_cache_with_left_padded_prompts():
-    m = lm(positions="rope")
-    short, long = torch.randint(4, V, (1, 4)), torch.randint(4, V, (1, 7))
-    batch = torch.cat([torch.cat([torch.full((1, 3), PAD_ID), short], 1), long])
-    cache = m.new_cache()
-    out = m(batch, cache=cache, valid=batch != PAD_ID)
-    nxt = torch.randint(4, V, (2, 1))
-    step = m(nxt, cache=cache)
-    torch.testing.assert_close(step[0], m(torch.cat([short, nxt[:1]], 1))[0, -1:], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(step[1], m(torch.cat([long, nxt[1:]], 1))[0, -1:], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out[0, 3:], m(short)[0], atol=1e-5, rtol=1e-5)
-
-
-def test_cache_select_reorders_rows():
-    c = KVCache()
-    c.append(torch.arange(3.0).view(3, 1, 1, 1), torch.arange(3.0).view(3, 1, 1, 1))
-    c.select(torch.tensor([2, 2, 0]))
-    assert c.k.flatten().tolist() == [2.0, 2.0, 0.0]
-
-
 def test_tied_and_shared_embeddings():
     m = seq2seq(share_embeddings=True, tie_output=True)
     assert m.encoder.embed.tok.weight is m.decoder.embed.tok.weight
@@ -222,31 +162,3 @@ def test_every_parameter_learns_and_a_small_step_lowers_the_loss(norm):
     assert after < before - 1e-4, (before.item(), after.item())
 
 
-def test_lm_last_only_is_the_last_position_of_the_full_logits():
-    torch.manual_seed(0)
-    model = build_model(preset("lm-tiny", tgt_vocab_size=50)).eval()
-    ids = torch.randint(4, 50, (3, 7))
-    with torch.inference_mode():
-        full, last = model(ids), model(ids, last_only=True)
-    assert last.shape == (3, 1, 50)
-    torch.testing.assert_close(last[:, 0], full[:, -1])
-
-
-@pytest.mark.parametrize("tie", [True, False])
-def test_packed_cpu_weights_give_the_same_logits_and_are_not_kept_twice(tie):
-    from tfcli.generate.runtime import pack_linear_weights
-
-    torch.manual_seed(0)
-    model = build_model(preset("tiny", src_vocab_size=40, tgt_vocab_size=40, tie_output=tie)).eval()
-    src, tgt = torch.randint(4, 40, (2, 6)), torch.randint(4, 40, (2, 5))
-    with torch.inference_mode():
-        before = model(src, tgt)
-        n_before = sum(p.numel() for p in model.parameters())
-        if not pack_linear_weights(model):
-            pytest.skip("oneDNN is not available in this torch build")
-        after = model(src, tgt)
-    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
-    embed = model.decoder.embed.tok.weight
-    assert (model.lm_head.weight is embed) == tie  # a tied output layer keeps the embedding it shares
-    assert model.encoder.layers[0].ffn.w1.weight is None  # the unpacked copy of an untied weight is released
-    assert sum(p.numel() for p in model.parameters()) < n_before

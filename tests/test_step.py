@@ -1,25 +1,30 @@
-"""generate/step.py: the incremental decoder computes what the model's full forward computes, whatever the beams'
-reordering, sentences leaving, norm placement, activation, positions, and packed or plain weights."""
+"""generate/step.py, the one incremental decoding path: it computes what the model's full forward computes, whatever
+the beams' reordering, rows leaving, norm placement, activation, positions, left-padded prompts, and packed or plain
+weights."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from tfcli.generate.runtime import pack_linear_weights
-from tfcli.generate.step import IncrementalDecoder, free_memory
+from tfcli.generate.step import StepModel, onednn_available
 from tfcli.model import BOS_ID, PAD_ID, build_model, preset
 
 V = 40
 
 
 def model_for(packed=False, **overrides):
+    """A random encoder-decoder and its StepModel (packed: weights pre-packed for oneDNN)."""
+    if packed and not onednn_available():
+        pytest.skip("oneDNN is not available in this torch build")
     torch.manual_seed(0)
     cfg = preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_head=4, **overrides)
     model = build_model(cfg).eval()
-    if packed and not pack_linear_weights(model):
-        pytest.skip("oneDNN is not available in this torch build")
-    return model
+    return model, StepModel(model, pack=packed)
+
+
+def start(sm, src, beam_size, steps):
+    return sm.start(src.size(0), beam_size, steps, *sm.encode(src))
 
 
 def full_logits(model, src_row: torch.Tensor, prefix: list[int]) -> torch.Tensor:
@@ -34,13 +39,13 @@ def full_logits(model, src_row: torch.Tensor, prefix: list[int]) -> torch.Tensor
      dict(packed=True, norm="post", activation="gelu")],
 )
 def test_beams_reordered_and_sentences_leaving_match_the_full_forward(overrides):
-    model = model_for(**overrides)
+    model, sm = model_for(**overrides)
     K, steps = 3, 6
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, V, (3, 7), generator=g)
     src[1, 4:] = PAD_ID  # a padded source
     with torch.inference_mode():
-        dec = IncrementalDecoder(model, *model.encode(src), beam_size=K, max_steps=steps)
+        dec = start(sm, src, K, steps)
         alive = [0, 1, 2]
         prefixes = {s: [[]] for s in alive}  # per live sentence, its beams' tokens so far
         tok = torch.full((3,), BOS_ID)
@@ -70,11 +75,11 @@ def test_beams_reordered_and_sentences_leaving_match_the_full_forward(overrides)
 
 def test_greedy_rows_and_memory_reuse():
     """beam_size 1 is greedy decoding; a second decoder reuses the released key/value memory and still matches."""
-    model = model_for(packed=True)
+    model, sm = model_for(packed=True)
     src = torch.randint(4, V, (2, 5))
     with torch.inference_mode():
         for _ in range(2):
-            dec = IncrementalDecoder(model, *model.encode(src), beam_size=1, max_steps=4)
+            dec = start(sm, src, 1, 4)
             tok, prefix = torch.full((2,), BOS_ID), [[], []]
             for _t in range(4):
                 logits = dec.step(tok)
@@ -83,20 +88,90 @@ def test_greedy_rows_and_memory_reuse():
                 tok = logits.argmax(-1)
                 prefix = [p + [w] for p, w in zip(prefix, tok.tolist())]
             dec.release()
-        assert "_decode_workspace" in model.__dict__
-        free_memory(model)
-        assert "_decode_workspace" not in model.__dict__
+            kept = sm._workspace
+            assert kept is not None
+        sm.free_memory()
+        assert sm._workspace is None
 
 
 def test_bf16_autocast_runs_close_to_fp32():
-    model = model_for()
+    model, sm = model_for()
     src = torch.randint(4, V, (2, 5))
     with torch.inference_mode():
-        ref = IncrementalDecoder(model, *model.encode(src), beam_size=2, max_steps=2).step(torch.full((2,), BOS_ID))
+        ref = start(sm, src, 2, 2).step(torch.full((2,), BOS_ID))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            dec = IncrementalDecoder(model, *model.encode(src), beam_size=2, max_steps=2)
-            out = dec.step(torch.full((2,), BOS_ID))
+            out = start(sm, src, 2, 2).step(torch.full((2,), BOS_ID))
     torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=0.05)
+
+
+def test_packed_and_plain_weights_give_the_same_logits_and_leave_the_model_as_it_was():
+    """The oneDNN path and its plain F.linear fallback compute the same thing; packing copies the weights beside the
+    model, whose parameters stay the same tensors with the same values."""
+    model, plain = model_for(norm="post")
+    before = {k: (v, v.clone()) for k, v in model.state_dict(keep_vars=True).items()}
+    packed = StepModel(model, pack=True)
+    if not packed.packed:
+        pytest.skip("oneDNN is not available in this torch build")
+    src = torch.randint(4, V, (3, 6))
+    with torch.inference_mode():
+        a, b = start(plain, src, 2, 3), start(packed, src, 2, 3)
+        tok = torch.full((3,), BOS_ID)
+        for _ in range(3):
+            la, lb = a.step(tok), b.step(tok)
+            torch.testing.assert_close(lb, la, atol=1e-4, rtol=1e-4)
+            a.select(None, torch.zeros(3, 2, dtype=torch.long))
+            b.select(None, torch.zeros(3, 2, dtype=torch.long))
+            tok = la.argmax(-1).view(3, -1)[:, :1].expand(3, 2).flatten()
+    after = model.state_dict(keep_vars=True)
+    assert after.keys() == before.keys()
+    assert all(after[k] is t and torch.equal(t, saved) for k, (t, saved) in before.items())
+    assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())
+
+
+# --- language models: prompts of different lengths, left-padded ---------------------------------------------------
+
+
+def lm_for(**overrides):
+    torch.manual_seed(0)
+    model = build_model(preset("lm-tiny", tgt_vocab_size=V, d_model=32, n_head=4, **overrides)).eval()
+    return model, StepModel(model)
+
+
+@pytest.mark.parametrize("overrides", [dict(positions="learned"), dict(positions="sinusoidal"),
+                                       dict(positions="rope"), dict(positions="rope", norm="post")])
+def test_lm_prefill_of_left_padded_prompts_then_steps_match_the_full_forward(overrides):
+    """Prompts of 3, 7 and 5 tokens in one batch, padded on the left: after the prefill and after each step, every
+    row's logits are those of the full forward over that row's own tokens, without padding. A row then leaves."""
+    model, sm = lm_for(**overrides)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(4, V, (n,), generator=g).tolist() for n in (3, 7, 5)]
+    T = max(map(len, prompts))
+    ids = torch.tensor([[PAD_ID] * (T - len(p)) + p for p in prompts])
+    with torch.inference_mode():
+        dec = sm.start(3, 1, T + 4)
+        logits = dec.prefill(ids, ids != PAD_ID)
+        rows = [0, 1, 2]
+        for t in range(4):
+            for r_i, r in enumerate(rows):
+                full = model(torch.tensor([prompts[r]]))[0, -1]
+                torch.testing.assert_close(logits[r_i], full, atol=1e-4, rtol=1e-4)
+            nxt = torch.randint(4, V, (len(rows),), generator=g)
+            for r_i, r in enumerate(rows):
+                prompts[r] = prompts[r] + [int(nxt[r_i])]
+            if t == 1:  # the longest prompt's row leaves
+                dec.select(torch.tensor([0, 2]))
+                rows, nxt = [0, 2], nxt[[0, 2]]
+            if t < 3:
+                logits = dec.step(nxt)
+        dec.release()
+
+
+def test_lm_prefill_without_padding_is_the_full_forward():
+    model, sm = lm_for(positions="learned")
+    ids = torch.randint(4, V, (2, 6))
+    with torch.inference_mode():
+        got = sm.start(2, 1, 6).prefill(ids)
+        torch.testing.assert_close(got, model(ids)[:, -1], atol=1e-4, rtol=1e-4)
 
 
 HEAP_PROBE = """

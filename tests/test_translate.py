@@ -7,34 +7,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from typer.testing import CliRunner
 
 from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.data.batching import pad, source_ids
 from tfcli.generate.reference import reference_beam_search, reference_greedy
-from tfcli.generate.step import IncrementalDecoder
+from tfcli.generate.step import IncrementalDecoder, StepModel, onednn_available
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty
 from tfcli.generate.translate import TranslateConfig, Translator, translate
-from tfcli.generate.runtime import load, pack_linear_weights
+from tfcli.generate.runtime import load
 from tfcli.model import BOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset
 
-from helpers import copy_model, save_model
+from helpers import copy_model, save_model, save_word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TFCLI = ROOT / ".venv" / "bin" / "tfcli"
 WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
-
-
-def word_tokenizer(path: Path) -> Path:
-    """A word-level tokenizer over WORDS, the four special tokens first; decoding joins words with spaces."""
-    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(path))
-    return path
 
 
 V = len(SPECIAL_TOKENS) + len(WORDS)
@@ -46,7 +35,7 @@ def copier(tmp_path_factory):
     it outputs is known by construction, on every CPU."""
     d = tmp_path_factory.mktemp("copier")
     model = copy_model(n_words=len(WORDS), max_len=32)
-    return save_model(d / "ckpt", model, word_tokenizer(d / "tok.json"))
+    return save_model(d / "ckpt", model, save_word_tokenizer(d / "tok.json", WORDS))
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +74,12 @@ def test_cached_batched_search_equals_slow_reference(which, copier_model):
     sentence at a time: same hypotheses in the same order, same scores. `packed`: CPU inference as translate runs it
     (oneDNN weights, fused linear layers in the search)."""
     model = copier_model if which == "copier" else random_model()
-    if which == "packed" and not pack_linear_weights(model):
+    if which == "packed" and not onednn_available():
         pytest.skip("oneDNN is not available in this torch build")
+    steps = StepModel(model, pack=which == "packed")
     srcs = sources(20, seed=3, max_words=8)
-    beams = beam_search(model, pad(srcs), beam_size=4, len_penalty=0.6, nbest=4, token_scores=True)
-    greedy = greedy_decode(model, pad(srcs))
+    beams = beam_search(steps, pad(srcs), beam_size=4, len_penalty=0.6, nbest=4, token_scores=True)
+    greedy = greedy_decode(steps, pad(srcs))
     ended_early = 0
     for src, hyps, g in zip(srcs, beams, greedy):
         ref = reference_beam_search(model, src, beam_size=4, len_penalty=0.6, nbest=4)

@@ -1,8 +1,9 @@
 """`tfcli lm-generate`: continue prompts with a decoder-only language model.
 
-The prompt runs through the model once (prefill), filling the KV cache; each later step feeds only the new token.
-Many prompts are generated together: left-padded to one length (the model's `valid` mask hides the padding and
-numbers positions from each row's first real token), and rows leave the batch as they finish. A row finishes at
+The prompt runs through the model once (prefill), filling the key/value memory of `step.IncrementalDecoder`; each
+later step feeds only the new token. Many prompts are generated together: left-padded to one length (a mask hides
+the padding, and each row numbers its positions from its first real token), and rows leave the batch as they
+finish. A row finishes at
 </s>, at a --stop string, or after --max-new-tokens. With a single prompt and sample, text streams to stdout as it
 is made.
 
@@ -21,8 +22,9 @@ import torch
 from tfcli.config import from_dict, load_config_file, override
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.errors import ConfigError
-from tfcli.generate.runtime import Progress, load, precision, resolve_device, warn
+from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, tune_process, warn
 from tfcli.generate.sampling import next_token
+from tfcli.generate.step import StepModel, step_model
 from tfcli.generate.translate import open_output
 from tfcli.io import iter_lines
 from tfcli.model.config import EOS_ID, PAD_ID
@@ -72,24 +74,24 @@ def generate_ids(
     """New ids (without </s>) for each prompt of one batch; prompts are id lists starting with START_ID.
 
     A row gets at most `cfg.max_new_tokens` new ids. When the context reaches the model's max_len, generation goes on
-    from the last max_len / 2 tokens, as nanoGPT's sample.py crops the context to its block size: the cache is
-    rebuilt from them (one prefill every max_len / 2 new tokens, not a full forward pass per token).
+    from the last max_len / 2 tokens, as nanoGPT's sample.py crops the context to its block size: the key/value
+    memory is rebuilt from them (one prefill every max_len / 2 new tokens, not a full forward pass per token).
 
     `on_token(row, new_ids)` is called after each new token of a row; it returns True to stop that row (a stop
     string was reached).
     """
-    device = next(model.parameters()).device
+    sm = step_model(model)
+    device = sm.embed.tok.weight.device
     B = len(prompts)
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     T = int(lengths.max())
     ids = torch.full((B, T), PAD_ID, dtype=torch.long, device=device)
     for i, p in enumerate(prompts):
         ids[i, T - len(p) :] = torch.tensor(p, device=device)
-    valid = None if bool((lengths == T).all()) else torch.arange(T, device=device)[None, :] >= (T - lengths)[:, None]
-    cache = model.new_cache()
-    logits = model(ids, cache=cache, valid=valid, last_only=True)[:, -1]  # prefill: the prompt runs once
+    max_len = sm.cfg.max_len
+    valid = torch.arange(T, device=device)[None, :] >= (T - lengths)[:, None]
+    decoder, logits = _prefill(sm, ids, valid, min(max_len, T + cfg.max_new_tokens))
     history = ids  # for the repetition penalty (padding is <pad>, which is never chosen anyway)
-    max_len = model.cfg.max_len
     alive = list(range(B))
     out: list[list[int]] = [[] for _ in range(B)]
     while True:
@@ -108,18 +110,27 @@ def generate_ids(
             break
         if len(keep) < len(alive):
             idx = torch.tensor(keep, device=device)
-            cache.select(idx)
+            decoder.select(idx)
             history, nxt = history[idx], nxt[idx]
             alive = [alive[j] for j in keep]
         history = torch.cat([history, nxt[:, None]], 1)
-        if len(cache) < max_len:
-            logits = model(nxt[:, None], cache=cache)[:, -1]  # one new token per row; the cache holds the rest
+        if decoder.t < decoder.max_steps:
+            logits = decoder.step(nxt)  # one new token per row; the decoder holds the rest
         else:  # the context is full: go on from its second half (positions count from 0 again)
+            decoder.release()
             window = history[:, -max(1, max_len // 2) :]
-            valid = window != PAD_ID  # rows with short prompts may still have left padding in it
-            cache = model.new_cache()
-            logits = model(window, cache=cache, valid=None if bool(valid.all()) else valid, last_only=True)[:, -1]
+            left = cfg.max_new_tokens - min(len(out[row]) for row in alive)
+            # short prompts may leave padding in the window
+            decoder, logits = _prefill(sm, window, window != PAD_ID, min(max_len, window.size(1) + left))
+    decoder.release()
     return out
+
+
+def _prefill(sm: StepModel, ids: torch.Tensor, valid: torch.Tensor, room: int):
+    """Start a decoder with room for `room` positions and run the left-padded prompts `ids` through it once;
+    returns it and the logits after each prompt, (B, V)."""
+    decoder = sm.start(ids.size(0), 1, room)
+    return decoder, decoder.prefill(ids, valid)
 
 
 class Continuation:
@@ -173,25 +184,33 @@ def lm_generate(
     Returns the number of samples written.
     """
     device = resolve_device(cfg.device)
-    autocast = precision(device, cfg.dtype)
-    loaded = load(checkpoint, device, "lm", cfg.threads, cfg.dtype)
-    model, tok = loaded.model, loaded.tgt_tok
+    precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
+    tune_process(device, cfg.threads)
+    loaded = load(checkpoint, device, "lm", cfg.dtype)
     texts = read_prompts(prompts, input_file)
-    prompt_ids = _fit_prompts(model, [[START_ID] + ids for ids in encode_batch(tok, texts)])
-    generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.seed is not None else None
-    samples = [p for p in range(len(texts)) for _ in range(cfg.num_samples)]  # the prompt of each sample
+    samples = [text for text in texts for _ in range(cfg.num_samples)]  # the prompt of each sample
     stream = len(samples) == 1 and output in (None, "-")
     written = 0
     bar = Progress("generating", len(samples), "samples", False if stream else progress)
     with open_output(output) as out, bar:
-        texts, prompt_ids = [texts[p] for p in samples], [prompt_ids[p] for p in samples]
-        for text in _generate(model, tok, texts, prompt_ids, cfg, generator, autocast, out if stream else None):
+        for text, continuation in zip(samples, continuations(loaded, samples, cfg, device, out if stream else None)):
             if not stream:
-                out.write(text + "\n")
+                out.write(text + continuation + "\n")
                 out.flush()
             bar.advance(1)
             written += 1
     return written
+
+
+def continuations(loaded: Loaded, texts: list[str], cfg: GenerateConfig, device: torch.device,
+                  stream: IO[str] | None = None) -> Iterator[str]:
+    """The continuation of each prompt text, in order (`cfg.num_samples` is the caller's business: repeat a text
+    for more samples). With `stream`, the one text and its continuation are written there as they grow."""
+    tok = loaded.tgt_tok
+    prompt_ids = _fit_prompts(loaded.steps, [[START_ID] + ids for ids in encode_batch(tok, texts)])
+    generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.seed is not None else None
+    autocast = precision(device, cfg.dtype)
+    return _generate(loaded.steps, tok, texts, prompt_ids, cfg, generator, autocast, stream)
 
 
 def _fit_prompts(model, prompt_ids: list[list[int]]) -> list[list[int]]:
@@ -208,9 +227,8 @@ def _fit_prompts(model, prompt_ids: list[list[int]]) -> list[list[int]]:
 
 
 def _generate(model, tok, texts, prompt_ids, cfg, generator, autocast, stream: IO[str] | None) -> Iterator[str]:
-    """Yield prompt + continuation for each sample, in order; batches hold similar prompt lengths, and run in the
-    order of their earliest sample so output can start early. With `stream`, the one sample is written as it grows.
-    """
+    """Yield the continuation of each sample, in order; batches hold similar prompt lengths, and run in the order
+    of their earliest sample so output can start early. With `stream`, the one sample is written as it grows."""
     order = sorted(range(len(texts)), key=lambda i: len(prompt_ids[i]))
     batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
     batches.sort(key=min)
@@ -239,7 +257,7 @@ def _generate(model, tok, texts, prompt_ids, cfg, generator, autocast, stream: I
         for j, (i, ids) in enumerate(zip(batch, new)):
             if not needs_text:
                 conts[j].update(ids)
-            results[i] = texts[i] + conts[j].text
+            results[i] = conts[j].text
         if stream is not None:
             stream.write(conts[0].text[shown:] + "\n")
             stream.flush()

@@ -1,5 +1,5 @@
 """What translate and lm-generate share: picking the device and precision, loading a checkpoint with its
-tokenizers, and a progress display that appears only on a terminal."""
+tokenizers, the process tuning the command line asks for, and a progress display that appears only on a terminal."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from tfcli import checkpoint
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
+from tfcli.generate.step import StepModel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -37,17 +38,16 @@ def precision(device: torch.device, dtype: str):
 
 @dataclass
 class Loaded:
-    model: torch.nn.Module
+    model: torch.nn.Module  # in eval mode, otherwise as trained: it can still be trained, saved or moved
     meta: dict
     src_tok: object | None  # tokenizers.Tokenizer; None for a language model
     tgt_tok: object
+    steps: StepModel  # its decoder arranged for decoding (fp32 on the CPU: with weights packed for oneDNN)
 
 
-def load(path: str, device: torch.device, kind: str, threads: int | None = None, dtype: str = "fp32") -> Loaded:
-    """Load a checkpoint of the expected `kind` ("seq2seq" or "lm") and its tokenizers, ready for inference
-    (fp32 on the CPU: with pre-packed weights)."""
-    if threads:
-        torch.set_num_threads(threads)
+def load(path: str, device: torch.device, kind: str, dtype: str = "fp32") -> Loaded:
+    """Load a checkpoint of the expected `kind` ("seq2seq" or "lm") and its tokenizers, ready for inference.
+    Nothing outside the returned objects changes (threads and the allocator: `tune_process`)."""
     meta = checkpoint.read_meta(path)
     cfg = checkpoint.model_config(meta)
     if cfg.kind != kind:
@@ -55,9 +55,17 @@ def load(path: str, device: torch.device, kind: str, threads: int | None = None,
         hint = "tfcli lm-generate" if cfg.kind == "lm" else "tfcli translate"
         raise CheckpointError(f"{meta['dir']}: is a {cfg.kind} model, not {want}; use `{hint}`")
     model, meta = checkpoint.load(meta["dir"], device)
-    prepare_for_inference(model, device, dtype)
     toks = {side: checkpoint.tokenizer(meta, side) for side in (("src", "tgt") if kind == "seq2seq" else ("tgt",))}
-    return Loaded(model, meta, toks.get("src"), toks["tgt"])
+    return Loaded(model, meta, toks.get("src"), toks["tgt"], StepModel(model, pack=dtype == "fp32"))
+
+
+def tune_process(device: torch.device, threads: int | None) -> None:
+    """What `tfcli translate` and `tfcli lm-generate` do to their own process (a library caller decides for
+    itself): use `threads` CPU threads, and on the CPU let glibc keep freed memory for reuse."""
+    if threads:
+        torch.set_num_threads(threads)
+    if device.type == "cpu":
+        keep_freed_memory()
 
 
 def warn(message: str) -> None:
@@ -101,15 +109,6 @@ class Progress:
             self._bar.stop()
 
 
-def prepare_for_inference(model: torch.nn.Module, device: torch.device, dtype: str = "fp32") -> None:
-    """What translate and lm-generate do to a loaded model on the CPU (the speed benchmarks call it too): keep freed
-    memory for reuse, and in fp32 pack the linear weights for oneDNN."""
-    if device.type == "cpu":
-        keep_freed_memory()
-        if dtype == "fp32":
-            pack_linear_weights(model)
-
-
 def keep_freed_memory() -> bool:
     """Let glibc keep freed memory for reuse instead of handing it back to the OS at once.
 
@@ -127,39 +126,3 @@ def keep_freed_memory() -> bool:
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 512 << 20))
-
-
-def pack_linear_weights(model: torch.nn.Module) -> bool:
-    """For fp32 inference on the CPU: keep every Linear's weight pre-packed in oneDNN's blocked layout.
-
-    A plain GEMM re-packs the weight matrix on every call; decoding calls each layer once per step with few rows,
-    so that re-packing is a large share of the work (the 8000 x 256 output projection for the 5 rows of one
-    sentence's beams gets several times faster). The unpacked weights are released (except where tied to an
-    embedding), so the model is not held twice in memory. Returns False, changing nothing, where oneDNN is
-    unavailable.
-    """
-    mkldnn = getattr(torch.ops, "mkldnn", None)
-    if not torch.backends.mkldnn.is_available() or not hasattr(mkldnn, "_linear_pointwise"):
-        return False
-    # weights that other modules use too (an output layer tied to the embedding) must stay where they are
-    shared = {
-        p.data_ptr() for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)
-    }
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and module.weight.device.type == "cpu":
-            module.forward = _packed_forward(module)
-            if module.weight.data_ptr() not in shared:
-                module.weight = None  # the packed copy is the only one used now: do not keep the weights twice
-    return True
-
-
-def _packed_forward(linear: torch.nn.Linear):
-    weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().float(), 64)
-    bias = linear.bias.detach().float() if linear.bias is not None else None
-    linear.packed = (weight, bias)  # for the fused calls of generate/step.py
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.size(-1)), weight, bias, "none", [], "")
-        return y.view(*x.shape[:-1], y.size(-1))
-
-    return forward

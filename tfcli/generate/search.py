@@ -1,7 +1,7 @@
 """Decoding for encoder-decoder models: batched greedy and beam search with the KV cache.
 
 Both run the encoder once per batch, feed the decoder one new token per beam and step through
-`step.IncrementalDecoder` (the KV cache holds the rest, the cross-attention keys/values of the source are computed
+`step.IncrementalDecoder` (the key/value memory holds the rest, the cross-attention keys/values of the source are computed
 once per sentence, and reordering beams copies no keys/values), and let finished sentences leave the batch, so no
 compute is spent on them. Neither ever emits <pad> or <s>.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tfcli.generate.step import IncrementalDecoder
+from tfcli.generate.step import IncrementalDecoder, step_model
 from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -37,6 +37,14 @@ def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int) -> t
     """(B,) longest allowed output per sentence: a * src_len + b, at least 1, at most the model's max_len."""
     src_len = (src != PAD_ID).sum(1)
     return (src_len.float() * max_len_a + max_len_b).long().clamp(min=1, max=model.cfg.max_len)
+
+
+def _start(model, src: torch.Tensor, beam_size: int, max_len: torch.Tensor) -> IncrementalDecoder:
+    """Encode the batch once and start its decoder. `model`: an EncoderDecoder, or a StepModel made from one (the
+    way `translate` runs it: packed weights, key/value memory reused from batch to batch)."""
+    sm = step_model(model)
+    memory, mem_mask = sm.encode(src)
+    return sm.start(src.size(0), beam_size, int(max_len.max()), memory, mem_mask)
 
 
 _BANNED = {False: torch.tensor([PAD_ID, BOS_ID]), True: torch.tensor([PAD_ID, BOS_ID, EOS_ID])}
@@ -74,7 +82,7 @@ def greedy_decode(
     """
     B, device = src.size(0), src.device
     max_len = max_lengths(model, src, max_len_a, max_len_b)
-    decoder = IncrementalDecoder(model, *model.encode(src), beam_size=1, max_steps=int(max_len.max()))
+    decoder = _start(model, src, 1, max_len)
     alive = torch.arange(B, device=device)  # which input rows are still decoding
     tokens = torch.empty(B, 0, dtype=torch.long, device=device)
     lps = torch.empty(B, 0, device=device)
@@ -141,7 +149,7 @@ def beam_search(
     if 2 * K > V - 3:
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
     max_len = max_lengths(model, src, max_len_a, max_len_b)
-    decoder = IncrementalDecoder(model, *model.encode(src), beam_size=K, max_steps=int(max_len.max()))
+    decoder = _start(model, src, K, max_len)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     alive = list(range(B))  # input row of each live sentence
     alive_max = max_len

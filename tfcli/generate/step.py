@@ -1,16 +1,23 @@
-"""Incremental decoding for search: an `EncoderDecoder`'s decoder run one position at a time over n sentences with
-k beams each (k = 1 for greedy decoding, and at the first step of beam search).
+"""Incremental decoding: the one path by which translate (greedy and beam search), lm-generate and the attention
+pictures' generated text run a model's decoder one position at a time. Tests check it against the model's full
+forward (`EncoderDecoder.forward`, `DecoderOnlyLM.forward`), which training uses.
 
-It computes what `EncoderDecoder.decode` computes with a KV cache (tests check that), arranged for inference speed:
+`StepModel(model)` arranges a loaded model's decoder for stepping, once per model; `StepModel.start` begins one
+batch (`IncrementalDecoder`): n sentences (or prompts) with k beams each (k = 1 for greedy decoding, sampling, and
+the first step of beam search). Arranged for inference speed:
 - Self-attention keys/values are written once, each beam's at a slot of its own (position s, beam j: slot s*K + j),
   and never copied when beams are reordered. A beam's history is a mask over the slots, (n, k, t*K): reordering
   beams gathers that small mask instead of copying every layer's (n*K, H, t, d_head) keys and values.
 - The queries of a sentence's beams attend together: (n*H) products of k x d_head by d_head x t*K for the
   self-attention, and by the d_head x S source keys/values that the sentence holds once, instead of n*k*H products
   of a single query row.
-- Linear layers packed for oneDNN on the CPU (runtime.pack_linear_weights) run with the ReLU/GELU and the residual
-  addition fused into the layer before them.
+- With `pack=True` on the CPU in fp32, linear layers use weights pre-packed for oneDNN, held here beside the
+  model's own (which stay as they are), and run with the ReLU/GELU and the residual addition fused into the layer
+  before them. Where torch lacks those private ops, plain `F.linear` does the same work.
 - The key/value memory is allocated once per batch and reused by the next batch (`release`), not grown step by step.
+
+Language-model prompts of different lengths are left-padded: `prefill` runs them in one pass, each row numbering
+its positions from its first real token, and nobody attends to the padding.
 """
 
 from __future__ import annotations
@@ -20,133 +27,209 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class IncrementalDecoder:
-    """Decoder state for one batch of sentences. `step` feeds one token per beam and returns the next-token logits;
-    `select` drops sentences and reorders beams between steps."""
+class StepModel:
+    """A model's decoder as the functions an incremental step calls (built from the weights as they are now), and
+    the key/value memory it reuses from batch to batch."""
 
-    def __init__(self, model, memory: torch.Tensor, mem_mask: torch.Tensor, beam_size: int, max_steps: int):
-        """memory: (n, S, d_model) encoder output; mem_mask: (n, 1, 1, S) True at real source tokens; `max_steps`:
-        the most positions that will be decoded."""
-        cfg = model.cfg
-        self.model, self.decoder = model, model.decoder
+    def __init__(self, model: nn.Module, pack: bool = False):
+        """`pack`: pre-pack the linear weights for oneDNN (fp32 on the CPU only; elsewhere, or where torch lacks
+        the ops, it is ignored: see `packed`)."""
+        self.model, self.cfg = model, model.cfg
+        weight = model.lm_head.weight
+        self.packed = pack and weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
+        decoder = model.decoder
+        self.embed, self.rope = decoder.embed, decoder.rope
+        self.layers = [_Layer(layer, model.cfg, self.packed) for layer in decoder.layers]
+        self.final_norm = _norm(decoder.norm)
+        self.lm_head = _linear(model.lm_head, self.packed)
+        self._workspace: torch.Tensor | None = None
+
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.encode(src)
+
+    def start(
+        self, n: int, beam_size: int, max_steps: int, memory: torch.Tensor | None = None,
+        mem_mask: torch.Tensor | None = None,
+    ) -> "IncrementalDecoder":
+        """A decoder for n rows of `beam_size` beams and at most `max_steps` positions; `memory` (n, S, d_model)
+        and `mem_mask` (n, 1, 1, S), True at real source tokens, for an encoder-decoder."""
+        return IncrementalDecoder(self, n, beam_size, max_steps, memory, mem_mask)
+
+    def free_memory(self) -> None:
+        """Drop the key/value memory kept for the next batch."""
+        self._workspace = None
+
+    def _take_workspace(self, numel: int, dtype, device) -> torch.Tensor:
+        """A flat tensor of at least `numel` elements: the one the last decoder released, if it fits (fresh memory
+        would page-fault on first use: a large share of a step on the CPU)."""
+        ws, self._workspace = self._workspace, None
+        if ws is None or ws.numel() < numel or ws.dtype != dtype or ws.device != device:
+            ws = torch.empty(numel, dtype=dtype, device=device)
+        return ws
+
+    def _return_workspace(self, ws: torch.Tensor) -> None:
+        if self._workspace is None or self._workspace.numel() < ws.numel():
+            self._workspace = ws
+
+
+def step_model(model) -> StepModel:
+    """`model` itself if it is a StepModel, else a plain (unpacked) one over it."""
+    return model if isinstance(model, StepModel) else StepModel(model)
+
+
+class IncrementalDecoder:
+    """Decoder state for one batch. `step` feeds one token per beam and returns the next-token logits; `prefill`
+    feeds whole prompts (one beam); `select` drops rows and reorders beams between steps."""
+
+    def __init__(self, sm: StepModel, n: int, beam_size: int, max_steps: int, memory, mem_mask):
+        cfg = sm.cfg
+        self.sm = sm
         self.K, self.H, self.dh = beam_size, cfg.n_head, cfg.d_head
         self.scale = self.dh**-0.5
-        self.layers = [_Layer(layer, cfg) for layer in self.decoder.layers]
-        self.final_norm = _norm(self.decoder.norm)
-        self.lm_head = _linear(model.lm_head)
         self.max_steps = max_steps
-        n, S, _ = memory.shape
-        device = memory.device
-        self.n, self.k, self.t = n, 1, 0  # sentences, beams per sentence, positions so far
-        # the source side, once per batch: per layer the cross-attention keys and values as (n*H, S, d_head)
-        self.mem_kv = [
-            tuple(
-                kv.reshape(n, S, self.H, self.dh).transpose(1, 2).reshape(n * self.H, S, self.dh)
-                for kv in layer.cross_attn.kv_proj(memory).chunk(2, dim=-1)
-            )
-            for layer in self.decoder.layers
-        ]
-        bias = torch.zeros(n, 1, S, device=device).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
-        self.mem_bias = bias.repeat_interleave(self.H, dim=0)  # (n*H, 1, S): -inf at source padding
-        embed = self.decoder.embed
-        steps = torch.arange(max_steps, device=device)
-        no_positions = torch.zeros(max_steps, cfg.d_model, device=device)
-        self.positions = embed.pos(steps) if embed.pos is not None else no_positions
+        self.n, self.k, self.t = n, 1, 0  # rows, beams per row, positions so far
+        weight = sm.embed.tok.weight
+        device = weight.device
+        self.mem_kv: list | None = None
+        if memory is not None:
+            # the source side, once per batch: per layer the cross-attention keys and values as (n*H, S, d_head)
+            S = memory.size(1)
+            flat = memory.reshape(n * S, -1)
+            self.mem_kv = [
+                tuple(
+                    kv.reshape(n, S, self.H, self.dh).transpose(1, 2).reshape(n * self.H, S, self.dh)
+                    for kv in layer.cross_kv(flat).chunk(2, dim=-1)
+                )
+                for layer in sm.layers
+            ]
+            bias = torch.zeros(n, 1, S, device=device).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
+            self.mem_bias = bias.repeat_interleave(self.H, dim=0)  # (n*H, 1, S): -inf at source padding
+        embed = sm.embed
+        self.steps = torch.arange(max_steps, device=device)
+        no_positions = torch.zeros(max_steps, cfg.d_model, device=device)  # RoPE: positions enter in attention
+        self.positions = embed.pos(self.steps) if embed.pos is not None else no_positions
+        self.pad: torch.Tensor | None = None  # (n,) left padding of each row (prefill), None: none anywhere
         # the slots of one position, seen by the k beams that write it: beam j sees slot j (k = 1 or K)
         own = torch.full((beam_size, beam_size), float("-inf"), device=device).fill_diagonal_(0.0)
         self.own = {1: own[:1], beam_size: own}
-        self.history = memory.new_zeros(n, 1, 0)  # (n, k, t*K): 0 at the slots beam j descends from, -inf elsewhere
-        # per layer (n, H, max_steps*K, 2*d_head): slot s*K + j, key | value; carved out of one allocation that the
-        # model keeps for the next batch (fresh memory would page-fault on first use: a large share of a step on the
-        # CPU), in the model's dtype (under autocast, writes are cast to it)
+        self.history = torch.zeros(n, 1, 0, device=device)  # (n, k, t*K): 0 at the slots beam j descends from
+        # per layer (n, H, max_steps*K, 2*d_head): slot s*K + j, key | value; carved out of one allocation, in the
+        # model's dtype (under autocast, writes are cast to it)
         shape = (n, self.H, max_steps * beam_size, 2 * self.dh)
         size = shape[0] * shape[1] * shape[2] * shape[3]
-        n_layers = len(self.layers)
-        weight = embed.tok.weight
-        self._workspace: torch.Tensor | None = _take_workspace(model, n_layers * size, weight.dtype, weight.device)
+        n_layers = len(sm.layers)
+        self._workspace: torch.Tensor | None = sm._take_workspace(n_layers * size, weight.dtype, device)
         self.kv = list(self._workspace[: n_layers * size].view(n_layers, *shape).unbind(0))
         for kv in self.kv:  # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
             kv[:, :, :beam_size].zero_()
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
-        """tok: (n*k,) the last token of each beam (sentence-major); returns logits (n*k, V) for the next one."""
-        n, k, K, H, dh, t = self.n, self.k, self.K, self.H, self.dh, self.t
+        """tok: (n*k,) the last token of each beam (row-major); returns logits (n*k, V) for the next one."""
+        n, k, K, t = self.n, self.k, self.K, self.t
         if t == self.max_steps:
             raise RuntimeError(f"decoded past the {self.max_steps} positions this decoder was made for")
-        embed = self.decoder.embed
-        x = torch.add(self.positions[t], embed.tok(tok), alpha=embed.scale)
         # this position's slots: beam j writes slot t*K + j and sees it (and, through `history`, its ancestors')
         self.history = torch.cat([self.history, self.own[k].expand(n, k, K)], dim=2)
         L = (t + 1) * K
-        self_bias = self.history[:, None].expand(n, H, k, L).reshape(n * H, k, L)
-        for layer, kv, (mem_k, mem_v) in zip(self.layers, self.kv, self.mem_kv):
-            # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this sentence's slots
-            qkv = layer.qkv(layer.norm_self_in(x)).view(n, k, 3, H, dh)
-            kv.view(n, H, -1, 2, dh)[:, :, t * K : t * K + k] = qkv[:, :, 1:].permute(0, 3, 1, 2, 4)
+        self_bias = self.history[:, None].expand(n, self.H, k, L).reshape(n * self.H, k, L)
+        pos = None if self.pad is None else (t - self.pad)[:, None].expand(n, k)
+        x = self._embed(tok, t if pos is None else pos.reshape(-1))
+        x = self._layers(x.view(n * k, -1), t * K, k, L, self_bias, self.steps[t : t + 1] if pos is None else pos)
+        self.t += 1
+        return x
+
+    def prefill(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed whole prompts at the start: ids (n, T), left-padded where `valid` (n, T) is False. Returns the
+        logits after each row's last token, (n, V)."""
+        n, T = ids.shape
+        if self.t or self.K != 1 or n != self.n or T > self.max_steps:
+            raise RuntimeError("prefill comes first, with one beam, n rows and at most max_steps positions")
+        device = ids.device
+        causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        if valid is None or bool(valid.all()):
+            pos = torch.arange(T, device=device)
+            mask = causal.expand(n, T, T)
+        else:
+            self.pad = (~valid).sum(1)
+            pos = (valid.long().cumsum(1) - 1).clamp(min=0)
+            # nobody attends to padding; a padding query sees itself, so that no softmax row is empty
+            mask = (causal & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=device)
+        bias = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))  # (n, T, T)
+        self.history = bias[:, -1:, :]  # what the next position sees: every real token
+        x = self._embed(ids.reshape(-1), pos.reshape(-1) if pos.dim() == 2 else pos.repeat(n))
+        self_bias = bias[:, None].expand(n, self.H, T, T).reshape(n * self.H, T, T)
+        logits_in = self._layers(x, 0, T, T, self_bias, pos, last_only=True)
+        self.t = T
+        return logits_in
+
+    def _embed(self, tok: torch.Tensor, pos) -> torch.Tensor:
+        embed = self.sm.embed
+        return torch.add(self.positions[pos], embed.tok(tok), alpha=embed.scale)
+
+    def _layers(self, x, start: int, r: int, L: int, self_bias, pos, last_only: bool = False) -> torch.Tensor:
+        """x: (n*r, d_model), r new positions (or beams) per row written from slot `start`; L slots in view.
+        `pos`: their positions for RoPE, (r,) or (n, r). Returns the logits (n*r, V), or (n, V) of each row's
+        last position with `last_only`."""
+        n, H, dh = self.n, self.H, self.dh
+        rope = self.sm.rope
+        for i, (layer, kv) in enumerate(zip(self.sm.layers, self.kv)):
+            # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this row's slots
+            qkv = layer.qkv(layer.norm_self_in(x)).view(n, r, 3, H, dh)
+            q = qkv[:, :, 0]
+            new_kv = qkv[:, :, 1:]
+            if rope is not None:  # rotate q and k by their positions (rope works on (B, H, T, d_head))
+                q = rope(q.transpose(1, 2), pos).transpose(1, 2)
+                new_k = rope(new_kv[:, :, 0].transpose(1, 2), pos).transpose(1, 2)
+                new_kv = torch.stack([new_k, new_kv[:, :, 1]], dim=2)
+            kv.view(n, H, -1, 2, dh)[:, :, start : start + r] = new_kv.permute(0, 3, 1, 2, 4)
             keys = kv[:, :, :L, :dh].reshape(n * H, L, dh)
             values = kv[:, :, :L, dh:].reshape(n * H, L, dh)
-            x = layer.norm_self_out(layer.self_out(self._attend(qkv[:, :, 0], keys, values, self_bias), x))
-            # cross-attention to the source
-            q = layer.cross_q(layer.norm_cross_in(x)).view(n, k, H, dh)
-            x = layer.norm_cross_out(layer.cross_out(self._attend(q, mem_k, mem_v, self.mem_bias), x))
+            x = layer.norm_self_out(layer.self_out(self._attend(q, keys, values, self_bias), x))
+            if self.mem_kv is not None:  # cross-attention to the source
+                mem_k, mem_v = self.mem_kv[i]
+                q = layer.cross_q(layer.norm_cross_in(x)).view(n, r, H, dh)
+                x = layer.norm_cross_out(layer.cross_out(self._attend(q, mem_k, mem_v, self.mem_bias), x))
             # position-wise FFN
             x = layer.norm_ffn_out(layer.w2(layer.w1(layer.norm_ffn_in(x)), x))
-        self.t += 1
-        return self.lm_head(self.final_norm(x))
+        if last_only:
+            x = x.view(n, r, -1)[:, -1]
+        return self.sm.lm_head(self.sm.final_norm(x))
 
     def _attend(self, q, keys, values, bias) -> torch.Tensor:
-        """q: (n, k, H, d_head); keys/values (n*H, L, d_head); bias broadcastable to (n*H, k, L). -> (n*k, d_model)"""
-        n, k, H, dh = q.shape
-        q = q.transpose(1, 2).reshape(n * H, k, dh)
+        """q: (n, r, H, d_head); keys/values (n*H, L, d_head); bias broadcastable to (n*H, r, L). -> (n*r, d_model)"""
+        n, r, H, dh = q.shape
+        q = q.transpose(1, 2).reshape(n * H, r, dh)
         scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=self.scale)
         y = torch.bmm(scores.softmax(-1), values)
-        return y.view(n, H, k, dh).transpose(1, 2).reshape(n * k, H * dh)
+        return y.view(n, H, r, dh).transpose(1, 2).reshape(n * r, H * dh)
 
     def release(self) -> None:
-        """Hand the key/value memory back to the model for the next batch (until `free_memory(model)`)."""
+        """Hand the key/value memory back to the StepModel for the next batch."""
         if self._workspace is not None:
-            _return_workspace(self.model, self._workspace)
+            self.sm._return_workspace(self._workspace)
             self._workspace = None
         self.kv = []
 
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
-        """Before the next step: keep the sentences `keep` (indices, or None for all), then let beam j of each
-        sentence continue beam parent[s, j] of the same sentence ((n_kept, K') indices; None: beam j continues
-        beam j)."""
+        """Before the next step: keep the rows `keep` (indices, or None for all), then let beam j of each row
+        continue beam parent[s, j] of the same row ((n_kept, K') indices; None: beam j continues beam j)."""
         if keep is not None:
             n_old = self.n
             self.n = keep.numel()
             self.history = self.history.index_select(0, keep)
             self.kv = [b.index_select(0, keep) for b in self.kv]
-            self.mem_kv = [tuple(_rows(m, n_old, keep) for m in kv) for kv in self.mem_kv]
-            self.mem_bias = _rows(self.mem_bias, n_old, keep)
+            if self.pad is not None:
+                self.pad = self.pad.index_select(0, keep)
+            if self.mem_kv is not None:
+                self.mem_kv = [tuple(_rows(m, n_old, keep) for m in kv) for kv in self.mem_kv]
+                self.mem_bias = _rows(self.mem_bias, n_old, keep)
         if parent is not None:
             self.history = self.history.gather(1, parent[:, :, None].expand(-1, -1, self.history.size(2)))
             self.k = parent.size(1)
 
 
-def free_memory(model) -> None:
-    """Drop the key/value memory that the model keeps for its next batch (training does after its validation BLEU,
-    so the memory is not held while training goes on)."""
-    model.__dict__.pop("_decode_workspace", None)
-
-
-def _take_workspace(model, numel: int, dtype, device) -> torch.Tensor:
-    """A flat tensor of at least `numel` elements: the one the model's last decoder released, if it fits."""
-    ws = model.__dict__.pop("_decode_workspace", None)
-    if ws is None or ws.numel() < numel or ws.dtype != dtype or ws.device != device:
-        ws = torch.empty(numel, dtype=dtype, device=device)
-    return ws
-
-
-def _return_workspace(model, ws: torch.Tensor) -> None:
-    old = model.__dict__.get("_decode_workspace")
-    if old is None or old.numel() < ws.numel():
-        model.__dict__["_decode_workspace"] = ws
-
-
 def _rows(x: torch.Tensor, n: int, keep: torch.Tensor) -> torch.Tensor:
-    """Keep sentences `keep` of a (n*H, ...) tensor."""
+    """Keep rows `keep` of a (n*H, ...) tensor."""
     return x.view(n, -1, *x.shape[1:]).index_select(0, keep).flatten(0, 1)
 
 
@@ -154,20 +237,24 @@ class _Layer:
     """One decoder layer as the functions a step calls: LayerNorms where the norm placement puts them (identity
     elsewhere), and linear layers with the activation or the residual addition fused in."""
 
-    def __init__(self, layer, cfg):
+    def __init__(self, layer, cfg, packed: bool):
         pre = cfg.norm == "pre"
-        norms = {name: _norm(getattr(layer, name).norm) for name in ("res_self", "res_cross", "res_ffn")}
         same = _identity
         # pre-norm: x + f(LN(x)); post-norm: LN(x + f(x))
-        self.norm_self_in, self.norm_self_out = (norms["res_self"], same) if pre else (same, norms["res_self"])
-        self.norm_cross_in, self.norm_cross_out = (norms["res_cross"], same) if pre else (same, norms["res_cross"])
-        self.norm_ffn_in, self.norm_ffn_out = (norms["res_ffn"], same) if pre else (same, norms["res_ffn"])
-        self.qkv = _linear(layer.self_attn.qkv_proj)
-        self.self_out = _linear(layer.self_attn.out_proj, residual=True)
-        self.cross_q = _linear(layer.cross_attn.q_proj)
-        self.cross_out = _linear(layer.cross_attn.out_proj, residual=True)
-        self.w1 = _linear(layer.ffn.w1, act=cfg.activation)
-        self.w2 = _linear(layer.ffn.w2, residual=True)
+        norm = _norm(layer.res_self.norm)
+        self.norm_self_in, self.norm_self_out = (norm, same) if pre else (same, norm)
+        norm = _norm(layer.res_ffn.norm)
+        self.norm_ffn_in, self.norm_ffn_out = (norm, same) if pre else (same, norm)
+        self.qkv = _linear(layer.self_attn.qkv_proj, packed)
+        self.self_out = _linear(layer.self_attn.out_proj, packed, residual=True)
+        if layer.cross_attn is not None:
+            norm = _norm(layer.res_cross.norm)
+            self.norm_cross_in, self.norm_cross_out = (norm, same) if pre else (same, norm)
+            self.cross_q = _linear(layer.cross_attn.q_proj, packed)
+            self.cross_kv = _linear(layer.cross_attn.kv_proj, packed)
+            self.cross_out = _linear(layer.cross_attn.out_proj, packed, residual=True)
+        self.w1 = _linear(layer.ffn.w1, packed, act=cfg.activation)
+        self.w2 = _linear(layer.ffn.w2, packed, residual=True)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -181,21 +268,34 @@ def _norm(module: nn.Module):
     return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
 
 
-def _linear(module: nn.Linear, act: str | None = None, residual: bool = False):
-    """x -> act(x W^T + b), or with `residual` (x, r) -> x W^T + b + r, for 2-d x. Where the weights are packed for
-    oneDNN (runtime.pack_linear_weights), one fused call."""
-    packed = getattr(module, "packed", None)
-    if packed is not None:
-        weight, bias = packed
+def onednn_available() -> bool:
+    """Whether this torch has the private oneDNN linear ops that packed weights need (they are not public API, so
+    every use is behind this check)."""
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_linear_pointwise")
+        and hasattr(mkldnn, "_reorder_linear_weight")
+    )
+
+
+def _linear(module: nn.Linear, packed: bool, act: str | None = None, residual: bool = False):
+    """x -> act(x W^T + b), or with `residual` (x, r) -> x W^T + b + r, for 2-d x. `packed`: the weights reordered
+    for oneDNN once (a plain GEMM re-packs them on every call; a decoding step calls each layer with few rows, so
+    that is a large share of its work), and each layer one fused call."""
+    if packed:
+        weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 64)
+        bias = module.bias.detach() if module.bias is not None else None
         if residual:
             binary = torch.ops.mkldnn._linear_pointwise.binary
             return lambda x, r: binary(x, r, weight, bias, "add")
         linear = torch.ops.mkldnn._linear_pointwise.default
         attr, algorithm = (act, "none") if act else ("none", "")
         return lambda x: linear(x, weight, bias, attr, [], algorithm)
+    w, b = module.weight, module.bias
     if residual:
-        return lambda x, r: module(x) + r
-    if act is not None:
-        f = F.relu if act == "relu" else F.gelu
-        return lambda x: f(module(x))
-    return module
+        return lambda x, r: F.linear(x, w, b) + r
+    f = {None: None, "relu": F.relu, "gelu": F.gelu}[act]
+    if f is None:
+        return lambda x: F.linear(x, w, b)
+    return lambda x: f(F.linear(x, w, b))

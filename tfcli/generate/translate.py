@@ -4,7 +4,7 @@ Lines are read in chunks (`buffer_size` lines; one at a time from a terminal), t
 source tokenizer, sorted by length into batches (`max_tokens` / `batch_size`) so little compute goes to padding, and
 decoded with batched beam or greedy search. Batches run in the order of their earliest line, and each output line
 is written (and flushed) as soon as every line before it is done, so output streams while input is still being
-translated. Empty lines give empty lines without running the model.
+translated. Empty lines give empty lines (score 0) without running the model.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tfcli.data.batching import pad, source_ids, token_batches
 from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
 from tfcli.config import from_dict, load_config_file, override
 from tfcli.errors import ConfigError
-from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, warn
+from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, tune_process, warn
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.io import atomic_open, iter_lines
 
@@ -69,36 +69,41 @@ class Translator:
     """A loaded model with its tokenizers and settings; turns (name, line number, text) items into output lines."""
 
     def __init__(self, loaded: Loaded, cfg: TranslateConfig, device: torch.device):
-        self.model, self.src_tok, self.tgt_tok = loaded.model, loaded.src_tok, loaded.tgt_tok
+        self.steps, self.src_tok, self.tgt_tok = loaded.steps, loaded.src_tok, loaded.tgt_tok
         self.cfg, self.device = cfg, device
-        self.max_len = self.model.cfg.max_len
+        self.max_len = self.steps.cfg.max_len
         self.precision = precision(device, cfg.dtype)
         self.warned_unk = False
         self.index = 0  # 0-based index of the next input line, across chunks and files
 
     def run(self, items: Iterable[tuple[str, int, str]]) -> Iterator[str]:
         """Yield the output for each input line, in input order (several lines for --nbest)."""
+        for index, hyps in self.hypotheses(items):
+            yield self._format(index, hyps)
+
+    def hypotheses(self, items: Iterable[tuple[str, int, str]]) -> Iterator[tuple[int, list[Hypothesis]]]:
+        """Yield (0-based line index, hypotheses best first) for each input line, in input order."""
         tty = sys.stdin.isatty()
         chunk: list[tuple[str, int, str]] = []
         for item in items:
             chunk.append(item)
             # from a terminal, translate each line as it is typed
             if len(chunk) >= self.cfg.buffer_size or (tty and item[0] == "<stdin>"):
-                yield from self.translate_chunk(chunk)
+                yield from self._chunk(chunk)
                 chunk = []
         if chunk:
-            yield from self.translate_chunk(chunk)
+            yield from self._chunk(chunk)
 
-    def translate_chunk(self, chunk: list[tuple[str, int, str]]) -> Iterator[str]:
+    def _chunk(self, chunk: list[tuple[str, int, str]]) -> Iterator[tuple[int, list[Hypothesis]]]:
         first = self.index
         self.index += len(chunk)
-        results: dict[int, str] = {}
+        results: dict[int, list[Hypothesis]] = {}
         todo = []  # lines with text; the others are done already
         for i, (_, _, text) in enumerate(chunk):
             if text.strip():
                 todo.append(i)
-            else:
-                results[i] = self._empty(first + i)
+            else:  # an empty line gives one empty hypothesis, score 0, without running the model
+                results[i] = [Hypothesis([], 0.0, [])]
         ids = encode_batch(self.src_tok, [chunk[i][2] for i in todo])
         self._check_unknowns(ids)
         src = []
@@ -118,12 +123,12 @@ class Translator:
             for batch in batches:
                 hyps = self.decode([src[j] for j in batch])
                 for j, h in zip(batch.tolist(), hyps):
-                    results[todo[j]] = self._format(first + todo[j], h)
+                    results[todo[j]] = h
                 while done in results:
-                    yield results.pop(done)
+                    yield first + done, results.pop(done)
                     done += 1
         while done < len(chunk):
-            yield results.pop(done)
+            yield first + done, results.pop(done)
             done += 1
 
     def decode(self, batch: list[list[int]]) -> list[list[Hypothesis]]:
@@ -133,14 +138,15 @@ class Translator:
         with self.precision:
             if cfg.beam_size == 1:
                 return [[h] for h in greedy_decode(
-                    self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty
+                    self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty
                 )]
             return beam_search(
-                self.model, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
+                self.steps, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
                 nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores,
             )
 
-    def _text(self, hyps: list[Hypothesis]) -> list[str]:
+    def texts(self, hyps: list[Hypothesis]) -> list[str]:
+        """The hypotheses as output text: detokenised (or subword tokens with `raw`), one line each."""
         if self.cfg.raw:
             texts = [" ".join(self.tgt_tok.id_to_token(t) for t in h.tokens) for h in hyps]
         else:
@@ -150,20 +156,14 @@ class Translator:
 
     def _format(self, index: int, hyps: list[Hypothesis]) -> str:
         if not self.cfg.tabular:
-            return self._text(hyps[:1])[0]
+            return self.texts(hyps[:1])[0]
         lines = []
-        for h, text in zip(hyps, self._text(hyps)):
+        for h, text in zip(hyps, self.texts(hyps)):
             line = f"{index}\t{h.score:.4f}\t{text}"
             if self.cfg.scores:
                 line += "\t" + " ".join(f"{s:.4f}" for s in h.token_scores)
             lines.append(line)
         return "\n".join(lines)
-
-    def _empty(self, index: int) -> str:
-        """An empty input line gives an empty hypothesis (one line, score 0, even with --nbest)."""
-        if not self.cfg.tabular:
-            return ""
-        return f"{index}\t0.0000\t" + ("\t" if self.cfg.scores else "")
 
     def _check_unknowns(self, ids: list[list[int]]) -> None:
         if self.warned_unk or not ids:
@@ -221,7 +221,8 @@ def translate(
     """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout); returns the line count."""
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
-    translator = Translator(load(checkpoint, device, "seq2seq", cfg.threads, cfg.dtype), cfg, device)
+    tune_process(device, cfg.threads)
+    translator = Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)
     total = _count_lines(inputs) if (progress if progress is not None else sys.stderr.isatty()) else None
     n = 0
     with open_output(output) as out, Progress("translating", total, "sent", progress) as bar:

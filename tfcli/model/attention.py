@@ -1,66 +1,10 @@
-"""Multi-head scaled dot-product attention with a key/value cache for incremental decoding."""
+"""Multi-head scaled dot-product attention (incremental decoding has its own arrangement: generate/step.py)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-
-class KVCache:
-    """Keys and values of the positions seen so far, each (B, n_head, T, d_head).
-
-    Self-attention appends one step at a time; cross-attention fills it once from the encoder output and reuses it.
-    `select` keeps rows (beam reordering, dropping finished sentences). It is applied lazily: the next `append`
-    gathers the kept rows straight into the grown tensor, one copy instead of two per decoding step.
-    """
-
-    def __init__(self):
-        self._k: torch.Tensor | None = None
-        self._v: torch.Tensor | None = None
-        self._rows: torch.Tensor | None = None  # a pending `select`
-
-    @property
-    def k(self) -> torch.Tensor | None:
-        self._apply_select()
-        return self._k
-
-    @property
-    def v(self) -> torch.Tensor | None:
-        self._apply_select()
-        return self._v
-
-    def __len__(self) -> int:
-        return 0 if self._k is None else self._k.size(2)
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._k is None:
-            self._k, self._v = k, v
-        elif self._rows is not None:
-            self._k, self._v = _select_cat(self._k, self._rows, k), _select_cat(self._v, self._rows, v)
-            self._rows = None
-        else:
-            self._k = torch.cat([self._k, k], dim=2)
-            self._v = torch.cat([self._v, v], dim=2)
-        return self._k, self._v
-
-    def select(self, idx: torch.Tensor) -> None:
-        if self._k is not None:
-            self._rows = idx if self._rows is None else self._rows[idx]
-
-    def _apply_select(self) -> None:
-        if self._rows is not None:
-            self._k, self._v = self._k.index_select(0, self._rows), self._v.index_select(0, self._rows)
-            self._rows = None
-
-
-def _select_cat(old: torch.Tensor, rows: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """torch.cat([old[rows], new], dim=2) with a single copy of `old`."""
-    T = old.size(2)
-    out = old.new_empty(new.size(0), old.size(1), T + new.size(2), old.size(3))
-    torch.index_select(old, 0, rows, out=out[:, :, :T])
-    out[:, :, T:] = new
-    return out
 
 
 class MultiHeadAttention(nn.Module):
@@ -94,7 +38,6 @@ class MultiHeadAttention(nn.Module):
         memory: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         is_causal: bool = False,
-        cache: KVCache | None = None,
         rope=None,
         pos: torch.Tensor | None = None,
         need_weights: bool = False,
@@ -106,37 +49,19 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         if self.cross:
             q = self._heads(self.q_proj(x))
-            if cache is not None and cache.k is not None:
-                k, v = cache.k, cache.v  # encoder keys/values, computed once per batch
-            else:
-                k, v = (self._heads(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
-                if cache is not None:  # contiguous once, so the attention of every later step reads them directly
-                    k, v = cache.append(k.contiguous(), v.contiguous())
+            k, v = (self._heads(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
         else:
             q, k, v = (self._heads(t) for t in self.qkv_proj(x).split(self.d_model, dim=-1))
             if rope is not None:
                 q, k = rope(q, pos), rope(k, pos)
-            if cache is not None:
-                k, v = cache.append(k, v)
         dropout_p = self.attn_dropout if self.training else 0.0
         weights = None
-        if T == 1 and not need_weights and dropout_p == 0.0:
-            y = _attend_few_queries(q, k, v, mask)  # an incremental decoding step
-        else:
-            # softmax(Q K^T / sqrt(d_head) + mask) V
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
-            if need_weights:
-                # The weights from the very same kernel: with V = I, softmax(QK^T/sqrt(d) + mask) I is the weights.
-                eye = torch.eye(k.size(2), dtype=q.dtype, device=q.device).expand(q.size(0), self.n_head, -1, -1)
-                weights = F.scaled_dot_product_attention(q, k, eye, attn_mask=mask, is_causal=is_causal)
+        # softmax(Q K^T / sqrt(d_head) + mask) V
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        if need_weights:
+            # The weights from the very same kernel: with V = I, softmax(QK^T/sqrt(d) + mask) I is the weights.
+            eye = torch.eye(k.size(2), dtype=q.dtype, device=q.device).expand(q.size(0), self.n_head, -1, -1)
+            weights = F.scaled_dot_product_attention(q, k, eye, attn_mask=mask, is_causal=is_causal)
         y = y.transpose(1, 2).reshape(B, T, self.d_model)
         return self.out_proj(y), weights
 
-
-def _attend_few_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax(Q K^T / sqrt(d_head) + mask) V with plain batched matmuls. For the one new query per row of a decoding
-    step this is several times faster on CPUs than the fused SDPA kernels, which are tiled for long query blocks."""
-    scores = (q @ k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(-1) @ v

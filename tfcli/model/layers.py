@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tfcli.model.attention import KVCache, MultiHeadAttention
+from tfcli.model.attention import MultiHeadAttention
 from tfcli.model.config import ModelConfig
 from tfcli.model.dropout import Dropout
 
@@ -63,17 +63,6 @@ class EncoderLayer(nn.Module):
         return self.res_ffn(x, self.ffn)
 
 
-class LayerCache:
-    """Per decoder layer: self-attention keys/values so far, and the cross-attention keys/values of the source."""
-
-    def __init__(self):
-        self.self_kv, self.cross_kv = KVCache(), KVCache()
-
-    def select(self, idx: torch.Tensor) -> None:
-        self.self_kv.select(idx)
-        self.cross_kv.select(idx)
-
-
 class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to the encoder output (encoder-decoder only), then FFN."""
 
@@ -93,7 +82,6 @@ class DecoderLayer(nn.Module):
         is_causal=False,
         memory=None,
         memory_mask=None,
-        cache: LayerCache | None = None,
         rope=None,
         pos=None,
         attn_out: dict | None = None,
@@ -102,8 +90,7 @@ class DecoderLayer(nn.Module):
 
         def self_attn(h):
             y, w = self.self_attn(
-                h, mask=self_mask, is_causal=is_causal, cache=cache.self_kv if cache else None,
-                rope=rope, pos=pos, need_weights=want,
+                h, mask=self_mask, is_causal=is_causal, rope=rope, pos=pos, need_weights=want
             )
             if want:
                 attn_out["self"].append(w)
@@ -113,9 +100,7 @@ class DecoderLayer(nn.Module):
         if self.cross_attn is not None:
 
             def cross_attn(h):
-                y, w = self.cross_attn(
-                    h, memory=memory, mask=memory_mask, cache=cache.cross_kv if cache else None, need_weights=want
-                )
+                y, w = self.cross_attn(h, memory=memory, mask=memory_mask, need_weights=want)
                 if want:
                     attn_out["cross"].append(w)
                 return y

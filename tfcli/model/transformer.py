@@ -9,7 +9,7 @@ from torch import nn
 
 from tfcli.model.config import PAD_ID, ModelConfig
 from tfcli.model.dropout import Dropout
-from tfcli.model.layers import DecoderLayer, EncoderLayer, LayerCache
+from tfcli.model.layers import DecoderLayer, EncoderLayer
 from tfcli.model.positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions
 
 
@@ -33,25 +33,6 @@ class Embeddings(nn.Module):
         if self.pos is not None:
             x = x + self.pos(pos)
         return self.dropout(x)
-
-
-class DecoderCache:
-    """Everything incremental decoding keeps between steps: per-layer key/value caches and, for left-padded LM
-    prompts, which of the positions so far are real tokens."""
-
-    def __init__(self, n_layers: int):
-        self.layers = [LayerCache() for _ in range(n_layers)]
-        self.valid: torch.Tensor | None = None  # (B, T_so_far) bool, only for padded prompts
-
-    def __len__(self) -> int:
-        return len(self.layers[0].self_kv)
-
-    def select(self, idx: torch.Tensor) -> None:
-        """Keep/reorder batch rows (beam search reordering, finished sentences leaving the batch)."""
-        for layer in self.layers:
-            layer.select(idx)
-        if self.valid is not None:
-            self.valid = self.valid.index_select(0, idx)
 
 
 def _final_norm(cfg: ModelConfig) -> nn.Module:
@@ -88,44 +69,13 @@ class Decoder(nn.Module):
         tgt: torch.Tensor,
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
-        cache: DecoderCache | None = None,
-        valid: torch.Tensor | None = None,
         attn_out: dict | None = None,
     ) -> torch.Tensor:
-        """tgt: (B, T) ids of the new positions. `valid` (B, T) marks real tokens of left-padded inputs."""
-        B, T = tgt.shape
-        start = len(cache) if cache is not None else 0
-        device = tgt.device
-        if valid is not None or (cache is not None and cache.valid is not None):
-            # Left-padded rows: each row counts positions from its first real token, and nobody attends to padding.
-            if valid is None:
-                valid = torch.ones(B, T, dtype=torch.bool, device=device)
-            all_valid = valid if cache is None or cache.valid is None else torch.cat([cache.valid, valid], 1)
-            if cache is not None:
-                cache.valid = all_valid
-            pos = (all_valid.long().cumsum(1) - 1).clamp(min=0)[:, start:]
-            q_idx = torch.arange(start, start + T, device=device)
-            k_idx = torch.arange(start + T, device=device)
-            causal = k_idx[None, :] <= q_idx[:, None]  # (T, T_k)
-            mask = causal[None] & all_valid[:, None, :]
-            mask = mask | (k_idx[None, :] == q_idx[:, None])[None]  # a padded query sees itself: no empty softmax row
-            self_mask, is_causal = mask.unsqueeze(1), False
-        else:
-            pos = torch.arange(start, start + T, device=device)
-            if start == 0:
-                self_mask, is_causal = None, T > 1  # fast path: the fused causal kernel
-            elif T == 1:
-                self_mask, is_causal = None, False  # one new token may see every cached one
-            else:
-                q_idx = torch.arange(start, start + T, device=device)
-                self_mask = (torch.arange(start + T, device=device)[None, :] <= q_idx[:, None])[None, None]
-                is_causal = False
+        """tgt: (B, T) ids; each position sees itself and those before it (the fused causal kernel)."""
+        pos = torch.arange(tgt.size(1), device=tgt.device)
         x = self.embed(tgt, pos)
-        for i, layer in enumerate(self.layers):
-            x = layer(
-                x, self_mask, is_causal, memory, memory_mask,
-                cache.layers[i] if cache is not None else None, self.rope, pos, attn_out,
-            )
+        for layer in self.layers:
+            x = layer(x, None, tgt.size(1) > 1, memory, memory_mask, self.rope, pos, attn_out)
         return self.norm(x)
 
 
@@ -153,17 +103,14 @@ class EncoderDecoder(nn.Module):
         mask = self.src_mask(src)
         return self.encoder(src, mask, attn_out["encoder"] if attn_out is not None else None), mask
 
-    def decode(self, tgt, memory, memory_mask, cache: DecoderCache | None = None, attn_out: dict | None = None):
-        """Logits (B, T, V) for target prefix `tgt`; with a cache, `tgt` holds only the new positions."""
-        return self.lm_head(self.decoder(tgt, memory, memory_mask, cache, attn_out=attn_out))
+    def decode(self, tgt, memory, memory_mask, attn_out: dict | None = None):
+        """Logits (B, T, V) for target prefix `tgt`."""
+        return self.lm_head(self.decoder(tgt, memory, memory_mask, attn_out=attn_out))
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: src (B, S), tgt_in (B, T) = <s> y_1 .. y_{T-1}; returns logits (B, T, V)."""
         memory, mask = self.encode(src)
         return self.decode(tgt_in, memory, mask)
-
-    def new_cache(self) -> DecoderCache:
-        return DecoderCache(self.cfg.n_decoder_layers)
 
 
 class DecoderOnlyLM(nn.Module):
@@ -180,22 +127,9 @@ class DecoderOnlyLM(nn.Module):
         if cfg.tie_output:
             self.lm_head.weight = embed.tok.weight
 
-    def forward(
-        self,
-        ids: torch.Tensor,
-        cache: DecoderCache | None = None,
-        valid: torch.Tensor | None = None,
-        attn_out: dict | None = None,
-        last_only: bool = False,
-    ) -> torch.Tensor:
-        """ids: (B, T); returns logits (B, T, V), or (B, 1, V) for the last position only with `last_only` (all that
-        generation needs: the output layer is then not run over the whole prompt). With a cache, `ids` holds only
-        the new positions."""
-        h = self.decoder(ids, cache=cache, valid=valid, attn_out=attn_out)
-        return self.lm_head(h[:, -1:] if last_only else h)
-
-    def new_cache(self) -> DecoderCache:
-        return DecoderCache(self.cfg.n_decoder_layers)
+    def forward(self, ids: torch.Tensor, attn_out: dict | None = None) -> torch.Tensor:
+        """ids: (B, T); returns logits (B, T, V)."""
+        return self.lm_head(self.decoder(ids, attn_out=attn_out))
 
 
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:

@@ -486,18 +486,18 @@ class Trainer:
         from tokenizers import Tokenizer
 
         from tfcli.generate.search import greedy_search
-        from tfcli.generate.step import free_memory
+        from tfcli.generate.step import StepModel
         from tfcli.io import read_lines
 
         data = self.valid_data
         n = len(data) if not self.cfg.bleu_max_sentences else min(len(data), self.cfg.bleu_max_sentences)
         hyps: list[list[int]] = [[] for _ in range(n)]
+        steps = StepModel(self.raw)  # its key/value memory is reused from batch to batch, and dropped after
         for idx in token_batches(data.src_len[:n], self.cfg.max_tokens, self.cfg.max_sentences or None):
             src = pad([source_ids(data.src[i], self.max_len) for i in idx]).to(self.device)
             with self.autocast():
-                for i, out in zip(idx, greedy_search(self.raw, src)):
+                for i, out in zip(idx, greedy_search(steps, src)):
                     hyps[i] = out
-        free_memory(self.raw)  # the decoder's key/value memory is not kept while training goes on
         tok = Tokenizer.from_file(str(self.prepared.tokenizer_file("tgt")))
         hyp_text = tok.decode_batch(hyps, skip_special_tokens=True)
         ref_file = self.prepared.text_file(self.cfg.valid_split, "tgt")

@@ -1,0 +1,115 @@
+"""The Python API (tfcli/api.py), used only through its public surface: tfcli.load, Translator.translate /
+translate_nbest, Generator.generate, tfcli.score. The models are hand-built (tests/helpers.py), so their outputs are
+known by construction."""
+
+import pytest
+import sacrebleu
+import torch
+from safetensors.torch import load_file
+
+import tfcli
+from helpers import copy_model, save_model, save_word_tokenizer, successor_lm
+from tfcli.errors import ConfigError
+from tfcli.model import EOS_ID, SPECIAL_TOKENS
+
+WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
+TEXTS = ["cat dog egg", "moon", "", "tree sun rat queen pig owl"]
+
+
+@pytest.fixture(scope="module")
+def copier(tmp_path_factory):
+    d = tmp_path_factory.mktemp("api")
+    return save_model(d / "copier", copy_model(n_words=len(WORDS), max_len=32), save_word_tokenizer(d / "tok", WORDS))
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory):
+    """An LM that counts up the words ("cat" -> "dog" -> ...) and ends after "tree" with "." and </s>."""
+    d = tmp_path_factory.mktemp("api-lm")
+    vocab = SPECIAL_TOKENS + WORDS + ["."]
+    ids = {w: i for i, w in enumerate(vocab)}
+    successor = {ids[a]: ids[b] for a, b in zip(WORDS, WORDS[1:])}
+    successor.update({ids["tree"]: ids["."], ids["."]: EOS_ID})
+    successor.update({i: ids["apple"] for i in range(len(SPECIAL_TOKENS))})
+    return save_model(d / "lm", successor_lm(vocab, successor), save_word_tokenizer(d / "tok", WORDS + ["."]))
+
+
+def test_translate_gives_the_copy_for_any_beam(copier):
+    translator = tfcli.load(str(copier), device="cpu")
+    assert isinstance(translator, tfcli.Translator)
+    for beam in (1, 4):
+        assert translator.translate(TEXTS, beam_size=beam, batch_size=2) == TEXTS
+
+
+def test_nbest_are_sorted_with_their_scores(copier):
+    translator = tfcli.load(str(copier), device="cpu")
+    nbest = translator.translate_nbest(TEXTS, n=3, beam_size=4, scores=True, len_penalty=1.0)
+    assert [len(hyps) for hyps in nbest] == [3, 3, 1, 3]  # an empty text: one empty translation
+    for text, hyps in zip(TEXTS, nbest):
+        assert hyps[0].text == text
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        for h in hyps:  # the score is the GNMT-normalised sum of the token log-probs (</s> included)
+            n = len(h.token_scores)
+            assert h.score == pytest.approx(sum(h.token_scores) / ((5 + n) / 6) ** 1.0, abs=1e-4) if n else h.score == 0
+    assert nbest[2][0].text == "" and nbest[2][0].score == 0.0
+
+
+def test_options_are_checked(copier):
+    translator = tfcli.load(str(copier), device="cpu")
+    with pytest.raises(ConfigError, match="beam"):
+        translator.translate(TEXTS, beam_size=0)
+    with pytest.raises(ConfigError, match="no_such_option"):
+        translator.translate(TEXTS, no_such_option=1)
+
+
+def test_generate_continues_the_prompts(counter):
+    lm = tfcli.load(str(counter), device="cpu")
+    assert isinstance(lm, tfcli.Generator)
+    out = lm.generate(["cat dog", "ice", "sun"], greedy=True, max_new_tokens=30)
+    assert [o.split() for o in out] == [WORDS[4:] + ["."], WORDS[9:] + ["."], ["tree", "."]]
+    assert lm.generate(["cat"], greedy=True, max_new_tokens=3)[0].split() == ["dog", "egg", "fish"]
+    assert lm.generate(["cat"], greedy=True, stop=["fish"])[0].split() == ["dog", "egg"]
+    same = [lm.generate(["apple"] * 3, temperature=2.0, max_new_tokens=5, seed=7) for _ in range(2)]
+    assert same[0] == same[1]  # a seed makes sampling repeatable
+
+
+def test_loading_leaves_the_process_and_the_model_as_they_were(copier, monkeypatch):
+    """No thread count or allocator change; the model keeps its parameters (the checkpoint's values, trainable) after
+    loading and translating."""
+    from tfcli.generate import runtime
+
+    def forbidden():
+        raise AssertionError("the allocator was tuned")
+
+    monkeypatch.setattr(runtime, "keep_freed_memory", forbidden)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        translator = tfcli.load(str(copier), device="cpu")
+        translator.translate(TEXTS, beam_size=3)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    model = translator.model
+    saved = load_file(str(copier / "model.safetensors"))
+    state = model.state_dict()
+    for name, value in saved.items():
+        assert torch.equal(state[name], value), name
+    assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in model.parameters())
+    src, tgt = torch.tensor([[5, 6, EOS_ID]]), torch.tensor([[1, 5, 6]])
+    model(src, tgt).sum().backward()  # still trainable
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_score_is_sacrebleu(copier):
+    hyps = ["the cat sat on the mat .", "a dog runs", "hello"]
+    refs = ["the cat sat on a mat .", "the dog runs", "hello there"]
+    refs2 = ["a cat sat on the mat .", "a dog is running", "hi"]
+    scores = tfcli.score(hyps, refs, metrics=["bleu", "chrf", "ter"])
+    assert set(scores) == {"BLEU", "chrF2", "TER"}
+    bleu = sacrebleu.metrics.BLEU()
+    assert scores["BLEU"].score == bleu.corpus_score(hyps, [refs]).score
+    assert scores["BLEU"].signature == bleu.get_signature().format()
+    assert scores["chrF2"].score == sacrebleu.corpus_chrf(hyps, [refs]).score
+    two = tfcli.score(hyps, [refs, refs2], metrics=["bleu"], lowercase=True)
+    assert two["BLEU"].score == sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hyps, [refs, refs2]).score
