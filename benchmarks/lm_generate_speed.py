@@ -52,7 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common import Isolated, cpu_name, tfcli_for_inference, write_results  # noqa: E402
-from tfcli.generate.lm import START_ID, GenerateConfig, generate_ids  # noqa: E402
+from tfcli.generate.config import GenerateConfig  # noqa: E402
+from tfcli.generate.lm import START_ID, generate_ids  # noqa: E402
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, count_parameters, preset  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -355,7 +355,8 @@ def real(args) -> dict:
         return {"skipped": "no trained checkpoint given (--checkpoint CKPT)"}
     from tfcli import checkpoint as ckpt_mod
     from tfcli.generate.runtime import load, tune_process
-    from tfcli.generate.translate import TranslateConfig, Translator, read_inputs
+    from tfcli.generate.config import TranslateConfig
+    from tfcli.generate.translate import Translator, read_inputs
 
     device = torch.device("cpu")
     tune_process(device, None)  # as `tfcli translate` does

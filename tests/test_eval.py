@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,9 +21,10 @@ from helpers import make_mono_prepared, make_parallel_prepared, train_tiny_check
 
 from tfcli import checkpoint
 from tfcli.cli import app
+from tfcli.data.batching import lm_stream
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import CheckpointError, TfcliError
-from tfcli.evaluate.perplexity import PerplexityConfig, evaluate_checkpoint, lm_stream, lm_windows
+from tfcli.evaluate.perplexity import PerplexityConfig, evaluate_checkpoint, lm_windows
 from tfcli.model import BOS_ID, EOS_ID, build_model, preset
 
 runner = CliRunner()
@@ -344,7 +346,8 @@ def test_lm_stream_perplexity_equals_a_direct_forward(tmp_path):
 def test_lm_windows_match_hand_computed_chunks(lm_setup):
     ckpt, prep = lm_setup
     model, _ = checkpoint.load(ckpt)
-    stream = torch.tensor(lm_stream(PreparedData(prep).sequences("test", "tgt")))
+    seqs = PreparedData(prep).sequences("test", "tgt")
+    stream = torch.tensor(lm_stream(np.asarray(seqs.flat, dtype=np.int64), seqs.offsets))
     assert stream[0] == EOS_ID and (stream == EOS_ID).sum() == 40 + 1
     W = 16
     nll, n = 0.0, 0

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from helpers import save_model, save_word_tokenizer, successor_lm
 from tfcli import checkpoint
 from tfcli.cli import app
-from tfcli.generate.lm import START_ID, Continuation, GenerateConfig, generate_ids, lm_generate
+from tfcli.generate.config import GenerateConfig
+from tfcli.generate.lm import START_ID, Continuation, generate_ids, lm_generate
 from tfcli.generate.sampling import apply_repetition_penalty, apply_temperature, next_token, top_k_filter, top_p_filter
 from tfcli.generate.step import IncrementalDecoder, StepModel
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset

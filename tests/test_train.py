@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 
 from helpers import make_mono_prepared, make_parallel_prepared, tiny_train_config, train_tiny_checkpoint
 from tfcli import checkpoint
+from tfcli.data.batching import lm_stream
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
-from tfcli.model import PAD_ID, build_model, preset
+from tfcli.model import EOS_ID, PAD_ID, build_model, preset
 from tfcli.train.average import average_checkpoints
 from tfcli.train.config import load_train_config
 from tfcli.train.data import ParallelData, StreamData
@@ -141,6 +142,10 @@ def test_lm_stream_blocks(mono):
     targets = np.concatenate([data.collate(b).targets.flatten().numpy() for b in valid])
     # validation scores every id after the first exactly once, in order
     assert targets.tolist() == data.stream[1:].astype(np.int64).tolist()
+    # the stream is the one perplexity scores, and each text starts after a </s>, as lm-generate's prompts do
+    seqs = PreparedData(mono).sequences("valid", "tgt")
+    assert data.stream.tolist() == lm_stream(np.asarray(seqs.flat, dtype=np.int64), seqs.offsets).tolist()
+    assert data.stream[0] == EOS_ID and data.stream[1 + len(seqs[0])] == EOS_ID
     train_blocks = data.batches(0)
     assert all(len(b) <= 64 // 16 for b in train_blocks)
     b = data.collate(train_blocks[0])
@@ -225,7 +230,8 @@ def test_translation_run_layout_metrics_and_checkpoint(tmp_path):
     # the logged BLEU is what translating the valid sources greedily with the saved checkpoint scores
     import sacrebleu
 
-    from tfcli.generate.translate import TranslateConfig, translate
+    from tfcli.generate.config import TranslateConfig
+    from tfcli.generate.translate import translate
 
     prep, hyp = run.parent / "prep", tmp_path / "valid.hyp"
     translate(str(run), [str(prep / "valid.src.txt")], str(hyp), TranslateConfig(device="cpu", beam_size=1))

@@ -15,7 +15,8 @@ from tfcli.data.batching import pad, source_ids
 from tfcli.generate.reference import reference_beam_search, reference_greedy
 from tfcli.generate.step import IncrementalDecoder, StepModel, onednn_available
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty
-from tfcli.generate.translate import TranslateConfig, Translator, translate
+from tfcli.generate.config import TranslateConfig
+from tfcli.generate.translate import Translator, translate
 from tfcli.generate.runtime import load
 from tfcli.model import BOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset
 

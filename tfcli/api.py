@@ -47,7 +47,7 @@ class Translator:
     def translate_nbest(self, texts: list[str], n: int = 1, **options) -> list[list[Translation]]:
         """The n best translations of each text with their scores, best first (`scores=True` adds per-token
         log-probs). An empty text gives one empty translation with score 0."""
-        from tfcli.generate.translate import TranslateConfig
+        from tfcli.generate.config import TranslateConfig
         from tfcli.generate.translate import Translator as Lines
 
         cfg = override(TranslateConfig(device=str(self.device), dtype=self.dtype), "translate", nbest=n, **options)
@@ -71,7 +71,8 @@ class Generator:
         """The continuation of each prompt (without the prompt). `options`: max_new_tokens (100), greedy,
         temperature, top_k, top_p, repetition_penalty, seed, stop (strings), batch_size. For several samples of a
         prompt, repeat it."""
-        from tfcli.generate.lm import GenerateConfig, continuations
+        from tfcli.generate.config import GenerateConfig
+        from tfcli.generate.lm import continuations
 
         cfg = override(GenerateConfig(device=str(self.device), dtype=self.dtype), "generate", **options)
         cfg.validate()

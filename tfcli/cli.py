@@ -12,7 +12,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 from rich.console import Console
@@ -20,6 +20,7 @@ from rich.markup import escape
 
 import tfcli
 from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, debug_enabled
+from tfcli.generate.config import GenerateConfig, TranslateConfig
 
 app = typer.Typer(
     name="tfcli",
@@ -421,7 +422,54 @@ def average_checkpoints(
     print(run(average, source, last, output, force))
 
 
-_DEC, _FMT, _RUN = "Decoding", "Output format", "Batching and device"
+# --- options that several commands share, each defined once (defaults shown from the config dataclasses) ------------
+
+_DEC, _FMT, _RUN, _SAMPLE = "Decoding", "Output format", "Batching and device", "Sampling"
+_T, _G = TranslateConfig(), GenerateConfig()
+
+
+def _default(value) -> str:
+    return f" \\[default: {value}]."
+
+
+Checkpoint = Annotated[str, typer.Option("--model", "-m", metavar="CKPT", help="Checkpoint or run directory.")]
+OutputFile = Annotated[
+    Optional[str], typer.Option("--output", "-o", metavar="FILE", help="Write here (atomically) instead of stdout.")
+]
+BeamSize = Annotated[
+    Optional[int], typer.Option("--beam-size", "-b", rich_help_panel=_DEC, help="Beam size" + _default(_T.beam_size))
+]
+Greedy = Annotated[
+    bool, typer.Option("--greedy", rich_help_panel=_DEC, help="Greedy decoding (same as --beam-size 1).")
+]
+LenPenalty = Annotated[Optional[float], typer.Option(
+    "--alpha", "--len-penalty", rich_help_panel=_DEC,
+    help="GNMT length penalty alpha: rank by sum(log p) / ((5+|Y|)/6)^alpha" + _default(_T.len_penalty),
+)]
+MaxLenA = Annotated[Optional[float], typer.Option(
+    "--max-len-a", rich_help_panel=_DEC, help="At most a * source tokens + b output tokens" + _default(_T.max_len_a)
+)]
+MaxLenB = Annotated[
+    Optional[int], typer.Option("--max-len-b", rich_help_panel=_DEC, help="See --max-len-a" + _default(_T.max_len_b))
+]
+Device = Annotated[
+    Optional[str],
+    typer.Option("--device", rich_help_panel=_RUN, help="auto, cpu, cuda or cuda:N" + _default(_T.device)),
+]
+Dtype = Annotated[Optional[str], typer.Option(
+    "--dtype", rich_help_panel=_RUN, help="fp32, bf16 or fp16 (autocast; fp16 needs CUDA)" + _default(_T.dtype)
+)]
+Threads = Annotated[Optional[int], typer.Option("--threads", rich_help_panel=_RUN, help="CPU threads for torch.")]
+ShowProgress = Annotated[Optional[bool], typer.Option(
+    "--progress/--no-progress", rich_help_panel=_RUN,
+    help="Progress bar on stderr \\[default: when stderr is a terminal].",
+)]
+
+
+def _config_file(section: str):
+    return typer.Option(
+        None, "--config", "-c", metavar="FILE", help=f"YAML/TOML/JSON file whose `{section}:` section sets the options."
+    )
 
 
 @app.command()
@@ -429,25 +477,16 @@ def translate(
     inputs: Optional[List[str]] = typer.Argument(
         None, metavar="FILE", show_default=False, help="Input files, one sentence a line ('-' or none: stdin)."
     ),
-    model: str = typer.Option(..., "--model", "-m", metavar="CKPT", help="Checkpoint or run directory."),
-    output: Optional[str] = typer.Option(
-        None, "--output", "-o", metavar="FILE", help="Write here (atomically) instead of stdout."
-    ),
-    config: Optional[Path] = typer.Option(
-        None, "--config", "-c", metavar="FILE", help="YAML/TOML/JSON file whose `translate:` section sets the options."
-    ),
-    beam_size: Optional[int] = typer.Option(None, "--beam-size", "-b", rich_help_panel=_DEC, help="Beam size \\[default: 5]."),
-    greedy: bool = typer.Option(False, "--greedy", rich_help_panel=_DEC, help="Greedy decoding (same as --beam-size 1)."),
-    len_penalty: Optional[float] = typer.Option(
-        None, "--alpha", "--len-penalty", rich_help_panel=_DEC,
-        help="GNMT length penalty alpha: rank by sum(log p) / ((5+|Y|)/6)^alpha \\[default: 0.6].",
-    ),
-    max_len_a: Optional[float] = typer.Option(
-        None, "--max-len-a", rich_help_panel=_DEC, help="At most a * source tokens + b output tokens \\[default: 1.5]."
-    ),
-    max_len_b: Optional[int] = typer.Option(None, "--max-len-b", rich_help_panel=_DEC, help="See --max-len-a \\[default: 10]."),
+    model: Checkpoint = ...,
+    output: OutputFile = None,
+    config: Optional[Path] = _config_file("translate"),
+    beam_size: BeamSize = None,
+    greedy: Greedy = False,
+    len_penalty: LenPenalty = None,
+    max_len_a: MaxLenA = None,
+    max_len_b: MaxLenB = None,
     min_len: Optional[int] = typer.Option(
-        None, "--min-len", rich_help_panel=_DEC, help="No </s> before this many output tokens \\[default: 0]."
+        None, "--min-len", rich_help_panel=_DEC, help="No </s> before this many output tokens" + _default(_T.min_len)
     ),
     nbest: Optional[int] = typer.Option(
         None, "--nbest", "-n", rich_help_panel=_FMT, help="Print the N best hypotheses per input (format below)."
@@ -457,25 +496,20 @@ def translate(
     ),
     raw: bool = typer.Option(False, "--raw", rich_help_panel=_FMT, help="Print subword tokens, not detokenised text."),
     batch_size: Optional[int] = typer.Option(
-        None, "--batch-size", rich_help_panel=_RUN, help="Sentences per batch, at most \\[default: 64]."
+        None, "--batch-size", rich_help_panel=_RUN, help="Sentences per batch, at most" + _default(_T.batch_size)
     ),
     max_tokens: Optional[int] = typer.Option(
-        None, "--max-tokens", rich_help_panel=_RUN, help="Padded source tokens per batch, at most \\[default: 4096]."
+        None, "--max-tokens", rich_help_panel=_RUN,
+        help="Padded source tokens per batch, at most" + _default(_T.max_tokens),
     ),
     buffer_size: Optional[int] = typer.Option(
-        None, "--buffer-size", rich_help_panel=_RUN, help="Lines read ahead and sorted by length \\[default: 10000]."
+        None, "--buffer-size", rich_help_panel=_RUN,
+        help="Lines read ahead and sorted by length" + _default(_T.buffer_size),
     ),
-    device: Optional[str] = typer.Option(
-        None, "--device", rich_help_panel=_RUN, help="auto, cpu, cuda or cuda:N \\[default: auto]."
-    ),
-    dtype: Optional[str] = typer.Option(
-        None, "--dtype", rich_help_panel=_RUN, help="fp32, bf16 or fp16 (autocast; fp16 needs CUDA) \\[default: fp32]."
-    ),
-    threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel=_RUN, help="CPU threads for torch."),
-    progress: Optional[bool] = typer.Option(
-        None, "--progress/--no-progress", rich_help_panel=_RUN,
-        help="Progress bar on stderr \\[default: when stderr is a terminal].",
-    ),
+    device: Device = None,
+    dtype: Dtype = None,
+    threads: Threads = None,
+    progress: ShowProgress = None,
 ):
     """Translate lines from files or stdin to stdout with beam search or greedy decoding.
 
@@ -490,7 +524,8 @@ def translate(
     INDEX is the input line's 0-based number; SCORE = sum of the tokens' log-probs / ((5+|Y|)/6)^alpha, |Y|
     counting </s>; TOKEN_SCORES (with --scores) are the log-probs of each output subword and of </s>.
     """
-    from tfcli.generate.translate import translate as run_translate, translate_config
+    from tfcli.generate.config import translate_config
+    from tfcli.generate.translate import translate as run_translate
 
     cfg = run(
         translate_config, config,
@@ -501,66 +536,55 @@ def translate(
     run(run_translate, model, inputs or ["-"], output, cfg, progress)
 
 
-_SAMPLE = "Sampling"
-
-
 @app.command("lm-generate")
 def lm_generate(
     prompts: Optional[List[str]] = typer.Argument(
         None, metavar="PROMPT", show_default=False,
         help="Prompts to continue. None: one per line of --input, or of stdin when piped; else generate from scratch.",
     ),
-    model: str = typer.Option(..., "--model", "-m", metavar="CKPT", help="Language model checkpoint or run directory."),
+    model: Checkpoint = ...,
     input_file: Optional[str] = typer.Option(
         None, "--input", "-i", metavar="FILE", help="Read prompts from FILE, one a line ('-': stdin)."
     ),
-    output: Optional[str] = typer.Option(
-        None, "--output", "-o", metavar="FILE", help="Write here (atomically) instead of stdout."
-    ),
-    config: Optional[Path] = typer.Option(
-        None, "--config", "-c", metavar="FILE", help="YAML/TOML/JSON file whose `generate:` section sets the options."
-    ),
+    output: OutputFile = None,
+    config: Optional[Path] = _config_file("generate"),
     max_new_tokens: Optional[int] = typer.Option(
-        None, "--max-new-tokens", "-n", rich_help_panel=_SAMPLE, help="Tokens to generate, at most \\[default: 100]."
+        None, "--max-new-tokens", "-n", rich_help_panel=_SAMPLE,
+        help="Tokens to generate, at most" + _default(_G.max_new_tokens),
     ),
     greedy: bool = typer.Option(False, "--greedy", rich_help_panel=_SAMPLE, help="Always take the most likely token."),
     temperature: Optional[float] = typer.Option(
-        None, "--temperature", "-t", rich_help_panel=_SAMPLE, help="Divide logits by T before sampling \\[default: 1.0]."
+        None, "--temperature", "-t", rich_help_panel=_SAMPLE,
+        help="Divide logits by T before sampling" + _default(_G.temperature),
     ),
     top_k: Optional[int] = typer.Option(
-        None, "--top-k", rich_help_panel=_SAMPLE, help="Sample among the K most likely tokens (0: all) \\[default: 0]."
+        None, "--top-k", rich_help_panel=_SAMPLE,
+        help="Sample among the K most likely tokens (0: all)" + _default(_G.top_k),
     ),
     top_p: Optional[float] = typer.Option(
         None, "--top-p", rich_help_panel=_SAMPLE,
-        help="Nucleus: sample among the most likely tokens holding probability P \\[default: 1.0].",
+        help="Nucleus: sample among the most likely tokens holding probability P" + _default(_G.top_p),
     ),
     repetition_penalty: Optional[float] = typer.Option(
         None, "--repetition-penalty", rich_help_panel=_SAMPLE,
-        help="CTRL penalty on tokens already in the text (1: none; 1.2 is common) \\[default: 1.0].",
+        help="CTRL penalty on tokens already in the text (1: none; 1.2 is common)" + _default(_G.repetition_penalty),
     ),
     seed: Optional[int] = typer.Option(
         None, "--seed", rich_help_panel=_SAMPLE, help="Random seed: same seed, prompts and options give the same text."
     ),
     num_samples: Optional[int] = typer.Option(
-        None, "--num-samples", "-N", rich_help_panel=_SAMPLE, help="Samples per prompt \\[default: 1]."
+        None, "--num-samples", "-N", rich_help_panel=_SAMPLE, help="Samples per prompt" + _default(_G.num_samples)
     ),
     stop: Optional[List[str]] = typer.Option(
         None, "--stop", rich_help_panel=_SAMPLE, help="Stop when this string appears (not printed); repeatable."
     ),
     batch_size: Optional[int] = typer.Option(
-        None, "--batch-size", rich_help_panel=_RUN, help="Samples generated together \\[default: 32]."
+        None, "--batch-size", rich_help_panel=_RUN, help="Samples generated together" + _default(_G.batch_size)
     ),
-    device: Optional[str] = typer.Option(
-        None, "--device", rich_help_panel=_RUN, help="auto, cpu, cuda or cuda:N \\[default: auto]."
-    ),
-    dtype: Optional[str] = typer.Option(
-        None, "--dtype", rich_help_panel=_RUN, help="fp32, bf16 or fp16 (autocast; fp16 needs CUDA) \\[default: fp32]."
-    ),
-    threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel=_RUN, help="CPU threads for torch."),
-    progress: Optional[bool] = typer.Option(
-        None, "--progress/--no-progress", rich_help_panel=_RUN,
-        help="Progress bar on stderr \\[default: when stderr is a terminal and not streaming].",
-    ),
+    device: Device = None,
+    dtype: Dtype = None,
+    threads: Threads = None,
+    progress: ShowProgress = None,
 ):
     """Generate text with a language model: greedy, or sampling with temperature, top-k, top-p.
 
@@ -573,7 +597,8 @@ def lm_generate(
     Past the model's context (max_len tokens, prompt included) it goes on from the last max_len / 2 tokens.
     A single prompt with a single sample streams to stdout as tokens are made.
     """
-    from tfcli.generate.lm import generate_config, lm_generate as run_generate
+    from tfcli.generate.config import generate_config
+    from tfcli.generate.lm import lm_generate as run_generate
 
     cfg = run(
         generate_config, config,
@@ -660,17 +685,15 @@ def eval_(
     output: Optional[str] = typer.Option(
         None, "--output", "-o", metavar="FILE", rich_help_panel=_TR, help="Also keep the translations in FILE."
     ),
-    beam_size: Optional[int] = typer.Option(None, "--beam-size", rich_help_panel=_TR, help="Beam size \\[default: 5]."),
-    greedy: bool = typer.Option(False, "--greedy", rich_help_panel=_TR, help="Greedy decoding (--beam-size 1)."),
-    len_penalty: Optional[float] = typer.Option(
-        None, "--alpha", "--len-penalty", rich_help_panel=_TR, help="GNMT length penalty \\[default: 0.6]."
-    ),
-    max_len_a: Optional[float] = typer.Option(None, "--max-len-a", rich_help_panel=_TR, help="Output at most a * source tokens + b \\[default: 1.5]."),
-    max_len_b: Optional[int] = typer.Option(None, "--max-len-b", rich_help_panel=_TR, help="See --max-len-a \\[default: 10]."),
+    beam_size: BeamSize = None,
+    greedy: Greedy = False,
+    len_penalty: LenPenalty = None,
+    max_len_a: MaxLenA = None,
+    max_len_b: MaxLenB = None,
     batch_size: Optional[int] = typer.Option(
-        None, "--batch-size", rich_help_panel=_TR, help="Sentences per batch \\[default: 64]."
+        None, "--batch-size", rich_help_panel=_TR, help="Sentences per batch" + _default(_T.batch_size)
     ),
-    dtype: Optional[str] = typer.Option(None, "--dtype", rich_help_panel=_TR, help="fp32, bf16 or fp16 \\[default: fp32]."),
+    dtype: Dtype = None,
     json_out: bool = typer.Option(False, "--json", rich_help_panel=_OUT, help="Print one JSON object on stdout."),
     width: int = typer.Option(2, "--width", "-w", rich_help_panel=_OUT, help="Decimals in text output."),
     score_only: bool = typer.Option(
@@ -738,7 +761,7 @@ def eval_(
     cfg = run(from_dict, MetricsConfig, fields, "eval")
     if translate_src is not None:
         from tfcli.evaluate.translate_score import translate_and_score
-        from tfcli.generate.translate import translate_config
+        from tfcli.generate.config import translate_config
 
         decoding = run(
             translate_config, None, beam_size=1 if greedy else beam_size, len_penalty=len_penalty,

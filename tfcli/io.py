@@ -228,8 +228,10 @@ def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False) -> Iterator[
             f.close()
 
 
-def read_lines(path: os.PathLike | str, **kw) -> list[str]:
-    return list(iter_lines(path, **kw))
+def read_lines(path: os.PathLike | str, *, rstrip: bool = False, allow_nul: bool = False) -> list[str]:
+    """All lines of a text file (`-`: stdin); `rstrip`: without trailing whitespace, as sacrebleu reads its files."""
+    lines = iter_lines(path, allow_nul=allow_nul)
+    return [line.rstrip() for line in lines] if rstrip else list(lines)
 
 
 __all__ = [

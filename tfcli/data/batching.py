@@ -4,6 +4,7 @@ Conventions (shared by training, evaluation and decoding):
   source      x_1 .. x_n </s>
   target in   <s> y_1 .. y_m        (teacher forcing: the decoder input)
   target out  y_1 .. y_m </s>       (what the model must predict)
+  LM stream   </s> s_1 </s> s_2 </s> .. s_n </s>   (every text starts after a </s>, as a prompt does)
 Padding is PAD_ID on the right.
 """
 
@@ -15,6 +16,14 @@ import numpy as np
 import torch
 
 from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID
+
+
+def lm_stream(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """A language model's texts (ids `flat`, text i at flat[offsets[i]:offsets[i+1]]) as one stream
+    </s> s_1 </s> s_2 </s> ... s_n </s>, in flat's dtype: training, perplexity and lm-generate (which starts every
+    prompt with </s>) all see a text begin after a </s>."""
+    body = np.insert(flat, offsets[1:], EOS_ID)  # one </s> after each text (empty ones included)
+    return np.concatenate([np.array([EOS_ID], dtype=flat.dtype), body])
 
 
 def pad(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch.Tensor:

@@ -16,7 +16,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric, Score
 
 from tfcli.errors import ConfigError, TfcliError
-from tfcli.io import iter_lines
+from tfcli.io import read_lines
 
 METRIC_NAMES = ("bleu", "chrf", "ter")
 TOKENIZERS = tuple(BLEU.TOKENIZERS)  # 13a, intl, char, none, zh, ja-mecab, ko-mecab, spm, flores101, flores200, ...
@@ -70,9 +70,9 @@ class Report:
     seed: str = ""
 
 
-def read_lines(path: str) -> list[str]:
+def read_scored(path: str) -> list[str]:
     """Lines of a hypothesis or reference file (`-` = stdin), trailing whitespace stripped as sacrebleu does."""
-    return [line.rstrip() for line in iter_lines(path)]
+    return read_lines(path, rstrip=True)
 
 
 def display_name(path: str) -> str:
@@ -126,8 +126,8 @@ def score_files(hyp_paths: list[str], ref_paths: list[str], cfg: MetricsConfig, 
                 raise TfcliError(f"{display_name(p)}: given twice as a {what} file")
     if not paths:
         raise TfcliError("no hypothesis file (and nothing on stdin)")
-    references = {p: read_lines(p) for p in ref_paths}
-    hypotheses = {p: read_lines(p) for p in paths}
+    references = {p: read_scored(p) for p in ref_paths}
+    hypotheses = {p: read_scored(p) for p in paths}
     return score(hypotheses, references, cfg)
 
 

@@ -29,12 +29,12 @@ import torch
 import torch.nn.functional as F
 
 from tfcli import checkpoint
-from tfcli.data.batching import collate_seq2seq, token_batches
+from tfcli.data.batching import collate_seq2seq, lm_stream, token_batches
 from tfcli.data.prepared import PreparedData, Sequences
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
 from tfcli.generate.runtime import Progress, resolve_device
 from tfcli.io import iter_lines
-from tfcli.model.config import EOS_ID, PAD_ID
+from tfcli.model.config import PAD_ID
 
 IGNORE = -100  # target id that cross_entropy skips (padding, and context-only positions of sliding windows)
 
@@ -172,13 +172,6 @@ def seq2seq_nll(
     return nll, count, truncated
 
 
-def lm_stream(seqs: Sequences) -> np.ndarray:
-    """</s> s_1 </s> s_2 </s> ... s_n </s> as one int64 array."""
-    flat = np.asarray(seqs.flat, dtype=np.int64)
-    body = np.insert(flat, seqs.offsets[1:], EOS_ID)  # one </s> after each sequence (empty ones included)
-    return np.concatenate([[EOS_ID], body])
-
-
 def lm_windows(n_targets: int, window: int, stride: int) -> list[tuple[int, int, int]]:
     """(begin, end, n_new) per window: inputs stream[begin:end] predict stream[begin+1:end+1]; the last n_new of
     those targets are scored (each target exactly once)."""
@@ -262,7 +255,8 @@ def evaluate_checkpoint(ckpt, data_dir, cfg: PerplexityConfig) -> PerplexityResu
         if stride > window:
             raise ConfigError(f"--stride {stride} is longer than the window ({window}): tokens would be skipped")
         result.window, result.stride = window, stride
-        result.nll, result.tokens = lm_nll(model, lm_stream(tgt), window, stride, cfg.max_tokens, device)
+        stream = lm_stream(np.asarray(tgt.flat, dtype=np.int64), tgt.offsets)
+        result.nll, result.tokens = lm_nll(model, stream, window, stride, cfg.max_tokens, device)
     if result.tokens == 0:
         raise TfcliError(f"{data.path}: split '{cfg.split}' is empty")
     if cfg.words is not None:

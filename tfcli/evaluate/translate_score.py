@@ -6,8 +6,9 @@ import tempfile
 from pathlib import Path
 
 from tfcli.errors import ConfigError
-from tfcli.evaluate.metrics import MetricsConfig, Report, check_lengths, read_lines, score
-from tfcli.generate.translate import TranslateConfig, translate
+from tfcli.evaluate.metrics import MetricsConfig, Report, check_lengths, read_scored, score
+from tfcli.generate.config import TranslateConfig
+from tfcli.generate.translate import translate
 
 
 def translate_and_score(
@@ -23,12 +24,12 @@ def translate_and_score(
     score them against `references`. Line counts are checked before the (slow) translation when possible."""
     if decoding.tabular or decoding.raw:
         raise ConfigError("--nbest, --scores and --raw make output that is not plain translations; BLEU needs text")
-    refs = {p: read_lines(p) for p in references}
+    refs = {p: read_scored(p) for p in references}
     if source != "-":
-        check_lengths({source: read_lines(source)}, refs)
+        check_lengths({source: read_scored(source)}, refs)
     with tempfile.TemporaryDirectory(prefix="tfcli-eval-") as tmp:
         out = output or str(Path(tmp) / "translations.txt")
         translate(ckpt, [source], out, decoding, progress)
-        hypotheses = read_lines(out)
+        hypotheses = read_scored(out)
     name = output or f"{ckpt} on {'<stdin>' if source == '-' else source}"
     return score({name: hypotheses}, refs, metrics)

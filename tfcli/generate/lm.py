@@ -14,14 +14,12 @@ sees "</s> prompt" and an empty prompt generates from the start of a text.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
-from typing import IO, Callable, Iterator, Literal, Optional
+from typing import IO, Callable, Iterator
 
 import torch
 
-from tfcli.config import from_dict, load_config_file, override
 from tfcli.data.tokenizer import decode_batch, encode_batch
-from tfcli.errors import ConfigError
+from tfcli.generate.config import GenerateConfig
 from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, tune_process, warn
 from tfcli.generate.sampling import next_token
 from tfcli.generate.step import StepModel, step_model
@@ -30,37 +28,6 @@ from tfcli.io import iter_lines
 from tfcli.model.config import EOS_ID, PAD_ID
 
 START_ID = EOS_ID  # what precedes every text in LM training streams
-
-
-@dataclass
-class GenerateConfig:
-    """Sampling, stopping, batching and device settings (the `generate:` section of a config file)."""
-
-    max_new_tokens: int = 100
-    greedy: bool = False  # argmax instead of sampling
-    temperature: float = 1.0
-    top_k: int = 0  # 0: no top-k filter
-    top_p: float = 1.0  # 1: no nucleus filter
-    repetition_penalty: float = 1.0  # 1: none; CTRL uses 1.2
-    seed: Optional[int] = None  # same seed, same prompts and settings: same text
-    num_samples: int = 1  # samples per prompt
-    stop: list[str] = field(default_factory=list)  # also stop (and cut) at any of these strings
-    batch_size: int = 32  # rows (prompt x sample) generated together
-    device: str = "auto"
-    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
-    threads: Optional[int] = None
-
-    def validate(self) -> None:
-        if self.max_new_tokens < 1 or self.num_samples < 1 or self.batch_size < 1:
-            raise ConfigError("generate: --max-new-tokens, --num-samples and --batch-size must be positive")
-        if self.temperature <= 0:
-            raise ConfigError("generate: --temperature must be positive (use --greedy for the most likely text)")
-        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
-            raise ConfigError("generate: --top-k must be >= 0 and --top-p in (0, 1]")
-        if self.repetition_penalty <= 0:
-            raise ConfigError("generate: --repetition-penalty must be positive")
-        if any(s == "" for s in self.stop):
-            raise ConfigError("generate: --stop strings must not be empty")
 
 
 @torch.inference_mode()
@@ -264,11 +231,3 @@ def _generate(model, tok, texts, prompt_ids, cfg, generator, autocast, stream: I
         while done in results:
             yield results.pop(done)
             done += 1
-
-
-def generate_config(path=None, **flags) -> GenerateConfig:
-    """Settings from a config file's `generate:` section (if any), then the non-None command-line flags."""
-    cfg = GenerateConfig()
-    if path is not None:
-        cfg = from_dict(GenerateConfig, load_config_file(path).get("generate") or {}, "generate")
-    return override(cfg, "generate", **flags)

@@ -1,9 +1,9 @@
-"""Decoding for encoder-decoder models: batched greedy and beam search with the KV cache.
+"""Decoding for encoder-decoder models: batched greedy and beam search.
 
 Both run the encoder once per batch, feed the decoder one new token per beam and step through
-`step.IncrementalDecoder` (the key/value memory holds the rest, the cross-attention keys/values of the source are computed
-once per sentence, and reordering beams copies no keys/values), and let finished sentences leave the batch, so no
-compute is spent on them. Neither ever emits <pad> or <s>.
+`step.IncrementalDecoder` (its key/value memory holds the rest, the cross-attention keys/values of the source are
+computed once per sentence, and reordering beams copies no keys/values), and let finished sentences leave the batch,
+so no compute is spent on them. Neither ever emits <pad> or <s>.
 
 Length rules, shared with the slow reference in `reference.py`:
   - a sentence may have at most max_len = a * src_len + b output tokens (src_len counts </s>; capped at the model's

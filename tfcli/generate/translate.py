@@ -13,56 +13,18 @@ import contextlib
 import io
 import os
 import sys
-from dataclasses import dataclass
-from typing import IO, Iterable, Iterator, Literal, Optional
+from typing import IO, Iterable, Iterator
 
 import torch
 
 from tfcli.data.batching import pad, source_ids, token_batches
 from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
-from tfcli.config import from_dict, load_config_file, override
-from tfcli.errors import ConfigError
+from tfcli.generate.config import TranslateConfig
 from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, tune_process, warn
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.io import atomic_open, iter_lines
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
-
-
-@dataclass
-class TranslateConfig:
-    """Decoding, batching and device settings (the `translate:` section of a config file)."""
-
-    beam_size: int = 5  # 1 = greedy decoding
-    len_penalty: float = 0.6  # GNMT alpha: hypotheses ranked by sum(log p) / ((5 + |Y|) / 6)^alpha
-    max_len_a: float = 1.5  # at most a * source length + b output tokens
-    max_len_b: int = 10
-    min_len: int = 0  # no </s> before this many output tokens
-    nbest: Optional[int] = None  # print the N best per input as "i<TAB>score<TAB>hypothesis"
-    scores: bool = False  # add the per-token log-probs (implies the nbest format)
-    raw: bool = False  # print subword tokens instead of detokenised text
-    batch_size: int = 64  # sentences per batch, at most
-    max_tokens: int = 4096  # padded source tokens per batch, at most
-    buffer_size: int = 10000  # lines read ahead and sorted by length
-    device: str = "auto"  # auto, cpu, cuda, cuda:N
-    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
-    threads: Optional[int] = None  # torch CPU threads (default: torch's choice)
-
-    def validate(self) -> None:
-        if self.beam_size < 1:
-            raise ConfigError("translate: --beam-size must be at least 1")
-        if self.nbest is not None and not 1 <= self.nbest <= self.beam_size:
-            raise ConfigError(f"translate: --nbest must be between 1 and the beam size ({self.beam_size})")
-        if self.batch_size < 1 or self.max_tokens < 1 or self.buffer_size < 1:
-            raise ConfigError("translate: --batch-size, --max-tokens and --buffer-size must be positive")
-        if self.max_len_a < 0 or self.min_len < 0:
-            raise ConfigError("translate: --max-len-a and --min-len must not be negative")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError("translate: --threads must be positive")
-
-    @property
-    def tabular(self) -> bool:
-        return self.nbest is not None or self.scores
 
 
 class Translator:
@@ -232,11 +194,3 @@ def translate(
             bar.advance(1)
             n += 1
     return n
-
-
-def translate_config(path: os.PathLike | str | None = None, **flags) -> TranslateConfig:
-    """Settings from a config file's `translate:` section (if any), then the non-None command-line flags."""
-    cfg = TranslateConfig()
-    if path is not None:
-        cfg = from_dict(TranslateConfig, load_config_file(path).get("translate") or {}, "translate")
-    return override(cfg, "translate", **flags)

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tfcli.data.batching import collate_seq2seq, token_batches
+from tfcli.data.batching import collate_seq2seq, lm_stream, token_batches
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import TfcliError
-from tfcli.model.config import EOS_ID
 
 
 @dataclass
@@ -73,7 +72,7 @@ class ParallelData:
 
 
 class StreamData:
-    """A language model's text as one stream of ids, sentences separated by </s>, cut into blocks.
+    """A language model's text as one stream of ids, </s> s_1 </s> s_2 ... </s> (batching.lm_stream), cut into blocks.
 
     A block holds block_len + 1 ids: inputs block[:-1], targets block[1:]. For training, each epoch starts the blocks
     at a seeded offset and shuffles them; for validation the whole stream is read in consecutive blocks (the last one
@@ -84,13 +83,7 @@ class StreamData:
 
     def __init__(self, prepared: PreparedData, split: str, block_len: int, max_tokens: int, max_sentences: int, seed: int):
         seqs = prepared.sequences(split, "tgt")
-        n = len(seqs)
-        self.stream = np.empty(len(seqs.flat) + n, dtype=seqs.flat.dtype)
-        eos_at = seqs.offsets[1:] + np.arange(n)  # sentence i ends at offsets[i+1] in the ids, shifted by i </s>
-        is_text = np.ones(len(self.stream), dtype=bool)
-        is_text[eos_at] = False
-        self.stream[is_text] = seqs.flat
-        self.stream[eos_at] = EOS_ID
+        self.stream = lm_stream(np.asarray(seqs.flat), seqs.offsets)
         self.block_len, self.seed = block_len, seed
         self.batch_size = max(1, max_tokens // block_len)
         if max_sentences:

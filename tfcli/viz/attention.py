@@ -30,7 +30,8 @@ from tfcli import checkpoint
 from tfcli.data.batching import pad, source_ids
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.errors import TfcliError
-from tfcli.generate.lm import START_ID, GenerateConfig, generate_ids
+from tfcli.generate.config import GenerateConfig
+from tfcli.generate.lm import START_ID, generate_ids
 from tfcli.generate.search import greedy_search
 from tfcli.io import atomic_write_text
 from tfcli.model.config import BOS_ID, EOS_ID

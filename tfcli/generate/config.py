@@ -1,0 +1,95 @@
+"""The settings of `tfcli translate` and `tfcli lm-generate` (the `translate:` and `generate:` sections of a config
+file, and the Python API's options): each key and its default in one place, importable without torch, so that the
+command line's help can show the defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from tfcli.config import from_dict, load_config_file, override
+from tfcli.errors import ConfigError
+
+
+@dataclass
+class TranslateConfig:
+    """Decoding, batching and device settings (the `translate:` section of a config file)."""
+
+    beam_size: int = 5  # 1 = greedy decoding
+    len_penalty: float = 0.6  # GNMT alpha: hypotheses ranked by sum(log p) / ((5 + |Y|) / 6)^alpha
+    max_len_a: float = 1.5  # at most a * source length + b output tokens
+    max_len_b: int = 10
+    min_len: int = 0  # no </s> before this many output tokens
+    nbest: Optional[int] = None  # print the N best per input as "i<TAB>score<TAB>hypothesis"
+    scores: bool = False  # add the per-token log-probs (implies the nbest format)
+    raw: bool = False  # print subword tokens instead of detokenised text
+    batch_size: int = 64  # sentences per batch, at most
+    max_tokens: int = 4096  # padded source tokens per batch, at most
+    buffer_size: int = 10000  # lines read ahead and sorted by length
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    threads: Optional[int] = None  # torch CPU threads (default: torch's choice)
+
+    def validate(self) -> None:
+        if self.beam_size < 1:
+            raise ConfigError("translate: --beam-size must be at least 1")
+        if self.nbest is not None and not 1 <= self.nbest <= self.beam_size:
+            raise ConfigError(f"translate: --nbest must be between 1 and the beam size ({self.beam_size})")
+        if self.batch_size < 1 or self.max_tokens < 1 or self.buffer_size < 1:
+            raise ConfigError("translate: --batch-size, --max-tokens and --buffer-size must be positive")
+        if self.max_len_a < 0 or self.min_len < 0:
+            raise ConfigError("translate: --max-len-a and --min-len must not be negative")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("translate: --threads must be positive")
+
+    @property
+    def tabular(self) -> bool:
+        return self.nbest is not None or self.scores
+
+
+@dataclass
+class GenerateConfig:
+    """Sampling, stopping, batching and device settings (the `generate:` section of a config file)."""
+
+    max_new_tokens: int = 100
+    greedy: bool = False  # argmax instead of sampling
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1: no nucleus filter
+    repetition_penalty: float = 1.0  # 1: none; CTRL uses 1.2
+    seed: Optional[int] = None  # same seed, same prompts and settings: same text
+    num_samples: int = 1  # samples per prompt
+    stop: list[str] = field(default_factory=list)  # also stop (and cut) at any of these strings
+    batch_size: int = 32  # rows (prompt x sample) generated together
+    device: str = "auto"
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    threads: Optional[int] = None
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1 or self.num_samples < 1 or self.batch_size < 1:
+            raise ConfigError("generate: --max-new-tokens, --num-samples and --batch-size must be positive")
+        if self.temperature <= 0:
+            raise ConfigError("generate: --temperature must be positive (use --greedy for the most likely text)")
+        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise ConfigError("generate: --top-k must be >= 0 and --top-p in (0, 1]")
+        if self.repetition_penalty <= 0:
+            raise ConfigError("generate: --repetition-penalty must be positive")
+        if any(s == "" for s in self.stop):
+            raise ConfigError("generate: --stop strings must not be empty")
+
+
+def translate_config(path: os.PathLike | str | None = None, **flags) -> TranslateConfig:
+    """Settings from a config file's `translate:` section (if any), then the non-None command-line flags."""
+    cfg = TranslateConfig()
+    if path is not None:
+        cfg = from_dict(TranslateConfig, load_config_file(path).get("translate") or {}, "translate")
+    return override(cfg, "translate", **flags)
+
+
+def generate_config(path=None, **flags) -> GenerateConfig:
+    """Settings from a config file's `generate:` section (if any), then the non-None command-line flags."""
+    cfg = GenerateConfig()
+    if path is not None:
+        cfg = from_dict(GenerateConfig, load_config_file(path).get("generate") or {}, "generate")
+    return override(cfg, "generate", **flags)
