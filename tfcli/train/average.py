@@ -4,29 +4,28 @@ last 5 for base models), usually a little better than any single one of them."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import torch
 
 from tfcli import checkpoint
 from tfcli.errors import CheckpointError, TfcliError
+from tfcli.train.checkpoints import CHECKPOINTS, step_dirs
 
-STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 def last_checkpoints(run_dir: os.PathLike | str, k: int) -> list[Path]:
     """The last `k` step-N checkpoints of a run directory, oldest first."""
-    ckpts = Path(run_dir) / "checkpoints"
+    ckpts = Path(run_dir) / CHECKPOINTS
     if not ckpts.is_dir():
-        raise CheckpointError(f"{run_dir}: not a run directory (no checkpoints/)")
-    found = sorted((int(m.group(1)), d) for d in ckpts.iterdir() if (m := STEP_DIR.match(d.name)) and d.is_dir())
+        raise CheckpointError(f"{run_dir}: not a run directory (no {CHECKPOINTS}/)")
+    found = step_dirs(ckpts)
     if not found:
         raise CheckpointError(f"{ckpts}: no step-N checkpoints to average")
     if len(found) < k:
         raise CheckpointError(f"{ckpts}: asked to average the last {k} checkpoints, but there are {len(found)} "
                               f"(keep more with --keep-last)")
-    return [d for _, d in found[-k:]]
+    return found[-k:]
 
 
 def average_checkpoints(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import re
 import shutil
 import signal
 import threading
@@ -26,22 +25,21 @@ import torch
 
 from tfcli import checkpoint
 from tfcli.config import to_dict
-from tfcli.data.batching import pad, source_ids, token_batches
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
 from tfcli.io import atomic_write_text
 from tfcli.model import ModelConfig, build_model, count_parameters, preset
 from tfcli.model.config import PRESETS
 from tfcli.train import distributed
+from tfcli.train.checkpoints import CHECKPOINTS, pack_state, prune, restore_state, resume_point, step_dirs, step_name
 from tfcli.train.config import TrainConfig, config_to_yaml, differences
 from tfcli.train.data import Batch, ParallelData, StreamData
 from tfcli.train.flops import train_flops
 from tfcli.train.log import MetricsLog, ppl
 from tfcli.train.loss import Objective
 from tfcli.train.schedule import learning_rate
+from tfcli.train.validation import forward_loss, greedy_bleu, valid_loss
 
-CHECKPOINTS = "checkpoints"
-STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass
@@ -52,19 +50,6 @@ class TrainResult:
     best: Path | None
     interrupted: bool = False
     early_stopped: bool = False
-
-
-def forward_loss(objective, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed label-smoothed loss, summed nll) of one batch under teacher forcing."""
-    return objective(batch.src, batch.inputs, batch.targets)
-
-
-def resume_point(run_dir: str | Path) -> Path:
-    """The checkpoint `--resume` continues from: RUN/checkpoints/LATEST."""
-    pointer = Path(run_dir) / CHECKPOINTS / "LATEST"
-    if not pointer.exists():
-        raise CheckpointError(f"{run_dir}: nothing to resume (no {CHECKPOINTS}/LATEST); start without --resume")
-    return Path(run_dir) / CHECKPOINTS / pointer.read_text().strip()
 
 
 class StopRequest:
@@ -336,7 +321,7 @@ class Trainer:
                 else:
                     early_stopped = self._validate_and_save()
         self.log.close()
-        last = self.ckpt_dir / self._name(self.step)
+        last = self.ckpt_dir / step_name(self.step)
         best = self.ckpt_dir / self.best["name"] if self.best else None
         if self.main and cfg.average_last and not interrupted:
             self._average(cfg.average_last)
@@ -444,7 +429,7 @@ class Trainer:
             value = metrics[name]
             higher_is_better = name == "bleu"
             if self.best is None or (value > self.best["value"] if higher_is_better else value < self.best["value"]):
-                self.best = {"metric": name, "value": value, "step": self.step, "name": self._name(self.step)}
+                self.best = {"metric": name, "value": value, "step": self.step, "name": step_name(self.step)}
                 self.bad_validations = 0
                 is_best = True
             else:
@@ -461,54 +446,20 @@ class Trainer:
         self.valid_seconds.append(time.perf_counter() - t0)
         return stop
 
-    @torch.inference_mode()
     def validate(self) -> dict:
         """Valid loss/ppl over the whole valid split (sharded over ranks), and greedy BLEU for translation."""
         self.raw.eval()
-        sums = [0.0, 0.0, 0.0]
-        batches = self.valid_data.batches(0, shuffle=False)
-        for b in distributed.shard(batches, self.dist):
-            batch = self.valid_data.collate(b).to(self.device)
-            with self.autocast():
-                loss, nll = forward_loss(self.objective, batch)
-            sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.tgt_tokens]
-        loss, nll, tokens = distributed.all_reduce_sum(sums, self.dist, self.device)
-        metrics = {"loss": loss / tokens, "nll": nll / tokens, "ppl": ppl(nll / tokens)}
+        metrics = valid_loss(self.objective, self.valid_data, self.dist, self.device, self.autocast)
         if self.model_cfg.kind == "seq2seq" and self.cfg.valid_bleu:
-            bleu = self.bleu() if self.main else 0.0
+            cfg, data = self.cfg, self.valid_data
+            n = len(data) if not cfg.bleu_max_sentences else min(len(data), cfg.bleu_max_sentences)
+            bleu = greedy_bleu(
+                self.raw, data, self.prepared, cfg.valid_split, n, cfg.max_tokens, cfg.max_sentences, self.max_len,
+                self.device, self.autocast,
+            ) if self.main else 0.0
             metrics["bleu"] = distributed.all_reduce_sum([bleu], self.dist, self.device)[0]
         self.raw.train()
         return metrics
-
-    def bleu(self) -> float:
-        """Greedy-decode (up to bleu_max_sentences of) the valid sources; sacrebleu against the cleaned references."""
-        import sacrebleu
-        from tokenizers import Tokenizer
-
-        from tfcli.generate.search import greedy_search
-        from tfcli.generate.step import StepModel
-        from tfcli.io import read_lines
-
-        data = self.valid_data
-        n = len(data) if not self.cfg.bleu_max_sentences else min(len(data), self.cfg.bleu_max_sentences)
-        hyps: list[list[int]] = [[] for _ in range(n)]
-        steps = StepModel(self.raw)  # its key/value memory is reused from batch to batch, and dropped after
-        for idx in token_batches(data.src_len[:n], self.cfg.max_tokens, self.cfg.max_sentences or None):
-            src = pad([source_ids(data.src[i], self.max_len) for i in idx]).to(self.device)
-            with self.autocast():
-                for i, out in zip(idx, greedy_search(steps, src)):
-                    hyps[i] = out
-        tok = Tokenizer.from_file(str(self.prepared.tokenizer_file("tgt")))
-        hyp_text = tok.decode_batch(hyps, skip_special_tokens=True)
-        ref_file = self.prepared.text_file(self.cfg.valid_split, "tgt")
-        refs = read_lines(ref_file) if ref_file is not None else []
-        if len(refs) != len(data):  # no cleaned text kept: detokenise the reference ids instead
-            refs = tok.decode_batch([data.tgt[i].tolist() for i in range(n)], skip_special_tokens=True)
-        return sacrebleu.corpus_bleu(hyp_text, [refs[:n]]).score
-
-    @staticmethod
-    def _name(step: int) -> str:
-        return f"step-{step:07d}"
 
     def _save(self, is_best: bool) -> None:
         """Checkpoint with the full trainer state (rank 0 writes; every rank contributes its RNG state)."""
@@ -518,8 +469,13 @@ class Trainer:
         if self.device.type == "cuda":
             cuda_states = distributed.gather_tensors(torch.cuda.get_rng_state(self.device), self.dist, self.device)
         if self.main:
-            name = self._name(self.step)
-            tensors, state = self._trainer_state(torch_states, cuda_states)
+            name = step_name(self.step)
+            counters = {
+                "step": self.step, "epoch": self.epoch, "position": self.pos, "batches_per_step": self.group_size,
+                "world_size": self.dist.world_size, "elapsed": self._time(), "best": self.best,
+                "bad_validations": self.bad_validations, "last_valid": self.last_valid,
+            }
+            tensors, state = pack_state(self.optimizer, self.scaler, torch_states, cuda_states, counters)
             meta = {
                 "model": to_dict(self.model_cfg),
                 "train": to_dict(self.cfg),
@@ -533,14 +489,16 @@ class Trainer:
             if is_best:
                 atomic_write_text(self.ckpt_dir / "BEST", name + "\n")
             atomic_write_text(self.ckpt_dir / "LATEST", name + "\n")
-            self._prune()
+            # keep the last K checkpoints (K = max(keep_last, average_last)) and the best one
+            keep = max(self.cfg.keep_last, self.cfg.average_last)
+            prune(self.ckpt_dir, keep, {self.best["name"]} if self.best else set())
         distributed.barrier(self.dist)
 
     def _average(self, k: int) -> None:
         """Average the last `k` checkpoints into avg-lastK; a run that wrote fewer averages what it has."""
         from tfcli.train.average import average_checkpoints
 
-        have = sum(1 for d in self.ckpt_dir.iterdir() if STEP_DIR.match(d.name))
+        have = len(step_dirs(self.ckpt_dir))
         if have < k:
             self.log.print(f"warning: average_last {k}, but the run has {have} checkpoint(s): "
                            + (f"averaging those into avg-last{have}" if have > 1 else "nothing to average"))
@@ -548,86 +506,15 @@ class Trainer:
         if k > 1:
             average_checkpoints(self.run_dir, k, self.ckpt_dir / f"avg-last{k}", overwrite=True)
 
-    def _prune(self) -> None:
-        """Keep the last K checkpoints (K = max(keep_last, average_last)) and the best one."""
-        keep = max(self.cfg.keep_last, self.cfg.average_last)
-        steps = sorted(d for d in self.ckpt_dir.iterdir() if STEP_DIR.match(d.name))
-        protected = {self.best["name"]} if self.best else set()
-        for d in steps[:-keep]:
-            if d.name not in protected:
-                shutil.rmtree(d, ignore_errors=True)
-
-    def _trainer_state(self, torch_states: list, cuda_states: list) -> tuple[dict, dict]:
-        tensors: dict[str, torch.Tensor] = {}
-        extra: dict = {}
-        for i, st in self.optimizer.state_dict()["state"].items():
-            for key, value in st.items():
-                if torch.is_tensor(value):
-                    tensors[f"optimizer.{i}.{key}"] = value.detach().cpu()
-                else:
-                    extra[f"{i}.{key}"] = value
-        for r, t in enumerate(torch_states):
-            tensors[f"rng.torch.{r}"] = t
-        for r, t in enumerate(cuda_states):
-            tensors[f"rng.cuda.{r}"] = t
-        np_state = np.random.get_state()
-        tensors["rng.numpy"] = torch.from_numpy(np_state[1].astype(np.int64))
-        py_state = random.getstate()
-        state = {
-            "step": self.step,
-            "epoch": self.epoch,
-            "position": self.pos,
-            "batches_per_step": self.group_size,
-            "world_size": self.dist.world_size,
-            "elapsed": self._time(),
-            "best": self.best,
-            "bad_validations": self.bad_validations,
-            "last_valid": self.last_valid,
-            "optimizer_extra": extra,
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "rng_numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
-            "rng_python": [py_state[0], list(py_state[1]), py_state[2]],
-        }
-        return tensors, state
-
     def _load_state(self, path: Path) -> None:
-        tensors, state = checkpoint.load_trainer_state(path)
+        state = restore_state(path, self.optimizer, self.scaler, self.dist.rank, self.device)
         try:
             self.step, self.epoch, self.pos = int(state["step"]), int(state["epoch"]), int(state["position"])
             self.elapsed = float(state["elapsed"])
             self.best, self.bad_validations = state["best"], int(state["bad_validations"])
-            self.last_valid = state.get("last_valid") or {}
-            # optimizer: this run's param groups (from the config), the saved moments
-            sd = self.optimizer.state_dict()
-            params = [p for g in self.optimizer.param_groups for p in g["params"]]
-            opt_state: dict = {}
-            for key, value in tensors.items():
-                if key.startswith("optimizer."):
-                    _, i, name = key.split(".", 2)
-                    opt_state.setdefault(int(i), {})[name] = value
-            for key, value in state["optimizer_extra"].items():
-                i, name = key.split(".", 1)
-                opt_state.setdefault(int(i), {})[name] = value
-            for i, st in opt_state.items():
-                if i >= len(params) or any(
-                    torch.is_tensor(v) and v.dim() > 0 and v.shape != params[i].shape for v in st.values()
-                ):
-                    raise CheckpointError(f"{path}: optimizer state does not match the model")
-            sd["state"] = opt_state
-            self.optimizer.load_state_dict(sd)
-            if state.get("scaler") and self.scaler.is_enabled():
-                self.scaler.load_state_dict(state["scaler"])
-            # RNG: this rank's saved state (rank 0's if the run had fewer processes)
-            rank = self.dist.rank if f"rng.torch.{self.dist.rank}" in tensors else 0
-            torch.set_rng_state(tensors[f"rng.torch.{rank}"])
-            if self.device.type == "cuda" and f"rng.cuda.{rank}" in tensors:
-                torch.cuda.set_rng_state(tensors[f"rng.cuda.{rank}"], self.device)
-            name, pos, has_gauss, cached = state["rng_numpy"]
-            np.random.set_state((name, tensors["rng.numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
-            version, internal, gauss = state["rng_python"]
-            random.setstate((version, tuple(internal), gauss))
-        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+        except (KeyError, ValueError, TypeError) as e:
             raise CheckpointError(f"{path}: corrupt or incomplete trainer state ({type(e).__name__}: {e})") from None
+        self.last_valid = state.get("last_valid") or {}
         self.old_group_size = state.get("batches_per_step")
 
     def close(self) -> None:

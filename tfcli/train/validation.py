@@ -1,0 +1,55 @@
+"""Validation during training: the loss over the whole valid split, and greedy-search BLEU on (part of) it."""
+
+from __future__ import annotations
+
+import torch
+
+from tfcli.data.batching import pad, source_ids, token_batches
+from tfcli.train import distributed
+from tfcli.train.log import ppl
+
+
+def forward_loss(objective, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed label-smoothed loss, summed nll) of one batch under teacher forcing."""
+    return objective(batch.src, batch.inputs, batch.targets)
+
+
+@torch.inference_mode()
+def valid_loss(objective, data, dist, device, autocast) -> dict:
+    """loss (label-smoothed), nll and ppl per target token over the whole split, sharded over the processes."""
+    sums = [0.0, 0.0, 0.0]
+    for b in distributed.shard(data.batches(0, shuffle=False), dist):
+        batch = data.collate(b).to(device)
+        with autocast():
+            loss, nll = forward_loss(objective, batch)
+        sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.tgt_tokens]
+    loss, nll, tokens = distributed.all_reduce_sum(sums, dist, device)
+    return {"loss": loss / tokens, "nll": nll / tokens, "ppl": ppl(nll / tokens)}
+
+
+@torch.inference_mode()
+def greedy_bleu(model, data, prepared, split: str, n: int, max_tokens: int, max_sentences: int, max_len: int,
+                device, autocast) -> float:
+    """Greedy-decode the first `n` valid sources as `tfcli translate --greedy` would; sacreBLEU (default
+    signature) against the cleaned references (or, where prepare kept no text, the detokenised reference ids)."""
+    import sacrebleu
+    from tokenizers import Tokenizer
+
+    from tfcli.generate.search import greedy_search
+    from tfcli.generate.step import StepModel
+    from tfcli.io import read_lines
+
+    hyps: list[list[int]] = [[] for _ in range(n)]
+    steps = StepModel(model)  # its key/value memory is reused from batch to batch, and dropped after
+    for idx in token_batches(data.src_len[:n], max_tokens, max_sentences or None):
+        src = pad([source_ids(data.src[i], max_len) for i in idx]).to(device)
+        with autocast():
+            for i, out in zip(idx, greedy_search(steps, src)):
+                hyps[i] = out
+    tok = Tokenizer.from_file(str(prepared.tokenizer_file("tgt")))
+    hyp_text = tok.decode_batch(hyps, skip_special_tokens=True)
+    ref_file = prepared.text_file(split, "tgt")
+    refs = read_lines(ref_file) if ref_file is not None else []
+    if len(refs) != len(data):  # no cleaned text kept: detokenise the reference ids instead
+        refs = tok.decode_batch([data.tgt[i].tolist() for i in range(n)], skip_special_tokens=True)
+    return sacrebleu.corpus_bleu(hyp_text, [refs[:n]]).score
