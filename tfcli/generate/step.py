@@ -134,9 +134,9 @@ class IncrementalDecoder:
         self_bias = self.history[:, None].expand(n, self.H, k, L).reshape(n * self.H, k, L)
         pos = None if self.pad is None else (t - self.pad)[:, None].expand(n, k)
         x = self._embed(tok, t if pos is None else pos.reshape(-1))
-        x = self._layers(x.view(n * k, -1), t * K, k, L, self_bias, self.steps[t : t + 1] if pos is None else pos)
+        logits = self._layers(x, t * K, k, L, self_bias, self.steps[t : t + 1] if pos is None else pos)
         self.t += 1
-        return x
+        return logits
 
     def prefill(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Feed whole prompts at the start: ids (n, T), left-padded where `valid` (n, T) is False. Returns the
@@ -158,9 +158,9 @@ class IncrementalDecoder:
         self.history = bias[:, -1:, :]  # what the next position sees: every real token
         x = self._embed(ids.reshape(-1), pos.reshape(-1) if pos.dim() == 2 else pos.repeat(n))
         self_bias = bias[:, None].expand(n, self.H, T, T).reshape(n * self.H, T, T)
-        logits_in = self._layers(x, 0, T, T, self_bias, pos, last_only=True)
+        logits = self._layers(x, 0, T, T, self_bias, pos, last_only=True)
         self.t = T
-        return logits_in
+        return logits
 
     def _embed(self, tok: torch.Tensor, pos) -> torch.Tensor:
         embed = self.sm.embed
