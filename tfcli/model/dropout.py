@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfcli.torch_compat import is_compiling
+
 
 def keep_mask(shape: torch.Size, p: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A float tensor of 0 (dropped, probability p) and 1 / (1 - p) (kept), drawn from torch's global generator."""
@@ -29,6 +31,6 @@ class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if x.device.type != "cpu" or torch.compiler.is_compiling() or self.p >= 1.0:
+        if x.device.type != "cpu" or is_compiling() or self.p >= 1.0:
             return F.dropout(x, self.p, True, self.inplace)
         return x * keep_mask(x.shape, self.p, x.dtype, x.device)

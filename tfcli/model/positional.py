@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tfcli.errors import TfcliError
+from tfcli.torch_compat import is_compiling
 
 
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -31,7 +32,7 @@ class SinusoidalPositions(nn.Module):
     def forward(self, pos: torch.Tensor) -> torch.Tensor:
         # Growing needs the largest position on the host. Under torch.compile that read would split the graph and
         # wait for the GPU, so compiled training relies on the trainer keeping lengths within max_len.
-        if not torch.compiler.is_compiling():
+        if not is_compiling():
             need = int(pos.max()) + 1 if pos.numel() else 0
             if need > self.pe.size(0):
                 self.pe = sinusoidal_table(max(need, 2 * self.pe.size(0)), self.d_model).to(self.pe.device)
@@ -46,7 +47,7 @@ class LearnedPositions(nn.Module):
         self.emb = nn.Embedding(max_len, d_model)
 
     def forward(self, pos: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling() and pos.numel() and int(pos.max()) >= self.emb.num_embeddings:
+        if not is_compiling() and pos.numel() and int(pos.max()) >= self.emb.num_embeddings:
             raise TfcliError(
                 f"sequence longer than the model's max_len ({self.emb.num_embeddings} positions, learned); "
                 "shorten the input or lower --max-len"
@@ -73,7 +74,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x: (B, H, T, d_head); pos: (T,) or (B, T) absolute positions."""
-        if not torch.compiler.is_compiling():  # as in SinusoidalPositions
+        if not is_compiling():  # as in SinusoidalPositions
             need = int(pos.max()) + 1 if pos.numel() else 0
             if need > self.cos.size(0):
                 self._build(max(need, 2 * self.cos.size(0)), self.cos.device)

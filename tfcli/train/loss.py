@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.config import PAD_ID
+from tfcli.torch_compat import is_compiling
 
 
 def label_smoothed_loss(
@@ -49,7 +50,7 @@ class Objective(nn.Module):
         else:
             memory, memory_mask = m.encode(src)
             h = m.decoder(inputs, memory, memory_mask)
-        if src is not None and h.device.type == "cpu" and not torch.compiler.is_compiling():
+        if src is not None and h.device.type == "cpu" and not is_compiling():
             real = targets != PAD_ID
             h, targets = h[real], targets[real]
         return label_smoothed_loss(m.lm_head(h), targets, self.smoothing)
