@@ -3,15 +3,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+# the oldest PyTorch that pyproject.toml claims, with what its wheels need (NumPy 1.x, hence an older pyarrow/datasets)
+OLDEST_TORCH ?= torch==2.2.2 "numpy<2" "pyarrow<17" "datasets>=2.16,<3"
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast test-oldest-torch demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[test,plot,demo,recipes]"
 	touch $@
 
@@ -25,6 +27,14 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
+## test-oldest-torch: the whole suite on OLDEST_TORCH in its own venv (the PyPI build: a few GB of CUDA libraries);
+## the summary and the versions go to benchmarks/results/oldest_torch.txt
+test-oldest-torch:
+	bash -o pipefail -c '$(MAKE) test VENV=.venv-oldest-torch TORCH='"'"'$(OLDEST_TORCH)'"'"' 2>&1 | tail -n 3 > /tmp/tfcli-oldest.txt'; \
+	status=$$?; { echo "make test-oldest-torch, $$(date -u '+%Y-%m-%d %H:%M') UTC, exit status $$status"; \
+	.venv-oldest-torch/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|numpy|pyarrow|datasets|tokenizers|sacrebleu) '; \
+	cat /tmp/tfcli-oldest.txt; } > benchmarks/results/oldest_torch.txt; cat benchmarks/results/oldest_torch.txt; exit $$status
+
 ## demo: prepare -> train -> translate -> eval on the embedded corpus (a few minutes on a CPU)
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash recipes/demo.sh
@@ -36,4 +46,4 @@ bench: install
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) demo runs .pytest_cache
+	rm -rf $(VENV) .venv-oldest-torch demo runs .pytest_cache

@@ -8,3 +8,10 @@ if hasattr(torch.compiler, "is_compiling"):  # torch 2.3+
     is_compiling = torch.compiler.is_compiling
 else:  # torch 2.2
     from torch._dynamo import is_compiling  # noqa: F401 (re-exported)
+
+
+def grad_scaler(device_type: str, enabled: bool):
+    """torch.amp.GradScaler(device_type) (2.3+); torch 2.2 has the CUDA one only (fp16 training is CUDA-only anyway)."""
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler(device_type, enabled=enabled)
+    return torch.cuda.amp.GradScaler(enabled=enabled and device_type == "cuda")

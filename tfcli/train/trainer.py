@@ -39,6 +39,7 @@ from tfcli.train.log import MetricsLog, ppl
 from tfcli.train.loss import Objective
 from tfcli.train.schedule import learning_rate
 from tfcli.train.validation import forward_loss, greedy_bleu, valid_loss
+from tfcli.torch_compat import grad_scaler
 
 
 
@@ -130,7 +131,7 @@ class Trainer:
         self.raw.train()
         torch.manual_seed(cfg.seed + self.dist.rank)  # each rank its own dropout stream
         self.optimizer = self._optimizer()
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.scaler = grad_scaler(self.device.type, enabled=self.precision == "fp16")
         # DDP and torch.compile wrap the model together with its loss
         self.objective = Objective(self.raw, cfg.label_smoothing)
         self.model = torch.compile(self.objective) if cfg.compile else self.objective
