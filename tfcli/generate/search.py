@@ -76,7 +76,7 @@ def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_le
 def greedy_decode(
     model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0
 ) -> list[Hypothesis]:
-    """Greedy decoding with the KV cache; one `Hypothesis` per source row (scored like beam search with beam 1).
+    """Greedy decoding on the incremental decoder; one `Hypothesis` per source row (scored like beam search, beam 1).
 
     src: (B, S) right-padded source ids, each ending in </s>.
     """
