@@ -88,7 +88,9 @@ def record(args) -> dict:
         entry["training"] = training(out / "run")
     if args.checkpoint:
         entry["checkpoint"] = args.checkpoint
-    if args.wall_s is not None:
+    if args.resumed:
+        entry["resumed"] = True  # the script's clock saw only the last part; training time comes from the run
+    elif args.wall_s is not None:
         entry["recipe_wall_s"] = args.wall_s  # the whole recipe, as timed by its script
     if args.len_penalty is not None:
         entry["len_penalty"] = args.len_penalty  # chosen on the valid split
@@ -126,6 +128,8 @@ def _score(s: dict | None) -> str:
 
 
 def _wall(e: dict) -> str:
+    if e.get("resumed"):
+        return "(resumed)"
     return _minutes(e["recipe_wall_s"]) if e.get("recipe_wall_s") is not None else "(not timed)"
 
 
@@ -252,6 +256,8 @@ def main() -> None:
     r.add_argument("--checkpoint")
     r.add_argument("--ppl", help="a `tfcli eval --model ... --json` output")
     r.add_argument("--wall-s", type=float, help="seconds the whole recipe took (its script times itself)")
+    r.add_argument("--resumed", action="store_true", help="the recipe resumed a stopped run (--wall-s is then "
+                   "only the last part, and is not recorded)")
     r.add_argument("--len-penalty", type=float, help="the length penalty used on test (chosen on valid)")
     r.add_argument("--train-args", default="", help="extra `tfcli train` arguments the run had (TRAIN_ARGS): such a "
                    "variant is recorded beside the recipe's own figures, not over them")

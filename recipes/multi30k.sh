@@ -33,7 +33,9 @@ tfcli prepare --src "$D/train.$SRC" --tgt "$D/train.$TGT" --valid-src "$D/valid.
   -o "$OUT/prep"
 
 echo "== train: $CONFIG" >&2
-[ -d "$OUT/run" ] && RESUME=(-o "$OUT/run" --resume) || RESUME=(-o "$OUT/run")
+# a stopped recipe picks up where it was (the resumed run is the uninterrupted one, bit for bit); its whole-recipe
+# time is then not one run's, so it is recorded as resumed instead
+[ -d "$OUT/run" ] && RESUME=(-o "$OUT/run" --resume) TIMED=(--resumed) || RESUME=(-o "$OUT/run") TIMED=()
 tfcli train "$OUT/prep" "${RESUME[@]}" --config "$CONFIG" --seed "${SEED:-1}" ${TRAIN_ARGS:-} >/dev/null
 
 CKPT="$OUT/run"  # its best checkpoint, or the average of the last ones where the config asks for one
@@ -61,4 +63,4 @@ tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metric
 tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --lowercase \
   --json > "$OUT/tokbleu-lc.json"
 python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT" \
-  --train-args "${TRAIN_ARGS:-}" --len-penalty "$BEST_ALPHA" --wall-s "$SECONDS"  # the whole recipe's time
+  --train-args "${TRAIN_ARGS:-}" --len-penalty "$BEST_ALPHA" --wall-s "$SECONDS" "${TIMED[@]}"  # the whole recipe's time

@@ -62,7 +62,7 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     fake_run(out, 31.25)
     args = type("A", (), dict(recipe="multi30k", out=str(out), name=None, pair="de-en", size="cpu",
                               checkpoint="ck", ppl=None, train_args="", wall_s=800.0,
-                              len_penalty=None))
+                              len_penalty=None, resumed=False))
     entry = recipe_results.record(args)
     assert entry["training"]["steps"] == 100 and entry["training"]["wall_s"] == 135.5
     assert entry["training"]["median_tgt_tokens_per_s"] == 1200.0 and entry["training"]["best_valid_loss"] == 3.5
@@ -86,6 +86,12 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
     assert all_["multi30k-de-en/cpu"]["sacrebleu"]["BLEU"]["score"] == 32.0
     assert all_["multi30k-de-en/cpu (--set model.norm=post)"]["sacrebleu"]["BLEU"]["score"] == 30.0
+    # a resumed recipe's clock saw only its last part: no whole-recipe time is claimed for it
+    entry = recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "again"), "resumed": True}))
+    assert entry["resumed"] and "recipe_wall_s" not in entry
+    row = next(line for line in (tmp_path / "results" / "recipes.md").read_text().splitlines()
+               if line.startswith("| de-en | cpu |"))
+    assert "| 2.3 min | (resumed) |" in row
 
 
 def test_demo_records_its_scores_time_and_machine(tmp_path, monkeypatch):
@@ -97,7 +103,7 @@ def test_demo_records_its_scores_time_and_machine(tmp_path, monkeypatch):
     out = tmp_path / "demo"
     fake_run(out, 98.5)
     args = type("A", (), dict(recipe="demo", out=str(out), name="demo", pair=None, size="cpu", checkpoint="ck",
-                              ppl=None, train_args="", wall_s=114.0, len_penalty=None))
+                              ppl=None, train_args="", wall_s=114.0, len_penalty=None, resumed=False))
     entry = recipe_results.record(args)
     assert entry["sacrebleu"]["BLEU"]["score"] == 98.5 and entry["recipe_wall_s"] == 114.0
     assert entry["hardware"]["cpu"] and entry["hardware"]["cpus"]

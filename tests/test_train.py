@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -502,6 +503,28 @@ def test_time_budget_plans_the_steps_that_fit_and_max_steps_repeats_the_run(tmp_
     train(plain)
     a, b = weights(tmp_path / "budget"), weights(tmp_path / "plain")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resuming_a_time_budgeted_run_keeps_its_planned_steps(tmp_path, parallel, monkeypatch, capsys):
+    """A budgeted run killed after planning, resumed as the recipes do (the same config file, max_steps: 0), ends
+    at the planned step with the weights of the uninterrupted run: the plan is not thrown away."""
+    FakeClock(monkeypatch, lambda step: 1.0)
+    train(tiny_train_config(parallel, tmp_path / "full", **BUDGET))
+    shutil.copytree(tmp_path / "full", tmp_path / "part")
+    ckpts = tmp_path / "part" / "checkpoints"
+    shutil.rmtree(ckpts / "step-0000040")
+    for name in ("LATEST", "BEST"):
+        (ckpts / name).write_text("step-0000020\n")
+    config = tmp_path / "budget.yaml"
+    config.write_text("train:\n  max_steps: 0\n  max_minutes: 1.0\n")
+    capsys.readouterr()
+    result = run_cli_config(config, {"out": str(tmp_path / "part"), "resume": True})
+    assert result.step == 40
+    a, b = weights(tmp_path / "full"), weights(tmp_path / "part")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    lrs = lambda run: [(r["step"], r["lr"]) for r in metrics(run) if r["split"] == "train"]  # noqa: E731
+    assert lrs(tmp_path / "full") == lrs(tmp_path / "part")
+    assert "40 steps planned for the time budget" in capsys.readouterr().err
 
 
 def test_time_budget_stops_a_run_that_slows_down(tmp_path, parallel, monkeypatch, capsys):

@@ -145,6 +145,11 @@ def load_train_config(
         model.update(m)
     train.update({k: v for k, v in (flags or {}).items() if v is not None})
     cfg = from_dict(TrainConfig, train, "train")
+    planned = int((saved or {}).get("train", {}).get("max_steps") or 0)
+    if planned and cfg.max_minutes and not cfg.max_steps:
+        # a time-budgeted run planned its step count once (the cosine's length); resuming it with the config that
+        # started it (max_steps: 0) keeps that plan, or the schedule would change under the run
+        cfg.max_steps = planned
     return cfg, model
 
 

@@ -259,7 +259,8 @@ class Trainer:
                 line += f"; {d.truncated} pairs longer than {self.max_len} tokens are truncated"
         log.print(line)
         if self.resume_from is not None:
-            log.print(f"resuming from {self.resume_from} (step {self.step}, epoch {self.epoch + 1})")
+            planned = f"; {cfg.max_steps} steps planned for the time budget" if cfg.max_minutes and cfg.max_steps else ""
+            log.print(f"resuming from {self.resume_from} (step {self.step}, epoch {self.epoch + 1}{planned})")
             if self.old_group_size != self.group_size:
                 log.print(f"note: {self.old_group_size} batches per step before, {self.group_size} now (processes x "
                           "grad_accum changed): training continues, but not as the same run bit for bit")
