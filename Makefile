@@ -3,8 +3,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-# the oldest PyTorch that pyproject.toml claims, with what its wheels need (NumPy 1.x, hence an older pyarrow/datasets)
-OLDEST_TORCH ?= torch==2.2.2 "numpy<2" "pyarrow<17" "datasets>=2.16,<3"
+# the oldest PyTorch that pyproject.toml claims, with what its wheels need (NumPy 1.x, hence an older pyarrow/datasets;
+# transformers 5 needs torch 2.6)
+OLDEST_TORCH ?= torch==2.2.2 "numpy<2" "pyarrow<17" "datasets>=2.16,<3" "transformers<4.50"
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
@@ -14,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[test,plot,demo,recipes]"
+	$(PY) -m pip install -q -e ".[test,plot,demo,recipes,interop]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -39,7 +40,7 @@ test-oldest-torch:
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash recipes/demo.sh
 
-## bench: peer benchmarks (installs transformers + ctranslate2 into the venv); BENCH_ARGS="--checkpoint RUN
+## bench: peer benchmarks (transformers + ctranslate2 come with the interop extra); BENCH_ARGS="--checkpoint RUN
 ## --peer-checkpoint POST_RUN" adds Multi30k test2016 by trained de-en models (README: Benchmarks)
 bench: install
 	$(PY) -m pip install -q -e ".[bench]"

@@ -298,6 +298,10 @@ def train(
         "baby-gpt, gpt2-small (language model) \\[default: small]."
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in RUN from its latest checkpoint."),
+    init_from: Optional[str] = typer.Option(
+        None, "--init-from", metavar="CKPT", help="Fine-tune: start from this checkpoint's weights and architecture "
+        "(a fresh optimizer and schedule). DATA must use its tokenizer: tfcli prepare --tokenizer-from CKPT."
+    ),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", rich_help_panel=_OPT, help="Updates (0: no limit) \\[default: 0]."),
     max_epochs: Optional[int] = typer.Option(None, "--max-epochs", rich_help_panel=_OPT, help="Epochs (0: no limit) \\[default: 20]."),
     max_minutes: Optional[float] = typer.Option(
@@ -368,6 +372,7 @@ def train(
     tfcli train prep/ -o run/ --arch small --warmup 4000
     tfcli train prep/ -o run/ -c train.yaml --set model.dropout=0.3
     tfcli train -o run/ --resume --max-steps 50000      continue exactly
+    tfcli train prep/ -o tuned/ --init-from run/ --lr 1e-4      fine-tune
     torchrun --nproc_per_node=4 $(which tfcli) train prep/ -o run/
 
     Writes RUN/config.yaml (the resolved config), RUN/metrics.jsonl (one JSON line per log step and per
@@ -378,7 +383,7 @@ def train(
     from tfcli.train.trainer import run as run_training
 
     flags = dict(
-        data=data, out=out, arch=arch, resume=resume or None, max_steps=max_steps, max_epochs=max_epochs,
+        data=data, out=out, arch=arch, resume=resume or None, init_from=init_from, max_steps=max_steps, max_epochs=max_epochs,
         max_minutes=max_minutes, lr=lr, schedule=schedule, warmup=warmup, label_smoothing=label_smoothing,
         weight_decay=weight_decay, clip_norm=clip_norm, grad_accum=grad_accum, seed=seed, max_tokens=max_tokens, max_sentences=max_sentences,
         max_len=max_len, log_every=log_every, valid_every=valid_every, valid_bleu=valid_bleu,
@@ -420,6 +425,60 @@ def average_checkpoints(
         output = run_dir / "checkpoints" / f"avg-last{last}"
     source = list(checkpoints) if checkpoints else run_dir
     print(run(average, source, last, output, force))
+
+
+@app.command("export")
+def export_(
+    model: str = typer.Argument(..., metavar="RUN_OR_CKPT", show_default=False, help="Checkpoint or run directory."),
+    to: str = typer.Option(..., "--to", metavar="TARGET", show_default=False,
+                           help="ctranslate2 (Translator/Generator) or hf (transformers)."),
+    output: Path = typer.Option(..., "--output", "-o", metavar="DIR", show_default=False,
+                                help="New model directory (must not exist)."),
+    quantization: Optional[str] = typer.Option(
+        None, "--quantization", metavar="TYPE", show_default=False,
+        help="ctranslate2 only: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16 "
+        "\\[default: float32].",
+    ),
+):
+    """Export a model to CTranslate2 or Hugging Face transformers, computing the same function.
+
+    tfcli export run/ --to ctranslate2 -o model-ct2 [--quantization int8]
+    tfcli export run/ --to hf -o model-hf
+
+    ctranslate2: ctranslate2.Translator(DIR), or ctranslate2.Generator(DIR) for a language model, with the tokenizer
+    files copied beside it; every tfcli architecture is supported. hf: AutoModelForSeq2SeqLM /
+    AutoModelForCausalLM and AutoTokenizer load it, as MarianMT (post-norm translation models), Pegasus (pre-norm,
+    shared embeddings) or GPT-2 (language models with learned positions); other options are refused, naming the
+    option. The directory is written whole or not at all.
+    """
+    from tfcli.interop.export import export
+
+    info = run(export, model, to, output, quantization)
+    print(f"{info['out']}: {info['class']} ({info['to']}{', ' + info['quantization'] if info['quantization'] else ''})")
+
+
+@app.command("import")
+def import_(
+    source: str = typer.Argument(..., metavar="HF_DIR", show_default=False,
+                                 help="A transformers model directory (save_pretrained), or a hub name when online."),
+    output: Path = typer.Option(..., "--output", "-o", metavar="CKPT", show_default=False,
+                                help="New tfcli checkpoint directory."),
+):
+    """Import a Hugging Face Marian, Pegasus or GPT-2 model as a tfcli checkpoint.
+
+    tfcli import opus-mt-de-en/ -o ckpt
+    tfcli translate -m ckpt test.de
+
+    Weights are read from safetensors only (never a pickle), the tokenizer from tokenizer.json. The vocabulary is
+    reordered so that tfcli's special tokens have their fixed ids; the model computes the same distribution.
+    """
+    from tfcli.interop.hf import import_model
+
+    if output.exists():
+        fail(f"{output}: already exists; remove it or choose another -o")
+    info = run(import_model, source, output)
+    vocab = ", ".join(f"{side} {n}" for side, n in info["vocab"].items())
+    print(f"{output}: {info['arch']} -> tfcli {info['kind']}, {info['parameters'] / 1e6:.2f}M parameters, vocabulary {vocab}")
 
 
 # --- options that several commands share, each defined once (defaults shown from the config dataclasses) ------------

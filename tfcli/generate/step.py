@@ -26,6 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfcli.model.layers import ACTIVATIONS
+
+# oneDNN's fused linear + activation: (attr, algorithm)
+_ONEDNN_ACTIVATIONS = {
+    None: ("none", ""), "relu": ("relu", "none"), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"),
+}
+
 
 class StepModel:
     """A model's decoder as the functions an incremental step calls (built from the weights as they are now), and
@@ -290,12 +297,12 @@ def _linear(module: nn.Linear, packed: bool, act: str | None = None, residual: b
             binary = torch.ops.mkldnn._linear_pointwise.binary
             return lambda x, r: binary(x, r, weight, bias, "add")
         linear = torch.ops.mkldnn._linear_pointwise.default
-        attr, algorithm = (act, "none") if act else ("none", "")
+        attr, algorithm = _ONEDNN_ACTIVATIONS[act]
         return lambda x: linear(x, weight, bias, attr, [], algorithm)
     w, b = module.weight, module.bias
     if residual:
         return lambda x, r: F.linear(x, w, b) + r
-    f = {None: None, "relu": F.relu, "gelu": F.gelu}[act]
+    f = ACTIVATIONS.get(act)
     if f is None:
         return lambda x: F.linear(x, w, b)
     return lambda x: f(F.linear(x, w, b))

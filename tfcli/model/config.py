@@ -28,13 +28,14 @@ class ModelConfig:
     d_ff: int = 2048
     dropout: float = 0.1  # on embeddings, sublayer outputs (before the residual add) and inside the FFN
     attn_dropout: float = 0.0  # on the attention weights
-    activation: Literal["relu", "gelu"] = "relu"
+    activation: Literal["relu", "gelu", "gelu_tanh"] = "relu"  # gelu_tanh: GELU's tanh approximation (GPT-2)
     norm: Literal["pre", "post"] = "pre"  # post: LN(x + sublayer(x)) as in 2017; pre: x + sublayer(LN(x))
     positions: Literal["sinusoidal", "learned", "rope"] = "sinusoidal"  # rope: decoder-only models
     max_len: int = 1024  # longest sequence (learned positions table / RoPE cache size)
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model), as the paper does
     share_embeddings: bool = False  # one embedding table for source and target (needs a joint vocabulary)
     tie_output: bool = True  # output projection = target embedding matrix (Press & Wolf 2017)
+    output_bias: bool = False  # a bias on the output projection (Marian models have one: kept on import)
     bias: bool = True
     layer_norm_eps: float = 1e-5
 

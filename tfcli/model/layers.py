@@ -11,6 +11,9 @@ from tfcli.model.config import ModelConfig
 from tfcli.model.dropout import Dropout
 
 
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
 class FeedForward(nn.Module):
     """FFN(x) = act(x W_1 + b_1) W_2 + b_2, applied to each position alone."""
 
@@ -18,7 +21,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
-        self.act = F.relu if cfg.activation == "relu" else F.gelu
+        self.act = ACTIVATIONS[cfg.activation]
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -67,6 +67,7 @@ class TrainConfig:
     threads: int = 0  # CPU threads for torch (0: torch's default, one per core)
     peak_flops: float = 989e12  # the hardware's dense peak per GPU, for MFU (default: H100 bf16)
     resume: bool = False  # continue the run in `out` from its latest checkpoint
+    init_from: str = ""  # fine-tune: start from this checkpoint's weights (its architecture; fresh optimizer, schedule)
 
     def validate(self) -> None:
         positive = ("max_tokens", "lr", "grad_accum", "log_every", "valid_every", "keep_last")

@@ -11,6 +11,8 @@ reaches the same weights as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import math
 import random
 import shutil
@@ -128,6 +130,9 @@ class Trainer:
             self.raw, _ = checkpoint.load(self.resume_from, self.device)
         else:
             self.raw = build_model(mc).to(self.device)
+            if cfg.init_from:
+                start, _ = checkpoint.load(cfg.init_from, self.device)
+                self.raw.load_state_dict(start.state_dict())
         self.raw.train()
         torch.manual_seed(cfg.seed + self.dist.rank)  # each rank its own dropout stream
         self.optimizer = self._optimizer()
@@ -179,6 +184,8 @@ class Trainer:
 
     def _model_config(self, overrides: dict, saved: dict | None) -> ModelConfig:
         cfg, data = self.cfg, self.prepared
+        if cfg.init_from:  # a fine-tuning run, new or resumed: the architecture is the checkpoint's
+            return self._init_config(self.resume_from or cfg.init_from, overrides)
         if cfg.arch not in PRESETS:
             preset(cfg.arch)  # raises the "unknown preset" message
         kind = PRESETS[cfg.arch].get("kind", "seq2seq")
@@ -213,6 +220,24 @@ class Trainer:
                                   f"{old.src_vocab_size}/{old.tgt_vocab_size}); resume with the same data")
             model_cfg = old
         return model_cfg
+
+    def _init_config(self, path, overrides: dict) -> ModelConfig:
+        """--init-from: the checkpoint's architecture (regularisation may change), if its tokenizers are the data's."""
+        meta = checkpoint.read_meta(path)
+        cfg, data = checkpoint.model_config(meta), self.prepared
+        if (cfg.kind == "seq2seq") != (data.kind == "parallel"):
+            raise ConfigError(f"--init-from {meta['dir']}: a {cfg.kind} model cannot train on {data.kind} data")
+        for side, path in data.tokenizer_files().items():
+            theirs = checkpoint.tokenizer_path(meta, side)
+            if theirs is None or json.loads(theirs.read_text("utf-8")) != json.loads(path.read_text("utf-8")):
+                raise ConfigError(f"{data.path}: its {side} tokenizer is not the one of --init-from {meta['dir']}; "
+                                  f"prepare the data with: tfcli prepare ... --tokenizer-from {meta['dir']}")
+        changeable = {"dropout", "attn_dropout"}
+        fixed = sorted(k for k, v in overrides.items() if k not in changeable and getattr(cfg, k) != v)
+        if fixed:
+            raise ConfigError(f"--init-from: model.{fixed[0]} comes from the checkpoint; only "
+                              f"{' and '.join(sorted(changeable))} can change when fine-tuning")
+        return dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if k in changeable})
 
     def _precision(self) -> str:
         p = self.cfg.precision

@@ -1,0 +1,329 @@
+"""Export to CTranslate2 and Hugging Face, import from Hugging Face, fine-tuning with --init-from.
+
+"Same function" is checked on the models' scores (log-probabilities of given outputs), which does not depend on
+which CPU kernels round how; greedy/beam output equality is checked on a hand-built model whose right answer wins
+by a wide margin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import copy_model, make_mono_prepared, make_parallel_prepared, save_model, save_word_tokenizer, tiny_train_config
+from tfcli import checkpoint
+from tfcli.errors import ConfigError, TfcliError
+from tfcli.interop.export import export
+from tfcli.interop.hf import import_model
+from tfcli.model import BOS_ID, EOS_ID, build_model, preset
+
+WORDS = [f"w{i}" for i in range(30)]
+
+
+def random_model(kind: str = "seq2seq", **fields):
+    """A randomly initialised tiny model (biases and norms randomised too, so that no mapping hides behind 0/1)."""
+    V = 4 + len(WORDS)
+    base = dict(src_vocab_size=V, tgt_vocab_size=V) if kind == "seq2seq" else dict(tgt_vocab_size=V)
+    cfg = preset("tiny" if kind == "seq2seq" else "lm-tiny", **{**base, **fields})
+    model = build_model(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if "norm" in name and name.endswith("weight") else 0.0))
+    return model
+
+
+def save(tmp_path: Path, model, name: str = "ckpt") -> Path:
+    tok = save_word_tokenizer(tmp_path / "words.json", WORDS)
+    return save_model(tmp_path / name, model, tok)
+
+
+def ids(words: str) -> list[int]:
+    return [4 + WORDS.index(w) for w in words.split()]
+
+
+SOURCES = ["w1 w2 w3 w4", "w5 w6", "w9 w8 w7 w6 w5 w4"]
+TARGETS = ["w3 w2", "w7 w8 w9", "w1"]
+
+
+def tfcli_scores(model, sources=SOURCES, targets=TARGETS) -> list[list[float]]:
+    """log p of each target token and of </s>, one sentence at a time."""
+    out = []
+    with torch.no_grad():
+        for s, t in zip(sources, targets):
+            y = ids(t) + [EOS_ID]
+            if model.cfg.kind == "seq2seq":
+                logits = model(torch.tensor([ids(s) + [EOS_ID]]), torch.tensor([[BOS_ID] + y[:-1]]))
+            else:
+                logits = model(torch.tensor([[EOS_ID] + y[:-1]]))
+            lp = logits.log_softmax(-1)[0]
+            out.append([float(lp[i, tok]) for i, tok in enumerate(y)])
+    return out
+
+
+# --- CTranslate2 ----------------------------------------------------------------------------------------------
+
+SEQ2SEQ_VARIANTS = {
+    "post-norm, shared": dict(norm="post", share_embeddings=True),
+    "pre-norm, separate, untied, no bias": dict(norm="pre", share_embeddings=False, tie_output=False, bias=False),
+    "learned positions, gelu, unscaled": dict(positions="learned", activation="gelu", scale_embedding=False),
+    "gelu_tanh, output bias": dict(activation="gelu_tanh", output_bias=True, norm="post"),
+}
+LM_VARIANTS = {
+    "learned (GPT-2 shape)": dict(),
+    "sinusoidal, relu, post-norm": dict(positions="sinusoidal", activation="relu", norm="post"),
+    "rope, untied": dict(positions="rope", tie_output=False),
+}
+
+
+@pytest.mark.parametrize("variant", list(SEQ2SEQ_VARIANTS) + list(LM_VARIANTS))
+def test_ctranslate2_export_scores_like_tfcli(tmp_path, variant):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    lm = variant in LM_VARIANTS
+    model = random_model("lm" if lm else "seq2seq", **(LM_VARIANTS if lm else SEQ2SEQ_VARIANTS)[variant])
+    export(save(tmp_path, model), "ctranslate2", tmp_path / "ct2")
+    assert {"model.bin", "config.json", "tfcli_export.json", "tokenizer.tgt.json"} <= {p.name for p in (tmp_path / "ct2").iterdir()}
+    toks = [t.split() + ["</s>"] for t in TARGETS]
+    if lm:
+        res = ctranslate2.Generator(str(tmp_path / "ct2")).score_batch([["</s>"] + t for t in toks])
+    else:
+        res = ctranslate2.Translator(str(tmp_path / "ct2")).score_batch([s.split() for s in SOURCES], [t[:-1] for t in toks])
+    theirs = [r.log_probs for r in res]
+    ours = tfcli_scores(model)
+    for a, b in zip(ours, theirs):
+        assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_ctranslate2_greedy_and_beam_outputs_equal_tfcli_on_a_confident_model(tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from tfcli.api import load
+
+    model = copy_model(n_words=20, max_len=32)
+    words = [f"w{i}" for i in range(20)]
+    tok = save_word_tokenizer(tmp_path / "words.json", words)
+    ckpt = save_model(tmp_path / "copy", model, tok)
+    export(ckpt, "ctranslate2", tmp_path / "ct2")
+    sentences = ["w3 w1 w4 w1 w5", "w9 w2 w6", "w5 w3 w5 w8 w9 w7 w9 w3"]
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"))
+    ours = load(ckpt)
+    for beam in (1, 5):
+        res = translator.translate_batch([s.split() for s in sentences], beam_size=beam, length_penalty=0)
+        theirs = [" ".join(r.hypotheses[0]) for r in res]
+        assert theirs == sentences  # it copies
+        assert ours.translate(sentences, beam_size=beam, len_penalty=0) == theirs
+
+
+def test_ctranslate2_int8_export_is_close(tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    model = random_model(norm="post", share_embeddings=True)
+    export(save(tmp_path, model), "ctranslate2", tmp_path / "int8", quantization="int8")
+    info = json.loads((tmp_path / "int8" / "tfcli_export.json").read_text())
+    assert info["quantization"] == "int8"
+    res = ctranslate2.Translator(str(tmp_path / "int8")).score_batch(
+        [s.split() for s in SOURCES], [t.split() for t in TARGETS])
+    for a, b in zip(tfcli_scores(model), [r.log_probs for r in res]):
+        assert a == pytest.approx(b, abs=0.2)  # int8 weights: close, not equal
+
+
+# --- Hugging Face ----------------------------------------------------------------------------------------------
+
+HF_VARIANTS = {
+    "marian, shared": ("MarianMTModel", dict(norm="post", share_embeddings=True)),
+    "marian, separate, untied, output bias, no bias": (
+        "MarianMTModel", dict(norm="post", share_embeddings=False, tie_output=False, output_bias=True, bias=False)),
+    "pegasus": ("PegasusForConditionalGeneration", dict(norm="pre", share_embeddings=True, activation="gelu")),
+    "gpt2": ("GPT2LMHeadModel", dict()),
+    "gpt2, tanh gelu, untied": ("GPT2LMHeadModel", dict(activation="gelu_tanh", tie_output=False)),
+}
+
+
+@pytest.mark.parametrize("variant", HF_VARIANTS)
+def test_hf_export_computes_the_same_logits_and_imports_back_exactly(tmp_path, variant):
+    transformers = pytest.importorskip("transformers")
+    cls, fields = HF_VARIANTS[variant]
+    lm = cls.startswith("GPT2")
+    model = random_model("lm" if lm else "seq2seq", **fields)
+    ckpt = save(tmp_path, model)
+    export(ckpt, "hf", tmp_path / "hf")
+    Auto = transformers.AutoModelForCausalLM if lm else transformers.AutoModelForSeq2SeqLM
+    hf = Auto.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == cls
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    src = torch.tensor([ids(SOURCES[0]) + [EOS_ID], ids(SOURCES[2])[:4] + [EOS_ID]])
+    tgt = torch.tensor([[BOS_ID] + ids(TARGETS[1]), [BOS_ID] + ids(TARGETS[0]) + [EOS_ID]])
+    with torch.no_grad():
+        if lm:
+            assert tok(SOURCES[0]).input_ids == ids(SOURCES[0])
+            ours, theirs = model(src), hf(input_ids=src).logits
+        else:
+            assert tok(SOURCES[0]).input_ids == ids(SOURCES[0]) + [EOS_ID]  # the source, as tfcli feeds it
+            ours = model(src, tgt)
+            theirs = hf(input_ids=src, decoder_input_ids=tgt).logits
+    assert float((ours - theirs).abs().max()) < 1e-4
+    # and back: the same weights, bit for bit, and the same config
+    import_model(tmp_path / "hf", tmp_path / "back")
+    back, meta = checkpoint.load(tmp_path / "back")
+    assert back.cfg == model.cfg
+    a, b = model.state_dict(), back.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert checkpoint.tokenizer(meta, "tgt").get_vocab() == checkpoint.tokenizer(checkpoint.read_meta(ckpt), "tgt").get_vocab()
+
+
+def _marian_like_dir(tmp_path: Path) -> tuple[Path, object, list[str]]:
+    """A Marian model as Opus-MT ships them: </s>=0, <unk>=1, <pad> last and the decoder start, an output bias."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = ["</s>", "<unk>"] + WORDS + ["<pad>"]
+    V = len(vocab)
+    cfg = transformers.MarianConfig(
+        vocab_size=V, decoder_vocab_size=V, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1, scale_embedding=True,
+    )
+    torch.manual_seed(3)
+    hf = transformers.MarianMTModel(cfg).eval()
+    with torch.no_grad():
+        hf.final_logits_bias.normal_()
+        for name, p in hf.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    d = tmp_path / "opus-like"
+    hf.save_pretrained(d)
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["</s>", "<unk>", "<pad>"])
+    tok.save(str(d / "tokenizer.json"))
+    return d, hf, vocab
+
+
+def test_import_reorders_a_foreign_vocabulary_and_keeps_the_distribution(tmp_path):
+    d, hf, vocab = _marian_like_dir(tmp_path)
+    info = import_model(d, tmp_path / "ckpt")
+    assert info["arch"] == "marian" and info["vocab"]["src"] == len(vocab) + 1  # <pad> and <s> share Marian's row
+    model, meta = checkpoint.load(tmp_path / "ckpt")
+    assert model.cfg.output_bias and model.cfg.norm == "post"
+    tok = checkpoint.tokenizer(meta, "src")
+    src_words, tgt_words = "w1 w2 w3", "w7 w8"
+    ours_src = [tok.token_to_id(w) for w in src_words.split()] + [EOS_ID]
+    ours_tgt = [BOS_ID] + [tok.token_to_id(w) for w in tgt_words.split()]
+    hf_src = [vocab.index(w) for w in src_words.split()] + [0]
+    hf_tgt = [len(vocab) - 1] + [vocab.index(w) for w in tgt_words.split()]
+    with torch.no_grad():
+        ours = model(torch.tensor([ours_src]), torch.tensor([ours_tgt])).log_softmax(-1)[0]
+        theirs = hf(input_ids=torch.tensor([hf_src]), decoder_input_ids=torch.tensor([hf_tgt])).logits.log_softmax(-1)[0]
+    for word in WORDS + ["</s>"]:  # every token the model has, at its new id
+        assert torch.allclose(ours[:, tok.token_to_id(word)], theirs[:, vocab.index(word)], atol=1e-4)
+    assert float(ours[:, BOS_ID].max()) < -1e6  # the second copy of Marian's <pad> row is never predicted
+
+
+def test_import_a_gpt2_with_only_endoftext(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = WORDS + ["<|endoftext|>"]
+    cfg = transformers.GPT2Config(vocab_size=len(vocab), n_positions=32, n_embd=16, n_layer=2, n_head=4,
+                                  bos_token_id=len(vocab) - 1, eos_token_id=len(vocab) - 1)
+    torch.manual_seed(4)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    d = tmp_path / "gpt2-like"
+    hf.save_pretrained(d)
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(vocab)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.BPEDecoder()
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(d / "tokenizer.json"))
+    import_model(d, tmp_path / "ckpt")
+    model, meta = checkpoint.load(tmp_path / "ckpt")
+    assert model.cfg.activation == "gelu_tanh" and model.cfg.kind == "lm"  # GPT-2's gelu_new
+    tok = checkpoint.tokenizer(meta, "tgt")
+    text = "w3 w4 w5"
+    with torch.no_grad():
+        ours = model(torch.tensor([[EOS_ID] + [tok.token_to_id(w) for w in text.split()]])).log_softmax(-1)[0]
+        theirs = hf(input_ids=torch.tensor([[len(vocab) - 1] + [vocab.index(w) for w in text.split()]])).logits
+        theirs = theirs.log_softmax(-1)[0]
+    assert torch.allclose(ours[:, EOS_ID], theirs[:, len(vocab) - 1], atol=1e-4)  # <|endoftext|> is tfcli's </s>
+    for w in WORDS:
+        assert torch.allclose(ours[:, tok.token_to_id(w)], theirs[:, vocab.index(w)], atol=1e-4)
+
+
+# --- refusals: one line, exit 1, nothing written ----------------------------------------------------------------
+
+
+def tfcli(*args):
+    return subprocess.run([sys.executable, "-m", "tfcli", *map(str, args)], capture_output=True, text=True)
+
+
+def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
+    pytest.importorskip("transformers")
+    ckpt = save(tmp_path, random_model("lm", positions="rope"))
+    seq = save(tmp_path, random_model(positions="learned"), "seq")
+    cases = [
+        (("export", ckpt, "--to", "onnx", "-o", tmp_path / "out"), "--to onnx: unknown target"),
+        (("export", ckpt, "--to", "hf", "-o", tmp_path / "out"), "model.positions rope is not supported"),
+        (("export", seq, "--to", "hf", "-o", tmp_path / "out"), "model.positions learned is not supported"),
+        (("export", ckpt, "--to", "hf", "--quantization", "int8", "-o", tmp_path / "out"), "ctranslate2 only"),
+        (("export", tmp_path / "words.json", "--to", "hf", "-o", tmp_path / "out"), "not a tfcli checkpoint"),
+        (("export", ckpt, "--to", "ctranslate2", "-o", tmp_path), "already exists"),
+        (("import", tmp_path / "nothing", "-o", tmp_path / "out"), "no such directory"),
+        (("import", ckpt, "-o", tmp_path / "out"), "model_type 'None' cannot be imported"),
+    ]
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "m2m_100"}')
+    cases.append((("import", tmp_path / "bert", "-o", tmp_path / "out"), "m2m_100' cannot be imported (its sinusoidal"))
+    (tmp_path / "pickled").mkdir()
+    (tmp_path / "pickled" / "config.json").write_text('{"model_type": "gpt2", "n_embd": 8, "n_head": 2, "n_layer": 1, '
+                                                      '"n_positions": 8, "vocab_size": 10}')
+    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    cases.append((("import", tmp_path / "pickled", "-o", tmp_path / "out"), "pytorch_model.bin is a pickle"))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for args, message in cases:
+        r = tfcli(*args)
+        assert r.returncode == 1, (args, r.stderr)
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, no temp directory left behind
+
+
+def test_export_refuses_a_checkpoint_without_its_tokenizer(tmp_path):
+    ckpt = save(tmp_path, random_model())
+    (ckpt / "tokenizer.tgt.json").unlink()
+    with pytest.raises(TfcliError, match="tokenizer"):
+        export(ckpt, "ctranslate2", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# --- fine-tuning ----------------------------------------------------------------------------------------------
+
+
+def test_init_from_starts_from_the_checkpoints_weights_with_a_fresh_schedule(tmp_path):
+    from tfcli.train.trainer import Trainer, train
+
+    data = make_parallel_prepared(tmp_path / "prep")
+    first = tiny_train_config(data, tmp_path / "first", max_steps=6, valid_every=6, valid_bleu=False)
+    train(first)
+    start, _ = checkpoint.load(tmp_path / "first")
+    tuned = tiny_train_config(data, tmp_path / "tuned", max_steps=4, valid_every=4, valid_bleu=False,
+                              init_from=str(tmp_path / "first"), arch="small")  # the architecture is the checkpoint's
+    trainer = Trainer(tuned, {"dropout": 0.2})
+    try:
+        assert trainer.step == 0 and not trainer.optimizer.state  # fresh optimizer and schedule
+        assert trainer.model_cfg == dataclasses.replace(start.cfg, dropout=0.2)
+        a, b = start.state_dict(), trainer.raw.state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    finally:
+        trainer.close()
+    with pytest.raises(ConfigError, match="model.d_model comes from the checkpoint"):
+        Trainer(dataclasses.replace(tuned, out=str(tmp_path / "x")), {"d_model": 64})
+    other = make_parallel_prepared(tmp_path / "other", n_words=25)  # another vocabulary
+    with pytest.raises(ConfigError, match="--tokenizer-from"):
+        Trainer(dataclasses.replace(tuned, data=str(other), out=str(tmp_path / "y")))
+    mono = make_mono_prepared(tmp_path / "mono")
+    with pytest.raises(ConfigError, match="cannot train on mono data"):
+        Trainer(dataclasses.replace(tuned, data=str(mono), out=str(tmp_path / "z")))

@@ -1,0 +1,146 @@
+"""tfcli -> CTranslate2, through CTranslate2's own model specs (`specs.TransformerSpec`,
+`specs.TransformerDecoderModelSpec`) and its `converters.Converter` (validation, quantisation, saving).
+
+Every tfcli configuration maps onto the spec: pre-/post-norm (`pre_norm`), sinusoidal or learned positions (the
+table is written into the model, so tfcli's interleaved sin/cos layout is kept as it is), RoPE for language models
+(`rotary_dim=0`, halves rotated: `rotary_interleave=False`), ReLU/GELU, scaled or unscaled embeddings, shared or
+separate embeddings, tied or separate output projection, with or without biases.
+
+CTranslate2 reads token strings: the vocabularies are the tokenizers' tokens in id order, and the tokenizer files
+are copied beside the model. A source gets </s> appended by CTranslate2 (`add_source_eos`), as tfcli does; the
+decoder starts from <s>; a language model's text starts after </s>, as in tfcli's training streams.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tfcli.errors import TfcliError
+from tfcli.model import ModelConfig
+from tfcli.model.positional import sinusoidal_table
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
+SINUSOIDAL_ROWS = 1024  # rows of the position table written for sinusoidal models (CTranslate2 needs a fixed table)
+
+
+def _ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise TfcliError("--to ctranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
+    return ctranslate2
+
+
+def vocabulary(tok) -> list[str]:
+    """The tokenizer's tokens in id order."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    tokens = [""] * len(vocab)
+    for token, i in vocab.items():
+        tokens[i] = token
+    return tokens
+
+
+def _np(t: torch.Tensor):
+    return t.detach().to(torch.float32).cpu().contiguous().numpy()
+
+
+def _linear(spec, linear: torch.nn.Linear) -> None:
+    spec.weight = _np(linear.weight)
+    if linear.bias is not None:
+        spec.bias = _np(linear.bias)
+
+
+def _norm(spec, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
+
+
+def _positions(spec, embed, cfg: ModelConfig) -> None:
+    spec.scale_embeddings = cfg.scale_embedding
+    if cfg.positions == "sinusoidal":
+        spec.position_encodings.encodings = _np(sinusoidal_table(max(cfg.max_len, SINUSOIDAL_ROWS), cfg.d_model))
+    elif cfg.positions == "learned":
+        spec.position_encodings.encodings = _np(embed.pos.emb.weight)
+
+
+def _ffn(spec, layer) -> None:
+    _norm(spec.layer_norm, layer.res_ffn.norm)
+    _linear(spec.linear_0, layer.ffn.w1)
+    _linear(spec.linear_1, layer.ffn.w2)
+
+
+def _self_attention(spec, attn, norm) -> None:
+    _linear(spec.linear[0], attn.qkv_proj)  # q, k, v stacked, as CTranslate2 fuses them
+    _linear(spec.linear[1], attn.out_proj)
+    _norm(spec.layer_norm, norm)
+
+
+def _decoder(spec, decoder, lm_head, cross: bool) -> None:
+    spec.embeddings.weight = _np(decoder.embed.tok.weight)
+    _linear(spec.projection, lm_head)
+    if hasattr(spec, "layer_norm"):
+        _norm(spec.layer_norm, decoder.norm)
+    for s, layer in zip(spec.layer, decoder.layers):
+        _self_attention(s.self_attention, layer.self_attn, layer.res_self.norm)
+        if cross:
+            c = layer.cross_attn
+            _linear(s.attention.linear[0], c.q_proj)
+            _linear(s.attention.linear[1], c.kv_proj)  # k, v stacked
+            _linear(s.attention.linear[2], c.out_proj)
+            _norm(s.attention.layer_norm, layer.res_cross.norm)
+        _ffn(s.ffn, layer)
+
+
+def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
+    """The CTranslate2 spec holding `model`'s weights (float32; the converter quantises)."""
+    _ctranslate2()  # a clear error where it is missing
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                  "gelu_tanh": common_spec.Activation.GELUTanh}[cfg.activation]
+    pre = cfg.norm == "pre"
+    with torch.no_grad():
+        if cfg.kind == "seq2seq":
+            spec = transformer_spec.TransformerSpec.from_config(
+                (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_head, pre_norm=pre, activation=activation
+            )
+            enc = model.encoder
+            spec.encoder.embeddings[0].weight = _np(enc.embed.tok.weight)
+            _positions(spec.encoder, enc.embed, cfg)
+            if pre:
+                _norm(spec.encoder.layer_norm, enc.norm)
+            for s, layer in zip(spec.encoder.layer, enc.layers):
+                _self_attention(s.self_attention, layer.self_attn, layer.res_attn.norm)
+                _ffn(s.ffn, layer)
+            _positions(spec.decoder, model.decoder.embed, cfg)
+            _decoder(spec.decoder, model.decoder, model.lm_head, cross=True)
+            spec.config.add_source_eos = True  # tfcli's sources end with </s>
+            spec.config.decoder_start_token = "<s>"
+            spec.register_source_vocabulary(vocabulary(src_tok))
+            spec.register_target_vocabulary(vocabulary(tgt_tok))
+        else:
+            rope = cfg.positions == "rope"
+            spec = transformer_spec.TransformerDecoderModelSpec.from_config(
+                cfg.n_decoder_layers, cfg.n_head, pre_norm=pre, activation=activation, no_final_norm=not pre,
+                rotary_dim=0 if rope else None, rotary_interleave=False,
+            )
+            if not rope:
+                _positions(spec.decoder, model.decoder.embed, cfg)
+            else:
+                spec.decoder.scale_embeddings = cfg.scale_embedding
+            _decoder(spec.decoder, model.decoder, model.lm_head, cross=False)
+            spec.register_vocabulary(vocabulary(tgt_tok))
+    spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
+    return spec
+
+
+def convert(model, cfg: ModelConfig, src_tok, tgt_tok, out_dir: str, quantization: str | None) -> None:
+    """Validate, quantise and save the spec into `out_dir` (which the caller renames into place)."""
+    ct2 = _ctranslate2()
+    spec = build_spec(model, cfg, src_tok, tgt_tok)
+
+    class _Converter(ct2.converters.Converter):
+        def _load(self):
+            return spec
+
+    _Converter().convert(out_dir, quantization=quantization, force=True)

@@ -1,0 +1,52 @@
+"""`tfcli export`: a checkpoint -> a CTranslate2 or Hugging Face model directory, written whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import tfcli
+from tfcli import checkpoint
+from tfcli.errors import TfcliError
+from tfcli.interop import ct2, hf
+from tfcli.io import atomic_dir
+
+TARGETS = ("ctranslate2", "hf")
+
+
+def export(path: str | Path, to: str, out: str | Path, quantization: str | None = None) -> dict:
+    """Export the checkpoint (or run directory) at `path` to `out`; returns a summary for the CLI to print.
+    Everything that can be refused (target, quantisation, options the target cannot express, a missing package or
+    tokenizer, an existing `out`) is refused before anything is written."""
+    if to not in TARGETS:
+        raise TfcliError(f"--to {to}: unknown target; choose from {', '.join(TARGETS)}")
+    if quantization is not None and to != "ctranslate2":
+        raise TfcliError("--quantization applies to --to ctranslate2 only")
+    if quantization is not None and quantization not in ct2.QUANTIZATIONS:
+        raise TfcliError(f"--quantization {quantization}: choose from {', '.join(ct2.QUANTIZATIONS)}")
+    out = Path(out)
+    if out.exists():
+        raise TfcliError(f"{out}: already exists; remove it or choose another -o")
+    model, meta = checkpoint.load(path)
+    cfg = checkpoint.model_config(meta)
+    sides = ("src", "tgt") if cfg.kind == "seq2seq" else ("tgt",)
+    toks = {side: checkpoint.tokenizer(meta, side) for side in sides}  # checked against the model
+    files = {side: checkpoint.tokenizer_path(meta, side) for side in sides}
+    if to == "hf":
+        arch = hf.hf_arch(cfg)
+        hf._transformers()
+    else:
+        arch = "TransformerSpec" if cfg.kind == "seq2seq" else "TransformerDecoderModelSpec"
+        ct2._ctranslate2()
+    with atomic_dir(out) as tmp:
+        if to == "ctranslate2":
+            ct2.convert(model, cfg, toks.get("src"), toks["tgt"], str(tmp), quantization)
+            for side, f in files.items():
+                shutil.copyfile(f, tmp / f"tokenizer.{side}.json")
+        else:
+            arch = hf.save_hf(model, cfg, files, tmp)
+        info = {"exported_by": f"tfcli {tfcli.__version__}", "from": meta["dir"], "to": to, "class": arch,
+                "quantization": quantization, "kind": cfg.kind}
+        (tmp / "tfcli_export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return {**info, "out": str(out)}
