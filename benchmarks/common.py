@@ -110,3 +110,26 @@ def _serve(conn, factory, args, threads: int) -> None:
             conn.send((True, (time.perf_counter() - start, out)))
         except Exception:
             conn.send((False, traceback.format_exc()))
+
+
+def export_peers(model, vocab: list[str], directory: Path) -> tuple[Path, Path]:
+    """The tfcli `model` saved as a checkpoint (a word-level tokenizer over `vocab`, ids in order) and exported with
+    `tfcli export` (tfcli.interop) to a transformers model (directory/hf) and a CTranslate2 float32 model
+    (directory/ct2): the peers run exactly what a user's export gives them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tfcli import checkpoint
+    from tfcli.config import to_dict
+    from tfcli.interop.export import export
+
+    directory = Path(directory)
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(vocab[:4])
+    tok.save(str(directory / "words.json"))
+    sides = ("src", "tgt") if model.cfg.kind == "seq2seq" else ("tgt",)
+    ckpt = checkpoint.save(directory / "ckpt", model, {"model": to_dict(model.cfg)},
+                           {side: directory / "words.json" for side in sides})
+    export(ckpt, "hf", directory / "hf")
+    export(ckpt, "ctranslate2", directory / "ct2")
+    return directory / "hf", directory / "ct2"

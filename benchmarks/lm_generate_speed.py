@@ -4,10 +4,9 @@
 
 A randomly initialised tfcli decoder-only LM shaped like a preset (default `baby-gpt`: 6 layers, d_model 384,
 6 heads, FFN 1536, learned positions up to 256, pre-norm, exact-erf GELU, output tied to the token embedding, no
-embedding scaling; vocabulary --vocab) is copied weight for weight into a `transformers.GPT2LMHeadModel` (the same
-network: GPT-2's Conv1D weights are nn.Linear's transposed, c_attn is tfcli's fused qkv, activation "gelu" is the
-exact GELU), which CTranslate2's own converter turns into a float32 model. The copies are checked: max |logit
-difference| against tfcli, HF and CT2 both, must stay below 1e-3 (recorded).
+embedding scaling; vocabulary --vocab) is exported with `tfcli export` (tfcli/interop) to a
+`transformers.GPT2LMHeadModel` and a CTranslate2 float32 model, as a user's export is. The exports are checked:
+max |logit difference| against tfcli, HF and CT2 both, must stay below 1e-3 (recorded).
 
 All three continue the same prompts (--prompt-len tokens, starting with </s> as `tfcli lm-generate` prompts do, equal
 lengths so there is no padding) for a FORCED number of new tokens N (--new-tokens), so they do the same work:
@@ -51,7 +50,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import Isolated, cpu_name, tfcli_for_inference, write_results  # noqa: E402
+from common import Isolated, cpu_name, export_peers, tfcli_for_inference, write_results  # noqa: E402
 from tfcli.generate.config import GenerateConfig  # noqa: E402
 from tfcli.generate.lm import START_ID, generate_ids  # noqa: E402
 from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, count_parameters, preset  # noqa: E402
@@ -60,64 +59,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 SUPPRESSED = [PAD_ID, BOS_ID]  # tfcli's sampler never picks these (tfcli/generate/sampling.py)
 
 
-# --- tfcli <-> GPT-2 -------------------------------------------------------------------------------------------
-
-
-def to_gpt2(model):
-    """A GPT2LMHeadModel computing the same function as the tfcli decoder-only `model` (see the module docstring)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = model.cfg
-    assert (cfg.kind, cfg.norm, cfg.activation, cfg.positions) == ("lm", "pre", "gelu", "learned"), cfg
-    assert cfg.tie_output and cfg.bias and not cfg.scale_embedding, cfg
-    gcfg = GPT2Config(
-        vocab_size=cfg.tgt_vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model, n_layer=cfg.n_decoder_layers,
-        n_head=cfg.n_head, n_inner=cfg.d_ff, activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, layer_norm_epsilon=cfg.layer_norm_eps, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID, tie_word_embeddings=True,
-    )
-    gpt2 = GPT2LMHeadModel(gcfg).eval()
-    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    out = {"transformer.wte.weight": sd["decoder.embed.tok.weight"],
-           "transformer.wpe.weight": sd["decoder.embed.pos.emb.weight"]}
-
-    def copy(dst, src, linear=False):  # Conv1D keeps its weight as (in, out): nn.Linear's transposed
-        w = sd[f"{src}.weight"]
-        out[f"{dst}.weight"], out[f"{dst}.bias"] = (w.t().contiguous() if linear else w), sd[f"{src}.bias"]
-
-    for i in range(cfg.n_decoder_layers):
-        g, t = f"transformer.h.{i}", f"decoder.layers.{i}"
-        copy(f"{g}.ln_1", f"{t}.res_self.norm")
-        copy(f"{g}.attn.c_attn", f"{t}.self_attn.qkv_proj", linear=True)  # both split the output as q, k, v
-        copy(f"{g}.attn.c_proj", f"{t}.self_attn.out_proj", linear=True)
-        copy(f"{g}.ln_2", f"{t}.res_ffn.norm")
-        copy(f"{g}.mlp.c_fc", f"{t}.ffn.w1", linear=True)
-        copy(f"{g}.mlp.c_proj", f"{t}.ffn.w2", linear=True)
-    copy("transformer.ln_f", "decoder.norm")
-    missing, unexpected = gpt2.load_state_dict(out, strict=False)
-    left = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]  # tied / a fixed mask
-    assert not left and not unexpected, (left, unexpected)
-    gpt2.tie_weights()
-    assert gpt2.lm_head.weight.data_ptr() == gpt2.transformer.wte.weight.data_ptr()
-    return gpt2
-
-
-def save_for_ct2(gpt2, vocab: list[str], directory: Path) -> Path:
-    """Save the GPT-2 copy with a word-level fast tokenizer (CT2 reads the vocabulary and the special tokens from it)
-    and convert it with CTranslate2's converter, float32."""
-    import ctranslate2
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    hf_dir, ct2_dir = directory / "hf", directory / "ct2"
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
-    gpt2.save_pretrained(hf_dir)
-    fast.save_pretrained(hf_dir)
-    ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(ct2_dir), quantization="float32", force=True)
-    return ct2_dir
+# --- the same function -----------------------------------------------------------------------------------------
 
 
 def check_same_function(model, gpt2, ct2_generator, n=4, length=20) -> dict:
@@ -331,8 +273,10 @@ def benchmark(args, tmp: Path) -> dict:
     if args.prompt_len + args.new_tokens > cfg.max_len:
         sys.exit(f"--prompt-len + --new-tokens must fit the model's max_len ({cfg.max_len})")
     vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(len(SPECIAL_TOKENS), args.vocab)]
-    gpt2 = to_gpt2(model)
-    ct2_dir = save_for_ct2(gpt2, vocab, tmp)
+    hf_dir, ct2_dir = export_peers(model, vocab, tmp)
+    from transformers import AutoModelForCausalLM
+
+    gpt2 = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     diff = check_same_function(model, gpt2, CT2Runner(ct2_dir, vocab, args.threads).generator)
     memory = measure_memory(args, tmp, model, overrides, vocab)  # also saves what make_runner reads
     # each system in a process of its own, one at a time (benchmarks/common.py, Isolated, says why)

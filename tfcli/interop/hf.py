@@ -253,7 +253,7 @@ def hf_config(cfg: ModelConfig, arch: str):
         decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_head, decoder_attention_heads=cfg.n_head,
         encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=act, dropout=cfg.dropout,
         attention_dropout=cfg.attn_dropout, activation_dropout=0.0, max_position_embeddings=max(cfg.max_len, 1024),
-        scale_embedding=cfg.scale_embedding, decoder_start_token_id=BOS_ID, forced_eos_token_id=EOS_ID, **common,
+        scale_embedding=cfg.scale_embedding, decoder_start_token_id=BOS_ID, forced_eos_token_id=None, **common,
     )
     if arch == "marian":
         return tr.MarianConfig(decoder_vocab_size=cfg.tgt_vocab_size,
@@ -303,6 +303,8 @@ def save_hf(model, cfg: ModelConfig, tokenizers: dict[str, Path], out_dir: Path)
     tr = _transformers()
     hf = to_hf_model(model, cfg)
     hf.config.tfcli_model = to_dict(cfg)  # so that `tfcli import` restores this config exactly (extra key: ignored)
+    hf.generation_config.suppress_tokens = [PAD_ID, BOS_ID]  # never output, as in tfcli's decoders
+    hf.generation_config.forced_eos_token_id = None
     hf.save_pretrained(out_dir)
     seq2seq = cfg.kind == "seq2seq"
     main = tokenizers["src" if seq2seq else "tgt"]
