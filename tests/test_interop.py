@@ -327,3 +327,39 @@ def test_init_from_starts_from_the_checkpoints_weights_with_a_fresh_schedule(tmp
     mono = make_mono_prepared(tmp_path / "mono")
     with pytest.raises(ConfigError, match="cannot train on mono data"):
         Trainer(dataclasses.replace(tuned, data=str(mono), out=str(tmp_path / "z")))
+
+
+def test_import_converts_marian_sentencepiece_vocabularies_as_marian_tokenizes(tmp_path):
+    """An Opus-MT-style directory without tokenizer.json: source.spm/target.spm (SentencePiece unigram models) and
+    vocab.json. tfcli's converted tokenizer must cut texts into the ids MarianTokenizer gives."""
+    spm = pytest.importorskip("sentencepiece")
+    transformers = pytest.importorskip("transformers")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"ein Hund läuft über die Wiese Nummer {i} und {i * 7} Katzen schauen zu.\n"
+                              f"a dog runs across meadow number {i} while {i * 3} cats watch.\n" for i in range(300)))
+    d = tmp_path / "opus-spm"
+    d.mkdir()
+    for side in ("source", "target"):
+        spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / side), vocab_size=120,
+                                       model_type="unigram", character_coverage=1.0, minloglevel=2)
+        (tmp_path / f"{side}.model").rename(d / f"{side}.spm")
+    pieces = ["</s>", "<unk>"]
+    for side in ("source", "target"):
+        sp = spm.SentencePieceProcessor(model_file=str(d / f"{side}.spm"))
+        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+    vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces + ["<pad>"]))}
+    (d / "vocab.json").write_text(json.dumps(vocab))
+    V = len(vocab)
+    cfg = transformers.MarianConfig(vocab_size=V, decoder_vocab_size=V, d_model=16, encoder_layers=1, decoder_layers=1,
+                                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
+                                    decoder_ffn_dim=16, pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1)
+    transformers.MarianMTModel(cfg).save_pretrained(d)
+    import_model(d, tmp_path / "ckpt")
+    meta = checkpoint.read_meta(tmp_path / "ckpt")
+    theirs = transformers.MarianTokenizer(str(d / "source.spm"), str(d / "target.spm"), str(d / "vocab.json"))
+    tok = checkpoint.tokenizer(meta, "src")
+    new_id = {h: i for i, h in enumerate([V - 1, V - 1, 0, 1] + [i for i in range(V) if i not in (V - 1, 0, 1)])}
+    texts = ["ein Hund läuft über die Wiese", "  a dog   runs  ", "Nummer 123 und 4567 Katzen!", "ﬁne ＡＢＣ qué ™"]
+    for text in texts:
+        want = [new_id[i] for i in theirs(text).input_ids[:-1]]  # MarianTokenizer appends </s>; tfcli's batching does
+        assert tok.encode(text, add_special_tokens=False).ids == want, text

@@ -397,17 +397,29 @@ def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def _tokenizer_files(hf_dir: Path) -> tuple[Path, Path]:
-    """(source, target) tokenizer.json files: tokenizer.json for both, or target_tokenizer.json for the target
-    where tfcli's export wrote one."""
+def _tokenizers(hf_dir: Path) -> tuple[tuple[Path, dict], tuple[Path, dict]]:
+    """((path, tokenizer.json data) of the source, of the target): tokenizer.json for both (and
+    target_tokenizer.json for the target where tfcli's export wrote one), else Marian's source.spm/target.spm with
+    vocab.json, converted (tfcli/interop/spm.py)."""
+    def read(path: Path) -> dict:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise TfcliError(f"{path}: unreadable tokenizer ({e})") from None
+
     src = hf_dir / "tokenizer.json"
-    if not src.is_file():
-        spm = [p.name for p in hf_dir.glob("*.spm")] + [p.name for p in hf_dir.glob("*.model")]
-        hint = (f" (found {', '.join(spm)}: SentencePiece models are not converted; save the tokenizer as a fast "
-                "tokenizer first, e.g. AutoTokenizer.from_pretrained(dir).save_pretrained(dir))") if spm else ""
-        raise TfcliError(f"{hf_dir}: no tokenizer.json{hint}")
-    tgt = hf_dir / "target_tokenizer.json"
-    return src, tgt if tgt.is_file() else src
+    if src.is_file():
+        tgt = hf_dir / "target_tokenizer.json"
+        tgt = tgt if tgt.is_file() else src
+        return (src, read(src)), (tgt, read(tgt))
+    spm_src, spm_tgt, vocab = hf_dir / "source.spm", hf_dir / "target.spm", hf_dir / "vocab.json"
+    if spm_src.is_file() and vocab.is_file():
+        from tfcli.interop.spm import marian_tokenizer
+
+        pieces = read(vocab)
+        spm_tgt = spm_tgt if spm_tgt.is_file() else spm_src
+        return (spm_src, marian_tokenizer(spm_src, pieces)), (spm_tgt, marian_tokenizer(spm_tgt, pieces))
+    raise TfcliError(f"{hf_dir}: no tokenizer.json (nor Marian's source.spm and vocab.json)")
 
 
 # special role -> the HF config key naming its id (the decoder start is tfcli's <s>)
@@ -515,14 +527,10 @@ def import_model(hf_dir: str | Path, out: str | Path) -> dict:
     cfg_in = dataclasses.replace(cfg, bias=True)
     weights = _read_weights(hf_dir)
     state = from_hf_state(weights, cfg_in, arch) if arch == "gpt2" else _seq2seq_state(weights, cfg_in, arch)
-    src_file, tgt_file = _tokenizer_files(hf_dir)
-    sides = {"tgt": tgt_file} if cfg.kind == "lm" else {"src": src_file, "tgt": tgt_file}
+    src, tgt = _tokenizers(hf_dir)
+    sides = {"tgt": tgt} if cfg.kind == "lm" else {"src": src, "tgt": tgt}
     toks, orders = {}, {}
-    for side, path in sides.items():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise TfcliError(f"{path}: unreadable tokenizer ({e})") from None
+    for side, (path, data) in sides.items():
         toks[side], orders[side] = reorder_vocabulary(data, _special_ids(config, data, arch), path)
     if cfg.kind == "seq2seq" and cfg.share_embeddings and orders["src"] != orders["tgt"]:
         raise TfcliError(f"{hf_dir}: shared embeddings, but the source and target tokenizers number tokens differently")
