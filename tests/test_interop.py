@@ -363,3 +363,19 @@ def test_import_converts_marian_sentencepiece_vocabularies_as_marian_tokenizes(t
     for text in texts:
         want = [new_id[i] for i in theirs(text).input_ids[:-1]]  # MarianTokenizer appends </s>; tfcli's batching does
         assert tok.encode(text, add_special_tokens=False).ids == want, text
+
+
+def test_imported_models_run_in_translate_and_hub_names_download(tmp_path, monkeypatch):
+    d, _, _ = _marian_like_dir(tmp_path)
+    r = tfcli("import", d, "-o", tmp_path / "ckpt")
+    assert r.returncode == 0 and "marian -> tfcli seq2seq" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "tfcli", "translate", "-m", str(tmp_path / "ckpt"), "--greedy"],
+                       input="w1 w2 w3\nw4\n", capture_output=True, text=True)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 2, r.stderr
+    attention = tfcli("attention", "-m", tmp_path / "ckpt", "w1 w2 w3", "-o", tmp_path / "att")
+    assert attention.returncode == 0, attention.stderr
+    # a hub name goes through huggingface_hub (no network here: the download is stood in for)
+    hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(hub, "snapshot_download", lambda name, allow_patterns: str(d))
+    info = import_model("Helsinki-NLP/opus-mt-xx-yy", tmp_path / "from-hub")
+    assert info["arch"] == "marian"
