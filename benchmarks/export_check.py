@@ -6,7 +6,8 @@ For each checkpoint (trained de->en models: the recipes give pre-norm ones; a po
 `--set model.norm=post`), on the 1,000 German sentences of test2016:
   - CTranslate2, float32: `tfcli export --to ctranslate2`; the share of sentences whose 1-best is the same as
     `tfcli translate`'s, with beam 5 and greedy (alpha 0 in both: they define the length penalty differently, and
-    both rank by summed log-probability without it; at most 1.2 x source + 10 tokens, as tfcli's default);
+    both rank by summed log-probability without it; at most MAX_LEN output tokens in both, since CTranslate2 has
+    one length limit per batch where tfcli has one per sentence (1.2 x source + 10 by default));
   - transformers: `tfcli export --to hf`; the largest |logit| difference from tfcli over the test sentences,
     teacher-forced with tfcli's greedy translations, in batches of 50;
   - import(export): `tfcli import` of that directory gives back every weight bit for bit;
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from common import Isolated, cpu_name, write_results  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-MAX_LEN_A, MAX_LEN_B = 1.2, 10
+MAX_LEN = 100  # output tokens at most, in both systems (CTranslate2 has one limit per batch, not per sentence)
 
 
 class TfcliSystem:
@@ -46,7 +47,8 @@ class TfcliSystem:
         self.translator = load(ckpt)
 
     def run(self, lines: list[str], beam: int, batch: int) -> list[str]:
-        return self.translator.translate(lines, beam_size=beam, len_penalty=0.0, batch_size=batch)
+        return self.translator.translate(lines, beam_size=beam, len_penalty=0.0, batch_size=batch, max_len_a=0.0,
+                                         max_len_b=MAX_LEN)
 
 
 class CT2System:
@@ -68,10 +70,8 @@ class CT2System:
         out = []
         for i in range(0, len(lines), batch):
             part = [e.tokens for e in encodings[i : i + batch]]
-            longest = max(len(p) for p in part) + 1  # with </s>, as tfcli counts the source
             res = self.translator.translate_batch(
-                part, beam_size=beam, length_penalty=0.0, max_batch_size=batch,
-                max_decoding_length=int(MAX_LEN_A * longest + MAX_LEN_B),
+                part, beam_size=beam, length_penalty=0.0, max_batch_size=batch, max_decoding_length=MAX_LEN,
                 suppress_sequences=[["<pad>"], ["<s>"]],
             )
             out += decode_batch(self.tgt, [[self.tgt.token_to_id(t) for t in r.hypotheses[0]] for r in res])

@@ -77,6 +77,8 @@ def reference_beam_search(
         if step == max_len:
             finished += [Hypothesis(tokens, float(score) / lp_step, lps) for tokens, score, lps in beams]
             break
-        if len(finished) >= K:
-            break
+        if len(finished) >= K:  # done unless the best live beam, ending at the next step, would beat the nbest-th
+            nth = sorted((h.score for h in finished), reverse=True)[nbest - 1]
+            if nth >= float(beams[0][1]) / length_penalty(step + 1, len_penalty):
+                break
     return sorted(finished, key=lambda h: -h.score)[:nbest]

@@ -133,12 +133,13 @@ def beam_search(
     Each step expands every live beam by the whole vocabulary and keeps the 2K best (beam, token) pairs by summed
     log-prob (each beam's 2K best tokens, then one topk over the K x 2K pairs). Pairs ending in </s> among the first
     K become finished hypotheses, scored sum(log p) / lp(|Y|) (GNMT); the K best others go on. A sentence is done
-    once it has K finished hypotheses (the live beams are then no better by summed log-prob) or reaches its max
-    length (its live beams finish too); it then leaves the batch. It also leaves as soon as its `nbest` best
-    finished hypotheses cannot be beaten: a live beam's summed log-prob only falls and lp(|Y|) is at most
-    lp(max_len + 1), so no live beam can finish above best_live_sum / lp(max_len + 1). That changes no output
-    (the n-best are the same as with the K-finished rule alone) and saves the steps after the answer is settled;
-    with alpha = 0 it stops as soon as the best beam ends.
+    when it reaches its max length (its live beams finish too), or once it has K finished hypotheses and its
+    `nbest`-th best is at least what the best live beam would score if it ended at the next step,
+    best_live_sum / lp(step + 1) (Hugging Face's default rule; with alpha = 0 it is exact, since a live beam's
+    summed log-prob only falls; fairseq's "K finished" alone can stop while a live beam is better, so that a larger
+    beam returned a worse translation). It then leaves the batch. It also leaves as soon as its `nbest` best
+    finished hypotheses cannot be beaten at all: lp(|Y|) is at most lp(max_len + 1), so no live beam can finish
+    above best_live_sum / lp(max_len + 1). That changes no output and saves the steps after the answer is settled.
     Rows are sentence-major: row s * k + j is beam j of live sentence s. The first step runs one row per sentence.
     """
     K = beam_size
@@ -157,6 +158,7 @@ def beam_search(
     # finished hypothesis so far (-inf while it has fewer)
     lp_max = length_penalty(max_len.float() + 1, len_penalty)
     floor = torch.full((B,), float("-inf"), device=device)
+    full = torch.zeros(B, dtype=torch.bool, device=device)  # has K finished hypotheses
     k = 1  # beams per live sentence: 1 at the first step, K after
     scores = torch.zeros(B, 1, device=device)  # summed log-probs of the live beams, (n, k)
     tokens = torch.empty(B, 0, dtype=torch.long, device=device)  # (n * k, step - 1)
@@ -185,7 +187,9 @@ def beam_search(
 
         at_max = alive_max <= step
         bound = next_scores[:, 0] / lp_max  # no live beam can finish with a better score
-        settled = floor >= bound
+        next_end = next_scores[:, 0] / length_penalty(step + 1, len_penalty)  # the best live beam, ending next
+        settled = floor >= bound if len_penalty >= 0 else torch.zeros_like(full)  # (alpha < 0: lp falls, no bound)
+        settled |= full & (floor >= next_end)
         ending = is_eos[:, :K].any(1) | at_max | settled
         done = []
         if bool(ending.any()):
@@ -195,13 +199,13 @@ def beam_search(
                 tokens, lps if token_scores else None,
                 (is_eos, cand_row, cand_scores, cand_lp), (next_row, next_tok, next_scores, next_lp),
             )
-            if len_penalty >= 0:  # (with alpha < 0, lp falls with length and the bound does not hold)
-                for s, b in zip(ends.tolist(), bound[ends].tolist()):
-                    hyps = finished[alive[s]]
-                    if len(hyps) >= nbest:
-                        floor[s] = best = sorted(h.score for h in hyps)[-nbest]
-                        if best >= b and s not in done:
-                            done.append(s)
+            for s, b, e in zip(ends.tolist(), bound[ends].tolist(), next_end[ends].tolist()):
+                hyps = finished[alive[s]]
+                if len(hyps) >= nbest and s not in done:  # this step's hypotheses may settle it
+                    floor[s] = best = sorted(h.score for h in hyps)[-nbest]
+                    full[s] = len(hyps) >= K
+                    if (best >= b and len_penalty >= 0) or (full[s] and best >= e):
+                        done.append(s)
 
         keep = None
         if done:
@@ -213,7 +217,7 @@ def beam_search(
             keep = torch.tensor(keep_list, device=device)
             next_scores, next_row, next_tok = next_scores[keep], next_row[keep], next_tok[keep]
             next_beam = next_beam[keep]
-            alive_max, lp_max, floor = alive_max[keep], lp_max[keep], floor[keep]
+            alive_max, lp_max, floor, full = alive_max[keep], lp_max[keep], floor[keep], full[keep]
             if token_scores:
                 next_lp = next_lp[keep]
         decoder.select(keep, next_beam)
@@ -262,6 +266,6 @@ def _finish(finished, alive, ends, at_max, settled, K, lp_step, tokens, lps, can
             toks = prefix[row] + ([tok] if tok is not None else [])
             ts = prefix_lp[row] + [last_lp] if prefix_lp is not None else None
             hyps.append(Hypothesis(toks, score / lp_step, ts))
-        if stop or settle or len(hyps) >= K:
+        if stop or settle:
             done.append(s)
     return done
