@@ -252,6 +252,8 @@ def test_import_a_gpt2_with_only_endoftext(tmp_path):
     assert torch.allclose(ours[:, EOS_ID], theirs[:, len(vocab) - 1], atol=1e-4)  # <|endoftext|> is tfcli's </s>
     for w in WORDS:
         assert torch.allclose(ours[:, tok.token_to_id(w)], theirs[:, vocab.index(w)], atol=1e-4)
+    r = tfcli("lm-generate", "-m", tmp_path / "ckpt", "w3 w4", "--max-new-tokens", "5", "--seed", "1")
+    assert r.returncode == 0 and r.stdout.startswith("w3 w4"), r.stderr
 
 
 # --- refusals: one line, exit 1, nothing written ----------------------------------------------------------------
