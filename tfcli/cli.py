@@ -22,12 +22,20 @@ import tfcli
 from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, debug_enabled
 from tfcli.generate.config import GenerateConfig, TranslateConfig
 
+def _value_type(self, ctx):
+    """A flag takes no value, so its help row shows none (typer prints `<bool>`, which made users type `--json
+    true`)."""
+    return None if getattr(self, "is_flag", False) else _typer_value_type(self, ctx)
+
+
+_typer_value_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = _value_type
+
 app = typer.Typer(
     name="tfcli",
     help="A command-line Transformer toolkit: prepare corpora, train translation models and language models, "
     "translate, generate and score.\n\nThe stages chain: prepare -> train -> translate / lm-generate -> eval.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -113,7 +121,7 @@ _PAR, _ONE, _HUB, _CLEAN, _TOK = (
 
 @app.command()
 def prepare(
-    out: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR", help="Prepared directory to write."),
+    out: Optional[str] = typer.Option(None, "--out", "--output", "-o", metavar="DIR", help="Prepared directory to write."),
     config: Optional[Path] = typer.Option(
         None, "--config", "-c", metavar="FILE", help="YAML/TOML/JSON file whose `prepare:` section sets the options."
     ),
@@ -285,7 +293,7 @@ def train(
         None, metavar="DATA", show_default=False, help="Prepared directory (tfcli prepare); parallel for a "
         "translation model, monolingual for a language model."
     ),
-    out: Optional[str] = typer.Option(None, "--out", "-o", metavar="RUN", help="Run directory to write."),
+    out: Optional[str] = typer.Option(None, "--out", "--output", "-o", metavar="RUN", help="Run directory to write."),
     config: Optional[Path] = typer.Option(
         None, "--config", "-c", metavar="FILE", help="YAML/TOML file with `train:` and `model:` sections."
     ),
@@ -408,7 +416,7 @@ def average_checkpoints(
     output: Optional[Path] = typer.Option(
         None, "--output", "-o", metavar="CKPT", help="New checkpoint directory \\[default: RUN/checkpoints/avg-lastK]."
     ),
-    force: bool = typer.Option(False, "--force", help="Replace --output if it exists."),
+    force: bool = typer.Option(False, "--force", "-f", help="Replace --output if it exists."),
 ):
     """Average the weights of a run's last K checkpoints into a new checkpoint (weights only).
 
@@ -548,7 +556,7 @@ def translate(
         None, "--min-len", rich_help_panel=_DEC, help="No </s> before this many output tokens" + _default(_T.min_len)
     ),
     nbest: Optional[int] = typer.Option(
-        None, "--nbest", "-n", rich_help_panel=_FMT, help="Print the N best hypotheses per input (format below)."
+        None, "--nbest", rich_help_panel=_FMT, help="Print the N best hypotheses per input (format below)."
     ),
     scores: bool = typer.Option(
         False, "--scores", rich_help_panel=_FMT, help="Add per-token log-probs (uses the --nbest format)."
@@ -685,7 +693,7 @@ def eval_(
         help="Reference file, line-aligned with the hypotheses; repeat for several references.",
     ),
     metrics: str = typer.Option(
-        "bleu,chrf,ter", "--metrics", "-m", rich_help_panel=_TEXT, help="Comma-separated: bleu, chrf, ter."
+        "bleu,chrf,ter", "--metrics", rich_help_panel=_TEXT, help="Comma-separated: bleu, chrf, ter."
     ),
     tokenize: str = typer.Option(
         "13a", "--tokenize", rich_help_panel=_TEXT,
@@ -715,7 +723,7 @@ def eval_(
         "sacrebleu's (12345, or $SACREBLEU_SEED).",
     ),
     model: Optional[str] = typer.Option(
-        None, "--model", metavar="CKPT", rich_help_panel=_MODEL,
+        None, "--model", "-m", metavar="CKPT", rich_help_panel=_MODEL,
         help="Checkpoint (or run) directory: perplexity on --data, or BLEU etc. of its --translate output.",
     ),
     data: Optional[Path] = typer.Option(
@@ -850,16 +858,17 @@ def attention(
         None, "--input", "-i", metavar="FILE", help="Read the sentences from a file, one per line ('-' = stdin)."
     ),
     targets: Optional[List[str]] = typer.Option(
-        None, "--target", "-t", metavar="TEXT", show_default=False,
+        None, "--target", metavar="TEXT", show_default=False,
         help="Translation: the target to attend with, one per sentence (repeat) \\[default: the model's greedy "
         "translation].",
     ),
     generate: int = typer.Option(
-        0, "--generate", "-n", metavar="N", help="Language model: continue the prompt greedily by up to N tokens."
+        0, "--generate", "--max-new-tokens", "-n", metavar="N",
+        help="Language model: continue the prompt greedily by up to N tokens.",
     ),
     output: Path = typer.Option(Path("attention"), "--output", "-o", metavar="DIR", help="Directory for the pictures."),
     kinds: Optional[List[str]] = typer.Option(
-        None, "--kind", "-k", show_default=False,
+        None, "--kind", show_default=False,
         help="encoder, self or cross (repeat) \\[default: all the model has].",
     ),
     layers: Optional[str] = typer.Option(
@@ -872,7 +881,7 @@ def attention(
     """Draw a model's attention weights as heatmaps, per layer and head, with the tokens on both axes.
 
     tfcli attention -m run/ "Ein Hund ."                 greedy translation
-    tfcli attention -m run/ "Ein Hund ." -t "A dog ."    a given target
+    tfcli attention -m run/ "Ein Hund ." --target "A dog ."    a given target
     tfcli attention -m lm-run/ "To be or" -n 10          LM prompt + 10 tokens
 
     Writes DIR/sentence<i>-<kind>.png (layers x heads, plus the mean of the heads) and DIR/attention.html (pick
@@ -906,7 +915,7 @@ def plot(
         None, "--output", "-o", metavar="PNG", help="Figure to write \\[default: curves.png; none with --terminal]."
     ),
     terminal: bool = typer.Option(
-        False, "--terminal", "-t", help="Print the curves as text (first/last/best values and a sparkline)."
+        False, "--terminal", help="Print the curves as text (first/last/best values and a sparkline)."
     ),
     title: Optional[str] = typer.Option(None, "--title", help="Figure title \\[default: the run names]."),
 ):
