@@ -55,3 +55,39 @@ def test_shell_completion_is_offered():
     assert res.returncode == 0 and "_tfcli_completion" in res.stdout, res.stderr
     res = subprocess.run([str(exe), "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     assert "--install-completion" in res.stdout
+
+
+def test_resume_of_a_finished_run_says_so_and_how_to_extend_it(tmp_path, capsys):
+    from helpers import make_parallel_prepared, tiny_train_config
+    from tfcli.train.trainer import run as run_train, train
+
+    data = make_parallel_prepared(tmp_path / "prep")
+    train(tiny_train_config(data, tmp_path / "run", max_steps=4, valid_every=4, valid_bleu=False))
+    capsys.readouterr()
+    result = run_train(None, {"out": str(tmp_path / "run"), "resume": True})
+    assert result.step == 4
+    err = capsys.readouterr().err
+    assert "this run has finished (step 4, max_steps 4)" in err and "--max-steps" in err
+
+
+def test_train_and_eval_name_the_smoothed_loss_and_the_plain_nll():
+    from tfcli.train.log import format_record
+
+    line = format_record({"split": "valid", "step": 5, "loss": 2.5, "nll": 2.0, "ppl": 7.39})
+    assert "loss 2.500 | nll 2.000 | ppl 7.39" in line
+
+
+def test_attention_help_names_the_files_it_writes(tmp_path):
+    from helpers import copy_model, save_model, save_word_tokenizer
+    from typer.testing import CliRunner
+
+    tok = save_word_tokenizer(tmp_path / "w.json", [f"w{i}" for i in range(20)])
+    ckpt = save_model(tmp_path / "ck", copy_model(), tok)
+    runner = CliRunner()
+    res = runner.invoke(app, ["attention", "-m", str(ckpt), "w1 w2", "-o", str(tmp_path / "att"), "--no-html"])
+    assert res.exit_code == 0, res.output
+    written = sorted(p.name for p in (tmp_path / "att").iterdir())
+    assert written == ["sentence1-cross.png", "sentence1-decoder-self.png", "sentence1-encoder-self.png"]
+    help_text = " ".join(runner.invoke(app, ["attention", "--help"], env={"COLUMNS": "300"}).output.split())
+    for name in ("sentence<i>-encoder-self.png", "-decoder-self.png", "-cross.png", "attention.html"):
+        assert name in help_text

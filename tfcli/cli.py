@@ -884,8 +884,9 @@ def attention(
     tfcli attention -m run/ "Ein Hund ." --target "A dog ."    a given target
     tfcli attention -m lm-run/ "To be or" -n 10          LM prompt + 10 tokens
 
-    Writes DIR/sentence<i>-<kind>.png (layers x heads, plus the mean of the heads) and DIR/attention.html (pick
-    sentence, kind, layer and head; values on hover). Kinds: encoder (source x source), self (target x target,
+    Writes DIR/sentence<i>-encoder-self.png, -decoder-self.png and -cross.png (a language model: -self.png), i
+    counting from 1, each layers x heads plus the mean of the heads, and DIR/attention.html (pick sentence, kind,
+    layer and head; values on hover). Kinds: encoder (source x source), self (target x target,
     causal) and cross (target x source). The weights are the model's own, from one teacher-forced forward.
     Sentences come from the arguments, --input FILE, or stdin when it is not a terminal.
     """

@@ -94,8 +94,9 @@ class PerplexityResult:
             "kind": self.kind,
             "sequences": self.sequences,
             "tokens": self.tokens,
-            "nll": self.nll,
-            "loss": self.loss,
+            "nll": self.nll,  # total
+            "nll_per_token": self.loss,
+            "loss": self.loss,  # = nll_per_token (kept for scripts that read it)
             "ppl": self.ppl,
             "bits_per_token": self.loss / math.log(2),
             "words": self.words,
@@ -111,7 +112,8 @@ class PerplexityResult:
             f"checkpoint: {self.checkpoint} ({self.kind})",
             f"data:       {self.data} split {self.split}: {self.sequences} sequences, {self.tokens} tokens scored"
             + (f" (windows of {self.window}, stride {self.stride})" if self.kind == "lm" else ""),
-            f"loss = {self.loss:.4f} nats/token ({self.loss / math.log(2):.4f} bits)",
+            f"nll  = {self.loss:.4f} nats/token ({self.loss / math.log(2):.4f} bits; plain cross-entropy, not the "
+            "label-smoothed training loss)",
             f"ppl  = {self.ppl:.2f} per token",
         ]
         if self.words:

@@ -33,10 +33,12 @@ def _si(x: float) -> str:
 
 
 def format_record(r: dict) -> str:
-    """One human line; says which tokens a rate counts."""
+    """One human line; says which tokens a rate counts. `loss` is what training minimises (label-smoothed), `nll`
+    the plain cross-entropy that `tfcli eval` reports and ppl = exp(nll) is taken from."""
     if r["split"] == "train":
         parts = [
-            f"step {r['step']}", f"epoch {r['epoch']}", f"loss {r['loss']:.3f}", f"ppl {r['ppl']:.2f}",
+            f"step {r['step']}", f"epoch {r['epoch']}", f"loss {r['loss']:.3f}", f"nll {r['nll']:.3f}",
+            f"ppl {r['ppl']:.2f}",
             f"lr {r['lr']:.2e}", f"|g| {r['grad_norm']:.2f}", f"tgt tok/s {_si(r['tgt_tokens_per_s'])}",
         ]
         if r["src_tokens_per_s"]:
@@ -47,7 +49,7 @@ def format_record(r: dict) -> str:
         if "max_mem_gib" in r:
             parts.append(f"mem {r['max_mem_gib']:.1f} GiB")
         return " | ".join(parts)
-    parts = [f"step {r['step']}", "valid", f"loss {r['loss']:.3f}", f"ppl {r['ppl']:.2f}"]
+    parts = [f"step {r['step']}", "valid", f"loss {r['loss']:.3f}", f"nll {r['nll']:.3f}", f"ppl {r['ppl']:.2f}"]
     if r.get("bleu") is not None:
         parts.append(f"BLEU {r['bleu']:.2f}")
     if r.get("best"):

@@ -298,6 +298,10 @@ class Trainer:
         saved_step = self.step if self.resume_from is not None else -1
         with StopRequest(self.log) as stop:
             done = bool(cfg.max_steps and self.step >= cfg.max_steps)
+            if self.resume_from is not None and (done or (cfg.max_epochs and self.epoch >= cfg.max_epochs)):
+                limit = f"max_steps {cfg.max_steps}" if done else f"max_epochs {cfg.max_epochs}"
+                self.log.print(f"{self.run_dir}: this run has finished (step {self.step}, {limit}); to train on, "
+                               f"resume with a larger --max-steps or --max-epochs")
             while not done and not (cfg.max_epochs and self.epoch >= cfg.max_epochs):
                 batches = self.train_data.batches(self.epoch)
                 while self.pos < len(batches):
