@@ -91,3 +91,19 @@ def test_attention_help_names_the_files_it_writes(tmp_path):
     help_text = " ".join(runner.invoke(app, ["attention", "--help"], env={"COLUMNS": "300"}).output.split())
     for name in ("sentence<i>-encoder-self.png", "-decoder-self.png", "-cross.png", "attention.html"):
         assert name in help_text
+
+
+def test_tensorboard_writes_events_or_says_once_that_it_cannot(tmp_path, capsys):
+    import importlib.util
+
+    from helpers import make_parallel_prepared, tiny_train_config
+    from tfcli.train.trainer import train
+
+    data = make_parallel_prepared(tmp_path / "prep")
+    train(tiny_train_config(data, tmp_path / "run", max_steps=4, valid_every=2, log_every=1, valid_bleu=False,
+                            tensorboard=True))
+    err = capsys.readouterr().err
+    if importlib.util.find_spec("tensorboard") is None:
+        assert err.count("tensorboard is not installed") == 1
+    else:
+        assert any((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))

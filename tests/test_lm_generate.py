@@ -304,3 +304,23 @@ def test_prompts_from_file_and_stdin_and_errors(counter_lm, tmp_path):
     long = " ".join(WORDS * 4)
     res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), long, "--greedy", "-n", "5"])
     assert res.exit_code == 0 and "keeping the last 47" in res.output
+
+
+def test_early_end_warns_and_min_new_tokens_or_ignore_eos_go_on(counter_lm):
+    """The counter LM ends "sun" with "tree . </s>": two new tokens of the 8 asked for."""
+    runner = CliRunner()
+    base = ["lm-generate", "-m", str(counter_lm), "sun", "--greedy", "-n", "8"]
+    res = runner.invoke(app, base)
+    assert res.exit_code == 0 and res.stdout == "sun tree .\n"
+    assert "1 of 1 sample(s) ended at </s> after 2 of --max-new-tokens 8" in res.stderr
+    res = runner.invoke(app, base + ["--ignore-eos"])
+    assert res.exit_code == 0 and len(res.stdout.split()) == 1 + 8 and "ended at </s>" not in res.stderr
+    res = runner.invoke(app, base + ["--min-new-tokens", "5"])
+    assert res.exit_code == 0 and 1 + 5 <= len(res.stdout.split()) <= 1 + 8
+    res = runner.invoke(app, base + ["--min-new-tokens", "9"])
+    assert res.exit_code == 1 and "--min-new-tokens" in res.output
+
+
+def test_no_prompts_on_an_empty_stdin_is_said(counter_lm):
+    res = CliRunner().invoke(app, ["lm-generate", "-m", str(counter_lm), "--greedy"], input="")
+    assert res.exit_code == 0 and res.stdout == "" and "no prompts: stdin was empty" in res.stderr

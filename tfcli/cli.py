@@ -619,6 +619,13 @@ def lm_generate(
         None, "--max-new-tokens", "-n", rich_help_panel=_SAMPLE,
         help="Tokens to generate, at most" + _default(_G.max_new_tokens),
     ),
+    min_new_tokens: Optional[int] = typer.Option(
+        None, "--min-new-tokens", rich_help_panel=_SAMPLE,
+        help="No </s> before this many new tokens" + _default(_G.min_new_tokens),
+    ),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", rich_help_panel=_SAMPLE, help="Never stop at </s>: generate --max-new-tokens tokens."
+    ),
     greedy: bool = typer.Option(False, "--greedy", rich_help_panel=_SAMPLE, help="Always take the most likely token."),
     temperature: Optional[float] = typer.Option(
         None, "--temperature", "-t", rich_help_panel=_SAMPLE,
@@ -660,7 +667,8 @@ def lm_generate(
     echo "The meaning of" | tfcli lm-generate -m run/ --greedy --stop "."
 
     Each sample is written as its prompt followed by the generated text, then a newline, in prompt order (samples
-    of one prompt together). Generation stops at </s>, at a --stop string (cut off), or after --max-new-tokens.
+    of one prompt together). Generation stops at </s> (a warning says so when it comes before --max-new-tokens;
+    --min-new-tokens and --ignore-eos hold it back), at a --stop string (cut off), or after --max-new-tokens.
     Past the model's context (max_len tokens, prompt included) it goes on from the last max_len / 2 tokens.
     A single prompt with a single sample streams to stdout as tokens are made.
     """
@@ -669,7 +677,8 @@ def lm_generate(
 
     cfg = run(
         generate_config, config,
-        max_new_tokens=max_new_tokens, greedy=greedy or None, temperature=temperature, top_k=top_k, top_p=top_p,
+        max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, ignore_eos=ignore_eos or None,
+        greedy=greedy or None, temperature=temperature, top_k=top_k, top_p=top_p,
         repetition_penalty=repetition_penalty, seed=seed, num_samples=num_samples, stop=stop or None,
         batch_size=batch_size, device=device, dtype=dtype, threads=threads,
     )

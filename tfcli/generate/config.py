@@ -53,6 +53,8 @@ class GenerateConfig:
     """Sampling, stopping, batching and device settings (the `generate:` section of a config file)."""
 
     max_new_tokens: int = 100
+    min_new_tokens: int = 0  # no </s> before this many new tokens
+    ignore_eos: bool = False  # never stop at </s>: always generate max_new_tokens
     greedy: bool = False  # argmax instead of sampling
     temperature: float = 1.0
     top_k: int = 0  # 0: no top-k filter
@@ -69,6 +71,8 @@ class GenerateConfig:
     def validate(self) -> None:
         if self.max_new_tokens < 1 or self.num_samples < 1 or self.batch_size < 1:
             raise ConfigError("generate: --max-new-tokens, --num-samples and --batch-size must be positive")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ConfigError("generate: --min-new-tokens must be between 0 and --max-new-tokens")
         if self.temperature <= 0:
             raise ConfigError("generate: --temperature must be positive (use --greedy for the most likely text)")
         if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:

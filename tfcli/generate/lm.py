@@ -62,6 +62,10 @@ def generate_ids(
     alive = list(range(B))
     out: list[list[int]] = [[] for _ in range(B)]
     while True:
+        if cfg.ignore_eos or cfg.min_new_tokens:  # </s> is not allowed yet (or ever)
+            early = torch.tensor([cfg.ignore_eos or len(out[row]) < cfg.min_new_tokens for row in alive], device=device)
+            logits = logits.clone()
+            logits[early, EOS_ID] = float("-inf")
         nxt = next_token(
             logits, history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty, generator
         )
@@ -155,12 +159,18 @@ def lm_generate(
     tune_process(device, cfg.threads)
     loaded = load(checkpoint, device, "lm", cfg.dtype)
     texts = read_prompts(prompts, input_file)
+    if not texts:
+        where = input_file if input_file not in (None, "-") else "stdin"
+        warn(f"no prompts: {where} was empty, so nothing was generated (give a PROMPT, or run in a terminal to "
+             "generate from scratch)")
     samples = [text for text in texts for _ in range(cfg.num_samples)]  # the prompt of each sample
     stream = len(samples) == 1 and output in (None, "-")
     written = 0
     bar = Progress("generating", len(samples), "samples", False if stream else progress)
     with open_output(output) as out, bar:
-        for text, continuation in zip(samples, continuations(loaded, samples, cfg, device, out if stream else None)):
+        # enumerate, not zip: the generator must run to its end (its summary warning comes after the last sample)
+        for i, continuation in enumerate(continuations(loaded, samples, cfg, device, out if stream else None)):
+            text = samples[i]
             if not stream:
                 out.write(text + continuation + "\n")
                 out.flush()
@@ -201,6 +211,7 @@ def _generate(model, tok, texts, prompt_ids, cfg, generator, autocast, stream: I
     batches.sort(key=min)
     needs_text = stream is not None or bool(cfg.stop)  # decode after every token, not just at the end
     results: dict[int, str] = {}
+    early_ends: list[int] = []  # new-token counts of the samples that ended at </s>
     done = 0
     for batch in batches:
         conts = [Continuation(tok, prompt_ids[i], cfg.stop) for i in batch]
@@ -225,9 +236,15 @@ def _generate(model, tok, texts, prompt_ids, cfg, generator, autocast, stream: I
             if not needs_text:
                 conts[j].update(ids)
             results[i] = conts[j].text
+            if len(ids) < cfg.max_new_tokens and not conts[j].stopped:
+                early_ends.append(len(ids))
         if stream is not None:
             stream.write(conts[0].text[shown:] + "\n")
             stream.flush()
         while done in results:
             yield results.pop(done)
             done += 1
+    if early_ends:
+        span = f"{min(early_ends)}" if min(early_ends) == max(early_ends) else f"{min(early_ends)}-{max(early_ends)}"
+        warn(f"{len(early_ends)} of {len(texts)} sample(s) ended at </s> after {span} of --max-new-tokens "
+             f"{cfg.max_new_tokens} tokens; --min-new-tokens N or --ignore-eos go on past it")

@@ -83,6 +83,8 @@ class MetricsLog:
                 self.tb = SummaryWriter(str(run_dir / "tensorboard"))
             except ImportError:
                 self.tb = None
+                self.print("warning: tensorboard is not installed, so RUN/tensorboard gets no event files: "
+                           "pip install tensorboard (or set train.tensorboard: false)")
         if self.console.is_terminal:
             self.progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
