@@ -107,3 +107,31 @@ def test_tensorboard_writes_events_or_says_once_that_it_cannot(tmp_path, capsys)
         assert err.count("tensorboard is not installed") == 1
     else:
         assert any((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def _read_line(proc, timeout: float = 90.0) -> str:
+    import select
+
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "no output line within the timeout: translate waited for more input"
+    return proc.stdout.readline()
+
+
+def test_translate_answers_each_line_of_a_pipe_when_input_pauses(tmp_path):
+    """A co-process: a line in, its translation out, before the next line is written (the buffer holds 10,000)."""
+    from helpers import copy_model, save_model, save_word_tokenizer
+
+    tok = save_word_tokenizer(tmp_path / "w.json", [f"w{i}" for i in range(20)])
+    ckpt = save_model(tmp_path / "ck", copy_model(), tok)
+    exe = Path(sys.executable).parent / "tfcli"
+    proc = subprocess.Popen([str(exe), "translate", "-m", str(ckpt), "--greedy", "--threads", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        for line in ("w1 w2 w3", "w7", "", "w4 w4"):
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            assert _read_line(proc) == line + "\n"
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()

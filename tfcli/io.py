@@ -15,12 +15,13 @@ import gzip
 
 import json
 import os
+import select
 import shutil
 import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterable, Iterator
 
 from tfcli.errors import InputError, TfcliError
 
@@ -212,12 +213,22 @@ def decode_line(raw: bytes, path, lineno: int) -> str:
     return text
 
 
-def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False) -> Iterator[str]:
-    """Yield decoded lines of a text file (or `-` for stdin), raising `InputError` with file:line on bad bytes."""
+def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False, pauses: bool = False) -> Iterator[str | None]:
+    """Yield decoded lines of a text file (or `-` for stdin), raising `InputError` with file:line on bad bytes.
+
+    `pauses`: when stdin is a pipe or a terminal, also yield None each time no further complete line is ready yet
+    (input has paused), so that the reader can act on what it has instead of waiting for more or for the end.
+    """
     name = "<stdin>" if str(path) == "-" else str(path)
     f = open_text(path)
+    raws: Iterable[bytes | None] = _lines_with_pauses(f.fileno()) if pauses and _is_stream(path) else f
     try:
-        for lineno, raw in enumerate(f, 1):
+        lineno = 0
+        for raw in raws:
+            if raw is None:
+                yield None
+                continue
+            lineno += 1
             if not allow_nul and b"\x00" in raw:
                 raise InputError(name, lineno, "contains a NUL byte; is this a binary file?")
             yield decode_line(raw, name, lineno)
@@ -226,6 +237,38 @@ def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False) -> Iterator[
     finally:
         if str(path) != "-":
             f.close()
+
+
+def _is_stream(path) -> bool:
+    """stdin, and a pipe or a terminal (not a file), on a system where select() works on it."""
+    if str(path) != "-" or os.name != "posix":
+        return False
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # no real stdin (e.g. replaced in tests)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+
+
+def _lines_with_pauses(fd: int) -> Iterator[bytes | None]:
+    """Lines (with their newline) read straight from file descriptor `fd`, and None whenever no complete line is
+    ready: a fast producer (cat of a big file) always has more ready, so pauses come only when input really waits."""
+    buf = b""
+    while True:
+        nl = buf.find(b"\n")
+        if nl >= 0:
+            line, buf = buf[: nl + 1], buf[nl + 1 :]
+            yield line
+            continue
+        if not select.select([fd], [], [], 0)[0]:
+            yield None
+            select.select([fd], [], [])  # wait for more
+        data = os.read(fd, 1 << 16)
+        if not data:  # end of input
+            if buf:
+                yield buf
+            return
+        buf += data
 
 
 def read_lines(path: os.PathLike | str, *, rstrip: bool = False, allow_nul: bool = False) -> list[str]:

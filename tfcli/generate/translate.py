@@ -43,11 +43,17 @@ class Translator:
         for index, hyps in self.hypotheses(items):
             yield self._format(index, hyps)
 
-    def hypotheses(self, items: Iterable[tuple[str, int, str]]) -> Iterator[tuple[int, list[Hypothesis]]]:
-        """Yield (0-based line index, hypotheses best first) for each input line, in input order."""
+    def hypotheses(self, items: Iterable[tuple[str, int, str] | None]) -> Iterator[tuple[int, list[Hypothesis]]]:
+        """Yield (0-based line index, hypotheses best first) for each input line, in input order. A None item
+        means that input has paused (read_inputs): what has arrived is translated now, not when the buffer fills."""
         tty = sys.stdin.isatty()
         chunk: list[tuple[str, int, str]] = []
         for item in items:
+            if item is None:
+                if chunk:
+                    yield from self._chunk(chunk)
+                    chunk = []
+                continue
             chunk.append(item)
             # from a terminal, translate each line as it is typed
             if len(chunk) >= self.cfg.buffer_size or (tty and item[0] == "<stdin>"):
@@ -139,11 +145,18 @@ class Translator:
             )
 
 
-def read_inputs(inputs: list[str]) -> Iterator[tuple[str, int, str]]:
-    """(file name, line number, text) for every line of every input, `-` being stdin."""
+def read_inputs(inputs: list[str], pauses: bool = False) -> Iterator[tuple[str, int, str] | None]:
+    """(file name, line number, text) for every line of every input, `-` being stdin; with `pauses`, also None
+    whenever a piped stdin has no further line ready (so `tail -f x | tfcli translate` and co-processes get each
+    line's translation without waiting for --buffer-size lines; a fast producer still fills whole buffers)."""
     for path in inputs:
         name = "<stdin>" if path == "-" else path
-        for lineno, text in enumerate(iter_lines(path), 1):
+        lineno = 0
+        for text in iter_lines(path, pauses=pauses):
+            if text is None:
+                yield None
+                continue
+            lineno += 1
             yield name, lineno, text
 
 
@@ -188,7 +201,7 @@ def translate(
     total = _count_lines(inputs) if (progress if progress is not None else sys.stderr.isatty()) else None
     n = 0
     with open_output(output) as out, Progress("translating", total, "sent", progress) as bar:
-        for text in translator.run(read_inputs(inputs)):
+        for text in translator.run(read_inputs(inputs, pauses=True)):
             out.write(text + "\n")
             out.flush()  # a pipeline's next stage sees each line as soon as it is ready
             bar.advance(1)
