@@ -135,3 +135,24 @@ def test_translate_answers_each_line_of_a_pipe_when_input_pauses(tmp_path):
         assert proc.wait(timeout=60) == 0
     finally:
         proc.kill()
+
+
+def test_translate_output_dir_writes_one_file_per_input(tmp_path):
+    from helpers import copy_model, save_model, save_word_tokenizer
+    from typer.testing import CliRunner
+
+    tok = save_word_tokenizer(tmp_path / "w.json", [f"w{i}" for i in range(20)])
+    ckpt = save_model(tmp_path / "ck", copy_model(), tok)
+    (tmp_path / "a.src").write_text("w1 w2\nw3\n")
+    (tmp_path / "b.src").write_text("w5\n")
+    runner = CliRunner()
+    args = ["translate", "-m", str(ckpt), "--greedy", str(tmp_path / "a.src"), str(tmp_path / "b.src")]
+    res = runner.invoke(app, args + ["--output-dir", str(tmp_path / "hyp"), "--suffix", ".tgt"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "hyp" / "a.src.tgt").read_text() == "w1 w2\nw3\n"
+    assert (tmp_path / "hyp" / "b.src.tgt").read_text() == "w5\n"
+    res = runner.invoke(app, args + ["--output-dir", str(tmp_path)])  # the outputs would be the inputs
+    assert res.exit_code == 1 and "would overwrite its own input" in res.output
+    res = runner.invoke(app, args + ["--output-dir", str(tmp_path / "x"), "-o", str(tmp_path / "y")])
+    assert res.exit_code == 2 and "exclude each other" in res.output
+    assert (tmp_path / "a.src").read_text() == "w1 w2\nw3\n" and not (tmp_path / "x").exists()

@@ -546,6 +546,11 @@ def translate(
     ),
     model: Checkpoint = ...,
     output: OutputFile = None,
+    output_dir: Optional[str] = typer.Option(
+        None, "--output-dir", metavar="DIR", show_default=False,
+        help="One output per input file: DIR/NAME + --suffix (written atomically each).",
+    ),
+    suffix: str = typer.Option("", "--suffix", help="Appended to each input's file name with --output-dir, e.g. .en."),
     config: Optional[Path] = _config_file("translate"),
     beam_size: BeamSize = None,
     greedy: Greedy = False,
@@ -583,6 +588,7 @@ def translate(
     cat test.de | tfcli translate -m run/ | sacrebleu test.en
     tfcli translate -m run/ test.de -o test.hyp.en --beam-size 8 --alpha 1.0
     tfcli translate -m run/ --nbest 5 --scores test.de
+    tfcli translate -m run/ a.de b.de --output-dir hyp/ --suffix .en    -> hyp/a.de.en, hyp/b.de.en
 
     One line out per line in, in input order; empty lines give empty lines. Output is detokenised text (--raw:
     subword tokens separated by spaces). Lines longer than the model's max_len are cut, with a warning.
@@ -600,7 +606,11 @@ def translate(
         min_len=min_len, nbest=nbest, scores=scores or None, raw=raw or None, batch_size=batch_size,
         max_tokens=max_tokens, buffer_size=buffer_size, device=device, dtype=dtype, threads=threads,
     )
-    run(run_translate, model, inputs or ["-"], output, cfg, progress)
+    if output_dir is not None and output is not None:
+        fail("-o FILE and --output-dir DIR exclude each other", EXIT_USAGE)
+    if suffix and output_dir is None:
+        fail("--suffix names the files of --output-dir", EXIT_USAGE)
+    run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix)
 
 
 @app.command("lm-generate")

@@ -13,6 +13,7 @@ import contextlib
 import io
 import os
 import sys
+from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 import torch
@@ -22,6 +23,7 @@ from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, tune_process, warn
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
+from tfcli.errors import TfcliError
 from tfcli.io import atomic_open, iter_lines
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
@@ -190,20 +192,45 @@ def open_output(path: str | None) -> Iterator[IO[str]]:
             yield f
 
 
+def output_paths(inputs: list[str], output_dir: str, suffix: str) -> list[Path]:
+    """--output-dir: one output per input file, DIR/NAME+SUFFIX; checked before anything is translated."""
+    if any(p == "-" for p in inputs):
+        raise TfcliError("--output-dir writes one file per input file; stdin ('-') has no name: use -o FILE")
+    paths = [Path(output_dir) / (Path(p).name + suffix) for p in inputs]
+    if len(set(paths)) < len(paths):
+        raise TfcliError("--output-dir: two inputs have the same file name; add a --suffix or use -o FILE per run")
+    for src, dst in zip(inputs, paths):
+        if dst.resolve() == Path(src).resolve():
+            raise TfcliError(f"{dst}: would overwrite its own input; choose another --output-dir or a --suffix")
+    try:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TfcliError(f"{output_dir}: cannot create the output directory ({e.strerror or e})") from None
+    return paths
+
+
 def translate(
-    checkpoint: str, inputs: list[str], output: str | None, cfg: TranslateConfig, progress: bool | None = None
+    checkpoint: str, inputs: list[str], output: str | None, cfg: TranslateConfig, progress: bool | None = None,
+    output_dir: str | None = None, suffix: str = "",
 ) -> int:
-    """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout); returns the line count."""
+    """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout), or each input file to
+    its own file in `output_dir`; returns the line count."""
+    jobs = [(inputs, output)] if output_dir is None else [
+        ([p], str(out)) for p, out in zip(inputs, output_paths(inputs, output_dir, suffix))
+    ]
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
     tune_process(device, cfg.threads)
     translator = Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)
     total = _count_lines(inputs) if (progress if progress is not None else sys.stderr.isatty()) else None
     n = 0
-    with open_output(output) as out, Progress("translating", total, "sent", progress) as bar:
-        for text in translator.run(read_inputs(inputs, pauses=True)):
-            out.write(text + "\n")
-            out.flush()  # a pipeline's next stage sees each line as soon as it is ready
-            bar.advance(1)
-            n += 1
+    with Progress("translating", total, "sent", progress) as bar:
+        for files, out_path in jobs:
+            translator.index = 0  # --nbest line numbers count within each output
+            with open_output(out_path) as out:
+                for text in translator.run(read_inputs(files, pauses=True)):
+                    out.write(text + "\n")
+                    out.flush()  # a pipeline's next stage sees each line as soon as it is ready
+                    bar.advance(1)
+                    n += 1
     return n
