@@ -156,3 +156,52 @@ def test_translate_output_dir_writes_one_file_per_input(tmp_path):
     res = runner.invoke(app, args + ["--output-dir", str(tmp_path / "x"), "-o", str(tmp_path / "y")])
     assert res.exit_code == 2 and "exclude each other" in res.output
     assert (tmp_path / "a.src").read_text() == "w1 w2\nw3\n" and not (tmp_path / "x").exists()
+
+
+def test_progress_rate_is_the_average_so_far_not_a_burst():
+    import time
+
+    from tfcli.generate.runtime import Progress
+
+    with Progress("translating", 200, "sent", enabled=True) as bar:
+        time.sleep(0.5)
+        for _ in range(100):  # a batch finishes: many lines at once
+            bar.advance(1)
+        rate = float(bar._bar.tasks[0].fields["rate"].split()[0])
+    assert rate < 100 / 0.5 * 1.01  # rich's moving estimate said thousands a second here
+
+
+def test_translate_output_and_progress_bar_share_a_terminal_without_mixing(tmp_path):
+    """stdout and stderr are one pseudo-terminal: every translation is a line of its own, the bar above or below."""
+    import pty
+    import re
+    from collections import Counter
+
+    from helpers import copy_model, save_model, save_word_tokenizer
+
+    tok = save_word_tokenizer(tmp_path / "w.json", [f"w{i}" for i in range(20)])
+    ckpt = save_model(tmp_path / "ck", copy_model(), tok)
+    lines = [" ".join(f"w{(i * 7 + j) % 20}" for j in range(1 + i % 6)) for i in range(600)]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    exe = Path(sys.executable).parent / "tfcli"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([str(exe), "translate", "-m", str(ckpt), "--greedy", "--threads", "1", "--batch-size", "1",
+                             str(tmp_path / "in.txt")], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=60) == 0
+    os.close(master)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode("utf-8", "replace"))  # colours: no break
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", text)  # cursor moves and erasures end a screen line
+    got = Counter(ln.strip() for ln in text.replace("\r", "\n").split("\n"))
+    want = Counter(lines)
+    assert all(got[line] >= n for line, n in want.items())  # each translation whole, on a line of its own

@@ -172,8 +172,7 @@ def lm_generate(
         for i, continuation in enumerate(continuations(loaded, samples, cfg, device, out if stream else None)):
             text = samples[i]
             if not stream:
-                out.write(text + continuation + "\n")
-                out.flush()
+                bar.emit(out, text + continuation)
             bar.advance(1)
             written += 1
     return written

@@ -73,7 +73,11 @@ def warn(message: str) -> None:
 
 
 class Progress:
-    """A rich progress bar on stderr, only when stderr is a terminal; otherwise it does nothing."""
+    """A rich progress bar on stderr, only when stderr is a terminal; otherwise it does nothing.
+
+    Its rate is everything done so far over the time since the start: output comes in bursts (a batch finishes many
+    lines at once), which made rich's moving estimate report tens of thousands a second. Lines printed with `emit`
+    go above the bar when stdout is the same terminal, instead of through it."""
 
     def __init__(self, description: str, total: int | None, unit: str, enabled: bool | None = None):
         if enabled is None:
@@ -101,12 +105,27 @@ class Progress:
         if self._bar is not None:
             self._bar.advance(self._task, n)
             task = self._bar.tasks[0]
-            if task.speed:
-                self._bar.update(self._task, rate=f"{task.speed:.1f} {self._unit}/s")
+            if task.elapsed:
+                self._bar.update(self._task, rate=f"{task.completed / task.elapsed:.1f} {self._unit}/s")
+
+    def emit(self, out, text: str) -> None:
+        """Write one output line to `out`; above the bar when `out` is stdout and both share the terminal."""
+        if self._bar is not None and out is not None and _is_terminal_stdout(out):
+            self._bar.console.print(text, markup=False, highlight=False, soft_wrap=True, emoji=False)
+        else:
+            out.write(text + "\n")
+            out.flush()  # a pipeline's next stage sees each line as soon as it is ready
 
     def __exit__(self, *exc):
         if self._bar is not None:
             self._bar.stop()
+
+
+def _is_terminal_stdout(out) -> bool:
+    try:
+        return out.fileno() == sys.stdout.fileno() and sys.stdout.isatty()
+    except (OSError, ValueError, AttributeError):  # a file, a StringIO, a closed or replaced stdout
+        return False
 
 
 def keep_freed_memory() -> bool:

@@ -229,8 +229,7 @@ def translate(
             translator.index = 0  # --nbest line numbers count within each output
             with open_output(out_path) as out:
                 for text in translator.run(read_inputs(files, pauses=True)):
-                    out.write(text + "\n")
-                    out.flush()  # a pipeline's next stage sees each line as soon as it is ready
+                    bar.emit(out, text)
                     bar.advance(1)
                     n += 1
     return n
