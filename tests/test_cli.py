@@ -205,3 +205,54 @@ def test_translate_output_and_progress_bar_share_a_terminal_without_mixing(tmp_p
     got = Counter(ln.strip() for ln in text.replace("\r", "\n").split("\n"))
     want = Counter(lines)
     assert all(got[line] >= n for line, n in want.items())  # each translation whole, on a line of its own
+
+
+def test_config_prints_every_key_with_its_default_as_a_file_train_accepts(tmp_path):
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from tfcli.model import preset
+    from tfcli.train.config import TrainConfig, load_train_config
+
+    runner = CliRunner()
+    for arch in ("small", "lm-cpu"):
+        res = runner.invoke(app, ["config", "--arch", arch])
+        assert res.exit_code == 0, res.output
+        assert "# peak learning rate" in res.stdout  # the help beside each key
+        path = tmp_path / f"{arch}.yaml"
+        path.write_text(res.stdout)
+        cfg, model = load_train_config(path)
+        assert cfg == TrainConfig(arch=arch)
+        assert preset(arch, **model) == preset(arch)
+        keys = {f.name for f in dataclasses.fields(TrainConfig)}
+        assert all(f"\n  {k}:" in res.stdout for k in keys)
+    res = runner.invoke(app, ["config", "nonsense"])
+    assert res.exit_code == 1 and "unknown section 'nonsense'" in res.output
+
+
+def test_quiet_training_keeps_the_console_clean_and_train_log_keeps_everything(tmp_path, capsys, monkeypatch):
+    from helpers import make_parallel_prepared, tiny_train_config
+    from tfcli.train.trainer import train
+
+    data = make_parallel_prepared(tmp_path / "prep")
+    train(tiny_train_config(data, tmp_path / "loud", max_steps=4, valid_every=2, log_every=1, valid_bleu=False))
+    err = capsys.readouterr().err
+    assert "step 4" in err and "config: " in err and "resolved config" not in err  # one line, not 70
+    log = (tmp_path / "loud" / "train.log").read_text()
+    assert "resolved config:" in log and "step 4 | valid" in log
+    monkeypatch.setenv("TFCLI_QUIET", "1")
+    train(tiny_train_config(data, tmp_path / "quiet", max_steps=4, valid_every=2, log_every=1, valid_bleu=False,
+                            average_last=9))
+    err = capsys.readouterr().err
+    assert "step" not in err and "warning: average_last 9" in err  # warnings still show
+    assert "step 4 | valid" in (tmp_path / "quiet" / "train.log").read_text()
+    monkeypatch.delenv("TFCLI_QUIET")
+    monkeypatch.setenv("TFCLI_VERBOSE", "1")
+    train(tiny_train_config(data, tmp_path / "verbose", max_steps=2, valid_every=2, valid_bleu=False))
+    assert "resolved config:" in capsys.readouterr().err
+
+
+def test_quiet_flag_is_accepted_by_every_command():
+    for name, cmd in _commands().items():
+        assert any("--quiet" in p.opts and "-q" in p.opts for p in cmd.params), name

@@ -132,8 +132,8 @@ def test_options_change_the_signature(text_files):
     sig = cli_json(hyp, "-r", ref, "--tokenize", "intl", "--lowercase", "--chrf-word-order", "2")["signatures"]
     assert "tok:intl" in sig["BLEU"] and "case:lc" in sig["BLEU"]
     assert "nw:2" in sig["chrF2++"] and "case:lc" in sig["chrF2++"]
-    scores = cli_json(hyp, "-r", ref, "-m", "bleu")["systems"][0]["scores"]
-    lower = cli_json(hyp, "-r", ref, "-m", "bleu", "--lowercase")["systems"][0]["scores"]
+    scores = cli_json(hyp, "-r", ref, "--metrics", "bleu")["systems"][0]["scores"]
+    lower = cli_json(hyp, "-r", ref, "--metrics", "bleu", "--lowercase")["systems"][0]["scores"]
     assert lower["BLEU"]["score"] > scores["BLEU"]["score"]  # "dogs"/"GREEN" match once case is ignored
 
 
@@ -187,7 +187,7 @@ def test_mismatched_line_counts_name_both_files(text_files, tmp_path):
 def test_usage_errors(text_files, tmp_path):
     ref, _, hyp, hyp2 = text_files
     assert tfcli("eval", hyp).exit_code == 2  # no reference
-    r = tfcli("eval", hyp, "-r", ref, "-m", "bleu,meteor")
+    r = tfcli("eval", hyp, "-r", ref, "--metrics", "bleu,meteor")
     assert r.exit_code == 1 and "unknown metric 'meteor'" in r.stderr
     r = tfcli("eval", hyp, "-r", ref, "--tokenize", "moses")
     assert r.exit_code == 1 and "unknown tokenizer 'moses'" in r.stderr
@@ -205,10 +205,10 @@ def test_usage_errors(text_files, tmp_path):
 
 def test_several_systems_table(text_files):
     ref, _, hyp, hyp2 = text_files
-    r = tfcli("eval", hyp, hyp2, "-r", ref, "-m", "bleu,chrf")
+    r = tfcli("eval", hyp, hyp2, "-r", ref, "--metrics", "bleu,chrf")
     assert r.exit_code == 0, r.output
-    one = cli_json(hyp, "-r", ref, "-m", "bleu,chrf")["systems"][0]["scores"]
-    two = cli_json(hyp2, "-r", ref, "-m", "bleu,chrf")["systems"][0]["scores"]
+    one = cli_json(hyp, "-r", ref, "--metrics", "bleu,chrf")["systems"][0]["scores"]
+    two = cli_json(hyp2, "-r", ref, "--metrics", "bleu,chrf")["systems"][0]["scores"]
     rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if "hyp" in line and "|" in line}
     assert f"{one['BLEU']['score']:.2f}" in rows[str(hyp)] and f"{two['chrF2']['score']:.2f}" in rows[str(hyp2)]
     assert "Signatures:" in r.stdout
@@ -235,10 +235,10 @@ def test_paired_significance_agrees_with_sacrebleu_cli(text_files, test):
 
 def test_baseline_option_puts_the_baseline_first(text_files):
     ref, _, hyp, hyp2 = text_files
-    mine = cli_json(hyp, hyp2, "-r", ref, "--paired-ar", "--n-samples", "100", "--baseline", hyp2, "-m", "bleu")
+    mine = cli_json(hyp, hyp2, "-r", ref, "--paired-ar", "--n-samples", "100", "--baseline", hyp2, "--metrics", "bleu")
     assert [s["name"] for s in mine["systems"]] == [str(hyp2), str(hyp)]
     assert mine["systems"][0]["baseline"] and "p_value" in mine["systems"][1]["scores"]["BLEU"]
-    r = tfcli("eval", hyp, hyp2, "-r", ref, "--paired-ar", "--n-samples", "100", "-m", "bleu")
+    r = tfcli("eval", hyp, hyp2, "-r", ref, "--paired-ar", "--n-samples", "100", "--metrics", "bleu")
     assert r.exit_code == 0 and f"Baseline: {hyp}" in r.stdout and "(p = " in r.stdout
 
 
@@ -256,7 +256,7 @@ def test_baseline_option_puts_the_baseline_first(text_files):
 def test_multi30k_agrees_with_sacrebleu_cli(shared_data, tmp_path, metrics, ours, theirs):
     ref = shared_data / "multi30k" / "valid.en"
     hyp = write(tmp_path / "hyp.en", perturb(ref.read_text(encoding="utf-8").splitlines()))
-    mine = cli_json(hyp, "-r", ref, "-m", ",".join(metrics), *ours)
+    mine = cli_json(hyp, "-r", ref, "--metrics", ",".join(metrics), *ours)
     assert_agrees(mine, json.loads(sacrebleu_cli(ref, "-i", hyp, "-m", *metrics, "-w", "4", *theirs)))
     assert 0 < mine["systems"][0]["scores"]["BLEU"]["score"] < 100
 

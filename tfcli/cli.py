@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import tfcli
-from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, debug_enabled
+from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, debug_enabled, quiet_enabled
 from tfcli.generate.config import GenerateConfig, TranslateConfig
 
 def _value_type(self, ctx):
@@ -92,6 +92,26 @@ def _out_of_memory(e: Exception) -> bool:
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
 
 
+def _set_env(name: str):
+    def callback(value: bool):
+        if value:
+            os.environ[name] = "1"
+        return value
+    return callback
+
+
+Quiet = Annotated[bool, typer.Option(
+    "--quiet", "-q", callback=_set_env("TFCLI_QUIET"), is_eager=True,
+    help="Only warnings and errors on stderr: no progress bars, summaries or log lines (results still go to stdout).",
+)]
+
+
+def info(message: str) -> None:
+    """A line for the user on stderr, unless --quiet."""
+    if not quiet_enabled():
+        print(message, file=sys.stderr)
+
+
 def _version(value: bool):
     if value:
         print(f"tfcli {tfcli.__version__}")
@@ -102,6 +122,7 @@ def _version(value: bool):
 def main_options(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors (also TFCLI_DEBUG=1)."),
+    quiet: Quiet = False,
 ):
     if debug:
         os.environ["TFCLI_DEBUG"] = "1"
@@ -222,6 +243,7 @@ def prepare(
         help="Reuse tokenizers instead of training: a tokenizer.json, a prepared directory, or a checkpoint/run "
         "(to prepare evaluation data for a trained model; no train split needed).",
     ),
+    quiet: Quiet = False,
 ):
     """Clean a corpus, train a tokenizer on its train split and write token ids to a prepared directory.
 
@@ -251,10 +273,11 @@ def prepare(
     )
     start = time.perf_counter()
     # a spinner naming the stage, on a terminal only
-    with err.status("preparing") if err.is_terminal else contextlib.nullcontext() as status:
+    with err.status("preparing") if err.is_terminal and not quiet_enabled() else contextlib.nullcontext() as status:
         stage = (lambda s: status.update(f"{s} ...")) if status is not None else (lambda s: None)
-        path = run(run_prepare, cfg, force, stage, lambda msg: print(msg, file=sys.stderr))
-    _print_prepare_summary(path, time.perf_counter() - start)
+        path = run(run_prepare, cfg, force, stage, info)
+    if not quiet_enabled():
+        _print_prepare_summary(path, time.perf_counter() - start)
 
 
 def _print_prepare_summary(path: Path, seconds: float) -> None:
@@ -374,6 +397,11 @@ def train(
     ),
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel=_HW, help="torch.compile."),
     threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel=_HW, help="CPU threads for torch."),
+    quiet: Quiet = False,
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", callback=_set_env("TFCLI_VERBOSE"), is_eager=True,
+        help="Also print the whole resolved config at the start (it is always in RUN/config.yaml and RUN/train.log).",
+    ),
 ):
     """Train an encoder-decoder (translation) or decoder-only (language model) Transformer.
 
@@ -406,6 +434,26 @@ def train(
     print(result.best or result.checkpoint)
 
 
+@app.command("config")
+def config_(
+    sections: Optional[List[str]] = typer.Argument(
+        None, metavar="SECTION", show_default=False,
+        help="model, train, prepare, translate or generate \\[default: model and train, what `tfcli train -c` reads].",
+    ),
+    arch: str = typer.Option("small", "--arch", "-a", help="The preset whose shapes fill `model:`."),
+    quiet: Quiet = False,
+):
+    """Print every config key with its default and help, as a file that --config accepts.
+
+    tfcli config > train.yaml          model: and train:, for tfcli train prep/ -o run/ -c train.yaml
+    tfcli config --arch lm-cpu         a language model's shapes
+    tfcli config translate generate    the decoding sections (tfcli translate / lm-generate -c FILE)
+    """
+    from tfcli.config import defaults_yaml
+
+    print(run(defaults_yaml, sections or ["model", "train"], arch), end="")
+
+
 @app.command("average-checkpoints")
 def average_checkpoints(
     run_dir: Optional[Path] = typer.Argument(None, metavar="RUN", show_default=False, help="Run directory."),
@@ -417,6 +465,7 @@ def average_checkpoints(
         None, "--output", "-o", metavar="CKPT", help="New checkpoint directory \\[default: RUN/checkpoints/avg-lastK]."
     ),
     force: bool = typer.Option(False, "--force", "-f", help="Replace --output if it exists."),
+    quiet: Quiet = False,
 ):
     """Average the weights of a run's last K checkpoints into a new checkpoint (weights only).
 
@@ -447,6 +496,7 @@ def export_(
         help="ctranslate2 only: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16 "
         "\\[default: float32].",
     ),
+    quiet: Quiet = False,
 ):
     """Export a model to CTranslate2 or Hugging Face transformers, computing the same function.
 
@@ -471,6 +521,7 @@ def import_(
                                  help="A transformers model directory (save_pretrained), or a hub name when online."),
     output: Path = typer.Option(..., "--output", "-o", metavar="CKPT", show_default=False,
                                 help="New tfcli checkpoint directory."),
+    quiet: Quiet = False,
 ):
     """Import a Hugging Face Marian, Pegasus or GPT-2 model as a tfcli checkpoint.
 
@@ -582,6 +633,7 @@ def translate(
     dtype: Dtype = None,
     threads: Threads = None,
     progress: ShowProgress = None,
+    quiet: Quiet = False,
 ):
     """Translate lines from files or stdin to stdout with beam search or greedy decoding.
 
@@ -669,6 +721,7 @@ def lm_generate(
     dtype: Dtype = None,
     threads: Threads = None,
     progress: ShowProgress = None,
+    quiet: Quiet = False,
 ):
     """Generate text with a language model: greedy, or sampling with temperature, top-k, top-p.
 
@@ -785,6 +838,7 @@ def eval_(
     score_only: bool = typer.Option(
         False, "--score-only", rich_help_panel=_OUT, help="Print only the scores, one per line (one system)."
     ),
+    quiet: Quiet = False,
 ):
     """Score translations with sacrebleu (BLEU, chrF, chrF++, TER), or a model by perplexity.
 
@@ -896,6 +950,7 @@ def attention(
     png: bool = typer.Option(True, "--png/--no-png", help="Write a PNG per sentence and kind (needs matplotlib)."),
     html: bool = typer.Option(True, "--html/--no-html", help="Write attention.html (self-contained, interactive)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    quiet: Quiet = False,
 ):
     """Draw a model's attention weights as heatmaps, per layer and head, with the tokens on both axes.
 
@@ -923,7 +978,7 @@ def attention(
         write_attention, model, texts, output, targets or None, generate, kinds, layers, png, html, device
     )
     for path in written:
-        print(f"wrote {path}", file=sys.stderr)
+        info(f"wrote {path}")
 
 
 @app.command()
@@ -938,6 +993,7 @@ def plot(
         False, "--terminal", help="Print the curves as text (first/last/best values and a sparkline)."
     ),
     title: Optional[str] = typer.Option(None, "--title", help="Figure title \\[default: the run names]."),
+    quiet: Quiet = False,
 ):
     """Plot training curves from runs' metrics logs: loss, perplexity, BLEU, learning rate, tokens/s.
 
@@ -956,7 +1012,7 @@ def plot(
     if output is not None or not terminal:
         path = output or Path("curves.png")
         run(plot_runs, loaded, path, title)
-        print(f"wrote {path}", file=sys.stderr)
+        info(f"wrote {path}")
 
 
 def _terminate(signum, frame):

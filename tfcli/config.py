@@ -201,3 +201,60 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
         section, name = key.split(".", 1)
         out.setdefault(section, {})[name] = yaml.safe_load(value) if value else ""
     return out
+
+
+def field_comments(cls) -> dict[str, str]:
+    """The `# comment` beside each field in a dataclass's source: the help that `tfcli config` prints."""
+    import inspect
+
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    comments = {}
+    for line in source.splitlines():
+        m = re.match(r"\s+(\w+)\s*:[^#]*#\s*(.*)$", line)
+        if m and m.group(1) not in comments:
+            comments[m.group(1)] = m.group(2).strip()
+    return comments
+
+
+def annotated_yaml(sections: dict[str, Any], skip: dict[str, set[str]] | None = None) -> str:
+    """A config file (`section:` -> `key: default  # help`) for the given dataclass instances, which `--config`
+    reads back as the same settings."""
+    import yaml
+
+    lines = []
+    for name, obj in sections.items():
+        comments = field_comments(type(obj))
+        lines.append(f"{name}:")
+        for key, value in to_dict(obj).items():
+            if key in (skip or {}).get(name, set()):
+                continue
+            text = yaml.safe_dump({key: value}, default_flow_style=True, width=10_000).strip()[1:-1].strip()
+            row = f"  {text}"
+            if comments.get(key):
+                row = f"{row:<32}  # {comments[key]}"
+            lines.append(row)
+        lines.append("")
+    return "\n".join(lines)
+
+
+CONFIG_SECTIONS = ("model", "train", "prepare", "translate", "generate")
+
+
+def defaults_yaml(sections: list[str], arch: str = "small") -> str:
+    """`tfcli config`: every key of the chosen sections with its default and help; `model:` holds preset `arch`'s
+    shapes (vocabulary sizes and kind come from the data and the preset, so they are not listed)."""
+    from tfcli.data.prepare import PrepareConfig
+    from tfcli.generate.config import GenerateConfig, TranslateConfig
+    from tfcli.model import preset
+    from tfcli.train.config import TrainConfig
+
+    unknown = [s for s in sections if s not in CONFIG_SECTIONS]
+    if unknown:
+        raise ConfigError(f"unknown section '{unknown[0]}'; choose from: {', '.join(CONFIG_SECTIONS)}")
+    make = {"model": lambda: preset(arch), "train": lambda: TrainConfig(arch=arch), "prepare": PrepareConfig,
+            "translate": TranslateConfig, "generate": GenerateConfig}
+    skip = {"model": {"kind", "src_vocab_size", "tgt_vocab_size"}}
+    return annotated_yaml({name: make[name]() for name in sections}, skip)

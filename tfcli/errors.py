@@ -45,3 +45,13 @@ class CheckpointError(TfcliError):
 
 def debug_enabled() -> bool:
     return os.environ.get("TFCLI_DEBUG", "").lower() not in ("", "0", "false", "no")
+
+
+def quiet_enabled() -> bool:
+    """`-q/--quiet`: stderr gets warnings and errors only (no progress bars, summaries or log lines)."""
+    return os.environ.get("TFCLI_QUIET", "").lower() not in ("", "0", "false", "no")
+
+
+def verbose_enabled() -> bool:
+    """`-v/--verbose`: more detail (training prints its whole resolved config)."""
+    return os.environ.get("TFCLI_VERBOSE", "").lower() not in ("", "0", "false", "no")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from tfcli import checkpoint
-from tfcli.errors import CheckpointError, ConfigError, TfcliError
+from tfcli.errors import CheckpointError, ConfigError, TfcliError, quiet_enabled
 from tfcli.generate.step import StepModel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -81,7 +81,7 @@ class Progress:
 
     def __init__(self, description: str, total: int | None, unit: str, enabled: bool | None = None):
         if enabled is None:
-            enabled = sys.stderr.isatty()
+            enabled = sys.stderr.isatty() and not quiet_enabled()
         self._bar = None
         if enabled:
             from rich.console import Console

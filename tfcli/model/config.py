@@ -21,11 +21,11 @@ class ModelConfig:
     kind: Literal["seq2seq", "lm"] = "seq2seq"
     src_vocab_size: int = 0  # seq2seq only; filled from the prepared data
     tgt_vocab_size: int = 0  # the output vocabulary (the LM's only vocabulary)
-    d_model: int = 512
-    n_head: int = 8
-    n_encoder_layers: int = 6
-    n_decoder_layers: int = 6
-    d_ff: int = 2048
+    d_model: int = 512  # the width of every layer's input and output
+    n_head: int = 8  # attention heads (d_model / n_head each)
+    n_encoder_layers: int = 6  # N, the encoder's layers (seq2seq)
+    n_decoder_layers: int = 6  # N, the decoder's layers
+    d_ff: int = 2048  # the inner size of the position-wise FFN
     dropout: float = 0.1  # on embeddings, sublayer outputs (before the residual add) and inside the FFN
     attn_dropout: float = 0.0  # on the attention weights
     activation: Literal["relu", "gelu", "gelu_tanh"] = "relu"  # gelu_tanh: GELU's tanh approximation (GPT-2)
@@ -36,8 +36,8 @@ class ModelConfig:
     share_embeddings: bool = False  # one embedding table for source and target (needs a joint vocabulary)
     tie_output: bool = True  # output projection = target embedding matrix (Press & Wolf 2017)
     output_bias: bool = False  # a bias on the output projection (Marian models have one: kept on import)
-    bias: bool = True
-    layer_norm_eps: float = 1e-5
+    bias: bool = True  # biases in the linear layers of the stack
+    layer_norm_eps: float = 1e-5  # added to the variance in every LayerNorm
 
     @property
     def d_head(self) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from tfcli.errors import quiet_enabled
 from tfcli.io import atomic_write_text
 
 
@@ -66,8 +67,12 @@ class MetricsLog:
         self.progress: Progress | None = None
         self.tb = None
         self.file = None
+        self.text_log = None
+        self.quiet = quiet_enabled()
         if not enabled:
             return
+        # what the console shows, kept beside the metrics (appended to on --resume)
+        self.text_log = open(run_dir / "train.log", "a", encoding="utf-8")
         path = run_dir / "metrics.jsonl"
         if resume_step is not None and path.exists():
             # drop what an interrupted run logged after its last checkpoint: the resumed run logs those steps again
@@ -84,8 +89,8 @@ class MetricsLog:
             except ImportError:
                 self.tb = None
                 self.print("warning: tensorboard is not installed, so RUN/tensorboard gets no event files: "
-                           "pip install tensorboard (or set train.tensorboard: false)")
-        if self.console.is_terminal:
+                           "pip install tensorboard (or set train.tensorboard: false)", warning=True)
+        if self.console.is_terminal and not self.quiet:
             self.progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                 TimeRemainingColumn(), console=self.console, transient=True,
@@ -93,9 +98,15 @@ class MetricsLog:
             self.task = self.progress.add_task("train", total=total_steps or None, info="")
             self.progress.start()
 
-    def print(self, text: str) -> None:
-        if self.enabled:
+    def print(self, text: str, warning: bool = False, console: bool = True) -> None:
+        """A line for the console (unless --quiet, which keeps warnings) and for RUN/train.log (always)."""
+        if not self.enabled:
+            return
+        if console and (warning or not self.quiet):
             self.console.print(text, markup=False)
+        if self.text_log is not None:
+            self.text_log.write(text + "\n")
+            self.text_log.flush()
 
     def set_total(self, total_steps: int) -> None:
         if self.progress is not None:
@@ -127,6 +138,9 @@ class MetricsLog:
         if self.file is not None:
             self.file.close()
             self.file = None
+        if self.text_log is not None:
+            self.text_log.close()
+            self.text_log = None
         if self.tb is not None:
             self.tb.close()
             self.tb = None

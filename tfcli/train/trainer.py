@@ -28,7 +28,7 @@ import torch
 from tfcli import checkpoint
 from tfcli.config import to_dict
 from tfcli.data.prepared import PreparedData
-from tfcli.errors import CheckpointError, ConfigError, TfcliError
+from tfcli.errors import CheckpointError, ConfigError, TfcliError, verbose_enabled
 from tfcli.io import atomic_write_text
 from tfcli.model import ModelConfig, build_model, count_parameters, preset
 from tfcli.model.config import PRESETS
@@ -269,7 +269,11 @@ class Trainer:
         if not self.main:
             return
         log, cfg, mc = self.log, self.cfg, self.model_cfg
-        log.print("resolved config:\n" + config_to_yaml(cfg, mc).rstrip())
+        resolved = "resolved config:\n" + config_to_yaml(cfg, mc).rstrip()
+        log.print(resolved, console=verbose_enabled())  # all of it in RUN/train.log; on the console with -v
+        if not verbose_enabled():
+            log.print(f"config: {self.run_dir / 'config.yaml'} (every setting; -v prints it here, `tfcli config` "
+                      "lists every key with its default)")
         what = "encoder-decoder" if mc.kind == "seq2seq" else "decoder-only LM"
         log.print(f"model: {what} ({cfg.arch}), {count_parameters(self.raw) / 1e6:.2f}M parameters; "
                   f"device {self.device}, {self.precision}, {self.dist.world_size} process(es)")
@@ -288,7 +292,7 @@ class Trainer:
             log.print(f"resuming from {self.resume_from} (step {self.step}, epoch {self.epoch + 1}{planned})")
             if self.old_group_size != self.group_size:
                 log.print(f"note: {self.old_group_size} batches per step before, {self.group_size} now (processes x "
-                          "grad_accum changed): training continues, but not as the same run bit for bit")
+                          "grad_accum changed): training continues, but not as the same run bit for bit", warning=True)
 
     # --- the loop -------------------------------------------------------------------------------------------------
 
@@ -532,7 +536,8 @@ class Trainer:
         have = len(step_dirs(self.ckpt_dir))
         if have < k:
             self.log.print(f"warning: average_last {k}, but the run has {have} checkpoint(s): "
-                           + (f"averaging those into avg-last{have}" if have > 1 else "nothing to average"))
+                           + (f"averaging those into avg-last{have}" if have > 1 else "nothing to average"),
+                           warning=True)
             k = have
         if k > 1:
             average_checkpoints(self.run_dir, k, self.ckpt_dir / f"avg-last{k}", overwrite=True)
