@@ -256,3 +256,34 @@ def test_quiet_training_keeps_the_console_clean_and_train_log_keeps_everything(t
 def test_quiet_flag_is_accepted_by_every_command():
     for name, cmd in _commands().items():
         assert any("--quiet" in p.opts and "-q" in p.opts for p in cmd.params), name
+
+
+def test_prepare_accepts_a_sentencepiece_model_as_its_tokenizer(tmp_path):
+    """`--tokenizer-from m.model`: the prepared ids are SentencePiece's own pieces (in tfcli's id layout)."""
+    spm = __import__("pytest").importorskip("sentencepiece")
+    from typer.testing import CliRunner
+
+    from tfcli.data.prepared import PreparedData
+    from tfcli.data.tokenizer import load_tokenizer
+
+    src = [f"ein Hund läuft über die Wiese Nummer {i} und {i * 7} Katzen schauen zu." for i in range(200)]
+    tgt = [f"a dog runs across meadow number {i} while {i * 3} cats watch." for i in range(200)]
+    (tmp_path / "train.de").write_text("\n".join(src) + "\n")
+    (tmp_path / "train.en").write_text("\n".join(tgt) + "\n")
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "train.de"), input_format="text",
+                                   model_prefix=str(tmp_path / "joint"), vocab_size=90, model_type="unigram",
+                                   character_coverage=1.0, minloglevel=2, user_defined_symbols=[])
+    res = CliRunner().invoke(app, ["prepare", "--src", str(tmp_path / "train.de"), "--tgt", str(tmp_path / "train.en"),
+                                   "--tokenizer-from", str(tmp_path / "joint.model"), "-o", str(tmp_path / "prep")])
+    assert res.exit_code == 0, res.output
+    prep = PreparedData(tmp_path / "prep")
+    tok = load_tokenizer(prep.tokenizer_file("src"))
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "joint.model"))
+    for text in (src[3], "  Hunde   und Katzen!", "ﬁne ＡＢＣ"):
+        pieces = sp.encode(text, out_type=str)
+        ids = tok.encode(text, add_special_tokens=False).ids
+        want = [tok.token_to_id(p) if tok.token_to_id(p) is not None else 3 for p in pieces]
+        assert ids == want, text
+    res = CliRunner().invoke(app, ["prepare", "--src", str(tmp_path / "train.de"), "--tgt", str(tmp_path / "train.en"),
+                                   "--tokenizer-from", str(tmp_path / "train.de.model"), "-o", str(tmp_path / "x")])
+    assert res.exit_code == 1

@@ -240,8 +240,9 @@ def prepare(
     ),
     tokenizer_from: Optional[str] = typer.Option(
         None, "--tokenizer-from", metavar="PATH", rich_help_panel=_TOK,
-        help="Reuse tokenizers instead of training: a tokenizer.json, a prepared directory, or a checkpoint/run "
-        "(to prepare evaluation data for a trained model; no train split needed).",
+        help="Reuse tokenizers instead of training: a tokenizer.json, a SentencePiece unigram model (.spm/.model), "
+        "a prepared directory, or a checkpoint/run (to prepare evaluation data for a trained model; no train split "
+        "needed).",
     ),
     quiet: Quiet = False,
 ):

@@ -21,7 +21,9 @@ from typing import Callable, Literal, Optional
 from tfcli.config import from_dict, load_config_file, override, to_dict
 from tfcli.data import cleaning, loading
 from tfcli.data.prepared import FORMAT, FORMAT_VERSION, PreparedData, new_meta, write_sequences
-from tfcli.data.tokenizer import encode_batch, load_tokenizer, save_tokenizer, train_tokenizer, unk_rate
+from tfcli.data.tokenizer import (
+    SENTENCEPIECE_SUFFIXES, encode_batch, load_tokenizer, save_tokenizer, train_tokenizer, unk_rate,
+)
 from tfcli.errors import ConfigError, InputError, TfcliError
 from tfcli.io import atomic_dir
 
@@ -72,7 +74,7 @@ class PrepareConfig:
     tokenizer: Literal["bpe", "unigram", "wordpiece", "bytelevel", "char"] = "bpe"
     vocab_size: int = 8000  # includes the 4 special tokens; a cap for char (every training character is kept)
     joint_vocab: bool = True  # one vocabulary for source and target (parallel data)
-    tokenizer_from: Optional[str] = None  # reuse tokenizers (a tokenizer.json, prepared dir or checkpoint): no training
+    tokenizer_from: Optional[str] = None  # reuse tokenizers (a tokenizer.json or .spm, prepared dir, checkpoint): no training
 
     def validate(self) -> None:
         if self.vocab_size < 1:
@@ -416,8 +418,10 @@ def prepare(
     with atomic_dir(out, overwrite=state == "replace") as tmp:
         tokenizer_files = {side: f"tokenizer.{side}.json" for side in sides}
         for side, name in tokenizer_files.items():
-            if cfg.tokenizer_from:  # the very same bytes, so that eval can tell it is the checkpoint's tokenizer
-                shutil.copyfile(files[f"tokenizer.{side}"], tmp / name)
+            source = files.get(f"tokenizer.{side}", "")
+            if cfg.tokenizer_from and not source.endswith(SENTENCEPIECE_SUFFIXES):
+                # the very same bytes, so that eval can tell it is the checkpoint's tokenizer
+                shutil.copyfile(source, tmp / name)
             else:
                 save_tokenizer(toks[side], tmp / name)
         splits_meta = {}

@@ -15,6 +15,7 @@ trailing space, only characters seen in training):
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -110,13 +111,24 @@ def save_tokenizer(tok: Tokenizer, path: os.PathLike | str) -> None:
         raise OSError(str(e)) from None
 
 
+SENTENCEPIECE_SUFFIXES = (".spm", ".model")
+
+
 def load_tokenizer(path: os.PathLike | str) -> Tokenizer:
-    """Load a tokenizer.json, with a clear error for a missing or invalid file."""
+    """Load a tokenizer.json (or convert a SentencePiece unigram .spm/.model file), with a clear error for a
+    missing or invalid file."""
     path = Path(path)
     if not path.is_file():
         raise TfcliError(f"{path}: tokenizer file not found")
     try:
-        tok = Tokenizer.from_file(str(path))
+        if path.suffix in SENTENCEPIECE_SUFFIXES:
+            from tfcli.interop.spm import sentencepiece_tokenizer
+
+            tok = Tokenizer.from_str(json.dumps(sentencepiece_tokenizer(path)))
+        else:
+            tok = Tokenizer.from_file(str(path))
+    except TfcliError:
+        raise
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise TfcliError(f"{path}: not a valid tokenizer.json ({first})") from None

@@ -30,6 +30,7 @@ import torch
 from tfcli.config import to_dict
 from tfcli.errors import TfcliError
 from tfcli.model import ModelConfig
+from tfcli.interop.vocab import reorder_vocabulary, vocab_list
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 ABSENT_LOGIT = -1e9  # output bias of a special token the imported model did not have
@@ -426,7 +427,7 @@ def _tokenizers(hf_dir: Path) -> tuple[tuple[Path, dict], tuple[Path, dict]]:
 def _special_ids(config: dict, tok: dict, arch: str) -> dict[int, int | None]:
     unk = None
     model = tok.get("model", {})
-    vocab = _vocab_list(tok)
+    vocab = vocab_list(tok)
     unk_token = model.get("unk_token") or ("<unk>" if "<unk>" in vocab else None)
     if model.get("type") == "Unigram" and model.get("unk_id") is not None:
         unk = model["unk_id"]
@@ -434,59 +435,6 @@ def _special_ids(config: dict, tok: dict, arch: str) -> dict[int, int | None]:
         unk = vocab.index(unk_token)
     start = config.get("decoder_start_token_id") if arch != "gpt2" else config.get("bos_token_id")
     return {PAD_ID: config.get("pad_token_id"), BOS_ID: start, EOS_ID: config.get("eos_token_id"), UNK_ID: unk}
-
-
-def _vocab_list(tok: dict) -> list[str]:
-    """Tokens in id order (model vocabulary and added tokens)."""
-    model = tok["model"]
-    if model["type"] == "Unigram":
-        tokens = [piece for piece, _ in model["vocab"]]
-    else:
-        vocab = model["vocab"]
-        tokens = [""] * (max(vocab.values()) + 1 if vocab else 0)
-        for t, i in vocab.items():
-            tokens[i] = t
-    for added in tok.get("added_tokens", []):
-        while len(tokens) <= added["id"]:
-            tokens.append("")
-        tokens[added["id"]] = added["content"]
-    return tokens
-
-
-def reorder_vocabulary(tok: dict, special: dict[int, int | None], path: Path) -> tuple[dict, list[int]]:
-    """tfcli's tokenizer.json and `order` (tfcli id -> HF id, -1 for a new row): the specials at tfcli's ids with
-    tfcli's names, then every other token in HF order."""
-    tokens = _vocab_list(tok)
-    heads = [special[i] if special[i] is not None else -1 for i in range(len(SPECIAL_TOKENS))]
-    used = {h for h in heads if h >= 0}
-    order = heads + [i for i in range(len(tokens)) if i not in used]
-    if order == list(range(len(tokens))) and tokens[: len(SPECIAL_TOKENS)] == SPECIAL_TOKENS:
-        return tok, order  # already tfcli's layout (a tfcli export)
-    new = [SPECIAL_TOKENS[i] if i < len(SPECIAL_TOKENS) else tokens[h] for i, h in enumerate(order)]
-    clash = [t for t in new[len(SPECIAL_TOKENS):] if t in SPECIAL_TOKENS]
-    if clash:
-        raise TfcliError(f"{path}: the token '{clash[0]}' is a plain token there but a special token in tfcli")
-    tok = json.loads(json.dumps(tok))
-    model = tok["model"]
-    if model["type"] == "Unigram":
-        scores = {piece: score for piece, score in model["vocab"]}
-        model["vocab"] = [[t, scores.get(t, 0.0) if i >= len(SPECIAL_TOKENS) else 0.0] for i, t in enumerate(new)]
-        model["unk_id"] = UNK_ID
-    else:
-        model["vocab"] = {t: i for i, t in enumerate(new)}
-        if model.get("unk_token") is not None:
-            model["unk_token"] = SPECIAL_TOKENS[UNK_ID]
-    old_added = {a["id"]: a for a in tok.get("added_tokens", [])}
-    added = []
-    for i, h in enumerate(order):
-        if i < len(SPECIAL_TOKENS):
-            added.append({"id": i, "content": SPECIAL_TOKENS[i], "single_word": False, "lstrip": False,
-                          "rstrip": False, "normalized": False, "special": True})
-        elif h in old_added:
-            added.append({**old_added[h], "id": i})
-    tok["added_tokens"] = added
-    tok["post_processor"] = None  # tfcli adds </s> and <s> itself
-    return tok, order
 
 
 def _rows(w: torch.Tensor, order: list[int]) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""A Marian model's SentencePiece vocabulary as a Hugging Face `tokenizers` tokenizer (what `tfcli import` reads).
+"""SentencePiece models as Hugging Face `tokenizers` tokenizers: a Marian model's vocabulary (`tfcli import`) and
+a plain unigram .spm/.model file (`tfcli prepare --tokenizer-from`).
 
 Marian (Opus-MT) directories ship `source.spm`/`target.spm` (SentencePiece unigram models) and `vocab.json` (piece ->
 embedding row, shared by both sides): a text is cut into pieces by the .spm model, and each piece is looked up in
@@ -19,10 +20,11 @@ from pathlib import Path
 from tfcli.errors import TfcliError
 
 ABSENT_SCORE = -1e4
-# sentencepiece_model.proto: ModelProto.pieces = 1, .normalizer_spec = 3; SentencePiece.piece = 1, .score = 2,
-# .type = 3; NormalizerSpec.precompiled_charsmap = 2, .add_dummy_prefix = 3, .remove_extra_whitespaces = 4
-_PIECES, _NORMALIZER = 1, 3
-_UNKNOWN, _CONTROL = 2, 3  # SentencePiece.Type
+# sentencepiece_model.proto: ModelProto.pieces = 1, .trainer_spec = 2, .normalizer_spec = 3; SentencePiece.piece = 1,
+# .score = 2, .type = 3; TrainerSpec.model_type = 3; NormalizerSpec.precompiled_charsmap = 2, .add_dummy_prefix = 3,
+# .remove_extra_whitespaces = 4
+_PIECES, _TRAINER, _NORMALIZER = 1, 2, 3
+_NORMAL, _UNKNOWN, _CONTROL, _USER, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6  # SentencePiece.Type
 
 
 def _fields(buf: bytes):
@@ -57,15 +59,16 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def read_spm(path: Path) -> tuple[dict[str, float], bytes, bool, bool]:
-    """(piece -> score of the normal pieces, precompiled charsmap, add_dummy_prefix, remove_extra_whitespaces)."""
+def read_spm(path: Path) -> dict:
+    """The fields of a SentencePiece model that a conversion needs: pieces [(piece, score, type)] in id order, the
+    model type (1 unigram, 2 BPE, 3 word, 4 char), the precompiled charsmap, add_dummy_prefix and
+    remove_extra_whitespaces."""
     try:
         buf = Path(path).read_bytes()
-        scores: dict[str, float] = {}
-        charsmap, dummy_prefix, squeeze = b"", True, True
+        spm = {"pieces": [], "model_type": 1, "charsmap": b"", "dummy_prefix": True, "squeeze": True}
         for field, value in _fields(buf):
             if field == _PIECES:
-                piece, score, kind = "", 0.0, 1
+                piece, score, kind = "", 0.0, _NORMAL
                 for f, v in _fields(value):
                     if f == 1:
                         piece = v.decode("utf-8")
@@ -73,43 +76,76 @@ def read_spm(path: Path) -> tuple[dict[str, float], bytes, bool, bool]:
                         score = struct.unpack("<f", v)[0]
                     elif f == 3:
                         kind = v
-                if kind not in (_UNKNOWN, _CONTROL):
-                    scores[piece] = score
+                spm["pieces"].append((piece, score, kind))
+            elif field == _TRAINER:
+                for f, v in _fields(value):
+                    if f == 3:
+                        spm["model_type"] = v
             elif field == _NORMALIZER:
                 for f, v in _fields(value):
                     if f == 2:
-                        charsmap = v
+                        spm["charsmap"] = v
                     elif f == 3:
-                        dummy_prefix = bool(v)
+                        spm["dummy_prefix"] = bool(v)
                     elif f == 4:
-                        squeeze = bool(v)
+                        spm["squeeze"] = bool(v)
     except (OSError, ValueError, IndexError, UnicodeDecodeError, struct.error) as e:
         raise TfcliError(f"{path}: not a readable SentencePiece model ({e})") from None
-    if not scores:
+    if not spm["pieces"]:
         raise TfcliError(f"{path}: not a SentencePiece model (no pieces)")
-    return scores, charsmap, dummy_prefix, squeeze
+    return spm
+
+
+def _unigram(spm: dict, table: list[tuple[str, float]], unk_id: int, specials: list[str]) -> dict:
+    """tokenizer.json (a dict): a unigram model over `table` behind the .spm model's normalisation and
+    SentencePiece's whitespace handling."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    byte_fallback = any(kind == _BYTE for _, _, kind in spm["pieces"])
+    tok = Tokenizer(models.Unigram(table, unk_id=unk_id, byte_fallback=byte_fallback))
+    steps = [normalizers.Precompiled(spm["charsmap"])] if spm["charsmap"] else []
+    if spm["squeeze"]:
+        steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
+    if steps:
+        tok.normalizer = normalizers.Sequence(steps)
+    scheme = "always" if spm["dummy_prefix"] else "never"
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)
+    metaspace = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), metaspace]) if byte_fallback else metaspace
+    tok.add_special_tokens(specials)
+    return json.loads(tok.to_str())
+
+
+def sentencepiece_tokenizer(path: Path) -> dict:
+    """A SentencePiece unigram model (`tfcli prepare --tokenizer-from model.spm`) as a tokenizer.json in tfcli's
+    layout: its <pad>, <s>, </s> and <unk> at tfcli's ids (added where it lacks them), its other pieces after."""
+    from tfcli.interop.vocab import reorder_vocabulary
+    from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+    spm = read_spm(path)
+    if spm["model_type"] != 1:
+        kind = {2: "BPE", 3: "word", 4: "char"}.get(spm["model_type"], str(spm["model_type"]))
+        raise TfcliError(f"--tokenizer-from {path}: a SentencePiece {kind} model; only unigram models are converted")
+    pieces = [p for p, _, _ in spm["pieces"]]
+    unk = next((i for i, (_, _, kind) in enumerate(spm["pieces"]) if kind == _UNKNOWN), None)
+    if unk is None:
+        raise TfcliError(f"--tokenizer-from {path}: the SentencePiece model has no unknown piece")
+    table = [(p, score if kind in (_NORMAL, _USER, _BYTE) else 0.0) for p, score, kind in spm["pieces"]]
+    specials = [p for p, _, kind in spm["pieces"] if kind in (_UNKNOWN, _CONTROL)]
+    data = _unigram(spm, table, unk, specials)
+    index = {p: i for i, p in enumerate(pieces)}
+    roles = {PAD_ID: index.get("<pad>"), BOS_ID: index.get("<s>"), EOS_ID: index.get("</s>"), UNK_ID: unk}
+    return reorder_vocabulary(data, roles, Path(path))[0]
 
 
 def marian_tokenizer(spm_path: Path, vocab: dict[str, int], unk: str = "<unk>") -> dict:
     """tokenizer.json (as a dict) for one side of a Marian model: ids are vocab.json's."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-
-    scores, charsmap, dummy_prefix, squeeze = read_spm(spm_path)
+    spm = read_spm(spm_path)
+    scores = {p: score for p, score, kind in spm["pieces"] if kind not in (_UNKNOWN, _CONTROL)}
     if unk not in vocab:
         raise TfcliError(f"{spm_path.parent / 'vocab.json'}: has no {unk} token")
     pieces = [""] * (max(vocab.values()) + 1)
     for piece, i in vocab.items():
         pieces[i] = piece
     table = [(p, scores.get(p, ABSENT_SCORE)) for p in pieces]
-    tok = Tokenizer(models.Unigram(table, unk_id=vocab[unk], byte_fallback=False))
-    steps = [normalizers.Precompiled(charsmap)] if charsmap else []
-    if squeeze:
-        steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
-    if steps:
-        tok.normalizer = normalizers.Sequence(steps)
-    scheme = "always" if dummy_prefix else "never"
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
-    specials = [p for p in ("</s>", unk, "<pad>") if p in vocab]
-    tok.add_special_tokens(specials)
-    return json.loads(tok.to_str())
+    return _unigram(spm, table, vocab[unk], [p for p in ("</s>", unk, "<pad>") if p in vocab])

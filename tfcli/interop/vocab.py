@@ -1,0 +1,65 @@
+"""A tokenizer.json's vocabulary put into tfcli's layout: the special tokens at their fixed ids, with tfcli's names.
+
+Torch-free, so that `tfcli prepare --tokenizer-from model.spm` can use it as well as `tfcli import`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tfcli.errors import TfcliError
+from tfcli.specials import SPECIAL_TOKENS, UNK_ID
+
+
+def vocab_list(tok: dict) -> list[str]:
+    """Tokens in id order (model vocabulary and added tokens)."""
+    model = tok["model"]
+    if model["type"] == "Unigram":
+        tokens = [piece for piece, _ in model["vocab"]]
+    else:
+        vocab = model["vocab"]
+        tokens = [""] * (max(vocab.values()) + 1 if vocab else 0)
+        for t, i in vocab.items():
+            tokens[i] = t
+    for added in tok.get("added_tokens", []):
+        while len(tokens) <= added["id"]:
+            tokens.append("")
+        tokens[added["id"]] = added["content"]
+    return tokens
+
+
+def reorder_vocabulary(tok: dict, special: dict[int, int | None], path: Path) -> tuple[dict, list[int]]:
+    """tfcli's tokenizer.json and `order` (tfcli id -> HF id, -1 for a new row): the specials at tfcli's ids with
+    tfcli's names, then every other token in HF order."""
+    tokens = vocab_list(tok)
+    heads = [special[i] if special[i] is not None else -1 for i in range(len(SPECIAL_TOKENS))]
+    used = {h for h in heads if h >= 0}
+    order = heads + [i for i in range(len(tokens)) if i not in used]
+    if order == list(range(len(tokens))) and tokens[: len(SPECIAL_TOKENS)] == SPECIAL_TOKENS:
+        return tok, order  # already tfcli's layout (a tfcli export)
+    new = [SPECIAL_TOKENS[i] if i < len(SPECIAL_TOKENS) else tokens[h] for i, h in enumerate(order)]
+    clash = [t for t in new[len(SPECIAL_TOKENS):] if t in SPECIAL_TOKENS]
+    if clash:
+        raise TfcliError(f"{path}: the token '{clash[0]}' is a plain token there but a special token in tfcli")
+    tok = json.loads(json.dumps(tok))
+    model = tok["model"]
+    if model["type"] == "Unigram":
+        scores = {piece: score for piece, score in model["vocab"]}
+        model["vocab"] = [[t, scores.get(t, 0.0) if i >= len(SPECIAL_TOKENS) else 0.0] for i, t in enumerate(new)]
+        model["unk_id"] = UNK_ID
+    else:
+        model["vocab"] = {t: i for i, t in enumerate(new)}
+        if model.get("unk_token") is not None:
+            model["unk_token"] = SPECIAL_TOKENS[UNK_ID]
+    old_added = {a["id"]: a for a in tok.get("added_tokens", [])}
+    added = []
+    for i, h in enumerate(order):
+        if i < len(SPECIAL_TOKENS):
+            added.append({"id": i, "content": SPECIAL_TOKENS[i], "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True})
+        elif h in old_added:
+            added.append({**old_added[h], "id": i})
+    tok["added_tokens"] = added
+    tok["post_processor"] = None  # tfcli adds </s> and <s> itself
+    return tok, order
