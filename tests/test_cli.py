@@ -287,3 +287,58 @@ def test_prepare_accepts_a_sentencepiece_model_as_its_tokenizer(tmp_path):
     res = CliRunner().invoke(app, ["prepare", "--src", str(tmp_path / "train.de"), "--tgt", str(tmp_path / "train.en"),
                                    "--tokenizer-from", str(tmp_path / "train.de.model"), "-o", str(tmp_path / "x")])
     assert res.exit_code == 1
+
+
+def _bpe_prepared(tmp_path):
+    from typer.testing import CliRunner
+
+    words = "the a dog cat runs sleeps over under big small red green house garden tree river".split()
+    rng = __import__("random").Random(0)
+    for split, n in (("train", 300), ("valid", 20)):
+        src = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) for _ in range(n)]
+        (tmp_path / f"{split}.src").write_text("\n".join(src) + "\n")
+        (tmp_path / f"{split}.tgt").write_text("\n".join(s.upper() for s in src) + "\n")
+    res = CliRunner().invoke(app, [
+        "prepare", "--src", str(tmp_path / "train.src"), "--tgt", str(tmp_path / "train.tgt"),
+        "--valid-src", str(tmp_path / "valid.src"), "--valid-tgt", str(tmp_path / "valid.tgt"),
+        "--tokenizer", "bpe", "--vocab-size", "120", "-o", str(tmp_path / "prep")])
+    assert res.exit_code == 0, res.output
+    return tmp_path / "prep"
+
+
+def test_bpe_dropout_recuts_training_pairs_reproducibly(tmp_path):
+    import numpy as np
+    import torch
+
+    from helpers import tiny_train_config
+    from tfcli.data.prepared import PreparedData
+    from tfcli.data.tokenizer import BpeDropout, encode_batch, load_tokenizer
+    from tfcli.train.data import ParallelData
+    from tfcli.train.trainer import run as run_train, train
+
+    prep = _bpe_prepared(tmp_path)
+    data = PreparedData(prep)
+    tok = load_tokenizer(data.tokenizer_file("src"))
+    lines = (tmp_path / "train.src").read_text().splitlines()
+    exact = BpeDropout(tok, 0.0)
+    assert all(exact.encode(t, None) == ids for t, ids in zip(lines, encode_batch(tok, lines)))  # p = 0: the same cut
+    drop = BpeDropout(tok, 0.3)
+    cuts = [drop.encode(lines[0], np.random.default_rng(s)) for s in range(20)]
+    assert len({tuple(c) for c in cuts}) > 1  # different pieces from draw to draw
+    assert all(tok.decode(c) == lines[0] for c in cuts)  # the same text
+    # in training batches: epoch-dependent, and a resumed run repeats the uninterrupted one bit for bit
+    pd = ParallelData(data, "train", 64, 400, 0, seed=1, bpe_dropout=0.3)
+    first = pd.batches(0)[0]
+    a = pd.collate(first).src
+    pd.batches(1)
+    assert not torch.equal(a, pd.collate(first).src)
+    pd.batches(0)
+    assert torch.equal(a, pd.collate(first).src)
+    opts = dict(max_steps=8, valid_every=4, log_every=1, valid_bleu=False, bpe_dropout=0.2, max_tokens=200)
+    train(tiny_train_config(prep, tmp_path / "full", **opts))
+    train(tiny_train_config(prep, tmp_path / "part", **{**opts, "max_steps": 4}))
+    run_train(None, {"out": str(tmp_path / "part"), "resume": True, "max_steps": 8})
+    from safetensors.torch import load_file
+
+    w = [load_file(str(tmp_path / run / "checkpoints" / "step-0000008" / "model.safetensors")) for run in ("full", "part")]
+    assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])

@@ -202,3 +202,41 @@ def unk_rate(id_lists: Iterable[Sequence[int]]) -> float:
         total += len(ids)
         unk += sum(1 for i in ids if i == UNK_ID)
     return unk / total if total else 0.0
+
+
+class BpeDropout:
+    """BPE-dropout (Provilkov et al. 2020): a text cut into subwords as the BPE tokenizer cuts it, except that each
+    merge the algorithm would apply is skipped with probability p, so the same word comes out in different pieces
+    from epoch to epoch. With p = 0 the cut is the tokenizer's own. The random choices come from the caller's
+    numpy Generator (seeded per sentence and epoch, so a resumed run repeats them)."""
+
+    def __init__(self, tok: Tokenizer, p: float):
+        model = json.loads(tok.to_str())["model"]
+        if model.get("type") != "BPE":
+            raise TfcliError(f"--bpe-dropout needs a BPE tokenizer; this one is {model.get('type')}")
+        self.tok, self.p = tok, p
+        self.vocab: dict[str, int] = model["vocab"]
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        self.rank = {pair: r for r, pair in enumerate(merges)}
+        self.unk = self.vocab.get(model.get("unk_token") or "", UNK_ID)
+
+    def encode(self, text: str, rng) -> list[int]:
+        norm = self.tok.normalizer.normalize_str(text) if self.tok.normalizer is not None else text
+        words = [w for w, _ in self.tok.pre_tokenizer.pre_tokenize_str(norm)]
+        ids: list[int] = []
+        for word in words:
+            ids += [self.vocab.get(s, self.unk) for s in self._merge(list(word), rng)]
+        return ids
+
+    def _merge(self, symbols: list[str], rng) -> list[str]:
+        while len(symbols) > 1:
+            best, at = None, -1
+            keep = rng.random(len(symbols) - 1) >= self.p if self.p > 0 else None
+            for i in range(len(symbols) - 1):
+                r = self.rank.get((symbols[i], symbols[i + 1]))
+                if r is not None and (keep is None or keep[i]) and (best is None or r < best):
+                    best, at = r, i
+            if best is None:
+                break
+            symbols[at : at + 2] = [symbols[at] + symbols[at + 1]]
+        return symbols

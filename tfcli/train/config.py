@@ -31,6 +31,7 @@ class TrainConfig:
     max_tokens: int = 4096  # padded tokens per batch (per side), per micro-batch and per process
     max_sentences: int = 0  # at most this many sentences per batch (0: no limit)
     max_len: int = 0  # seq2seq: longer sentences are truncated; LM: the block length (0: the model's max_len)
+    bpe_dropout: float = 0.0  # BPE-dropout: training sentences re-cut with each merge skipped with probability P
     # optimisation
     lr: float = 5e-4  # peak learning rate
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
@@ -84,6 +85,8 @@ class TrainConfig:
             raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {self.betas}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        if not 0.0 <= self.bpe_dropout < 1.0:
+            raise ConfigError(f"train.bpe_dropout: must be in [0, 1), got {self.bpe_dropout}")
         if self.max_len == 1:
             raise ConfigError("train.max_len: must be at least 2 (or 0 for the model's max_len)")
         if self.max_steps == 0 and self.max_epochs == 0 and self.patience == 0 and self.max_minutes == 0:

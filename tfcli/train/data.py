@@ -14,6 +14,7 @@ import torch
 from tfcli.data.batching import collate_seq2seq, lm_stream, token_batches
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import TfcliError
+from tfcli.specials import UNK_ID
 
 
 @dataclass
@@ -42,7 +43,8 @@ class ParallelData:
 
     kind = "seq2seq"
 
-    def __init__(self, prepared: PreparedData, split: str, max_len: int, max_tokens: int, max_sentences: int, seed: int):
+    def __init__(self, prepared: PreparedData, split: str, max_len: int, max_tokens: int, max_sentences: int, seed: int,
+                 bpe_dropout: float = 0.0):
         self.src = prepared.sequences(split, "src")
         self.tgt = prepared.sequences(split, "tgt")
         if len(self.src) != len(self.tgt):
@@ -53,18 +55,43 @@ class ParallelData:
         self.src_len = np.minimum(self.src.lengths + 1, max_len)
         self.tgt_len = np.minimum(self.tgt.lengths + 1, max_len)
         self.truncated = int(((self.src.lengths + 1 > max_len) | (self.tgt.lengths + 1 > max_len)).sum())
+        # BPE-dropout: each sentence re-cut per epoch (batches are still planned on the stored lengths, so a batch may
+        # hold a little more than max_tokens); sentences holding <unk> keep their ids (their text does not round-trip)
+        self.dropout, self.epoch = None, 0
+        if bpe_dropout > 0:
+            from tfcli.data.tokenizer import BpeDropout, load_tokenizer
+
+            self.dropout = {side: (load_tokenizer(prepared.tokenizer_file(side)),
+                                   BpeDropout(load_tokenizer(prepared.tokenizer_file(side)), bpe_dropout))
+                            for side in ("src", "tgt")}
 
     def __len__(self) -> int:
         return len(self.src)
 
+    def _recut(self, side: str, i: int, ids) -> list[int]:
+        tok, dropout = self.dropout[side]
+        ids = [int(t) for t in ids]
+        if UNK_ID in ids:
+            return ids
+        rng = np.random.default_rng([self.seed, self.epoch, int(i), side == "tgt"])
+        return dropout.encode(tok.decode(ids, skip_special_tokens=False), rng)
+
     def batches(self, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
+        self.epoch = epoch  # BPE-dropout's choices are a function of (seed, epoch, sentence)
         return token_batches(
             np.maximum(self.src_len, self.tgt_len), self.max_tokens, self.max_sentences or None, shuffle, self.seed, epoch
         )
 
     def collate(self, idx: np.ndarray) -> Batch:
-        src, tgt_in, tgt_out = collate_seq2seq([self.src[i] for i in idx], [self.tgt[i] for i in idx], self.max_len)
-        s, t = self.src_len[idx], self.tgt_len[idx]
+        srcs, tgts = [self.src[i] for i in idx], [self.tgt[i] for i in idx]
+        if self.dropout is not None:
+            srcs = [self._recut("src", i, ids) for i, ids in zip(idx, srcs)]
+            tgts = [self._recut("tgt", i, ids) for i, ids in zip(idx, tgts)]
+            s = np.minimum(np.array([len(x) for x in srcs]) + 1, self.max_len)
+            t = np.minimum(np.array([len(x) for x in tgts]) + 1, self.max_len)
+        else:
+            s, t = self.src_len[idx], self.tgt_len[idx]
+        src, tgt_in, tgt_out = collate_seq2seq(srcs, tgts, self.max_len)
         return Batch(
             src, tgt_in, tgt_out, int(s.sum()), int(t.sum()), src.numel() + tgt_out.numel(),
             src_pairs=int((s * s).sum()), tgt_pairs=int((t * t).sum()), cross_pairs=int((s * t).sum()),

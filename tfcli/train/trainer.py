@@ -113,7 +113,11 @@ class Trainer:
             raise ConfigError(f"train.max_len ({self.max_len}) is longer than the model's learned positions "
                               f"(model.max_len {mc.max_len}); raise model.max_len or lower --max-len")
         Data = ParallelData if mc.kind == "seq2seq" else StreamData
-        self.train_data = Data(self.prepared, "train", self.max_len, cfg.max_tokens, cfg.max_sentences, cfg.seed)
+        if cfg.bpe_dropout and mc.kind != "seq2seq":
+            raise ConfigError("train.bpe_dropout: re-cuts translation pairs; a language model's stream is not re-cut")
+        extra = {"bpe_dropout": cfg.bpe_dropout} if cfg.bpe_dropout else {}
+        self.train_data = Data(self.prepared, "train", self.max_len, cfg.max_tokens, cfg.max_sentences, cfg.seed,
+                               **extra)
         self.valid_data = None
         if cfg.valid_split in self.prepared.splits:
             self.valid_data = Data(self.prepared, cfg.valid_split, self.max_len, cfg.max_tokens, cfg.max_sentences, cfg.seed)
