@@ -20,6 +20,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
@@ -286,4 +287,62 @@ __all__ = [
     "decode_line",
     "iter_lines",
     "read_lines",
+    "run_lock",
 ]
+
+
+@contextlib.contextmanager
+def run_lock(path: os.PathLike | str, what: str) -> Iterator[None]:
+    """Hold `.NAME.lock` beside `path` while a command writes `path`, so that a second `tfcli train -o RUN` (or
+    `prepare -o DIR`) on it refuses instead of writing beside the first. The lock names its process and host; one
+    left by a process that is gone (killed) is taken over, so a kill -9 never leaves a directory locked."""
+    import socket
+
+    path = Path(path)
+    lock = path.parent / f".{path.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "command": what, "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(lock)
+            if holder is None or _gone(holder, me["host"]):
+                lock.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            raise TfcliError(
+                f"{path}: in use by another tfcli {holder.get('command', '')} (pid {holder.get('pid')} on "
+                f"{holder.get('host')}, since {holder.get('since')}); wait for it to finish, or remove {lock} if that "
+                "process is gone"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        break
+    else:
+        raise TfcliError(f"{lock}: cannot take the lock")
+    try:
+        yield
+    finally:
+        if (_lock_holder(lock) or {}).get("pid") == me["pid"]:
+            lock.unlink(missing_ok=True)
+
+
+def _lock_holder(lock: Path) -> dict | None:
+    try:
+        holder = json.loads(lock.read_text())
+        return holder if isinstance(holder, dict) else None
+    except (OSError, ValueError):
+        return None  # half-written by a killed process: stale
+
+
+def _gone(holder: dict, host: str) -> bool:
+    """The lock's process no longer runs (checkable on this host only; another host's lock is respected)."""
+    if holder.get("host") != host:
+        return False
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, ValueError, TypeError):
+        return False
+    return False

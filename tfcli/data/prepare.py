@@ -25,7 +25,7 @@ from tfcli.data.tokenizer import (
     SENTENCEPIECE_SUFFIXES, encode_batch, load_tokenizer, save_tokenizer, train_tokenizer, unk_rate,
 )
 from tfcli.errors import ConfigError, InputError, TfcliError
-from tfcli.io import atomic_dir
+from tfcli.io import atomic_dir, run_lock
 
 SPLITS = ("train", "valid", "test")
 # Options that name input files: their content enters the fingerprint through "inputs", not "settings".
@@ -343,6 +343,20 @@ def _noop(_: str) -> None:
 
 
 def prepare(
+    cfg: PrepareConfig,
+    force: bool = False,
+    progress: Callable[[str], None] = _noop,
+    log: Callable[[str], None] = _noop,
+) -> Path:
+    """Build the prepared directory `cfg.out` and return its path (see `_prepare`); a second prepare of the same
+    directory while this one runs is refused (io.run_lock)."""
+    if not cfg.out:
+        return _prepare(cfg, force, progress, log)  # (its own error: no output directory)
+    with run_lock(cfg.out, "prepare"):
+        return _prepare(cfg, force, progress, log)
+
+
+def _prepare(
     cfg: PrepareConfig,
     force: bool = False,
     progress: Callable[[str], None] = _noop,

@@ -55,9 +55,10 @@ class ParallelData:
         self.src_len = np.minimum(self.src.lengths + 1, max_len)
         self.tgt_len = np.minimum(self.tgt.lengths + 1, max_len)
         self.truncated = int(((self.src.lengths + 1 > max_len) | (self.tgt.lengths + 1 > max_len)).sum())
-        # BPE-dropout: each sentence re-cut per epoch (batches are still planned on the stored lengths, so a batch may
-        # hold a little more than max_tokens); sentences holding <unk> keep their ids (their text does not round-trip)
-        self.dropout, self.epoch = None, 0
+        # BPE-dropout: every sentence re-cut at the start of each epoch, and the epoch batched by the new lengths
+        # (batching by the stored ones left 32% padding); sentences holding <unk> keep their ids (their text does
+        # not round-trip)
+        self.dropout, self.cut, self.cut_epoch = None, None, None
         if bpe_dropout > 0:
             from tfcli.data.tokenizer import BpeDropout, load_tokenizer
 
@@ -68,28 +69,38 @@ class ParallelData:
     def __len__(self) -> int:
         return len(self.src)
 
-    def _recut(self, side: str, i: int, ids) -> list[int]:
+    def _recut(self, side: str, epoch: int) -> list[list[int]]:
+        """This epoch's cut of every sentence of one side: a function of (seed, epoch, sentence), so a resumed run
+        and every process of a distributed one see the same."""
         tok, dropout = self.dropout[side]
-        ids = [int(t) for t in ids]
-        if UNK_ID in ids:
-            return ids
-        rng = np.random.default_rng([self.seed, self.epoch, int(i), side == "tgt"])
-        return dropout.encode(tok.decode(ids, skip_special_tokens=False), rng)
+        seqs = self.src if side == "src" else self.tgt
+        cut = []
+        for i in range(len(seqs)):
+            ids = [int(t) for t in seqs[i]]
+            if UNK_ID not in ids:
+                rng = np.random.default_rng([self.seed, epoch, i, side == "tgt"])
+                ids = dropout.encode(tok.decode(ids, skip_special_tokens=False), rng)
+            cut.append(ids)
+        return cut
 
     def batches(self, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
-        self.epoch = epoch  # BPE-dropout's choices are a function of (seed, epoch, sentence)
+        src_len, tgt_len = self.src_len, self.tgt_len
+        if self.dropout is not None:
+            if self.cut_epoch != epoch:
+                self.cut, self.cut_epoch = {side: self._recut(side, epoch) for side in ("src", "tgt")}, epoch
+            src_len = np.minimum(np.array([len(x) for x in self.cut["src"]]) + 1, self.max_len)
+            tgt_len = np.minimum(np.array([len(x) for x in self.cut["tgt"]]) + 1, self.max_len)
         return token_batches(
-            np.maximum(self.src_len, self.tgt_len), self.max_tokens, self.max_sentences or None, shuffle, self.seed, epoch
+            np.maximum(src_len, tgt_len), self.max_tokens, self.max_sentences or None, shuffle, self.seed, epoch
         )
 
     def collate(self, idx: np.ndarray) -> Batch:
-        srcs, tgts = [self.src[i] for i in idx], [self.tgt[i] for i in idx]
-        if self.dropout is not None:
-            srcs = [self._recut("src", i, ids) for i, ids in zip(idx, srcs)]
-            tgts = [self._recut("tgt", i, ids) for i, ids in zip(idx, tgts)]
+        if self.cut is not None:
+            srcs, tgts = [self.cut["src"][i] for i in idx], [self.cut["tgt"][i] for i in idx]
             s = np.minimum(np.array([len(x) for x in srcs]) + 1, self.max_len)
             t = np.minimum(np.array([len(x) for x in tgts]) + 1, self.max_len)
         else:
+            srcs, tgts = [self.src[i] for i in idx], [self.tgt[i] for i in idx]
             s, t = self.src_len[idx], self.tgt_len[idx]
         src, tgt_in, tgt_out = collate_seq2seq(srcs, tgts, self.max_len)
         return Batch(

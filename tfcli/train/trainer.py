@@ -14,9 +14,11 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import random
 import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ from tfcli import checkpoint
 from tfcli.config import to_dict
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import CheckpointError, ConfigError, TfcliError, verbose_enabled
-from tfcli.io import atomic_write_text
+from tfcli.io import atomic_write_text, run_lock
 from tfcli.model import ModelConfig, build_model, count_parameters, preset
 from tfcli.model.config import PRESETS
 from tfcli.train import distributed
@@ -565,9 +567,12 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, saved: dict | N
     """Train as configured; rank 0 writes RUN/{config.yaml, metrics.jsonl, checkpoints/}."""
     trainer = None
     threads = torch.get_num_threads()
+    # one process writes a run directory at a time (under torchrun, rank 0 holds the lock for all)
+    lock = run_lock(cfg.out, "train") if cfg.out and int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext()
     try:
-        trainer = Trainer(cfg, model_overrides, saved)
-        return trainer.fit()
+        with lock:
+            trainer = Trainer(cfg, model_overrides, saved)
+            return trainer.fit()
     finally:
         if trainer is not None:
             trainer.close()
@@ -582,6 +587,29 @@ def run(config_file: str | Path | None, flags: dict, sets: list[str] | None = No
     cfg, model_overrides = load_train_config(config_file, flags, sets)
     saved = None
     if cfg.resume:
+        run_dir = Path(cfg.out)
+        if not (run_dir / CHECKPOINTS / "LATEST").exists() and (run_dir / "config.yaml").is_file():
+            return _restart(run_dir, config_file, flags, sets)
         saved = checkpoint.read_meta(resume_point(cfg.out))
         cfg, model_overrides = load_train_config(config_file, flags, sets, saved=saved)
     return train(cfg, model_overrides, saved)
+
+
+def _restart(run_dir: Path, config_file, flags: dict, sets) -> TrainResult:
+    """--resume of a run stopped before its first checkpoint: nothing to continue, so the run starts again from
+    step 0 with the config it had saved (RUN/config.yaml), as the recipes' re-runs expect."""
+    import yaml
+
+    from tfcli.train.config import load_train_config
+
+    try:
+        started = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        base = {"train": dict(started["train"]), "model": dict(started["model"])}
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{run_dir}/config.yaml: unreadable ({e}); start without --resume") from None
+    base["train"]["resume"] = False
+    cfg, overrides = load_train_config(config_file, {**flags, "resume": None}, sets, saved=base)
+    model = {k: v for k, v in base["model"].items() if k not in ("kind", "src_vocab_size", "tgt_vocab_size")}
+    print(f"{run_dir}: stopped before its first checkpoint; starting it again from step 0 with its saved config",
+          file=sys.stderr)
+    return train(cfg, {**model, **overrides})
