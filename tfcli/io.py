@@ -300,11 +300,16 @@ def run_lock(path: os.PathLike | str, what: str) -> Iterator[None]:
 
     path = Path(path)
     lock = path.parent / f".{path.name}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file where a parent directory should be
+        raise TfcliError(f"{path}: cannot be created: Not a directory ({_file_in_the_way(path)} is a file)") from None
     me = {"pid": os.getpid(), "host": socket.gethostname(), "command": what, "since": time.strftime("%Y-%m-%d %H:%M:%S")}
     for _ in range(3):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except PermissionError:
+            raise TfcliError(f"{path}: cannot write in {lock.parent} (permission denied)") from None
         except FileExistsError:
             holder = _lock_holder(lock)
             if holder is None or _gone(holder, me["host"]):
@@ -325,6 +330,13 @@ def run_lock(path: os.PathLike | str, what: str) -> Iterator[None]:
     finally:
         if (_lock_holder(lock) or {}).get("pid") == me["pid"]:
             lock.unlink(missing_ok=True)
+
+
+def _file_in_the_way(path: Path) -> Path:
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return path.parent
 
 
 def _lock_holder(lock: Path) -> dict | None:
