@@ -309,7 +309,7 @@ def run_lock(path: os.PathLike | str, what: str) -> Iterator[None]:
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except PermissionError:
-            raise TfcliError(f"{path}: cannot write in {lock.parent} (permission denied)") from None
+            raise TfcliError(f"{lock.parent}: directory is not writable (needed for {path.name})") from None
         except FileExistsError:
             holder = _lock_holder(lock)
             if holder is None or _gone(holder, me["host"]):
