@@ -157,7 +157,9 @@ class Trainer:
             self._load_state(self.resume_from)
 
         self.group_size = self.dist.world_size * cfg.grad_accum
+        t0 = time.perf_counter()
         first_epoch = self.train_data.batches(self.epoch)
+        self.epoch_setup_s = time.perf_counter() - t0  # each epoch's batch list (and BPE-dropout's re-cut), for the plan
         if not first_epoch:
             raise TfcliError(f"{cfg.data}: the training data is too small for one batch "
                              f"(a language model needs more than --max-len {self.max_len} tokens)")
@@ -385,6 +387,7 @@ class Trainer:
             [(spent - valid_s) / max(steps_done, 1), one_valid], self.dist, self.device
         )
         step_s, one_valid = step_s / self.dist.world_size, one_valid / self.dist.world_size
+        step_s += self.epoch_setup_s / self.steps_per_epoch  # warmup saw no epoch start; later epochs each pay one
         left = 60 * cfg.max_minutes - self._time() - one_valid  # the last validation comes after the last step
         more = max(int(left / (step_s + one_valid / cfg.valid_every)), 0)
         planned = self.step + more // 10 * 10
