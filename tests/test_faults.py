@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import socket
 import subprocess
@@ -72,3 +73,88 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(tmp_
     assert saved["train"]["seed"] == 7 and saved["model"]["d_model"] == 32  # the run's own settings
     with pytest.raises(TfcliError, match="nothing to resume"):
         run_train(None, {"out": str(tmp_path / "empty"), "resume": True})
+
+
+# --- injected write faults (io.fault_point): every output whole or absent, and a re-run succeeds ----------------
+
+
+def _with_fault(n: int, args: list) -> "object":
+    import tfcli.io
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    tfcli.io._write_points = 0
+    return CliRunner().invoke(app, [str(a) for a in args], env={"TFCLI_FAIL_AT": str(n)} if n else {"TFCLI_FAIL_AT": ""})
+
+
+def _each_fault(args: list, check, limit: int = 40) -> int:
+    """Run `args` failing at write point 1, 2, ... until it runs through; `check()` after each failure."""
+    for n in range(1, limit):
+        res = _with_fault(n, args)
+        if res.exit_code == 0:
+            return n - 1
+        assert res.exit_code == 1, res.output
+        errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "No space left on device (injected" in errors[0], res.output
+        check()
+    raise AssertionError(f"still failing after {limit} write points")
+
+
+def test_prepare_interrupted_at_any_write_leaves_nothing_that_looks_prepared(tmp_path):
+    from tfcli.data.prepared import PreparedData
+
+    (tmp_path / "a.txt").write_text("w1 w2 w3\nw4 w5\nw6\n" * 20)
+    (tmp_path / "v.txt").write_text("w1 w2\nw3\n")
+    out = tmp_path / "prep"
+    args = ["prepare", "--src", tmp_path / "a.txt", "--tgt", tmp_path / "a.txt", "--valid-src", tmp_path / "v.txt",
+            "--valid-tgt", tmp_path / "v.txt", "--tokenizer", "bpe", "--vocab-size", "40", "-o", out]
+
+    def check():
+        assert not out.exists()
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".prep")] == []  # no temp dir, no lock
+
+    points = _each_fault(args, check)
+    assert points >= 5  # the .bin/.idx files of each split and side, and the final rename
+    PreparedData(out).sequences("train", "src")  # the run through is whole
+
+
+def test_translate_interrupted_at_any_write_keeps_the_old_output(tmp_path):
+    from helpers import copy_model, save_model, save_word_tokenizer
+
+    tok = save_word_tokenizer(tmp_path / "w.json", [f"w{i}" for i in range(20)])
+    ckpt = save_model(tmp_path / "ck", copy_model(), tok)
+    (tmp_path / "in.txt").write_text("w1 w2\nw3\n")
+    out = tmp_path / "out.txt"
+    out.write_text("old\n")
+
+    def check():
+        assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["ck", "in.txt",
+                                                                                           "out.txt", "w.json"]
+
+    assert _each_fault(["translate", "-m", ckpt, "--greedy", tmp_path / "in.txt", "-o", out], check) >= 1
+    assert out.read_text() == "w1 w2\nw3\n"
+
+
+def test_training_interrupted_at_any_write_keeps_a_whole_checkpoint_and_resumes(tmp_path):
+    from tfcli import checkpoint
+
+    data = make_parallel_prepared(tmp_path / "prep")
+    run = tmp_path / "run"
+    args = ["train", data, "-o", run, "--arch", "tiny", "--max-steps", "4", "--valid-every", "2", "--no-valid-bleu",
+            "--threads", "1", "--set", "train.tensorboard=false"]
+    for n in range(1, 40):
+        shutil.rmtree(run, ignore_errors=True)
+        res = _with_fault(n, args)
+        if res.exit_code == 0:
+            break
+        assert res.exit_code == 1 and "No space left on device (injected" in res.output, res.output
+        latest = run / "checkpoints" / "LATEST"
+        if latest.exists():  # LATEST always names a whole checkpoint
+            checkpoint.load(run / "checkpoints" / latest.read_text().strip())
+        resumed = _with_fault(0, args + ["--resume"] if (run / "config.yaml").exists() else args)
+        assert resumed.exit_code == 0, resumed.output
+        assert (run / "checkpoints" / "step-0000004").is_dir()
+    else:
+        raise AssertionError("training still failing after 40 write points")
+    assert n > 5

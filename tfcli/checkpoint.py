@@ -28,7 +28,7 @@ from safetensors.torch import load_file, load_model, save_model
 import tfcli
 from tfcli.config import from_dict
 from tfcli.errors import CheckpointError, ConfigError
-from tfcli.io import atomic_dir, atomic_write_text
+from tfcli.io import atomic_dir, atomic_write_text, fault_point
 from tfcli.model import ModelConfig, build_model
 
 FORMAT = "tfcli-checkpoint"
@@ -146,6 +146,7 @@ def save(
     model = getattr(model, "_orig_mod", model)  # torch.compile
     with atomic_dir(path, overwrite=True) as tmp:
         try:
+            fault_point(WEIGHTS)
             save_model(model, str(tmp / WEIGHTS))
         except SafetensorError as e:  # the Rust writer's I/O errors (a full disk) are not OSErrors
             raise CheckpointError(f"{path}: cannot write: {e}") from None

@@ -59,6 +59,20 @@ def _remove_stale(path: Path) -> None:
 
 
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no room for the output, whichever file an error names
+_write_points = 0
+
+
+def fault_point(what: str) -> None:
+    """Fault injection for tests: with TFCLI_FAIL_AT=N in the environment, the process's Nth write point fails as
+    a full disk does (OSError ENOSPC), so that every output's atomicity is checked deterministically, not by timing.
+    Write points: each file an output is made of, and each rename that puts one in place."""
+    global _write_points
+    n = os.environ.get("TFCLI_FAIL_AT")
+    if not n:
+        return
+    _write_points += 1
+    if _write_points == int(n):
+        raise OSError(errno.ENOSPC, f"No space left on device (injected at write point {n}: {what})")
 
 
 def _ours(e: BaseException, tmp: Path) -> bool:
@@ -104,6 +118,7 @@ def atomic_open(path: os.PathLike | str, mode: str = "w", encoding: str | None =
             yield f
             f.flush()
             os.fsync(f.fileno())
+        fault_point(f"rename into {path.name}")
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
@@ -136,6 +151,7 @@ def atomic_dir(path: os.PathLike | str, overwrite: bool = False) -> Iterator[Pat
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     try:
         yield tmp
+        fault_point(f"rename into {path.name}")
         if not path.exists():
             os.replace(tmp, path)
         elif not overwrite:

@@ -23,6 +23,7 @@ import numpy as np
 
 import tfcli
 from tfcli.errors import TfcliError
+from tfcli.io import fault_point
 
 FORMAT = "tfcli-prepared"
 FORMAT_VERSION = 1
@@ -41,6 +42,7 @@ def write_sequences(directory: Path, split: str, side: str, seqs: list, vocab_si
     flat = np.fromiter((t for s in seqs for t in s), dtype=dtype, count=int(offsets[-1]))
     # file.write rather than ndarray.tofile, whose errors carry no errno ("N requested and M written")
     for array, suffix in ((flat, "bin"), (offsets, "idx")):
+        fault_point(f"{split}.{side}.{suffix}")
         with open(directory / f"{split}.{side}.{suffix}", "wb") as f:
             f.write(memoryview(array))
     return {"count": len(seqs), "tokens": int(offsets[-1]), "dtype": dtype.name}
