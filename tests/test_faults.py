@@ -158,3 +158,17 @@ def test_training_interrupted_at_any_write_keeps_a_whole_checkpoint_and_resumes(
     else:
         raise AssertionError("training still failing after 40 write points")
     assert n > 5
+
+
+def test_a_checkpoint_from_a_newer_format_is_refused_with_the_version(tmp_path):
+    from helpers import copy_model, save_model, save_word_tokenizer
+    from tfcli import checkpoint
+    from tfcli.errors import CheckpointError
+
+    tok = save_word_tokenizer(tmp_path / "w.json", [f"w{i}" for i in range(20)])
+    ckpt = save_model(tmp_path / "ck", copy_model(), tok)
+    meta = json.loads((ckpt / "config.json").read_text())
+    meta["format_version"] += 1
+    (ckpt / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="reads up to format 1: upgrade tfcli"):
+        checkpoint.load(ckpt)
