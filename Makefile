@@ -33,7 +33,7 @@ test-fast: install
 test-oldest-torch:
 	bash -o pipefail -c '$(MAKE) test VENV=.venv-oldest-torch TORCH='"'"'$(OLDEST_TORCH)'"'"' 2>&1 | tail -n 3 > /tmp/tfcli-oldest.txt'; \
 	status=$$?; { echo "make test-oldest-torch, $$(date -u '+%Y-%m-%d %H:%M') UTC, exit status $$status"; \
-	.venv-oldest-torch/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|numpy|pyarrow|datasets|tokenizers|sacrebleu) '; \
+	.venv-oldest-torch/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|numpy|pyarrow|datasets|tokenizers|sacrebleu|transformers|ctranslate2) '; \
 	cat /tmp/tfcli-oldest.txt; } > benchmarks/results/oldest_torch.txt; cat benchmarks/results/oldest_torch.txt; exit $$status
 
 ## demo: prepare -> train -> translate -> eval on the embedded corpus (a few minutes on a CPU)
