@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,8 +12,9 @@ import sys
 import pytest
 
 from helpers import make_parallel_prepared, tiny_train_config
+from tfcli import errors
 from tfcli.errors import TfcliError
-from tfcli.io import run_lock
+from tfcli.io import atomic_dir, atomic_open, run_lock
 
 
 def test_a_second_writer_of_a_directory_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path):
@@ -172,3 +173,30 @@ def test_a_checkpoint_from_a_newer_format_is_refused_with_the_version(tmp_path):
     (ckpt / "config.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="reads up to format 1: upgrade tfcli"):
         checkpoint.load(ckpt)
+
+
+def test_a_signal_whose_keyboardinterrupt_was_lost_still_stops_every_commit(tmp_path, monkeypatch):
+    """C code (Cython's import-time hooks, seen in numpy.random) can swallow the KeyboardInterrupt raised by the
+    signal handler; the remembered signal still keeps every output as it was, and the command still ends in 130."""
+    monkeypatch.setattr(errors, "_signalled", None)
+    out = tmp_path / "out.txt"
+    out.write_text("good\n")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_open(out) as f:
+            f.write("new\n")
+            try:
+                errors.interrupt(15, None)  # the handler, as SIGTERM runs it ...
+            except KeyboardInterrupt:
+                pass  # ... and its exception lost
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_dir(tmp_path / "dir") as d:
+            (d / "x").write_text("x")
+    assert out.read_text() == "good\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+    import typer
+
+    from tfcli.cli import run
+
+    with pytest.raises(typer.Exit) as exit:
+        run(lambda: 0)  # a command that returned normally after the lost interrupt
+    assert exit.value.exit_code == errors.EXIT_INTERRUPTED

@@ -6,6 +6,7 @@ Pass --debug (or set TFCLI_DEBUG=1) to see full tracebacks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,9 @@ from rich.console import Console
 from rich.markup import escape
 
 import tfcli
-from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, debug_enabled, quiet_enabled
+from tfcli.errors import (
+    EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, debug_enabled, interrupt, quiet_enabled, raise_if_interrupted,
+)
 from tfcli.generate.config import GenerateConfig, TranslateConfig
 
 def _value_type(self, ctx):
@@ -53,7 +56,9 @@ def fail(message: str, code: int = EXIT_ERROR) -> None:
 def run(fn, *args, **kwargs):
     """Call `fn`, turning user errors into one-line messages and exit codes (tracebacks only with --debug)."""
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        raise_if_interrupted()  # a signal whose KeyboardInterrupt was lost in C code still ends in status 130
+        return result
     except TfcliError as e:
         if debug_enabled():
             raise
@@ -1022,13 +1027,22 @@ def plot(
         info(f"wrote {path}")
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM acts as Ctrl-C: temp files are removed, training saves a checkpoint
-
-
 def main() -> None:
-    signal.signal(signal.SIGTERM, _terminate)
-    app()
+    # SIGTERM acts as Ctrl-C: temp files are removed, no output is replaced, training saves a checkpoint
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
+    try:
+        app()
+    except SystemExit as e:
+        if e.code != EXIT_INTERRUPTED:
+            raise
+        # Everything is cleaned up by now. Exit at once: when the KeyboardInterrupt was raised (and lost) inside
+        # Python code that an extension module ran while being imported, CPython would otherwise end the process
+        # with a SIGINT of its own instead of status 130.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,26 @@ class CheckpointError(TfcliError):
     """A checkpoint that is missing, corrupt, or does not fit the model/tokenizer asked for."""
 
 
+# --- interruption -------------------------------------------------------------------------------------------
+# The CLI turns SIGINT/SIGTERM into KeyboardInterrupt. C code that calls back into Python (an extension module being
+# imported, say) can swallow that exception, so the signal is also remembered, and every commit (the rename of an
+# atomic write) and the end of a command check it: an interrupted command never replaces an output.
+_signalled: int | None = None
+
+
+def interrupt(signum, frame) -> None:
+    """Signal handler: remember the signal and raise KeyboardInterrupt."""
+    global _signalled
+    _signalled = signum
+    raise KeyboardInterrupt
+
+
+def raise_if_interrupted() -> None:
+    """Raise KeyboardInterrupt if `interrupt` has seen a signal (even one whose exception was lost)."""
+    if _signalled is not None:
+        raise KeyboardInterrupt
+
+
 def debug_enabled() -> bool:
     return os.environ.get("TFCLI_DEBUG", "").lower() not in ("", "0", "false", "no")
 

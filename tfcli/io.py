@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from tfcli.errors import InputError, TfcliError
+from tfcli.errors import InputError, TfcliError, raise_if_interrupted
 
 BOM = "\ufeff"
 
@@ -118,6 +118,7 @@ def atomic_open(path: os.PathLike | str, mode: str = "w", encoding: str | None =
             yield f
             f.flush()
             os.fsync(f.fileno())
+        raise_if_interrupted()
         fault_point(f"rename into {path.name}")
         os.replace(tmp, path)
     except BaseException as e:
@@ -151,6 +152,7 @@ def atomic_dir(path: os.PathLike | str, overwrite: bool = False) -> Iterator[Pat
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     try:
         yield tmp
+        raise_if_interrupted()
         fault_point(f"rename into {path.name}")
         if not path.exists():
             os.replace(tmp, path)

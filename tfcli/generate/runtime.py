@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from tfcli import checkpoint
-from tfcli.errors import CheckpointError, ConfigError, TfcliError, quiet_enabled
+from tfcli.errors import CheckpointError, ConfigError, TfcliError, quiet_enabled, raise_if_interrupted
 from tfcli.generate.step import StepModel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -102,6 +102,7 @@ class Progress:
         return self
 
     def advance(self, n: int) -> None:
+        raise_if_interrupted()  # long loops pass here: one whose KeyboardInterrupt was lost in C code stops too
         if self._bar is not None:
             self._bar.advance(self._task, n)
             task = self._bar.tasks[0]
