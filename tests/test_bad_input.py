@@ -600,19 +600,18 @@ def test_translate_kill_9_keeps_the_old_output_and_the_next_run_removes_the_temp
     assert len(out.read_text().split("\n")) == 4 and leftovers(tmp_path) == []
 
 
-# `tfcli prepare` with a signal sent to itself just after it wrote the first token-id file into its temp directory:
-# a deterministic "mid-way" (the writing stage of a small corpus is too short to hit from outside).
+# `tfcli prepare` with a signal sent to itself just after it wrote the first chunk of token ids into its temp
+# directory: a deterministic "mid-way" (the writing stage of a small corpus is too short to hit from outside).
 SIGNAL_MID_WRITE = """
 import os, signal, sys
 import tfcli.data.prepare as prepare
 from tfcli.cli import main
 
-write_sequences = prepare.write_sequences
-def write_then_signal(*args, **kwargs):
-    info = write_sequences(*args, **kwargs)
-    os.kill(os.getpid(), signal.{sig})
-    return info
-prepare.write_sequences = write_then_signal
+class WriteThenSignal(prepare.SequenceWriter):
+    def append(self, seqs):
+        super().append(seqs)
+        os.kill(os.getpid(), signal.{sig})
+prepare.SequenceWriter = WriteThenSignal
 sys.argv[0] = "tfcli"
 main()
 """
@@ -629,7 +628,7 @@ def test_prepare_interrupted_mid_write_keeps_the_old_directory(sig, prepared, tm
         assert proc.returncode == -signal.SIGKILL
         # the temp directory of the killed process stays behind, a dot-dir named after its pid ...
         (stale,) = leftovers(tmp_path)
-        assert re.match(r"^\.prep\.tmp-\d+-", stale) and (tmp_path / stale / "tokenizer.src.json").exists()
+        assert re.match(r"^\.prep\.tmp-\d+-", stale) and (tmp_path / stale / "train.src.bin").exists()
     else:
         assert proc.returncode == 130, proc.stderr
         assert "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1] == "interrupted"

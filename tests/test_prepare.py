@@ -193,7 +193,7 @@ def test_filters_count_what_they_drop():
     counts = cleaning.new_counts(6)
     cols = cleaning.drop_empty(cols, counts)
     assert cols == [["a", "a", "c"], ["x", "x", "w"]]
-    cols = cleaning.dedupe(cols, counts)
+    cols = cleaning.Deduper()(cols, counts)
     assert cols == [["a", "c"], ["x", "w"]]
     assert (counts["empty"], counts["duplicate"], counts["kept"]) == (3, 1, 2)
 
@@ -282,7 +282,7 @@ def test_tsv_columns_and_gzip(tmp_path):
     assert data.kind == "parallel" and len(data.sequences("train", "src")) == 60
     tok = load_tokenizer(data.tokenizer_file("tgt"))
     assert decode_batch(tok, [data.sequences("train", "tgt")[0]]) == [rows[0].split("\t")[2]]
-    src, tgt = loading.read_tsv(str(tmp_path / "c.tsv.gz"))  # default columns 1 and 2
+    src, tgt = zip(*loading.iter_tsv(str(tmp_path / "c.tsv.gz")))  # default columns 1 and 2
     assert src[0] == "0" and tgt[0] == rows[0].split("\t")[1]
 
 
@@ -290,8 +290,8 @@ def test_jsonl_dotted_fields_and_mono_field(tmp_path):
     rows = [{"id": i, "translation": {"de": d, "en": e}} for i, (d, e) in
             enumerate(zip(*parallel(50, 1)))]
     write(tmp_path / "t.jsonl", [json.dumps(r, ensure_ascii=False) for r in rows] + [""])  # blank line skipped
-    src, tgt = loading.read_jsonl(str(tmp_path / "t.jsonl"), ["translation.de", "translation.en"])
-    assert src == [r["translation"]["de"] for r in rows] and tgt[-1] == rows[-1]["translation"]["en"]
+    src, tgt = zip(*loading.iter_jsonl(str(tmp_path / "t.jsonl"), ["translation.de", "translation.en"]))
+    assert list(src) == [r["translation"]["de"] for r in rows] and tgt[-1] == rows[-1]["translation"]["en"]
     write(tmp_path / "m.jsonl", [json.dumps({"text": s}) for s in sentences(EN, 40, 3)])
     data = PreparedData(prepare(PrepareConfig(out=str(tmp_path / "p"), train=str(tmp_path / "m.jsonl"),
                                               vocab_size=100)))
@@ -302,8 +302,8 @@ def test_mono_line_and_paragraph_modes(tmp_path):
     wiki = [" = Title = ", " ", " First paragraph , one line . ", " ", " ", " = = Section = = ", " ",
             " Second paragraph line one .", " line two ."]
     write(tmp_path / "w.txt", wiki)
-    assert loading.read_mono(str(tmp_path / "w.txt"), "line") == wiki
-    assert loading.read_mono(str(tmp_path / "w.txt"), "paragraph") == [
+    assert list(loading.iter_mono(str(tmp_path / "w.txt"), "line")) == wiki
+    assert list(loading.iter_mono(str(tmp_path / "w.txt"), "paragraph")) == [
         " = Title = ", " First paragraph , one line . ", " = = Section = = ", " Second paragraph line one .\n line two ."
     ]
     data = PreparedData(prepare(PrepareConfig(out=str(tmp_path / "p"), train=str(tmp_path / "w.txt"),

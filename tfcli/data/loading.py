@@ -1,6 +1,6 @@
-"""Readers: raw corpora in, plain lists of strings out.
+"""Readers: raw corpora in, rows out, one at a time (a corpus is never held in memory whole).
 
-Parallel data comes back as two aligned lists (source, target); monolingual data as one list of sequences. Inputs:
+A row of parallel data is a (source, target) tuple; monolingual data gives one string per sequence. Inputs:
   two aligned text files     line i of one is the translation of line i of the other
   TSV                        SRC<TAB>TGT per line (or other columns, numbered from 1)
   JSONL                      one JSON object a line; fields by dotted path, e.g. translation.de
@@ -12,15 +12,17 @@ Every reader reports bad input as `file:line: message` (tfcli.io does the strict
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 from tfcli.errors import InputError, TfcliError
 from tfcli.io import iter_lines, open_text
 
 MONO_MODES = ("line", "paragraph", "document")
 FORMATS = ("auto", "tsv", "jsonl", "text")
+T = TypeVar("T")
 
 
 def detect_format(path: str, fmt: str = "auto") -> str:
@@ -36,22 +38,44 @@ def detect_format(path: str, fmt: str = "auto") -> str:
     return "text"
 
 
-def _nonempty(path: str, lines: list) -> list:
-    if not lines:
-        raise InputError(path, None, "empty input (no lines)")
-    return lines
+def _nonempty(path: str, rows: Iterable[T], what: str = "empty input (no lines)") -> Iterator[T]:
+    """`rows`, passed through; an error naming `path` if there were none."""
+    empty = True
+    for row in rows:
+        empty = False
+        yield row
+    if empty:
+        raise InputError(path, None, what)
 
 
-def read_parallel_files(src_path: str, tgt_path: str) -> tuple[list[str], list[str]]:
-    """Two aligned files; their line counts must match."""
-    src = _nonempty(src_path, list(iter_lines(src_path)))
-    tgt = _nonempty(tgt_path, list(iter_lines(tgt_path)))
-    if len(src) != len(tgt):
-        raise TfcliError(
-            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; "
-            "source and target files must be aligned line by line"
-        )
-    return src, tgt
+def _count(rows: Iterable) -> int:
+    return sum(1 for _ in rows)
+
+
+def iter_parallel_files(src_path: str, tgt_path: str) -> Iterator[tuple[str, str]]:
+    """(source line, target line) of two aligned files; their line counts must match."""
+    src, tgt = iter_lines(src_path), iter_lines(tgt_path)
+    n = 0
+    for s in src:
+        t = next(tgt, None)
+        if t is None:
+            if n == 0:
+                raise InputError(tgt_path, None, "empty input (no lines)")
+            _misaligned(src_path, n + 1 + _count(src), tgt_path, n)
+        n += 1
+        yield s, t
+    if n == 0:
+        raise InputError(src_path, None, "empty input (no lines)")
+    rest = _count(tgt)
+    if rest:
+        _misaligned(src_path, n, tgt_path, n + rest)
+
+
+def _misaligned(src_path: str, n_src: int, tgt_path: str, n_tgt: int):
+    raise TfcliError(
+        f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
+        "source and target files must be aligned line by line"
+    )
 
 
 def _column(spec: str | None, default: int, option: str) -> int:
@@ -62,23 +86,23 @@ def _column(spec: str | None, default: int, option: str) -> int:
     return int(spec)
 
 
-def read_tsv(path: str, src_col: str | None = None, tgt_col: str | None = None) -> tuple[list[str], list[str]]:
-    """SRC<TAB>TGT lines; `src_col`/`tgt_col` pick other columns (1-based); blank lines are skipped."""
+def iter_tsv(path: str, src_col: str | None = None, tgt_col: str | None = None) -> Iterator[tuple[str, str]]:
+    """(src, tgt) of SRC<TAB>TGT lines; `src_col`/`tgt_col` pick other columns (1-based); blank lines are skipped."""
     i = _column(src_col, 1, "--src-field") - 1
     j = _column(tgt_col, 2, "--tgt-field") - 1
     need = max(i, j) + 1
-    src, tgt = [], []
-    for lineno, line in enumerate(iter_lines(path), 1):
-        if not line.strip():
-            continue
-        cols = line.split("\t")
-        if len(cols) < need:
-            what = "no tab" if len(cols) == 1 else f"{len(cols)} columns"
-            raise InputError(path, lineno, f"expected {need} tab-separated columns, found {what}")
-        src.append(cols[i])
-        tgt.append(cols[j])
-    _nonempty(path, src)
-    return src, tgt
+
+    def rows():
+        for lineno, line in enumerate(iter_lines(path), 1):
+            if not line.strip():
+                continue
+            cols = line.split("\t")
+            if len(cols) < need:
+                what = "no tab" if len(cols) == 1 else f"{len(cols)} columns"
+                raise InputError(path, lineno, f"expected {need} tab-separated columns, found {what}")
+            yield cols[i], cols[j]
+
+    return _nonempty(path, rows())
 
 
 def get_field(row, field: str):
@@ -102,38 +126,40 @@ def _field_text(row, field: str, path: str, lineno: int) -> str:
     return value
 
 
-def read_jsonl(path: str, fields: Sequence[str]) -> list[list[str]]:
-    """One list per field: the string at that dotted path in every JSON line (blank lines are skipped)."""
-    cols: list[list[str]] = [[] for _ in fields]
-    for lineno, line in enumerate(iter_lines(path), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
-        for col, field in zip(cols, fields):
-            col.append(_field_text(row, field, path, lineno))
-    _nonempty(path, cols[0])
-    return cols
+def iter_jsonl(path: str, fields: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    """The strings at `fields` (dotted paths) of each JSON line, as a tuple (blank lines are skipped)."""
+
+    def rows():
+        for lineno, line in enumerate(iter_lines(path), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+            yield tuple(_field_text(row, field, path, lineno) for field in fields)
+
+    return _nonempty(path, rows())
 
 
-def group_mono(lines: Sequence[str], mode: str) -> list[str]:
-    """Sequences from lines: each line, each blank-line separated paragraph (lines joined by newlines), or all."""
+def group_mono(lines: Iterable[str], mode: str) -> Iterator[str]:
+    """Sequences from lines: each line, each blank-line separated paragraph (lines joined by newlines), or all
+    (document mode: the one mode that holds its whole input in memory)."""
     if mode == "line":
-        return list(lines)
+        yield from lines
+        return
     if mode == "document":
-        return ["\n".join(lines)]
-    paragraphs, current = [], []
+        yield "\n".join(lines)
+        return
+    current: list[str] = []
     for line in lines:
         if line.strip():
             current.append(line)
         elif current:
-            paragraphs.append("\n".join(current))
+            yield "\n".join(current)
             current = []
     if current:
-        paragraphs.append("\n".join(current))
-    return paragraphs
+        yield "\n".join(current)
 
 
 def _ends_with_newline(path: str) -> bool:
@@ -147,15 +173,15 @@ def _ends_with_newline(path: str) -> bool:
         f.close()
 
 
-def read_mono(path: str, mode: str) -> list[str]:
+def iter_mono(path: str, mode: str) -> Iterator[str]:
     """A monolingual text file as sequences; in document mode the text is kept whole, final newline included."""
-    lines = _nonempty(path, list(iter_lines(path)))
-    items = group_mono(lines, mode)
-    if mode == "document" and _ends_with_newline(path):
-        items[0] += "\n"
-    if not items:
-        raise InputError(path, None, "empty input (only blank lines)")
-    return items
+    items = group_mono(_nonempty(path, iter_lines(path)), mode)
+    if mode == "document":
+        text = next(items)
+        if _ends_with_newline(path):
+            text += "\n"
+        items = iter([text])
+    return _nonempty(path, items, "empty input (only blank lines)")
 
 
 def parse_assignments(items: Iterable[str], option: str, default_key: str | None = None) -> dict[str, list[str]]:
@@ -184,8 +210,9 @@ def load_hf(
     data_files: dict[str, list[str]] | None = None,
     splits: dict[str, str] | None = None,
     streaming: bool = False,
-) -> dict[str, list[list[str]]]:
-    """Load a dataset with `datasets.load_dataset` and pull out `fields` (dotted paths) for each of our splits.
+) -> dict[str, Callable[[], Iterator[tuple[str, ...]]]]:
+    """Load a dataset with `datasets.load_dataset`; for each of our splits, a function that iterates over its rows
+    as tuples of `fields` (dotted paths). With `streaming`, rows come from the files (or the hub) as they are read.
 
     `splits` maps our split names (train/valid/test) to the dataset's (e.g. valid -> validation, or a slice such as
     train[:10000]); without it, train/validation/test are found by their usual names. Local files work the same way
@@ -215,13 +242,12 @@ def load_hf(
                     break
         if "train" not in found:
             raise TfcliError(f"{where}: no train split (it has: {', '.join(dd)}); name one with --dataset-split train=NAME")
-    out = {}
-    for ours, (theirs, ds) in found.items():
-        label = f"{name}[{theirs}]"
-        cols: list[list[str]] = [[] for _ in fields]
+    return {ours: functools.partial(_hf_rows, ds, fields, f"{name}[{theirs}]") for ours, (theirs, ds) in found.items()}
+
+
+def _hf_rows(ds, fields: Sequence[str], label: str) -> Iterator[tuple[str, ...]]:
+    def rows():
         for row_no, row in enumerate(ds, 1):
-            for col, field in zip(cols, fields):
-                col.append(_field_text(row, field, label, row_no))
-        _nonempty(label, cols[0])
-        out[ours] = cols
-    return out
+            yield tuple(_field_text(row, field, label, row_no) for field in fields)
+
+    return _nonempty(label, rows())

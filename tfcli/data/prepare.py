@@ -10,19 +10,22 @@ settings is a no-op, and a directory prepared with other settings is never overw
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
+import itertools
 import json
+import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Callable, Iterable, Iterator, Literal, Optional
 
 from tfcli.config import from_dict, load_config_file, override, to_dict
 from tfcli.data import cleaning, loading
-from tfcli.data.prepared import FORMAT, FORMAT_VERSION, PreparedData, new_meta, write_sequences
+from tfcli.data.prepared import FORMAT, FORMAT_VERSION, PreparedData, SequenceWriter, new_meta
 from tfcli.data.tokenizer import (
-    SENTENCEPIECE_SUFFIXES, encode_batch, load_tokenizer, save_tokenizer, train_tokenizer, unk_rate,
+    SENTENCEPIECE_SUFFIXES, encode_batch, load_tokenizer, save_tokenizer, train_tokenizer,
 )
 from tfcli.errors import ConfigError, InputError, TfcliError
 from tfcli.io import atomic_dir, run_lock
@@ -75,6 +78,7 @@ class PrepareConfig:
     vocab_size: int = 8000  # includes the 4 special tokens; a cap for char (every training character is kept)
     joint_vocab: bool = True  # one vocabulary for source and target (parallel data)
     tokenizer_from: Optional[str] = None  # reuse tokenizers (a tokenizer.json or .spm, prepared dir, checkpoint): no training
+    tokenizer_sample: int = 0  # train the tokenizer on a random sample of this many train rows (0 = all of them)
 
     def validate(self) -> None:
         if self.vocab_size < 1:
@@ -85,6 +89,8 @@ class PrepareConfig:
             raise ConfigError(f"prepare.max_length: must be >= 0 (0 = off), got {self.max_length}")
         if self.max_ratio and self.max_ratio < 1:
             raise ConfigError(f"prepare.max_ratio: must be >= 1 (0 = off), got {self.max_ratio}")
+        if self.tokenizer_sample < 0:
+            raise ConfigError(f"prepare.tokenizer_sample: must be >= 0 (0 = all rows), got {self.tokenizer_sample}")
         if not self.text_field:
             raise ConfigError("prepare.text_field: must not be empty")
 
@@ -218,8 +224,17 @@ def _input_files(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -> 
     return files
 
 
+# Options added after prepared directories existed: left out of the fingerprint at their default, so that a
+# directory prepared before them is still up to date.
+ADDED_LATER = {"tokenizer_sample": 0}
+
+
 def _settings(cfg: PrepareConfig) -> dict:
-    return {k: v for k, v in to_dict(cfg).items() if k not in PATH_OPTIONS}
+    settings = {k: v for k, v in to_dict(cfg).items() if k not in PATH_OPTIONS}
+    for key, default in ADDED_LATER.items():
+        if settings[key] == default:
+            del settings[key]
+    return settings
 
 
 def _fingerprint(settings: dict, roles: dict[str, str]) -> str:
@@ -256,86 +271,192 @@ def _existing_state(out: Path, fingerprint: str, settings: dict, inputs: dict, f
     raise TfcliError(f"{out}: already prepared with other settings ({what}); use --force to overwrite it")
 
 
-# --- loading and cleaning ------------------------------------------------------------------------------------
+# --- reading and cleaning ------------------------------------------------------------------------------------
+
+Row = tuple  # one text per side: (src, tgt) for parallel data, (text,) for monolingual
+Rows = Callable[[], Iterator[Row]]  # a split's rows, read afresh at each call
+
+CHUNK_ROWS = 20_000  # rows cleaned, encoded and written at a time: memory is bounded by this, not by the corpus
 
 
-def _read_source(s: _Source, kind: str, cfg: PrepareConfig) -> list[list[str]]:
-    """Columns of one split: [src, tgt] for parallel data, [text] for monolingual."""
+def _source_rows(s: _Source, kind: str, cfg: PrepareConfig) -> Rows:
     if s.fmt == "pair":
-        return list(loading.read_parallel_files(*s.paths))
+        return lambda: loading.iter_parallel_files(*s.paths)
     path = s.paths[0]
     if s.fmt == "tsv":
-        return list(loading.read_tsv(path, cfg.src_field, cfg.tgt_field))
+        return lambda: loading.iter_tsv(path, cfg.src_field, cfg.tgt_field)
     if s.fmt == "jsonl":
         if kind == "parallel":
-            return loading.read_jsonl(path, [cfg.src_field, cfg.tgt_field])
-        (rows,) = loading.read_jsonl(path, [cfg.text_field])
-        return [loading.group_mono(rows, cfg.mono_mode)]
-    return [loading.read_mono(path, cfg.mono_mode)]
+            return lambda: loading.iter_jsonl(path, [cfg.src_field, cfg.tgt_field])
+        return lambda: _mono_rows(t for (t,) in loading.iter_jsonl(path, [cfg.text_field]))
+    return lambda: _mono_rows(loading.iter_mono(path, cfg.mono_mode))
 
 
-def _load(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -> tuple[dict[str, list[list[str]]], dict[str, str]]:
-    """Columns per split, and a label per split for messages (its file names)."""
-    if cfg.dataset:
-        fields = [cfg.src_field, cfg.tgt_field] if kind == "parallel" else [cfg.text_field]
-        splits = {k: v[-1] for k, v in loading.parse_assignments(cfg.dataset_splits, "--dataset-split").items()}
-        data = loading.load_hf(
-            cfg.dataset,
-            fields,
-            config=cfg.dataset_config,
-            data_files=loading.parse_assignments(cfg.data_files, "--data-files", "train") or None,
-            splits=splits or None,
-            streaming=cfg.streaming,
-        )
-        if kind == "mono":
-            data = {split: [loading.group_mono(cols[0], cfg.mono_mode)] for split, cols in data.items()}
-        return data, {split: f"{cfg.dataset}[{split}]" for split in data}
-    data = {split: _read_source(s, kind, cfg) for split, s in sources.items()}
-    return data, {split: " / ".join(s.paths) for split, s in sources.items()}
+def _mono_rows(texts: Iterable[str]) -> Iterator[Row]:
+    return ((t,) for t in texts)
 
 
-def _cut_valid(data: dict[str, list[list[str]]], labels: dict[str, str], ratio: float, mode: str) -> None:
-    """Move the last `ratio` of train into valid: rows, or characters of a single document (nanoGPT's split)."""
-    if "valid" in data:
+def _rows(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -> tuple[dict[str, Rows], dict[str, str]]:
+    """The rows of each split (read lazily), and a label per split for messages (its file names)."""
+    if not cfg.dataset:
+        rows = {split: _source_rows(s, kind, cfg) for split, s in sources.items()}
+        return rows, {split: " / ".join(s.paths) for split, s in sources.items()}
+    fields = [cfg.src_field, cfg.tgt_field] if kind == "parallel" else [cfg.text_field]
+    splits = {k: v[-1] for k, v in loading.parse_assignments(cfg.dataset_splits, "--dataset-split").items()}
+    found = loading.load_hf(
+        cfg.dataset,
+        fields,
+        config=cfg.dataset_config,
+        data_files=loading.parse_assignments(cfg.data_files, "--data-files", "train") or None,
+        splits=splits or None,
+        streaming=cfg.streaming,
+    )
+    if kind == "mono":
+        found = {split: functools.partial(_grouped, rows, cfg.mono_mode) for split, rows in found.items()}
+    return found, {split: f"{cfg.dataset}[{split}]" for split in found}
+
+
+def _grouped(rows: Rows, mode: str) -> Iterator[Row]:
+    return _mono_rows(loading.group_mono((t for (t,) in rows()), mode))
+
+
+def _cut_valid(rows: dict[str, Rows], labels: dict[str, str], ratio: float, mode: str) -> None:
+    """Move the last `ratio` of train into valid: rows, or characters of a single document (nanoGPT's split).
+    Train is read once more to count its rows."""
+    if "valid" in rows:
         raise ConfigError(f"{labels['valid']}: a valid split is given, so --valid-ratio has nothing to do; drop one")
-    if "train" not in data:
+    if "train" not in rows:
         raise ConfigError("--valid-ratio cuts valid off the train split, and there is none")
-    train = data["train"]
-    if mode == "document" and len(train) == 1:
-        text = train[0][0]
+    train = rows["train"]
+    n = sum(1 for _ in train())
+    if mode == "document" and n == 1:
+        ((text,),) = list(train())
         cut = int(len(text) * (1 - ratio))
-        data["train"], data["valid"] = [[text[:cut]]], [[text[cut:]]]
+        rows["train"], rows["valid"] = (lambda: iter([(text[:cut],)])), (lambda: iter([(text[cut:],)]))
     else:
-        n = len(train[0])
         cut = int(n * (1 - ratio))
         if cut == 0 or cut == n:
             raise TfcliError(f"{labels['train']}: {n} rows are too few to cut a --valid-ratio {ratio} valid split from")
-        data["train"], data["valid"] = [c[:cut] for c in train], [c[cut:] for c in train]
+        rows["train"] = lambda: itertools.islice(train(), cut)
+        rows["valid"] = lambda: itertools.islice(train(), cut, None)
     labels["valid"] = f"the last {ratio:g} of {labels['train']}"
 
 
-def _clean(cols: list[list[str]], split: str, kind: str, cfg: PrepareConfig) -> tuple[list[list[str]], dict]:
+def _chunks(rows: Iterable[Row], size: int) -> Iterator[list[list[str]]]:
+    """Columns (one list per side) of `size` rows at a time; the last chunk may be shorter."""
+    it = iter(rows)
+    while chunk := list(itertools.islice(it, size)):
+        yield [list(col) for col in zip(*chunk)]
+
+
+def _clean(cols: list[list[str]], split: str, kind: str, cfg: PrepareConfig, counts: dict, dedupe) -> list[list[str]]:
+    """One chunk of a split, cleaned (see tfcli/data/cleaning.py); `counts` and `dedupe` carry over between chunks."""
     one_line = kind == "parallel" or cfg.mono_mode == "line"
     strip = cfg.strip and cfg.mono_mode != "document"
     cols = [cleaning.normalize(c, nfc=cfg.nfc, strip=strip, one_line=one_line) for c in cols]
-    counts = cleaning.new_counts(len(cols[0]))
+    cleaning.add_input(counts, len(cols[0]))
     if cfg.drop_empty:
         cols = cleaning.drop_empty(cols, counts)
-    if split == "train" and cfg.dedupe:
-        cols = cleaning.dedupe(cols, counts)
-    return cols, counts
+    if split == "train" and dedupe is not None:
+        cols = dedupe(cols, counts)
+    return cols
 
 
-def _text_file(rows: list[str], mode: str) -> str:
-    if mode == "document":
-        return rows[0]
+# --- staging: the cleaned text of each split, in the temp directory --------------------------------------------
+# Each side's texts, each ended by a NUL (texts may hold newlines; NUL is refused on input). Reading them back is
+# cheap, so the tokenizer can be trained on the cleaned train split and every split encoded without parsing or
+# cleaning the input twice, and without holding it in memory.
+
+
+def _stage_path(tmp: Path, split: str, side: str) -> Path:
+    return tmp / f"stage.{split}.{side}"
+
+
+def _stage(tmp: Path, split: str, rows: Rows, sides: list[str], kind: str, cfg: PrepareConfig, label: str,
+           hasher=None, sample: _Sample | None = None) -> dict:
+    """Read, clean and stage one split; returns its cleaning counts. `hasher` sees every row as read (a hub
+    dataset's fingerprint); `sample` every row kept."""
+    counts = cleaning.new_counts()
+    dedupe = cleaning.Deduper() if split == "train" and cfg.dedupe else None
+    files = [open(_stage_path(tmp, split, side), "w", encoding="utf-8", newline="") for side in sides]
+    try:
+        for cols in _chunks(rows(), CHUNK_ROWS):
+            if hasher is not None:
+                for row in zip(*cols):
+                    hasher.update("\t".join(row).encode("utf-8", "surrogatepass") + b"\n")
+            _check_nul(cols, label, counts["input"])
+            cols = _clean(cols, split, kind, cfg, counts, dedupe)
+            for f, col in zip(files, cols):
+                for text in col:
+                    f.write(text)
+                    f.write("\0")
+            if sample is not None:
+                sample.add(zip(*cols))
+    finally:
+        for f in files:
+            f.close()
+    return counts
+
+
+def _check_nul(cols: list[list[str]], label: str, rows_before: int) -> None:
+    for col in cols:
+        if "\0".join(col).count("\0") != len(col) - 1:
+            i = next(i for i, text in enumerate(col) if "\0" in text)
+            raise InputError(label, rows_before + i + 1, "contains a NUL character")
+
+
+def _staged(tmp: Path, split: str, side: str) -> Iterator[str]:
+    """The staged texts of one split/side, in order."""
+    with open(_stage_path(tmp, split, side), encoding="utf-8", newline="") as f:
+        rest = ""
+        for block in iter(lambda: f.read(1 << 20), ""):
+            *done, rest = (rest + block).split("\0")
+            yield from done
+
+
+def _staged_chunks(tmp: Path, split: str, sides: list[str], size: int) -> Iterator[list[list[str]]]:
+    return _chunks(zip(*(_staged(tmp, split, side) for side in sides)), size)
+
+
+class _Sample:
+    """A uniform random sample of `size` rows of a stream (reservoir sampling, Vitter's algorithm R), seeded: the
+    tokenizer of --tokenizer-sample is trained on it."""
+
+    def __init__(self, size: int, seed: int = 0):
+        self.size, self.rows, self.seen = size, [], 0
+        self.rng = random.Random(seed)
+
+    def add(self, rows: Iterable[Row]) -> None:
+        for row in rows:
+            self.seen += 1
+            if len(self.rows) < self.size:
+                self.rows.append(row)
+            else:
+                j = self.rng.randrange(self.seen)
+                if j < self.size:
+                    self.rows[j] = row
+
+
+def _write_text(tmp: Path, split: str, side: str, mode: str) -> None:
+    """{split}.{side}.txt: the cleaned text of valid/test, a row a line (paragraphs separated by a blank line; a
+    document as it is)."""
     sep = "\n\n" if mode == "paragraph" else "\n"
-    return sep.join(rows) + "\n"
+    with open(tmp / f"{split}.{side}.txt", "w", encoding="utf-8", newline="") as f:
+        if mode == "document":
+            f.writelines(_staged(tmp, split, side))
+            return
+        for i, text in enumerate(_staged(tmp, split, side)):
+            f.write(sep + text if i else text)
+        f.write("\n")
 
 
 # --- the command ---------------------------------------------------------------------------------------------
 
 UP_TO_DATE = "{out}: up to date (same inputs and settings); use --force to rebuild it"
+
+
+class _UpToDate(Exception):
+    """A hub dataset turned out to be prepared already, same settings and same text (known only once it is read)."""
 
 
 def _noop(_: str) -> None:
@@ -364,6 +485,10 @@ def _prepare(
 ) -> Path:
     """Build the prepared directory `cfg.out` and return its path.
 
+    Everything is streamed, CHUNK_ROWS rows at a time, so memory does not grow with the corpus: each split is read,
+    cleaned and staged in the temp dir (pass 1), the tokenizers are trained on the staged train split, and each split
+    is encoded and written from its staged text (pass 2).
+
     `progress(stage)` is told what is happening (the CLI shows it on a terminal); `log(message)` gets what the
     user should always see (the directory is up to date). With `force`, rebuild even when up to date and replace a
     directory prepared with other settings.
@@ -372,13 +497,14 @@ def _prepare(
     out = Path(cfg.out)
     settings = _settings(cfg)
 
-    # Files are hashed before anything is loaded, so an up-to-date directory costs one read of each input. A hub
-    # dataset has no file to hash: its extracted text is hashed after loading.
+    # Files are hashed before anything is read, so an up-to-date directory costs one read of each input. A hub
+    # dataset has no file to hash: its text is hashed as it is read, and compared once read.
     progress("hashing inputs")
     files = _input_files(cfg, kind, sources)
     inputs = {path: _sha256_file(path) for path in dict.fromkeys(files.values())}
     roles = {role: inputs[path] for role, path in files.items()}
     hub_only = bool(cfg.dataset) and not cfg.data_files
+    state = "replace"  # a hub dataset: known once read
     if not hub_only:
         fingerprint = _fingerprint(settings, roles)
         state = _existing_state(out, fingerprint, settings, inputs, force)
@@ -386,103 +512,119 @@ def _prepare(
             log(UP_TO_DATE.format(out=out))
             return out
 
-    progress("reading inputs")
-    data, labels = _load(cfg, kind, sources)
-    if hub_only:
-        for split, cols in data.items():
-            inputs[labels[split]] = roles[split] = _sha256_texts(cols)
-        fingerprint = _fingerprint(settings, roles)
-        state = _existing_state(out, fingerprint, settings, inputs, force)
-        if state == "same":
-            log(UP_TO_DATE.format(out=out))
-            return out
+    rows, labels = _rows(cfg, kind, sources)
     if cfg.valid_ratio:
-        _cut_valid(data, labels, cfg.valid_ratio, cfg.mono_mode)
-
-    progress("cleaning")
-    report = {}
-    for split in [s for s in SPLITS if s in data]:
-        data[split], report[split] = _clean(data[split], split, kind, cfg)
-        if not data[split][0]:
-            raise InputError(labels[split], None, f"no {split} rows left after cleaning ({_dropped(report[split])})")
-
+        _cut_valid(rows, labels, cfg.valid_ratio, cfg.mono_mode)
     sides = _sides(kind)
     mode = cfg.mono_mode if kind == "mono" else "line"
-    if cfg.tokenizer_from:
-        toks = {side: load_tokenizer(files[f"tokenizer.{side}"]) for side in sides}
-        joint = kind == "parallel" and inputs[files["tokenizer.src"]] == inputs[files["tokenizer.tgt"]]
-        tokenizer_meta = {"type": "pretrained", "from": cfg.tokenizer_from, "model": type(toks["tgt"].model).__name__}
-    else:
-        progress(f"training {cfg.tokenizer} tokenizer")
-        toks, joint = _train_tokenizers(cfg, kind, dict(zip(sides, data["train"])))
-        tokenizer_meta = {"type": cfg.tokenizer, "vocab_size": cfg.vocab_size}
+    try:
+        with atomic_dir(out, overwrite=state == "replace") as tmp:
+            report = {}
+            sample = _Sample(cfg.tokenizer_sample) if cfg.tokenizer_sample and not cfg.tokenizer_from else None
+            for split in [s for s in SPLITS if s in rows]:
+                progress(f"reading and cleaning {split}")
+                hasher = hashlib.sha256() if hub_only else None
+                report[split] = _stage(tmp, split, rows[split], sides, kind, cfg, labels[split], hasher,
+                                       sample if split == "train" else None)
+                if not report[split]["kept"]:
+                    raise InputError(labels[split], None, f"no {split} rows left after cleaning ({_dropped(report[split])})")
+                if hasher is not None:
+                    inputs[labels[split]] = roles[split] = hasher.hexdigest()
+            if hub_only:
+                fingerprint = _fingerprint(settings, roles)
+                if _existing_state(out, fingerprint, settings, inputs, force) == "same":
+                    raise _UpToDate
 
-    progress("encoding")
-    ids = {split: {side: encode_batch(toks[side], col) for side, col in zip(sides, cols)} for split, cols in data.items()}
-    if kind == "parallel" and "train" in ids:
-        train_ids = ids["train"]
-        keep = cleaning.length_filter(train_ids["src"], train_ids["tgt"], report["train"], cfg.max_length, cfg.max_ratio)
-        if len(keep) < len(train_ids["src"]):
-            ids["train"] = {side: [seqs[i] for i in keep] for side, seqs in train_ids.items()}
-        if not keep:
-            raise InputError(labels["train"], None, f"no train rows left after cleaning ({_dropped(report['train'])})")
-
-    progress("writing")
-    vocab = {side: toks[side].get_vocab_size() for side in sides}
-    with atomic_dir(out, overwrite=state == "replace") as tmp:
-        tokenizer_files = {side: f"tokenizer.{side}.json" for side in sides}
-        for side, name in tokenizer_files.items():
-            source = files.get(f"tokenizer.{side}", "")
-            if cfg.tokenizer_from and not source.endswith(SENTENCEPIECE_SUFFIXES):
-                # the very same bytes, so that eval can tell it is the checkpoint's tokenizer
-                shutil.copyfile(source, tmp / name)
+            if cfg.tokenizer_from:
+                toks = {side: load_tokenizer(files[f"tokenizer.{side}"]) for side in sides}
+                joint = kind == "parallel" and inputs[files["tokenizer.src"]] == inputs[files["tokenizer.tgt"]]
+                tokenizer_meta = {"type": "pretrained", "from": cfg.tokenizer_from, "model": type(toks["tgt"].model).__name__}
             else:
-                save_tokenizer(toks[side], tmp / name)
-        splits_meta = {}
-        for split, by_side in ids.items():
-            splits_meta[split] = {}
-            for side, seqs in by_side.items():
-                info = write_sequences(tmp, split, side, seqs, vocab[side])
-                splits_meta[split][side] = {**info, "unk_rate": round(unk_rate(seqs), 6)}
-            if split != "train":
-                for side, col in zip(sides, data[split]):
-                    (tmp / f"{split}.{side}.txt").write_text(_text_file(col, mode), encoding="utf-8")
-        extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {}
-        meta = new_meta(
-            kind,
-            fingerprint=fingerprint,
-            splits=splits_meta,
-            vocab=vocab,
-            tokenizers=tokenizer_files,
-            joint_vocab=joint,
-            tokenizer=tokenizer_meta,
-            **extra,
-            settings=settings,
-            inputs=inputs,
-            cleaning=report,
-        )
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+                progress(f"training {cfg.tokenizer} tokenizer")
+
+                def train_texts(i: int, side: str) -> Iterable[str]:
+                    return (row[i] for row in sample.rows) if sample else _staged(tmp, "train", side)
+
+                texts = {side: functools.partial(train_texts, i, side) for i, side in enumerate(sides)}
+                toks, joint = _train_tokenizers(cfg, kind, texts)
+                tokenizer_meta = {"type": cfg.tokenizer, "vocab_size": cfg.vocab_size}
+                if sample is not None:
+                    tokenizer_meta["sample"] = len(sample.rows)
+            vocab = {side: toks[side].get_vocab_size() for side in sides}
+
+            splits_meta = {}
+            for split in report:
+                progress(f"encoding {split}")
+                splits_meta[split] = _encode(tmp, split, sides, toks, vocab, kind, cfg, report[split])
+                if not splits_meta[split][sides[0]]["count"]:
+                    raise InputError(labels[split], None, f"no {split} rows left after cleaning ({_dropped(report[split])})")
+                if split != "train":
+                    for side in sides:
+                        _write_text(tmp, split, side, mode)
+                for side in sides:
+                    _stage_path(tmp, split, side).unlink()
+
+            progress("writing")
+            tokenizer_files = {side: f"tokenizer.{side}.json" for side in sides}
+            for side, name in tokenizer_files.items():
+                source = files.get(f"tokenizer.{side}", "")
+                if cfg.tokenizer_from and not source.endswith(SENTENCEPIECE_SUFFIXES):
+                    # the very same bytes, so that eval can tell it is the checkpoint's tokenizer
+                    shutil.copyfile(source, tmp / name)
+                else:
+                    save_tokenizer(toks[side], tmp / name)
+            extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {}
+            meta = new_meta(
+                kind,
+                fingerprint=fingerprint,
+                splits=splits_meta,
+                vocab=vocab,
+                tokenizers=tokenizer_files,
+                joint_vocab=joint,
+                tokenizer=tokenizer_meta,
+                **extra,
+                settings=settings,
+                inputs=inputs,
+                cleaning=report,
+            )
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    except _UpToDate:
+        log(UP_TO_DATE.format(out=out))
     return out
+
+
+def _encode(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, kind: str, cfg: PrepareConfig,
+            counts: dict) -> dict:
+    """Encode one staged split chunk by chunk (the Rust library uses every core), apply the token-length filters
+    to train pairs, and write the ids; returns {side: what meta.json records}."""
+    writers = [SequenceWriter(tmp, split, side, vocab[side]) for side in sides]
+    try:
+        for cols in _staged_chunks(tmp, split, sides, CHUNK_ROWS):
+            ids = [encode_batch(toks[side], col) for side, col in zip(sides, cols)]
+            if kind == "parallel" and split == "train":
+                keep = cleaning.length_filter(ids[0], ids[1], counts, cfg.max_length, cfg.max_ratio)
+                if len(keep) < len(ids[0]):
+                    ids = [[seqs[i] for i in keep] for seqs in ids]
+            for w, seqs in zip(writers, ids):
+                w.append(seqs)
+        return {side: w.close() for side, w in zip(sides, writers)}
+    finally:
+        for w in writers:
+            w.close()
 
 
 def _sides(kind: str) -> list[str]:
     return ["src", "tgt"] if kind == "parallel" else ["tgt"]
 
 
-def _train_tokenizers(cfg: PrepareConfig, kind: str, train_cols: dict[str, list[str]]):
-    """Tokenizers trained on the train split: one shared (joint) or one per side. Returns ({side: tok}, joint)."""
+def _train_tokenizers(cfg: PrepareConfig, kind: str, texts: dict[str, Callable[[], Iterable[str]]]):
+    """Tokenizers trained on the train split (`texts`: each side's, read afresh at each call): one shared (joint) or
+    one per side. Returns ({side: tok}, joint)."""
     if kind == "parallel" and cfg.joint_vocab:
-        tok = train_tokenizer(cfg.tokenizer, train_cols["src"] + train_cols["tgt"], cfg.vocab_size, nfc=cfg.nfc)
+        both = itertools.chain(texts["src"](), texts["tgt"]())
+        tok = train_tokenizer(cfg.tokenizer, both, cfg.vocab_size, nfc=cfg.nfc)
         return {"src": tok, "tgt": tok}, True
-    return {side: train_tokenizer(cfg.tokenizer, col, cfg.vocab_size, nfc=cfg.nfc) for side, col in train_cols.items()}, False
-
-
-def _sha256_texts(cols: list[list[str]]) -> str:
-    h = hashlib.sha256()
-    for row in zip(*cols):
-        h.update("\t".join(row).encode("utf-8", "surrogatepass"))
-        h.update(b"\n")
-    return h.hexdigest()
+    return {side: train_tokenizer(cfg.tokenizer, col(), cfg.vocab_size, nfc=cfg.nfc) for side, col in texts.items()}, False
 
 
 def _dropped(counts: dict) -> str:

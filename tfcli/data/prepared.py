@@ -15,15 +15,18 @@ Sides are `src` and `tgt` for parallel data; a language model's monolingual data
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 import tfcli
 from tfcli.errors import TfcliError
 from tfcli.io import fault_point
+from tfcli.specials import UNK_ID
 
 FORMAT = "tfcli-prepared"
 FORMAT_VERSION = 1
@@ -33,19 +36,53 @@ def dtype_for(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size < 2**16 else np.dtype(np.uint32)
 
 
-def write_sequences(directory: Path, split: str, side: str, seqs: list, vocab_size: int) -> dict:
-    """Write a list of id sequences as {split}.{side}.bin/.idx; returns {count, tokens, dtype}."""
-    dtype = dtype_for(vocab_size)
-    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
-    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter((t for s in seqs for t in s), dtype=dtype, count=int(offsets[-1]))
-    # file.write rather than ndarray.tofile, whose errors carry no errno ("N requested and M written")
-    for array, suffix in ((flat, "bin"), (offsets, "idx")):
-        fault_point(f"{split}.{side}.{suffix}")
-        with open(directory / f"{split}.{side}.{suffix}", "wb") as f:
-            f.write(memoryview(array))
-    return {"count": len(seqs), "tokens": int(offsets[-1]), "dtype": dtype.name}
+class SequenceWriter:
+    """Writes one split/side's id sequences as {split}.{side}.bin/.idx, chunk by chunk, in memory bounded by the
+    chunk: the ids go to .bin and the running offsets to .idx as they come. `close()` returns what meta.json records:
+    {count, tokens, dtype, unk_rate}."""
+
+    def __init__(self, directory: Path, split: str, side: str, vocab_size: int):
+        self.dtype = dtype_for(vocab_size)
+        self.count = self.tokens = self.unk = 0
+        self._files = []
+        for suffix in ("bin", "idx"):
+            fault_point(f"{split}.{side}.{suffix}")
+            self._files.append(open(directory / f"{split}.{side}.{suffix}", "wb"))
+        self._bin, self._idx = self._files
+        self._write(self._idx, np.zeros(1, dtype=np.int64))  # offsets start at 0
+
+    def append(self, seqs: Sequence[Sequence[int]]) -> None:
+        lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+        flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=self.dtype, count=int(lengths.sum()))
+        self._write(self._bin, flat)
+        self._write(self._idx, self.tokens + np.cumsum(lengths))
+        self.count += len(seqs)
+        self.tokens += len(flat)
+        self.unk += int(np.count_nonzero(flat == UNK_ID))
+
+    @staticmethod
+    def _write(f, array: np.ndarray) -> None:
+        f.write(memoryview(array))  # file.write, not ndarray.tofile, whose errors carry no errno
+
+    def close(self) -> dict:
+        for f in self._files:
+            f.close()
+        unk_rate = round(self.unk / self.tokens, 6) if self.tokens else 0.0
+        return {"count": self.count, "tokens": self.tokens, "dtype": self.dtype.name, "unk_rate": unk_rate}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for f in self._files:
+            f.close()
+
+
+def write_sequences(directory: Path, split: str, side: str, seqs: Sequence[Sequence[int]], vocab_size: int) -> dict:
+    """Write a list of id sequences at once (see SequenceWriter)."""
+    with SequenceWriter(directory, split, side, vocab_size) as w:
+        w.append(seqs)
+        return w.close()
 
 
 class Sequences:

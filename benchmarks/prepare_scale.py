@@ -1,0 +1,110 @@
+"""`tfcli prepare` at WMT scale: peak memory and throughput against corpus size.
+
+The corpora are synthetic, so nothing is downloaded: Multi30k's training pairs (../shared/data/multi30k), copied as
+often as needed, each copy with the words of every sentence shuffled by a seeded generator. The lines are new (so
+`--dedupe` would keep them), while their vocabulary, sentence lengths and bytes per pair stay Multi30k's.
+Each size is prepared by `tfcli prepare` in a process of its own (joint BPE 32k, the defaults otherwise); its peak
+RSS comes from wait4() for that process alone.
+
+    python benchmarks/prepare_scale.py                      # 0.5M and 4M pairs (and 1M), about 10 minutes
+    python benchmarks/prepare_scale.py --sizes 100000 --out /tmp/x   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cpu_name, write_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def synthetic_corpus(n: int, workdir: Path) -> tuple[Path, Path]:
+    """N pairs built from Multi30k's train split (see the module docstring); reused when already built."""
+    src, tgt = workdir / f"pairs-{n}.de", workdir / f"pairs-{n}.en"
+    if src.exists() and tgt.exists():
+        return src, tgt
+    de = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()
+    en = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()
+    rng = random.Random(0)
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(f"{src}.tmp", "w", encoding="utf-8") as fs, open(f"{tgt}.tmp", "w", encoding="utf-8") as ft:
+        for i in range(n):
+            j = i % len(de)
+            a, b = de[j].split(), en[j].split()
+            if i >= len(de):  # the first copy is Multi30k itself
+                rng.shuffle(a)
+                rng.shuffle(b)
+            fs.write(" ".join(a) + "\n")
+            ft.write(" ".join(b) + "\n")
+    os.replace(f"{src}.tmp", src)
+    os.replace(f"{tgt}.tmp", tgt)
+    return src, tgt
+
+
+def run_prepare(args: list[str]) -> tuple[float, int]:
+    """(seconds, peak RSS in bytes) of one `tfcli prepare` process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "tfcli", "prepare", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    err = proc.stderr.read().decode()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"tfcli prepare {' '.join(args)} failed:\n{err}")
+    return seconds, usage.ru_maxrss * 1024  # Linux reports KiB
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[500_000, 1_000_000, 4_000_000])
+    ap.add_argument("--vocab-size", type=int, default=32000)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/tfcli-prepare-scale"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prepare_scale"))
+    args = ap.parse_args()
+    if not (MULTI30K / "train.de").exists():
+        raise SystemExit(f"{MULTI30K}: Multi30k is needed to build the synthetic corpora")
+
+    rows = []
+    for n in args.sizes:
+        src, tgt = synthetic_corpus(n, args.workdir)
+        out = args.workdir / f"prepared-{n}"
+        seconds, rss = run_prepare(["--src", str(src), "--tgt", str(tgt), "-o", str(out), "--force",
+                                    "--vocab-size", str(args.vocab_size)])
+        meta = json.loads((out / "meta.json").read_text())
+        mb = (src.stat().st_size + tgt.stat().st_size) / 1e6
+        rows.append({"pairs": n, "text_mb": round(mb, 1), "seconds": round(seconds, 1),
+                     "pairs_per_s": round(n / seconds), "peak_rss_mb": round(rss / 2**20),
+                     "kept": meta["cleaning"]["train"]["kept"]})
+        print(rows[-1], flush=True)
+
+    first, last = rows[0], rows[-1]
+    result = {
+        "benchmark": "prepare_scale", "machine": f"{os.cpu_count()}-core CPU ({cpu_name()})",
+        "date": time.strftime("%Y-%m-%d %H:%M"), "vocab_size": args.vocab_size,
+        "load_average": [round(x, 2) for x in os.getloadavg()], "rows": rows,
+        "rss_ratio_largest_to_smallest": round(last["peak_rss_mb"] / first["peak_rss_mb"], 2),
+    }
+    lines = [
+        "# `tfcli prepare` at scale", "",
+        f"Synthetic corpora from Multi30k (words shuffled per copy), joint BPE {args.vocab_size // 1000}k, one "
+        f"process per size. {result['machine']}, {result['date']}.", "",
+        "| pairs | text | time | pairs/s | peak RSS |", "| ---: | ---: | ---: | ---: | ---: |",
+        *[f"| {r['pairs']:,} | {r['text_mb']} MB | {r['seconds']} s | {r['pairs_per_s']:,} | {r['peak_rss_mb']} MB |"
+          for r in rows],
+        "", f"Peak RSS, largest over smallest corpus: {result['rss_ratio_largest_to_smallest']}x.", "",
+    ]
+    write_results(args.out, result, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
