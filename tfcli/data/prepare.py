@@ -25,7 +25,7 @@ from tfcli.config import from_dict, load_config_file, override, to_dict
 from tfcli.data import cleaning, loading
 from tfcli.data.prepared import FORMAT, FORMAT_VERSION, PreparedData, SequenceWriter, new_meta
 from tfcli.data.tokenizer import (
-    SENTENCEPIECE_SUFFIXES, encode_batch, load_tokenizer, save_tokenizer, train_tokenizer,
+    SENTENCEPIECE_SUFFIXES, encode_chunks, for_nfc_text, load_tokenizer, save_tokenizer, train_tokenizer,
 )
 from tfcli.errors import ConfigError, InputError, TfcliError
 from tfcli.io import atomic_dir, run_lock
@@ -597,10 +597,11 @@ def _encode(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, ki
             counts: dict) -> dict:
     """Encode one staged split chunk by chunk (the Rust library uses every core), apply the token-length filters
     to train pairs, and write the ids; returns {side: what meta.json records}."""
+    if cfg.nfc:  # the staged text is NFC already
+        toks = {side: for_nfc_text(tok) for side, tok in toks.items()}
     writers = [SequenceWriter(tmp, split, side, vocab[side]) for side in sides]
     try:
-        for cols in _staged_chunks(tmp, split, sides, CHUNK_ROWS):
-            ids = [encode_batch(toks[side], col) for side, col in zip(sides, cols)]
+        for ids in encode_chunks([toks[side] for side in sides], _staged_chunks(tmp, split, sides, CHUNK_ROWS)):
             if kind == "parallel" and split == "train":
                 keep = cleaning.length_filter(ids[0], ids[1], counts, cfg.max_length, cfg.max_ratio)
                 if len(keep) < len(ids[0]):

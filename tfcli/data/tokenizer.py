@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -34,7 +35,7 @@ BYTELEVEL_MIN_VOCAB = len(SPECIAL_TOKENS) + 256
 # a space that follows a non-space character. Every tokenizer here starts a new pre-token there anyway, so the ids
 # are the same as for the whole text, but memory stays bounded (a `tokenizers` Encoding costs ~400 bytes a token).
 CHUNK_CHARS = 1 << 15
-BATCH_CHARS = 1 << 18  # characters handed to one Rust encode_batch call
+BATCH_CHARS = 1 << 21  # characters handed to one Rust encode_batch call (larger batches keep both cores busier)
 # Tokenizer training sees runs of non-space characters (base64, hashes, minified code) cut to this length: a subword
 # trainer re-scans a whole word for every merge that touches it, so one 1 MB "word" takes it hours. Only training
 # is affected; text is encoded as it is.
@@ -43,20 +44,23 @@ _LONG_WORD = re.compile(r"\S{%d}(?=\S)" % TRAIN_WORD_CHARS)
 
 
 def train_tokenizer(kind: str, texts: Sequence[str], vocab_size: int, nfc: bool = True) -> Tokenizer:
-    """Train a tokenizer of type `kind` on `texts`; `vocab_size` counts the special tokens (ignored for `char`)."""
+    """Train a tokenizer of type `kind` on `texts`; `vocab_size` counts the special tokens (ignored for `char`).
+
+    With `nfc` the tokenizer normalises what it encodes to NFC. `texts` are taken as NFC already (prepare's cleaning
+    made them so): the normaliser is attached after training, which spares the Rust library a pass over the corpus.
+    """
     if kind not in TOKENIZER_TYPES:
         raise TfcliError(f"unknown tokenizer type '{kind}' (choose from {', '.join(TOKENIZER_TYPES)})")
     if kind == "char":
         tok = _char_tokenizer(texts)
     else:
         tok, trainer = _subword_tokenizer(kind, vocab_size)
-    if nfc:
-        tok.normalizer = normalizers.NFC()
-    if kind != "char":
         try:
             tok.train_from_iterator(_pieces(texts), trainer=trainer)
         except Exception as e:  # e.g. Unigram: "The vocabulary is not large enough to contain all chars"
             raise TfcliError(f"cannot train a {kind} tokenizer with --vocab-size {vocab_size}: {e}") from None
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     tok.encode_special_tokens = True
     return tok
 
@@ -162,8 +166,65 @@ def _pieces(texts: Iterable[str]) -> Iterable[str]:
             yield _LONG_WORD.sub(r"\g<0> ", piece) if len(piece) > TRAIN_WORD_CHARS else piece
 
 
+def for_nfc_text(tok: Tokenizer) -> Tokenizer:
+    """`tok` without its NFC step, for texts that are NFC already (prepare's cleaned text): the same ids, less work
+    (NFC is idempotent). Any other normaliser is kept."""
+    if not isinstance(tok.normalizer, normalizers.NFC):
+        return tok
+    bare = Tokenizer.from_str(tok.to_str())
+    bare.normalizer = None
+    bare.encode_special_tokens = tok.encode_special_tokens
+    return bare
+
+
 def encode_batch(tok: Tokenizer, lines: Sequence[str]) -> list[list[int]]:
     """Token ids of each line, without <s>/</s>; encoded in parallel by the Rust library, in bounded batches."""
+    return _ids(_encodings(tok, lines))
+
+
+def encode_chunks(toks: Sequence[Tokenizer], chunks: Iterable[list[list[str]]]) -> Iterator[list[list[list[int]]]]:
+    """encode_batch of each column of each chunk (`toks[i]` encodes column i), as a pipeline: the Rust library
+    encodes the next chunk (on every core, without the GIL) while the caller works on this one."""
+
+    def encode(cols):
+        return [_encodings(tok, col) for tok, col in zip(toks, cols)]
+
+    with ThreadPoolExecutor(1) as pool:
+        pending = None
+        for cols in chunks:
+            ahead = pool.submit(encode, cols)
+            if pending is not None:
+                yield [_ids(batches) for batches in pending.result()]
+            pending = ahead
+        if pending is not None:
+            yield [_ids(batches) for batches in pending.result()]
+
+
+def _encodings(tok: Tokenizer, lines: Sequence[str]) -> list[list]:
+    """Rust's encodings of `lines`, one per line, in batches of whole lines of about BATCH_CHARS characters; a
+    batch holding a line longer than CHUNK_CHARS comes as id lists (see _encode_long)."""
+    lines = lines if isinstance(lines, list) else list(lines)
+    batches = []
+    start = chars = 0
+    for end, n in enumerate(map(len, lines), 1):
+        chars += n
+        if chars >= BATCH_CHARS or end == len(lines):
+            group = lines[start:end]
+            if max(map(len, group)) <= CHUNK_CHARS:
+                batches.append(tok.encode_batch(group, add_special_tokens=False))
+            else:
+                batches.append(_encode_long(tok, group))
+            start, chars = end, 0
+    return batches
+
+
+def _ids(batches: list[list]) -> list[list[int]]:
+    return [x if isinstance(x, list) else x.ids for batch in batches for x in batch]
+
+
+def _encode_long(tok: Tokenizer, lines: list[str]) -> list[list[int]]:
+    """Lines, some longer than CHUNK_CHARS: those are cut at spaces and encoded piece by piece (a 1 GB document in
+    bounded batches)."""
     out: list[list[int]] = [[] for _ in lines]
     batch: list[str] = []
     owners: list[int] = []
