@@ -405,17 +405,29 @@ def _check_nul(cols: list[list[str]], label: str, rows_before: int) -> None:
             raise InputError(label, rows_before + i + 1, "contains a NUL character")
 
 
-def _staged(tmp: Path, split: str, side: str) -> Iterator[str]:
-    """The staged texts of one split/side, in order."""
+def _staged_lists(tmp: Path, split: str, side: str, size: int = 1 << 30) -> Iterator[list[str]]:
+    """The staged texts of one split/side, in order, `size` at a time (the last list may be shorter)."""
     with open(_stage_path(tmp, split, side), encoding="utf-8", newline="") as f:
+        texts: list[str] = []
         rest = ""
         for block in iter(lambda: f.read(1 << 20), ""):
             *done, rest = (rest + block).split("\0")
-            yield from done
+            texts += done
+            while len(texts) >= size:
+                yield texts[:size]
+                texts = texts[size:]
+        if texts:
+            yield texts
+
+
+def _staged(tmp: Path, split: str, side: str) -> Iterator[str]:
+    for texts in _staged_lists(tmp, split, side, 1 << 16):
+        yield from texts
 
 
 def _staged_chunks(tmp: Path, split: str, sides: list[str], size: int) -> Iterator[list[list[str]]]:
-    return _chunks(zip(*(_staged(tmp, split, side) for side in sides)), size)
+    """Columns of `size` staged rows at a time, as _chunks gives them."""
+    return (list(cols) for cols in zip(*(_staged_lists(tmp, split, side, size) for side in sides)))
 
 
 class _Sample:

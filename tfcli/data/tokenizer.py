@@ -59,10 +59,40 @@ def train_tokenizer(kind: str, texts: Sequence[str], vocab_size: int, nfc: bool 
             tok.train_from_iterator(_pieces(texts), trainer=trainer)
         except Exception as e:  # e.g. Unigram: "The vocabulary is not large enough to contain all chars"
             raise TfcliError(f"cannot train a {kind} tokenizer with --vocab-size {vocab_size}: {e}") from None
+    if kind in ("unigram", "wordpiece"):
+        tok = _canonical(tok)
     if nfc:
         tok.normalizer = normalizers.NFC()
     tok.encode_special_tokens = True
     return tok
+
+
+def _canonical(tok: Tokenizer) -> Tokenizer:
+    """The same tokenizer, its ids in an order that does not change from run to run.
+
+    The Rust library's Unigram and WordPiece trainers number the pieces in hash-map order, and Unigram's parallel EM
+    leaves its log-probabilities differing in the last bits, so two runs on the same text gave different ids (and
+    so different models from the same seed). WordPiece pieces are numbered in string order (its encoding looks up
+    strings, not ids); Unigram scores are rounded to 1e-9 and pieces sorted by score, then string."""
+    spec = json.loads(tok.to_str())
+    model = spec["model"]
+    n = len(SPECIAL_TOKENS)
+    if model["type"] == "Unigram":
+        rest = sorted(((piece, round(score, 9)) for piece, score in model["vocab"][n:]), key=lambda x: (-x[1], x[0]))
+        # The characters the trainer adds last (those it kept no piece for) get scores 1e-4 apart (or equal) in
+        # hash-set order: they take those scores in string order instead.
+        chars = [x for x in rest if len(x[0]) == 1]
+        run = 1
+        while run < len(chars) and min(abs(chars[-run - 1][1] - chars[-run][1] - d) for d in (0, 1e-4)) < 1e-7:
+            run += 1
+        if run > 1:
+            fixed = dict(zip(sorted(c for c, _ in chars[-run:]), [score for _, score in chars[-run:]]))
+            rest = sorted(((p, fixed.get(p, score)) for p, score in rest), key=lambda x: (-x[1], x[0]))
+        model["vocab"] = model["vocab"][:n] + [list(x) for x in rest]
+    else:
+        rest = sorted(piece for piece, i in model["vocab"].items() if i >= n)
+        model["vocab"] = {**{s: i for i, s in enumerate(SPECIAL_TOKENS)}, **{p: n + i for i, p in enumerate(rest)}}
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def _subword_tokenizer(kind: str, vocab_size: int):
