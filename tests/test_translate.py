@@ -233,6 +233,25 @@ def test_order_is_preserved_across_batches_and_chunks(copier):
     assert out == texts  # the copier's output, known by construction
 
 
+def test_memory_is_bounded_by_the_buffer_not_the_input(copier):
+    """However long the input, at most --buffer-size lines are held: the count read ahead of the output never
+    reaches it (so `translate` of a 1M-line file holds what 10k lines hold; benchmarks/translate_memory.py)."""
+    read = 0
+
+    def endless():
+        nonlocal read
+        while True:
+            read += 1
+            yield ("in.txt", read, words([4 + read % 7, 5 + read % 3]))
+
+    ahead = []
+    for n, _ in enumerate(translator(copier, buffer_size=13, max_tokens=20).run(endless()), 1):
+        ahead.append(read - n)
+        if n == 100:
+            break
+    assert max(ahead) == 12 and min(ahead) == 0
+
+
 def test_empty_odd_and_long_lines(copier, capsys):
     odd = ["", "   ", "\t", "cat 🐈 dog", "猫 と 犬", "a\x01b\x1b[31m red\x7f", "</s> cat <pad> <s>",
            "e\u0301 \u200b\ufeff x", "\u2028 apple \u0085 egg"]

@@ -1,0 +1,103 @@
+"""`tfcli translate` of large files: peak memory against input size.
+
+A tiny encoder-decoder (d_model 64) trained for a few seconds on a copy task (tests/helpers.py), so that its output
+ends; greedy search; input files of random lines of its words. Each size is translated by `tfcli translate FILE -o OUT`
+in a process of its own, whose peak RSS comes from wait4(). Memory should be bounded by --buffer-size (lines read
+ahead and sorted by length), not by the file.
+
+    python benchmarks/translate_memory.py                           # 10k and 1M lines
+    python benchmarks/translate_memory.py --sizes 1000 20000 --out /tmp/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cpu_name, write_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def tiny_checkpoint(workdir: Path) -> Path:
+    from helpers import train_tiny_checkpoint
+
+    from tfcli import checkpoint
+
+    return checkpoint.resolve(train_tiny_checkpoint(workdir, task="copy", steps=300))
+
+
+def input_file(n: int, workdir: Path) -> Path:
+    path = workdir / f"in-{n}.txt"
+    rng = random.Random(n)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            f.write(" ".join(f"w{rng.randrange(20)}" for _ in range(rng.randint(3, 8))) + "\n")
+    return path
+
+
+def run_translate(args: list[str]) -> tuple[float, int]:
+    """(seconds, peak RSS in bytes) of one `tfcli translate` process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "tfcli", "translate", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = proc.stderr.read().decode()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"tfcli translate {' '.join(args)} failed:\n{err}")
+    return seconds, usage.ru_maxrss * 1024  # Linux reports KiB
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "translate_memory"))
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        ckpt = tiny_checkpoint(workdir)
+        rows = []
+        for n in args.sizes:
+            src = input_file(n, workdir)
+            out = workdir / f"out-{n}.txt"
+            seconds, rss = run_translate(["-m", str(ckpt), "--greedy", str(src), "-o", str(out)])
+            lines = sum(1 for _ in open(out, encoding="utf-8"))
+            assert lines == n, f"{out}: {lines} lines, expected {n}"
+            rows.append({"lines": n, "seconds": round(seconds, 1), "lines_per_s": round(n / seconds),
+                         "peak_rss_mb": round(rss / 2**20)})
+            print(rows[-1], flush=True)
+
+    from tfcli.generate.config import TranslateConfig
+
+    buffer = TranslateConfig().buffer_size
+    first, last = rows[0], rows[-1]
+    result = {
+        "benchmark": "translate_memory", "machine": f"{os.cpu_count()}-core CPU ({cpu_name()})",
+        "date": time.strftime("%Y-%m-%d %H:%M"), "buffer_size": buffer, "search": "greedy",
+        "model": "tiny copy model (tests/helpers.py train_tiny_checkpoint, d_model 64)",
+        "load_average": [round(x, 2) for x in os.getloadavg()], "rows": rows,
+        "rss_ratio_largest_to_smallest": round(last["peak_rss_mb"] / first["peak_rss_mb"], 2),
+    }
+    lines = [
+        "# `tfcli translate` of large files: peak memory", "",
+        f"{result['model']}, greedy, --buffer-size {buffer} (the default), one process per size. "
+        f"{result['machine']}, {result['date']}.", "",
+        "| lines | time | lines/s | peak RSS |", "| ---: | ---: | ---: | ---: |",
+        *[f"| {r['lines']:,} | {r['seconds']} s | {r['lines_per_s']:,} | {r['peak_rss_mb']} MB |" for r in rows],
+        "", f"Peak RSS, largest over smallest input: {result['rss_ratio_largest_to_smallest']}x.", "",
+    ]
+    write_results(args.out, result, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
