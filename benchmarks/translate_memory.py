@@ -5,7 +5,7 @@ ends; greedy search; input files of random lines of its words. Each size is tran
 in a process of its own, whose peak RSS comes from wait4(). Memory should be bounded by --buffer-size (lines read
 ahead and sorted by length), not by the file.
 
-    python benchmarks/translate_memory.py                           # 10k and 1M lines
+    python benchmarks/translate_memory.py                           # 10k, 100k and 1M lines (4 minutes)
     python benchmarks/translate_memory.py --sizes 1000 20000 --out /tmp/x
 """
 
@@ -59,7 +59,7 @@ def run_translate(args: list[str]) -> tuple[float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "translate_memory"))
     args = ap.parse_args()
 
