@@ -205,3 +205,37 @@ def test_freed_memory_is_kept_on_glibc():
     res = subprocess.run([sys.executable, "-c", HEAP_PROBE], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["False", "True", "True"]
+
+
+def test_int8_linear_is_within_its_rounding_bound():
+    """An int8 linear layer (weights: a scale per output row, 127 levels a side; the input: its own range over 127
+    levels) differs from fp32 by at most what rounding both can move: |x| |dw| + |dx| |w| + |dx| |dw|, summed."""
+    from tfcli.generate.step import _int8_linear, int8_available
+
+    if not int8_available():
+        pytest.skip("this torch build has no quantised int8 linear layers")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    x = torch.randn(10, 64) * 3
+    with torch.inference_mode():
+        y, ref = _int8_linear(lin)(x), lin(x)
+        dw = (lin.weight.abs().amax(dim=1) / 127 / 2)[:, None].expand_as(lin.weight)  # half a weight step
+        dx = (x.max().clamp(min=0) - x.min().clamp(max=0)) / 127 / 2  # half an input step
+        bound = x.abs() @ dw.T + dx * lin.weight.abs().sum(dim=1) + dx * dw.sum(dim=1)
+    assert ((y - ref).abs() <= bound + 1e-4).all()
+    assert (y - ref).abs().max() > 0  # it really is int8
+
+
+def test_int8_steps_stay_close_to_the_full_forward():
+    from tfcli.generate.step import int8_available
+
+    if not int8_available():
+        pytest.skip("this torch build has no quantised int8 linear layers")
+    model, _ = model_for()
+    sm = StepModel(model, int8=True)
+    src = torch.randint(4, V, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        dec = start(sm, src, 1, 3)
+        logits = dec.step(torch.full((2,), BOS_ID))
+        ref = torch.stack([full_logits(model, src[i], []) for i in range(2)])
+    assert (logits - ref).abs().max() <= 0.05 * ref.abs().max()

@@ -252,6 +252,27 @@ def test_memory_is_bounded_by_the_buffer_not_the_input(copier):
     assert max(ahead) == 12 and min(ahead) == 0
 
 
+def test_int8_translates_the_copier_as_fp32_does(copier):
+    """The hand-built copier's margins are far wider than int8's rounding: the same output, beam and greedy."""
+    from tfcli.generate.step import int8_available
+
+    if not int8_available():
+        pytest.skip("this torch build has no quantised int8 linear layers")
+    rng = random.Random(3)
+    texts = [words([rng.randrange(4, V) for _ in range(rng.randint(1, 9))]) for _ in range(30)]
+    for beam in (1, 4):
+        int8 = list(translator(copier, dtype="int8", beam_size=beam).run(lines_in(texts)))
+        assert int8 == list(translator(copier, beam_size=beam).run(lines_in(texts))) == texts
+
+
+def test_int8_is_for_the_cpu():
+    from tfcli.errors import ConfigError
+    from tfcli.generate.runtime import precision
+
+    with pytest.raises(ConfigError, match="--dtype int8 is for the CPU"):
+        precision(torch.device("cuda"), "int8")
+
+
 def test_empty_odd_and_long_lines(copier, capsys):
     odd = ["", "   ", "\t", "cat 🐈 dog", "猫 と 犬", "a\x01b\x1b[31m red\x7f", "</s> cat <pad> <s>",
            "e\u0301 \u200b\ufeff x", "\u2028 apple \u0085 egg"]

@@ -593,7 +593,9 @@ Device = Annotated[
     typer.Option("--device", rich_help_panel=_RUN, help="auto, cpu, cuda or cuda:N" + _default(_T.device)),
 ]
 Dtype = Annotated[Optional[str], typer.Option(
-    "--dtype", rich_help_panel=_RUN, help="fp32, bf16 or fp16 (autocast; fp16 needs CUDA)" + _default(_T.dtype)
+    "--dtype", rich_help_panel=_RUN,
+    help="fp32, bf16 or fp16 (autocast; fp16 needs CUDA), or int8 (the CPU: the decoder's linear layers and output "
+    "projection quantised, the encoder in fp32)" + _default(_T.dtype)
 )]
 Threads = Annotated[Optional[int], typer.Option("--threads", rich_help_panel=_RUN, help="CPU threads for torch.")]
 ShowProgress = Annotated[Optional[bool], typer.Option(

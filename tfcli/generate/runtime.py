@@ -11,7 +11,7 @@ import torch
 
 from tfcli import checkpoint
 from tfcli.errors import CheckpointError, ConfigError, TfcliError, quiet_enabled, raise_if_interrupted
-from tfcli.generate.step import StepModel
+from tfcli.generate.step import StepModel, int8_available
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -28,8 +28,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def precision(device: torch.device, dtype: str):
-    """A context for the forward passes: autocast to bf16/fp16, or nothing for fp32."""
+    """A context for the forward passes: autocast to bf16/fp16, or nothing for fp32 and int8 (whose linear layers
+    are quantised once, by StepModel)."""
     if dtype == "fp32":
+        return contextlib.nullcontext()
+    if dtype == "int8":
+        if device.type != "cpu":
+            raise ConfigError("--dtype int8 is for the CPU; on a GPU use bf16 or fp16")
+        if not int8_available():
+            raise ConfigError("--dtype int8: this torch build has no quantised int8 linear layers; use fp32")
         return contextlib.nullcontext()
     if dtype == "fp16" and device.type != "cuda":
         raise ConfigError("--dtype fp16 needs a CUDA device; on the CPU use bf16 or fp32")
@@ -42,7 +49,7 @@ class Loaded:
     meta: dict
     src_tok: object | None  # tokenizers.Tokenizer; None for a language model
     tgt_tok: object
-    steps: StepModel  # its decoder arranged for decoding (fp32 on the CPU: with weights packed for oneDNN)
+    steps: StepModel  # its decoder arranged for decoding (fp32 on the CPU: weights packed for oneDNN; or int8)
 
 
 def load(path: str, device: torch.device, kind: str, dtype: str = "fp32") -> Loaded:
@@ -56,7 +63,7 @@ def load(path: str, device: torch.device, kind: str, dtype: str = "fp32") -> Loa
         raise CheckpointError(f"{meta['dir']}: is a {cfg.kind} model, not {want}; use `{hint}`")
     model, meta = checkpoint.load(meta["dir"], device)
     toks = {side: checkpoint.tokenizer(meta, side) for side in (("src", "tgt") if kind == "seq2seq" else ("tgt",))}
-    return Loaded(model, meta, toks.get("src"), toks["tgt"], StepModel(model, pack=dtype == "fp32"))
+    return Loaded(model, meta, toks.get("src"), toks["tgt"], StepModel(model, pack=dtype == "fp32", int8=dtype == "int8"))
 
 
 def tune_process(device: torch.device, threads: int | None) -> None:

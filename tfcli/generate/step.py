@@ -14,6 +14,8 @@ the first step of beam search). Arranged for inference speed:
 - With `pack=True` on the CPU in fp32, linear layers use weights pre-packed for oneDNN, held here beside the
   model's own (which stay as they are), and run with the ReLU/GELU and the residual addition fused into the layer
   before them. Where torch lacks those private ops, plain `F.linear` does the same work.
+- With `int8=True` (CPU), every linear layer of the decoder and the output projection run in int8: weights
+  quantised once, one scale per output row; activations quantised at each call (dynamic quantisation).
 - The key/value memory is allocated once per batch and reused by the next batch (`release`), not grown step by step.
 
 Language-model prompts of different lengths are left-padded: `prefill` runs them in one pass, each row numbering
@@ -21,6 +23,8 @@ its positions from its first real token, and nobody attends to the padding.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -38,17 +42,19 @@ class StepModel:
     """A model's decoder as the functions an incremental step calls (built from the weights as they are now), and
     the key/value memory it reuses from batch to batch."""
 
-    def __init__(self, model: nn.Module, pack: bool = False):
+    def __init__(self, model: nn.Module, pack: bool = False, int8: bool = False):
         """`pack`: pre-pack the linear weights for oneDNN (fp32 on the CPU only; elsewhere, or where torch lacks
-        the ops, it is ignored: see `packed`)."""
+        the ops, it is ignored: see `packed`). `int8`: run the linear layers in int8 (CPU; see `int8_available`)."""
         self.model, self.cfg = model, model.cfg
         weight = model.lm_head.weight
-        self.packed = pack and weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
+        self.int8 = int8
+        self.packed = not int8 and pack and weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
+        mode = "int8" if int8 else "packed" if self.packed else "plain"
         decoder = model.decoder
         self.embed, self.rope = decoder.embed, decoder.rope
-        self.layers = [_Layer(layer, model.cfg, self.packed) for layer in decoder.layers]
+        self.layers = [_Layer(layer, model.cfg, mode) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
-        self.lm_head = _linear(model.lm_head, self.packed)
+        self.lm_head = _linear(model.lm_head, mode)
         self._workspace: torch.Tensor | None = None
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,7 +250,7 @@ class _Layer:
     """One decoder layer as the functions a step calls: LayerNorms where the norm placement puts them (identity
     elsewhere), and linear layers with the activation or the residual addition fused in."""
 
-    def __init__(self, layer, cfg, packed: bool):
+    def __init__(self, layer, cfg, mode: str):
         pre = cfg.norm == "pre"
         same = _identity
         # pre-norm: x + f(LN(x)); post-norm: LN(x + f(x))
@@ -252,16 +258,16 @@ class _Layer:
         self.norm_self_in, self.norm_self_out = (norm, same) if pre else (same, norm)
         norm = _norm(layer.res_ffn.norm)
         self.norm_ffn_in, self.norm_ffn_out = (norm, same) if pre else (same, norm)
-        self.qkv = _linear(layer.self_attn.qkv_proj, packed)
-        self.self_out = _linear(layer.self_attn.out_proj, packed, residual=True)
+        self.qkv = _linear(layer.self_attn.qkv_proj, mode)
+        self.self_out = _linear(layer.self_attn.out_proj, mode, residual=True)
         if layer.cross_attn is not None:
             norm = _norm(layer.res_cross.norm)
             self.norm_cross_in, self.norm_cross_out = (norm, same) if pre else (same, norm)
-            self.cross_q = _linear(layer.cross_attn.q_proj, packed)
-            self.cross_kv = _linear(layer.cross_attn.kv_proj, packed)
-            self.cross_out = _linear(layer.cross_attn.out_proj, packed, residual=True)
-        self.w1 = _linear(layer.ffn.w1, packed, act=cfg.activation)
-        self.w2 = _linear(layer.ffn.w2, packed, residual=True)
+            self.cross_q = _linear(layer.cross_attn.q_proj, mode)
+            self.cross_kv = _linear(layer.cross_attn.kv_proj, mode)
+            self.cross_out = _linear(layer.cross_attn.out_proj, mode, residual=True)
+        self.w1 = _linear(layer.ffn.w1, mode, act=cfg.activation)
+        self.w2 = _linear(layer.ffn.w2, mode, residual=True)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -286,11 +292,25 @@ def onednn_available() -> bool:
     )
 
 
-def _linear(module: nn.Linear, packed: bool, act: str | None = None, residual: bool = False):
-    """x -> act(x W^T + b), or with `residual` (x, r) -> x W^T + b + r, for 2-d x. `packed`: the weights reordered
-    for oneDNN once (a plain GEMM re-packs them on every call; a decoding step calls each layer with few rows, so
-    that is a large share of its work), and each layer one fused call."""
-    if packed:
+def int8_available() -> bool:
+    """Whether this torch has the int8 linear that --dtype int8 runs on (torch.ops.quantized with a CPU engine:
+    fbgemm/x86 or qnnpack)."""
+    ops = getattr(torch.ops, "quantized", None)
+    return (
+        ops is not None
+        and hasattr(ops, "linear_dynamic")
+        and hasattr(ops, "linear_prepack")
+        and torch.backends.quantized.engine != "none"
+    )
+
+
+def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool = False):
+    """x -> act(x W^T + b), or with `residual` (x, r) -> x W^T + b + r, for 2-d x.
+
+    mode "packed": the weights reordered for oneDNN once (a plain GEMM re-packs them on every call; a decoding step
+    calls each layer with few rows, so that is a large share of its work), and each layer one fused call. "int8":
+    see `_int8_linear`. "plain": F.linear."""
+    if mode == "packed":
         weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 64)
         bias = module.bias.detach() if module.bias is not None else None
         if residual:
@@ -299,10 +319,33 @@ def _linear(module: nn.Linear, packed: bool, act: str | None = None, residual: b
         linear = torch.ops.mkldnn._linear_pointwise.default
         attr, algorithm = _ONEDNN_ACTIVATIONS[act]
         return lambda x: linear(x, weight, bias, attr, [], algorithm)
-    w, b = module.weight, module.bias
+    if mode == "int8":
+        base = _int8_linear(module)
+    else:
+        w, b = module.weight, module.bias
+
+        def base(x):
+            return F.linear(x, w, b)
+
     if residual:
-        return lambda x, r: F.linear(x, w, b) + r
+        return lambda x, r: base(x) + r
     f = ACTIVATIONS.get(act)
     if f is None:
-        return lambda x: F.linear(x, w, b)
-    return lambda x: f(F.linear(x, w, b))
+        return base
+    return lambda x: f(base(x))
+
+
+def _int8_linear(module: nn.Linear):
+    """x -> x W^T + b with W in int8: one scale per output row, max |w| mapped to 127. x is quantised to 8 bits at
+    each call from its own range (dynamic quantisation; `reduce_range` keeps 7 of them, as torch's quantised Linear
+    does, so that the int32 sums cannot saturate on AVX2) and the product comes back in fp32."""
+    w = module.weight.detach().float().contiguous()
+    scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).double()
+    bias = module.bias.detach().float() if module.bias is not None else None
+    with warnings.catch_warnings():  # torch marks its quantised tensor types as deprecated; int8_available guards
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(w, scales, torch.zeros(len(w), dtype=torch.long), 0, torch.qint8)
+        params = torch.ops.quantized.linear_prepack(q, bias)
+    linear = torch.ops.quantized.linear_dynamic
+    return lambda x: linear(x.contiguous(), params, True)
+
