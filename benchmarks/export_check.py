@@ -38,13 +38,15 @@ MAX_LEN = 100  # output tokens at most, in both systems (CTranslate2 has one lim
 
 
 class TfcliSystem:
-    """`tfcli translate` through the Python API (the same decoder), on pre-split batches of lines."""
+    """`tfcli translate` through the Python API (the same decoder) in a process tuned as the command tunes its own,
+    on pre-split batches of lines."""
 
-    def __init__(self, ckpt: str, threads: int):
+    def __init__(self, ckpt: str, threads: int, dtype: str = "fp32"):
         from tfcli.api import load
+        from tfcli.generate.runtime import tune_process
 
-        torch.set_num_threads(threads)
-        self.translator = load(ckpt)
+        tune_process(torch.device("cpu"), threads)  # threads and the allocator, as `tfcli translate` sets them
+        self.translator = load(ckpt, device="cpu", dtype=dtype)
 
     def run(self, lines: list[str], beam: int, batch: int) -> list[str]:
         return self.translator.translate(lines, beam_size=beam, len_penalty=0.0, batch_size=batch, max_len_a=0.0,

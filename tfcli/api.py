@@ -83,7 +83,7 @@ class Generator:
 
 def load(path: str, device: str = "auto", dtype: str = "fp32") -> Translator | Generator:
     """A Translator for a translation checkpoint, a Generator for a language model. `path`: a run directory (its
-    best checkpoint) or a checkpoint directory; `device`: auto, cpu, cuda, cuda:N; `dtype`: fp32, bf16, fp16."""
+    best checkpoint) or a checkpoint directory; `device`: auto, cpu, cuda, cuda:N; `dtype`: fp32, bf16, fp16, int8 (CPU)."""
     from tfcli.generate import runtime
 
     dev = runtime.resolve_device(device)
