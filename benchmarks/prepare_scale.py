@@ -6,8 +6,8 @@ often as needed, each copy with the words of every sentence shuffled by a seeded
 Each size is prepared by `tfcli prepare` in a process of its own (joint BPE 32k, the defaults otherwise); its peak
 RSS comes from wait4() for that process alone.
 
-    python benchmarks/prepare_scale.py                      # 0.5M and 4M pairs (and 1M), about 10 minutes
-    python benchmarks/prepare_scale.py --sizes 100000 --out /tmp/x   # a quick look
+    python benchmarks/prepare_scale.py       # 0.5M, 1M and 4M pairs, 125 MB and 1 GB of text: about 20 minutes
+    python benchmarks/prepare_scale.py --sizes 100000 --mono-mb 10 --out /tmp/x   # a quick look
 """
 
 from __future__ import annotations
@@ -51,6 +51,27 @@ def synthetic_corpus(n: int, workdir: Path) -> tuple[Path, Path]:
     return src, tgt
 
 
+def mono_corpus(mb: int, workdir: Path) -> Path:
+    """About `mb` MB of monolingual text: the English sides of the synthetic pairs (line mode, as a language-model
+    corpus is prepared)."""
+    path = workdir / f"mono-{mb}mb.txt"
+    if path.exists():
+        return path
+    _, en = synthetic_corpus(30_000, workdir)  # Multi30k itself, words in order
+    lines = en.read_text(encoding="utf-8").splitlines()
+    rng = random.Random(1)
+    size, target = 0, mb * 1_000_000
+    with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+        while size < target:
+            words = rng.choice(lines).split()
+            rng.shuffle(words)
+            line = " ".join(words) + "\n"
+            f.write(line)
+            size += len(line.encode("utf-8"))
+    os.replace(f"{path}.tmp", path)
+    return path
+
+
 def run_prepare(args: list[str]) -> tuple[float, int]:
     """(seconds, peak RSS in bytes) of one `tfcli prepare` process."""
     start = time.perf_counter()
@@ -67,6 +88,7 @@ def run_prepare(args: list[str]) -> tuple[float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[500_000, 1_000_000, 4_000_000])
+    ap.add_argument("--mono-mb", type=int, nargs="*", default=[125, 1000], help="monolingual corpora, MB of text")
     ap.add_argument("--vocab-size", type=int, default=32000)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/tfcli-prepare-scale"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prepare_scale"))
@@ -87,12 +109,24 @@ def main() -> None:
                      "kept": meta["cleaning"]["train"]["kept"]})
         print(rows[-1], flush=True)
 
+    mono = []
+    for mb in args.mono_mb:
+        text = mono_corpus(mb, args.workdir)
+        out = args.workdir / f"prepared-mono-{mb}"
+        seconds, rss = run_prepare(["--train", str(text), "-o", str(out), "--force", "--valid-ratio", "0.001",
+                                    "--vocab-size", str(args.vocab_size)])
+        meta = json.loads((out / "meta.json").read_text())
+        n = meta["cleaning"]["train"]["input"] + meta["cleaning"]["valid"]["input"]
+        mono.append({"text_mb": round(text.stat().st_size / 1e6), "lines": n, "seconds": round(seconds, 1),
+                     "lines_per_s": round(n / seconds), "peak_rss_mb": round(rss / 2**20)})
+        print(mono[-1], flush=True)
+
     first, last = rows[0], rows[-1]
     result = {
         "benchmark": "prepare_scale", "machine": f"{os.cpu_count()}-core CPU ({cpu_name()})",
         "date": time.strftime("%Y-%m-%d %H:%M"), "vocab_size": args.vocab_size,
         "load_average": [round(x, 2) for x in os.getloadavg()], "rows": rows,
-        "rss_ratio_largest_to_smallest": round(last["peak_rss_mb"] / first["peak_rss_mb"], 2),
+        "rss_ratio_largest_to_smallest": round(last["peak_rss_mb"] / first["peak_rss_mb"], 2), "mono": mono,
     }
     lines = [
         "# `tfcli prepare` at scale", "",
@@ -103,6 +137,14 @@ def main() -> None:
           for r in rows],
         "", f"Peak RSS, largest over smallest corpus: {result['rss_ratio_largest_to_smallest']}x.", "",
     ]
+    if mono:
+        lines += [
+            "Monolingual text (a language-model corpus: the English sides, words shuffled; line mode, "
+            "--valid-ratio 0.001, BPE of the same size):", "",
+            "| text | lines | time | lines/s | peak RSS |", "| ---: | ---: | ---: | ---: | ---: |",
+            *[f"| {r['text_mb']} MB | {r['lines']:,} | {r['seconds']} s | {r['lines_per_s']:,} | {r['peak_rss_mb']} MB |"
+              for r in mono], "",
+        ]
     write_results(args.out, result, "\n".join(lines))
 
 
