@@ -82,7 +82,8 @@ def test_deduper_keeps_the_first_of_each_row_across_chunks():
         chunk = rows[start:start + 8]
         kept += list(zip(*dedupe([list(c) for c in zip(*chunk)], counts)))
     assert kept == list(dict.fromkeys(rows)) and counts["duplicate"] == 60 - 35 and counts["kept"] == 35
-    assert len(dedupe.seen) == 35 and dedupe.seen.dtype == np.uint64  # 8 bytes a distinct row
+    assert len(dedupe) == 35 and all(run.dtype == np.uint64 for run in dedupe.runs)  # 8 bytes a distinct row
+    assert all(np.all(run[1:] > run[:-1]) for run in dedupe.runs) and len(dedupe.runs) < 5  # sorted, merged
 
 
 def test_tokenizer_sample(messy, monkeypatch):

@@ -67,13 +67,15 @@ def drop_empty(cols: list[list[str]], counts: dict[str, int]) -> list[list[str]]
 class Deduper:
     """Drops exact repeats of an earlier row (the whole pair for parallel data), chunk after chunk.
 
-    It remembers 8 bytes per distinct row, a sorted array of 64-bit BLAKE2b hashes (not the rows, and not Python's
-    salted hash(): the same corpus always keeps the same rows). Two distinct rows share a hash with probability
-    about n^2 / 2^65: one in 2 million for 4 million rows.
+    It remembers 8 bytes per distinct row: 64-bit BLAKE2b hashes (not the rows, and not Python's salted hash(): the
+    same corpus always keeps the same rows), in sorted runs whose sizes at least double from one to the next, so
+    that adding a chunk costs O(log n) per row however long the corpus (one sorted array would be copied whole at
+    every chunk). Two distinct rows share a hash with probability about n^2 / 2^65: one in 2 million for 4 million
+    rows.
     """
 
     def __init__(self):
-        self.seen = np.zeros(0, dtype=np.uint64)
+        self.runs: list[np.ndarray] = []  # sorted uint64 arrays, largest first
 
     def __call__(self, cols: list[list[str]], counts: dict[str, int]) -> list[list[str]]:
         hashes = np.fromiter(
@@ -83,13 +85,22 @@ class Deduper:
         )
         new = np.zeros(len(hashes), dtype=bool)
         new[np.unique(hashes, return_index=True)[1]] = True  # the first of each hash within the chunk ...
-        if len(self.seen):  # ... that no earlier chunk had
-            at = np.minimum(np.searchsorted(self.seen, hashes), len(self.seen) - 1)
-            new &= self.seen[at] != hashes
+        for run in self.runs:  # ... that no earlier chunk had
+            at = np.minimum(np.searchsorted(run, hashes), len(run) - 1)
+            new &= run[at] != hashes
         keep = np.flatnonzero(new)
-        added = np.sort(hashes[keep])
-        self.seen = np.insert(self.seen, np.searchsorted(self.seen, added), added)
+        self._add(np.sort(hashes[keep]))
         return _record(cols, keep.tolist(), counts, "duplicate")
+
+    def _add(self, run: np.ndarray) -> None:
+        if not len(run):
+            return
+        while self.runs and len(self.runs[-1]) <= 2 * len(run):
+            run = np.sort(np.concatenate([self.runs.pop(), run]), kind="stable")  # two sorted runs: a merge
+        self.runs.append(run)
+
+    def __len__(self) -> int:
+        return sum(len(run) for run in self.runs)
 
 
 def length_filter(
