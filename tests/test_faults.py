@@ -1,20 +1,26 @@
-"""Faults of the machine: two runs at once, a run killed before its first checkpoint."""
+"""Faults of the machine: two runs at once, a run killed before its first checkpoint, writes that fail (injected
+at every write point, and a real file-size limit), kill -9 at seeded moments, a lost KeyboardInterrupt."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import make_parallel_prepared, tiny_train_config
 from tfcli import errors
 from tfcli.errors import TfcliError
 from tfcli.io import atomic_dir, atomic_open, run_lock
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_second_writer_of_a_directory_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path):
@@ -200,3 +206,232 @@ def test_a_signal_whose_keyboardinterrupt_was_lost_still_stops_every_commit(tmp_
     with pytest.raises(typer.Exit) as exit:
         run(lambda: 0)  # a command that returned normally after the lost interrupt
     assert exit.value.exit_code == errors.EXIT_INTERRUPTED
+
+
+# --- a real limit on file size (RLIMIT_FSIZE: the kernel refuses the write, as a full disk does) -----------------
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_stops_training_with_one_line_keeps_the_checkpoint_and_resume_continues(tmp_path):
+    import resource
+
+    from tfcli import checkpoint
+
+    data = make_parallel_prepared(tmp_path / "prep")
+    base = [sys.executable, "-m", "tfcli", "train", str(data), "--arch", "tiny", "--valid-every", "2",
+            "--no-valid-bleu", "--threads", "1", "--set", "train.tensorboard=false", "--set", "train.schedule=constant"]
+
+    def train(out, steps, *more, limit=None):
+        def set_limit():
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # Python ignores SIGXFSZ: writes get EFBIG
+
+        return subprocess.run([*base, "-o", str(out), "--max-steps", str(steps), *more], capture_output=True,
+                              text=True, cwd=ROOT, preexec_fn=set_limit if limit else None, timeout=300)
+
+    assert train(tmp_path / "whole", 4).returncode == 0  # the uninterrupted run
+    run = tmp_path / "run"
+    assert train(run, 2).returncode == 0
+    weights = (run / "checkpoints" / "step-0000002" / "model.safetensors").stat().st_size
+    full = train(run, 4, "--resume", limit=weights // 2)  # the next checkpoint cannot be written
+    assert full.returncode == 1
+    errors = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "step-0000004: cannot write:" in errors[0] and "File too large" in errors[0]
+    assert "MiB needed" in errors[0] and "Traceback" not in full.stderr
+    assert (run / "checkpoints" / "LATEST").read_text().strip() == "step-0000002"
+    checkpoint.load(run / "checkpoints" / "step-0000002")  # whole
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp dir left
+    # space freed: the run continues where it was, to the weights of the uninterrupted one
+    assert train(run, 4, "--resume").returncode == 0
+    a = checkpoint.load(run / "checkpoints" / "step-0000004")[0].state_dict()
+    b = checkpoint.load(tmp_path / "whole" / "checkpoints" / "step-0000004")[0].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- kill -9 at seeded moments: every output whole or absent, the command runs again, training resumes exactly ----
+
+KILLS = 10  # seeded moments per command
+
+
+def _kill_at(args: list, seconds: float, **kw) -> bool:
+    """Run `python -m tfcli ARGS` and kill -9 it after `seconds`; True if it was still running then."""
+    proc = subprocess.Popen([sys.executable, "-m", "tfcli", *map(str, args)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, **kw)
+    try:
+        proc.wait(timeout=seconds)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return True
+
+
+def _moments(args: list, seed: int) -> list[float]:
+    """KILLS moments spread over one uninterrupted run of `args` (timed here), drawn with `seed`."""
+    import random
+    import time
+
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "tfcli", *map(str, args)], cwd=ROOT, check=True, capture_output=True)
+    total = time.perf_counter() - start
+    rng = random.Random(seed)
+    return sorted(rng.uniform(0.3, total) for _ in range(KILLS))
+
+
+def _temp_entries(directory: Path) -> list[str]:
+    return [p.name for p in Path(directory).iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+@pytest.mark.slow
+def test_kill_9_during_prepare(tmp_path):
+    from tfcli.data.prepared import PreparedData
+
+    rows = [" ".join(f"w{(i * 7 + j) % 50}" for j in range(i % 9 + 1)) for i in range(30000)]
+    (tmp_path / "a.txt").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "prep"
+    args = ["prepare", "--src", tmp_path / "a.txt", "--tgt", tmp_path / "a.txt", "--vocab-size", "60", "-o", out, "-f"]
+    for at in _moments(args, seed=1):
+        shutil.rmtree(out, ignore_errors=True)
+        _kill_at(args, at)
+        if out.exists():  # whole, or not there
+            data = PreparedData(out)
+            assert len(data.sequences("train", "src")) == 30000
+        assert subprocess.run([sys.executable, "-m", "tfcli", *map(str, args)], cwd=ROOT).returncode == 0
+        assert _temp_entries(tmp_path) == [] and len(PreparedData(out).sequences("train", "tgt")) == 30000
+
+
+@pytest.mark.slow
+def test_kill_9_during_training_then_resume_gives_the_uninterrupted_weights(tmp_path):
+    from tfcli import checkpoint
+
+    data = make_parallel_prepared(tmp_path / "prep", n_train=400)
+    common = ["--arch", "tiny", "--max-steps", "24", "--valid-every", "4", "--no-valid-bleu", "--threads", "1",
+              "--set", "train.tensorboard=false", "--max-tokens", "256"]
+    whole = tmp_path / "whole"
+    moments = _moments(["train", data, "-o", whole, *common], seed=2)
+    reference = checkpoint.load(whole / "checkpoints" / "step-0000024")[0].state_dict()
+    for i, at in enumerate(moments):
+        run = tmp_path / f"run{i}"
+        _kill_at(["train", data, "-o", run, *common], at)
+        ckpts = run / "checkpoints"
+        if (ckpts / "LATEST").exists():  # LATEST and BEST always name a whole checkpoint
+            for name in ("LATEST", "BEST"):
+                if (ckpts / name).exists():
+                    checkpoint.load(ckpts / (ckpts / name).read_text().strip())
+        again = ["train", data, "-o", run, *common] + (["--resume"] if (run / "config.yaml").exists() else [])
+        r = subprocess.run([sys.executable, "-m", "tfcli", *map(str, again)], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        weights = checkpoint.load(ckpts / "step-0000024")[0].state_dict()
+        assert all(torch.equal(weights[k], reference[k]) for k in reference), f"killed at {at:.2f} s"
+        assert _temp_entries(ckpts) == []
+
+
+@pytest.mark.slow
+def test_kill_9_during_translate_average_and_export(tmp_path):
+    from helpers import copy_model, save_model, save_word_tokenizer
+
+    from tfcli import checkpoint
+
+    tok = save_word_tokenizer(tmp_path / "w.json", [f"w{i}" for i in range(20)])
+    ckpt = save_model(tmp_path / "ck", copy_model(), tok)
+    lines = [" ".join(f"w{(i + j) % 20}" for j in range(i % 7 + 1)) for i in range(6000)]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.txt"
+    translate = ["translate", "-m", ckpt, "--greedy", "--threads", "1", tmp_path / "in.txt", "-o", out]
+    for at in _moments(translate, seed=3):
+        out.write_text("old\n")
+        _kill_at(translate, at)
+        assert out.read_text() in ("old\n", "\n".join(lines) + "\n")  # the old file or the whole new one
+        assert subprocess.run([sys.executable, "-m", "tfcli", *map(str, translate)], cwd=ROOT).returncode == 0
+        assert out.read_text() == "\n".join(lines) + "\n"
+    assert [p for p in _temp_entries(tmp_path)] == []
+
+    run = tmp_path / "run"  # a run with four checkpoints to average
+    data = make_parallel_prepared(tmp_path / "prep")
+    subprocess.run([sys.executable, "-m", "tfcli", "train", data, "-o", run, "--arch", "tiny", "--max-steps", "8",
+                    "--valid-every", "2", "--no-valid-bleu", "--threads", "1", "--set", "train.tensorboard=false",
+                    "--keep-last", "4"], cwd=ROOT, check=True, capture_output=True)
+    avg = tmp_path / "avg"
+    exported = tmp_path / "ct2"
+    jobs = [(["average-checkpoints", run, "--last", "4", "-o", avg, "-f"], avg, lambda: checkpoint.load(avg))]
+    if importlib.util.find_spec("ctranslate2") is not None:
+        import ctranslate2
+
+        jobs.append((["export", run, "--to", "ctranslate2", "-o", exported], exported,
+                     lambda: ctranslate2.Translator(str(exported))))
+    for seed, (args, target, load) in enumerate(jobs, 4):
+        for at in _moments(args, seed=seed):
+            shutil.rmtree(target, ignore_errors=True)
+            _kill_at(args, at)
+            if target.exists():
+                load()  # whole
+            else:
+                assert subprocess.run([sys.executable, "-m", "tfcli", *map(str, args)], cwd=ROOT).returncode == 0
+            load()
+            assert _temp_entries(tmp_path) == []
+
+
+def test_a_prepared_directory_changed_after_prepare_and_a_checkpoint_without_its_tokenizer(tmp_path):
+    """Files that still agree with each other but not with meta.json (both cut at a sequence boundary), and a
+    checkpoint whose tokenizer file is gone: one line naming the file, nothing written."""
+    import numpy as np
+    from helpers import copy_model, save_model, save_word_tokenizer
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    data = make_parallel_prepared(tmp_path / "prep")
+    offsets = np.fromfile(data / "train.src.idx", dtype=np.int64)
+    half = offsets[: len(offsets) // 2]
+    half.tofile(data / "train.src.idx")
+    with open(data / "train.src.bin", "r+b") as f:
+        f.truncate(int(half[-1]) * 2)  # uint16 ids
+    r = CliRunner().invoke(app, ["train", str(data), "-o", str(tmp_path / "run"), "--arch", "tiny", "--max-steps", "2"])
+    assert r.exit_code == 1 and "train.src.idx" in r.stderr and "changed after prepare" in r.stderr, r.output
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+    tok = save_word_tokenizer(tmp_path / "w.json", [f"w{i}" for i in range(20)])
+    ckpt = save_model(tmp_path / "ck", copy_model(), tok)
+    (ckpt / "tokenizer.src.json").unlink()
+    r = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "-", "-o", str(tmp_path / "out.txt")], input="w1\n")
+    assert r.exit_code == 1 and "tokenizer.src.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out.txt").exists()
+
+
+# --- out of memory: a clear stop, the due checkpoint saved, and --resume goes on ------------------------------
+
+CPU_OOM = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"
+
+
+@pytest.mark.parametrize("where", ["validation", "step"])
+def test_out_of_memory_stops_with_the_setting_to_lower_and_resume_goes_on(where, tmp_path, monkeypatch):
+    from tfcli import checkpoint
+    from tfcli.train import trainer as trainer_module
+    from tfcli.train.trainer import run as run_train, train
+
+    data = make_parallel_prepared(tmp_path / "prep")
+    whole = train(tiny_train_config(data, tmp_path / "whole", max_steps=6, valid_every=2, valid_bleu=False))
+    cfg = tiny_train_config(data, tmp_path / "run", max_steps=6, valid_every=2, valid_bleu=False)
+    method = "validate" if where == "validation" else "_step"
+    original = getattr(trainer_module.Trainer, method)
+
+    def fails_at_step_4(self, *args):
+        if self.step == (4 if where == "validation" else 3):
+            raise RuntimeError(CPU_OOM)
+        return original(self, *args)
+
+    monkeypatch.setattr(trainer_module.Trainer, method, fails_at_step_4)
+    with pytest.raises(TfcliError) as e:
+        train(cfg)
+    message = str(e.value)
+    if where == "validation":
+        assert message.startswith("out of memory while validating at step 4: lower --bleu-max-sentences")
+        assert "step-0000004 is whole: continue with --resume" in message  # the checkpoint that was due
+    else:
+        assert message.startswith("out of memory at step 4 (a batch of") and "lower --max-tokens" in message
+        assert "step-0000002 is whole: continue with --resume" in message
+    monkeypatch.setattr(trainer_module.Trainer, method, original)
+    result = run_train(None, {"out": str(tmp_path / "run"), "resume": True})
+    assert result.step == 6
+    a = checkpoint.load(result.checkpoint)[0].state_dict()
+    b = checkpoint.load(whole.checkpoint)[0].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # as if nothing had happened

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, load_model, save_model
 import tfcli
 from tfcli.config import from_dict
 from tfcli.errors import CheckpointError, ConfigError
-from tfcli.io import atomic_dir, atomic_write_text, fault_point
+from tfcli.io import atomic_dir, atomic_write_text, fault_point, space_needed
 from tfcli.model import ModelConfig, build_model
 
 FORMAT = "tfcli-checkpoint"
@@ -144,12 +144,14 @@ def save(
     path = Path(path)
     model = getattr(model, "module", model)  # DDP
     model = getattr(model, "_orig_mod", model)  # torch.compile
-    with atomic_dir(path, overwrite=True) as tmp:
+    tensors = [*model.state_dict().values(), *(trainer_tensors or {}).values()]
+    needs = sum({t.data_ptr(): t.numel() * t.element_size() for t in tensors}.values())  # tied weights once
+    with atomic_dir(path, overwrite=True, needs=needs) as tmp:
         try:
             fault_point(WEIGHTS)
             save_model(model, str(tmp / WEIGHTS))
         except SafetensorError as e:  # the Rust writer's I/O errors (a full disk) are not OSErrors
-            raise CheckpointError(f"{path}: cannot write: {e}") from None
+            raise CheckpointError(f"{path}: cannot write: {e}{space_needed(needs)}") from None
         names = {}
         for side, src in tokenizer_files.items():
             names[side] = f"tokenizer.{side}.json"
@@ -168,7 +170,7 @@ def save(
             try:
                 save_file({k: v.contiguous() for k, v in trainer_tensors.items()}, str(tmp / "trainer_state.safetensors"))
             except SafetensorError as e:
-                raise CheckpointError(f"{path}: cannot write: {e}") from None
+                raise CheckpointError(f"{path}: cannot write: {e}{space_needed(needs)}") from None
             atomic_write_text(tmp / "trainer_state.json", json.dumps(trainer_json or {}, indent=2) + "\n")
     return path
 

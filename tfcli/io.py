@@ -139,11 +139,12 @@ def atomic_write_json(path: os.PathLike | str, obj) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: os.PathLike | str, overwrite: bool = False) -> Iterator[Path]:
+def atomic_dir(path: os.PathLike | str, overwrite: bool = False, needs: int | None = None) -> Iterator[Path]:
     """Build a directory in a temp dir beside `path`, then rename it into place.
 
     With `overwrite`, an existing `path` is swapped with the new one in one step where the OS can (Linux), else
-    moved aside first; the old one is deleted only after the new one is in place.
+    moved aside first; the old one is deleted only after the new one is in place. `needs`: about how many bytes the
+    directory takes, said when the disk is full.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,8 +169,13 @@ def atomic_dir(path: os.PathLike | str, overwrite: bool = False) -> Iterator[Pat
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if _ours(e, tmp):
-            raise TfcliError(f"{path}: cannot write: {e.strerror or e}") from e
+            raise TfcliError(f"{path}: cannot write: {e.strerror or e}{space_needed(needs)}") from e
         raise
+
+
+def space_needed(nbytes: int | None) -> str:
+    """"; about N MiB needed" for an error message (nothing when unknown)."""
+    return f"; about {nbytes / 2**20:.1f} MiB needed" if nbytes else ""
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -148,7 +148,13 @@ class PreparedData:
         info = self.meta["splits"][split].get(side)
         if info is None:
             raise TfcliError(f"{self.path}: split '{split}' has no '{side}' side")
-        return Sequences(self.path, split, side, info["dtype"])
+        seqs = Sequences(self.path, split, side, info["dtype"])
+        if len(seqs) != info.get("count", len(seqs)) or len(seqs.flat) != info.get("tokens", len(seqs.flat)):
+            raise TfcliError(
+                f"{self.path / f'{split}.{side}.idx'}: {len(seqs)} sequences and {len(seqs.flat)} tokens, but "
+                f"meta.json says {info['count']} and {info['tokens']}: changed after prepare; re-run `tfcli prepare --force`"
+            )
+        return seqs
 
     def text_file(self, split: str, side: str) -> Path | None:
         p = self.path / f"{split}.{side}.txt"

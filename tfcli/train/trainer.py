@@ -334,7 +334,15 @@ class Trainer:
                                        + (f" of {cfg.max_steps} planned" if cfg.max_steps else ""))
                         done = True
                         break
-                    self._step(mine, tokens)
+                    try:
+                        self._step(mine, tokens)
+                    except Exception as e:
+                        if not out_of_memory(e):
+                            raise
+                        raise TfcliError(
+                            f"out of memory at step {self.step + 1} (a batch of {int(tokens)} target tokens): lower "
+                            f"--max-tokens (now {cfg.max_tokens}) or --max-len; {self._resume_hint()}"
+                        ) from None
                     self.pos += len(group)
                     self.step += 1
                     self.log.advance(self.step)
@@ -463,7 +471,26 @@ class Trainer:
 
     # --- validation and checkpoints -------------------------------------------------------------------------------
 
+    def _resume_hint(self) -> str:
+        latest = self.ckpt_dir / "LATEST"
+        if not latest.exists():
+            return "no checkpoint yet"
+        return f"{self.ckpt_dir / latest.read_text().strip()} is whole: continue with --resume"
+
     def _validate_and_save(self) -> bool:
+        try:
+            return self._validate_and_save_unguarded()
+        except Exception as e:
+            if not out_of_memory(e):
+                raise
+        self._save(is_best=False)  # the checkpoint that was due, without its validation
+        raise TfcliError(
+            f"out of memory while validating at step {self.step}: lower --bleu-max-sentences (now "
+            f"{self.cfg.bleu_max_sentences}) or --max-tokens (now {self.cfg.max_tokens}; validation batches are "
+            f"as large as training's); {self._resume_hint()}"
+        )
+
+    def _validate_and_save_unguarded(self) -> bool:
         """Validate, checkpoint, and decide on early stopping (the same decision on every rank)."""
         t0 = time.perf_counter()
         is_best, stop = False, False
@@ -564,6 +591,13 @@ class Trainer:
 
     def close(self) -> None:
         self.log.close()
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """A failed allocation: CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    if isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    return isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower())
 
 
 def train(cfg: TrainConfig, model_overrides: dict | None = None, saved: dict | None = None) -> TrainResult:
