@@ -435,3 +435,16 @@ def test_out_of_memory_stops_with_the_setting_to_lower_and_resume_goes_on(where,
     a = checkpoint.load(result.checkpoint)[0].state_dict()
     b = checkpoint.load(whole.checkpoint)[0].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # as if nothing had happened
+
+
+def test_output_in_a_missing_directory_is_one_line(tmp_path):
+    from helpers import copy_model, save_model, save_word_tokenizer
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    tok = save_word_tokenizer(tmp_path / "w.json", [f"w{i}" for i in range(20)])
+    ckpt = save_model(tmp_path / "ck", copy_model(), tok)
+    out = tmp_path / "missing" / "out.txt"
+    r = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "-", "-o", str(out)], input="w1\n")
+    assert r.exit_code == 1 and r.stderr.strip() == f"error: {tmp_path / 'missing'}: directory does not exist"
