@@ -27,6 +27,25 @@ def write_results(out: str | Path, result: dict, markdown: str) -> None:
     print(markdown)
 
 
+def run_tfcli_measured(command: str, args: list[str]) -> tuple[float, int]:
+    """(seconds, peak RSS in bytes) of one `python -m tfcli COMMAND ARGS` process, its RSS from wait4() for that
+    process alone; exits naming the command and its stderr if it fails."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "tfcli", command, *args], cwd=Path(__file__).resolve().parents[1],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = proc.stderr.read().decode()  # before waiting: a full pipe would block the child
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"tfcli {command} {' '.join(args)} failed:\n{err}")
+    return seconds, usage.ru_maxrss * 1024  # Linux reports KiB
+
+
 def tfcli_for_inference(model_config: dict, weights: str):
     """A tfcli model from its config (as a dict) and weights saved with safetensors' save_model, run as `tfcli
     translate` and `tfcli lm-generate` run it on the CPU in fp32: its StepModel with packed weights, in a process

@@ -16,13 +16,12 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_name, write_results  # noqa: E402
+from common import cpu_name, run_tfcli_measured, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
@@ -72,19 +71,6 @@ def mono_corpus(mb: int, workdir: Path) -> Path:
     return path
 
 
-def run_prepare(args: list[str]) -> tuple[float, int]:
-    """(seconds, peak RSS in bytes) of one `tfcli prepare` process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tfcli", "prepare", *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    err = proc.stderr.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"tfcli prepare {' '.join(args)} failed:\n{err}")
-    return seconds, usage.ru_maxrss * 1024  # Linux reports KiB
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[500_000, 1_000_000, 4_000_000])
@@ -100,8 +86,8 @@ def main() -> None:
     for n in args.sizes:
         src, tgt = synthetic_corpus(n, args.workdir)
         out = args.workdir / f"prepared-{n}"
-        seconds, rss = run_prepare(["--src", str(src), "--tgt", str(tgt), "-o", str(out), "--force",
-                                    "--vocab-size", str(args.vocab_size)])
+        seconds, rss = run_tfcli_measured("prepare", ["--src", str(src), "--tgt", str(tgt), "-o", str(out),
+                                                      "--force", "--vocab-size", str(args.vocab_size)])
         meta = json.loads((out / "meta.json").read_text())
         mb = (src.stat().st_size + tgt.stat().st_size) / 1e6
         rows.append({"pairs": n, "text_mb": round(mb, 1), "seconds": round(seconds, 1),
@@ -113,8 +99,8 @@ def main() -> None:
     for mb in args.mono_mb:
         text = mono_corpus(mb, args.workdir)
         out = args.workdir / f"prepared-mono-{mb}"
-        seconds, rss = run_prepare(["--train", str(text), "-o", str(out), "--force", "--valid-ratio", "0.001",
-                                    "--vocab-size", str(args.vocab_size)])
+        seconds, rss = run_tfcli_measured("prepare", ["--train", str(text), "-o", str(out), "--force",
+                                                      "--valid-ratio", "0.001", "--vocab-size", str(args.vocab_size)])
         meta = json.loads((out / "meta.json").read_text())
         n = meta["cleaning"]["train"]["input"] + meta["cleaning"]["valid"]["input"]
         mono.append({"text_mb": round(text.stat().st_size / 1e6), "lines": n, "seconds": round(seconds, 1),

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_name, write_results  # noqa: E402
+from common import cpu_name, run_tfcli_measured, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -44,19 +43,6 @@ def input_file(n: int, workdir: Path) -> Path:
     return path
 
 
-def run_translate(args: list[str]) -> tuple[float, int]:
-    """(seconds, peak RSS in bytes) of one `tfcli translate` process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tfcli", "translate", *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    err = proc.stderr.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"tfcli translate {' '.join(args)} failed:\n{err}")
-    return seconds, usage.ru_maxrss * 1024  # Linux reports KiB
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -70,7 +56,7 @@ def main() -> None:
         for n in args.sizes:
             src = input_file(n, workdir)
             out = workdir / f"out-{n}.txt"
-            seconds, rss = run_translate(["-m", str(ckpt), "--greedy", str(src), "-o", str(out)])
+            seconds, rss = run_tfcli_measured("translate", ["-m", str(ckpt), "--greedy", str(src), "-o", str(out)])
             lines = sum(1 for _ in open(out, encoding="utf-8"))
             assert lines == n, f"{out}: {lines} lines, expected {n}"
             rows.append({"lines": n, "seconds": round(seconds, 1), "lines_per_s": round(n / seconds),
