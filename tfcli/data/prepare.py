@@ -10,6 +10,7 @@ settings is a no-op, and a directory prepared with other settings is never overw
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import hashlib
@@ -611,8 +612,8 @@ def _encode(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, ki
     to train pairs, and write the ids; returns {side: what meta.json records}."""
     if cfg.nfc:  # the staged text is NFC already
         toks = {side: for_nfc_text(tok) for side, tok in toks.items()}
-    writers = [SequenceWriter(tmp, split, side, vocab[side]) for side in sides]
-    try:
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(SequenceWriter(tmp, split, side, vocab[side])) for side in sides]
         for ids in encode_chunks([toks[side] for side in sides], _staged_chunks(tmp, split, sides, CHUNK_ROWS)):
             if kind == "parallel" and split == "train":
                 keep = cleaning.length_filter(ids[0], ids[1], counts, cfg.max_length, cfg.max_ratio)
@@ -621,9 +622,6 @@ def _encode(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, ki
             for w, seqs in zip(writers, ids):
                 w.append(seqs)
         return {side: w.close() for side, w in zip(sides, writers)}
-    finally:
-        for w in writers:
-            w.close()
 
 
 def _sides(kind: str) -> list[str]:
