@@ -1,11 +1,13 @@
 """Model-FLOPs utilisation (MFU) of `tfcli train` on a GPU, bf16 with --compile: a GPT-2-small-shaped LM and the
-`base` encoder-decoder (issue 7's targets: 45% and 35% of the H100's dense bf16 peak, 989 TFLOP/s).
+`base` encoder-decoder (issue 7's targets: 45% and 35% of the GPU's dense bf16 peak, 989 TFLOP/s on an H100 SXM).
 
-    .venv/bin/python benchmarks/gpu_mfu.py [--case gpt2-small base] [--peak-flops 989e12] [--work DIR]
+    .venv/bin/python benchmarks/gpu_mfu.py [--case gpt2-small base] [--peak-flops FLOPS] [--work DIR]
     .venv/bin/python benchmarks/gpu_mfu.py --device cpu --quick      a check that the script runs (no MFU on a CPU)
 
 The figure is the one users see: each case runs the real CLI, `tfcli prepare` then `tfcli train`, as subprocesses,
-and reads `mfu` and the token rates from the run's metrics.jsonl. The trainer's MFU counts model FLOPs only
+and reads `mfu` and the token rates from the run's metrics.jsonl. The peak is the GPU's own, found from its name
+(tfcli/train/flops.py: GPU_PEAKS), unless --peak-flops gives one. A case that fails is recorded with its log's
+tail and the next one runs; the results are written after each case. The trainer's MFU counts model FLOPs only
 (tfcli/train/flops.py: 6 FLOPs per weight per real token plus 12 * d_model per attention (query, key) pair and
 layer; padding and recomputation do not count) over the time between log lines, checkpointing excluded.
 The log lines of the first `skip` steps hold torch.compile's compilation and are left out; reported is the median
@@ -41,9 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
-from common import cpu_name, write_results
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common import cpu_name, write_results  # noqa: E402
+from tfcli.train.flops import gpu_peak_flops  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -109,8 +113,13 @@ def make_corpus(c: dict, work: Path, seed: int) -> list[str]:
 
 # --- running the CLI -----------------------------------------------------------------------------------------------
 
+class CaseFailed(Exception):
+    """A tfcli command of a case failed; the message holds its log's tail."""
+
+
 def tfcli(args: list[str], work: Path, log: Path, threads: int) -> float:
-    """Run `tfcli ARGS` in `work`, stdout and stderr into `log`; exit with the log's tail if it fails. Seconds taken."""
+    """Run `tfcli ARGS` in `work`, stdout and stderr into `log`; CaseFailed with the log's tail if it fails. Seconds
+    taken."""
     env = None
     if threads:  # the tokenizers' Rust thread pool too, not only torch
         env = {**os.environ, "RAYON_NUM_THREADS": str(threads), "RAYON_RS_NUM_CPUS": str(threads)}
@@ -121,7 +130,7 @@ def tfcli(args: list[str], work: Path, log: Path, threads: int) -> float:
                             env=env).returncode
     if rc:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
-        sys.exit(f"{tail}\ntfcli {args[0]} failed (exit {rc}); full log: {log}")
+        raise CaseFailed(f"{tail}\ntfcli {args[0]} failed (exit {rc}); full log: {log}")
     return time.perf_counter() - t0
 
 
@@ -134,8 +143,9 @@ def run_case(name: str, c: dict, args, work: Path) -> dict:
              "--precision", "fp32" if args.quick else "bf16", "--no-compile" if args.quick else "--compile",
              "--max-steps", str(c["steps"]), "--max-epochs", "0", "--max-len", str(c["max_len"]),
              "--max-tokens", str(c["max_tokens"]), "--grad-accum", str(c["grad_accum"]),
-             "--log-every", str(c["log_every"]), "--seed", str(args.seed), *c["train_args"],
-             "--set", f"train.peak_flops={args.peak_flops:g}"]
+             "--log-every", str(c["log_every"]), "--seed", str(args.seed), *c["train_args"]]
+    if args.peak_flops:
+        train += ["--set", f"train.peak_flops={args.peak_flops:g}"]
     if args.threads:
         train += ["--threads", str(args.threads)]
     (work / run_dir).mkdir()  # train.log lives in the run directory
@@ -144,7 +154,7 @@ def run_case(name: str, c: dict, args, work: Path) -> dict:
     lines = [json.loads(ln) for ln in (work / run_dir / "metrics.jsonl").read_text().splitlines()]
     kept = [r for r in lines if r["split"] == "train" and r["step"] > c["skip"]]
     if not kept:
-        sys.exit(f"{name}: no train log lines after step {c['skip']} in {work / run_dir / 'metrics.jsonl'}")
+        raise CaseFailed(f"{name}: no train log lines after step {c['skip']} in {work / run_dir / 'metrics.jsonl'}")
     mfu = [r["mfu"] for r in kept if "mfu" in r]  # the trainer logs MFU on a GPU only
     log_text = (work / run_dir / "train.log").read_text()
     params = re.search(r"([\d.]+)M parameters", log_text)
@@ -160,7 +170,6 @@ def run_case(name: str, c: dict, args, work: Path) -> dict:
         "log_steps": [r["step"] for r in kept],
         "mfu": mfu,
         "median_mfu": statistics.median(mfu) if mfu else None,
-        "median_model_tflops": statistics.median(mfu) * args.peak_flops / 1e12 if mfu else None,
         "target_mfu": None if args.quick else c["target"],
         "median_tgt_tokens_per_s": statistics.median(r["tgt_tokens_per_s"] for r in kept),
         "median_src_tokens_per_s": statistics.median(r["src_tokens_per_s"] for r in kept),
@@ -197,15 +206,18 @@ def verdict(r: dict) -> str:
 def markdown(res: dict) -> str:
     m = res["machine"]
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    tflops = lambda r: "n/a" if r["median_mfu"] is None or not res["peak_flops"] else f"{r['median_mfu'] * res['peak_flops'] / 1e12:.0f}"  # noqa: E731
+    done = {name: r for name, r in res["cases"].items() if "error" not in r}
     rows = "\n".join(
         f"| {name} | {r['arch']} ({r['kind']}) | {r['parameters_M']}M | {r['padded_tokens_per_step']:,} | "
-        f"**{pct(r['median_mfu'])}** | {pct(r['target_mfu'])} | {verdict(r)} | "
-        + ("n/a" if r["median_model_tflops"] is None else f"{r['median_model_tflops']:.0f}")
-        + f" | {r['median_tgt_tokens_per_s']:,.0f} | {r['median_src_tokens_per_s']:,.0f} | "
+        f"**{pct(r['median_mfu'])}** | {pct(r['target_mfu'])} | {verdict(r)} | {tflops(r)} | "
+        f"{r['median_tgt_tokens_per_s']:,.0f} | {r['median_src_tokens_per_s']:,.0f} | "
         f"{pct(r['median_padding_fraction'])} | "
         + ("n/a" if r["max_mem_gib"] is None else f"{r['max_mem_gib']:.1f} GiB") + " |"
-        for name, r in res["cases"].items()
+        for name, r in done.items()
     )
+    failed = "".join(f"\n### {name}: FAILED\n\n```\n{r['error']}\n```\n" for name, r in res["cases"].items()
+                     if "error" in r)
     details = "\n".join(
         f"""
 ### {name}
@@ -221,8 +233,10 @@ def markdown(res: dict) -> str:
 {r['commands']['train']}
 ```
 """
-        for name, r in res["cases"].items()
+        for name, r in done.items()
     )
+    peak = (f"{res['peak_flops'] / 1e12:.0f} TFLOP/s ({res['peak_source']})" if res["peak_flops"]
+            else "the GPU (none here: no MFU)")
     quick = ("\n**A --quick run: tiny presets on the CPU, a check that the script works, not a measurement.**\n"
              if res["quick"] else "")
     return f"""# Model-FLOPs utilisation of `tfcli train` ({res['precision']}{', --compile' if res['compile'] else ''})
@@ -234,7 +248,7 @@ tfcli {m['tfcli_commit']}; {m['date']}.
 
 MFU is the trainer's own figure (metrics.jsonl `mfu`): model FLOPs (tfcli/train/flops.py: 6 per weight and real
 token, plus 12 x d_model per attention (query, key) pair and layer; no padding, no recomputation) per second, over
-the dense peak of {res['peak_flops'] / 1e12:.0f} TFLOP/s; the median over the log lines after the first steps
+the dense peak of {peak}; the median over the log lines after the first steps
 (compilation). tgt tok/s counts non-padding target tokens (for the LM: every token of its blocks),
 src tok/s non-padding source tokens. The data is generated (random words; see the script's docstring).
 Peak GPU memory: torch's peak allocated memory (metrics.jsonl `max_mem_gib`) at the last log line.
@@ -242,7 +256,7 @@ Peak GPU memory: torch's peak allocated memory (metrics.jsonl `max_mem_gib`) at 
 | case | model | params | padded tok/step (per side) | median MFU | target | met? | model TFLOP/s | tgt tok/s | src tok/s | pad | peak GPU memory |
 | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |
 {rows}
-{details}
+{details}{failed}
 Written by `benchmarks/gpu_mfu.py`.
 """
 
@@ -252,7 +266,8 @@ def main() -> None:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--quick", action="store_true", help="tiny presets and data, a few steps, no compile, fp32")
     ap.add_argument("--case", nargs="+", choices=list(CASES), default=list(CASES))
-    ap.add_argument("--peak-flops", type=float, default=989e12, help="the GPU's dense peak (default: H100 bf16)")
+    ap.add_argument("--peak-flops", type=float, default=0.0,
+                    help="the GPU's dense peak FLOP/s (default: from its name, tfcli/train/flops.py)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch and the tokenizers (0: default)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--work", default=None, help="scratch directory for data and runs (default: a new temp dir)")
@@ -270,18 +285,29 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out or (work / "gpu_mfu" if args.quick else RESULTS / "gpu_mfu"))
 
-    cases = {}
-    for name in args.case:
-        c = {**CASES[name], **(QUICK[name] if args.quick else {})}
-        cases[name] = run_case(name, c, args, work)
-        print(f"{name}: {verdict(cases[name])}, median MFU {cases[name]['median_mfu']}", file=sys.stderr)
     result = {
         "command": ("python benchmarks/gpu_mfu.py " + shlex.join(sys.argv[1:])).strip(),
         "quick": args.quick, "precision": "fp32" if args.quick else "bf16", "compile": not args.quick,
-        "peak_flops": args.peak_flops, "machine": machine(args.device), "work_dir": str(work), "cases": cases,
+        "work_dir": str(work), "cases": {},
     }
-    write_results(out, result, markdown(result))
+    for name in args.case:
+        c = {**CASES[name], **(QUICK[name] if args.quick else {})}
+        try:
+            result["cases"][name] = run_case(name, c, args, work)
+            print(f"{name}: {verdict(result['cases'][name])}, median MFU {result['cases'][name]['median_mfu']}",
+                  file=sys.stderr)
+        except CaseFailed as e:
+            result["cases"][name] = {"error": str(e)}
+            print(f"{name}: FAILED\n{e}", file=sys.stderr)
+        # written after each case, so that a later failure (or the device's time limit) loses nothing
+        result["machine"] = machine(args.device)
+        found = gpu_peak_flops(result["machine"]["device"], result["precision"]) if args.device == "cuda" else None
+        result["peak_flops"] = args.peak_flops or found
+        result["peak_source"] = "--peak-flops" if args.peak_flops else "tfcli/train/flops.py, from the GPU's name"
+        write_results(out, result, markdown(result))
     print(f"data and runs kept in {work}; results in {out}.json/.md", file=sys.stderr)
+    if any("error" in r for r in result["cases"].values()):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

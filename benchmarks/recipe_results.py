@@ -27,7 +27,10 @@ import yaml
 from common import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "recipes"
+# TFCLI_RECIPE_RESULTS=DIR: record into DIR/recipes.{json,md} and leave the README alone (benchmarks/gpu_all.sh's
+# toy-size check on the CPU, whose runs must not enter the committed results)
+RESULTS_DIR = os.environ.get("TFCLI_RECIPE_RESULTS")
+RESULTS = (Path(RESULTS_DIR) if RESULTS_DIR else ROOT / "benchmarks" / "results") / "recipes"
 README = ROOT / "README.md"
 # Published figures the recipes are compared with, in the metric the recipe records beside its own.
 ANCHORS = {
@@ -116,7 +119,8 @@ def merge(entry: dict) -> None:
     all_[f"{entry['name']}/{entry['size']}"] = entry
     path.write_text(json.dumps(dict(sorted(all_.items())), indent=2) + "\n")
     RESULTS.with_suffix(".md").write_text(table(all_))
-    update_readme(all_)
+    if not RESULTS_DIR:
+        update_readme(all_)
 
 
 def _minutes(s: float) -> str:

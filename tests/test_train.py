@@ -25,7 +25,7 @@ from tfcli.model import EOS_ID, PAD_ID, build_model, preset
 from tfcli.train.average import average_checkpoints
 from tfcli.train.config import load_train_config
 from tfcli.train.data import ParallelData, StreamData
-from tfcli.train.flops import matmul_params
+from tfcli.train.flops import gpu_peak_flops, matmul_params
 from tfcli.train.loss import label_smoothed_loss
 from tfcli.train.schedule import learning_rate
 from tfcli.train.trainer import run as run_cli_config
@@ -164,6 +164,17 @@ def test_flops_count_every_matmul_weight(arch):
     src_side = sum(v for n, v in linears.items() if n.startswith("encoder.") or "cross_attn.kv_proj" in n)
     assert per_src == src_side
     assert per_tgt == sum(linears.values()) - src_side
+
+
+def test_mfu_divides_by_the_peak_of_the_gpu_and_precision():
+    """The datasheet's dense figure for the named GPU: the specific names are not taken for the general ones."""
+    assert gpu_peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
+    assert gpu_peak_flops("NVIDIA H100 80GB HBM3", "fp32") == 494.7e12  # TF32
+    assert gpu_peak_flops("NVIDIA H100 PCIe", "fp16") == 756e12
+    assert gpu_peak_flops("NVIDIA H200", "bf16") == 989.4e12
+    assert gpu_peak_flops("NVIDIA L40S", "bf16") == 362e12 and gpu_peak_flops("NVIDIA L4", "bf16") == 121e12
+    assert gpu_peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert gpu_peak_flops("NVIDIA GeForce GTX 1080", "bf16") is None  # unknown: no MFU rather than a wrong one
 
 
 # --- config ---------------------------------------------------------------------------------------------------------

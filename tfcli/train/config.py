@@ -66,7 +66,7 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on a GPU that has it, else fp32
     compile: bool = False  # torch.compile the model
     threads: int = 0  # CPU threads for torch (0: torch's default, one per core)
-    peak_flops: float = 989e12  # the hardware's dense peak per GPU, for MFU (default: H100 bf16)
+    peak_flops: float = 0.0  # the GPU's dense peak FLOP/s, for MFU (0: from its name and the precision; train/flops.py)
     resume: bool = False  # continue the run in `out` from its latest checkpoint
     init_from: str = ""  # fine-tune: start from this checkpoint's weights (its architecture; fresh optimizer, schedule)
 

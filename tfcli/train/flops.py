@@ -33,3 +33,27 @@ def train_flops(cfg: ModelConfig, src_tokens: int, tgt_tokens: int, src_pairs: i
     flops = 6.0 * (per_src * src_tokens + per_tgt * tgt_tokens)
     flops += 12.0 * d * (cfg.n_encoder_layers * src_pairs + cfg.n_decoder_layers * (tgt_pairs + cross_pairs))
     return flops
+
+
+# Dense peak FLOP/s of one GPU, from the vendors' datasheets (without 2:4 sparsity, which halves the quoted figures):
+# (a fragment of torch.cuda.get_device_name(), bf16/fp16 tensor cores, TF32 tensor cores). The first fragment found
+# in the name wins, so the more specific ones come first ("H100 PCIe" before "H100", "L40S" before "L4").
+GPU_PEAKS = (
+    ("H100 PCIe", 756e12, 378e12),
+    ("H100 NVL", 835e12, 417.5e12),
+    ("H200 NVL", 835e12, 417.5e12),
+    ("H100", 989.4e12, 494.7e12),  # SXM: "NVIDIA H100 80GB HBM3"
+    ("H200", 989.4e12, 494.7e12),  # SXM (and GH200)
+    ("A100", 312e12, 156e12),
+    ("L40S", 362e12, 183e12),
+    ("L4", 121e12, 60e12),
+)
+
+
+def gpu_peak_flops(device_name: str, precision: str) -> float | None:
+    """The dense peak that MFU divides by, for training in `precision` on the GPU called `device_name`: the bf16/fp16
+    tensor-core peak, or the TF32 one for fp32 (the trainer lets fp32 matmuls use TF32). None for a GPU not listed."""
+    for fragment, half, tf32 in GPU_PEAKS:
+        if fragment in device_name:
+            return tf32 if precision == "fp32" else half
+    return None

@@ -38,7 +38,7 @@ from tfcli.train import distributed
 from tfcli.train.checkpoints import CHECKPOINTS, pack_state, prune, restore_state, resume_point, step_dirs, step_name
 from tfcli.train.config import TrainConfig, config_to_yaml, differences
 from tfcli.train.data import Batch, ParallelData, StreamData
-from tfcli.train.flops import train_flops
+from tfcli.train.flops import gpu_peak_flops, train_flops
 from tfcli.train.log import MetricsLog, ppl
 from tfcli.train.loss import Objective
 from tfcli.train.schedule import learning_rate
@@ -104,9 +104,11 @@ class Trainer:
         self.prepared = PreparedData(cfg.data)
         self.model_cfg = self._model_config(model_overrides or {}, saved)
         self.precision = self._precision()
+        self.peak_flops = None  # per GPU, for MFU
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+            self.peak_flops = cfg.peak_flops or gpu_peak_flops(torch.cuda.get_device_name(self.device), self.precision)
 
         # data
         mc = self.model_cfg
@@ -285,6 +287,11 @@ class Trainer:
         what = "encoder-decoder" if mc.kind == "seq2seq" else "decoder-only LM"
         log.print(f"model: {what} ({cfg.arch}), {count_parameters(self.raw) / 1e6:.2f}M parameters; "
                   f"device {self.device}, {self.precision}, {self.dist.world_size} process(es)")
+        if self.device.type == "cuda":
+            gpu = torch.cuda.get_device_name(self.device)
+            log.print(f"MFU: model FLOPs over {self.peak_flops / 1e12:.0f} TFLOP/s per GPU ({gpu}, {self.precision}, dense"
+                      f"{', train.peak_flops' if cfg.peak_flops else ''})" if self.peak_flops else
+                      f"MFU: not logged, the peak of a {gpu} is not known; set train.peak_flops (dense FLOP/s per GPU)")
         unit = "sentence pairs" if mc.kind == "seq2seq" else "tokens in the stream"
         line = f"data: {len(self.train_data)} {unit}, {len(batches)} batches per epoch"
         if mc.kind == "seq2seq":
@@ -464,7 +471,8 @@ class Trainer:
             "grad_norm": float(self.grad_norm),
         }
         if self.device.type == "cuda":
-            record["mfu"] = flops / dt / (self.cfg.peak_flops * self.dist.world_size)
+            if self.peak_flops:
+                record["mfu"] = flops / dt / (self.peak_flops * self.dist.world_size)
             record["max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30  # this rank's peak so far
         self.log.write(record)
         self._reset_interval()

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Issue 22's measurements on a GPU, stage by stage, each stage within one 10-minute call of the device tool.
+#
+#   benchmarks/gpu_all.sh pack                  on this (CPU) machine: put what the device lacks into .gpu/
+#                                               (Multi30k and Tiny Shakespeare text, sacremoses wheels for Python
+#                                               3.12); then carry [".gpu"] with each device call
+#   benchmarks/gpu_all.sh [STAGE ...]           on the device (default: every stage, in this order):
+#       check        the GPU, the imports, a one-line torch.compile (Inductor) smoke test
+#       tests        pytest -m gpu (tests/test_gpu.py): bf16/fp16, compile, resume, decoding on CUDA vs the CPU
+#       mfu          benchmarks/gpu_mfu.py: gpt2-small and base, bf16 + --compile
+#       de-en en-de  recipes/multi30k.sh SRC TGT full (test2016 read once, at the end)
+#       shakespeare  recipes/shakespeare.sh full
+#       decode       benchmarks/gpu_translate_speed.py: tfcli vs HF generate, beam 5 and greedy, batch 64 and 256,
+#                    bf16, on the de-en model that stage de-en trained
+#   DEVICE=cpu benchmarks/gpu_all.sh check tests mfu de-en
+#                                               the same stages at toy sizes on the CPU (a few training steps, a
+#                                               few sentences): that each one runs; nothing is recorded
+#
+# Logs and results go to $OUT (the device tool's folder; default .gpu/out): OUT/STAGE.log, OUT/summary.txt, and the
+# results files a stage wrote (benchmarks/results/gpu_mfu.*, recipes.*, the README with its recipe table), to be
+# copied back into the repository and committed. A failed stage is logged and the next one runs; the exit code is
+# that of the last failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-$ROOT/.gpu/out}
+mkdir -p "$OUT"
+
+pack() {
+  local data=${DATA:-../shared/data}
+  mkdir -p .gpu/data .gpu/wheels
+  cp -r "$data/multi30k" "$data/tinyshakespeare" .gpu/data/
+  python3 -m pip download --quiet --dest .gpu/wheels --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 sacremoses
+  du -sh .gpu
+  echo "carry [\".gpu\"] with each device call (the device tool takes at most 64 MiB)"
+}
+if [ "${1:-}" = pack ]; then pack; exit; fi
+
+# tfcli from this checkout, without installing it (the device has no network and no `datasets`; nothing here
+# imports it), and sacremoses from the carried wheels
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p .gpu/bin
+printf '#!/bin/sh\nexec python3 -m tfcli "$@"\n' > .gpu/bin/tfcli
+chmod +x .gpu/bin/tfcli
+export PATH=$ROOT/.gpu/bin:$PATH
+if ! command -v sacremoses >/dev/null && [ -d .gpu/wheels ]; then
+  python3 -m pip install --quiet --no-index --find-links .gpu/wheels --target .gpu/site sacremoses \
+    && export PYTHONPATH=$PYTHONPATH:$ROOT/.gpu/site \
+    && printf '#!/bin/sh\nexec python3 -m sacremoses "$@"\n' > .gpu/bin/sacremoses && chmod +x .gpu/bin/sacremoses
+fi
+
+# The recipes read .gpu/data. On the CPU, a toy copy: the first lines of each file, and training cut to a few steps.
+DATA=$ROOT/.gpu/data
+if [ "$DEVICE" = cpu ]; then
+  TOY=$ROOT/.gpu/toy-data
+  mkdir -p "$TOY/multi30k" "$TOY/tinyshakespeare"
+  for f in "$DATA"/multi30k/*; do head -n 40 "$f" > "$TOY/multi30k/$(basename "$f")"; done
+  head -c 20000 "$DATA/tinyshakespeare/input.txt" > "$TOY/tinyshakespeare/input.txt"
+  DATA=$TOY
+  export TRAIN_ARGS="--max-steps 4 --valid-every 2 --device cpu" TFCLI_RECIPE_RESULTS=$ROOT/.gpu/toy-results
+fi
+export DATA
+
+check() {
+  nvidia-smi || true
+  python3 - <<EOF
+import importlib, torch
+for m in ("typer", "rich", "tokenizers", "sacrebleu", "safetensors", "yaml", "numpy", "tfcli.cli"):
+    importlib.import_module(m)
+print("torch", torch.__version__, "CUDA", torch.version.cuda, "device", "$DEVICE",
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no GPU)")
+x = torch.arange(8.0, device="$DEVICE")
+print("torch.compile (Inductor):", torch.compile(lambda t: (t.sin() + 1).sum())(x).item())
+EOF
+}
+tests() { python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py; }
+mfu() {
+  if [ "$DEVICE" = cpu ]; then python3 benchmarks/gpu_mfu.py --device cpu --quick --work "$ROOT/.gpu/mfu-quick"
+  else python3 benchmarks/gpu_mfu.py --work "$ROOT/.gpu/mfu"; fi
+}
+multi30k() { recipes/multi30k.sh "$1" "$2" full "$ROOT/.gpu/runs/multi30k-$1-$2-full"; }
+shakespeare() { recipes/shakespeare.sh full "$ROOT/.gpu/runs/shakespeare-char-full"; }
+decode() {
+  local run=$ROOT/.gpu/runs/multi30k-de-en-full/run ckpt
+  ckpt=$run
+  for avg in "$run"/checkpoints/avg-last*; do [ -d "$avg" ] && ckpt=$avg; done  # as the recipe chooses
+  if [ "$DEVICE" = cpu ]; then
+    python3 benchmarks/gpu_translate_speed.py "$ckpt" --data "$DATA" --device cpu --dtype fp32 --limit 40 \
+      --batch-sizes 8 --repeats 1 --out "$ROOT/.gpu/toy-results/gpu_translate_speed"
+  else python3 benchmarks/gpu_translate_speed.py "$ckpt" --data "$DATA"; fi
+}
+
+run_stage() {
+  case $1 in
+    check) check ;; tests) tests ;; mfu) mfu ;; de-en) multi30k de en ;; en-de) multi30k en de ;;
+    shakespeare) shakespeare ;; decode) decode ;;
+    *) echo "unknown stage '$1' (pack, check, tests, mfu, de-en, en-de, shakespeare, decode)" >&2; return 2 ;;
+  esac
+}
+
+STAGES=("$@")
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(check tests mfu de-en en-de shakespeare decode)
+RC=0
+for stage in "${STAGES[@]}"; do
+  start=$SECONDS
+  run_stage "$stage" > "$OUT/$stage.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || RC=$rc
+  echo "$stage: exit $rc, $((SECONDS - start)) s ($DEVICE)" | tee -a "$OUT/summary.txt"
+  tail -n 5 "$OUT/$stage.log"
+  if [ "$DEVICE" != cpu ]; then  # what the stage measured, to copy back
+    for f in benchmarks/results/gpu_*.json benchmarks/results/gpu_*.md benchmarks/results/recipes.json \
+      benchmarks/results/recipes.md README.md; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+  fi
+done
+exit $RC

@@ -1,0 +1,172 @@
+"""Translation speed on a GPU: tfcli and Hugging Face `generate`, side by side in one run on one trained checkpoint.
+
+    python3 benchmarks/gpu_translate_speed.py CKPT [--data DIR] [--batch-sizes 64 256] [--dtype bf16] [--repeats 3]
+    python3 benchmarks/gpu_translate_speed.py CKPT --device cpu --dtype fp32 --limit 40 --batch-sizes 8 --out X
+                                                   a check that the script runs (not a measurement)
+
+The Multi30k test2016 sentences (--src/--tgt, default de -> en) through
+  tfcli  the Python API (`tfcli.load(CKPT, device, dtype).translate`): what `tfcli translate --device cuda --dtype
+         bf16` runs, tokenising, batching by length and detokenising included;
+  HF     the checkpoint exported by `tfcli export --to hf` (tfcli.interop), loaded by transformers in the same dtype
+         (its weights cast, HF's usual way), `generate` on the same sources pre-tokenised by the checkpoint's
+         tokenizer and sorted by length (its tokenising and detokenising are not timed: in HF's favour).
+The same search for both: beam 5 and greedy, no length normalisation (alpha 0: both rank by summed log-probability,
+which only falls as a hypothesis grows, so both find the same best one; tfcli lets a sentence go as soon as no live
+beam can beat its best finished hypothesis, HF once it has `beam` finished ones), stop at </s>, at most --max-len
+new tokens. Batches of each --batch-sizes sentences. One untimed pass first (CUDA context, kernels, allocator),
+then the best of --repeats, CUDA synchronised. Target tokens/s counts the tokens each system generated (its
+output re-encoded by the target tokenizer, plus </s>); BLEU (sacreBLEU, the default signature) shows that both
+translate. Results: benchmarks/results/gpu_translate_speed.{json,md}, with the GPU named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common import cpu_name, write_results  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def synced(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time(fn, repeats: int, device: torch.device):
+    """fn() once untimed, then the best of `repeats` timed calls; returns (seconds, the last output)."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        synced(device)
+        t0 = time.perf_counter()
+        out = fn()
+        synced(device)
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def hf_translate(model, ids: list[list[int]], beam: int, batch_size: int, max_len: int, device) -> list[list[int]]:
+    """transformers' generate over `ids` (each ending in </s>), sorted by length, `batch_size` at a time; the output
+    ids of each, in the input order, cut at </s>."""
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out: list[list[int]] = [[] for _ in ids]
+    with torch.inference_mode():
+        for j in range(0, len(order), batch_size):
+            rows = [ids[i] for i in order[j : j + batch_size]]
+            width = max(map(len, rows))
+            src = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
+            gen = model.generate(input_ids=src, attention_mask=(src != pad).long(), num_beams=beam, do_sample=False,
+                                 max_new_tokens=max_len, length_penalty=0.0, early_stopping=True)
+            for i, row in zip(order[j : j + batch_size], gen.tolist()):
+                toks = row[1:]  # after the decoder start token
+                out[i] = toks[: toks.index(eos)] if eos in toks else [t for t in toks if t != pad]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint")
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--src", default="de")
+    p.add_argument("--tgt", default="en")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--max-len", type=int, default=100, help="new tokens per sentence, at most")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--limit", type=int, default=0, help="the first N sentences only (a check)")
+    p.add_argument("--out", default=str(RESULTS / "gpu_translate_speed"))
+    args = p.parse_args()
+    import sacrebleu
+    from transformers import AutoModelForSeq2SeqLM
+
+    import tfcli
+    from tfcli import checkpoint
+    from tfcli.data.batching import source_ids
+    from tfcli.data.tokenizer import decode_batch, encode_batch
+    from tfcli.interop.export import export
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_translate_speed: no CUDA device; --device cpu --dtype fp32 --limit 40 checks that it runs")
+    ckpt = checkpoint.resolve(args.checkpoint)
+    meta = checkpoint.read_meta(ckpt)
+    src_tok, tgt_tok = checkpoint.tokenizer(meta, "src"), checkpoint.tokenizer(meta, "tgt")
+    data = Path(args.data) / "multi30k"
+    lines = (data / f"test2016.{args.src}").read_text(encoding="utf-8").splitlines()
+    refs = (data / f"test2016.{args.tgt}").read_text(encoding="utf-8").splitlines()
+    if args.limit:
+        lines, refs = lines[: args.limit], refs[: args.limit]
+
+    translator = tfcli.load(str(ckpt), device=args.device, dtype=args.dtype)
+    with tempfile.TemporaryDirectory() as tmp:
+        export(ckpt, "hf", Path(tmp) / "hf")
+        hf = AutoModelForSeq2SeqLM.from_pretrained(Path(tmp) / "hf", torch_dtype=DTYPES[args.dtype]).to(device).eval()
+    src_ids = [source_ids(ids) for ids in encode_batch(src_tok, lines)]
+
+    def tokens(hyps: list[str]) -> int:  # what a system generated, </s> included
+        return sum(len(ids) + 1 for ids in encode_batch(tgt_tok, hyps))
+
+    runs = []
+    for beam in (args.beam, 1):
+        for bs in args.batch_sizes:
+            opts = dict(beam_size=beam, batch_size=bs, max_tokens=10**9, len_penalty=0.0, max_len_a=0.0,
+                        max_len_b=args.max_len)
+            t_tfcli, hyps_tfcli = best_time(lambda: translator.translate(lines, **opts), args.repeats, device)
+            t_hf, ids_hf = best_time(lambda: hf_translate(hf, src_ids, beam, bs, args.max_len, device), args.repeats,
+                                     device)
+            hyps_hf = decode_batch(tgt_tok, ids_hf)
+            row = {"beam": beam, "batch_size": bs}
+            for name, t, hyps in (("tfcli", t_tfcli, hyps_tfcli), ("hf", t_hf, hyps_hf)):
+                row[name] = {"seconds": t, "sentences_per_s": len(lines) / t, "tgt_tokens_per_s": tokens(hyps) / t,
+                             "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}
+            row["same_output"] = sum(a == b for a, b in zip(hyps_tfcli, hyps_hf)) / len(lines)
+            row["tfcli_over_hf"] = row["tfcli"]["sentences_per_s"] / row["hf"]["sentences_per_s"]
+            print(f"beam {beam}, batch {bs}: tfcli {row['tfcli']['sentences_per_s']:.0f} sent/s, "
+                  f"HF {row['hf']['sentences_per_s']:.0f} sent/s ({row['tfcli_over_hf']:.2f}x)", file=sys.stderr)
+            runs.append(row)
+
+    import transformers
+
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    res = {
+        "device": gpu or f"CPU ({cpu_name()})", "dtype": args.dtype, "checkpoint": str(ckpt),
+        "sentences": len(lines), "pair": f"{args.src}-{args.tgt}", "max_new_tokens": args.max_len,
+        "repeats": args.repeats, "torch": torch.__version__, "transformers": transformers.__version__,
+        "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "runs": runs,
+        "check_only": bool(args.limit) or device.type != "cuda",
+    }
+    md = [
+        f"# Translation speed on {res['device']}: tfcli and Hugging Face generate", "",
+        *(["**A check that the script runs (a CPU or --limit), not a measurement.**", ""] if res["check_only"] else []),
+        f"Multi30k test2016 {res['pair']}, {len(lines)} sentences; {args.dtype}; alpha 0, at most {args.max_len} new "
+        f"tokens; best of {args.repeats} after an untimed pass; torch {res['torch']}, transformers "
+        f"{res['transformers']}; {res['date']}. Checkpoint `{ckpt}`. Written by `benchmarks/gpu_translate_speed.py` "
+        "(its docstring says what each system's time includes).", "",
+        "| search | batch | tfcli sent/s | HF sent/s | tfcli / HF | tfcli tgt tok/s | HF tgt tok/s | BLEU tfcli | "
+        "BLEU HF | same output |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *[f"| {'greedy' if r['beam'] == 1 else 'beam %d' % r['beam']} | {r['batch_size']} | "
+          f"{r['tfcli']['sentences_per_s']:.0f} | {r['hf']['sentences_per_s']:.0f} | **{r['tfcli_over_hf']:.2f}x** | "
+          f"{r['tfcli']['tgt_tokens_per_s']:,.0f} | {r['hf']['tgt_tokens_per_s']:,.0f} | {r['tfcli']['bleu']:.2f} | "
+          f"{r['hf']['bleu']:.2f} | {100 * r['same_output']:.0f}% |" for r in runs], "",
+    ]
+    write_results(args.out, res, "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""On a GPU: mixed precision, torch.compile, resume, and decoding on CUDA against the CPU (marker `gpu`; the CUDA
+cases skip without one). Where a case also runs on the CPU (bf16 autocast), it runs here too, so that the test
+itself is known to work before a GPU session spends minutes on it.
+
+Tolerances, not equality: CUDA kernels (and bf16/fp16) round differently from the CPU's, and SDPA's backward on
+CUDA is not deterministic, so a resumed or compiled run follows the reference run closely, not bit for bit. The
+hand-built models (tests/helpers.py) decide every token by 20 logits or more, so their outputs must match exactly.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import tfcli
+from helpers import (
+    copy_model, make_parallel_prepared, save_model, save_word_tokenizer, successor_lm, tiny_train_config,
+)
+from tfcli.model import EOS_ID, SPECIAL_TOKENS
+from tfcli.train.trainer import run as run_cli_config
+from tfcli.train.trainer import train
+
+pytestmark = pytest.mark.gpu
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = pytest.param("cuda", marks=needs_cuda)
+WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
+TEXTS = ["cat dog egg", "moon", "", "tree sun rat queen pig owl", "ice jam kite lamp moon nest owl pig"]
+
+
+@pytest.fixture(scope="module")
+def parallel(tmp_path_factory):
+    return make_parallel_prepared(tmp_path_factory.mktemp("par"), n_train=400, task="reverse")
+
+
+def _losses(run: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in lines if r["split"] == "train"}
+
+
+def _run(parallel, out: Path, device: str, steps: int = 30, model: dict | None = None, **train_cfg) -> dict[int, float]:
+    cfg = tiny_train_config(parallel, out, device=device, max_steps=steps, valid_every=steps, log_every=1,
+                            valid_bleu=False, **train_cfg)
+    train(cfg, {"d_model": 64, "d_ff": 128, **(model or {})})
+    return _losses(out)
+
+
+# --- training ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "device,precision",
+    [("cpu", "bf16"), pytest.param("cuda", "bf16", marks=needs_cuda), pytest.param("cuda", "fp16", marks=needs_cuda)],
+)
+def test_mixed_precision_follows_fp32(tmp_path, parallel, device, precision):
+    """The first step's loss (the same weights, the same batch) within 2% of fp32's; after 30 updates within 10%
+    (20% for fp16, whose loss scaler skips its first steps while it finds a scale that does not overflow)."""
+    ref = _run(parallel, tmp_path / "fp32", device, precision="fp32")
+    low = _run(parallel, tmp_path / precision, device, precision=precision)
+    assert low.keys() == ref.keys()
+    assert low[1] == pytest.approx(ref[1], rel=0.02)
+    assert low[30] == pytest.approx(ref[30], rel=0.10 if precision == "bf16" else 0.20)
+    assert low[30] < 0.8 * low[1]  # it learns
+
+
+@pytest.mark.parametrize("device", [CUDA])
+def test_compiled_training_follows_eager(tmp_path, parallel, device):
+    """torch.compile of the model and its loss: the same losses as eager within float rounding of fused kernels."""
+    eager = _run(parallel, tmp_path / "eager", device, steps=20, precision="fp32")
+    compiled = _run(parallel, tmp_path / "compiled", device, steps=20, precision="fp32", compile=True)
+    assert compiled[1] == pytest.approx(eager[1], rel=1e-4)
+    assert compiled[20] == pytest.approx(eager[20], rel=1e-2)
+
+
+@pytest.mark.parametrize("device", [CUDA])
+def test_resume_on_the_gpu_continues_the_run(tmp_path, parallel, device):
+    """Stopped at step 12 and resumed to 24: the loss curve follows the uninterrupted run's (closely, not exactly:
+    CUDA's attention backward is not deterministic)."""
+    full = _run(parallel, tmp_path / "full", device, steps=24, precision="bf16", model={"dropout": 0.1})
+    _run(parallel, tmp_path / "part", device, steps=12, precision="bf16", model={"dropout": 0.1})
+    result = run_cli_config(None, {"out": str(tmp_path / "part"), "resume": True, "max_steps": 24})
+    assert result.step == 24
+    part = _losses(tmp_path / "part")
+    assert part.keys() == full.keys()
+    for s in full:
+        assert part[s] == pytest.approx(full[s], rel=0.05)
+
+
+# --- decoding ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def copier(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gpu-copier")
+    return save_model(d / "copier", copy_model(n_words=len(WORDS), max_len=32), save_word_tokenizer(d / "tok", WORDS))
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gpu-lm")
+    vocab = SPECIAL_TOKENS + WORDS + ["."]
+    ids = {w: i for i, w in enumerate(vocab)}
+    successor = {ids[a]: ids[b] for a, b in zip(WORDS, WORDS[1:])}
+    successor.update({ids["tree"]: ids["."], ids["."]: EOS_ID})
+    successor.update({i: ids["apple"] for i in range(len(SPECIAL_TOKENS))})
+    return save_model(d / "lm", successor_lm(vocab, successor), save_word_tokenizer(d / "tok", WORDS + ["."]))
+
+
+@pytest.mark.parametrize("device", [CUDA])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_translation_on_the_gpu_is_the_cpus(copier, device, dtype):
+    """Greedy and beam search give the CPU's translations; the n-best lists hold the same texts, with the same
+    scores in fp32."""
+    cpu = tfcli.load(str(copier), device="cpu")
+    gpu = tfcli.load(str(copier), device=device, dtype=dtype)
+    for beam in (1, 5):
+        assert gpu.translate(TEXTS, beam_size=beam, batch_size=3) == cpu.translate(TEXTS, beam_size=beam) == TEXTS
+    want = cpu.translate_nbest(TEXTS, n=3, beam_size=5, scores=True)
+    got = gpu.translate_nbest(TEXTS, n=3, beam_size=5, scores=True)
+    assert [[h.text for h in hyps] for hyps in got] == [[h.text for h in hyps] for hyps in want]
+    if dtype == "fp32":
+        for a, b in zip(got, want):
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-3)
+
+
+@pytest.mark.parametrize("device", [CUDA])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_generation_on_the_gpu_is_the_cpus(counter, device, dtype):
+    cpu = tfcli.load(str(counter), device="cpu")
+    gpu = tfcli.load(str(counter), device=device, dtype=dtype)
+    prompts = ["cat dog", "ice", "sun", "apple bird cat dog"]
+    assert gpu.generate(prompts, greedy=True, max_new_tokens=30) == cpu.generate(prompts, greedy=True, max_new_tokens=30)
