@@ -162,3 +162,29 @@ def test_every_parameter_learns_and_a_small_step_lowers_the_loss(norm):
     assert after < before - 1e-4, (before.item(), after.item())
 
 
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
+def test_the_forward_compiles_into_one_graph_for_every_shape(kind):
+    """torch.compile with dynamic shapes: one graph for batches of any size and length, no graph break (a test on a
+    symbolic length, or a read of a tensor's value on the host, would split it: on a GPU, more launches and a sync
+    per split). The `eager` backend: only the graph capture is under test, not a compiler."""
+    from torch._dynamo.utils import counters
+
+    V = 40
+    if kind == "seq2seq":
+        model = build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V)).eval()
+    else:
+        model = build_model(preset("lm-tiny", tgt_vocab_size=V, positions="rope")).eval()
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="eager", dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    for B, S, T in [(4, 7, 9), (3, 12, 2), (5, 2, 16)]:  # (a size of 1 is always specialised)
+        tgt = torch.randint(4, V, (B, T), generator=g)
+        args = (torch.randint(4, V, (B, S), generator=g), tgt) if kind == "seq2seq" else (tgt,)
+        with torch.no_grad():
+            assert torch.allclose(compiled(*args), model(*args), atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
+    torch._dynamo.reset()

@@ -29,11 +29,12 @@ class SinusoidalPositions(nn.Module):
         self.d_model = d_model
         self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
 
-    def forward(self, pos: torch.Tensor) -> torch.Tensor:
-        # Growing needs the largest position on the host. Under torch.compile that read would split the graph and
-        # wait for the GPU, so compiled training relies on the trainer keeping lengths within max_len.
+    def forward(self, pos: torch.Tensor, end: int | None = None) -> torch.Tensor:
+        """`end`: the largest position + 1, where the caller knows it (a full forward: the length). Else growing the
+        table reads the largest position from `pos`, which waits for the GPU; under torch.compile that read would
+        split the graph, so compiled training relies on the trainer keeping lengths within max_len."""
         if not is_compiling():
-            need = int(pos.max()) + 1 if pos.numel() else 0
+            need = end if end is not None else _end(pos)
             if need > self.pe.size(0):
                 self.pe = sinusoidal_table(max(need, 2 * self.pe.size(0)), self.d_model).to(self.pe.device)
         return self.pe[pos]
@@ -46,8 +47,9 @@ class LearnedPositions(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(max_len, d_model)
 
-    def forward(self, pos: torch.Tensor) -> torch.Tensor:
-        if not is_compiling() and pos.numel() and int(pos.max()) >= self.emb.num_embeddings:
+    def forward(self, pos: torch.Tensor, end: int | None = None) -> torch.Tensor:
+        """`end` as in SinusoidalPositions."""
+        if not is_compiling() and (end if end is not None else _end(pos)) > self.emb.num_embeddings:
             raise TfcliError(
                 f"sequence longer than the model's max_len ({self.emb.num_embeddings} positions, learned); "
                 "shorten the input or lower --max-len"
@@ -75,7 +77,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x: (B, H, T, d_head); pos: (T,) or (B, T) absolute positions."""
         if not is_compiling():  # as in SinusoidalPositions
-            need = int(pos.max()) + 1 if pos.numel() else 0
+            need = _end(pos)
             if need > self.cos.size(0):
                 self._build(max(need, 2 * self.cos.size(0)), self.cos.device)
         cos, sin = self.cos[pos], self.sin[pos]  # (T, d/2) or (B, T, d/2)
@@ -84,3 +86,8 @@ class RotaryEmbedding(nn.Module):
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x[..., : self.d_head // 2], x[..., self.d_head // 2 :]
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def _end(pos: torch.Tensor) -> int:
+    """The largest position + 1 (0 for none): a read from the device."""
+    return int(pos.max()) + 1 if pos.numel() else 0

@@ -28,10 +28,11 @@ class Embeddings(nn.Module):
             self.pos = None
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, end: int | None = None) -> torch.Tensor:
+        """`end`: the largest position + 1 if the caller knows it (no read from the GPU; see positional.py)."""
         x = self.tok(ids) * self.scale
         if self.pos is not None:
-            x = x + self.pos(pos)
+            x = x + self.pos(pos, end)
         return self.dropout(x)
 
 
@@ -49,7 +50,7 @@ class Encoder(nn.Module):
 
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor, attn_out: list | None = None) -> torch.Tensor:
         """src: (B, S) token ids; src_mask: (B, 1, 1, S) True at real tokens."""
-        x = self.embed(src, torch.arange(src.size(1), device=src.device))
+        x = self.embed(src, torch.arange(src.size(1), device=src.device), src.size(1))
         for layer in self.layers:
             x = layer(x, src_mask, attn_out)
         return self.norm(x)
@@ -71,11 +72,13 @@ class Decoder(nn.Module):
         memory_mask: torch.Tensor | None = None,
         attn_out: dict | None = None,
     ) -> torch.Tensor:
-        """tgt: (B, T) ids; each position sees itself and those before it (the fused causal kernel)."""
+        """tgt: (B, T) ids; each position sees itself and those before it (the fused causal kernel). is_causal is a
+        constant True, also for T = 1 (one query, one key: the same): a test on T would be a symbolic bool under
+        torch.compile's dynamic shapes, which SDPA refuses (a graph break per layer)."""
         pos = torch.arange(tgt.size(1), device=tgt.device)
-        x = self.embed(tgt, pos)
+        x = self.embed(tgt, pos, tgt.size(1))
         for layer in self.layers:
-            x = layer(x, None, tgt.size(1) > 1, memory, memory_mask, self.rope, pos, attn_out)
+            x = layer(x, None, True, memory, memory_mask, self.rope, pos, attn_out)
         return self.norm(x)
 
 
