@@ -3,7 +3,7 @@
 #
 #   benchmarks/gpu_all.sh pack                  on this (CPU) machine: put what the device lacks into .gpu/
 #                                               (Multi30k and Tiny Shakespeare text, sacremoses wheels for Python
-#                                               3.12); then carry [".gpu"] with each device call
+#                                               3.12, 10 MB); then carry [".gpu/data", ".gpu/wheels"] with each call
 #   benchmarks/gpu_all.sh [STAGE ...]           on the device (default: every stage, in this order):
 #       check        the GPU, the imports, a one-line torch.compile (Inductor) smoke test
 #       tests        pytest -m gpu (tests/test_gpu.py): bf16/fp16, compile, resume, decoding on CUDA vs the CPU
@@ -12,6 +12,8 @@
 #       shakespeare  recipes/shakespeare.sh full
 #       decode       benchmarks/gpu_translate_speed.py: tfcli vs HF generate, beam 5 and greedy, batch 64 and 256,
 #                    bf16, on the de-en model that stage de-en trained
+#                A session's 30 device minutes, as three calls: `check tests mfu`, `de-en decode` (decode needs
+#                de-en's model: the same call, or the same warm machine), `en-de shakespeare`.
 #   DEVICE=cpu benchmarks/gpu_all.sh check tests mfu de-en
 #                                               the same stages at toy sizes on the CPU (a few training steps, a
 #                                               few sentences): that each one runs; nothing is recorded
@@ -34,7 +36,7 @@ pack() {
   python3 -m pip download --quiet --dest .gpu/wheels --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 sacremoses
   du -sh .gpu
-  echo "carry [\".gpu\"] with each device call (the device tool takes at most 64 MiB)"
+  echo "carry [\".gpu/data\", \".gpu/wheels\"] with each device call (the device tool takes at most 64 MiB)"
 }
 if [ "${1:-}" = pack ]; then pack; exit; fi
 
