@@ -241,11 +241,17 @@ def _encodings(tok: Tokenizer, lines: Sequence[str]) -> list[list]:
         if chars >= BATCH_CHARS or end == len(lines):
             group = lines[start:end]
             if max(map(len, group)) <= CHUNK_CHARS:
-                batches.append(tok.encode_batch(group, add_special_tokens=False))
+                batches.append(_encode_batch(tok)(group, add_special_tokens=False))
             else:
                 batches.append(_encode_long(tok, group))
             start, chars = end, 0
     return batches
+
+
+def _encode_batch(tok: Tokenizer):
+    """The library's encode_batch_fast where it has one (tokenizers >= 0.20: the same ids without character
+    offsets, about 9% faster), else encode_batch."""
+    return getattr(tok, "encode_batch_fast", tok.encode_batch)
 
 
 def _ids(batches: list[list]) -> list[list[int]]:
@@ -261,7 +267,7 @@ def _encode_long(tok: Tokenizer, lines: list[str]) -> list[list[int]]:
     chars = 0
 
     def flush():
-        for owner, enc in zip(owners, tok.encode_batch(batch, add_special_tokens=False)):
+        for owner, enc in zip(owners, _encode_batch(tok)(batch, add_special_tokens=False)):
             out[owner].extend(enc.ids)
         batch.clear()
         owners.clear()
