@@ -268,3 +268,21 @@ def save_model(path, model, tokenizer_file) -> "Path":
 
     sides = {"src": tokenizer_file, "tgt": tokenizer_file} if model.cfg.kind == "seq2seq" else {"tgt": tokenizer_file}
     return checkpoint.save(path, model, {"model": dataclasses.asdict(model.cfg)}, sides)
+
+
+def save_copier(d: Path, words: list[str]) -> Path:
+    """copy_model over `words`, saved as a checkpoint in d/copier (its word tokenizer in d/tok)."""
+    return save_model(d / "copier", copy_model(n_words=len(words), max_len=32), save_word_tokenizer(d / "tok", words))
+
+
+def save_counter(d: Path, words: list[str]) -> Path:
+    """successor_lm that counts up `words` (words[0] -> words[1] -> ...) and ends after the last with "." and </s>;
+    a special token is followed by words[0]. Saved as a checkpoint in d/lm."""
+    from tfcli.model import EOS_ID
+
+    vocab = SPECIAL_TOKENS + words + ["."]
+    ids = {w: i for i, w in enumerate(vocab)}
+    successor = {ids[a]: ids[b] for a, b in zip(words, words[1:])}
+    successor.update({ids[words[-1]]: ids["."], ids["."]: EOS_ID})
+    successor.update({i: ids[words[0]] for i in range(len(SPECIAL_TOKENS))})
+    return save_model(d / "lm", successor_lm(vocab, successor), save_word_tokenizer(d / "tok", words + ["."]))

@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 import tfcli
-from helpers import copy_model, save_model, save_word_tokenizer, successor_lm
+from helpers import save_copier, save_counter
 from tfcli.errors import ConfigError
-from tfcli.model import EOS_ID, SPECIAL_TOKENS
+from tfcli.model import EOS_ID
 
 WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
 TEXTS = ["cat dog egg", "moon", "", "tree sun rat queen pig owl"]
@@ -18,20 +18,13 @@ TEXTS = ["cat dog egg", "moon", "", "tree sun rat queen pig owl"]
 
 @pytest.fixture(scope="module")
 def copier(tmp_path_factory):
-    d = tmp_path_factory.mktemp("api")
-    return save_model(d / "copier", copy_model(n_words=len(WORDS), max_len=32), save_word_tokenizer(d / "tok", WORDS))
+    return save_copier(tmp_path_factory.mktemp("api"), WORDS)
 
 
 @pytest.fixture(scope="module")
 def counter(tmp_path_factory):
     """An LM that counts up the words ("cat" -> "dog" -> ...) and ends after "tree" with "." and </s>."""
-    d = tmp_path_factory.mktemp("api-lm")
-    vocab = SPECIAL_TOKENS + WORDS + ["."]
-    ids = {w: i for i, w in enumerate(vocab)}
-    successor = {ids[a]: ids[b] for a, b in zip(WORDS, WORDS[1:])}
-    successor.update({ids["tree"]: ids["."], ids["."]: EOS_ID})
-    successor.update({i: ids["apple"] for i in range(len(SPECIAL_TOKENS))})
-    return save_model(d / "lm", successor_lm(vocab, successor), save_word_tokenizer(d / "tok", WORDS + ["."]))
+    return save_counter(tmp_path_factory.mktemp("api-lm"), WORDS)
 
 
 def test_translate_gives_the_copy_for_any_beam(copier):

@@ -14,10 +14,7 @@ import pytest
 import torch
 
 import tfcli
-from helpers import (
-    copy_model, make_parallel_prepared, save_model, save_word_tokenizer, successor_lm, tiny_train_config,
-)
-from tfcli.model import EOS_ID, SPECIAL_TOKENS
+from helpers import make_parallel_prepared, save_copier, save_counter, tiny_train_config
 from tfcli.train.trainer import run as run_cli_config
 from tfcli.train.trainer import train
 
@@ -92,19 +89,13 @@ def test_resume_on_the_gpu_continues_the_run(tmp_path, parallel, device):
 
 @pytest.fixture(scope="module")
 def copier(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gpu-copier")
-    return save_model(d / "copier", copy_model(n_words=len(WORDS), max_len=32), save_word_tokenizer(d / "tok", WORDS))
+    return save_copier(tmp_path_factory.mktemp("gpu-copier"), WORDS)
 
 
 @pytest.fixture(scope="module")
 def counter(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gpu-lm")
-    vocab = SPECIAL_TOKENS + WORDS + ["."]
-    ids = {w: i for i, w in enumerate(vocab)}
-    successor = {ids[a]: ids[b] for a, b in zip(WORDS, WORDS[1:])}
-    successor.update({ids["tree"]: ids["."], ids["."]: EOS_ID})
-    successor.update({i: ids["apple"] for i in range(len(SPECIAL_TOKENS))})
-    return save_model(d / "lm", successor_lm(vocab, successor), save_word_tokenizer(d / "tok", WORDS + ["."]))
+    """An LM that counts up the words ("cat" -> "dog" -> ...) and ends after "tree" with "." and </s>."""
+    return save_counter(tmp_path_factory.mktemp("gpu-lm"), WORDS)
 
 
 @pytest.mark.parametrize("device", [CUDA])
