@@ -190,9 +190,10 @@ class IncrementalDecoder:
             qkv = layer.qkv(layer.norm_self_in(x)).view(n, r, 3, H, dh)
             q = qkv[:, :, 0]
             new_kv = qkv[:, :, 1:]
-            if rope is not None:  # rotate q and k by their positions (rope works on (B, H, T, d_head))
-                q = rope(q.transpose(1, 2), pos).transpose(1, 2)
-                new_k = rope(new_kv[:, :, 0].transpose(1, 2), pos).transpose(1, 2)
+            if rope is not None:  # rotate q and k by their positions (rope works on (B, H, T, d_head)); every
+                # position is below max_steps, so the table's size is checked without reading `pos` from the device
+                q = rope(q.transpose(1, 2), pos, self.max_steps).transpose(1, 2)
+                new_k = rope(new_kv[:, :, 0].transpose(1, 2), pos, self.max_steps).transpose(1, 2)
                 new_kv = torch.stack([new_k, new_kv[:, :, 1]], dim=2)
             kv.view(n, H, -1, 2, dh)[:, :, start : start + r] = new_kv.permute(0, 3, 1, 2, 4)
             keys = kv[:, :, :L, :dh].reshape(n * H, L, dh)

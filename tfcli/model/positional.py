@@ -74,10 +74,10 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """x: (B, H, T, d_head); pos: (T,) or (B, T) absolute positions."""
-        if not is_compiling():  # as in SinusoidalPositions
-            need = _end(pos)
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, end: int | None = None) -> torch.Tensor:
+        """x: (B, H, T, d_head); pos: (T,) or (B, T) absolute positions; `end` as in SinusoidalPositions."""
+        if not is_compiling():
+            need = end if end is not None else _end(pos)
             if need > self.cos.size(0):
                 self._build(max(need, 2 * self.cos.size(0)), self.cos.device)
         cos, sin = self.cos[pos], self.sin[pos]  # (T, d/2) or (B, T, d/2)

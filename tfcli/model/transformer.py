@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -77,8 +78,9 @@ class Decoder(nn.Module):
         torch.compile's dynamic shapes, which SDPA refuses (a graph break per layer)."""
         pos = torch.arange(tgt.size(1), device=tgt.device)
         x = self.embed(tgt, pos, tgt.size(1))
+        rope = functools.partial(self.rope, end=tgt.size(1)) if self.rope is not None else None
         for layer in self.layers:
-            x = layer(x, None, True, memory, memory_mask, self.rope, pos, attn_out)
+            x = layer(x, None, True, memory, memory_mask, rope, pos, attn_out)
         return self.norm(x)
 
 
