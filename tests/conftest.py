@@ -4,6 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import WORDS, save_copier, save_counter
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TFCLI_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
@@ -19,3 +21,17 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"{SHARED_DATA} not present")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def copier(tmp_path_factory) -> Path:
+    """A hand-built model that copies its input word for word (helpers.copy_model over WORDS), as a checkpoint: what
+    it outputs is known by construction, on every CPU."""
+    return save_copier(tmp_path_factory.mktemp("copier"), WORDS)
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory) -> Path:
+    """A hand-built LM (helpers.successor_lm) that counts up WORDS ("cat" -> "dog" -> ...) and ends after "tree"
+    with "." and </s>, as a checkpoint."""
+    return save_counter(tmp_path_factory.mktemp("counter"), WORDS)

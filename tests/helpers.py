@@ -16,6 +16,9 @@ from pathlib import Path
 from tfcli.data.prepared import new_meta, write_sequences
 from tfcli.model import SPECIAL_TOKENS
 
+# the words of the hand-built models' vocabulary (save_copier, save_counter; the fixtures in conftest.py)
+WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
+
 
 def word_tokenizer(words: list[str]):
     """A `tokenizers` WordLevel tokenizer over `words`, specials first (ids 0-3); decode joins with spaces."""

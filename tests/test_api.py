@@ -8,23 +8,11 @@ import torch
 from safetensors.torch import load_file
 
 import tfcli
-from helpers import save_copier, save_counter
+from helpers import WORDS
 from tfcli.errors import ConfigError
 from tfcli.model import EOS_ID
 
-WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
 TEXTS = ["cat dog egg", "moon", "", "tree sun rat queen pig owl"]
-
-
-@pytest.fixture(scope="module")
-def copier(tmp_path_factory):
-    return save_copier(tmp_path_factory.mktemp("api"), WORDS)
-
-
-@pytest.fixture(scope="module")
-def counter(tmp_path_factory):
-    """An LM that counts up the words ("cat" -> "dog" -> ...) and ends after "tree" with "." and </s>."""
-    return save_counter(tmp_path_factory.mktemp("api-lm"), WORDS)
 
 
 def test_translate_gives_the_copy_for_any_beam(copier):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tfcli
-from helpers import make_parallel_prepared, save_copier, save_counter, tiny_train_config
+from helpers import make_parallel_prepared, tiny_train_config
 from tfcli.train.trainer import run as run_cli_config
 from tfcli.train.trainer import train
 
@@ -22,7 +22,6 @@ pytestmark = pytest.mark.gpu
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = pytest.param("cuda", marks=needs_cuda)
-WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
 TEXTS = ["cat dog egg", "moon", "", "tree sun rat queen pig owl", "ice jam kite lamp moon nest owl pig"]
 
 
@@ -85,17 +84,6 @@ def test_resume_on_the_gpu_continues_the_run(tmp_path, parallel, device):
 
 
 # --- decoding ---------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def copier(tmp_path_factory):
-    return save_copier(tmp_path_factory.mktemp("gpu-copier"), WORDS)
-
-
-@pytest.fixture(scope="module")
-def counter(tmp_path_factory):
-    """An LM that counts up the words ("cat" -> "dog" -> ...) and ends after "tree" with "." and </s>."""
-    return save_counter(tmp_path_factory.mktemp("gpu-lm"), WORDS)
 
 
 @pytest.mark.parametrize("device", [CUDA])

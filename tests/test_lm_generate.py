@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from helpers import save_model, save_word_tokenizer, successor_lm
+from helpers import WORDS
 from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.generate.config import GenerateConfig
@@ -20,7 +20,6 @@ from tfcli.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, pre
 
 ROOT = Path(__file__).resolve().parents[1]
 TFCLI = ROOT / ".venv" / "bin" / "tfcli"
-WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
 VOCAB = SPECIAL_TOKENS + WORDS + ["."]
 V = len(VOCAB)
 ID = {w: i for i, w in enumerate(VOCAB)}
@@ -35,23 +34,10 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-# successor of each token: "apple" .. "tree" count up, "tree" ends the text with "." and </s>, </s> starts over
-SUCCESSOR = {**{ID[a]: ID[b] for a, b in zip(WORDS, WORDS[1:])}, ID["tree"]: ID["."], ID["."]: EOS_ID,
-             EOS_ID: ID["apple"], BOS_ID: ID["apple"], PAD_ID: ID["apple"], SPECIAL_TOKENS.index("<unk>"): ID["apple"]}
-
 
 @pytest.fixture(scope="module")
-def counter_lm(tmp_path_factory):
-    """A hand-built LM (tests/helpers.successor_lm) that continues a run of consecutive words ("cat dog egg ...") and
-    ends it after "tree" with "." and </s>: its greedy output is known by construction, on every CPU."""
-    d = tmp_path_factory.mktemp("lm")
-    tok = save_word_tokenizer(d / "tok.json", VOCAB[len(SPECIAL_TOKENS):])
-    return save_model(d / "ckpt", successor_lm(VOCAB, SUCCESSOR, max_len=48), tok)
-
-
-@pytest.fixture(scope="module")
-def lm_model(counter_lm):
-    return checkpoint.load(counter_lm)[0]
+def lm_model(counter):
+    return checkpoint.load(counter)[0]
 
 
 # --- filters on hand-made distributions ------------------------------------------------------------------------
@@ -221,37 +207,37 @@ def run_lm(ckpt, tmp_path, prompts, **kw):
     return lines
 
 
-def test_seed_gives_the_same_text(counter_lm, tmp_path):
+def test_seed_gives_the_same_text(counter, tmp_path):
     kw = dict(max_new_tokens=15, temperature=3.0, num_samples=3)
-    a = run_lm(counter_lm, tmp_path, ["cat", "moon sun"], seed=1, **kw)
-    b = run_lm(counter_lm, tmp_path, ["cat", "moon sun"], seed=1, **kw)
-    c = run_lm(counter_lm, tmp_path, ["cat", "moon sun"], seed=2, **kw)
+    a = run_lm(counter, tmp_path, ["cat", "moon sun"], seed=1, **kw)
+    b = run_lm(counter, tmp_path, ["cat", "moon sun"], seed=1, **kw)
+    c = run_lm(counter, tmp_path, ["cat", "moon sun"], seed=2, **kw)
     assert a == b
     assert a != c
     assert len(set(a[:3])) > 1  # samples of one prompt differ
     assert [line.split()[0] for line in a] == ["cat"] * 3 + ["moon"] * 3  # prompt order, samples together
 
 
-def test_stop_strings_and_eos(counter_lm, tmp_path):
-    out = run_lm(counter_lm, tmp_path, ["cat dog", "moon"], greedy=True, max_new_tokens=30, stop=["goat"])
+def test_stop_strings_and_eos(counter, tmp_path):
+    out = run_lm(counter, tmp_path, ["cat dog", "moon"], greedy=True, max_new_tokens=30, stop=["goat"])
     assert out[0] == "cat dog egg fish "  # cut before the stop string, which is not printed
     assert out[1].startswith("moon nest owl") and out[1].endswith(" .")  # ended by </s> after ".", not max length
     assert len(out[1].split()) < 30
-    assert run_lm(counter_lm, tmp_path, ["cat"], greedy=True, max_new_tokens=2) == ["cat dog egg"]
+    assert run_lm(counter, tmp_path, ["cat"], greedy=True, max_new_tokens=2) == ["cat dog egg"]
 
 
-def test_streaming_single_prompt_equals_batch_output(counter_lm, tmp_path):
+def test_streaming_single_prompt_equals_batch_output(counter, tmp_path):
     res = subprocess.run(
-        [str(TFCLI), "lm-generate", "-m", str(counter_lm), "cat dog", "--seed", "3", "-n", "12", "--threads", "1",
+        [str(TFCLI), "lm-generate", "-m", str(counter), "cat dog", "--seed", "3", "-n", "12", "--threads", "1",
          "--stop", "jam"],
         capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
     )
     assert res.returncode == 0, res.stderr.decode()
-    batch = run_lm(counter_lm, tmp_path, ["cat dog"], seed=3, max_new_tokens=12, stop=["jam"])
+    batch = run_lm(counter, tmp_path, ["cat dog"], seed=3, max_new_tokens=12, stop=["jam"])
     assert res.stdout.decode() == batch[0] + "\n"
 
 
-def test_single_prompt_streams_token_by_token(counter_lm, monkeypatch):
+def test_single_prompt_streams_token_by_token(counter, monkeypatch):
     """With one prompt and one sample, text is written and flushed as each token arrives, not at the end."""
     import contextlib
 
@@ -267,7 +253,7 @@ def test_single_prompt_streams_token_by_token(counter_lm, monkeypatch):
             events.append(("flush", None))
 
     monkeypatch.setattr(lm, "open_output", lambda path: contextlib.nullcontext(Recorder()))
-    lm_generate(str(counter_lm), ["cat"], None, None, GenerateConfig(device="cpu", greedy=True, max_new_tokens=4))
+    lm_generate(str(counter), ["cat"], None, None, GenerateConfig(device="cpu", greedy=True, max_new_tokens=4))
     text = "".join(t for kind, t in events if kind == "write")
     assert text == "cat dog egg fish goat\n"
     pieces = [t for kind, t in events if kind == "write" and t]
@@ -290,26 +276,26 @@ def test_continuation_holds_back_a_possible_stop_string():
     assert c.text == "bxq" and c.safe_prefix() == "bxq"
 
 
-def test_prompts_from_file_and_stdin_and_errors(counter_lm, tmp_path):
+def test_prompts_from_file_and_stdin_and_errors(counter, tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("cat\nmoon\n")
     runner = CliRunner()
-    res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), "-i", str(prompts), "--greedy", "-n", "3"])
+    res = runner.invoke(app, ["lm-generate", "-m", str(counter), "-i", str(prompts), "--greedy", "-n", "3"])
     assert res.exit_code == 0, res.output
     assert res.output == "cat dog egg fish\nmoon nest owl pig\n"
-    res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), "--greedy", "-n", "2"], input="egg\n")
+    res = runner.invoke(app, ["lm-generate", "-m", str(counter), "--greedy", "-n", "2"], input="egg\n")
     assert res.output == "egg fish goat\n"
-    res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), "x", "--top-p", "1.5"])
+    res = runner.invoke(app, ["lm-generate", "-m", str(counter), "x", "--top-p", "1.5"])
     assert res.exit_code == 1 and "--top-p" in res.output
     long = " ".join(WORDS * 4)
-    res = runner.invoke(app, ["lm-generate", "-m", str(counter_lm), long, "--greedy", "-n", "5"])
+    res = runner.invoke(app, ["lm-generate", "-m", str(counter), long, "--greedy", "-n", "5"])
     assert res.exit_code == 0 and "keeping the last 47" in res.output
 
 
-def test_early_end_warns_and_min_new_tokens_or_ignore_eos_go_on(counter_lm):
+def test_early_end_warns_and_min_new_tokens_or_ignore_eos_go_on(counter):
     """The counter LM ends "sun" with "tree . </s>": two new tokens of the 8 asked for."""
     runner = CliRunner()
-    base = ["lm-generate", "-m", str(counter_lm), "sun", "--greedy", "-n", "8"]
+    base = ["lm-generate", "-m", str(counter), "sun", "--greedy", "-n", "8"]
     res = runner.invoke(app, base)
     assert res.exit_code == 0 and res.stdout == "sun tree .\n"
     assert "1 of 1 sample(s) ended at </s> after 2 of --max-new-tokens 8" in res.stderr
@@ -321,6 +307,6 @@ def test_early_end_warns_and_min_new_tokens_or_ignore_eos_go_on(counter_lm):
     assert res.exit_code == 1 and "--min-new-tokens" in res.output
 
 
-def test_no_prompts_on_an_empty_stdin_is_said(counter_lm):
-    res = CliRunner().invoke(app, ["lm-generate", "-m", str(counter_lm), "--greedy"], input="")
+def test_no_prompts_on_an_empty_stdin_is_said(counter):
+    res = CliRunner().invoke(app, ["lm-generate", "-m", str(counter), "--greedy"], input="")
     assert res.exit_code == 0 and res.stdout == "" and "no prompts: stdin was empty" in res.stderr

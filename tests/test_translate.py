@@ -20,23 +20,13 @@ from tfcli.generate.translate import Translator, translate
 from tfcli.generate.runtime import load
 from tfcli.model import BOS_ID, PAD_ID, SPECIAL_TOKENS, build_model, preset
 
-from helpers import copy_model, save_model, save_word_tokenizer
+from helpers import WORDS
 
 ROOT = Path(__file__).resolve().parents[1]
 TFCLI = ROOT / ".venv" / "bin" / "tfcli"
-WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
 
 
 V = len(SPECIAL_TOKENS) + len(WORDS)
-
-
-@pytest.fixture(scope="module")
-def copier(tmp_path_factory):
-    """A hand-built model that copies its input word for word (tests/helpers.copy_model), saved as a checkpoint: what
-    it outputs is known by construction, on every CPU."""
-    d = tmp_path_factory.mktemp("copier")
-    model = copy_model(n_words=len(WORDS), max_len=32)
-    return save_model(d / "ckpt", model, save_word_tokenizer(d / "tok.json", WORDS))
 
 
 @pytest.fixture(scope="module")
