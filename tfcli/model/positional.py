@@ -34,7 +34,7 @@ class SinusoidalPositions(nn.Module):
         table reads the largest position from `pos`, which waits for the GPU; under torch.compile that read would
         split the graph, so compiled training relies on the trainer keeping lengths within max_len."""
         if not is_compiling():
-            need = end if end is not None else _end(pos)
+            need = _end(pos, end)
             if need > self.pe.size(0):
                 self.pe = sinusoidal_table(max(need, 2 * self.pe.size(0)), self.d_model).to(self.pe.device)
         return self.pe[pos]
@@ -49,7 +49,7 @@ class LearnedPositions(nn.Module):
 
     def forward(self, pos: torch.Tensor, end: int | None = None) -> torch.Tensor:
         """`end` as in SinusoidalPositions."""
-        if not is_compiling() and (end if end is not None else _end(pos)) > self.emb.num_embeddings:
+        if not is_compiling() and _end(pos, end) > self.emb.num_embeddings:
             raise TfcliError(
                 f"sequence longer than the model's max_len ({self.emb.num_embeddings} positions, learned); "
                 "shorten the input or lower --max-len"
@@ -77,7 +77,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, end: int | None = None) -> torch.Tensor:
         """x: (B, H, T, d_head); pos: (T,) or (B, T) absolute positions; `end` as in SinusoidalPositions."""
         if not is_compiling():
-            need = end if end is not None else _end(pos)
+            need = _end(pos, end)
             if need > self.cos.size(0):
                 self._build(max(need, 2 * self.cos.size(0)), self.cos.device)
         cos, sin = self.cos[pos], self.sin[pos]  # (T, d/2) or (B, T, d/2)
@@ -88,6 +88,8 @@ class RotaryEmbedding(nn.Module):
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-def _end(pos: torch.Tensor) -> int:
-    """The largest position + 1 (0 for none): a read from the device."""
+def _end(pos: torch.Tensor, end: int | None) -> int:
+    """The largest position + 1 (0 for none): `end` where the caller gave it, else a read from the device."""
+    if end is not None:
+        return end
     return int(pos.max()) + 1 if pos.numel() else 0

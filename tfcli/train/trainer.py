@@ -104,11 +104,12 @@ class Trainer:
         self.prepared = PreparedData(cfg.data)
         self.model_cfg = self._model_config(model_overrides or {}, saved)
         self.precision = self._precision()
-        self.peak_flops = None  # per GPU, for MFU
+        self.gpu_name, self.peak_flops = None, None  # the peak per GPU, for MFU
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-            self.peak_flops = cfg.peak_flops or gpu_peak_flops(torch.cuda.get_device_name(self.device), self.precision)
+            self.gpu_name = torch.cuda.get_device_name(self.device)
+            self.peak_flops = cfg.peak_flops or gpu_peak_flops(self.gpu_name, self.precision)
 
         # data
         mc = self.model_cfg
@@ -287,11 +288,11 @@ class Trainer:
         what = "encoder-decoder" if mc.kind == "seq2seq" else "decoder-only LM"
         log.print(f"model: {what} ({cfg.arch}), {count_parameters(self.raw) / 1e6:.2f}M parameters; "
                   f"device {self.device}, {self.precision}, {self.dist.world_size} process(es)")
-        if self.device.type == "cuda":
-            gpu = torch.cuda.get_device_name(self.device)
-            log.print(f"MFU: model FLOPs over {self.peak_flops / 1e12:.0f} TFLOP/s per GPU ({gpu}, {self.precision}, dense"
-                      f"{', train.peak_flops' if cfg.peak_flops else ''})" if self.peak_flops else
-                      f"MFU: not logged, the peak of a {gpu} is not known; set train.peak_flops (dense FLOP/s per GPU)")
+        if self.gpu_name:
+            log.print(f"MFU: model FLOPs over {self.peak_flops / 1e12:.0f} TFLOP/s per GPU ({self.gpu_name}, "
+                      f"{self.precision}, dense{', train.peak_flops' if cfg.peak_flops else ''})" if self.peak_flops else
+                      f"MFU: not logged, the peak of a {self.gpu_name} is not known; set train.peak_flops (dense FLOP/s "
+                      "per GPU)")
         unit = "sentence pairs" if mc.kind == "seq2seq" else "tokens in the stream"
         line = f"data: {len(self.train_data)} {unit}, {len(batches)} batches per epoch"
         if mc.kind == "seq2seq":
