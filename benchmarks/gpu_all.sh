@@ -14,13 +14,17 @@
 #                    bf16, on the de-en model that stage de-en trained
 #                A session's 30 device minutes, as three calls: `check tests mfu`, `de-en decode` (decode needs
 #                de-en's model: the same call, or the same warm machine), `en-de shakespeare`.
+#   BUDGET_S=570 benchmarks/gpu_all.sh ...       stop the stage that runs at 570 s after the start (exit 124) and
+#                                               pack what the finished stages wrote: the call still brings it back
 #   DEVICE=cpu benchmarks/gpu_all.sh check tests mfu de-en
 #                                               the same stages at toy sizes on the CPU (a few training steps, a
 #                                               few sentences): that each one runs; nothing is recorded
 #
-# Logs and results go to $OUT (the device tool's folder; default .gpu/out): OUT/STAGE.log, OUT/summary.txt, and the
-# results files a stage wrote (benchmarks/results/gpu_mfu.*, recipes.*, the README with its recipe table), to be
-# copied back into the repository and committed. A failed stage is logged and the next one runs; the exit code is
+# Logs and results go to $OUT (the device tool's folder; default .gpu/out) as two files, since the device tool brings
+# back at most 8: OUT/summary.txt, and OUT/gpu-results.tgz holding each stage's STAGE.log and the results files the
+# stages wrote (benchmarks/results/gpu_*, recipes.*, the README with its recipe table), to be copied back into the
+# repository and committed. The archive is rewritten after each stage, so a call cut off at its time limit still
+# brings back what the finished stages measured. A failed stage is logged and the next one runs; the exit code is
 # that of the last failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -102,19 +106,31 @@ run_stage() {
   esac
 }
 
+if [ "${1:-}" = --one ]; then run_stage "$2"; exit; fi  # one stage, in its own process (for `timeout`)
+
 STAGES=("$@")
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(check tests mfu de-en en-de shakespeare decode)
+COLLECT=$ROOT/.gpu/collect
+rm -rf "$COLLECT" && mkdir -p "$COLLECT"
+export PYTHONUNBUFFERED=1
 RC=0
 for stage in "${STAGES[@]}"; do
   start=$SECONDS
-  run_stage "$stage" > "$OUT/$stage.log" 2>&1
+  if [ "${BUDGET_S:-0}" -gt 0 ]; then  # the stage is stopped at the budget's end, so that what ran comes back
+    left=$((BUDGET_S - SECONDS))
+    [ $left -gt 0 ] || { echo "$stage: not started, BUDGET_S=$BUDGET_S spent" | tee -a "$OUT/summary.txt"; RC=124; continue; }
+    timeout --kill-after=5 "$left" bash "$0" --one "$stage" > "$COLLECT/$stage.log" 2>&1
+  else
+    bash "$0" --one "$stage" > "$COLLECT/$stage.log" 2>&1
+  fi
   rc=$?
   [ $rc -eq 0 ] || RC=$rc
   echo "$stage: exit $rc, $((SECONDS - start)) s ($DEVICE)" | tee -a "$OUT/summary.txt"
-  tail -n 5 "$OUT/$stage.log"
+  tail -n 5 "$COLLECT/$stage.log"
   if [ "$DEVICE" != cpu ]; then  # what the stage measured, to copy back
     for f in benchmarks/results/gpu_*.json benchmarks/results/gpu_*.md benchmarks/results/recipes.json \
-      benchmarks/results/recipes.md README.md; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+      benchmarks/results/recipes.md README.md; do [ -f "$f" ] && cp "$f" "$COLLECT/"; done
   fi
+  tar -czf "$OUT/gpu-results.tgz.tmp" -C "$COLLECT" . && mv "$OUT/gpu-results.tgz.tmp" "$OUT/gpu-results.tgz"
 done
 exit $RC

@@ -34,6 +34,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -137,6 +138,8 @@ def tfcli(args: list[str], work: Path, log: Path, threads: int) -> float:
 def run_case(name: str, c: dict, args, work: Path) -> dict:
     corpus = make_corpus(c, work, args.seed)
     prep, run_dir = f"prep-{name}", f"run-{name}"
+    for d in (prep, run_dir):  # a reused --work directory: this case starts over
+        shutil.rmtree(work / d, ignore_errors=True)
     prepare = ["prepare", *corpus, "--tokenizer", c["tokenizer"], "--vocab-size", str(c["vocab"]), "-o", prep]
     prepare_s = tfcli(prepare, work, work / f"prepare-{name}.log", args.threads)
     train = ["train", prep, "-o", run_dir, "--arch", c["arch"], "--device", args.device,
