@@ -74,7 +74,8 @@ check() {
   python3 - <<EOF
 import importlib, torch
 for m in ("typer", "rich", "tokenizers", "sacrebleu", "safetensors", "yaml", "numpy", "tfcli.cli"):
-    importlib.import_module(m)
+    mod = importlib.import_module(m)
+    print(m, getattr(mod, "__version__", ""))
 print("torch", torch.__version__, "CUDA", torch.version.cuda, "device", "$DEVICE",
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no GPU)")
 x = torch.arange(8.0, device="$DEVICE")

@@ -52,8 +52,10 @@ def _run(parallel, out: Path, device: str, steps: int = 30, model: dict | None =
 def test_mixed_precision_follows_fp32(tmp_path, parallel, device, precision):
     """The first step's loss (the same weights, the same batch) within 2% of fp32's; after 30 updates within 10%
     (20% for fp16, whose loss scaler skips its first steps while it finds a scale that does not overflow)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     ref = _run(parallel, tmp_path / "fp32", device, precision="fp32")
     low = _run(parallel, tmp_path / precision, device, precision=precision)
+    assert torch.backends.cuda.matmul.allow_tf32 == tf32  # the trainer's TF32 is its own, not the process's
     assert low.keys() == ref.keys()
     assert low[1] == pytest.approx(ref[1], rel=0.02)
     assert low[30] == pytest.approx(ref[30], rel=0.10 if precision == "bf16" else 0.20)

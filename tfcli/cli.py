@@ -31,8 +31,10 @@ def _value_type(self, ctx):
     return None if getattr(self, "is_flag", False) else _typer_value_type(self, ctx)
 
 
-_typer_value_type = typer.core.TyperOption.display_type_rich
-typer.core.TyperOption.display_type_rich = _value_type
+# typer's rich help asks each option for its value type here from typer 0.29 on; older ones print no `<bool>`
+_typer_value_type = getattr(typer.core.TyperOption, "display_type_rich", None)
+if _typer_value_type is not None:
+    typer.core.TyperOption.display_type_rich = _value_type
 
 app = typer.Typer(
     name="tfcli",

@@ -612,7 +612,9 @@ def out_of_memory(e: BaseException) -> bool:
 def train(cfg: TrainConfig, model_overrides: dict | None = None, saved: dict | None = None) -> TrainResult:
     """Train as configured; rank 0 writes RUN/{config.yaml, metrics.jsonl, checkpoints/}."""
     trainer = None
+    # process-wide settings the trainer changes (threads; TF32 matmuls on a GPU), restored for the caller
     threads = torch.get_num_threads()
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     # one process writes a run directory at a time (under torchrun, rank 0 holds the lock for all)
     lock = run_lock(cfg.out, "train") if cfg.out and int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext()
     try:
@@ -624,6 +626,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, saved: dict | N
             trainer.close()
         distributed.teardown()
         torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 def run(config_file: str | Path | None, flags: dict, sets: list[str] | None = None) -> TrainResult:
