@@ -7,7 +7,8 @@
 #   benchmarks/gpu_all.sh [STAGE ...]           on the device (default: every stage, in this order):
 #       check        the GPU, the imports, a one-line torch.compile (Inductor) smoke test
 #       tests        pytest -m gpu (tests/test_gpu.py): bf16/fp16, compile, resume, decoding on CUDA vs the CPU
-#       mfu          benchmarks/gpu_mfu.py: gpt2-small and base, bf16 + --compile
+#       mfu          benchmarks/gpu_mfu.py: gpt2-small and base, bf16 + --compile (MFU_CASES=base: that case only,
+#                    the other kept from the results file)
 #       de-en en-de  recipes/multi30k.sh SRC TGT full (test2016 read once, at the end)
 #       shakespeare  recipes/shakespeare.sh full
 #       decode       benchmarks/gpu_translate_speed.py: tfcli vs HF generate, beam 5 and greedy, batch 64 and 256,
@@ -51,10 +52,11 @@ mkdir -p .gpu/bin
 printf '#!/bin/sh\nexec python3 -m tfcli "$@"\n' > .gpu/bin/tfcli
 chmod +x .gpu/bin/tfcli
 export PATH=$ROOT/.gpu/bin:$PATH
-if ! command -v sacremoses >/dev/null && [ -d .gpu/wheels ]; then
-  python3 -m pip install --quiet --no-index --find-links .gpu/wheels --target .gpu/site sacremoses \
-    && export PYTHONPATH=$PYTHONPATH:$ROOT/.gpu/site \
-    && printf '#!/bin/sh\nexec python3 -m sacremoses "$@"\n' > .gpu/bin/sacremoses && chmod +x .gpu/bin/sacremoses
+# (asked of Python, not the PATH: a warm device machine keeps .gpu/bin from the last call, not its environment)
+if ! python3 -c "import sacremoses" 2>/dev/null && [ -d .gpu/wheels ]; then
+  [ -d .gpu/site ] || python3 -m pip install --quiet --no-index --find-links .gpu/wheels --target .gpu/site sacremoses
+  export PYTHONPATH=$PYTHONPATH:$ROOT/.gpu/site
+  python3 -c "import sacremoses" && printf '#!/bin/sh\nexec python3 -m sacremoses "$@"\n' > .gpu/bin/sacremoses && chmod +x .gpu/bin/sacremoses
 fi
 
 # The recipes read .gpu/data. On the CPU, a toy copy: the first lines of each file, and training cut to a few steps.
@@ -85,7 +87,7 @@ EOF
 tests() { python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py; }
 mfu() {
   if [ "$DEVICE" = cpu ]; then python3 benchmarks/gpu_mfu.py --device cpu --quick --work "$ROOT/.gpu/mfu-quick"
-  else python3 benchmarks/gpu_mfu.py --work "$ROOT/.gpu/mfu"; fi
+  else python3 benchmarks/gpu_mfu.py --work "$ROOT/.gpu/mfu" ${MFU_CASES:+--case $MFU_CASES}; fi
 }
 multi30k() { recipes/multi30k.sh "$1" "$2" full "$ROOT/.gpu/runs/multi30k-$1-$2-full"; }
 shakespeare() { recipes/shakespeare.sh full "$ROOT/.gpu/runs/shakespeare-char-full"; }
@@ -128,6 +130,7 @@ for stage in "${STAGES[@]}"; do
   [ $rc -eq 0 ] || RC=$rc
   echo "$stage: exit $rc, $((SECONDS - start)) s ($DEVICE)" | tee -a "$OUT/summary.txt"
   tail -n 5 "$COLLECT/$stage.log"
+  for log in .gpu/mfu/run-*/train.log; do [ -f "$log" ] && cp "$log" "$COLLECT/mfu-$(basename "$(dirname "$log")").log"; done
   if [ "$DEVICE" != cpu ]; then  # what the stage measured, to copy back
     for f in benchmarks/results/gpu_*.json benchmarks/results/gpu_*.md benchmarks/results/recipes.json \
       benchmarks/results/recipes.md README.md; do [ -f "$f" ] && cp "$f" "$COLLECT/"; done

@@ -223,7 +223,7 @@ def markdown(res: dict) -> str:
                      if "error" in r)
     details = "\n".join(
         f"""
-### {name}
+### {name}{f" (measured {r['date']})" if r.get('date') else ''}
 
 - vocabulary: {', '.join(f'{side} {n}' for side, n in r['vocab'].items())} ({r['tokenizer']})
 - {r['steps']} steps of --max-tokens {r['max_tokens']} x --grad-accum {r['grad_accum']}, --max-len {r['max_len']}
@@ -293,10 +293,14 @@ def main() -> None:
         "quick": args.quick, "precision": "fp32" if args.quick else "bf16", "compile": not args.quick,
         "work_dir": str(work), "cases": {},
     }
+    # cases not run now are kept from the last results, where those were measured on the same device
+    last = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
+    kept = {k: v for k, v in last.get("cases", {}).items() if k not in args.case and last.get("quick") == args.quick}
     for name in args.case:
         c = {**CASES[name], **(QUICK[name] if args.quick else {})}
         try:
             result["cases"][name] = run_case(name, c, args, work)
+            result["cases"][name]["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
             print(f"{name}: {verdict(result['cases'][name])}, median MFU {result['cases'][name]['median_mfu']}",
                   file=sys.stderr)
         except CaseFailed as e:
@@ -304,6 +308,8 @@ def main() -> None:
             print(f"{name}: FAILED\n{e}", file=sys.stderr)
         # written after each case, so that a later failure (or the device's time limit) loses nothing
         result["machine"] = machine(args.device)
+        if kept and last.get("machine", {}).get("device") == result["machine"]["device"]:
+            result["cases"] = {k: result["cases"].get(k) or kept[k] for k in CASES if k in result["cases"] or k in kept}
         found = gpu_peak_flops(result["machine"]["device"], result["precision"]) if args.device == "cuda" else None
         result["peak_flops"] = args.peak_flops or found
         result["peak_source"] = "--peak-flops" if args.peak_flops else "tfcli/train/flops.py, from the GPU's name"
