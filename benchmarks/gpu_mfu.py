@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/gpu_mfu.py [--case gpt2-small base] [--peak-flops FLOPS] [--work DIR]
     .venv/bin/python benchmarks/gpu_mfu.py --device cpu --quick      a check that the script runs (no MFU on a CPU)
+    .venv/bin/python benchmarks/gpu_mfu.py --merge A.json B.json     cases measured in separate device calls
 
 The figure is the one users see: each case runs the real CLI, `tfcli prepare` then `tfcli train`, as subprocesses,
 and reads `mfu` and the token rates from the run's metrics.jsonl. The peak is the GPU's own, found from its name
@@ -264,6 +265,20 @@ Written by `benchmarks/gpu_mfu.py`.
 """
 
 
+def merge(files: list[Path], out: Path) -> None:
+    runs = [json.loads(f.read_text()) for f in files]
+    devices = {r["machine"]["device"] for r in runs} | {r["quick"] for r in runs}
+    if len(devices) != 2:
+        sys.exit(f"gpu_mfu --merge: the files were not all measured on one device, all --quick or none: {devices}")
+    result = {**runs[-1], "cases": {}, "command": " and ".join(dict.fromkeys(r["command"] for r in runs))}
+    for r in runs:
+        for name, case in r["cases"].items():
+            result["cases"][name] = {"date": r["machine"]["date"], **case}
+    result["cases"] = {k: result["cases"][k] for k in CASES if k in result["cases"]}
+    write_results(out, result, markdown(result))
+    print(f"merged {len(files)} files into {out}.json/.md", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -276,7 +291,13 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="scratch directory for data and runs (default: a new temp dir)")
     ap.add_argument("--out", default=None, help="results path without suffix (default: benchmarks/results/gpu_mfu; "
                     "with --quick: WORK/gpu_mfu)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                    help="no runs: combine the cases of earlier results files (measured on the same GPU, each in "
+                    "its own device call) into --out; a case in a later file replaces one in an earlier")
     args = ap.parse_args()
+    if args.merge:
+        merge([Path(f) for f in args.merge], Path(args.out or RESULTS / "gpu_mfu"))
+        return
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
