@@ -132,7 +132,8 @@ for stage in "${STAGES[@]}"; do
   tail -n 5 "$COLLECT/$stage.log"
   for log in .gpu/mfu/run-*/train.log; do [ -f "$log" ] && cp "$log" "$COLLECT/mfu-$(basename "$(dirname "$log")").log"; done
   if [ "$DEVICE" != cpu ]; then  # what the stage measured, to copy back
-    for f in benchmarks/results/gpu_*.json benchmarks/results/gpu_*.md benchmarks/results/recipes.json \
+    for f in benchmarks/results/gpu_*.json benchmarks/results/gpu_*.md benchmarks/results/gpu_*.txt \
+      benchmarks/results/recipes.json \
       benchmarks/results/recipes.md README.md; do [ -f "$f" ] && cp "$f" "$COLLECT/"; done
   fi
   tar -czf "$OUT/gpu-results.tgz.tmp" -C "$COLLECT" . && mv "$OUT/gpu-results.tgz.tmp" "$OUT/gpu-results.tgz"

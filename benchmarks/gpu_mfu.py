@@ -21,8 +21,10 @@ The data is generated, so nothing is downloaded: random lowercase "words", drawn
   base        sentence pairs, lengths about as WMT's (mean ~28 words), the target a word-by-word mapping of the
               source; a joint BPE vocabulary of 37000 (the 2017 paper's size), --max-tokens 32768 per side (the
               paper's ~25k source + 25k target tokens per step, on one GPU), label smoothing 0.1
-Steps and batch sizes are in CASES below. Peak GPU memory is the trainer's `max_mem_gib` (torch's peak allocated
-memory on the device) at the last log line. The scratch directory (data, runs with train.log) is kept and its path printed.
+Steps and batch sizes are in CASES below. The last steps of each case run under `tfcli train --profile`; the op
+table goes beside the results (gpu_mfu_profile_CASE.txt), and the log lines of those steps are left out of the MFU.
+Peak GPU memory is the trainer's `max_mem_gib` (torch's peak allocated memory on the device) at the last log line.
+The scratch directory (data, runs with train.log) is kept and its path printed.
 Results: benchmarks/results/gpu_mfu.{json,md}; a --quick run writes them into the scratch directory instead.
 """
 
@@ -58,17 +60,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 CASES = {
     "gpt2-small": dict(kind="lm", arch="gpt2-small", target=0.45, words=3_000_000, lexicon=150_000, vocab=50304,
                        tokenizer="bytelevel", max_len=1024, max_tokens=16384, grad_accum=32, steps=50, log_every=5,
-                       skip=10, train_args=["--label-smoothing", "0"]),
+                       skip=10, profile=(50, 50), train_args=["--label-smoothing", "0"]),
     "base": dict(kind="seq2seq", arch="base", target=0.35, pairs=100_000, lexicon=75_000, vocab=37000,
                  tokenizer="bpe", max_len=256, max_tokens=32768, grad_accum=1, steps=400, log_every=20, skip=100,
-                 train_args=[]),
+                 profile=(396, 400), train_args=[]),
 }
 # --quick: tiny presets and data, a few steps; only shows that every stage runs
 QUICK = {
     "gpt2-small": dict(arch="lm-tiny", words=20_000, lexicon=2000, vocab=300, max_len=64, max_tokens=256,
-                       grad_accum=2, steps=6, log_every=2, skip=2),
+                       grad_accum=2, steps=6, log_every=2, skip=2, profile=(6, 6)),
     "base": dict(arch="tiny", pairs=800, lexicon=2000, vocab=300, max_len=64, max_tokens=256, steps=6, log_every=2,
-                 skip=2),
+                 skip=2, profile=(6, 6)),
 }
 
 
@@ -136,7 +138,7 @@ def tfcli(args: list[str], work: Path, log: Path, threads: int) -> float:
     return time.perf_counter() - t0
 
 
-def run_case(name: str, c: dict, args, work: Path) -> dict:
+def run_case(name: str, c: dict, args, work: Path, out: Path) -> dict:
     corpus = make_corpus(c, work, args.seed)
     prep, run_dir = f"prep-{name}", f"run-{name}"
     for d in (prep, run_dir):  # a reused --work directory: this case starts over
@@ -147,7 +149,8 @@ def run_case(name: str, c: dict, args, work: Path) -> dict:
              "--precision", "fp32" if args.quick else "bf16", "--no-compile" if args.quick else "--compile",
              "--max-steps", str(c["steps"]), "--max-epochs", "0", "--max-len", str(c["max_len"]),
              "--max-tokens", str(c["max_tokens"]), "--grad-accum", str(c["grad_accum"]),
-             "--log-every", str(c["log_every"]), "--seed", str(args.seed), *c["train_args"]]
+             "--log-every", str(c["log_every"]), "--seed", str(args.seed), "--profile", "{}-{}".format(*c["profile"]),
+             *c["train_args"]]
     if args.peak_flops:
         train += ["--set", f"train.peak_flops={args.peak_flops:g}"]
     if args.threads:
@@ -156,14 +159,22 @@ def run_case(name: str, c: dict, args, work: Path) -> dict:
     train_s = tfcli(train, work, work / run_dir / "train.log", args.threads)
 
     lines = [json.loads(ln) for ln in (work / run_dir / "metrics.jsonl").read_text().splitlines()]
-    kept = [r for r in lines if r["split"] == "train" and r["step"] > c["skip"]]
+    # a log line's interval is the log_every steps up to it; those holding profiled steps (slower) are left out
+    first, last = c["profile"]
+    kept = [r for r in lines if r["split"] == "train" and r["step"] > c["skip"]
+            and not (r["step"] - c["log_every"] < last and r["step"] >= first)]
     if not kept:
         raise CaseFailed(f"{name}: no train log lines after step {c['skip']} in {work / run_dir / 'metrics.jsonl'}")
     mfu = [r["mfu"] for r in kept if "mfu" in r]  # the trainer logs MFU on a GPU only
     log_text = (work / run_dir / "train.log").read_text()
     params = re.search(r"([\d.]+)M parameters", log_text)
     vocab = json.loads((work / prep / "meta.json").read_text())["vocab"]
+    ops = work / run_dir / "profile" / "ops.txt"
+    profile = out.parent / f"{out.name}_profile_{name}.txt"  # the op table beside the results
+    if ops.exists():
+        shutil.copyfile(ops, profile)
     return {
+        "profile": {"steps": list(c["profile"]), "ops": profile.name if ops.exists() else None},
         "kind": c["kind"], "arch": c["arch"],
         "parameters_M": float(params.group(1)) if params else None,
         "vocab": vocab, "tokenizer": c["tokenizer"],
@@ -199,6 +210,14 @@ def machine(device: str) -> dict:
     }
 
 
+def _profile_line(r: dict) -> str:
+    p = r.get("profile")
+    if not p:
+        return "not profiled"
+    where = f"`{p['ops']}` (torch.profiler's op table)" if p["ops"] else "no table written"
+    return f"steps {p['steps'][0]}-{p['steps'][1]} under `--profile` (left out of the MFU): {where}"
+
+
 def verdict(r: dict) -> str:
     if r["median_mfu"] is None:
         return "n/a (no MFU: the trainer logs it on a GPU only)"
@@ -231,6 +250,7 @@ def markdown(res: dict) -> str:
 - MFU per log line, steps {r['log_steps'][0]}-{r['log_steps'][-1]} (every {r['log_every']}; the first \
 {r['skipped_steps']} steps left out): {', '.join(pct(x) for x in r['mfu']) or 'n/a'}
 - wall time: prepare {r['prepare_s']} s, training {r['train_wall_s']} s (compilation and the final checkpoint included)
+- {_profile_line(r)}
 
 ```
 {r['commands']['prepare']}
@@ -320,7 +340,7 @@ def main() -> None:
     for name in args.case:
         c = {**CASES[name], **(QUICK[name] if args.quick else {})}
         try:
-            result["cases"][name] = run_case(name, c, args, work)
+            result["cases"][name] = run_case(name, c, args, work, out)
             result["cases"][name]["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
             print(f"{name}: {verdict(result['cases'][name])}, median MFU {result['cases'][name]['median_mfu']}",
                   file=sys.stderr)

@@ -562,3 +562,27 @@ def test_time_budget_needs_a_warmup_to_measure(tmp_path, parallel):
     with pytest.raises(ConfigError, match="max_minutes.*warmup to at least 10"):
         tiny_train_config(parallel, tmp_path / "run", **{**BUDGET, "warmup": 5}).validate()
     tiny_train_config(parallel, tmp_path / "run", **{**BUDGET, "warmup": 5, "max_steps": 50}).validate()
+
+
+def test_profile_records_the_steps_asked_for_and_changes_nothing(tmp_path, parallel):
+    """--profile A-B: RUN/profile/ops.txt (the op table) and trace.json (a Chrome trace of those steps); the run's
+    losses and weights are the unprofiled run's, bit for bit."""
+    plain = train(tiny_train_config(parallel, tmp_path / "plain", max_steps=6, log_every=2, valid_every=6))
+    profiled = train(tiny_train_config(parallel, tmp_path / "prof", max_steps=6, log_every=2, valid_every=6,
+                                       profile="3-4"))
+    ops = (tmp_path / "prof" / "profile" / "ops.txt").read_text()
+    assert ops.startswith("steps 3-4, sorted by self_cpu_time_total") and "aten::" in ops
+    trace = json.loads((tmp_path / "prof" / "profile" / "trace.json").read_text())
+    assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
+    assert not (tmp_path / "plain" / "profile").exists()
+    losses = [[r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
+              for d in (tmp_path / "plain", tmp_path / "prof")]
+    assert losses[0] == losses[1]
+    a, b = (load_file(str(r.checkpoint / "model.safetensors")) for r in (plain, profiled))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("spec", ["0-2", "5-3", "x", "3-"])
+def test_profile_steps_are_checked(tmp_path, spec):
+    with pytest.raises(ConfigError, match="train.profile"):
+        tiny_train_config(tmp_path, tmp_path / "run", profile=spec).validate()

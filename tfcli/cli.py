@@ -417,6 +417,10 @@ def train(
     ),
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel=_HW, help="torch.compile."),
     threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel=_HW, help="CPU threads for torch."),
+    profile: Optional[str] = typer.Option(
+        None, "--profile", metavar="A-B", rich_help_panel=_HW, help="Run steps A to B under torch.profiler: "
+        "RUN/profile/ops.txt (ops by device time) and trace.json (Chrome trace)."
+    ),
     quiet: Quiet = False,
     verbose: bool = typer.Option(
         False, "--verbose", "-v", callback=_set_env("TFCLI_VERBOSE"), is_eager=True,
@@ -444,7 +448,7 @@ def train(
         weight_decay=weight_decay, clip_norm=clip_norm, grad_accum=grad_accum, seed=seed, max_tokens=max_tokens, max_sentences=max_sentences,
         max_len=max_len, bpe_dropout=bpe_dropout, log_every=log_every, valid_every=valid_every, valid_bleu=valid_bleu,
         early_stop_metric=early_stop, patience=patience, keep_last=keep_last, average_last=average_last,
-        device=device, precision=precision, compile=compile_, threads=threads,
+        device=device, precision=precision, compile=compile_, threads=threads, profile=profile,
     )
     result = run(run_training, config, flags, sets)
     if result.interrupted:

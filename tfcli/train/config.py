@@ -15,6 +15,7 @@ from typing import Literal
 from tfcli.config import from_dict, load_config_file, parse_overrides, to_dict
 from tfcli.errors import ConfigError
 from tfcli.model.config import ModelConfig, model_config_fields
+from tfcli.train.profiling import parse_steps
 
 SECTIONS = ("train", "model")
 PLAN_MIN_STEPS = 10  # a time budget is planned from at least this many measured steps
@@ -66,6 +67,7 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on a GPU that has it, else fp32
     compile: bool = False  # torch.compile the model
     threads: int = 0  # CPU threads for torch (0: torch's default, one per core)
+    profile: str = ""  # "A-B": steps A..B under torch.profiler, tables in RUN/profile/ (tfcli/train/profiling.py)
     peak_flops: float = 0.0  # the GPU's dense peak FLOP/s, for MFU (0: from its name and the precision; train/flops.py)
     resume: bool = False  # continue the run in `out` from its latest checkpoint
     init_from: str = ""  # fine-tune: start from this checkpoint's weights (its architecture; fresh optimizer, schedule)
@@ -96,6 +98,7 @@ class TrainConfig:
                               f"set warmup to at least {PLAN_MIN_STEPS} steps (or give max_steps)")
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr ({self.min_lr}) is above the peak lr ({self.lr})")
+        parse_steps(self.profile)
         if self.early_stop_metric == "bleu" and not self.valid_bleu:
             raise ConfigError("train.early_stop_metric: 'bleu' needs valid_bleu: true")
 

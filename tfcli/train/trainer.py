@@ -41,6 +41,7 @@ from tfcli.train.data import Batch, ParallelData, StreamData
 from tfcli.train.flops import gpu_peak_flops, train_flops
 from tfcli.train.log import MetricsLog, ppl
 from tfcli.train.loss import Objective
+from tfcli.train.profiling import StepProfiler
 from tfcli.train.schedule import learning_rate
 from tfcli.train.validation import forward_loss, greedy_bleu, valid_loss
 from tfcli.torch_compat import grad_scaler
@@ -187,6 +188,7 @@ class Trainer:
             atomic_write_text(self.run_dir / "config.yaml", config_to_yaml(cfg, mc))
         self.log = MetricsLog(self.run_dir, self.main, self.step if self.resume_from else None, cfg.tensorboard,
                               self.total_steps)
+        self.profiler = StepProfiler(cfg.profile, self.run_dir, self.device, self.main)
         self._announce(first_epoch)
         self._reset_interval()
         self.elapsed_at_start, self.step_at_start = self.elapsed, self.step
@@ -343,6 +345,7 @@ class Trainer:
                         done = True
                         break
                     try:
+                        self.profiler.before(self.step + 1)
                         self._step(mine, tokens)
                     except Exception as e:
                         if not out_of_memory(e):
@@ -354,6 +357,9 @@ class Trainer:
                     self.pos += len(group)
                     self.step += 1
                     self.log.advance(self.step)
+                    profile = self.profiler.after(self.step)
+                    if profile is not None:
+                        self.log.print(f"profile of steps {cfg.profile}: {profile}/ops.txt, {profile}/trace.json")
                     if self.step % cfg.log_every == 0:
                         self._log_train()
                     done = bool(cfg.max_steps and self.step >= cfg.max_steps)
@@ -599,6 +605,7 @@ class Trainer:
         self.old_group_size = state.get("batches_per_step")
 
     def close(self) -> None:
+        self.profiler.close()
         self.log.close()
 
 
