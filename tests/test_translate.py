@@ -363,3 +363,27 @@ def test_translate_function_writes_output_file(copier, tmp_path):
     n = translate(str(copier), [str(src)], str(tmp_path / "o.txt"), TranslateConfig(device="cpu", dtype="bf16"))
     assert n == 2
     assert (tmp_path / "o.txt").read_text() == "cat\ndog egg\n"
+
+
+def test_device_reads_in_one_copy_are_the_plain_reads():
+    """Beam search reads its small per-step tensors from a GPU in one float64 copy: every float32, bool and token id
+    comes back exactly as .tolist() gives it."""
+    from tfcli.generate.search import _to_lists
+
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(3, 5, generator=g), torch.randint(0, 50304, (3, 5), generator=g),
+               torch.rand(3, generator=g) > 0.5, torch.tensor([2, 0, 7]), torch.tensor([float("-inf"), 1e-30, 3e38])]
+    assert _to_lists(*tensors, one_copy=True) == [t.tolist() for t in tensors]
+
+
+@pytest.mark.parametrize("token_scores", [False, True])
+def test_beam_search_reading_in_one_copy_is_the_same(monkeypatch, token_scores):
+    """The whole search with the GPU's way of reading (one copy per step) on the CPU: the same hypotheses."""
+    import functools
+
+    from tfcli.generate import search
+
+    model, srcs = random_model(), pad(sources(12, seed=5, max_words=8))
+    want = beam_search(model, srcs, beam_size=4, len_penalty=0.6, nbest=2, token_scores=token_scores)
+    monkeypatch.setattr(search, "_to_lists", functools.partial(search._to_lists, one_copy=True))
+    assert beam_search(model, srcs, beam_size=4, len_penalty=0.6, nbest=2, token_scores=token_scores) == want

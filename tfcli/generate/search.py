@@ -59,12 +59,13 @@ def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_le
     """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
     each (R, k) (k = 1: the max, each (R,)).
 
-    log_softmax and topk each read the (R, V) logits once; done by blocks of 64 rows, the log-probs that topk
-    reads are still in the cache (measured on the CPU: this part 8-30% faster than on the whole at once)."""
+    log_softmax and topk each read the (R, V) logits once; on the CPU by blocks of 64 rows, so that the log-probs
+    topk reads are still in the cache (measured: this part 8-30% faster than on the whole at once); on a GPU at once
+    (each block is three more kernel launches, and nothing there is gained by it)."""
     logits = decoder.step(tok).float()
     banned = banned_tokens(step, min_len, logits.device)
     values, ids = [], []
-    for block in logits.split(64):
+    for block in logits.split(64) if logits.device.type == "cpu" else (logits,):
         lprobs = block.log_softmax(-1).index_fill_(1, banned, float("-inf"))
         v, i = lprobs.max(-1) if k == 1 else lprobs.topk(k, dim=1)
         values.append(v)
@@ -191,21 +192,33 @@ def beam_search(
         settled = floor >= bound if len_penalty >= 0 else torch.zeros_like(full)  # (alpha < 0: lp falls, no bound)
         settled |= full & (floor >= next_end)
         ending = is_eos[:, :K].any(1) | at_max | settled
-        done = []
+        done: list[int] = []
         if bool(ending.any()):
             ends = ending.nonzero().flatten()
-            done = _finish(
-                finished, alive, ends, at_max, settled, K, length_penalty(step, len_penalty),
-                tokens, lps if token_scores else None,
-                (is_eos, cand_row, cand_scores, cand_lp), (next_row, next_tok, next_scores, next_lp),
+            ends_list, bounds, next_ends, *host = _to_lists(
+                ends, bound[ends], next_end[ends], at_max[ends], settled[ends],
+                *(t[ends, :K] for t in (is_eos, cand_row, cand_scores, cand_lp) if t is not None),
+                *(t[ends] for t in (next_row, next_tok, next_scores, next_lp) if t is not None),
             )
-            for s, b, e in zip(ends.tolist(), bound[ends].tolist(), next_end[ends].tolist()):
+            done = _finish(finished, alive, ends_list, K, length_penalty(step, len_penalty), tokens,
+                           lps if token_scores else None, host)
+            # this step's hypotheses may settle a sentence: its nbest-th best finished score, and whether it has K,
+            # are updated for all of them at once (one copy to the device, not one per sentence)
+            settle_s, settle_floor, settle_full = [], [], []
+            ended = set(done)
+            for s, b, e in zip(ends_list, bounds, next_ends):
                 hyps = finished[alive[s]]
-                if len(hyps) >= nbest and s not in done:  # this step's hypotheses may settle it
-                    floor[s] = best = sorted(h.score for h in hyps)[-nbest]
-                    full[s] = len(hyps) >= K
-                    if (best >= b and len_penalty >= 0) or (full[s] and best >= e):
+                if len(hyps) >= nbest and s not in ended:
+                    best, has_k = sorted(h.score for h in hyps)[-nbest], len(hyps) >= K
+                    settle_s.append(s)
+                    settle_floor.append(best)
+                    settle_full.append(has_k)
+                    if (best >= b and len_penalty >= 0) or (has_k and best >= e):
                         done.append(s)
+            if settle_s:
+                idx = torch.tensor(settle_s, device=device)
+                floor[idx] = torch.tensor(settle_floor, dtype=floor.dtype).to(device)
+                full[idx] = torch.tensor(settle_full).to(device)
 
         keep = None
         if done:
@@ -231,17 +244,34 @@ def beam_search(
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
 
 
-def _finish(finished, alive, ends, at_max, settled, K, lp_step, tokens, lps, cand, nxt) -> list[int]:
+def _to_lists(*tensors: torch.Tensor, one_copy: bool | None = None) -> list[list]:
+    """Each tensor as (nested) Python lists. From a GPU (`one_copy`: by default, off the CPU) in one copy: each
+    .tolist() there waits for the device, and a step reads about a dozen small tensors. (Through float64, which
+    holds every float32, bool and token id exactly.)"""
+    if not (tensors[0].device.type != "cpu" if one_copy is None else one_copy):
+        return [t.tolist() for t in tensors]
+    flat = torch.cat([t.reshape(-1).double() for t in tensors]).cpu()
+    out = []
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        out.append(part.view(t.shape).to(t.dtype).tolist())
+    return out
+
+
+def _finish(finished, alive, ends: list[int], K, lp_step, tokens, lps, host: list[list]) -> list[int]:
     """Move the hypotheses that end at this step into `finished`; return the live sentences that are now done.
 
     For each sentence in `ends`: its </s> candidates among the first K end; at its max length its K continuing
-    beams end too. A `settled` sentence is done, its live beams dropped. Tensors are read into Python lists once,
-    and only for these sentences.
+    beams end too. A `settled` sentence is done, its live beams dropped. `host`: for these sentences only, read from
+    the device once, at_max and settled, then the first K of is_eos, cand_row, cand_scores (and cand_lp with
+    `lps`), then next_row, next_tok, next_scores (and next_lp with `lps`).
     """
-    n_end = ends.numel()
-    is_eos, cand_row, cand_scores, cand_lp = (t[ends, :K].tolist() if t is not None else [None] * n_end for t in cand)
-    next_row, next_tok, next_scores, next_lp = (t[ends].tolist() if t is not None else [None] * n_end for t in nxt)
-    stops, settles = at_max[ends].tolist(), settled[ends].tolist()
+    n_end = len(ends)
+    stops, settles, *rest = host
+    if lps is not None:
+        is_eos, cand_row, cand_scores, cand_lp, next_row, next_tok, next_scores, next_lp = rest
+    else:
+        is_eos, cand_row, cand_scores, next_row, next_tok, next_scores = rest
+        cand_lp = next_lp = [None] * n_end
     # per sentence: (row of the beam it extends, appended token or None for </s>, summed log-prob, last log-prob)
     ending = []
     for i, stop in enumerate(stops):
@@ -260,7 +290,7 @@ def _finish(finished, alive, ends, at_max, settled, K, lp_step, tokens, lps, can
     prefix = dict(zip(rows, tokens.index_select(0, idx).tolist()))
     prefix_lp = dict(zip(rows, lps.index_select(0, idx).tolist())) if lps is not None else None
     done = []
-    for s, stop, settle, items in zip(ends.tolist(), stops, settles, ending):
+    for s, stop, settle, items in zip(ends, stops, settles, ending):
         hyps = finished[alive[s]]
         for row, tok, score, last_lp in items:
             toks = prefix[row] + ([tok] if tok is not None else [])
