@@ -103,6 +103,39 @@ def test_label_smoothed_loss_matches_pytorch_and_ignores_padding():
     assert (logits.grad[target == PAD_ID] == 0).all() and logits.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_label_smoothed_loss_gradient_is_autograds(eps, dtype):
+    """The closed-form gradient (p - q, by blocks of rows) against autograd through PyTorch's own cross-entropy, over
+    several row blocks, with padding rows; bf16 logits get fp32 arithmetic and a gradient in their dtype."""
+    from tfcli.train.loss import BLOCK_ROWS
+
+    g = torch.Generator().manual_seed(1)
+    n, V = 2 * BLOCK_ROWS + 37, 301
+    logits = (4 * torch.randn(n, V, generator=g)).to(dtype)
+    target = torch.randint(4, V, (n,), generator=g)
+    target[torch.rand(n, generator=g) < 0.2] = PAD_ID
+    a = logits.clone().requires_grad_(True)
+    loss, nll = label_smoothed_loss(a, target, eps)
+    (3.0 * loss).backward()
+    b = logits.float().clone().requires_grad_(True)
+    ref = F.cross_entropy(b, target, ignore_index=PAD_ID, label_smoothing=eps, reduction="sum")
+    (3.0 * ref).backward()
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(nll, F.cross_entropy(b.detach(), target, ignore_index=PAD_ID, reduction="sum"))
+    assert a.grad.dtype == dtype and not nll.requires_grad
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(a.grad.float(), b.grad, **tol)
+    assert (a.grad[target == PAD_ID] == 0).all()
+    # reuse_logits (as the objective calls it): the gradient written over the logits of an intermediate tensor
+    w = torch.eye(V, dtype=dtype).requires_grad_(True)
+    c = logits.clone().requires_grad_(True)
+    label_smoothed_loss(c @ w, target, eps, reuse_logits=True)[0].mul(3.0).backward()
+    torch.testing.assert_close(c.grad.float(), b.grad, **tol)
+    if dtype == torch.float32:  # and the layer before gets the gradient through it
+        torch.testing.assert_close(w.grad, logits.T @ b.grad, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("arch", ["tiny", "lm-tiny"])
 def test_objective_equals_the_loss_of_the_full_logits(arch):
     """On the CPU the objective drops padding rows before the output projection; the loss must not change."""
