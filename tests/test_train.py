@@ -619,3 +619,31 @@ def test_profile_records_the_steps_asked_for_and_changes_nothing(tmp_path, paral
 def test_profile_steps_are_checked(tmp_path, spec):
     with pytest.raises(ConfigError, match="train.profile"):
         tiny_train_config(tmp_path, tmp_path / "run", profile=spec).validate()
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_the_loss_and_its_gradient_compile(reuse):
+    """torch.compile (AOTAutograd, as `--compile` runs it, without a C++ compiler: aot_eager) of the closed-form loss,
+    also when its backward writes over the logits: the eager loss and gradients, one graph."""
+    from torch._dynamo.utils import counters
+
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(70, 16, generator=g), torch.randn(16, 50, generator=g)
+    target = torch.randint(4, 50, (70,), generator=g)
+    target[::7] = PAD_ID
+
+    def loss_of(h, w):
+        return label_smoothed_loss(h @ w, target, 0.1, reuse_logits=reuse)[0]
+
+    grads = []
+    torch._dynamo.reset()
+    counters.clear()
+    for f in (loss_of, torch.compile(loss_of, backend="aot_eager")):
+        a, b = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        loss = f(a, b)
+        loss.backward()
+        grads.append((loss.detach(), a.grad, b.grad))
+    for want, got in zip(*grads):
+        torch.testing.assert_close(got, want)
+    assert not counters["graph_break"]
+    torch._dynamo.reset()
