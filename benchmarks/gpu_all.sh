@@ -13,8 +13,11 @@
 #       shakespeare  recipes/shakespeare.sh full
 #       decode       benchmarks/gpu_translate_speed.py: tfcli vs HF generate, beam 5 and greedy, batch 64 and 256,
 #                    bf16, on the de-en model that stage de-en trained
-#                A session's 30 device minutes, as three calls: `check tests mfu`, `de-en decode` (decode needs
-#                de-en's model: the same call, or the same warm machine), `en-de shakespeare`.
+#                Stage times seen on an H100 (2026-11-24): check 39 s on a fresh machine, tests 88 s, shakespeare
+#                177 s, mfu about 160 s (gpt2-small) + 300 s (base), de-en 405 s, decode 108 s, en-de about as de-en.
+#                A call starts a machine in about a minute and a session has 30 device minutes, so all of it takes
+#                two sessions; e.g. `de-en decode`, `en-de tests`, `mfu` (decode needs de-en's model: the same call).
+#                With BUDGET_S a call's last stage is cut rather than the call lost.
 #   BUDGET_S=570 benchmarks/gpu_all.sh ...       stop the stage that runs at 570 s after the start (exit 124) and
 #                                               pack what the finished stages wrote: the call still brings it back
 #   DEVICE=cpu benchmarks/gpu_all.sh check tests mfu de-en
