@@ -124,9 +124,10 @@ class CaseFailed(Exception):
 def tfcli(args: list[str], work: Path, log: Path, threads: int) -> float:
     """Run `tfcli ARGS` in `work`, stdout and stderr into `log`; CaseFailed with the log's tail if it fails. Seconds
     taken."""
-    env = None
+    # torch.compile's recompilations and their reasons go into the log (a slow first epoch: new shapes, or not?)
+    env = {**os.environ, "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles")}
     if threads:  # the tokenizers' Rust thread pool too, not only torch
-        env = {**os.environ, "RAYON_NUM_THREADS": str(threads), "RAYON_RS_NUM_CPUS": str(threads)}
+        env.update(RAYON_NUM_THREADS=str(threads), RAYON_RS_NUM_CPUS=str(threads))
     print(f"[{work}] tfcli {shlex.join(args)}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     with open(log, "w") as f:
@@ -175,6 +176,7 @@ def run_case(name: str, c: dict, args, work: Path, out: Path) -> dict:
         shutil.copyfile(ops, profile)
     return {
         "profile": {"steps": list(c["profile"]), "ops": profile.name if ops.exists() else None},
+        "recompiles": log_text.count("Recompiling function"),  # TORCH_LOGS=recompiles; reasons in train.log
         "kind": c["kind"], "arch": c["arch"],
         "parameters_M": float(params.group(1)) if params else None,
         "vocab": vocab, "tokenizer": c["tokenizer"],
@@ -250,7 +252,7 @@ def markdown(res: dict) -> str:
 - MFU per log line, steps {r['log_steps'][0]}-{r['log_steps'][-1]} (every {r['log_every']}; the first \
 {r['skipped_steps']} steps left out): {', '.join(pct(x) for x in r['mfu']) or 'n/a'}
 - wall time: prepare {r['prepare_s']} s, training {r['train_wall_s']} s (compilation and the final checkpoint included)
-- {_profile_line(r)}
+- {_profile_line(r)}; torch.compile recompilations: {r.get('recompiles', 'not counted')}
 
 ```
 {r['commands']['prepare']}
