@@ -16,7 +16,8 @@ beam can beat its best finished hypothesis, HF once it has `beam` finished ones)
 new tokens. Batches of each --batch-sizes sentences. One untimed pass first (CUDA context, kernels, allocator),
 then the best of --repeats, CUDA synchronised. Target tokens/s counts the tokens each system generated (its
 output re-encoded by the target tokenizer, plus </s>); BLEU (sacreBLEU, the default signature) shows that both
-translate. Results: benchmarks/results/gpu_translate_speed.{json,md}, with the GPU named.
+translate. Results: benchmarks/results/gpu_translate_speed.{json,md}, with the GPU named, and
+gpu_translate_speed_profile.txt: torch.profiler's op tables of one more tfcli pass (beam, the largest batch).
 """
 
 from __future__ import annotations
@@ -74,6 +75,23 @@ def hf_translate(model, ids: list[list[int]], beam: int, batch_size: int, max_le
                 toks = row[1:]  # after the decoder start token
                 out[i] = toks[: toks.index(eos)] if eos in toks else [t for t in toks if t != pad]
     return out
+
+
+def profile_pass(run, device: torch.device, out: Path) -> Path:
+    """One untimed pass under torch.profiler; its op tables (host time, device time) beside the results."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    ops = prof.key_averages()
+    tables = [f"sorted by {key}\n{ops.table(sort_by=key, row_limit=40, max_name_column_width=60)}"
+              for key in ("self_cpu_time_total", "self_cuda_time_total" if device.type == "cuda" else None) if key]
+    path = out.parent / f"{out.name}_profile.txt"
+    path.write_text("\n\n".join(tables) + "\n", encoding="utf-8")
+    return path
 
 
 def main() -> None:
@@ -140,6 +158,10 @@ def main() -> None:
                   f"HF {row['hf']['sentences_per_s']:.0f} sent/s ({row['tfcli_over_hf']:.2f}x)", file=sys.stderr)
             runs.append(row)
 
+    profile = profile_pass(lambda: translator.translate(lines, beam_size=args.beam, batch_size=max(args.batch_sizes),
+                                                        max_tokens=10**9, len_penalty=0.0, max_len_a=0.0,
+                                                        max_len_b=args.max_len), device, Path(args.out))
+
     import transformers
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -148,7 +170,7 @@ def main() -> None:
         "sentences": len(lines), "pair": f"{args.src}-{args.tgt}", "max_new_tokens": args.max_len,
         "repeats": args.repeats, "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "runs": runs,
-        "check_only": bool(args.limit) or device.type != "cuda",
+        "check_only": bool(args.limit) or device.type != "cuda", "profile": profile.name,
     }
     md = [
         f"# Translation speed on {res['device']}: tfcli and Hugging Face generate", "",
@@ -164,6 +186,9 @@ def main() -> None:
           f"{r['tfcli']['sentences_per_s']:.0f} | {r['hf']['sentences_per_s']:.0f} | **{r['tfcli_over_hf']:.2f}x** | "
           f"{r['tfcli']['tgt_tokens_per_s']:,.0f} | {r['hf']['tgt_tokens_per_s']:,.0f} | {r['tfcli']['bleu']:.2f} | "
           f"{r['hf']['bleu']:.2f} | {100 * r['same_output']:.0f}% |" for r in runs], "",
+        f"One more tfcli pass (beam {args.beam}, batch {max(args.batch_sizes)}) ran under torch.profiler: "
+        f"`{profile.name}` (the ops by host time, then by device time; the host's waits for the device are the "
+        "`cudaStreamSynchronize` / `cudaMemcpyAsync` rows).", "",
     ]
     write_results(args.out, res, "\n".join(md))
 
