@@ -48,8 +48,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         nll_rows = torch.empty(z.size(0), device=z.device)
         smooth_rows = torch.empty(z.size(0), device=z.device) if eps else None
         for rows in _row_blocks(z.size(0), z.device):
-            lprobs = torch.log_softmax(z[rows].float(), dim=-1)
-            lse[rows] = z[rows, 0].float() - lprobs[:, 0]
+            zb = z[rows].float()
+            lprobs = torch.log_softmax(zb, dim=-1)
+            lse[rows] = torch.logsumexp(zb, dim=-1)
             nll_rows[rows] = -lprobs.gather(1, target[rows, None]).squeeze(1)
             if eps:
                 smooth_rows[rows] = -lprobs.mean(dim=-1)
