@@ -647,3 +647,17 @@ def test_the_loss_and_its_gradient_compile(reuse):
         torch.testing.assert_close(got, want)
     assert not counters["graph_break"]
     torch._dynamo.reset()
+
+
+def test_label_smoothed_loss_takes_a_minus_infinity_logit():
+    """A banned token's logit at -inf (its probability 0) leaves the nll and its gradient finite."""
+    logits = torch.randn(3, 7)
+    logits[:, 0] = float("-inf")
+    target = torch.tensor([1, 2, 3])
+    a = logits.clone().requires_grad_(True)
+    loss, nll = label_smoothed_loss(a, target, 0.0)
+    loss.backward()
+    b = logits.clone().requires_grad_(True)
+    F.cross_entropy(b, target, reduction="sum").backward()
+    torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))
+    torch.testing.assert_close(a.grad, b.grad)
