@@ -79,16 +79,15 @@ def hf_translate(model, ids: list[list[int]], beam: int, batch_size: int, max_le
 
 def profile_pass(run, device: torch.device, out: Path) -> Path:
     """One untimed pass under torch.profiler; its op tables (host time, device time) beside the results."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    from tfcli.train.profiling import new_profiler, op_table
+
+    cuda = device.type == "cuda"
+    with new_profiler(cuda) as prof:
         run()
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(device)
     ops = prof.key_averages()
-    tables = [f"sorted by {key}\n{ops.table(sort_by=key, row_limit=40, max_name_column_width=60)}"
-              for key in ("self_cpu_time_total", "self_cuda_time_total" if device.type == "cuda" else None) if key]
+    tables = [op_table(ops, "self_cpu_time_total")] + ([op_table(ops, "self_cuda_time_total")] if cuda else [])
     path = out.parent / f"{out.name}_profile.txt"
     path.write_text("\n\n".join(tables) + "\n", encoding="utf-8")
     return path

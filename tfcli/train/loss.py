@@ -49,8 +49,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         smooth_rows = torch.empty(z.size(0), device=z.device) if eps else None
         for rows in _row_blocks(z.size(0), z.device):
             zb = z[rows].float()
-            lprobs = torch.log_softmax(zb, dim=-1)
-            lse[rows] = torch.logsumexp(zb, dim=-1)
+            lse[rows] = block_lse = torch.logsumexp(zb, dim=-1)
+            lprobs = zb - block_lse[:, None]  # log p, from the log-sum-exp the backward needs anyway
             nll_rows[rows] = -lprobs.gather(1, target[rows, None]).squeeze(1)
             if eps:
                 smooth_rows[rows] = -lprobs.mean(dim=-1)

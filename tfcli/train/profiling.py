@@ -27,6 +27,19 @@ def parse_steps(spec: str) -> tuple[int, int] | None:
     return int(m.group(1)), int(m.group(2) or m.group(1))
 
 
+def new_profiler(cuda: bool) -> torch.profiler.profile:
+    """torch.profiler over the CPU's ops, and the GPU's kernels where `cuda`."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities)
+
+
+def op_table(ops, sort: str) -> str:
+    """`ops` (a profile's key_averages()) as torch.profiler's table, the 50 largest by `sort`."""
+    return f"sorted by {sort}\n{ops.table(sort_by=sort, row_limit=50, max_name_column_width=60)}"
+
+
 class StepProfiler:
     """Starts torch.profiler before step A and writes its tables after step B (on the main process only)."""
 
@@ -39,10 +52,7 @@ class StepProfiler:
     def before(self, step: int) -> None:
         """`step`: the step about to run."""
         if self.steps and step == self.steps[0]:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if self.cuda:
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self.prof = torch.profiler.profile(activities=activities)
+            self.prof = new_profiler(self.cuda)
             self.prof.__enter__()
 
     def after(self, step: int) -> Path | None:
@@ -60,8 +70,8 @@ class StepProfiler:
         self.prof.__exit__(None, None, None)
         sort = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
         self.out.mkdir(parents=True, exist_ok=True)
-        table = self.prof.key_averages().table(sort_by=sort, row_limit=50, max_name_column_width=60)
-        atomic_write_text(self.out / "ops.txt", f"steps {self.steps[0]}-{self.steps[1]}, sorted by {sort}\n{table}\n")
+        table = op_table(self.prof.key_averages(), sort)
+        atomic_write_text(self.out / "ops.txt", f"steps {self.steps[0]}-{self.steps[1]}, {table}\n")
         self.prof.export_chrome_trace(str(self.out / "trace.json"))
         self.prof = None
         return self.out
