@@ -412,8 +412,9 @@ def train(
     ),
     device: Optional[str] = typer.Option(None, "--device", rich_help_panel=_HW, help="auto, cpu, cuda, cuda:N."),
     precision: Optional[str] = typer.Option(
-        None, "--precision", rich_help_panel=_HW, help="auto, fp32, bf16 or fp16 (GPU, with loss scaling) "
-        "\\[default: auto = bf16 on a GPU that has it, else fp32]."
+        None, "--precision", rich_help_panel=_HW, help="auto, native-bf16, fp32, bf16 or fp16 (GPU, with "
+        "loss scaling) \\[default: auto = bf16 on a GPU that has it, else fp32; native-bf16: also bf16 on a CPU with "
+        "AMX]."
     ),
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel=_HW, help="torch.compile."),
     threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel=_HW, help="CPU threads for torch."),

@@ -44,7 +44,7 @@ from tfcli.train.loss import Objective
 from tfcli.train.profiling import StepProfiler
 from tfcli.train.schedule import learning_rate
 from tfcli.train.validation import forward_loss, greedy_bleu, valid_loss
-from tfcli.torch_compat import grad_scaler
+from tfcli.torch_compat import cpu_has_amx, grad_scaler
 
 
 
@@ -254,7 +254,9 @@ class Trainer:
 
     def _precision(self) -> str:
         p = self.cfg.precision
-        if p == "auto":
+        if p == "native-bf16" and self.device.type == "cpu":
+            return "bf16" if cpu_has_amx() else "fp32"
+        if p in ("auto", "native-bf16"):
             cuda_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
             return "bf16" if cuda_bf16 else ("fp16" if self.device.type == "cuda" else "fp32")
         if p == "fp16" and self.device.type != "cuda":
