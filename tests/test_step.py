@@ -207,13 +207,21 @@ def test_freed_memory_is_kept_on_glibc():
     assert res.stdout.split() == ["False", "True", "True"]
 
 
-def test_int8_linear_is_within_its_rounding_bound():
+@pytest.mark.parametrize("engine,reduce_range", [("x86", True), ("fbgemm", True), ("onednn", False), ("onednn", True)])
+def test_int8_linear_is_within_its_rounding_bound(monkeypatch, engine, reduce_range):
     """An int8 linear layer (weights: a scale per output row, 127 levels a side; the input: its own range over 127
-    levels) differs from fp32 by at most what rounding both can move: |x| |dw| + |dx| |w| + |dx| |dw|, summed."""
+    levels, or 255 without reduce_range) differs from fp32 by at most what rounding both can move:
+    |x| |dw| + |dx| |w| + |dx| |dw|, summed. On every engine the layer can be packed for (the one chosen depends on
+    the CPU: `int8_engine`), and packing leaves torch's process-wide engine as it was."""
+    from tfcli.generate import step
     from tfcli.generate.step import _int8_linear, int8_available
 
     if not int8_available():
         pytest.skip("this torch build has no quantised int8 linear layers")
+    if engine not in torch.backends.quantized.supported_engines:
+        pytest.skip(f"this torch build has no {engine} engine")
+    monkeypatch.setattr(step, "int8_engine", lambda: (engine, reduce_range))
+    before = torch.backends.quantized.engine
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48)
     x = torch.randn(10, 64) * 3
@@ -222,8 +230,20 @@ def test_int8_linear_is_within_its_rounding_bound():
         dw = (lin.weight.abs().amax(dim=1) / 127 / 2)[:, None].expand_as(lin.weight)  # half a weight step
         dx = (x.max().clamp(min=0) - x.min().clamp(max=0)) / 127 / 2  # half an input step
         bound = x.abs() @ dw.T + dx * lin.weight.abs().sum(dim=1) + dx * dw.sum(dim=1)
+    assert torch.backends.quantized.engine == before
     assert ((y - ref).abs() <= bound + 1e-4).all()
     assert (y - ref).abs().max() > 0  # it really is int8
+
+
+def test_int8_packs_for_onednn_on_a_cpu_with_amx(monkeypatch):
+    from tfcli.generate import step
+
+    current = torch.backends.quantized.engine
+    monkeypatch.setattr(step, "cpu_has_amx", lambda: False)
+    assert step.int8_engine() == (current, True)
+    monkeypatch.setattr(step, "cpu_has_amx", lambda: True)
+    amx = ("onednn", False) if "onednn" in torch.backends.quantized.supported_engines else (current, True)
+    assert step.int8_engine() == amx
 
 
 def test_int8_steps_stay_close_to_the_full_forward():

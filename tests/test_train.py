@@ -210,6 +210,21 @@ def test_mfu_divides_by_the_peak_of_the_gpu_and_precision():
     assert gpu_peak_flops("NVIDIA GeForce GTX 1080", "bf16") is None  # unknown: no MFU rather than a wrong one
 
 
+def test_native_bf16_is_bf16_on_a_cpu_with_amx_only(monkeypatch):
+    """native-bf16: bf16 on a CPU with AMX tiles, fp32 on another CPU; auto stays fp32 on every CPU (tests and
+    users get the same numbers on every CPU unless they ask)."""
+    from tfcli.train import trainer
+
+    cpu = torch.device("cpu")
+    for amx in (True, False):
+        monkeypatch.setattr(trainer, "cpu_has_amx", lambda amx=amx: amx)
+        assert trainer.train_precision("native-bf16", cpu) == ("bf16" if amx else "fp32")
+        assert trainer.train_precision("auto", cpu) == "fp32"
+        assert trainer.train_precision("bf16", cpu) == "bf16"
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA GPU"):
+        trainer.train_precision("fp16", cpu)
+
+
 # --- config ---------------------------------------------------------------------------------------------------------
 
 

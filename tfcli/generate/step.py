@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.layers import ACTIVATIONS
+from tfcli.torch_compat import cpu_has_amx
 
 # oneDNN's fused linear + activation: (attr, algorithm)
 _ONEDNN_ACTIVATIONS = {
@@ -336,17 +337,36 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
     return lambda x: f(base(x))
 
 
+def int8_engine() -> tuple[str, bool]:
+    """The quantised engine that int8 weights are packed for, and whether inputs keep 7 bits (`reduce_range`).
+
+    On a CPU with AMX, oneDNN's int8 products use its tiles: 1.3-5x faster than fbgemm's at a decoder's sizes
+    (320 rows, d_model 256; the output projection most), and the tiles sum in int32 without saturating, so inputs
+    keep all 8 bits. Elsewhere torch's current engine (x86/fbgemm) with 7-bit inputs, as torch's quantised Linear:
+    AVX2's pairwise 16-bit sums could saturate with 8."""
+    if cpu_has_amx() and "onednn" in torch.backends.quantized.supported_engines:
+        return "onednn", False
+    return torch.backends.quantized.engine, True
+
+
 def _int8_linear(module: nn.Linear):
-    """x -> x W^T + b with W in int8: one scale per output row, max |w| mapped to 127. x is quantised to 8 bits at
-    each call from its own range (dynamic quantisation; `reduce_range` keeps 7 of them, as torch's quantised Linear
-    does, so that the int32 sums cannot saturate on AVX2) and the product comes back in fp32."""
+    """x -> x W^T + b with W in int8: one scale per output row, max |w| mapped to 127. x is quantised at each call
+    from its own range (dynamic quantisation) and the product comes back in fp32. The engine (`int8_engine`) is
+    chosen at packing, where torch reads it from a process-wide setting: that setting is restored at once, and the
+    packed weights keep their engine."""
     w = module.weight.detach().float().contiguous()
     scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).double()
     bias = module.bias.detach().float() if module.bias is not None else None
+    engine, reduce_range = int8_engine()
+    previous = torch.backends.quantized.engine
     with warnings.catch_warnings():  # torch marks its quantised tensor types as deprecated; int8_available guards
         warnings.simplefilter("ignore")
         q = torch.quantize_per_channel(w, scales, torch.zeros(len(w), dtype=torch.long), 0, torch.qint8)
-        params = torch.ops.quantized.linear_prepack(q, bias)
+        try:
+            torch.backends.quantized.engine = engine
+            params = torch.ops.quantized.linear_prepack(q, bias)
+        finally:
+            torch.backends.quantized.engine = previous
     linear = torch.ops.quantized.linear_dynamic
-    return lambda x: linear(x.contiguous(), params, True)
+    return lambda x: linear(x.contiguous(), params, reduce_range)
 

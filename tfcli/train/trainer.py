@@ -84,6 +84,18 @@ class StopRequest:
                        "(signal again to quit without saving)")
 
 
+def train_precision(name: str, device: torch.device) -> str:
+    """train.precision resolved for `device`: fp32, bf16 or fp16."""
+    if name == "native-bf16" and device.type == "cpu":
+        return "bf16" if cpu_has_amx() else "fp32"
+    if name in ("auto", "native-bf16"):
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return "bf16" if cuda_bf16 else ("fp16" if device.type == "cuda" else "fp32")
+    if name == "fp16" and device.type != "cuda":
+        raise ConfigError("train.precision: fp16 needs a CUDA GPU; use fp32 or bf16 on the CPU")
+    return name
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, model_overrides: dict | None = None, saved: dict | None = None):
         self.cfg = cfg
@@ -104,7 +116,7 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         self.prepared = PreparedData(cfg.data)
         self.model_cfg = self._model_config(model_overrides or {}, saved)
-        self.precision = self._precision()
+        self.precision = train_precision(cfg.precision, self.device)
         self.gpu_name, self.peak_flops = None, None  # the peak per GPU, for MFU
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -251,17 +263,6 @@ class Trainer:
             raise ConfigError(f"--init-from: model.{fixed[0]} comes from the checkpoint; only "
                               f"{' and '.join(sorted(changeable))} can change when fine-tuning")
         return dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if k in changeable})
-
-    def _precision(self) -> str:
-        p = self.cfg.precision
-        if p == "native-bf16" and self.device.type == "cpu":
-            return "bf16" if cpu_has_amx() else "fp32"
-        if p in ("auto", "native-bf16"):
-            cuda_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
-            return "bf16" if cuda_bf16 else ("fp16" if self.device.type == "cuda" else "fp32")
-        if p == "fp16" and self.device.type != "cuda":
-            raise ConfigError("train.precision: fp16 needs a CUDA GPU; use fp32 or bf16 on the CPU")
-        return p
 
     def autocast(self):
         if self.precision == "fp32":
