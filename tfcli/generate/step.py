@@ -232,7 +232,12 @@ class IncrementalDecoder:
             n_old = self.n
             self.n = keep.numel()
             self.history = self.history.index_select(0, keep)
-            self.kv = [b.index_select(0, keep) for b in self.kv]
+            # rows leave in place: the kept rows' written slots move up to the front of each layer's memory
+            # (the slots past them are written before they are read; copying all max_steps * K was most of it)
+            used = self.t * self.K
+            for b in self.kv:
+                b[: self.n, :, :used] = b[:, :, :used].index_select(0, keep)
+            self.kv = [b[: self.n] for b in self.kv]
             if self.pad is not None:
                 self.pad = self.pad.index_select(0, keep)
             if self.mem_kv is not None:
