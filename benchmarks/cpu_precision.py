@@ -1,0 +1,92 @@
+"""CPU training in fp32 and in `--precision native-bf16`, side by side: `tfcli train` on a prepared corpus with a
+recipe's config, the same seed and the same steps, once per precision per round (the order alternating by round).
+
+    .venv/bin/python benchmarks/cpu_precision.py PREP [--config recipes/multi30k-cpu-long.yaml] [--steps 150]
+        [--rounds 2]
+
+Reported per precision: target tokens/s (the median over rounds of the trainer's own logged rate, steps after
+warmup only), and the training loss at every logged step of the first round (the same batches: the runs differ only
+in arithmetic). native-bf16 is bf16 only on a CPU with AMX tiles: the results name the CPU and say which it ran.
+Results: benchmarks/results/cpu_precision.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common import cpu_name, write_results  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+PRECISIONS = ("fp32", "native-bf16")
+
+
+def train(prep: str, config: str, precision: str, steps: int, warmup: int, out: Path) -> list[dict]:
+    """The train lines of metrics.jsonl of one `tfcli train` run, and the precision it resolved (from its log)."""
+    args = [sys.executable, "-m", "tfcli", "train", prep, "-o", str(out), "--config", config,
+            "--set", "train.max_minutes=0", "--set", f"train.max_steps={steps}", "--set", f"train.warmup={warmup}",
+            "--set", f"train.valid_every={steps}", "--set", "train.log_every=25", "--set", "train.valid_bleu=false", "--set", "train.early_stop_metric=loss",
+            "--precision", precision, "--seed", "1"]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{res.stderr}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    log = (out / "train.log").read_text()
+    resolved = "bf16" if ", bf16, " in log else "fp32"
+    return [dict(r, resolved=resolved) for r in rows if r["split"] == "train"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("prep", help="a prepared directory (tfcli prepare)")
+    p.add_argument("--config", default="recipes/multi30k-cpu-long.yaml")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--warmup", type=int, default=50, help="steps left out of the rate (and the lr warmup)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default=str(RESULTS / "cpu_precision"))
+    args = p.parse_args()
+    res = {"cpu": cpu_name(), "threads": os.cpu_count(), "prep": args.prep, "config": args.config,
+           "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M"),
+           "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    rates: dict[str, list[float]] = {p: [] for p in PRECISIONS}
+    losses: dict[str, dict[int, float]] = {}
+    resolved = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for precision in PRECISIONS if r % 2 == 0 else PRECISIONS[::-1]:
+                rows = train(args.prep, args.config, precision, args.steps, args.warmup, Path(tmp) / f"{precision}-{r}")
+                timed = [row["tgt_tokens_per_s"] for row in rows if row["step"] > args.warmup]
+                rates[precision].append(statistics.median(timed))
+                resolved[precision] = rows[0]["resolved"]
+                losses.setdefault(precision, {row["step"]: row["loss"] for row in rows})
+    speed = {p: statistics.median(v) for p, v in rates.items()}
+    res.update(resolved=resolved, tgt_tokens_per_s=speed, rounds_tgt_tokens_per_s=rates, train_loss=losses,
+               ratio=speed["native-bf16"] / speed["fp32"],
+               load_average_at_end=[round(x, 2) for x in os.getloadavg()])
+    steps = sorted(losses["fp32"])
+    md = [
+        "# CPU training: fp32 and `--precision native-bf16`", "",
+        f"`benchmarks/cpu_precision.py {args.prep} --config {args.config} --steps {args.steps}`: {res['cpu']}, "
+        f"{res['threads']} threads, {res['date']}. native-bf16 ran as **{resolved['native-bf16']}** on this CPU.", "",
+        "| precision | target tokens/s (median of rounds) | rounds |", "| --- | ---: | --- |",
+        *(f"| {p} | {speed[p]:,.0f} | {', '.join(f'{x:,.0f}' for x in rates[p])} |" for p in PRECISIONS), "",
+        f"native-bf16 / fp32: **{res['ratio']:.2f}x**.", "",
+        "Training loss at the logged steps (round 1; the same batches and initial weights):", "",
+        "| step | " + " | ".join(PRECISIONS) + " |", "| ---: | ---: | ---: |",
+        *(f"| {s} | " + " | ".join(f"{losses[p][s]:.4f}" for p in PRECISIONS) + " |" for s in steps), "",
+    ]
+    write_results(args.out, res, "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
