@@ -128,6 +128,34 @@ def test_packed_and_plain_weights_give_the_same_logits_and_leave_the_model_as_it
     assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())
 
 
+
+@pytest.mark.parametrize("mode", ["packed", "int8"])
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_packed_and_int8_encoders_match_the_models_own(mode, norm):
+    """StepModel.encode runs the encoder through its own (packed or int8) linear layers: the same output as the
+    model's encoder at real source positions, padding masked the same way (int8 within its rounding)."""
+    from tfcli.generate.step import int8_available
+
+    if mode == "int8" and not int8_available():
+        pytest.skip("this torch build has no quantised int8 linear layers")
+    model, _ = model_for(packed=mode == "packed", norm=norm, activation="gelu" if mode == "packed" else "relu")
+    sm = StepModel(model, pack=mode == "packed", int8=mode == "int8")
+    assert sm.encoder_layers is not None
+    src = torch.randint(4, V, (3, 7), generator=torch.Generator().manual_seed(2))
+    src[1, 4:] = PAD_ID
+    src[2, 2:] = PAD_ID
+    with torch.inference_mode():
+        out, mask = sm.encode(src)
+        ref, ref_mask = model.encode(src)
+    assert torch.equal(mask, ref_mask)
+    real = src != PAD_ID
+    if mode == "packed":
+        torch.testing.assert_close(out[real], ref[real], atol=1e-4, rtol=1e-4)
+    else:
+        err = (out[real] - ref[real]).abs().max()
+        assert 0 < err <= 0.05 * ref[real].abs().max()
+
+
 # --- language models: prompts of different lengths, left-padded ---------------------------------------------------
 
 

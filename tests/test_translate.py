@@ -13,8 +13,8 @@ from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.data.batching import pad, source_ids
 from tfcli.generate.reference import reference_beam_search, reference_greedy
-from tfcli.generate.step import IncrementalDecoder, StepModel, onednn_available
-from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty
+from tfcli.generate.step import IncrementalDecoder, StepModel, keep_order, onednn_available
+from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty, top_k
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import Translator, translate
 from tfcli.generate.runtime import load
@@ -85,6 +85,36 @@ def test_cached_batched_search_equals_slow_reference(which, copier_model):
     if which == "copier":  # it ends every sentence (by construction), so the </s> paths are exercised
         assert ended_early == len(srcs)
         assert all(b[0].tokens == s[:-1] for s, b in zip(srcs, beams))
+
+
+
+@pytest.mark.parametrize("V", [8000, 8001, 2000, 40])
+def test_blockwise_top_k_is_torch_topk(V):
+    """The search's top_k finds what torch.topk finds: the same values in the same order, at indices that hold
+    them; with banned (-inf) entries, a vocabulary that is no multiple of the block width, and ties."""
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(70, V, generator=g).log_softmax(-1)
+    x[:, [0, 1, 3]] = float("-inf")
+    x[5] = x[5].round(decimals=1)  # many equal values
+    x[6, -10:] = 5.0  # the best all in the last, partial block
+    x[7] = float("-inf")
+    x[7, 2] = 0.0
+    for k in (1, 10):
+        values, ids = top_k(x, k)
+        ref_values, _ = x.topk(k, dim=1)
+        assert torch.equal(values, ref_values)
+        assert torch.equal(x.gather(1, ids), values)
+        assert all(len(set(row)) == k for row in ids.tolist())
+
+
+def test_rows_leave_with_few_moves():
+    assert keep_order(6, [1, 4]) == [0, 5, 2, 3]  # row 5 fills the place of row 1; 4 was past the end anyway
+    assert keep_order(5, []) == [0, 1, 2, 3, 4]
+    assert keep_order(3, [0, 1, 2]) == []
+    for n, gone in ((8, [0, 2, 3]), (7, [6]), (9, [1, 2, 3, 4])):
+        keep = keep_order(n, gone)
+        assert sorted(keep) == sorted(set(range(n)) - set(gone))
+        assert sum(j != s for j, s in enumerate(keep)) == sum(s < len(keep) for s in gone)
 
 
 @pytest.mark.parametrize("which", ["copier", "random"])

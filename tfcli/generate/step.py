@@ -14,7 +14,7 @@ the first step of beam search). Arranged for inference speed:
 - With `pack=True` on the CPU in fp32, linear layers use weights pre-packed for oneDNN, held here beside the
   model's own (which stay as they are), and run with the ReLU/GELU and the residual addition fused into the layer
   before them. Where torch lacks those private ops, plain `F.linear` does the same work.
-- With `int8=True` (CPU), every linear layer of the decoder and the output projection run in int8: weights
+- With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8: weights
   quantised once, one scale per output row; activations quantised at each call (dynamic quantisation).
 - The key/value memory is allocated once per batch and reused by the next batch (`release`), not grown step by step.
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tfcli.model.layers import ACTIVATIONS
+from tfcli.model.layers import ACTIVATIONS, EncoderLayer
 from tfcli.torch_compat import cpu_has_amx
 
 # oneDNN's fused linear + activation: (attr, algorithm)
@@ -56,10 +56,29 @@ class StepModel:
         self.layers = [_Layer(layer, model.cfg, mode) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
         self.lm_head = _linear(model.lm_head, mode)
+        encoder = getattr(model, "encoder", None)
+        self.encoder_layers = None  # plain: the model's own encoder
+        if encoder is not None and mode != "plain":
+            self.encoder_layers = [_Layer(layer, model.cfg, mode) for layer in encoder.layers]
+            self.encoder_norm = _norm(encoder.norm)
         self._workspace: torch.Tensor | None = None
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.encode(src)
+        """The encoder output (n, S, d_model) and the source mask (n, 1, 1, S), True at real tokens: the model's
+        own `encode`, or with packed or int8 weights the same layers through this model's linear layers."""
+        if self.encoder_layers is None:
+            return self.model.encode(src)
+        mask = self.model.src_mask(src)
+        n, S = src.shape
+        H, dh = self.cfg.n_head, self.cfg.d_head
+        x = self.model.encoder.embed(src, torch.arange(S, device=src.device), S).reshape(n * S, -1)
+        for layer in self.encoder_layers:
+            # softmax(Q K^T / sqrt(d_head) + mask) V, all heads at once: (n, H, S, d_head) each
+            q, k, v = layer.qkv(layer.norm_self_in(x)).view(n, S, 3, H, dh).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(n * S, H * dh)
+            x = layer.norm_self_out(layer.self_out(y, x))
+            x = layer.norm_ffn_out(layer.w2(layer.w1(layer.norm_ffn_in(x)), x))
+        return self.encoder_norm(x).view(n, S, -1), mask
 
     def start(
         self, n: int, beam_size: int, max_steps: int, memory: torch.Tensor | None = None,
@@ -106,16 +125,15 @@ class IncrementalDecoder:
         device = weight.device
         self.mem_kv: list | None = None
         if memory is not None:
-            # the source side, once per batch: per layer the cross-attention keys and values as (n*H, S, d_head)
-            S = memory.size(1)
+            # the source side, once per batch: per layer the cross-attention keys, transposed, (n*H, d_head, S), and
+            # values (n*H, S, d_head)
+            S, H, dh = memory.size(1), self.H, self.dh
             flat = memory.reshape(n * S, -1)
-            self.mem_kv = [
-                tuple(
-                    kv.reshape(n, S, self.H, self.dh).transpose(1, 2).reshape(n * self.H, S, self.dh)
-                    for kv in layer.cross_kv(flat).chunk(2, dim=-1)
-                )
-                for layer in sm.layers
-            ]
+            self.mem_kv = []
+            for layer in sm.layers:
+                k, v = layer.cross_kv(flat).view(n, S, 2, H, dh).unbind(2)
+                kt = k.permute(0, 2, 3, 1).reshape(n * H, dh, S)
+                self.mem_kv.append((kt, v.transpose(1, 2).reshape(n * H, S, dh)))
             bias = torch.zeros(n, 1, S, device=device).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
             self.mem_bias = bias.repeat_interleave(self.H, dim=0)  # (n*H, 1, S): -inf at source padding
         embed = sm.embed
@@ -199,22 +217,23 @@ class IncrementalDecoder:
             kv.view(n, H, -1, 2, dh)[:, :, start : start + r] = new_kv.permute(0, 3, 1, 2, 4)
             keys = kv[:, :, :L, :dh].reshape(n * H, L, dh)
             values = kv[:, :, :L, dh:].reshape(n * H, L, dh)
-            x = layer.norm_self_out(layer.self_out(self._attend(q, keys, values, self_bias), x))
+            x = layer.norm_self_out(layer.self_out(self._attend(q, keys.transpose(1, 2), values, self_bias), x))
             if self.mem_kv is not None:  # cross-attention to the source
-                mem_k, mem_v = self.mem_kv[i]
+                mem_kt, mem_v = self.mem_kv[i]
                 q = layer.cross_q(layer.norm_cross_in(x)).view(n, r, H, dh)
-                x = layer.norm_cross_out(layer.cross_out(self._attend(q, mem_k, mem_v, self.mem_bias), x))
+                x = layer.norm_cross_out(layer.cross_out(self._attend(q, mem_kt, mem_v, self.mem_bias), x))
             # position-wise FFN
             x = layer.norm_ffn_out(layer.w2(layer.w1(layer.norm_ffn_in(x)), x))
         if last_only:
             x = x.view(n, r, -1)[:, -1]
         return self.sm.lm_head(self.sm.final_norm(x))
 
-    def _attend(self, q, keys, values, bias) -> torch.Tensor:
-        """q: (n, r, H, d_head); keys/values (n*H, L, d_head); bias broadcastable to (n*H, r, L). -> (n*r, d_model)"""
+    def _attend(self, q, keys_t, values, bias) -> torch.Tensor:
+        """q: (n, r, H, d_head); keys_t (n*H, d_head, L), values (n*H, L, d_head); bias broadcastable to
+        (n*H, r, L). -> (n*r, d_model)"""
         n, r, H, dh = q.shape
         q = q.transpose(1, 2).reshape(n * H, r, dh)
-        scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=self.scale)
+        scores = torch.baddbmm(bias, q, keys_t, alpha=self.scale)
         y = torch.bmm(scores.softmax(-1), values)
         return y.view(n, H, r, dh).transpose(1, 2).reshape(n * r, H * dh)
 
@@ -229,45 +248,60 @@ class IncrementalDecoder:
         """Before the next step: keep the rows `keep` (indices, or None for all), then let beam j of each row
         continue beam parent[s, j] of the same row ((n_kept, K') indices; None: beam j continues beam j)."""
         if keep is not None:
-            n_old = self.n
-            self.n = keep.numel()
+            n_old, n = self.n, keep.numel()
             self.history = self.history.index_select(0, keep)
-            # rows leave in place: the kept rows' written slots move up to the front of each layer's memory
-            # (the slots past them are written before they are read; copying all max_steps * K was most of it)
-            used = self.t * self.K
-            for b in self.kv:
-                b[: self.n, :, :used] = b[:, :, :used].index_select(0, keep)
-            self.kv = [b[: self.n] for b in self.kv]
             if self.pad is not None:
                 self.pad = self.pad.index_select(0, keep)
+            # rows leave in place: only the kept rows that change places are copied, and of the self-attention
+            # memory only the written slots (those past them are written before they are read). `keep_order`
+            # makes that the few rows that fill the places of those that left.
+            dst = (keep != torch.arange(n, device=keep.device)).nonzero().flatten()
+            src = keep[dst]
+            used = self.t * self.K
+            for b in self.kv:
+                b[dst, :, :used] = b[src, :, :used]
+            self.kv = [b[:n] for b in self.kv]
             if self.mem_kv is not None:
-                self.mem_kv = [tuple(_rows(m, n_old, keep) for m in kv) for kv in self.mem_kv]
-                self.mem_bias = _rows(self.mem_bias, n_old, keep)
+                self.mem_kv = [tuple(_move_rows(m, n_old, n, dst, src) for m in kv) for kv in self.mem_kv]
+                self.mem_bias = _move_rows(self.mem_bias, n_old, n, dst, src)
+            self.n = n
         if parent is not None:
             self.history = self.history.gather(1, parent[:, :, None].expand(-1, -1, self.history.size(2)))
             self.k = parent.size(1)
 
 
-def _rows(x: torch.Tensor, n: int, keep: torch.Tensor) -> torch.Tensor:
-    """Keep rows `keep` of a (n*H, ...) tensor."""
-    return x.view(n, -1, *x.shape[1:]).index_select(0, keep).flatten(0, 1)
+def _move_rows(x: torch.Tensor, n: int, n_new: int, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Of a (n*H, ...) tensor seen as n rows: copy rows `src` to `dst`, then keep the first n_new."""
+    rows = x.view(n, -1, *x.shape[1:])
+    rows[dst] = rows[src]
+    return rows[:n_new].flatten(0, 1)
+
+
+def keep_order(n: int, gone) -> list[int]:
+    """The rows to keep when the rows `gone` leave a batch of n, in the order that moves fewest (for
+    `IncrementalDecoder.select`): a kept row below the new count stays where it is, and the kept rows past it fill
+    the places of those that left."""
+    gone = set(gone)
+    n_new = n - len(gone)
+    tail = [s for s in range(n_new, n) if s not in gone]
+    return [tail.pop() if s in gone else s for s in range(n_new)]
 
 
 class _Layer:
-    """One decoder layer as the functions a step calls: LayerNorms where the norm placement puts them (identity
-    elsewhere), and linear layers with the activation or the residual addition fused in."""
+    """One decoder (or encoder) layer as the functions a step calls: LayerNorms where the norm placement puts them
+    (identity elsewhere), and linear layers with the activation or the residual addition fused in."""
 
     def __init__(self, layer, cfg, mode: str):
         pre = cfg.norm == "pre"
         same = _identity
         # pre-norm: x + f(LN(x)); post-norm: LN(x + f(x))
-        norm = _norm(layer.res_self.norm)
+        norm = _norm(layer.res_attn.norm if isinstance(layer, EncoderLayer) else layer.res_self.norm)
         self.norm_self_in, self.norm_self_out = (norm, same) if pre else (same, norm)
         norm = _norm(layer.res_ffn.norm)
         self.norm_ffn_in, self.norm_ffn_out = (norm, same) if pre else (same, norm)
         self.qkv = _linear(layer.self_attn.qkv_proj, mode)
         self.self_out = _linear(layer.self_attn.out_proj, mode, residual=True)
-        if layer.cross_attn is not None:
+        if getattr(layer, "cross_attn", None) is not None:
             norm = _norm(layer.res_cross.norm)
             self.norm_cross_in, self.norm_cross_out = (norm, same) if pre else (same, norm)
             self.cross_q = _linear(layer.cross_attn.q_proj, mode)
@@ -328,6 +362,12 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
         return lambda x: linear(x, weight, bias, attr, [], algorithm)
     if mode == "int8":
         base = _int8_linear(module)
+        # its output is a new fp32 tensor, so the rest can work in place (oneDNN's linear_relu_dynamic would fuse
+        # the ReLU, but with a bias it returns the output without it: torch 2.13)
+        if residual:
+            return lambda x, r: base(x).add_(r)
+        if act == "relu":
+            return lambda x: base(x).relu_()
     else:
         w, b = module.weight, module.bias
 
