@@ -240,7 +240,7 @@ def test_int8_linear_is_within_its_rounding_bound(monkeypatch, engine, reduce_ra
     """An int8 linear layer (weights: a scale per output row, 127 levels a side; the input: its own range over 127
     levels, or 255 without reduce_range) differs from fp32 by at most what rounding both can move:
     |x| |dw| + |dx| |w| + |dx| |dw|, summed. On every engine the layer can be packed for (the one chosen depends on
-    the CPU: `int8_engine`), and packing leaves torch's process-wide engine as it was."""
+    the CPU: `int8_engines`), and packing leaves torch's process-wide engine as it was."""
     from tfcli.generate import step
     from tfcli.generate.step import _int8_linear, int8_available
 
@@ -248,7 +248,7 @@ def test_int8_linear_is_within_its_rounding_bound(monkeypatch, engine, reduce_ra
         pytest.skip("this torch build has no quantised int8 linear layers")
     if engine not in torch.backends.quantized.supported_engines:
         pytest.skip(f"this torch build has no {engine} engine")
-    monkeypatch.setattr(step, "int8_engine", lambda: (engine, reduce_range))
+    monkeypatch.setattr(step, "int8_engines", lambda: [(engine, reduce_range)])
     before = torch.backends.quantized.engine
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48)
@@ -263,15 +263,42 @@ def test_int8_linear_is_within_its_rounding_bound(monkeypatch, engine, reduce_ra
     assert (y - ref).abs().max() > 0  # it really is int8
 
 
-def test_int8_packs_for_onednn_on_a_cpu_with_amx(monkeypatch):
+def test_int8_packs_for_onednn_too_on_a_cpu_with_amx(monkeypatch):
     from tfcli.generate import step
 
     current = torch.backends.quantized.engine
     monkeypatch.setattr(step, "cpu_has_amx", lambda: False)
-    assert step.int8_engine() == (current, True)
+    assert step.int8_engines() == [(current, True)]
     monkeypatch.setattr(step, "cpu_has_amx", lambda: True)
-    amx = ("onednn", False) if "onednn" in torch.backends.quantized.supported_engines else (current, True)
-    assert step.int8_engine() == amx
+    if "onednn" in torch.backends.quantized.supported_engines:
+        assert step.int8_engines() == [(current, True), ("onednn", False)]
+    else:
+        assert step.int8_engines() == [(current, True)]
+
+
+def test_int8_small_products_run_on_the_first_engine_and_large_on_the_last(monkeypatch):
+    """With two engines, a call runs on one of them whole, chosen by its number of rows: the same output as a
+    layer packed for that engine alone."""
+    from tfcli.generate import step
+
+    engines = torch.backends.quantized.supported_engines
+    if not step.int8_available() or "onednn" not in engines or "x86" not in engines:
+        pytest.skip("this torch build lacks the x86 or onednn quantised engine")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    monkeypatch.setattr(step, "SMALL_INT8_PRODUCT", 8 * 64 * 48)  # up to 8 rows on the first engine
+    alone = {}
+    for engine in (("x86", True), ("onednn", False)):
+        monkeypatch.setattr(step, "int8_engines", lambda e=engine: [e])
+        alone[engine[0]] = step._int8_linear(lin)
+    monkeypatch.setattr(step, "int8_engines", lambda: [("x86", True), ("onednn", False)])
+    both = step._int8_linear(lin)
+    with torch.inference_mode():
+        for rows, engine in ((1, "x86"), (8, "x86"), (9, "onednn"), (40, "onednn")):
+            x = torch.randn(rows, 64) * 3
+            assert torch.equal(both(x), alone[engine](x))
+        x = torch.randn(8, 64) * 3
+        assert not torch.equal(alone["x86"](x), alone["onednn"](x))  # 7-bit and 8-bit inputs: the engines differ
 
 
 def test_int8_steps_stay_close_to_the_full_forward():

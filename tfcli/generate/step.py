@@ -382,36 +382,49 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
     return lambda x: f(base(x))
 
 
-def int8_engine() -> tuple[str, bool]:
-    """The quantised engine that int8 weights are packed for, and whether inputs keep 7 bits (`reduce_range`).
+# On a CPU with AMX: products of at most this many multiply-adds (rows x in x out) go to fbgemm, larger ones to
+# oneDNN. Measured (Intel Xeon with AMX, 2 threads, a decoder step's layers at 5-320 rows, d_model 256): fbgemm
+# runs the 256 x 256 layers 1.2-2.4x faster at every row count, and the others up to 1.8x faster to 64-100 rows;
+# oneDNN the 256 x 1024 and 256 x 768 layers 1.2-1.6x faster from 160 rows, and the output projection from 40.
+SMALL_INT8_PRODUCT = 24 * 2**20
 
-    On a CPU with AMX, oneDNN's int8 products use its tiles: 1.3-5x faster than fbgemm's at a decoder's sizes
-    (320 rows, d_model 256; the output projection most), and the tiles sum in int32 without saturating, so inputs
-    keep all 8 bits. Elsewhere torch's current engine (x86/fbgemm) with 7-bit inputs, as torch's quantised Linear:
-    AVX2's pairwise 16-bit sums could saturate with 8."""
+
+def int8_engines() -> list[tuple[str, bool]]:
+    """The quantised engines that int8 weights are packed for, for small products first: each with whether its
+    inputs keep only 7 bits (`reduce_range`).
+
+    Torch's current engine (x86/fbgemm) with 7-bit inputs, as torch's quantised Linear: AVX2's pairwise 16-bit sums
+    could saturate with 8. On a CPU with AMX also oneDNN's, for large products (`SMALL_INT8_PRODUCT`): its tiles
+    sum in int32 without saturating, so inputs keep all 8 bits, but each call costs more to set up."""
+    current = torch.backends.quantized.engine
     if cpu_has_amx() and "onednn" in torch.backends.quantized.supported_engines:
-        return "onednn", False
-    return torch.backends.quantized.engine, True
+        return [("onednn", False)] if current == "onednn" else [(current, True), ("onednn", False)]
+    return [(current, True)]
 
 
 def _int8_linear(module: nn.Linear):
     """x -> x W^T + b with W in int8: one scale per output row, max |w| mapped to 127. x is quantised at each call
-    from its own range (dynamic quantisation) and the product comes back in fp32. The engine (`int8_engine`) is
-    chosen at packing, where torch reads it from a process-wide setting: that setting is restored at once, and the
-    packed weights keep their engine."""
+    from its own range (dynamic quantisation) and the product comes back in fp32. The weights are packed for each
+    of `int8_engines` (where torch reads the engine from a process-wide setting: that setting is restored at once,
+    and the packed weights keep their engine); a call with few rows runs on the first, one with many on the last."""
     w = module.weight.detach().float().contiguous()
     scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).double()
     bias = module.bias.detach().float() if module.bias is not None else None
-    engine, reduce_range = int8_engine()
     previous = torch.backends.quantized.engine
+    packed = []
     with warnings.catch_warnings():  # torch marks its quantised tensor types as deprecated; int8_available guards
         warnings.simplefilter("ignore")
         q = torch.quantize_per_channel(w, scales, torch.zeros(len(w), dtype=torch.long), 0, torch.qint8)
         try:
-            torch.backends.quantized.engine = engine
-            params = torch.ops.quantized.linear_prepack(q, bias)
+            for engine, reduce_range in int8_engines():
+                torch.backends.quantized.engine = engine
+                packed.append((torch.ops.quantized.linear_prepack(q, bias), reduce_range))
         finally:
             torch.backends.quantized.engine = previous
     linear = torch.ops.quantized.linear_dynamic
-    return lambda x: linear(x.contiguous(), params, reduce_range)
-
+    (small, small_7bit), (large, large_7bit) = packed[0], packed[-1]
+    max_rows = SMALL_INT8_PRODUCT // w.numel()
+    return lambda x: (
+        linear(x.contiguous(), small, small_7bit) if x.size(0) <= max_rows
+        else linear(x.contiguous(), large, large_7bit)
+    )
