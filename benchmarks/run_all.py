@@ -5,7 +5,8 @@
 
 Each script runs as its own subprocess (a fresh interpreter each, so no benchmark's threads, caches or memory
 affect the next), in this order: translate_speed (with --checkpoint / --peer-checkpoint, also its real Multi30k
-parts), train_throughput on synthetic batches, train_throughput_multi30k (the same script on real Multi30k batches,
+parts), int8_speed (with --checkpoint and Multi30k: tfcli int8 beside its fp32 and CTranslate2 int8),
+train_throughput on synthetic batches, train_throughput_multi30k (the same script on real Multi30k batches,
 when ../shared/data has Multi30k), lm_generate_speed, prepare_multi30k. A failing script is reported and the others
 still run; the exit status is 1 if any failed. Then benchmarks/results/peers.md gets one Markdown table built from
 the results JSON files (throughput and ratios against Hugging Face and CTranslate2, and each file's key figures),
@@ -34,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
 
-SCRIPTS = ["translate_speed", "train_throughput", "train_throughput_multi30k", "lm_generate_speed", "prepare_multi30k"]
+SCRIPTS = ["translate_speed", "int8_speed", "train_throughput", "train_throughput_multi30k", "lm_generate_speed",
+           "prepare_multi30k"]
 # a job that runs another job's script with other data: name -> script
 SCRIPT_OF = {"train_throughput_multi30k": "train_throughput"}
 DATA = ROOT.parent / "shared" / "data"
@@ -67,6 +69,12 @@ def command(name: str, args, results: Path) -> tuple[list[str] | None, str]:
         cmd += ["--checkpoint", args.checkpoint]
     if name == "translate_speed" and args.peer_checkpoint:
         cmd += ["--peer-checkpoint", args.peer_checkpoint]
+    if name == "int8_speed":
+        if not args.checkpoint:
+            return None, "needs --checkpoint (a trained Multi30k de-en model)"
+        if not (DATA / "multi30k" / "test2016.de").exists():
+            return None, f"needs Multi30k in {DATA / 'multi30k'}"
+        cmd.append(args.checkpoint)
     if args.quick:
         if has_flag(script, "--quick"):
             cmd.append("--quick")
@@ -153,6 +161,19 @@ def translate_rows(r: dict) -> list[list[str]]:
     return rows
 
 
+def int8_rows(r: dict) -> list[list[str]]:
+    """int8_speed: tfcli int8 beside CTranslate2 int8 on the same weights, and beside tfcli fp32."""
+    speed, bleu = r["sent_per_s"], r["bleu"]
+    what = "int8 translation (Multi30k test2016, trained model, same weights)"
+    return [
+        [what, f"batch {r['batch']}, beam {r['beam']}, sent/s (BLEU {bleu['tfcli int8']:.1f} / "
+               f"{bleu['CT2 int8']:.1f})", _n(speed["tfcli int8"]), "–", _n(speed["CT2 int8"]), "–",
+         _x(r["ratios"]["tfcli int8 / CT2 int8"])],
+        [what, "tfcli int8 / tfcli fp32 (CT2 int8 / CT2 fp32)", _x(r["ratios"]["tfcli int8 / tfcli fp32"]), "–",
+         _x(r["ratios"]["CT2 int8 / CT2 fp32"]), "–", "–"],
+    ]
+
+
 def train_rows(r: dict) -> list[list[str]]:
     med = r["median_tgt_tokens_per_s"]
     hf = next((v for k, v in med.items() if k != "tfcli"), None)
@@ -191,7 +212,7 @@ def prepare_rows(r: dict) -> list[list[str]]:
     ]
 
 
-ROWS = {"translate_speed": translate_rows, "train_throughput": train_rows, "train_throughput_multi30k": train_rows,
+ROWS = {"translate_speed": translate_rows, "int8_speed": int8_rows, "train_throughput": train_rows, "train_throughput_multi30k": train_rows,
         "lm_generate_speed": lm_rows, "prepare_multi30k": prepare_rows}
 
 
@@ -251,7 +272,7 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(SCRIPTS), help="comma-separated subset of: " + ", ".join(SCRIPTS))
     ap.add_argument("--summary-only", action="store_true", help="only rebuild peers.md from existing JSON files")
     ap.add_argument("--checkpoint", default=None, help="a trained Multi30k de-en checkpoint for translate_speed's "
-                    "real-data part (e.g. the one recipes/multi30k.sh de en cpu writes)")
+                    "real-data part and int8_speed (e.g. the one recipes/multi30k.sh de en cpu-long writes)")
     ap.add_argument("--peer-checkpoint", default=None, help="a trained post-norm Multi30k de-en checkpoint for "
                     "translate_speed's side-by-side real-data part (the CPU recipe with --set model.norm=post)")
     ap.add_argument("--results", default=None, help="results directory (default benchmarks/results; with --quick "

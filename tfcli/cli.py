@@ -601,8 +601,8 @@ Device = Annotated[
 ]
 Dtype = Annotated[Optional[str], typer.Option(
     "--dtype", rich_help_panel=_RUN,
-    help="fp32, bf16 or fp16 (autocast; fp16 needs CUDA), or int8 (the CPU: the decoder's linear layers and output "
-    "projection quantised, the encoder in fp32)" + _default(_T.dtype)
+    help="fp32, bf16 or fp16 (autocast; fp16 needs CUDA), or int8 (the CPU: every linear layer quantised; the "
+    "inputs by batch, so an output can change with the batch it is in)" + _default(_T.dtype)
 )]
 Threads = Annotated[Optional[int], typer.Option("--threads", rich_help_panel=_RUN, help="CPU threads for torch.")]
 ShowProgress = Annotated[Optional[bool], typer.Option(

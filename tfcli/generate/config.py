@@ -28,7 +28,7 @@ class TranslateConfig:
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length
     device: str = "auto"  # auto, cpu, cuda, cuda:N
-    dtype: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"  # int8: the CPU, linear layers of the decoder in int8
+    dtype: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"  # int8: the CPU, every linear layer in int8
     threads: Optional[int] = None  # torch CPU threads (default: torch's choice)
 
     def validate(self) -> None:

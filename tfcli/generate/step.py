@@ -404,7 +404,10 @@ def int8_engines() -> list[tuple[str, bool]]:
 
 def _int8_linear(module: nn.Linear):
     """x -> x W^T + b with W in int8: one scale per output row, max |w| mapped to 127. x is quantised at each call
-    from its own range (dynamic quantisation) and the product comes back in fp32. The weights are packed for each
+    from its own range (dynamic quantisation) and the product comes back in fp32. torch's int8 products take one
+    input scale for all rows, so a row's result depends on the other rows in the call: a sentence's translation can
+    change with its batch (benchmarks/int8_speed.py counts how often). One scale per row, composed from torch ops
+    (_int_mm and the scaling around it), ran 2-10x slower here. The weights are packed for each
     of `int8_engines` (where torch reads the engine from a process-wide setting: that setting is restored at once,
     and the packed weights keep their engine); a call with few rows runs on the first, one with many on the last."""
     w = module.weight.detach().float().contiguous()
