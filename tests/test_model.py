@@ -188,3 +188,37 @@ def test_the_forward_compiles_into_one_graph_for_every_shape(kind):
     assert counters["stats"]["unique_graphs"] == 1
     assert not counters["graph_break"]
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (64,), (2, 40)])
+def test_cpu_bf16_linear_pads_rows_to_few_shapes_and_computes_the_same(monkeypatch, shape):
+    """Under bf16 autocast on the CPU, Linear runs the matrix product on rows padded to a multiple of 64 (so oneDNN
+    sees few distinct shapes); the real rows' outputs and every gradient are what the unpadded product gives. Off
+    autocast (fp32) nothing is padded."""
+    import tfcli.model.linear as linear_module
+    from tfcli.model.linear import CPU_BF16_ROWS, Linear
+
+    torch.manual_seed(0)
+    lin = Linear(16, 8)
+    seen = []
+    real_linear = F.linear
+    monkeypatch.setattr(linear_module.nn.functional, "linear", lambda x, w, b=None: (seen.append(x.shape),
+                                                                                          real_linear(x, w, b))[1])
+    x = torch.randn(*shape, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(x)
+    rows = math.prod(shape)
+    assert y.shape == (*shape, 8) and y.dtype == torch.bfloat16
+    assert seen[-1][0] % CPU_BF16_ROWS == 0 and seen[-1][0] - rows < CPU_BF16_ROWS
+    y.float().square().sum().backward()
+    grads = [t.grad.clone() for t in (x, lin.weight, lin.bias)]
+    for t in (x, lin.weight, lin.bias):
+        t.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = real_linear(x, lin.weight, lin.bias)
+    ref.float().square().sum().backward()
+    torch.testing.assert_close(y, ref, atol=0, rtol=0.01)
+    for g, t in zip(grads, (x, lin.weight, lin.bias)):
+        torch.testing.assert_close(g, t.grad, atol=1e-2, rtol=0.02)
+    seen.clear()
+    assert lin(x).shape == (*shape, 8) and seen == [x.shape]  # fp32: as nn.Linear

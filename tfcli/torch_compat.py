@@ -22,3 +22,10 @@ def cpu_has_amx() -> bool:
     products several times faster than fp32 ones. torch.cpu's check is private (2.3+): False where it is missing."""
     check = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return bool(check and check())
+
+
+def cpu_autocast_dtype() -> torch.dtype | None:
+    """The dtype CPU autocast casts to where it is on, else None (torch.is_autocast_enabled("cpu") is 2.4+)."""
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None

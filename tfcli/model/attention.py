@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfcli.model.linear import Linear
+
 
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,  head_i = softmax(Q_i K_i^T / sqrt(d_k) + mask) V_i.
@@ -22,11 +24,11 @@ class MultiHeadAttention(nn.Module):
         self.cross = cross
         self.attn_dropout = attn_dropout
         if cross:
-            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+            self.q_proj = Linear(d_model, d_model, bias=bias)
+            self.kv_proj = Linear(d_model, 2 * d_model, bias=bias)
         else:
-            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.qkv_proj = Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = Linear(d_model, d_model, bias=bias)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape

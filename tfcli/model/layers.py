@@ -9,6 +9,7 @@ from torch import nn
 from tfcli.model.attention import MultiHeadAttention
 from tfcli.model.config import ModelConfig
 from tfcli.model.dropout import Dropout
+from tfcli.model.linear import Linear
 
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -19,8 +20,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.w1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.w2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.act = ACTIVATIONS[cfg.activation]
         self.dropout = Dropout(cfg.dropout)
 

@@ -11,6 +11,7 @@ from torch import nn
 from tfcli.model.config import PAD_ID, ModelConfig
 from tfcli.model.dropout import Dropout
 from tfcli.model.layers import DecoderLayer, EncoderLayer
+from tfcli.model.linear import Linear
 from tfcli.model.positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions
 
 
@@ -95,7 +96,7 @@ class EncoderDecoder(nn.Module):
         tgt_embed = Embeddings(cfg, cfg.tgt_vocab_size, tok=src_embed.tok if cfg.share_embeddings else None)
         self.encoder = Encoder(cfg, src_embed)
         self.decoder = Decoder(cfg, tgt_embed, cfg.n_decoder_layers, cross=True)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
+        self.lm_head = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
         init_weights(self, cfg)
         if cfg.tie_output:
             self.lm_head.weight = tgt_embed.tok.weight
@@ -127,7 +128,7 @@ class DecoderOnlyLM(nn.Module):
         self.cfg = cfg
         embed = Embeddings(cfg, cfg.tgt_vocab_size)
         self.decoder = Decoder(cfg, embed, cfg.n_decoder_layers, cross=False)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
+        self.lm_head = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
         init_weights(self, cfg)
         if cfg.tie_output:
             self.lm_head.weight = embed.tok.weight
