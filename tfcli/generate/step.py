@@ -295,13 +295,14 @@ class _Layer:
         pre = cfg.norm == "pre"
         same = _identity
         # pre-norm: x + f(LN(x)); post-norm: LN(x + f(x))
-        norm = _norm(layer.res_attn.norm if isinstance(layer, EncoderLayer) else layer.res_self.norm)
+        encoder = isinstance(layer, EncoderLayer)  # an encoder layer has no cross-attention, and other names
+        norm = _norm(layer.res_attn.norm if encoder else layer.res_self.norm)
         self.norm_self_in, self.norm_self_out = (norm, same) if pre else (same, norm)
         norm = _norm(layer.res_ffn.norm)
         self.norm_ffn_in, self.norm_ffn_out = (norm, same) if pre else (same, norm)
         self.qkv = _linear(layer.self_attn.qkv_proj, mode)
         self.self_out = _linear(layer.self_attn.out_proj, mode, residual=True)
-        if getattr(layer, "cross_attn", None) is not None:
+        if not encoder and layer.cross_attn is not None:
             norm = _norm(layer.res_cross.norm)
             self.norm_cross_in, self.norm_cross_out = (norm, same) if pre else (same, norm)
             self.cross_q = _linear(layer.cross_attn.q_proj, mode)

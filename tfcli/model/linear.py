@@ -11,7 +11,7 @@ from tfcli.torch_compat import cpu_autocast_dtype
 # Under bf16 autocast on the CPU, oneDNN builds (and caches) a kernel for each distinct number of rows, and training
 # batches bring new ones at every step. A Linear(256, 1024), forward and backward at 1,000-3,000 random rows,
 # Intel Xeon with AMX, 2 threads: 2.3x faster with the rows padded to a multiple of 64, and 456 MB peak RSS instead
-# of 2.1 GB and rising (benchmarks/results/cpu_precision.md has the effect on training).
+# of 2.1 GB and rising (benchmarks/results/cpu_bf16_shapes.md has the effect on training).
 CPU_BF16_ROWS = 64
 
 
