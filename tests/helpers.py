@@ -141,7 +141,7 @@ def train_tiny_checkpoint(
     train = {"schedule": "constant", "warmup": 10, **train}
     if kind == "parallel":
         data = make_parallel_prepared(tmp / "prep", task=task, n_train=2000)
-        cfg = tiny_train_config(data, tmp / "run", max_steps=steps, valid_every=steps, **train)
+        cfg = tiny_train_config(data, tmp / "run", **{"max_steps": steps, "valid_every": steps, **train})
         overrides = {"d_model": 64, "d_ff": 128, **(model or {})}
     else:
         data = make_mono_prepared(tmp / "prep-lm")

@@ -39,7 +39,7 @@ def test_options_are_checked(copier):
     translator = tfcli.load(str(copier), device="cpu")
     with pytest.raises(ConfigError, match="beam"):
         translator.translate(TEXTS, beam_size=0)
-    with pytest.raises(ConfigError, match="no_such_option"):
+    with pytest.raises(TypeError, match="no_such_option"):
         translator.translate(TEXTS, no_such_option=1)
 
 
@@ -94,3 +94,89 @@ def test_score_is_sacrebleu(copier):
     assert scores["chrF2"].score == sacrebleu.corpus_chrf(hyps, [refs]).score
     two = tfcli.score(hyps, [refs, refs2], metrics=["bleu"], lowercase=True)
     assert two["BLEU"].score == sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hyps, [refs, refs2]).score
+
+
+def test_a_string_where_a_list_is_expected_is_a_type_error(copier, counter):
+    """A str is iterable: translate("Ein Hund") would translate each character. Every list argument refuses it, and
+    None, bytes and other objects as items, naming the argument and what to pass."""
+    translator, lm = tfcli.load(str(copier), device="cpu"), tfcli.load(str(counter), device="cpu")
+    calls = {
+        "texts": lambda v: translator.translate(v),
+        "texts ": lambda v: translator.translate_nbest(v, n=2),
+        "prompts": lambda v: lm.generate(v, max_new_tokens=2),
+        "hypotheses": lambda v: tfcli.score(v, ["cat"]),
+    }
+    for name, call in calls.items():
+        name = name.strip()
+        with pytest.raises(TypeError, match=rf"{name}: expected a list of strings, got one str; pass \[text\]"):
+            call("cat dog")
+        with pytest.raises(TypeError, match=rf"{name}: expected a list of strings, got one bytes"):
+            call(b"cat dog")
+        with pytest.raises(TypeError, match=rf"{name}\[1\]: None; expected a string"):
+            call(["cat", None])
+        with pytest.raises(TypeError, match=rf"{name}\[0\]: expected a string, got bytes; decode it first"):
+            call([b"cat"])
+        with pytest.raises(TypeError, match=rf"{name}\[0\]: expected a string, got int"):
+            call([3])
+        with pytest.raises(TypeError, match=rf"{name}: expected a list of strings, got int"):
+            call(3)
+    with pytest.raises(TypeError, match="references: expected a list of strings, got one str"):
+        tfcli.score(["cat"], "cat")
+    with pytest.raises(TypeError, match=r"references\[1\]: expected a list of strings, got one str"):
+        tfcli.score(["cat"], [["cat"], "cat"])
+    assert translator.translate(("cat", "moon")) == ["cat", "moon"]  # any sequence of strings is fine
+    assert translator.translate(iter(["cat"])) == ["cat"]
+
+
+def test_options_a_method_does_not_take_are_refused_by_name(copier, counter):
+    translator, lm = tfcli.load(str(copier), device="cpu"), tfcli.load(str(counter), device="cpu")
+    cases = [
+        (lambda: translator.translate(TEXTS, scores=True), "'scores': it is an option of translate_nbest"),
+        (lambda: translator.translate(TEXTS, nbest=2), "'nbest': it is an option of translate_nbest"),
+        (lambda: translator.translate(TEXTS, device="cpu"), r"'device': it is fixed when the model is loaded"),
+        (lambda: translator.translate_nbest(TEXTS, dtype="bf16"), r"'dtype': it is fixed when the model is loaded"),
+        (lambda: translator.translate(TEXTS, threads=2), "never changes the process's thread count"),
+        (lambda: lm.generate(["cat"], num_samples=2), "repeat a prompt"),
+        (lambda: lm.generate(["cat"], beam_size=2), "'beam_size': it takes max_new_tokens"),
+        (lambda: tfcli.score(["a"], ["a"], beam_size=2), "'beam_size': it takes tokenize"),
+        (lambda: translator.translate_nbest(TEXTS, n="2"), "n: expected an int"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TypeError, match=message):
+            call()
+
+
+def test_values_are_checked_by_name(copier, tmp_path):
+    with pytest.raises(ConfigError, match="dtype: unknown dtype 'int4'"):
+        tfcli.load(str(copier), device="cpu", dtype="int4")
+    with pytest.raises(ValueError, match="dtype"):  # a ConfigError is a ValueError too
+        tfcli.load(str(copier), device="cpu", dtype="float32")
+    with pytest.raises(TypeError, match="device: expected a string"):
+        tfcli.load(str(copier), device=None)
+    with pytest.raises(ConfigError, match="hypotheses: empty"):
+        tfcli.score([], [])
+    with pytest.raises(ConfigError, match="references: 1 lines for 2 hypotheses"):
+        tfcli.score(["a", "b"], ["a"])
+    with pytest.raises(ConfigError, match="unknown metric 'blue'"):
+        tfcli.score(["a"], ["a"], metrics=["blue"])
+
+
+def test_one_string_of_metrics_or_stops_means_what_the_command_line_means(counter):
+    hyps, refs = ["the cat sat", "a dog"], ["the cat sat down", "a dog"]
+    assert tfcli.score(hyps, refs, metrics="bleu").keys() == {"BLEU"}  # not b, l, e, u
+    both = tfcli.score(hyps, refs, metrics="bleu,chrf")
+    listed = tfcli.score(hyps, refs, metrics=["bleu", "chrf"])
+    assert both.keys() == {"BLEU", "chrF2"} and {k: s.score for k, s in both.items()} == {
+        k: s.score for k, s in listed.items()}
+    lm = tfcli.load(str(counter), device="cpu")
+    assert lm.generate(["cat"], greedy=True, stop="fish") == lm.generate(["cat"], greedy=True, stop=["fish"])
+    assert lm.generate(["cat"], greedy=True, stop="fish")[0].split() == ["dog", "egg"]
+
+
+def test_loading_leaves_torch_random_stream_as_it_was(copier, counter):
+    for path in (copier, counter):
+        torch.manual_seed(123)
+        expected = torch.rand(4)
+        torch.manual_seed(123)
+        tfcli.load(str(path), device="cpu")
+        assert torch.equal(torch.rand(4), expected)

@@ -273,10 +273,17 @@ def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
         (("export", seq, "--to", "hf", "-o", tmp_path / "out"), "model.positions learned is not supported"),
         (("export", ckpt, "--to", "hf", "--quantization", "int8", "-o", tmp_path / "out"), "ctranslate2 only"),
         (("export", tmp_path / "words.json", "--to", "hf", "-o", tmp_path / "out"), "not a tfcli checkpoint"),
-        (("export", ckpt, "--to", "ctranslate2", "-o", tmp_path), "already exists"),
+        (("export", ckpt, "--to", "ctranslate2", "-o", tmp_path), "holds the input"),
+        (("export", ckpt, "--to", "ctranslate2", "-o", tmp_path / "pickled"), "already exists"),
         (("import", tmp_path / "nothing", "-o", tmp_path / "out"), "no such directory"),
-        (("import", ckpt, "-o", tmp_path / "out"), "model_type 'None' cannot be imported"),
+        (("import", ckpt, "-o", tmp_path / "out"), "is a tfcli checkpoint already"),
+        (("import", tmp_path / "ct2", "-o", tmp_path / "out"), "is a CTranslate2 model directory"),
+        (("import", tmp_path / "other", "-o", tmp_path / "out"), "is not a transformers model directory"),
     ]
+    for name, config in (("ct2", '{"add_source_bos": false}'), ("other", "{}")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(config)
+    (tmp_path / "ct2" / "model.bin").write_bytes(b"\0" * 16)
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "config.json").write_text('{"model_type": "m2m_100"}')
     cases.append((("import", tmp_path / "bert", "-o", tmp_path / "out"), "m2m_100' cannot be imported (its sinusoidal"))

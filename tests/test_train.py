@@ -586,6 +586,88 @@ def test_resuming_a_time_budgeted_run_keeps_its_planned_steps(tmp_path, parallel
     assert "40 steps planned for the time budget" in capsys.readouterr().err
 
 
+def _lrs(run) -> dict[int, float]:
+    return {r["step"]: r["lr"] for r in metrics(run) if r["split"] == "train"}
+
+
+def test_anchored_cosine_continues_from_where_the_run_was():
+    """learning_rate with an anchor (a, lr_a): the same value at a, then a half cosine from lr_a to min_lr at the
+    new total; it never exceeds lr_a."""
+    args = ("cosine", 1e-3, 10)
+    at_20 = learning_rate(20, *args, 40, 1e-5)
+    lrs = [learning_rate(s, *args, 100, 1e-5, anchor=(20, at_20)) for s in range(20, 101)]
+    assert lrs[0] == at_20 and lrs[-1] == pytest.approx(1e-5)
+    assert all(b <= a for a, b in zip(lrs, lrs[1:]))
+    assert lrs[1] == pytest.approx(at_20, rel=1e-3)  # no jump at the seam
+    assert learning_rate(20, *args, 20, 0.0, anchor=(20, 5e-4)) == 5e-4  # the end at the anchor: flat
+    assert learning_rate(50, "inverse_sqrt", 1e-3, 10, 100, anchor=(20, 5e-4)) == learning_rate(50, "inverse_sqrt",
+                                                                                               1e-3, 10, 100)
+
+
+def test_extending_a_cosine_run_on_resume_never_raises_the_learning_rate(tmp_path, parallel, capsys):
+    """A 20-step cosine run resumed with --max-steps 40: the learning rate goes on down from where it was (the
+    schedule is not recomputed over 40 steps, which would jump back up), reaches min_lr at 40, and a second
+    extension continues the same way."""
+    cfg = dict(max_steps=20, warmup=5, schedule="cosine", log_every=1, valid_every=10, valid_bleu=False,
+               min_lr=1e-5)
+    train(tiny_train_config(parallel, tmp_path / "run", **cfg))
+    capsys.readouterr()
+    result = run_cli_config(None, {"out": str(tmp_path / "run"), "resume": True, "max_steps": 40})
+    assert result.step == 40
+    assert "the cosine continues from lr" in capsys.readouterr().err
+    lrs = _lrs(tmp_path / "run")
+    tail = [lrs[s] for s in range(20, 41)]
+    assert all(b <= a for a, b in zip(tail, tail[1:])), tail
+    assert tail[-1] == pytest.approx(1e-5) and tail[1] == pytest.approx(tail[0], rel=0.05)
+    run_cli_config(None, {"out": str(tmp_path / "run"), "resume": True, "max_steps": 50})
+    lrs = _lrs(tmp_path / "run")
+    assert max(lrs[s] for s in range(41, 51)) <= lrs[40]
+    # resuming an interrupted run without moving its end replays the uninterrupted schedule exactly
+    train(tiny_train_config(parallel, tmp_path / "full", **{**cfg, "max_steps": 40}))
+    train(tiny_train_config(parallel, tmp_path / "part", **{**cfg, "max_steps": 40, "valid_every": 10}))
+    assert _lrs(tmp_path / "full") == _lrs(tmp_path / "part")
+
+
+def test_resume_with_max_steps_replaces_an_old_time_budget(tmp_path, parallel, monkeypatch, capsys):
+    """The reported case: a budgeted run (planned 40 steps, its budget spent) resumed with --max-steps 60 trains to
+    step 60; the old budget does not stop it at once, and the learning rate does not jump back up."""
+    FakeClock(monkeypatch, lambda step: 1.0)
+    train(tiny_train_config(parallel, tmp_path / "run", **{**BUDGET, "min_lr": 1e-5}))
+    capsys.readouterr()
+    result = run_cli_config(None, {"out": str(tmp_path / "run"), "resume": True, "max_steps": 60})
+    assert result.step == 60
+    assert "time budget" not in capsys.readouterr().err
+    lrs = _lrs(tmp_path / "run")
+    assert max(lrs[s] for s in lrs if s > 40) <= lrs[40] * (1 + 1e-9)
+    saved = checkpoint.load(tmp_path / "run")[1]["train"]
+    assert saved["max_steps"] == 60 and saved["max_minutes"] == 0
+
+
+def test_resume_with_a_new_time_budget_plans_again(tmp_path, parallel, monkeypatch, capsys):
+    """--max-minutes on resume is the whole run's budget (time already spent included): the step count is planned
+    again from the speed measured after resuming, and the learning rate goes on down from where it was. A budget
+    that is already spent is refused, naming the time spent."""
+    FakeClock(monkeypatch, lambda step: 1.0)
+    train(tiny_train_config(parallel, tmp_path / "run", **{**BUDGET, "min_lr": 1e-5}))  # 40 steps in 55 s
+    with pytest.raises(ConfigError, match=r"trained 0\.9 minutes already.*whole run"):
+        run_cli_config(None, {"out": str(tmp_path / "run"), "resume": True, "max_minutes": 0.5})
+    capsys.readouterr()
+    result = run_cli_config(None, {"out": str(tmp_path / "run"), "resume": True, "max_minutes": 2.0})
+    err = capsys.readouterr().err
+    assert "steps planned again after resuming" in err and "time budget 2 min:" in err
+    assert 60 < result.step <= 100  # 65 s more at ~1.25 s per step with validations
+    lrs = _lrs(tmp_path / "run")
+    assert max(lrs[s] for s in lrs if s > 40) <= lrs[40] * (1 + 1e-9)
+
+
+def test_a_run_that_is_mostly_warmup_is_warned_about(tmp_path, parallel, capsys):
+    train(tiny_train_config(parallel, tmp_path / "run", max_steps=12, warmup=10, valid_every=12, valid_bleu=False))
+    err = capsys.readouterr().err
+    assert "warning: the run has 12 steps, of which warmup takes 10 (83%)" in err and "lower --warmup" in err
+    train(tiny_train_config(parallel, tmp_path / "ok", max_steps=30, warmup=10, valid_every=30, valid_bleu=False))
+    assert "warms up" not in capsys.readouterr().err
+
+
 def test_time_budget_stops_a_run_that_slows_down(tmp_path, parallel, monkeypatch, capsys):
     """Planned at 1 s per step, the machine then slows to 3 s per step: the run stops when the budget is spent,
     validated and saved, short of the planned steps."""

@@ -298,11 +298,15 @@ def test_missing_matplotlib_says_what_to_install(s2s, tmp_path, monkeypatch):
     sample = collect(model, meta, [SHORT], targets=["me"])[0]
     with pytest.raises(TfcliError, match=r"needs matplotlib: pip install 'tfcli\[plot\]'"):
         render_png(sample, "cross", tmp_path / "x.png")
+    # attention writes what it can without matplotlib: the HTML page, with a note; no PNGs, no empty directory
     r = tfcli("attention", "-m", s2s, SHORT, "-o", tmp_path / "o")
-    assert r.exit_code == 1 and "pip install 'tfcli[plot]'" in r.stderr
-    # what does not draw with matplotlib still works
-    r = tfcli("attention", "-m", s2s, SHORT, "-o", tmp_path / "o", "--no-png")
-    assert r.exit_code == 0 and (tmp_path / "o" / "attention.html").exists()
+    assert r.exit_code == 0 and "warning: no matplotlib: writing the HTML page only" in r.stderr
+    assert "pip install 'tfcli[plot]'" in r.stderr
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["attention.html"]
+    r = tfcli("attention", "-m", s2s, SHORT, "-o", tmp_path / "png-only", "--no-html")
+    assert r.exit_code == 1 and "pip install 'tfcli[plot]'" in r.stderr and not (tmp_path / "png-only").exists()
+    r = tfcli("attention", "-m", s2s, SHORT, "-o", tmp_path / "o2", "--no-png")
+    assert r.exit_code == 0 and (tmp_path / "o2" / "attention.html").exists() and "warning" not in r.stderr
     run = write_metrics(tmp_path / "run", steps=3)
     r = tfcli("plot", run, "-o", tmp_path / "c.png")
     assert r.exit_code == 1 and "tfcli plot needs matplotlib: pip install 'tfcli[plot]'" in r.stderr

@@ -16,6 +16,7 @@ on weights packed beside them).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,55 @@ class Translation:
     token_scores: list[float] | None = None  # log p of each token (and of </s>), with scores=True
 
 
+# what each method takes; the rest of TranslateConfig/GenerateConfig belongs to `load` or to the command line
+_TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
+              "buffer_size", "raw")
+_NBEST_ONLY = ("scores",)
+_GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
+             "repetition_penalty", "seed", "stop", "batch_size")
+_FIXED_BY_LOAD = ("device", "dtype")
+
+
+def _check_options(method: str, options: dict, allowed: tuple[str, ...]) -> None:
+    """Options a method does not take are a TypeError naming them and where they belong, never silently ignored."""
+    for name in options:
+        if name in allowed:
+            continue
+        if name in _FIXED_BY_LOAD:
+            why = f"it is fixed when the model is loaded: tfcli.load(path, {name}=...)"
+        elif name == "threads":
+            why = "the API never changes the process's thread count: call torch.set_num_threads yourself"
+        elif method == "translate" and name in _NBEST_ONLY + ("nbest", "n"):
+            why = "it is an option of translate_nbest(texts, n=..., scores=...)"
+        elif name == "num_samples":
+            why = "repeat a prompt for more samples of it"
+        elif name in ("nbest", "tabular"):
+            why = "use translate_nbest(texts, n=...)"
+        else:
+            why = f"it takes {', '.join(allowed)}"
+        raise TypeError(f"{method}() got an unexpected option {name!r}: {why}")
+
+
+def _texts(value, name: str) -> list[str]:
+    """A list of strings, checked: one string (which would be iterated character by character), None, bytes or
+    other objects as items are a TypeError that says what to pass."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name}: expected a list of strings, got one {type(value).__name__}; pass [text] for a "
+                        "single text")
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected a list of strings, got {type(value).__name__}") from None
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            continue
+        if item is None:
+            raise TypeError(f"{name}[{i}]: None; expected a string (use '' for an empty line)")
+        hint = "; decode it first (.decode('utf-8'))" if isinstance(item, (bytes, bytearray)) else ""
+        raise TypeError(f"{name}[{i}]: expected a string, got {type(item).__name__}{hint}")
+    return items
+
+
 class Translator:
     """A translation model ready to translate lists of sentences."""
 
@@ -41,12 +91,19 @@ class Translator:
 
     def translate(self, texts: list[str], **options) -> list[str]:
         """The best translation of each text. `options`: beam_size (5; 1 is greedy), len_penalty, max_len_a,
-        max_len_b, min_len, batch_size, max_tokens, raw (subword tokens instead of text)."""
-        return [hyps[0].text for hyps in self.translate_nbest(texts, n=1, **options)]
+        max_len_b, min_len, batch_size, max_tokens, buffer_size, raw (subword tokens instead of text)."""
+        _check_options("translate", options, _TRANSLATE)
+        return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), 1, options)]
 
     def translate_nbest(self, texts: list[str], n: int = 1, **options) -> list[list[Translation]]:
         """The n best translations of each text with their scores, best first (`scores=True` adds per-token
-        log-probs). An empty text gives one empty translation with score 0."""
+        log-probs). An empty text gives one empty translation with score 0. `options` as for `translate`."""
+        _check_options("translate_nbest", options, _TRANSLATE + _NBEST_ONLY)
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n: expected an int, got {type(n).__name__}")
+        return self._nbest(_texts(texts, "texts"), n, options)
+
+    def _nbest(self, texts: list[str], n: int, options: dict) -> list[list[Translation]]:
         from tfcli.generate.config import TranslateConfig
         from tfcli.generate.translate import Translator as Lines
 
@@ -68,28 +125,38 @@ class Generator:
         self.model = loaded.model
 
     def generate(self, prompts: list[str], **options) -> list[str]:
-        """The continuation of each prompt (without the prompt). `options`: max_new_tokens (100), greedy,
-        temperature, top_k, top_p, repetition_penalty, seed, stop (strings), batch_size. For several samples of a
-        prompt, repeat it."""
+        """The continuation of each prompt (without the prompt). `options`: max_new_tokens (100), min_new_tokens,
+        ignore_eos, greedy, temperature, top_k, top_p, repetition_penalty, seed, stop (a string or a list of
+        them), batch_size. For several samples of a prompt, repeat it."""
         from tfcli.generate.config import GenerateConfig
         from tfcli.generate.lm import continuations
 
+        _check_options("generate", options, _GENERATE)
+        prompts = _texts(prompts, "prompts")
+        if isinstance(options.get("stop"), str):
+            options["stop"] = [options["stop"]]
+        elif options.get("stop") is not None:
+            options["stop"] = _texts(options["stop"], "stop")
         cfg = override(GenerateConfig(device=str(self.device), dtype=self.dtype), "generate", **options)
         cfg.validate()
-        if cfg.num_samples != 1:
-            raise ConfigError("generate: num_samples is the command line's; repeat a prompt for more samples")
-        return list(continuations(self.loaded, list(prompts), cfg, self.device))
+        return list(continuations(self.loaded, prompts, cfg, self.device))
 
 
 def load(path: str, device: str = "auto", dtype: str = "fp32") -> Translator | Generator:
     """A Translator for a translation checkpoint, a Generator for a language model. `path`: a run directory (its
-    best checkpoint) or a checkpoint directory; `device`: auto, cpu, cuda, cuda:N; `dtype`: fp32, bf16, fp16, int8 (CPU)."""
+    best checkpoint) or a checkpoint directory; `device`: auto, cpu, cuda, cuda:N; `dtype`: fp32, bf16, fp16, int8
+    (CPU). Loading leaves the process as it was: torch's random stream, threads and allocator included."""
     from tfcli.generate import runtime
 
+    for name, value in (("path", path), ("device", device), ("dtype", dtype)):
+        if not isinstance(value, (str, os.PathLike)) or (name != "path" and not isinstance(value, str)):
+            raise TypeError(f"{name}: expected a string, got {type(value).__name__}")
+    if dtype not in runtime.DTYPE_NAMES:
+        raise ConfigError(f"dtype: unknown dtype {dtype!r}; choose from {', '.join(runtime.DTYPE_NAMES)}")
     dev = runtime.resolve_device(device)
     runtime.precision(dev, dtype)  # an impossible precision fails before loading
     kind = checkpoint.model_config(checkpoint.read_meta(path)).kind
-    loaded = runtime.load(path, dev, kind, dtype)
+    loaded = runtime.load(str(path), dev, kind, dtype)
     return (Translator if kind == "seq2seq" else Generator)(loaded, dev, dtype)
 
 
@@ -103,15 +170,33 @@ class Score:
 def score(hypotheses: list[str], references: list[str] | list[list[str]], metrics=("bleu", "chrf"),
           **options) -> dict[str, Score]:
     """sacreBLEU scores of `hypotheses` against one list of references (or a list of such lists), as `tfcli eval`
-    computes them: {name as sacrebleu prints it (BLEU, chrF2, chrF2++, TER): Score}. `metrics`: bleu, chrf, ter;
-    `options`: tokenize ("13a"), lowercase, chrf_word_order (2 for chrF++), ter_case_sensitive."""
+    computes them: {name as sacrebleu prints it (BLEU, chrF2, chrF2++, TER): Score}. `metrics`: bleu, chrf, ter (a
+    list, or one string as `--metrics` takes it: "bleu,chrf"); `options`: tokenize ("13a"), lowercase,
+    chrf_word_order (2 for chrF++), ter_case_sensitive."""
     from tfcli.evaluate.metrics import MetricsConfig
     from tfcli.evaluate.metrics import score as score_systems
 
-    if references and isinstance(references[0], str):
-        references = [references]  # one reference set
-    cfg = override(MetricsConfig(), "eval", metrics=list(metrics), **options)
+    _check_options("score", options, ("tokenize", "lowercase", "chrf_word_order", "chrf_char_order", "chrf_beta",
+                                      "ter_case_sensitive"))
+    hypotheses = _texts(hypotheses, "hypotheses")
+    if isinstance(references, (str, bytes)):
+        _texts(references, "references")  # the TypeError that says what to pass
+    references = list(references)
+    if references and not isinstance(references[0], str) and references[0] is not None:
+        sets = [_texts(ref, f"references[{i}]") for i, ref in enumerate(references)]
+    else:
+        sets = [_texts(references, "references")]  # one reference set
+    if not hypotheses:
+        raise ConfigError("hypotheses: empty; a corpus score needs at least one line")
+    for i, ref in enumerate(sets):
+        if len(ref) != len(hypotheses):
+            where = "references" if len(sets) == 1 else f"references[{i}]"
+            raise ConfigError(f"{where}: {len(ref)} lines for {len(hypotheses)} hypotheses; they must be line-aligned")
+    if isinstance(metrics, str):
+        metrics = [m.strip() for m in metrics.split(",") if m.strip()]
+    metrics = _texts(metrics, "metrics")
+    cfg = override(MetricsConfig(), "eval", metrics=[m.lower() for m in metrics], **options)
     cfg.validate()
-    refs = {f"reference set {i + 1}": [r.rstrip() for r in ref] for i, ref in enumerate(references)}
+    refs = {f"reference set {i + 1}": [r.rstrip() for r in ref] for i, ref in enumerate(sets)}
     report = score_systems({"hypotheses": [h.rstrip() for h in hypotheses]}, refs, cfg)
     return {name: Score(s.score, report.signatures[name], s) for name, s in report.systems[0].scores.items()}

@@ -59,6 +59,16 @@ def resolve(path: os.PathLike | str) -> Path:
     raise CheckpointError(f"{path}: not a checkpoint (no {CONFIG}) and not a run directory with checkpoints")
 
 
+def input_paths(path: os.PathLike | str) -> list[Path]:
+    """What loading `path` reads: the checkpoint directory and the files in it (for refusing an output that would
+    replace one of them); just `path` when it is no checkpoint (loading it says why)."""
+    try:
+        d = resolve(path)
+        return [d, *d.iterdir()]
+    except (CheckpointError, OSError):
+        return [Path(path)]
+
+
 def read_meta(path: os.PathLike | str) -> dict:
     """The checkpoint's config.json, checked for format and version."""
     d = resolve(path)
@@ -112,7 +122,8 @@ def load(path: os.PathLike | str, device: str | torch.device = "cpu") -> tuple[t
     """Build the model from the checkpoint's config and load its weights; returns (model in eval mode, meta)."""
     meta = read_meta(path)
     cfg = model_config(meta)
-    model = build_model(cfg)
+    with torch.random.fork_rng(devices=[]):  # the initial weights are overwritten: the caller's random stream stays
+        model = build_model(cfg)
     weights = Path(meta["dir"]) / WEIGHTS
     if not weights.exists():
         raise CheckpointError(f"{weights}: missing")

@@ -546,6 +546,7 @@ def import_(
                                  help="A transformers model directory (save_pretrained), or a hub name when online."),
     output: Path = typer.Option(..., "--output", "-o", metavar="CKPT", show_default=False,
                                 help="New tfcli checkpoint directory."),
+    force: bool = typer.Option(False, "--force", "-f", help="Replace --output if it exists."),
     quiet: Quiet = False,
 ):
     """Import a Hugging Face Marian, Pegasus or GPT-2 model as a tfcli checkpoint.
@@ -558,9 +559,7 @@ def import_(
     """
     from tfcli.interop.hf import import_model
 
-    if output.exists():
-        fail(f"{output}: already exists; remove it or choose another -o")
-    info = run(import_model, source, output)
+    info = run(import_model, source, output, force)
     vocab = ", ".join(f"{side} {n}" for side, n in info["vocab"].items())
     print(f"{output}: {info['arch']} -> tfcli {info['kind']}, {info['parameters'] / 1e6:.2f}M parameters, vocabulary {vocab}")
 
@@ -1002,7 +1001,8 @@ def attention(
     if not texts:
         fail("no input: give sentences as arguments, --input FILE or on stdin", EXIT_USAGE)
     written = run(
-        write_attention, model, texts, output, targets or None, generate, kinds, layers, png, html, device
+        write_attention, model, texts, output, targets or None, generate, kinds, layers, png, html, device,
+        [input_file] if input_file else [],
     )
     for path in written:
         info(f"wrote {path}")

@@ -35,8 +35,9 @@ class InputError(TfcliError):
         self.line = line
 
 
-class ConfigError(TfcliError):
-    """A config file or flag with an unknown key, a wrong type or an impossible value."""
+class ConfigError(TfcliError, ValueError):
+    """A config file or flag with an unknown key, a wrong type or an impossible value (a ValueError, so that the
+    Python API's callers can catch it as one)."""
 
 
 class CheckpointError(TfcliError):

@@ -205,6 +205,56 @@ def _check_writable_dir(d: Path) -> None:
         raise TfcliError(f"{d}: directory is not writable")
 
 
+def refuse_overwriting_inputs(outputs, inputs, hint: str = "choose another output") -> None:
+    """Raise a TfcliError when writing any of `outputs` would replace or delete one of `inputs`: the same file or
+    directory however it is spelled (relative, absolute, through a symlink, a hard link), or an output directory that
+    holds an input (a directory output is replaced whole). `-` as an output is stdout: refused when the shell
+    redirected it into an input file. Paths that do not exist yet are never inputs."""
+    ins = []
+    for p in inputs:
+        if p is None or str(p) == "-":
+            continue
+        st = _stat(p)
+        if st is not None:
+            ins.append((p, st, os.path.realpath(p)))
+    for out in outputs:
+        if out is None:
+            continue
+        if str(out) == "-":
+            st = _stat_fd(1)
+            if st is None or not stat.S_ISREG(st.st_mode):
+                continue
+            shown, real = "stdout", None
+        else:
+            # also the lexical form: "new-dir/../x" names x once new-dir is created
+            shown, lexical = str(out), os.path.normpath(os.path.abspath(out))
+            st = _stat(out) or _stat(lexical)
+            real = os.path.realpath(out if _stat(out) else lexical)
+            if st is None:
+                continue
+        for p, pst, preal in ins:
+            if (st.st_dev, st.st_ino) == (pst.st_dev, pst.st_ino):
+                same = "" if os.path.abspath(shown) == os.path.abspath(p) else f" (the same file as {p})"
+                raise TfcliError(f"{shown}: is an input of this command{same}; writing it would destroy that input; "
+                                 f"{hint}")
+            if real and stat.S_ISDIR(st.st_mode) and preal.startswith(real.rstrip(os.sep) + os.sep):
+                raise TfcliError(f"{shown}: holds the input {p}; writing this directory would destroy it; {hint}")
+
+
+def _stat(path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _stat_fd(fd: int) -> os.stat_result | None:
+    try:
+        return os.fstat(fd)
+    except (OSError, ValueError):
+        return None
+
+
 def open_text(path: os.PathLike | str) -> IO[bytes]:
     """Open a file for reading bytes; `-` is stdin, `.gz` is decompressed."""
     if str(path) == "-":
@@ -311,6 +361,7 @@ __all__ = [
     "decode_line",
     "iter_lines",
     "read_lines",
+    "refuse_overwriting_inputs",
     "run_lock",
 ]
 

@@ -29,7 +29,7 @@ from tfcli.data.tokenizer import (
     SENTENCEPIECE_SUFFIXES, encode_chunks, for_nfc_text, load_tokenizer, save_tokenizer, train_tokenizer,
 )
 from tfcli.errors import ConfigError, InputError, TfcliError
-from tfcli.io import atomic_dir, run_lock
+from tfcli.io import atomic_dir, refuse_overwriting_inputs, run_lock
 
 SPLITS = ("train", "valid", "test")
 # Options that name input files: their content enters the fingerprint through "inputs", not "settings".
@@ -514,6 +514,7 @@ def _prepare(
     # dataset has no file to hash: its text is hashed as it is read, and compared once read.
     progress("hashing inputs")
     files = _input_files(cfg, kind, sources)
+    refuse_overwriting_inputs([out], [*files.values(), cfg.tokenizer_from], "choose another -o")
     inputs = {path: _sha256_file(path) for path in dict.fromkeys(files.values())}
     roles = {role: inputs[path] for role, path in files.items()}
     hub_only = bool(cfg.dataset) and not cfg.data_files

@@ -9,6 +9,7 @@ from tfcli.errors import ConfigError
 from tfcli.evaluate.metrics import MetricsConfig, Report, check_lengths, read_scored, score
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import translate
+from tfcli.io import refuse_overwriting_inputs
 
 
 def translate_and_score(
@@ -24,6 +25,10 @@ def translate_and_score(
     score them against `references`. Line counts are checked before the (slow) translation when possible."""
     if decoding.tabular or decoding.raw:
         raise ConfigError("--nbest, --scores and --raw make output that is not plain translations; BLEU needs text")
+    if output is not None:
+        from tfcli.checkpoint import input_paths
+
+        refuse_overwriting_inputs([output], [source, *references, *input_paths(ckpt)], "choose another -o")
     refs = {p: read_scored(p) for p in references}
     if source != "-":
         check_lengths({source: read_scored(source)}, refs)

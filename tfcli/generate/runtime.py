@@ -14,6 +14,7 @@ from tfcli.errors import CheckpointError, ConfigError, TfcliError, quiet_enabled
 from tfcli.generate.step import StepModel, int8_available
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = (*DTYPES, "int8")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -30,6 +31,8 @@ def resolve_device(name: str) -> torch.device:
 def precision(device: torch.device, dtype: str):
     """A context for the forward passes: autocast to bf16/fp16, or nothing for fp32 and int8 (whose linear layers
     are quantised once, by StepModel)."""
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"--dtype {dtype}: choose from {', '.join(DTYPE_NAMES)}")
     if dtype == "fp32":
         return contextlib.nullcontext()
     if dtype == "int8":

@@ -24,7 +24,7 @@ from tfcli.generate.config import TranslateConfig
 from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, tune_process, warn
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.errors import TfcliError
-from tfcli.io import atomic_open, iter_lines
+from tfcli.io import atomic_open, iter_lines, refuse_overwriting_inputs
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
 
@@ -199,9 +199,6 @@ def output_paths(inputs: list[str], output_dir: str, suffix: str) -> list[Path]:
     paths = [Path(output_dir) / (Path(p).name + suffix) for p in inputs]
     if len(set(paths)) < len(paths):
         raise TfcliError("--output-dir: two inputs have the same file name; add a --suffix or use -o FILE per run")
-    for src, dst in zip(inputs, paths):
-        if dst.resolve() == Path(src).resolve():
-            raise TfcliError(f"{dst}: would overwrite its own input; choose another --output-dir or a --suffix")
     try:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -215,9 +212,13 @@ def translate(
 ) -> int:
     """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout), or each input file to
     its own file in `output_dir`; returns the line count."""
+    from tfcli.checkpoint import input_paths
+
+    hint = "choose another --output-dir or a --suffix" if output_dir is not None else "choose another -o"
     jobs = [(inputs, output)] if output_dir is None else [
         ([p], str(out)) for p, out in zip(inputs, output_paths(inputs, output_dir, suffix))
     ]
+    refuse_overwriting_inputs([out or "-" for _, out in jobs], inputs + input_paths(checkpoint), hint)
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
     tune_process(device, cfg.threads)

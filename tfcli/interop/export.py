@@ -10,7 +10,7 @@ import tfcli
 from tfcli import checkpoint
 from tfcli.errors import TfcliError
 from tfcli.interop import ct2, hf
-from tfcli.io import atomic_dir
+from tfcli.io import atomic_dir, refuse_overwriting_inputs
 
 TARGETS = ("ctranslate2", "hf")
 
@@ -26,6 +26,7 @@ def export(path: str | Path, to: str, out: str | Path, quantization: str | None 
     if quantization is not None and quantization not in ct2.QUANTIZATIONS:
         raise TfcliError(f"--quantization {quantization}: choose from {', '.join(ct2.QUANTIZATIONS)}")
     out = Path(out)
+    refuse_overwriting_inputs([out], checkpoint.input_paths(path), "choose another -o")
     if out.exists():
         raise TfcliError(f"{out}: already exists; remove it or choose another -o")
     model, meta = checkpoint.load(path)
@@ -40,13 +41,36 @@ def export(path: str | Path, to: str, out: str | Path, quantization: str | None 
         arch = "TransformerSpec" if cfg.kind == "seq2seq" else "TransformerDecoderModelSpec"
         ct2._ctranslate2()
     with atomic_dir(out) as tmp:
-        if to == "ctranslate2":
-            ct2.convert(model, cfg, toks.get("src"), toks["tgt"], str(tmp), quantization)
-            for side, f in files.items():
-                shutil.copyfile(f, tmp / f"tokenizer.{side}.json")
-        else:
-            arch = hf.save_hf(model, cfg, files, tmp)
-        info = {"exported_by": f"tfcli {tfcli.__version__}", "from": meta["dir"], "to": to, "class": arch,
-                "quantization": quantization, "kind": cfg.kind}
-        (tmp / "tfcli_export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        try:
+            if to == "ctranslate2":
+                ct2.convert(model, cfg, toks.get("src"), toks["tgt"], str(tmp), quantization)
+                for side, f in files.items():
+                    shutil.copyfile(f, tmp / f"tokenizer.{side}.json")
+            else:
+                arch = hf.save_hf(model, cfg, files, tmp)
+            info = {"exported_by": f"tfcli {tfcli.__version__}", "from": meta["dir"], "to": to, "class": arch,
+                    "quantization": quantization, "kind": cfg.kind}
+            (tmp / "tfcli_export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        except (TfcliError, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            if not _write_failure(e):
+                raise
+            raise TfcliError(f"{out}: cannot write: {_first_line(e)}") from e
     return {**info, "out": str(out)}
+
+
+def _write_failure(e: BaseException) -> bool:
+    """An error from writing the exported files (a full disk, a file-size limit, permissions), whichever library
+    raised it: an OSError, or safetensors'/CTranslate2's own exception wrapping one."""
+    if isinstance(e, OSError):
+        return True
+    text = str(e)
+    return any(word in text for word in ("IoError", "Os {", "No space", "too large", "Permission denied",
+                                         "Errno", "cannot write", "failed to write", "Unable to open"))
+
+
+def _first_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -21,6 +21,7 @@ own tokens is unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Iterator
@@ -31,6 +32,7 @@ from tfcli.config import to_dict
 from tfcli.errors import TfcliError
 from tfcli.model import ModelConfig
 from tfcli.interop.vocab import reorder_vocabulary, vocab_list
+from tfcli.io import refuse_overwriting_inputs
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 ABSENT_LOGIT = -1e9  # output bias of a special token the imported model did not have
@@ -43,6 +45,19 @@ def _transformers():
     except ImportError:
         raise TfcliError("Hugging Face export/import needs the transformers package: pip install transformers") from None
     return transformers
+
+
+@contextlib.contextmanager
+def _no_progress_bars(tr):
+    """transformers' progress bars off while tfcli calls it, and back as they were after (the caller's setting)."""
+    logging = tr.utils.logging
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
 
 
 # --- which class, and the refusals ----------------------------------------------------------------------------
@@ -306,7 +321,8 @@ def save_hf(model, cfg: ModelConfig, tokenizers: dict[str, Path], out_dir: Path)
     hf.config.tfcli_model = to_dict(cfg)  # so that `tfcli import` restores this config exactly (extra key: ignored)
     hf.generation_config.suppress_tokens = [PAD_ID, BOS_ID]  # never output, as in tfcli's decoders
     hf.generation_config.forced_eos_token_id = None
-    hf.save_pretrained(out_dir)
+    with _no_progress_bars(tr):  # transformers' own "Writing model shards" bar: tfcli's stderr is its own
+        hf.save_pretrained(out_dir)
     seq2seq = cfg.kind == "seq2seq"
     main = tokenizers["src" if seq2seq else "tgt"]
     (out_dir / "tokenizer.json").write_text(_hf_tokenizer_json(main, add_eos=seq2seq), encoding="utf-8")
@@ -340,6 +356,15 @@ def _arch_of(config: dict, hf_dir: Path) -> str:
     kind = config.get("model_type")
     if kind in SUPPORTED:
         return SUPPORTED[kind]
+    if kind is None:
+        if config.get("format") == "tfcli-checkpoint":
+            what = "is a tfcli checkpoint already (use it as it is: tfcli translate -m DIR)"
+        elif (hf_dir / "model.bin").exists():
+            what = "is a CTranslate2 model directory (tfcli exports to CTranslate2, and imports transformers models)"
+        else:
+            what = "is not a transformers model directory (its config.json has no model_type)"
+        raise TfcliError(f"{hf_dir}: {what}; tfcli import takes a Hugging Face transformers directory "
+                         f"(save_pretrained) of model_type {', '.join(SUPPORTED)}")
     why = {"m2m_100": " (its sinusoidal table is fairseq's, with other frequencies and positions offset by the "
                       "padding id, which no tfcli option reproduces)"}.get(kind, "")
     raise TfcliError(f"{hf_dir}: model_type '{kind}' cannot be imported{why}; supported: "
@@ -458,7 +483,7 @@ def _output_bias(b: torch.Tensor | None, order: list[int]) -> torch.Tensor:
     return out
 
 
-def import_model(hf_dir: str | Path, out: str | Path) -> dict:
+def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> dict:
     """`tfcli import`: a local `transformers` Marian, Pegasus or GPT-2 directory (or a hub name, for users online)
     -> a tfcli checkpoint directory that translate/lm-generate/eval/attention use. Returns a summary."""
     import dataclasses
@@ -469,6 +494,10 @@ def import_model(hf_dir: str | Path, out: str | Path) -> dict:
     from tfcli.model import build_model
 
     hf_dir = _local(hf_dir)
+    out = Path(out)
+    refuse_overwriting_inputs([out], [hf_dir], "choose another -o")
+    if out.exists() and not force:
+        raise TfcliError(f"{out}: already exists; pass --force to replace it, or choose another -o")
     config = _read_config(hf_dir)
     arch = _arch_of(config, hf_dir)
     cfg = model_config_from_hf(config, arch, hf_dir)
@@ -523,7 +552,7 @@ def import_model(hf_dir: str | Path, out: str | Path) -> dict:
             files[side].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
             load_tokenizer(files[side])  # tfcli's own check of the specials
         meta = {"model": to_dict(cfg), "step": 0, "imported_from": {"path": str(hf_dir), "model_type": arch}}
-        checkpoint.save(out, model, meta, files)
+        checkpoint.save(out, model, meta, files)  # a new directory, or (force) one swapped in whole
     return {"arch": arch, "kind": cfg.kind, "parameters": sum(p.numel() for p in model.parameters()),
             "vocab": {side: len(o) for side, o in orders.items()}}
 

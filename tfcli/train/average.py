@@ -10,8 +10,8 @@ import torch
 
 from tfcli import checkpoint
 from tfcli.errors import CheckpointError, TfcliError
+from tfcli.io import refuse_overwriting_inputs
 from tfcli.train.checkpoints import CHECKPOINTS, step_dirs
-
 
 
 def last_checkpoints(run_dir: os.PathLike | str, k: int) -> list[Path]:
@@ -37,6 +37,8 @@ def average_checkpoints(
     if len(dirs) < 1:
         raise TfcliError("nothing to average")
     out = Path(out)
+    inputs = [p for d in dirs for p in checkpoint.input_paths(d)]
+    refuse_overwriting_inputs([out], inputs, "choose another --output")
     if out.exists() and not overwrite:
         raise TfcliError(f"{out}: already exists (pass --force to replace it)")
     total: dict[str, torch.Tensor] = {}

@@ -142,24 +142,43 @@ def load_train_config(
     """
     train: dict = dict(saved["train"]) if saved else {}
     model: dict = {}
+    given: dict = {}  # the train keys this invocation sets, whatever the source
     if config_file is not None:
         t, m = _sections(load_config_file(config_file), str(config_file))
         _check_model_keys(m, str(config_file))
-        train.update(t)
+        given.update(t)
         model.update(m)
     if sets:
         t, m = _sections(parse_overrides(sets), "--set")
         _check_model_keys(m, "--set")
-        train.update(t)
+        given.update(t)
         model.update(m)
-    train.update({k: v for k, v in (flags or {}).items() if v is not None})
-    cfg = from_dict(TrainConfig, train, "train")
-    planned = int((saved or {}).get("train", {}).get("max_steps") or 0)
-    if planned and cfg.max_minutes and not cfg.max_steps:
-        # a time-budgeted run planned its step count once (the cosine's length); resuming it with the config that
-        # started it (max_steps: 0) keeps that plan, or the schedule would change under the run
-        cfg.max_steps = planned
+    given.update({k: v for k, v in (flags or {}).items() if v is not None})
+    cfg = from_dict(TrainConfig, {**train, **given}, "train")
+    if saved:
+        _resume_limits(cfg, saved["train"], given)
     return cfg, model
+
+
+def _resume_limits(cfg: TrainConfig, old: dict, given: dict) -> None:
+    """What max_steps and max_minutes mean when a run is resumed; both count the whole run, not this session.
+
+    - Neither changed (the config that started the run, max_steps: 0 included): a time budget keeps the step count
+      it planned (the cosine's length), and the run ends where the uninterrupted one would have.
+    - A new max_steps, and no new max_minutes: that many steps, and the old time budget no longer applies.
+    - A new max_minutes (the whole run's budget, time already spent included), and no max_steps: the step count is
+      planned again from the speed measured after resuming.
+    The learning rate then continues smoothly to the new end (Trainer: schedule anchor)."""
+    planned = int(old.get("max_steps") or 0)
+    old_minutes = float(old.get("max_minutes") or 0.0)
+    new_steps = bool(given.get("max_steps")) and int(given["max_steps"]) != planned
+    new_minutes = "max_minutes" in given and float(given["max_minutes"]) != old_minutes
+    if new_steps and not new_minutes:
+        cfg.max_minutes = 0.0
+    elif new_minutes and not given.get("max_steps"):
+        cfg.max_steps = 0
+    elif planned and cfg.max_minutes and not cfg.max_steps:
+        cfg.max_steps = planned
 
 
 def config_to_yaml(cfg: TrainConfig, model_cfg: ModelConfig) -> str:

@@ -6,7 +6,8 @@ import math
 
 
 def learning_rate(
-    step: int, schedule: str, peak: float, warmup: int, total_steps: int = 0, min_lr: float = 0.0
+    step: int, schedule: str, peak: float, warmup: int, total_steps: int = 0, min_lr: float = 0.0,
+    anchor: tuple[int, float] | None = None,
 ) -> float:
     """The learning rate for update number `step` (1-based).
 
@@ -14,6 +15,8 @@ def learning_rate(
       the peak reached at step = warmup: lr = peak * min(step / warmup, sqrt(warmup / step)).
     cosine: linear warmup to the peak, then lr = min + (peak - min) * (1 + cos(pi * progress)) / 2 until total_steps.
     constant: linear warmup to the peak, then flat.
+    anchor (a, lr_a), cosine only: from step a on, the half cosine runs from lr_a (not the peak) down to min at
+      total_steps. A resumed run whose end moved continues this way, so its learning rate never jumps up.
     """
     step = max(step, 1)
     if warmup > 0 and step < warmup:
@@ -23,6 +26,12 @@ def learning_rate(
     if schedule == "inverse_sqrt":
         return peak * math.sqrt(max(warmup, 1) / step) if warmup > 0 else peak / math.sqrt(step)
     if schedule == "cosine":
+        if anchor is not None and step >= anchor[0]:
+            start, start_lr = anchor
+            if total_steps <= start:
+                return start_lr
+            progress = min(1.0, (step - start) / (total_steps - start))
+            return min_lr + (start_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
         if total_steps <= warmup:
             return peak
         progress = min(1.0, (step - warmup) / (total_steps - warmup))

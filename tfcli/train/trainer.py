@@ -36,7 +36,7 @@ from tfcli.model import ModelConfig, build_model, count_parameters, preset
 from tfcli.model.config import PRESETS
 from tfcli.train import distributed
 from tfcli.train.checkpoints import CHECKPOINTS, pack_state, prune, restore_state, resume_point, step_dirs, step_name
-from tfcli.train.config import TrainConfig, config_to_yaml, differences
+from tfcli.train.config import PLAN_MIN_STEPS, TrainConfig, config_to_yaml, differences
 from tfcli.train.data import Batch, ParallelData, StreamData
 from tfcli.train.flops import gpu_peak_flops, train_flops
 from tfcli.train.log import MetricsLog, ppl
@@ -108,6 +108,8 @@ class Trainer:
         self.run_dir = Path(cfg.out)
         self.ckpt_dir = self.run_dir / CHECKPOINTS
         self.resume_from = resume_point(self.run_dir) if cfg.resume else None
+        if saved is None and self.resume_from is not None:
+            saved = checkpoint.read_meta(self.resume_from)
         if not cfg.resume and (self.ckpt_dir / "LATEST").exists():
             raise TfcliError(f"{self.run_dir}: already holds a training run; pass --resume to continue it, "
                              "or choose another --out")
@@ -166,6 +168,9 @@ class Trainer:
 
         self.step, self.epoch, self.pos = 0, 0, 0
         self.elapsed = 0.0  # training seconds of earlier runs of this run directory
+        # (step, lr): where a resumed run whose end moved continues its cosine from, instead of jumping
+        self.anchor: tuple[int, float] | None = None
+        self.saved_total: int | None = None  # the total steps the resumed run was scheduled for
         self.best: dict | None = None  # {"value", "step", "name"}
         self.bad_validations = 0
         self.last_valid: dict = {}
@@ -183,13 +188,20 @@ class Trainer:
         if not self.steps_per_epoch:
             raise TfcliError(f"{cfg.data}: {len(first_epoch)} batches per epoch, fewer than one step takes "
                              f"({self.dist.world_size} processes x grad_accum {cfg.grad_accum}); lower --max-tokens")
-        self.total_steps = min(
-            cfg.max_steps or math.inf, (cfg.max_epochs * self.steps_per_epoch) if cfg.max_epochs else math.inf
-        )
-        self.total_steps = 0 if self.total_steps == math.inf else int(self.total_steps)
+        if self.resume_from is not None and self.saved_total is None:  # a checkpoint from before total_steps was kept
+            old = (saved or {}).get("train", {})
+            self.saved_total = _total(old.get("max_steps") or 0, old.get("max_epochs") or 0, self.steps_per_epoch)
+        self.total_steps = _total(cfg.max_steps, cfg.max_epochs, self.steps_per_epoch)
         if cfg.schedule == "cosine" and not self.total_steps and not cfg.max_minutes:
             raise ConfigError("train.schedule: cosine needs max_steps, max_epochs or max_minutes to know where it ends")
-        self.plan_at = cfg.warmup if cfg.max_minutes and not cfg.max_steps else 0  # the step that plans the budget
+        new_budget = cfg.max_minutes != float((saved or {}).get("train", {}).get("max_minutes") or 0.0)
+        if self.resume_from is not None and new_budget and cfg.max_minutes and 60 * cfg.max_minutes <= self.elapsed:
+            raise ConfigError(f"train.max_minutes: the run has trained {self.elapsed / 60:.1f} minutes already, and "
+                              f"max_minutes counts the whole run; give more than that, or --max-steps N")
+        # the step that plans the budget: the end of warmup, or (a resumed run re-planned) a few steps from here
+        self.plan_at = max(cfg.warmup, self.step + PLAN_MIN_STEPS if self.resume_from else 0) \
+            if cfg.max_minutes and not cfg.max_steps else 0
+        self._continue_schedule()
         self.valid_seconds: list[float] = []  # how long each validation + checkpoint took (for the plan)
         self.plan_mark: tuple[float, float, int] | None = None  # (time, validation seconds, step) halfway to plan_at
 
@@ -202,6 +214,7 @@ class Trainer:
                               self.total_steps)
         self.profiler = StepProfiler(cfg.profile, self.run_dir, self.device, self.main)
         self._announce(first_epoch)
+        self._warn_short()
         self._reset_interval()
         self.elapsed_at_start, self.step_at_start = self.elapsed, self.step
 
@@ -311,6 +324,15 @@ class Trainer:
         if self.resume_from is not None:
             planned = f"; {cfg.max_steps} steps planned for the time budget" if cfg.max_minutes and cfg.max_steps else ""
             log.print(f"resuming from {self.resume_from} (step {self.step}, epoch {self.epoch + 1}{planned})")
+            limits = [f"max_steps {cfg.max_steps}"] if cfg.max_steps else []
+            if cfg.max_minutes:
+                limits.append(f"max_minutes {cfg.max_minutes:g} for the whole run ({self.elapsed / 60:.1f} spent"
+                              + ("; steps planned again after resuming" if not cfg.max_steps else "") + ")")
+            if limits:
+                log.print("limits: " + ", ".join(limits))
+            if self.anchor and self.anchor[0] == self.step and self.total_steps != self.saved_total:
+                log.print(f"schedule: the cosine continues from lr {self.anchor[1]:.3g} at step {self.step} down to "
+                          f"{cfg.min_lr:g} at the new end (it does not restart)")
             if self.old_group_size != self.group_size:
                 log.print(f"note: {self.old_group_size} batches per step before, {self.group_size} now (processes x "
                           "grad_accum changed): training continues, but not as the same run bit for bit", warning=True)
@@ -326,7 +348,7 @@ class Trainer:
             if self.resume_from is not None and (done or (cfg.max_epochs and self.epoch >= cfg.max_epochs)):
                 limit = f"max_steps {cfg.max_steps}" if done else f"max_epochs {cfg.max_epochs}"
                 self.log.print(f"{self.run_dir}: this run has finished (step {self.step}, {limit}); to train on, "
-                               f"resume with a larger --max-steps or --max-epochs")
+                               f"resume with a larger --max-steps, --max-epochs or --max-minutes")
             while not done and not (cfg.max_epochs and self.epoch >= cfg.max_epochs):
                 batches = self.train_data.batches(self.epoch)
                 while self.pos < len(batches):
@@ -344,7 +366,9 @@ class Trainer:
                         break
                     if overs:
                         self.log.print(f"time budget of {cfg.max_minutes:g} minutes reached at step {self.step}"
-                                       + (f" of {cfg.max_steps} planned" if cfg.max_steps else ""))
+                                       + (f" of {cfg.max_steps} planned" if cfg.max_steps else "")
+                                       + ("; to train on, resume with a larger --max-minutes (the whole run's) or "
+                                          "--max-steps N" if self.step == self.step_at_start else ""))
                         done = True
                         break
                     try:
@@ -370,7 +394,7 @@ class Trainer:
                         early_stopped = self._validate_and_save()
                         saved_step = self.step
                         done = done or early_stopped
-                    if self.step == self.plan_at // 2:
+                    if self.step == (self.step_at_start + self.plan_at) // 2:
                         self.plan_mark = (self._time(), sum(self.valid_seconds), self.step)
                     if self.step == self.plan_at and not done:
                         if saved_step != self.step:  # time one validation for the plan
@@ -426,6 +450,7 @@ class Trainer:
             f"{one_valid:.1f} s per validation, measured); --max-steps {cfg.max_steps} without --max-minutes "
             "repeats this schedule"
         )
+        self._warn_short()
 
     def _step(self, batches: list[Batch], global_tokens: float) -> None:
         """One update from this process's micro-batches; the loss is normalised by the step's global token count."""
@@ -453,7 +478,30 @@ class Trainer:
 
     def _lr(self, step: int) -> float:
         c = self.cfg
-        return learning_rate(step, c.schedule, c.lr, c.warmup, self.total_steps, c.min_lr)
+        return learning_rate(step, c.schedule, c.lr, c.warmup, self.total_steps, c.min_lr, self.anchor)
+
+    def _continue_schedule(self) -> None:
+        """A resumed cosine run whose end moved (a new max_steps, or a new budget to plan) decays from the learning
+        rate it had reached to the new end, instead of recomputing the cosine over the new length, which would jump
+        back up (a run that had reached its floor would restart near the peak)."""
+        cfg = self.cfg
+        if self.saved_total is None or cfg.schedule != "cosine" or self.step < cfg.warmup:
+            return
+        moved = self.total_steps != self.saved_total or (cfg.max_minutes and not cfg.max_steps)
+        if moved:
+            reached = learning_rate(self.step, cfg.schedule, cfg.lr, cfg.warmup, self.saved_total, cfg.min_lr,
+                                    self.anchor)
+            self.anchor = (self.step, reached)
+
+    def _warn_short(self) -> None:
+        """Most of a run spent warming up is a run that never trains at its peak learning rate."""
+        cfg = self.cfg
+        if self.total_steps and cfg.warmup and cfg.warmup * 2 > self.total_steps and self.main:
+            why = "the time budget leaves" if cfg.max_minutes else "the run has"
+            self.log.print(f"warning: {why} {self.total_steps} steps, of which warmup takes {cfg.warmup} "
+                           f"({cfg.warmup / self.total_steps:.0%}): most of the run warms up; lower --warmup"
+                           + (" or raise --max-minutes" if cfg.max_minutes else " or raise --max-steps"),
+                           warning=True)
 
     def _reset_interval(self) -> None:
         self.acc = torch.zeros(2, device=self.device)  # summed loss, summed nll (on the device: no sync per step)
@@ -563,6 +611,7 @@ class Trainer:
                 "step": self.step, "epoch": self.epoch, "position": self.pos, "batches_per_step": self.group_size,
                 "world_size": self.dist.world_size, "elapsed": self._time(), "best": self.best,
                 "bad_validations": self.bad_validations, "last_valid": self.last_valid,
+                "total_steps": self.total_steps, "schedule_anchor": list(self.anchor) if self.anchor else None,
             }
             tensors, state = pack_state(self.optimizer, self.scaler, torch_states, cuda_states, counters)
             meta = {
@@ -606,10 +655,19 @@ class Trainer:
             raise CheckpointError(f"{path}: corrupt or incomplete trainer state ({type(e).__name__}: {e})") from None
         self.last_valid = state.get("last_valid") or {}
         self.old_group_size = state.get("batches_per_step")
+        anchor = state.get("schedule_anchor")
+        self.anchor = (int(anchor[0]), float(anchor[1])) if anchor else None
+        self.saved_total = state.get("total_steps")
 
     def close(self) -> None:
         self.profiler.close()
         self.log.close()
+
+
+def _total(max_steps: int, max_epochs: int, steps_per_epoch: int) -> int:
+    """The run's last step by its limits (0: none known yet, e.g. a time budget still to plan)."""
+    return min(max_steps or math.inf, max_epochs * steps_per_epoch if max_epochs else math.inf) \
+        if max_steps or max_epochs else 0
 
 
 def out_of_memory(e: BaseException) -> bool:

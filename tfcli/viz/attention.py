@@ -33,7 +33,8 @@ from tfcli.errors import TfcliError
 from tfcli.generate.config import GenerateConfig
 from tfcli.generate.lm import START_ID, generate_ids
 from tfcli.generate.search import greedy_search
-from tfcli.io import atomic_write_text
+from tfcli.io import atomic_write_text, refuse_overwriting_inputs
+from tfcli.viz.mpl import have_matplotlib
 from tfcli.model.config import BOS_ID, EOS_ID
 
 MAX_SENTENCES = 16  # pictures are for looking at a few sentences, not for a corpus
@@ -529,10 +530,17 @@ def write_attention(
     png: bool = True,
     html_page: bool = True,
     device: str = "auto",
+    sources: Sequence[os.PathLike | str] = (),
 ) -> list[Path]:
-    """Load a checkpoint, collect attention for `texts`, write PNGs and/or the HTML page into out_dir."""
-    from tfcli.generate.runtime import resolve_device
+    """Load a checkpoint, collect attention for `texts`, write PNGs and/or the HTML page into out_dir. `sources`:
+    files the texts were read from (never written over). Without matplotlib only the HTML page is written."""
+    from tfcli.generate.runtime import resolve_device, warn
 
+    if png and not have_matplotlib():
+        if not html_page:
+            raise TfcliError("the PNGs need matplotlib: pip install 'tfcli[plot]' (or drop --no-html for the HTML page)")
+        warn("no matplotlib: writing the HTML page only (pip install 'tfcli[plot]' for the PNGs)")
+        png = False
     model, meta = checkpoint.load(ckpt, resolve_device(device))
     lm = model.cfg.kind == "lm"
     available = ["self"] if lm else ["encoder", "self", "cross"]
@@ -548,23 +556,28 @@ def write_attention(
         s.maps = {k: s.maps[k] for k in kinds}
 
     out = Path(out_dir)
+    file_names = {"encoder": "encoder-self", "self": "self" if lm else "decoder-self", "cross": "cross"}
+    pngs = {(i, kind): out / f"sentence{i}-{file_names[kind]}.png"
+            for i in range(1, len(samples) + 1) for kind in kinds} if png else {}
+    page = out / "attention.html"
+    refuse_overwriting_inputs([*pngs.values(), page if html_page else None],
+                              [*checkpoint.input_paths(ckpt), *sources], "choose another -o")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TfcliError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
     written: list[Path] = []
     if png:
-        file_names = {"encoder": "encoder-self", "self": "self" if lm else "decoder-self", "cross": "cross"}
         for i, s in enumerate(samples, 1):
             for kind in kinds:
-                path = out / f"sentence{i}-{file_names[kind]}.png"
+                path = pngs[i, kind]
                 title = f"{s.kind_title(kind, lm)}: \u201c{_short(s.text)}\u201d"
                 if s.target_text is not None and kind != "encoder":
                     title += f" \u2192 \u201c{_short(s.target_text)}\u201d"
                 render_png(s, kind, path, picked[kind], title)
                 written.append(path)
     if html_page:
-        path = out / "attention.html"
+        path = page
         cfg = model.cfg
         info = (
             f"{Path(meta['dir']).name}: {'language model' if lm else 'translation model'}, "

@@ -8,6 +8,14 @@ from tfcli.errors import TfcliError
 from tfcli.io import atomic_open
 
 
+def have_matplotlib() -> bool:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def new_figure(what: str, **kwargs):
     """A matplotlib Figure on the Agg canvas; `what` names the feature for the install hint."""
     try:

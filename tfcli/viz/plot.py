@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from tfcli.errors import InputError, TfcliError
-from tfcli.io import iter_lines
+from tfcli.io import iter_lines, refuse_overwriting_inputs
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -148,6 +148,7 @@ def plot_runs(runs: Sequence[Run], path: os.PathLike | str, title: str | None = 
     """All panels on one figure, against the training step; runs overlaid, one colour each."""
     from tfcli.viz.mpl import new_figure, save_png
 
+    refuse_overwriting_inputs([path], [r.path for r in runs], "choose another -o")
     panels = panels_with_data(runs)
     if not panels:
         raise TfcliError(f"{runs[0].path}: no plottable metrics (loss, ppl, bleu, lr, tgt_tokens_per_s, grad_norm)")
