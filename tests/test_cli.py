@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import typer
 
 from tfcli.cli import app
@@ -93,19 +94,26 @@ def test_attention_help_names_the_files_it_writes(tmp_path):
         assert name in help_text
 
 
-def test_tensorboard_writes_events_or_says_once_that_it_cannot(tmp_path, capsys):
+def test_tensorboard_is_opt_in_and_asking_for_it_without_the_package_says_what_to_install(tmp_path, capsys):
     import importlib.util
 
     from helpers import make_parallel_prepared, tiny_train_config
+    from tfcli.errors import ConfigError
+    from tfcli.train.config import TrainConfig
     from tfcli.train.trainer import train
 
+    assert TrainConfig().tensorboard is False
     data = make_parallel_prepared(tmp_path / "prep")
-    train(tiny_train_config(data, tmp_path / "run", max_steps=4, valid_every=2, log_every=1, valid_bleu=False,
-                            tensorboard=True))
-    err = capsys.readouterr().err
+    train(tiny_train_config(data, tmp_path / "plain", max_steps=2, valid_every=2, valid_bleu=False))
+    assert "tensorboard" not in capsys.readouterr().err and not (tmp_path / "plain" / "tensorboard").exists()
+    cfg = tiny_train_config(data, tmp_path / "run", max_steps=4, valid_every=2, log_every=1, valid_bleu=False,
+                            tensorboard=True)
     if importlib.util.find_spec("tensorboard") is None:
-        assert err.count("tensorboard is not installed") == 1
+        with pytest.raises(ConfigError, match=r"pip install 'tfcli\[tensorboard\]'"):
+            train(cfg)
+        assert not (tmp_path / "run").exists()
     else:
+        train(cfg)
         assert any((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
 

@@ -437,7 +437,9 @@ def test_out_of_memory_stops_with_the_setting_to_lower_and_resume_goes_on(where,
     assert all(torch.equal(a[k], b[k]) for k in a)  # as if nothing had happened
 
 
-def test_output_in_a_missing_directory_is_one_line(tmp_path):
+def test_an_output_creates_its_missing_directories_or_says_what_is_in_the_way(tmp_path):
+    """One rule for every output: -o new/dir/out.txt creates new/dir, as --output-dir does; a file where a
+    directory should be is one line naming it."""
     from helpers import copy_model, save_model, save_word_tokenizer
     from typer.testing import CliRunner
 
@@ -445,6 +447,14 @@ def test_output_in_a_missing_directory_is_one_line(tmp_path):
 
     tok = save_word_tokenizer(tmp_path / "w.json", [f"w{i}" for i in range(20)])
     ckpt = save_model(tmp_path / "ck", copy_model(), tok)
-    out = tmp_path / "missing" / "out.txt"
+    out = tmp_path / "missing" / "deeper" / "out.txt"
     r = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "-", "-o", str(out)], input="w1\n")
-    assert r.exit_code == 1 and r.stderr.strip() == f"error: {tmp_path / 'missing'}: directory does not exist"
+    assert r.exit_code == 0 and out.read_text() == "w1\n"
+    (tmp_path / "afile").write_text("x")
+    r = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "-", "-o", str(tmp_path / "afile" / "sub" / "o.txt")],
+                           input="w1\n")
+    assert r.exit_code == 1 and r.stderr.strip() == (
+        f"error: {tmp_path / 'afile' / 'sub'}: cannot be created: {tmp_path / 'afile'} is a file")
+    for command in (["plot", str(tmp_path / "nope"), "-o", str(tmp_path / "p" / "q" / "c.png")],):
+        r = CliRunner().invoke(app, command)
+        assert r.exit_code == 1 and "nope" in r.stderr  # the input's error, not the output's directory

@@ -24,6 +24,14 @@ from tfcli.errors import (
     EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, debug_enabled, interrupt, quiet_enabled, raise_if_interrupted,
 )
 from tfcli.generate.config import GenerateConfig, TranslateConfig
+from tfcli.train.config import TrainConfig
+
+_T, _G, _TRAIN = TranslateConfig(), GenerateConfig(), TrainConfig()
+
+
+def _default(value) -> str:
+    return f" \\[default: {value}]."
+
 
 def _value_type(self, ctx):
     """A flag takes no value, so its help row shows none (typer prints `<bool>`, which made users type `--json
@@ -92,6 +100,37 @@ def run(fn, *args, **kwargs):
             fail(f"out of memory{tried}; use a smaller model or lower --batch-size / --max-tokens")
         first = (str(e).strip().splitlines() or [""])[0]
         fail(f"internal error: {type(e).__name__}: {first} (run with --debug for the traceback, and please report it)")
+
+
+def refuse_unused(ctx: typer.Context, names, why: str) -> None:
+    """A flag the chosen mode does not use is a usage error naming it, never silently ignored (`eval --dtype int8`
+    on perplexity would print fp32's number). `names`: parameter names; only those given on the command line count."""
+    for name in names:
+        source = ctx.get_parameter_source(name)  # (by name: typer vendors its own click from 0.2x on)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            param = next(p for p in ctx.command.params if p.name == name)
+            flag = max(param.opts, key=len) if param.opts else name
+            fail(f"{flag} {why}", EXIT_USAGE)
+
+
+def check_choice(flag: str, value, choices) -> None:
+    """A flag's value outside its choices is a usage error (exit 2), as click's own choices are, with the choices and
+    the closest one."""
+    import difflib
+
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if v is not None and v not in choices:
+            close = difflib.get_close_matches(str(v), [str(c) for c in choices], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            fail(f"{flag} {v}: unknown; choose from {', '.join(map(str, choices))}{hint}", EXIT_USAGE)
+
+
+def choices_of(cls, name: str) -> tuple:
+    """The values a config dataclass's Literal field allows (its one place of definition)."""
+    import typing
+
+    return typing.get_args(typing.get_type_hints(cls)[name])
 
 
 def _out_of_memory(e: Exception) -> bool:
@@ -251,6 +290,7 @@ def prepare(
         "a prepared directory, or a checkpoint/run (to prepare evaluation data for a trained model; no train split "
         "needed).",
     ),
+    encoding_errors: EncodingErrors = None,
     tokenizer_sample: Optional[int] = typer.Option(
         None, "--tokenizer-sample", metavar="N", rich_help_panel=_TOK,
         help="Train the tokenizer on a random sample of N train rows (SentencePiece's input_sentence_size): "
@@ -273,7 +313,12 @@ def prepare(
     import contextlib
     import time
 
-    from tfcli.data.prepare import prepare as run_prepare, prepare_config
+    from tfcli.data.prepare import PrepareConfig, prepare as run_prepare, prepare_config
+
+    for flag, value, name in (("--format", fmt, "format"), ("--mono-mode", mono_mode, "mono_mode"),
+                              ("--tokenizer", tokenizer, "tokenizer"), ("--encoding-errors", encoding_errors,
+                                                                         "encoding_errors")):
+        check_choice(flag, value, choices_of(PrepareConfig, name))
 
     cfg = run(
         prepare_config, config,
@@ -283,7 +328,7 @@ def prepare(
         dataset_config=dataset_config, data_files=data_files or None, dataset_splits=dataset_splits or None,
         streaming=streaming, nfc=nfc, strip=strip, drop_empty=drop_empty, dedupe=dedupe, max_length=max_length, max_ratio=max_ratio,
         tokenizer=tokenizer, vocab_size=vocab_size, joint_vocab=joint_vocab,
-        tokenizer_from=tokenizer_from, tokenizer_sample=tokenizer_sample,
+        tokenizer_from=tokenizer_from, tokenizer_sample=tokenizer_sample, encoding_errors=encoding_errors,
     )
     start = time.perf_counter()
     # a spinner naming the stage, on a terminal only
@@ -404,11 +449,15 @@ def train(
         None, "--patience", rich_help_panel=_VAL, help="Validations without improvement before stopping (0: never)."
     ),
     keep_last: Optional[int] = typer.Option(
-        None, "--keep-last", rich_help_panel=_VAL, help="Checkpoints kept besides the best \\[default: 3]."
+        None, "--keep-last", rich_help_panel=_VAL, help="Checkpoints kept besides the best" + _default(_TRAIN.keep_last)
     ),
     average_last: Optional[int] = typer.Option(
         None, "--average-last", rich_help_panel=_VAL, help="At the end, average the last K checkpoints into "
         "RUN/checkpoints/avg-lastK."
+    ),
+    tensorboard: Optional[bool] = typer.Option(
+        None, "--tensorboard/--no-tensorboard", rich_help_panel=_VAL,
+        help="Also write TensorBoard events to RUN/tensorboard (pip install 'tfcli[tensorboard]') \\[default: off].",
     ),
     device: Optional[str] = typer.Option(None, "--device", rich_help_panel=_HW, help="auto, cpu, cuda, cuda:N."),
     precision: Optional[str] = typer.Option(
@@ -441,14 +490,20 @@ def train(
     Ctrl-C or SIGTERM finishes the step, saves a checkpoint and exits with status 130.
     Prints the best (else the last) checkpoint's path on stdout. "tok/s" counts non-padding target tokens.
     """
+    from tfcli.model.config import PRESETS
     from tfcli.train.trainer import run as run_training
 
+    check_choice("--arch", arch, list(PRESETS))
+    for flag, value, name in (("--schedule", schedule, "schedule"), ("--precision", precision, "precision"),
+                              ("--early-stop", early_stop, "early_stop_metric")):
+        check_choice(flag, value, choices_of(TrainConfig, name))
     flags = dict(
         data=data, out=out, arch=arch, resume=resume or None, init_from=init_from, max_steps=max_steps, max_epochs=max_epochs,
         max_minutes=max_minutes, lr=lr, schedule=schedule, warmup=warmup, label_smoothing=label_smoothing,
         weight_decay=weight_decay, clip_norm=clip_norm, grad_accum=grad_accum, seed=seed, max_tokens=max_tokens, max_sentences=max_sentences,
         max_len=max_len, bpe_dropout=bpe_dropout, log_every=log_every, valid_every=valid_every, valid_bleu=valid_bleu,
         early_stop_metric=early_stop, patience=patience, keep_last=keep_last, average_last=average_last,
+        tensorboard=tensorboard,
         device=device, precision=precision, compile=compile_, threads=threads, profile=profile,
     )
     result = run(run_training, config, flags, sets)
@@ -474,7 +529,11 @@ def config_(
     tfcli config --arch lm-cpu         a language model's shapes
     tfcli config translate generate    the decoding sections (tfcli translate / lm-generate -c FILE)
     """
-    from tfcli.config import defaults_yaml
+    from tfcli.config import CONFIG_SECTIONS, defaults_yaml
+    from tfcli.model.config import PRESETS
+
+    check_choice("SECTION", list(sections or []), list(CONFIG_SECTIONS))
+    check_choice("--arch", arch, list(PRESETS))
 
     print(run(defaults_yaml, sections or ["model", "train"], arch), end="")
 
@@ -482,7 +541,10 @@ def config_(
 @app.command("average-checkpoints")
 def average_checkpoints(
     run_dir: Optional[Path] = typer.Argument(None, metavar="RUN", show_default=False, help="Run directory."),
-    last: int = typer.Option(5, "--last", "-k", help="Average the last K checkpoints of RUN."),
+    last: Optional[int] = typer.Option(
+        None, "--last", "-k", help="Average the last K checkpoints of RUN \\[default: what `tfcli train` keeps, "
+        f"--keep-last {_TRAIN.keep_last}; fewer when the run wrote fewer]."
+    ),
     checkpoints: Optional[List[Path]] = typer.Option(
         None, "--checkpoint", metavar="CKPT", show_default=False, help="Average these checkpoints instead (repeat)."
     ),
@@ -501,12 +563,18 @@ def average_checkpoints(
 
     if (run_dir is None) == (not checkpoints):
         fail("give a RUN directory or --checkpoint CKPT (repeated), not both", EXIT_USAGE)
+    if last is not None and checkpoints:
+        fail("--last counts a RUN's checkpoints; with --checkpoint, name each one", EXIT_USAGE)
+    if run_dir is not None and last is None:  # the default: what training keeps, or all of a shorter run
+        from tfcli.train.average import available_checkpoints
+
+        last = min(_TRAIN.keep_last, run(available_checkpoints, run_dir))
     if output is None:
         if run_dir is None:
             fail("--output is needed with --checkpoint", EXIT_USAGE)
         output = run_dir / "checkpoints" / f"avg-last{last}"
     source = list(checkpoints) if checkpoints else run_dir
-    print(run(average, source, last, output, force))
+    print(run(average, source, last or 0, output, force))
 
 
 @app.command("export")
@@ -534,8 +602,11 @@ def export_(
     shared embeddings) or GPT-2 (language models with learned positions); other options are refused, naming the
     option. The directory is written whole or not at all.
     """
-    from tfcli.interop.export import export
+    from tfcli.interop.ct2 import QUANTIZATIONS
+    from tfcli.interop.export import TARGETS, export
 
+    check_choice("--to", to, TARGETS)
+    check_choice("--quantization", quantization, QUANTIZATIONS)
     info = run(export, model, to, output, quantization)
     print(f"{info['out']}: {info['class']} ({info['to']}{', ' + info['quantization'] if info['quantization'] else ''})")
 
@@ -567,11 +638,6 @@ def import_(
 # --- options that several commands share, each defined once (defaults shown from the config dataclasses) ------------
 
 _DEC, _FMT, _RUN, _SAMPLE = "Decoding", "Output format", "Batching and device", "Sampling"
-_T, _G = TranslateConfig(), GenerateConfig()
-
-
-def _default(value) -> str:
-    return f" \\[default: {value}]."
 
 
 Checkpoint = Annotated[str, typer.Option("--model", "-m", metavar="CKPT", help="Checkpoint or run directory.")]
@@ -604,6 +670,11 @@ Dtype = Annotated[Optional[str], typer.Option(
     "inputs by batch, so an output can change with the batch it is in)" + _default(_T.dtype)
 )]
 Threads = Annotated[Optional[int], typer.Option("--threads", rich_help_panel=_RUN, help="CPU threads for torch.")]
+EncodingErrors = Annotated[Optional[str], typer.Option(
+    "--encoding-errors", metavar="strict|replace",
+    help="Input that is not UTF-8: strict stops at the first bad byte, naming file, line and column; replace reads "
+    "each bad byte as U+FFFD (the line is kept, the line count holds; a warning counts them) \\[default: strict].",
+)]
 ShowProgress = Annotated[Optional[bool], typer.Option(
     "--progress/--no-progress", rich_help_panel=_RUN,
     help="Progress bar on stderr \\[default: when stderr is a terminal].",
@@ -618,6 +689,7 @@ def _config_file(section: str):
 
 @app.command()
 def translate(
+    ctx: typer.Context,
     inputs: Optional[List[str]] = typer.Argument(
         None, metavar="FILE", show_default=False, help="Input files, one sentence a line ('-' or none: stdin)."
     ),
@@ -659,6 +731,7 @@ def translate(
     dtype: Dtype = None,
     threads: Threads = None,
     progress: ShowProgress = None,
+    encoding_errors: EncodingErrors = None,
     quiet: Quiet = False,
 ):
     """Translate lines from files or stdin to stdout with beam search or greedy decoding.
@@ -678,11 +751,16 @@ def translate(
     from tfcli.generate.config import translate_config
     from tfcli.generate.translate import translate as run_translate
 
+    if greedy and beam_size not in (None, 1):
+        refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
+    check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
+    check_choice("--encoding-errors", encoding_errors, choices_of(TranslateConfig, "encoding_errors"))
     cfg = run(
         translate_config, config,
         beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
         min_len=min_len, nbest=nbest, scores=scores or None, raw=raw or None, batch_size=batch_size,
         max_tokens=max_tokens, buffer_size=buffer_size, device=device, dtype=dtype, threads=threads,
+        encoding_errors=encoding_errors,
     )
     if output_dir is not None and output is not None:
         fail("-o FILE and --output-dir DIR exclude each other", EXIT_USAGE)
@@ -693,6 +771,7 @@ def translate(
 
 @app.command("lm-generate")
 def lm_generate(
+    ctx: typer.Context,
     prompts: Optional[List[str]] = typer.Argument(
         None, metavar="PROMPT", show_default=False,
         help="Prompts to continue. None: one per line of --input, or of stdin when piped; else generate from scratch.",
@@ -764,6 +843,12 @@ def lm_generate(
     from tfcli.generate.config import generate_config
     from tfcli.generate.lm import lm_generate as run_generate
 
+    if greedy:
+        refuse_unused(ctx, ["temperature", "top_k", "top_p", "seed"], "is not used with --greedy (no sampling)")
+    if ignore_eos:
+        refuse_unused(ctx, ["min_new_tokens"], "is not used with --ignore-eos (</s> never ends the text)")
+    check_choice("--dtype", dtype, choices_of(GenerateConfig, "dtype"))
+
     cfg = run(
         generate_config, config,
         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, ignore_eos=ignore_eos or None,
@@ -781,6 +866,7 @@ _TEXT, _SIG, _MODEL, _TR, _OUT = (
 
 @app.command("eval")
 def eval_(
+    ctx: typer.Context,
     hypotheses: Optional[List[str]] = typer.Argument(
         None, metavar="HYP", show_default=False,
         help="Hypothesis files, one system each ('-' = stdin; stdin is read when none is given and it is not a "
@@ -859,6 +945,7 @@ def eval_(
         None, "--batch-size", rich_help_panel=_TR, help="Sentences per batch" + _default(_T.batch_size)
     ),
     dtype: Dtype = None,
+    encoding_errors: EncodingErrors = None,
     json_out: bool = typer.Option(False, "--json", rich_help_panel=_OUT, help="Print one JSON object on stdout."),
     width: int = typer.Option(2, "--width", "-w", rich_help_panel=_OUT, help="Decimals in text output."),
     score_only: bool = typer.Option(
@@ -886,11 +973,19 @@ def eval_(
         fail("--translate needs --model CKPT", EXIT_USAGE)
     if output is not None and translate_src is None:
         fail("-o/--output keeps the translations of --translate; scores go to stdout", EXIT_USAGE)
+    check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
+    check_choice("--encoding-errors", encoding_errors, choices_of(TranslateConfig, "encoding_errors"))
+    text_scoring = ["metrics", "tokenize", "lowercase", "ter_case_sensitive", "chrf_word_order", "paired_bs",
+                    "paired_ar", "baseline", "n_samples", "score_only", "encoding_errors"]
+    decoding = ["beam_size", "greedy", "len_penalty", "max_len_a", "max_len_b", "batch_size", "dtype"]
+    perplexity = ["split", "words", "window", "stride"]
     if model is not None and translate_src is None:
         if hypotheses or refs:
             fail("--model scores a prepared --data split; it takes no hypothesis or reference files", EXIT_USAGE)
         if data is None:
             fail("--model needs --data PREP (a prepared directory) to score", EXIT_USAGE)
+        refuse_unused(ctx, text_scoring + decoding + ["width"], "is not used by perplexity scoring (--model --data): "
+                      "it applies to text scoring or --translate; perplexity is computed in fp32")
         from tfcli.evaluate.perplexity import PerplexityConfig, evaluate_checkpoint
 
         cfg = PerplexityConfig(split, max_tokens, window, stride, words, device)
@@ -899,11 +994,22 @@ def eval_(
         return
     if data is not None:
         fail("--data needs --model CKPT" if model is None else "--data and --translate exclude each other", EXIT_USAGE)
+    refuse_unused(ctx, perplexity, "is for perplexity (--model CKPT --data PREP)")
+    if translate_src is None:
+        refuse_unused(ctx, decoding + ["max_tokens", "device"], "is for --translate (or perplexity); scoring text "
+                      "files decodes nothing")
+    elif greedy and beam_size not in (None, 1):
+        refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
     if translate_src is not None and (hypotheses or baseline or paired_bs or paired_ar):
         fail("--translate scores one system, the model's translations; it takes no HYP files", EXIT_USAGE)
 
     from tfcli.config import from_dict
-    from tfcli.evaluate.metrics import MetricsConfig, format_single, render_table, score_files, to_json
+    from tfcli.evaluate.metrics import (
+        METRIC_NAMES, TOKENIZERS, MetricsConfig, format_single, render_table, score_files, to_json,
+    )
+
+    check_choice("--metrics", [m.strip().lower() for m in metrics.split(",") if m.strip()], METRIC_NAMES)
+    check_choice("--tokenize", tokenize, TOKENIZERS)
 
     if paired_bs and paired_ar:
         fail("--paired-bs and --paired-ar exclude each other", EXIT_USAGE)
@@ -932,11 +1038,11 @@ def eval_(
         decoding = run(
             translate_config, None, beam_size=1 if greedy else beam_size, len_penalty=len_penalty,
             max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens, device=device,
-            dtype=dtype,
+            dtype=dtype, encoding_errors=encoding_errors,
         )
         report = run(translate_and_score, model, translate_src, refs, cfg, decoding, output)
     else:
-        report = run(score_files, hypotheses or [], refs, cfg, baseline)
+        report = run(score_files, hypotheses or [], refs, cfg, baseline, encoding_errors or "strict")
     if json_out:
         print(json.dumps(to_json(report), indent=2, ensure_ascii=False))
     elif len(report.systems) == 1:
@@ -948,6 +1054,7 @@ def eval_(
 
 @app.command()
 def attention(
+    ctx: typer.Context,
     sentences: Optional[List[str]] = typer.Argument(
         None, metavar="SENTENCE", show_default=False,
         help="Input sentences: the source for a translation model, the prompt for a language model.",
@@ -993,6 +1100,12 @@ def attention(
     from tfcli.io import read_lines
     from tfcli.viz.attention import write_attention
 
+    if not png:
+        refuse_unused(ctx, ["layers"], "picks the layers of the PNGs; with --no-png the HTML page has every layer")
+    if not png and not html:
+        fail("--no-png and --no-html leave nothing to write", EXIT_USAGE)
+    check_choice("--kind", list(kinds or []), ("encoder", "self", "cross"))
+
     texts = list(sentences or [])
     if input_file is not None:
         texts += run(read_lines, input_file)
@@ -1010,6 +1123,7 @@ def attention(
 
 @app.command()
 def plot(
+    ctx: typer.Context,
     runs: List[Path] = typer.Argument(
         ..., metavar="RUN", show_default=False, help="Run directories (or metrics.jsonl files); several are overlaid."
     ),
@@ -1033,6 +1147,8 @@ def plot(
     """
     from tfcli.viz.plot import load_runs, plot_runs, print_summary
 
+    if terminal and output is None:
+        refuse_unused(ctx, ["title"], "is the figure's title; --terminal draws no figure (add -o PNG for one)")
     loaded = run(load_runs, runs)
     if terminal:
         print_summary(loaded, Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=120))

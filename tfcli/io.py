@@ -9,6 +9,7 @@ behind is removed by the next write of the same NAME.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import errno
 import gzip
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from tfcli.errors import InputError, TfcliError, raise_if_interrupted
+from tfcli.errors import ConfigError, InputError, TfcliError, raise_if_interrupted
 
 BOM = "\ufeff"
 
@@ -110,7 +111,7 @@ def atomic_open(path: os.PathLike | str, mode: str = "w", encoding: str | None =
             raise TfcliError(f"{shown}: cannot write: {e.strerror or e}") from e
         return
     path = Path(os.path.realpath(path))
-    _check_writable_dir(path.parent)
+    make_parent(path)
     _remove_stale(path)
     tmp = _tmp_name(path)
     try:
@@ -147,8 +148,7 @@ def atomic_dir(path: os.PathLike | str, overwrite: bool = False, needs: int | No
     directory takes, said when the disk is full.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _check_writable_dir(path.parent)
+    make_parent(path)
     _remove_stale(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     try:
@@ -194,6 +194,29 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # e.g. a filesystem without RENAME_EXCHANGE
         return False
     raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def make_parent(path: Path) -> None:
+    """Every output's rule: missing parent directories are created (`-o new/dir/out.txt` works, as `--output-dir`
+    does); a file in the way or a read-only directory is one line naming it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file where a directory should be
+        raise TfcliError(f"{path.parent}: cannot be created: {_file_in_the_way(path)} is a file") from None
+    except NotADirectoryError:
+        raise TfcliError(f"{path.parent}: cannot be created: {_file_in_the_way(path)} is a file") from None
+    except PermissionError:
+        raise TfcliError(f"{_first_missing(path.parent)}: cannot be created: permission denied") from None
+    except OSError as e:
+        raise TfcliError(f"{path.parent}: cannot be created: {e.strerror or e}") from None
+    _check_writable_dir(path.parent)
+
+
+def _first_missing(d: Path) -> Path:
+    for p in reversed([d, *d.parents]):
+        if not p.exists():
+            return p
+    return d
 
 
 def _check_writable_dir(d: Path) -> None:
@@ -271,14 +294,38 @@ def open_text(path: os.PathLike | str) -> IO[bytes]:
     return open(path, "rb")
 
 
-def decode_line(raw: bytes, path, lineno: int) -> str:
-    """Decode one line strictly as UTF-8, dropping a BOM on line 1 and the line ending (LF or CRLF)."""
+ENCODING_ERRORS = ("strict", "replace")
+# How text input that is not UTF-8 is read, for the command (or library call) that sets it with `encoding_errors`:
+# strict (one error naming file, line and column) or replace (each bad byte becomes U+FFFD, the line is kept). None:
+# strict, in a command that offers no choice (its error does not name the option).
+_encoding_errors: contextvars.ContextVar[str | None] = contextvars.ContextVar("tfcli_encoding_errors", default=None)
+
+
+@contextlib.contextmanager
+def encoding_errors(policy: str) -> Iterator[None]:
+    """Read text input with `policy` (strict or replace) inside this block; the outer setting is back after."""
+    if policy not in ENCODING_ERRORS:
+        raise ConfigError(f"--encoding-errors {policy}: choose from {', '.join(ENCODING_ERRORS)}")
+    token = _encoding_errors.set(policy)
+    try:
+        yield
+    finally:
+        _encoding_errors.reset(token)
+
+
+def decode_line(raw: bytes, path, lineno: int, errors: str | None = None) -> str:
+    """Decode one line as UTF-8, dropping a BOM on line 1 and the line ending (LF or CRLF). `errors`: strict or
+    None (an InputError naming file, line and column; strict also names --encoding-errors) or replace (U+FFFD for
+    each invalid byte)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(
-            path, lineno, f"invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); convert the file to UTF-8"
-        ) from None
+        if errors == "replace":
+            text = raw.decode("utf-8", errors="replace")
+        else:
+            hint = " (or read it with --encoding-errors replace)" if errors == "strict" else ""
+            raise InputError(path, lineno, f"invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                           f"convert the file to UTF-8{hint}") from None
     if lineno == 1 and text.startswith(BOM):
         text = text[1:]
     if text.endswith("\n"):
@@ -297,6 +344,7 @@ def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False, pauses: bool
     name = "<stdin>" if str(path) == "-" else str(path)
     f = open_text(path)
     raws: Iterable[bytes | None] = _lines_with_pauses(f.fileno()) if pauses and _is_stream(path) else f
+    replaced: list[int] = []  # lines whose invalid bytes became U+FFFD
     try:
         lineno = 0
         for raw in raws:
@@ -306,12 +354,19 @@ def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False, pauses: bool
             lineno += 1
             if not allow_nul and b"\x00" in raw:
                 raise InputError(name, lineno, "contains a NUL byte; is this a binary file?")
-            yield decode_line(raw, name, lineno)
+            policy = _encoding_errors.get()
+            text = decode_line(raw, name, lineno, policy)
+            if policy == "replace" and "\ufffd" in text and "\ufffd" not in raw.decode("utf-8", "ignore"):
+                replaced.append(lineno)
+            yield text
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise TfcliError(f"{name}: cannot read: {e}") from e
     finally:
         if str(path) != "-":
             f.close()
+        if replaced:
+            print(f"warning: {name}: {len(replaced)} line(s) with invalid UTF-8, read with U+FFFD in place of each bad "
+                  f"byte (first: line {replaced[0]})", file=sys.stderr, flush=True)
 
 
 def _is_stream(path) -> bool:
@@ -359,6 +414,7 @@ __all__ = [
     "atomic_dir",
     "open_text",
     "decode_line",
+    "encoding_errors",
     "iter_lines",
     "read_lines",
     "refuse_overwriting_inputs",

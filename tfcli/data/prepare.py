@@ -29,7 +29,7 @@ from tfcli.data.tokenizer import (
     SENTENCEPIECE_SUFFIXES, encode_chunks, for_nfc_text, load_tokenizer, save_tokenizer, train_tokenizer,
 )
 from tfcli.errors import ConfigError, InputError, TfcliError
-from tfcli.io import atomic_dir, refuse_overwriting_inputs, run_lock
+from tfcli.io import atomic_dir, encoding_errors, refuse_overwriting_inputs, run_lock
 
 SPLITS = ("train", "valid", "test")
 # Options that name input files: their content enters the fingerprint through "inputs", not "settings".
@@ -80,6 +80,8 @@ class PrepareConfig:
     joint_vocab: bool = True  # one vocabulary for source and target (parallel data)
     tokenizer_from: Optional[str] = None  # reuse tokenizers (a tokenizer.json or .spm, prepared dir, checkpoint): no training
     tokenizer_sample: int = 0  # train the tokenizer on a random sample of this many train rows (0 = all of them)
+    # input that is not UTF-8: strict (stop, naming file, line and column) or replace (U+FFFD for each bad byte)
+    encoding_errors: Literal["strict", "replace"] = "strict"
 
     def validate(self) -> None:
         if self.vocab_size < 1:
@@ -227,7 +229,7 @@ def _input_files(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -> 
 
 # Options added after prepared directories existed: left out of the fingerprint at their default, so that a
 # directory prepared before them is still up to date.
-ADDED_LATER = {"tokenizer_sample": 0}
+ADDED_LATER = {"tokenizer_sample": 0, "encoding_errors": "strict"}
 
 
 def _settings(cfg: PrepareConfig) -> dict:
@@ -484,10 +486,11 @@ def prepare(
 ) -> Path:
     """Build the prepared directory `cfg.out` and return its path (see `_prepare`); a second prepare of the same
     directory while this one runs is refused (io.run_lock)."""
-    if not cfg.out:
-        return _prepare(cfg, force, progress, log)  # (its own error: no output directory)
-    with run_lock(cfg.out, "prepare"):
-        return _prepare(cfg, force, progress, log)
+    with encoding_errors(cfg.encoding_errors):
+        if not cfg.out:
+            return _prepare(cfg, force, progress, log)  # (its own error: no output directory)
+        with run_lock(cfg.out, "prepare"):
+            return _prepare(cfg, force, progress, log)
 
 
 def _prepare(

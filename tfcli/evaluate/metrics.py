@@ -16,7 +16,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric, Score
 
 from tfcli.errors import ConfigError, TfcliError
-from tfcli.io import read_lines
+from tfcli.io import encoding_errors, read_lines
 
 METRIC_NAMES = ("bleu", "chrf", "ter")
 TOKENIZERS = tuple(BLEU.TOKENIZERS)  # 13a, intl, char, none, zh, ja-mecab, ko-mecab, spm, flores101, flores200, ...
@@ -112,9 +112,15 @@ def build_metrics(cfg: MetricsConfig, references: list[list[str]]) -> dict[str, 
     return metrics
 
 
-def score_files(hyp_paths: list[str], ref_paths: list[str], cfg: MetricsConfig, baseline: str | None = None) -> Report:
+def score_files(hyp_paths: list[str], ref_paths: list[str], cfg: MetricsConfig, baseline: str | None = None,
+                errors: str = "strict") -> Report:
     """Read and score hypothesis files (`-` = stdin) against reference files; `baseline` (or the first file) comes
-    first and is the baseline of a paired test."""
+    first and is the baseline of a paired test. `errors`: how input that is not UTF-8 is read (io.encoding_errors)."""
+    with encoding_errors(errors):
+        return _score_files(hyp_paths, ref_paths, cfg, baseline)
+
+
+def _score_files(hyp_paths: list[str], ref_paths: list[str], cfg: MetricsConfig, baseline: str | None) -> Report:
     if not ref_paths:
         raise TfcliError("no reference file: pass one or more with -r REF")
     paths = list(hyp_paths)

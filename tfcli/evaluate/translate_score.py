@@ -9,7 +9,7 @@ from tfcli.errors import ConfigError
 from tfcli.evaluate.metrics import MetricsConfig, Report, check_lengths, read_scored, score
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import translate
-from tfcli.io import refuse_overwriting_inputs
+from tfcli.io import encoding_errors, refuse_overwriting_inputs
 
 
 def translate_and_score(
@@ -29,9 +29,10 @@ def translate_and_score(
         from tfcli.checkpoint import input_paths
 
         refuse_overwriting_inputs([output], [source, *references, *input_paths(ckpt)], "choose another -o")
-    refs = {p: read_scored(p) for p in references}
-    if source != "-":
-        check_lengths({source: read_scored(source)}, refs)
+    with encoding_errors(decoding.encoding_errors):  # the references and the source alike
+        refs = {p: read_scored(p) for p in references}
+        if source != "-":
+            check_lengths({source: read_scored(source)}, refs)
     with tempfile.TemporaryDirectory(prefix="tfcli-eval-") as tmp:
         out = output or str(Path(tmp) / "translations.txt")
         translate(ckpt, [source], out, decoding, progress)

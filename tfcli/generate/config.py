@@ -27,6 +27,8 @@ class TranslateConfig:
     batch_size: int = 64  # sentences per batch, at most
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length
+    # input that is not UTF-8: strict (stop, naming file, line and column) or replace (U+FFFD for each bad byte)
+    encoding_errors: Literal["strict", "replace"] = "strict"
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     dtype: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"  # int8: the CPU, every linear layer in int8
     threads: Optional[int] = None  # torch CPU threads (default: torch's choice)

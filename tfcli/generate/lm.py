@@ -24,8 +24,8 @@ from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_de
 from tfcli.generate.sampling import next_token
 from tfcli.generate.step import StepModel, step_model
 from tfcli.generate.translate import open_output
-from tfcli.io import iter_lines
-from tfcli.model.config import EOS_ID, PAD_ID
+from tfcli.io import iter_lines, refuse_overwriting_inputs
+from tfcli.model.config import EOS_ID, PAD_ID, UNK_ID
 
 START_ID = EOS_ID  # what precedes every text in LM training streams
 
@@ -154,6 +154,9 @@ def lm_generate(
 
     Returns the number of samples written.
     """
+    from tfcli.checkpoint import input_paths
+
+    refuse_overwriting_inputs([output or "-"], [input_file, *input_paths(checkpoint)], "choose another -o")
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
     tune_process(device, cfg.threads)
@@ -183,10 +186,22 @@ def continuations(loaded: Loaded, texts: list[str], cfg: GenerateConfig, device:
     """The continuation of each prompt text, in order (`cfg.num_samples` is the caller's business: repeat a text
     for more samples). With `stream`, the one text and its continuation are written there as they grow."""
     tok = loaded.tgt_tok
-    prompt_ids = _fit_prompts(loaded.steps, [[START_ID] + ids for ids in encode_batch(tok, texts)])
+    encoded = encode_batch(tok, texts)
+    _warn_unknown(encoded)
+    prompt_ids = _fit_prompts(loaded.steps, [[START_ID] + ids for ids in encoded])
     generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.seed is not None else None
     autocast = precision(device, cfg.dtype)
     return _generate(loaded.steps, tok, texts, prompt_ids, cfg, generator, autocast, stream)
+
+
+def _warn_unknown(prompt_ids: list[list[int]]) -> None:
+    """Prompt text the vocabulary cannot represent (a character tokenizer's unseen characters, a word level one's
+    words) becomes <unk>, which the model continues from as from any token: say so, once."""
+    unknown = [i for i, ids in enumerate(prompt_ids) if UNK_ID in ids]
+    if unknown:
+        n = sum(ids.count(UNK_ID) for ids in prompt_ids)
+        warn(f"{n} prompt token(s) are unknown (<unk>) to the model's vocabulary (first in prompt {unknown[0] + 1}); "
+             "the model continues from <unk> there: characters or words it never saw in training?")
 
 
 def _fit_prompts(model, prompt_ids: list[list[int]]) -> list[list[int]]:

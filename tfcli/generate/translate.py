@@ -24,7 +24,7 @@ from tfcli.generate.config import TranslateConfig
 from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, tune_process, warn
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.errors import TfcliError
-from tfcli.io import atomic_open, iter_lines, refuse_overwriting_inputs
+from tfcli.io import atomic_open, encoding_errors, iter_lines, refuse_overwriting_inputs
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
 
@@ -225,7 +225,7 @@ def translate(
     translator = Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)
     total = _count_lines(inputs) if (progress if progress is not None else sys.stderr.isatty()) else None
     n = 0
-    with Progress("translating", total, "sent", progress) as bar:
+    with encoding_errors(cfg.encoding_errors), Progress("translating", total, "sent", progress) as bar:
         for files, out_path in jobs:
             translator.index = 0  # --nbest line numbers count within each output
             with open_output(out_path) as out:

@@ -14,14 +14,27 @@ from tfcli.io import refuse_overwriting_inputs
 from tfcli.train.checkpoints import CHECKPOINTS, step_dirs
 
 
-def last_checkpoints(run_dir: os.PathLike | str, k: int) -> list[Path]:
-    """The last `k` step-N checkpoints of a run directory, oldest first."""
+def available_checkpoints(run_dir: os.PathLike | str) -> int:
+    """How many step-N checkpoints a run directory holds (an error when it holds none)."""
+    return len(_step_checkpoints(run_dir))
+
+
+def _step_checkpoints(run_dir: os.PathLike | str) -> list[Path]:
     ckpts = Path(run_dir) / CHECKPOINTS
     if not ckpts.is_dir():
         raise CheckpointError(f"{run_dir}: not a run directory (no {CHECKPOINTS}/)")
     found = step_dirs(ckpts)
     if not found:
         raise CheckpointError(f"{ckpts}: no step-N checkpoints to average")
+    return found
+
+
+def last_checkpoints(run_dir: os.PathLike | str, k: int) -> list[Path]:
+    """The last `k` step-N checkpoints of a run directory, oldest first."""
+    found = _step_checkpoints(run_dir)
+    ckpts = Path(run_dir) / CHECKPOINTS
+    if k < 1:
+        raise TfcliError(f"--last {k}: average at least one checkpoint")
     if len(found) < k:
         raise CheckpointError(f"{ckpts}: asked to average the last {k} checkpoints, but there are {len(found)} "
                               f"(keep more with --keep-last)")

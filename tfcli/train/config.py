@@ -15,7 +15,6 @@ from typing import Literal
 from tfcli.config import from_dict, load_config_file, parse_overrides, to_dict
 from tfcli.errors import ConfigError
 from tfcli.model.config import ModelConfig, model_config_fields
-from tfcli.train.profiling import parse_steps
 
 SECTIONS = ("train", "model")
 PLAN_MIN_STEPS = 10  # a time budget is planned from at least this many measured steps
@@ -59,9 +58,9 @@ class TrainConfig:
     bleu_max_sentences: int = 500  # decode at most this many valid sentences for BLEU (0: all)
     early_stop_metric: Literal["loss", "ppl", "bleu"] = "loss"  # also decides which checkpoint is BEST
     patience: int = 0  # stop after this many validations without improvement (0: never stop early)
-    keep_last: int = 3  # checkpoints kept besides the best
+    keep_last: int = 5  # checkpoints kept besides the best (what `tfcli average-checkpoints` averages by default)
     average_last: int = 0  # at the end, average the last K checkpoints into checkpoints/avg-lastK (0: off)
-    tensorboard: bool = True  # also write TensorBoard events to RUN/tensorboard, if tensorboard is installed
+    tensorboard: bool = False  # also write TensorBoard events to RUN/tensorboard (pip install 'tfcli[tensorboard]')
     # hardware
     device: str = "auto"  # auto: cuda (this process's local rank) if available, else cpu
     # auto: bf16 on a GPU that has it, else fp32; native-bf16: also bf16 on a CPU with AMX tiles (Intel Xeon 4th gen
@@ -100,6 +99,8 @@ class TrainConfig:
                               f"set warmup to at least {PLAN_MIN_STEPS} steps (or give max_steps)")
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr ({self.min_lr}) is above the peak lr ({self.lr})")
+        from tfcli.train.profiling import parse_steps  # (profiling imports torch; this config does not)
+
         parse_steps(self.profile)
         if self.early_stop_metric == "bleu" and not self.valid_bleu:
             raise ConfigError("train.early_stop_metric: 'bleu' needs valid_bleu: true")

@@ -81,15 +81,10 @@ class MetricsLog:
         elif path.exists():
             path.unlink()
         self.file = open(path, "a", encoding="utf-8")
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+        if tensorboard:  # asked for: Trainer checked first that the package is there
+            from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-            except ImportError:
-                self.tb = None
-                self.print("warning: tensorboard is not installed, so RUN/tensorboard gets no event files: "
-                           "pip install tensorboard (or set train.tensorboard: false)", warning=True)
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
         if self.console.is_terminal and not self.quiet:
             self.progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),

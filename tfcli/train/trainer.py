@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -114,6 +115,9 @@ class Trainer:
             raise TfcliError(f"{self.run_dir}: already holds a training run; pass --resume to continue it, "
                              "or choose another --out")
 
+        if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("train.tensorboard: the tensorboard package is not installed: pip install "
+                              "'tfcli[tensorboard]' (or train without --tensorboard)")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.prepared = PreparedData(cfg.data)

@@ -1,0 +1,175 @@
+"""What a new user hit, fixed as kinds of failure: input that is not UTF-8 (strict by default, --encoding-errors
+replace keeps every line), flags a mode does not use (refused by name, never ignored), defaults that fit together
+(average-checkpoints averages what training keeps), import's checks of a Hugging Face directory, and a Ctrl-C after
+a command has finished."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import WORDS, save_copier, save_counter, train_tiny_checkpoint
+from tfcli import checkpoint
+from tfcli.cli import app
+from tfcli.train.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def cli(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def one_error(result, *fragments, code=1):
+    assert result.exit_code == code, (result.exit_code, result.stderr, result.exception)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("warning: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for f in fragments:
+        assert f in lines[0], (f, result.stderr)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    return save_copier(d, WORDS), save_counter(d, WORDS)
+
+
+# --- input that is not UTF-8 -----------------------------------------------------------------------------------
+
+BAD = b"cat dog\nmoon \xff sun\n\xc3\x28 tree\nowl\n"  # lines 2 and 3 hold invalid bytes
+
+
+def test_translate_is_strict_by_default_and_replace_keeps_every_line(models, tmp_path):
+    copier, _ = models
+    src = tmp_path / "in.txt"
+    src.write_bytes(BAD)
+    out = tmp_path / "out.txt"
+    r = cli("translate", "-m", copier, src, "-o", out)
+    one_error(r, f"{src}:2: invalid UTF-8 (byte 0xff at column 6)", "--encoding-errors replace")
+    assert not out.exists()
+    for spelling in (["--encoding-errors", "replace"], ["--encoding-errors=replace"]):
+        r = cli("translate", "-m", copier, src, "-o", out, *spelling)
+        assert r.exit_code == 0, r.stderr
+        lines = out.read_text(encoding="utf-8").split("\n")[:-1]
+        # the line count holds; U+FFFD is no word of the copier's, so it becomes <unk>, the rest is copied
+        assert len(lines) == 4 and lines[0] == "cat dog" and lines[3] == "owl"
+        assert "moon" in lines[1] and "sun" in lines[1] and "tree" in lines[2]
+        assert "warning: " + str(src) + ": 2 line(s) with invalid UTF-8" in r.stderr and "first: line 2" in r.stderr
+    # stdin too
+    r = runner.invoke(app, ["translate", "-m", str(copier), "--encoding-errors", "replace"], input=BAD)
+    assert r.exit_code == 0 and len(r.stdout.split("\n")[:-1]) == 4
+    r = cli("translate", "-m", copier, src, "--encoding-errors", "ignore")
+    assert r.exit_code == 2 and "strict" in r.stderr and "replace" in r.stderr  # a usage error
+
+
+def test_eval_is_strict_by_default_and_replace_scores_every_line(models, tmp_path):
+    copier, _ = models
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_bytes(BAD)
+    ref.write_bytes(b"cat dog\nmoon ? sun\n? tree\nowl\n")
+    one_error(cli("eval", hyp, "-r", ref), f"{hyp}:2: invalid UTF-8", "--encoding-errors replace")
+    r = cli("eval", hyp, "-r", ref, "--metrics", "bleu", "--json", "--encoding-errors", "replace")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["systems"][0]["lines"] == 4
+    one_error(cli("eval", "-m", copier, "--translate", ref, "-r", hyp), f"{hyp}:2: invalid UTF-8")
+    r = cli("eval", "-m", copier, "--translate", hyp, "-r", ref, "--encoding-errors", "replace", "--metrics", "bleu")
+    assert r.exit_code == 0, r.stderr
+
+
+def test_prepare_is_strict_by_default_and_replace_keeps_every_row(tmp_path):
+    src, tgt = tmp_path / "train.xx", tmp_path / "train.yy"
+    src.write_bytes(BAD * 5)
+    tgt.write_bytes(b"a b\nc d\ne f\ng h\n" * 5)
+    args = ["prepare", "--src", src, "--tgt", tgt, "--tokenizer", "char", "--max-ratio", "0"]
+    one_error(cli(*args, "-o", tmp_path / "strict"), f"{src}:2: invalid UTF-8", "--encoding-errors replace")
+    assert not (tmp_path / "strict").exists()
+    r = cli(*args, "-o", tmp_path / "prep", "--encoding-errors", "replace")
+    assert r.exit_code == 0, r.stderr
+    meta = json.loads((tmp_path / "prep" / "meta.json").read_text())
+    assert meta["cleaning"]["train"]["kept"] == 20
+    vocab = (tmp_path / "prep" / "tokenizer.src.json").read_text(encoding="utf-8")
+    assert "\ufffd" in vocab or "\\ufffd" in vocab  # U+FFFD is a character of the corpus now
+
+
+# --- flags a mode does not use ----------------------------------------------------------------------------------
+
+
+def test_a_flag_the_mode_does_not_use_is_refused_by_name(models, tmp_path):
+    copier, counter = models
+    (tmp_path / "h.txt").write_text("cat\n")
+    (tmp_path / "prep").mkdir()
+    cases = [
+        (("eval", "-m", copier, "--data", tmp_path / "prep", "--dtype", "int8"), "--dtype is not used by perplexity"),
+        (("eval", "-m", copier, "--data", tmp_path / "prep", "--beam-size", "4"), "--beam-size is not used by"),
+        (("eval", "-m", copier, "--data", tmp_path / "prep", "--tokenize", "intl"), "--tokenize is not used by"),
+        (("eval", tmp_path / "h.txt", "-r", tmp_path / "h.txt", "--dtype", "bf16"), "--dtype is for --translate"),
+        (("eval", tmp_path / "h.txt", "-r", tmp_path / "h.txt", "--window", "8"), "--window is for perplexity"),
+        (("eval", tmp_path / "h.txt", "-r", tmp_path / "h.txt", "--device", "cpu"), "--device is for --translate"),
+        (("eval", "-m", copier, "--translate", tmp_path / "h.txt", "-r", tmp_path / "h.txt", "--stride", "2"),
+         "--stride is for perplexity"),
+        (("translate", "-m", copier, "--greedy", "--beam-size", "4"), "--beam-size is not used with --greedy"),
+        (("lm-generate", "-m", counter, "--greedy", "--top-p", "0.9", "cat"), "--top-p is not used with --greedy"),
+        (("lm-generate", "-m", counter, "--greedy", "--seed", "3", "cat"), "--seed is not used with --greedy"),
+        (("lm-generate", "-m", counter, "--ignore-eos", "--min-new-tokens", "3", "cat"),
+         "--min-new-tokens is not used with --ignore-eos"),
+        (("plot", tmp_path, "--terminal", "--title", "x"), "--title is the figure's title"),
+        (("attention", "-m", copier, "cat", "--no-png", "--layers", "1"), "--layers picks the layers of the PNGs"),
+        (("average-checkpoints", "--checkpoint", copier, "--last", "2", "-o", tmp_path / "a"),
+         "--last counts a RUN's checkpoints"),
+    ]
+    for args, message in cases:
+        one_error(cli(*args), message, code=2)
+    # what the mode uses is still fine, and --greedy with --beam-size 1 says the same thing twice
+    assert cli("translate", "-m", copier, "--greedy", "--beam-size", "1", input="cat\n").stdout == "cat\n"
+    r = cli("lm-generate", "-m", counter, "--greedy", "-n", "2", "cat")
+    assert r.exit_code == 0 and r.stdout.split() == ["cat", "dog", "egg"]
+
+
+# --- defaults that fit together ---------------------------------------------------------------------------------
+
+
+def test_average_checkpoints_by_default_averages_what_training_keeps(tmp_path):
+    keep = TrainConfig().keep_last
+    run = train_tiny_checkpoint(tmp_path, steps=2 * (keep + 2), valid_every=2, valid_bleu=False)
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert len(kept) == keep  # (and the best, which is the last here)
+    r = cli("average-checkpoints", run)
+    assert r.exit_code == 0, r.stderr
+    assert Path(r.stdout.strip()) == run / "checkpoints" / f"avg-last{keep}"
+    averaged = json.loads((run / "checkpoints" / f"avg-last{keep}" / "config.json").read_text())["averaged_from"]
+    assert [Path(p).name for p in averaged] == kept
+    # a shorter run: its checkpoints, all of them
+    short = train_tiny_checkpoint(tmp_path / "short", steps=4, valid_every=2, valid_bleu=False)
+    r = cli("average-checkpoints", short)
+    assert r.exit_code == 0 and r.stdout.strip().endswith("avg-last2")
+    one_error(cli("average-checkpoints", short, "--last", "5"), "asked to average the last 5", "there are 2")
+
+
+def test_the_readme_install_names_every_extra_make_installs():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    make_extras = makefile.split('-e ".[', 1)[1].split("]", 1)[0]
+    assert f'pip install -e ".[{make_extras}]"' in readme
+    for extra in ("interop", "plot", "test"):
+        assert extra in make_extras
+
+
+def test_a_language_model_prompt_outside_the_vocabulary_is_warned_about(models):
+    _, counter = models
+    r = cli("lm-generate", "-m", counter, "--greedy", "-n", "1", "zebra xylophone")
+    assert r.exit_code == 0 and "warning:" in r.stderr and "unknown" in r.stderr
+    r = cli("lm-generate", "-m", counter, "--greedy", "-n", "1", "cat")
+    assert "unknown" not in r.stderr
+
+
+def test_an_unknown_arch_is_a_usage_error(tmp_path):
+    from helpers import make_parallel_prepared
+
+    data = make_parallel_prepared(tmp_path / "prep", n_train=50)
+    r = cli("train", data, "-o", tmp_path / "run", "--arch", "smal", "--max-steps", "1")
+    one_error(r, "smal", "small", code=2)
