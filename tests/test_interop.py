@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -268,7 +270,7 @@ def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
     ckpt = save(tmp_path, random_model("lm", positions="rope"))
     seq = save(tmp_path, random_model(positions="learned"), "seq")
     cases = [
-        (("export", ckpt, "--to", "onnx", "-o", tmp_path / "out"), "--to onnx: unknown target"),
+        (("export", ckpt, "--to", "onnx", "-o", tmp_path / "out"), "--to onnx: unknown; choose from ctranslate2, hf"),
         (("export", ckpt, "--to", "hf", "-o", tmp_path / "out"), "model.positions rope is not supported"),
         (("export", seq, "--to", "hf", "-o", tmp_path / "out"), "model.positions learned is not supported"),
         (("export", ckpt, "--to", "hf", "--quantization", "int8", "-o", tmp_path / "out"), "ctranslate2 only"),
@@ -295,7 +297,7 @@ def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
     before = sorted(p.name for p in tmp_path.iterdir())
     for args, message in cases:
         r = tfcli(*args)
-        assert r.returncode == 1, (args, r.stderr)
+        assert r.returncode == (2 if "unknown; choose" in message else 1), (args, r.stderr)  # a bad flag: usage
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, no temp directory left behind
 
@@ -388,3 +390,122 @@ def test_imported_models_run_in_translate_and_hub_names_download(tmp_path, monke
     monkeypatch.setattr(hub, "snapshot_download", lambda name, allow_patterns: str(d))
     info = import_model("Helsinki-NLP/opus-mt-xx-yy", tmp_path / "from-hub")
     assert info["arch"] == "marian"
+
+
+# --- import of a hostile or broken Hugging Face directory: checked before anything is allocated or written --------
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """Good GPT-2 and Marian directories exported by tfcli, to break one thing at a time."""
+    pytest.importorskip("transformers")
+    d = tmp_path_factory.mktemp("hf")
+    out = {}
+    for name, kind, fields in (("gpt2", "lm", {}), ("marian", "seq2seq", HF_VARIANTS["marian, shared"][1])):
+        (d / name).mkdir()
+        ckpt = save(d / name, random_model(kind, **fields))
+        export(ckpt, "hf", d / name / "hf")
+        out[name] = d / name / "hf"
+    return out
+
+
+def _broken(hf_dir: Path, tmp_path: Path, config=None, weights=None) -> Path:
+    """A copy of `hf_dir` with its config.json changed by `config(dict)` and its weights by `weights(dict)`."""
+    from safetensors.torch import load_file, save_file
+
+    d = Path(shutil.copytree(hf_dir, tmp_path / f"case{len(list(tmp_path.glob('case*')))}"))
+    if config is not None:
+        data = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps(config(data)))
+    if weights is not None:
+        tensors = load_file(str(d / "model.safetensors"))
+        save_file(weights(tensors), str(d / "model.safetensors"))
+    return d
+
+
+def in_process(*args):
+    """The command line in this process (what `tfcli` runs, without a Python start per case)."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    return SimpleNamespace(returncode=r.exit_code, stderr=r.stderr, stdout=r.stdout)
+
+
+def _set(**changes):
+    return lambda c: {**c, **changes}
+
+
+def test_import_checks_the_config_and_the_weights_before_allocating_or_writing(hf_dirs, tmp_path):
+    gpt2, marian = hf_dirs["gpt2"], hf_dirs["marian"]
+
+    def extra_layer(t):
+        return {**t, **{k.replace("transformer.h.0.", "transformer.h.9."): v.clone() for k, v in t.items()
+                        if k.startswith("transformer.h.0.")}}
+
+    def int_weights(t):
+        return {**t, "transformer.ln_f.weight": t["transformer.ln_f.weight"].to(torch.int32)}
+
+    cases = [
+        (gpt2, dict(config=lambda c: [c]), "expected a JSON object, got list"),
+        (gpt2, dict(config=lambda c: {k: v for k, v in c.items() if k != "n_embd"}), "no 'n_embd'"),
+        (gpt2, dict(config=_set(n_embd=10**9)), "n_embd 1000000000, but transformer.wte.weight is"),  # not an allocation of 10^9 x vocab
+        (gpt2, dict(config=_set(vocab_size=10**12)), "vocab_size 1000000000000 and"),
+        (gpt2, dict(config=_set(n_layer=0)), "n_layer is 0; expected a positive integer"),
+        (gpt2, dict(config=_set(n_head=-4)), "n_head is -4; expected a positive integer"),
+        (gpt2, dict(config=_set(n_layer="2")), "n_layer is '2'; expected a positive integer"),
+        (gpt2, dict(config=_set(n_layer=True)), "n_layer is True"),
+        (gpt2, dict(config=_set(n_layer=10**9)), "n_layer is 1000000000, but the weights hold"),
+        (gpt2, dict(config=_set(n_head=7)), "is not divisible by n_head 7"),
+        (gpt2, dict(config=_set(resid_pdrop=2.0)), "resid_pdrop is 2.0"),
+        (gpt2, dict(config=_set(model_type="marian")), "no 'd_model', which a marian config holds"),
+        (marian, dict(config=_set(model_type="gpt2", n_embd=32, n_head=4, n_layer=2, n_positions=64)),
+         "the weights lack transformer.wte.weight: not a gpt2 model"),
+        (gpt2, dict(weights=extra_layer), "n_layer is"),  # weights for more layers than the config has
+        (gpt2, dict(weights=lambda t: {**t, "transformer.extra.weight": torch.zeros(3)}),
+         "tensor transformer.extra.weight is not part of a gpt2 model"),
+        (gpt2, dict(weights=int_weights), "tensor transformer.ln_f.weight is I32; model weights are floating point"),
+        (gpt2, dict(weights=lambda t: {**t, "transformer.h.0.mlp.c_fc.weight": t["transformer.h.0.mlp.c_fc.weight"][:, :5].clone()}),
+         "has shape"),
+        (marian, dict(config=_set(encoder_ffn_dim=0)), "encoder_ffn_dim is 0"),
+        (marian, dict(config=_set(decoder_layers=7)), "decoder_layers is 7, but the weights hold"),
+    ]
+    for source, change, message in cases:
+        d = _broken(source, tmp_path, **change)
+        r = in_process("import", d, "-o", tmp_path / "out")
+        assert r.returncode == 1 and message in r.stderr, (message, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "internal error" not in r.stderr, r.stderr
+        assert not (tmp_path / "out").exists()
+    # a tokenizer larger than the embedding
+    d = _broken(gpt2, tmp_path, config=_set(vocab_size=8))
+    r = in_process("import", d, "-o", tmp_path / "out")
+    assert r.returncode == 1 and "vocab_size 8 and n_embd" in r.stderr  # the weights' rows say otherwise
+    d = _broken(gpt2, tmp_path)
+    tok = json.loads((d / "tokenizer.json").read_text())
+    tok["model"]["vocab"].update({f"extra{i}": 1000 + i for i in range(50)})
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    r = in_process("import", d, "-o", tmp_path / "out")
+    assert r.returncode == 1 and "tokens, more than the" in r.stderr and "embedding rows" in r.stderr, r.stderr
+    # and the good ones still import
+    for source in (gpt2, marian):
+        assert in_process("import", source, "-o", tmp_path / f"ok-{source.parent.name}").returncode == 0
+
+
+@pytest.mark.parametrize("special", ["fifo", "device", "directory"])
+def test_import_refuses_a_path_that_is_not_a_regular_file_before_opening_it(hf_dirs, tmp_path, special):
+    d = _broken(hf_dirs["gpt2"], tmp_path)
+    target = d / "tokenizer.json"
+    target.unlink()
+    if special == "fifo":
+        os.mkfifo(target)  # opening it would block until a writer came
+    elif special == "device":
+        target.symlink_to("/dev/zero")  # reading it would never end
+    else:
+        target.mkdir()
+    r = subprocess.run([sys.executable, "-m", "tfcli", "import", str(d), "-o", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"{target}: not a regular file" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

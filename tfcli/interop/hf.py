@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -342,14 +343,162 @@ SUPPORTED = {"marian": "marian", "pegasus": "pegasus", "gpt2": "gpt2"}
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
+_OPENED = ("config.json", "tokenizer.json", "target_tokenizer.json", "source.spm", "target.spm", "vocab.json")
+
+
+def _refuse_special_files(hf_dir: Path) -> None:
+    """Every file import may open must be a regular file: opening a FIFO blocks (until a writer comes, and signals
+    wait with it), and a device (/dev/zero, /dev/urandom) reads forever."""
+    import stat
+
+    if not hf_dir.is_dir():
+        raise TfcliError(f"{hf_dir}: not a directory")
+    for path in [*(hf_dir / n for n in _OPENED), *hf_dir.glob("model*.safetensors")]:
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise TfcliError(f"{path}: cannot read: {e.strerror or e}") from None
+        if not stat.S_ISREG(mode):
+            raise TfcliError(f"{path}: not a regular file (a pipe, device or directory); refusing to open it")
+
+
 def _read_config(hf_dir: Path) -> dict:
     path = hf_dir / "config.json"
     if not path.is_file():
         raise TfcliError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TfcliError(f"{path}: unreadable ({e})") from None
+    if not isinstance(config, dict):
+        raise TfcliError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
+# the integer sizes each architecture's config.json must give, and the optional ones
+_SIZES = {
+    "gpt2": (("n_embd", "n_head", "n_layer", "n_positions", "vocab_size"), ("n_inner",)),
+    "seq2seq": (("d_model", "encoder_attention_heads", "decoder_attention_heads", "encoder_layers", "decoder_layers",
+                 "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size"), ("decoder_vocab_size", "max_position_embeddings")),
+}
+_RATES = {"gpt2": ("resid_pdrop", "attn_pdrop", "embd_pdrop"), "seq2seq": ("dropout", "attention_dropout")}
+
+
+def _check_config(config: dict, arch: str, hf_dir: Path) -> None:
+    """The keys tfcli reads, with the right types and possible values, checked before anything is allocated; an
+    error names the key."""
+    where = f"{hf_dir / 'config.json'}"
+    kind = "gpt2" if arch == "gpt2" else "seq2seq"
+    required, optional = _SIZES[kind]
+    for key in required + optional:
+        value = config.get(key)
+        if value is None and key in optional:
+            continue
+        if key not in config:
+            raise TfcliError(f"{where}: no '{key}', which a {arch} config holds")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TfcliError(f"{where}: {key} is {value!r}; expected a positive integer")
+    for key in _RATES[kind]:
+        value = config.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise TfcliError(f"{where}: {key} is {value!r}; expected a probability in [0, 1)")
+    eps = config.get("layer_norm_epsilon", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        raise TfcliError(f"{where}: layer_norm_epsilon is {eps!r}; expected a small positive number")
+    d, heads = ("n_embd", "n_head") if kind == "gpt2" else ("d_model", "encoder_attention_heads")
+    if config[d] % config[heads]:
+        raise TfcliError(f"{where}: {d} {config[d]} is not divisible by {heads} {config[heads]}")
+
+
+_FLOATS = ("F16", "BF16", "F32", "F64")
+
+
+def _weight_headers(hf_dir: Path) -> dict[str, tuple[str, tuple[int, ...], Path]]:
+    """name -> (dtype, shape, file) of every tensor in the safetensors files, from their headers alone; integer or
+    boolean tensors are refused (weights are floating point)."""
+    from safetensors import safe_open
+
+    files = sorted(hf_dir.glob("model*.safetensors"))
+    if not files:
+        pickled = [p.name for p in hf_dir.glob("*.bin")]
+        hint = f" ({pickled[0]} is a pickle, which tfcli never loads: re-save with safe_serialization)" if pickled else ""
+        raise TfcliError(f"{hf_dir}: no model.safetensors{hint}")
+    out: dict[str, tuple[str, tuple[int, ...], Path]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    part = st.get_slice(name)
+                    out[name] = (part.get_dtype(), tuple(part.get_shape()), f)
+        except Exception as e:  # SafetensorError and OSError alike
+            raise TfcliError(f"{f}: unreadable safetensors file ({e})") from None
+    for name, (dtype, _, f) in out.items():
+        if dtype not in _FLOATS:
+            raise TfcliError(f"{f}: tensor {name} is {dtype}; model weights are floating point")
+    return out
+
+
+def _layer_count(headers: dict, prefix: str) -> int:
+    """How many layers the weights hold under `prefix` (e.g. transformer.h.): the distinct layer numbers."""
+    return len({name[len(prefix):].split(".", 1)[0] for name in headers if name.startswith(prefix)})
+
+
+def _check_sizes(config: dict, arch: str, headers: dict, hf_dir: Path) -> None:
+    """The config's sizes against the weights' own: layer counts, embedding rows and width. Past this, every size
+    the model is built with is one the weights file holds, however large the config claims."""
+    where = f"{hf_dir / 'config.json'}"
+    if arch == "gpt2":
+        layers = {"n_layer": _layer_count(headers, "transformer.h.")}
+        embedding, rows, width = "transformer.wte.weight", "vocab_size", "n_embd"
+    else:
+        layers = {"encoder_layers": _layer_count(headers, "model.encoder.layers."),
+                  "decoder_layers": _layer_count(headers, "model.decoder.layers.")}
+        embedding = next((n for n in ("model.shared.weight", "model.encoder.embed_tokens.weight") if n in headers),
+                         "model.shared.weight")
+        rows, width = "vocab_size", "d_model"
+    if embedding not in headers:
+        raise TfcliError(f"{hf_dir}: the weights lack {embedding}: not a {arch} model (model_type "
+                         f"'{config.get('model_type')}' in config.json)?")
+    for key, found in layers.items():
+        if config[key] != found:
+            raise TfcliError(f"{where}: {key} is {config[key]}, but the weights hold {found} layers")
+    shape = headers[embedding][1]
+    if len(shape) != 2 or (shape[0], shape[1]) != (config[rows], config[width]):
+        raise TfcliError(f"{where}: {rows} {config[rows]} and {width} {config[width]}, but {embedding} is "
+                         f"{'x'.join(map(str, shape))}")
+
+
+# tensors a transformers file may hold that tfcli computes itself: GPT-2's causal-mask buffers, the sinusoidal
+# position tables of Marian and Pegasus
+_DERIVED = (".attn.bias", ".attn.masked_bias", "embed_positions.weight")
+
+
+def _check_weights(headers: dict, cfg: ModelConfig, arch: str, hf_dir: Path) -> None:
+    """Every tensor maps onto the model of the config with its exact shape, and none is left over, checked on
+    torch's meta device: nothing is allocated before the weights are known to fit."""
+    from tfcli.model import build_model
+
+    meta = {name: torch.empty(shape, device="meta") for name, (_, shape, _) in headers.items()}
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}
+        state = from_hf_state(meta, cfg, arch) if arch == "gpt2" else _seq2seq_state(meta, cfg, arch)
+    for name, value in state.items():
+        if name in expected and tuple(value.shape) != expected[name]:
+            raise TfcliError(f"{hf_dir}: a weight for tfcli's {name} has shape {'x'.join(map(str, value.shape))}, "
+                             f"the config.json's sizes give {'x'.join(map(str, expected[name]))}")
+    missing = sorted(set(expected) - set(state) - {"lm_head.bias"})
+    if missing:
+        raise TfcliError(f"{hf_dir}: the weights give nothing for tfcli's {missing[0]}")
+    used = {h for _, _, h, _ in _pairs(cfg, arch)} | {"final_logits_bias", "lm_head.weight", "model.shared.weight",
+                                                       "model.encoder.embed_tokens.weight",
+                                                       "model.decoder.embed_tokens.weight"}
+    unused = sorted(n for n in headers if n not in used and not n.endswith(_DERIVED))
+    if unused:
+        more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+        raise TfcliError(f"{headers[unused[0]][2]}: tensor {unused[0]}{more} is not part of a {arch} model of this "
+                         "config.json; refusing to drop weights")
 
 
 def _arch_of(config: dict, hf_dir: Path) -> str:
@@ -409,13 +558,8 @@ def model_config_from_hf(config: dict, arch: str, hf_dir: Path) -> ModelConfig:
 def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    files = sorted(hf_dir.glob("model*.safetensors"))
-    if not files:
-        pickled = [p.name for p in hf_dir.glob("*.bin")]
-        hint = f" ({pickled[0]} is a pickle, which tfcli never loads: re-save with safe_serialization)" if pickled else ""
-        raise TfcliError(f"{hf_dir}: no model.safetensors{hint}")
     out: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in sorted(hf_dir.glob("model*.safetensors")):  # (their headers were checked: _weight_headers)
         try:
             out.update(load_file(str(f)))
         except Exception as e:  # SafetensorError and OSError alike
@@ -498,14 +642,24 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
     refuse_overwriting_inputs([out], [hf_dir], "choose another -o")
     if out.exists() and not force:
         raise TfcliError(f"{out}: already exists; pass --force to replace it, or choose another -o")
+    _refuse_special_files(hf_dir)
     config = _read_config(hf_dir)
     arch = _arch_of(config, hf_dir)
+    _check_config(config, arch, hf_dir)
+    headers = _weight_headers(hf_dir)  # names, dtypes and shapes, read before any tensor is
+    _check_sizes(config, arch, headers, hf_dir)
     cfg = model_config_from_hf(config, arch, hf_dir)
     cfg_in = dataclasses.replace(cfg, bias=True)
+    _check_weights(headers, cfg_in, arch, hf_dir)  # every tensor used, every shape right, on the meta device
     weights = _read_weights(hf_dir)
     state = from_hf_state(weights, cfg_in, arch) if arch == "gpt2" else _seq2seq_state(weights, cfg_in, arch)
     src, tgt = _tokenizers(hf_dir)
     sides = {"tgt": tgt} if cfg.kind == "lm" else {"src": src, "tgt": tgt}
+    for side, (path, data) in sides.items():
+        rows = cfg.src_vocab_size if side == "src" else cfg.tgt_vocab_size
+        if len(vocab_list(data)) > rows:
+            raise TfcliError(f"{path}: {len(vocab_list(data))} tokens, more than the {rows} embedding rows of the "
+                             "model's config.json; this tokenizer does not belong to these weights")
     toks, orders = {}, {}
     for side, (path, data) in sides.items():
         toks[side], orders[side] = reorder_vocabulary(data, _special_ids(config, data, arch), path)
