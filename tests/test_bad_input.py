@@ -762,7 +762,8 @@ def test_tracebacks_only_with_debug(how, tmp_path):
                              env={"TFCLI_DEBUG": "1"} if how == "TFCLI_DEBUG=1" else {})
     assert code == 1
     if how == "plain":
-        assert err == f"error: {bad}:2: invalid UTF-8 (byte 0xff at column 1); convert the file to UTF-8\n"
+        assert err == (f"error: {bad}:2: invalid UTF-8 (byte 0xff at column 1); convert the file to UTF-8 (or read it "
+                       "with --encoding-errors replace)\n")
     else:
         assert "Traceback (most recent call last)" in err and f"{bad}:2: invalid UTF-8" in err
 
@@ -802,4 +803,5 @@ def test_error_with_brackets_on_a_terminal(tmp_path, monkeypatch):
     r = cli("eval", weird, "-r", weird)
     assert r.exit_code == 1
     text = re.sub(r"\x1b\[[0-9;]*m", "", buf.getvalue())
-    assert text == f"error: {weird}:1: invalid UTF-8 (byte 0xff at column 1); convert the file to UTF-8\n"
+    assert text == (f"error: {weird}:1: invalid UTF-8 (byte 0xff at column 1); convert the file to UTF-8 (or read it "
+                    "with --encoding-errors replace)\n")

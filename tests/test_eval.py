@@ -187,10 +187,10 @@ def test_mismatched_line_counts_name_both_files(text_files, tmp_path):
 def test_usage_errors(text_files, tmp_path):
     ref, _, hyp, hyp2 = text_files
     assert tfcli("eval", hyp).exit_code == 2  # no reference
-    r = tfcli("eval", hyp, "-r", ref, "--metrics", "bleu,meteor")
-    assert r.exit_code == 1 and "unknown metric 'meteor'" in r.stderr
+    r = tfcli("eval", hyp, "-r", ref, "--metrics", "bleu,meteor")  # a flag's value outside its choices: usage
+    assert r.exit_code == 2 and "--metrics meteor: unknown; choose from bleu, chrf, ter" in r.stderr
     r = tfcli("eval", hyp, "-r", ref, "--tokenize", "moses")
-    assert r.exit_code == 1 and "unknown tokenizer 'moses'" in r.stderr
+    assert r.exit_code == 2 and "--tokenize moses: unknown; choose from" in r.stderr
     r = tfcli("eval", hyp, "-r", ref, "--paired-bs")
     assert r.exit_code == 1 and "at least two systems" in r.stderr
     assert tfcli("eval", hyp, hyp2, "-r", ref, "--paired-bs", "--paired-ar").exit_code == 2

@@ -173,3 +173,26 @@ def test_an_unknown_arch_is_a_usage_error(tmp_path):
     data = make_parallel_prepared(tmp_path / "prep", n_train=50)
     r = cli("train", data, "-o", tmp_path / "run", "--arch", "smal", "--max-steps", "1")
     one_error(r, "smal", "small", code=2)
+
+
+def test_the_signal_handler_does_not_outlive_the_command():
+    """A Ctrl-C that arrives after the command finished (during interpreter shutdown) must not print a traceback
+    from tfcli's handler: once main() is done, SIGINT and SIGTERM act as they do by default."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from tfcli.cli import main\n"
+        "from tfcli.errors import interrupt\n"
+        "sys.argv = ['tfcli', '--version']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as e:\n"
+        "    assert e.code in (0, None)\n"
+        "assert signal.getsignal(signal.SIGINT) is not interrupt\n"
+        "assert signal.getsignal(signal.SIGTERM) is not interrupt\n"
+        "sys.stdout.flush()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(5)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == -2, (proc.returncode, proc.stderr)  # ended by the signal, as the shell expects
+    assert proc.stdout.startswith("tfcli ") and "Traceback" not in proc.stderr and proc.stderr == ""

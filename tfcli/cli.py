@@ -1166,6 +1166,10 @@ def main() -> None:
         app()
     except SystemExit as e:
         if e.code != EXIT_INTERRUPTED:
+            # The command is over: a signal from here on ends the process as signals do by default, instead of
+            # raising KeyboardInterrupt into the interpreter's shutdown (a traceback after a finished command).
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
             raise
         # Everything is cleaned up by now. Exit at once: when the KeyboardInterrupt was raised (and lost) inside
         # Python code that an extension module ran while being imported, CPython would otherwise end the process

@@ -35,10 +35,8 @@ def load_config_file(path: os.PathLike | str) -> dict:
         raise ConfigError(f"{path}:{line}: invalid UTF-8 (byte 0x{e.object[e.start]:02x}); save the file as UTF-8") from None
     try:
         if path.suffix == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover
-                import tomli as tomllib
+            import tomllib
+
             data = tomllib.loads(text)
         elif path.suffix == ".json":
             data = json.loads(text)

@@ -502,9 +502,10 @@ class Trainer:
         cfg = self.cfg
         if self.total_steps and cfg.warmup and cfg.warmup * 2 > self.total_steps and self.main:
             why = "the time budget leaves" if cfg.max_minutes else "the run has"
-            self.log.print(f"warning: {why} {self.total_steps} steps, of which warmup takes {cfg.warmup} "
-                           f"({cfg.warmup / self.total_steps:.0%}): most of the run warms up; lower --warmup"
-                           + (" or raise --max-minutes" if cfg.max_minutes else " or raise --max-steps"),
+            share = (f"warmup takes {cfg.warmup} ({cfg.warmup / self.total_steps:.0%})" if cfg.warmup < self.total_steps
+                     else f"warmup ({cfg.warmup}) is longer, so the peak learning rate is never reached")
+            self.log.print(f"warning: {why} {self.total_steps} steps, of which {share}: most of the run warms up; "
+                           "lower --warmup" + (" or raise --max-minutes" if cfg.max_minutes else " or raise --max-steps"),
                            warning=True)
 
     def _reset_interval(self) -> None:
