@@ -41,7 +41,7 @@ demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash recipes/demo.sh
 
 ## bench: peer benchmarks (transformers + ctranslate2 come with the interop extra); BENCH_ARGS="--checkpoint RUN
-## --peer-checkpoint POST_RUN" adds Multi30k test2016 by trained de-en models (README: Benchmarks)
+## --peer-checkpoint POST_RUN" adds Multi30k test2016 by trained de-en models (docs/performance.md: Benchmarks)
 bench: install
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)

@@ -3,13 +3,13 @@
     python3 benchmarks/recipe_results.py record multi30k OUT --pair de-en --size cpu --checkpoint CKPT
     python3 benchmarks/recipe_results.py record lm OUT --name shakespeare-char --size cpu [--ppl OUT/ppl.json]
     python3 benchmarks/recipe_results.py record demo OUT --size cpu --wall-s SECONDS
-    python3 benchmarks/recipe_results.py table          # rewrite recipes.md (and the README's blocks) from recipes.json
+    python3 benchmarks/recipe_results.py table          # rewrite recipes.md (and the blocks in README.md and docs/recipes.md) from recipes.json
 
 The recipes (recipes/*.sh) call `record` as their last step. It reads the run directory (OUT/run: metrics.jsonl,
 config.yaml) and the score files the recipe wrote, adds the hardware, writes OUT/result.json, and merges that entry
 into benchmarks/results/recipes.json under "NAME/SIZE" (an entry is replaced only by a new run of the same recipe).
-Every figure comes from those files; nothing is typed in by hand. The README's recipe table and demo sentence are
-rewritten from recipes.json at the same time (between their <!-- recipes:... --> and <!-- demo:... --> markers).
+Every figure comes from those files; nothing is typed in by hand. The recipe table (docs/recipes.md) and the README's
+demo sentence are rewritten from recipes.json at the same time (between their <!-- recipes:... --> and <!-- demo:... --> markers).
 """
 
 from __future__ import annotations
@@ -242,17 +242,18 @@ def readme_blocks(all_: dict) -> dict[str, str]:
 
 
 def update_readme(all_: dict, path: Path | None = None) -> None:
-    """Replace the text between <!-- NAME:begin --> and <!-- NAME:end --> in the README by each block."""
-    path = path or README
-    if not path.exists():
-        return
-    text = path.read_text(encoding="utf-8")
-    for name, block in readme_blocks(all_).items():
-        begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-        if begin in text and end in text:
-            head, rest = text.split(begin, 1)
-            text = head + begin + "\n" + block + "\n" + end + rest.split(end, 1)[1]
-    path.write_text(text, encoding="utf-8")
+    """Replace the text between <!-- NAME:begin --> and <!-- NAME:end --> by each block, in the README (the demo
+    sentence) and in docs/recipes.md beside it (the recipe table): each document holds the markers of its blocks."""
+    for doc in [path] if path else [README, README.parent / "docs" / "recipes.md"]:
+        if not doc.exists():
+            continue
+        text = doc.read_text(encoding="utf-8")
+        for name, block in readme_blocks(all_).items():
+            begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+            if begin in text and end in text:
+                head, rest = text.split(begin, 1)
+                text = head + begin + "\n" + block + "\n" + end + rest.split(end, 1)[1]
+        doc.write_text(text, encoding="utf-8")
 
 
 def main() -> None:

@@ -196,3 +196,40 @@ def test_the_signal_handler_does_not_outlive_the_command():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == -2, (proc.returncode, proc.stderr)  # ended by the signal, as the shell expects
     assert proc.stdout.startswith("tfcli ") and "Traceback" not in proc.stderr and proc.stderr == ""
+
+
+def _file_size_limit(limit: int):
+    import resource
+    import signal
+
+    def preexec():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write then fails with EFBIG, as a full disk does
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return preexec
+
+
+@pytest.mark.parametrize("target", ["hf", "ctranslate2"])
+def test_export_write_failure_is_one_line_naming_the_path_and_leaves_nothing(tmp_path, target):
+    """A write that fails inside transformers' or CTranslate2's own writer (here a file-size limit) is one line
+    naming the output, never "internal error", and no directory is left behind."""
+    pytest.importorskip("transformers" if target == "hf" else "ctranslate2")
+    run = train_tiny_checkpoint(tmp_path, steps=2, valid_bleu=False)
+    out = tmp_path / "exported"
+    proc = subprocess.run([sys.executable, "-m", "tfcli", "export", str(run), "--to", target, "-o", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, preexec_fn=_file_size_limit(20_000))
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out}: cannot write") and "internal" not in lines[0], lines
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".exported")]
+
+
+def test_export_to_hf_prints_no_progress_bar_of_its_own_and_nothing_with_quiet(tmp_path):
+    pytest.importorskip("transformers")
+    run = train_tiny_checkpoint(tmp_path, steps=2, valid_bleu=False)
+    for quiet, out in (([], "a"), (["-q"], "b")):
+        proc = subprocess.run([sys.executable, "-m", "tfcli", *quiet, "export", str(run), "--to", "hf", "-o",
+                               str(tmp_path / out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # no "Writing model shards" bar
+    import transformers
+
+    assert transformers.utils.logging.is_progress_bar_enabled()  # and the caller's setting is as it was

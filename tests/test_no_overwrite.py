@@ -204,3 +204,13 @@ def test_attention_and_plot_never_write_over_their_inputs(copier_dir, work, tmp_
     for name in spellings(metrics, work):
         refused(cli("plot", "run", "-o", name), "is an input")
     assert metrics.read_text() == '{"split": "train", "step": 1, "loss": 2.0}\n'
+
+
+def test_eval_refuses_a_stdout_redirected_into_a_file_it_scores(work):
+    ref = work / "in" / "ref.txt"
+    before = ref.read_bytes()
+    with open(ref, "ab") as appended:
+        proc = subprocess.run([sys.executable, "-m", "tfcli", "eval", str(work / "in" / "text.txt"), "-r", str(ref)],
+                              stdout=appended, stderr=subprocess.PIPE, cwd=ROOT, timeout=120)
+    assert proc.returncode == 1 and b"stdout: is an input" in proc.stderr, proc.stderr
+    assert ref.read_bytes() == before

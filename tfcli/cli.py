@@ -1031,6 +1031,11 @@ def eval_(
         n_samples=n_samples,
     )
     cfg = run(from_dict, MetricsConfig, fields, "eval")
+    from tfcli.io import refuse_overwriting_inputs
+
+    # the scores go to stdout: not into one of the files being scored (`>> ref.en`)
+    run(refuse_overwriting_inputs, ["-"], [*(hypotheses or []), *refs, baseline, translate_src],
+        "send the scores elsewhere")
     if translate_src is not None:
         from tfcli.evaluate.translate_score import translate_and_score
         from tfcli.generate.config import translate_config
