@@ -233,3 +233,31 @@ def test_export_to_hf_prints_no_progress_bar_of_its_own_and_nothing_with_quiet(t
     import transformers
 
     assert transformers.utils.logging.is_progress_bar_enabled()  # and the caller's setting is as it was
+
+
+def test_prepare_refuses_a_setting_its_data_does_not_use(tmp_path):
+    src, tgt, mono = tmp_path / "a.de", tmp_path / "a.en", tmp_path / "text.txt"
+    for f in (src, tgt, mono):
+        f.write_text("a b c\nd e\n" * 10, encoding="utf-8")
+    pair = ["prepare", "--src", src, "--tgt", tgt, "--tokenizer", "char", "-o", tmp_path / "out"]
+    lm = ["prepare", "--train", mono, "--tokenizer", "char", "-o", tmp_path / "out"]
+    cases = [
+        (pair + ["--mono-mode", "paragraph"], "prepare.mono_mode (--mono-mode) is not used"),
+        (pair + ["--text-field", "body"], "prepare.text_field (--text-field) is not used"),
+        (pair + ["--src-field", "de", "--tgt-field", "en"], "prepare.src_field (--src-field) is not used"),
+        (pair + ["--format", "tsv"], "prepare.format (--format) is not used"),
+        (pair + ["--valid-src", src, "--valid-tgt", tgt, "--valid-ratio", "0.1"], "prepare.valid_ratio"),
+        (lm + ["--separate-vocab"], "prepare.joint_vocab (--joint-vocab/--separate-vocab) is not used"),
+        (lm + ["--max-ratio", "2"], "prepare.max_ratio (--max-ratio) is not used"),
+        (["prepare", "--src", src, "--tgt", tgt, "--tokenizer-from", tmp_path / "tok.json", "--vocab-size", "100",
+          "-o", tmp_path / "out"], "prepare.vocab_size (--vocab-size) is not used: it trains a tokenizer"),
+    ]
+    for args, message in cases:
+        one_error(cli(*args), message)
+        assert not (tmp_path / "out").exists()
+    assert cli(*pair).exit_code == 0 and cli(*lm[:-1], tmp_path / "lm").exit_code == 0
+
+
+def test_train_refuses_an_arch_that_init_from_would_ignore(tmp_path):
+    r = cli("train", tmp_path, "-o", tmp_path / "run", "--init-from", tmp_path / "ck", "--arch", "base")
+    one_error(r, "--arch is not used with --init-from", code=2)

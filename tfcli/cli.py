@@ -371,6 +371,7 @@ _OPT, _BATCH, _VAL, _HW = "Optimisation", "Batching", "Validation, logging, chec
 
 @app.command()
 def train(
+    ctx: typer.Context,
     data: Optional[str] = typer.Argument(
         None, metavar="DATA", show_default=False, help="Prepared directory (tfcli prepare); parallel for a "
         "translation model, monolingual for a language model."
@@ -494,6 +495,8 @@ def train(
     from tfcli.train.trainer import run as run_training
 
     check_choice("--arch", arch, list(PRESETS))
+    if init_from:
+        refuse_unused(ctx, ["arch"], "is not used with --init-from: the architecture is the checkpoint's")
     for flag, value, name in (("--schedule", schedule, "schedule"), ("--precision", precision, "precision"),
                               ("--early-stop", early_stop, "early_stop_metric")):
         check_choice(flag, value, choices_of(TrainConfig, name))

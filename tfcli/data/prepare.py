@@ -169,7 +169,32 @@ def _plan(cfg: PrepareConfig) -> tuple[str, dict[str, _Source]]:
                 raise ConfigError("prepare reads its inputs twice (hash, then load); give files, not '-' (stdin)")
     if cfg.mono_mode == "document" and kind == "parallel":
         raise ConfigError("--mono-mode document is for monolingual text (language models)")
+    _refuse_unused(cfg, kind, sources)
     return kind, sources
+
+
+def _refuse_unused(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -> None:
+    """A setting the data at hand does not use is an error naming it, never silently ignored (a user who set
+    --separate-vocab on a monolingual corpus, or --valid-ratio beside a valid file, expects it to matter)."""
+    default = PrepareConfig()
+    unused: list[tuple[str, str]] = []
+    if kind == "parallel":
+        unused += [("text_field", "names the field of monolingual rows"), ("mono_mode", "groups monolingual text")]
+    else:
+        unused += [("joint_vocab", "is for parallel data; this corpus has one side"),
+                   ("max_ratio", "compares the two sides of a pair; this corpus has one side")]
+    if cfg.tokenizer_from:
+        unused += [(name, "trains a tokenizer; --tokenizer-from reuses one")
+                   for name in ("tokenizer", "vocab_size", "tokenizer_sample", "joint_vocab")]
+    if "valid" in sources:
+        unused.append(("valid_ratio", "cuts a valid split from train; a valid split is given"))
+    if sources and all(s.fmt == "pair" for s in sources.values()):
+        unused += [(name, "reads --train/--valid/--test files; --src/--tgt are plain aligned text")
+                   for name in ("format", "src_field", "tgt_field", "text_field")]
+    for name, why in unused:
+        if getattr(cfg, name) != getattr(default, name):
+            flag = {"joint_vocab": "--joint-vocab/--separate-vocab"}.get(name, "--" + name.replace("_", "-"))
+            raise ConfigError(f"prepare.{name} ({flag}) is not used: it {why}")
 
 
 # --- fingerprint ---------------------------------------------------------------------------------------------
