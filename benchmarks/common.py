@@ -55,7 +55,8 @@ def tfcli_for_inference(model_config: dict, weights: str):
 
     from tfcli.generate.runtime import tune_process
     from tfcli.generate.step import StepModel
-    from tfcli.model import ModelConfig, build_model
+    from tfcli.model.config import ModelConfig
+    from tfcli.model.transformer import build_model
 
     model = build_model(ModelConfig(**model_config)).eval()
     load_model(model, weights, strict=False)  # tied weights are stored once

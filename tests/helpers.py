@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 from tfcli.data.prepared import new_meta, write_sequences
-from tfcli.model import SPECIAL_TOKENS
+from tfcli.model.config import SPECIAL_TOKENS
 
 # the words of the hand-built models' vocabulary (save_copier, save_counter; the fixtures in conftest.py)
 WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
@@ -192,7 +192,9 @@ def copy_model(n_words: int = 20, max_len: int = 32, n_layers: int = 2, logit_sc
     """
     import torch
 
-    from tfcli.model import EOS_ID, build_model, preset
+    from tfcli.model.config import EOS_ID, preset
+
+    from tfcli.model.transformer import build_model
 
     V, P = 4 + n_words, max_len
     D = 2 * V + P
@@ -235,7 +237,9 @@ def successor_lm(vocab: list[str], successor: dict[int, int], max_len: int = 48,
     Tokens missing from `successor` continue with nothing in particular (their row of the output layer is 0)."""
     import torch
 
-    from tfcli.model import build_model, preset
+    from tfcli.model.config import preset
+
+    from tfcli.model.transformer import build_model
 
     V = len(vocab)
     D = V + V % 2 + 2
@@ -281,7 +285,7 @@ def save_copier(d: Path, words: list[str]) -> Path:
 def save_counter(d: Path, words: list[str]) -> Path:
     """successor_lm that counts up `words` (words[0] -> words[1] -> ...) and ends after the last with "." and </s>;
     a special token is followed by words[0]. Saved as a checkpoint in d/lm."""
-    from tfcli.model import EOS_ID
+    from tfcli.model.config import EOS_ID
 
     vocab = SPECIAL_TOKENS + words + ["."]
     ids = {w: i for i, w in enumerate(vocab)}

@@ -31,7 +31,8 @@ from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.config import to_dict
 from tfcli.data.prepared import PreparedData
-from tfcli.model import build_model, preset
+from tfcli.model.config import preset
+from tfcli.model.transformer import build_model
 from tfcli.train.trainer import run as run_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -794,10 +795,10 @@ def test_error_with_brackets_on_a_terminal(tmp_path, monkeypatch):
 
     from rich.console import Console
 
-    import tfcli.cli
+    import tfcli.cli.common
 
     buf = io.StringIO()
-    monkeypatch.setattr(tfcli.cli, "err", Console(file=buf, force_terminal=True, width=300, highlight=False))
+    monkeypatch.setattr(tfcli.cli.common, "err", Console(file=buf, force_terminal=True, width=300, highlight=False))
     weird = tmp_path / "[red]x.txt"  # as markup, "[red]" would vanish
     weird.write_bytes(b"\xff\n")
     r = cli("eval", weird, "-r", weird)

@@ -220,7 +220,7 @@ def test_config_prints_every_key_with_its_default_as_a_file_train_accepts(tmp_pa
 
     from typer.testing import CliRunner
 
-    from tfcli.model import preset
+    from tfcli.model.config import preset
     from tfcli.train.config import TrainConfig, load_train_config
 
     runner = CliRunner()

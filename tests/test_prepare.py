@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from tfcli.cli import app
 from tfcli.data import cleaning, loading
-from tfcli.data.prepare import PrepareConfig, prepare, prepare_config
+from tfcli.data.config import PrepareConfig, prepare_config
+from tfcli.data.prepare import prepare
 from tfcli.data.prepared import PreparedData
 from tfcli.data.tokenizer import (
     BOS_ID,

@@ -13,7 +13,8 @@ from test_prepare import DE, EN, parallel, sentences, write
 from tfcli.data import cleaning
 from tfcli.data import prepare as prepare_module
 from tfcli.data import tokenizer as tokenizer_module
-from tfcli.data.prepare import PrepareConfig, prepare
+from tfcli.data.config import PrepareConfig
+from tfcli.data.prepare import prepare
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import InputError
 

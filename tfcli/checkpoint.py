@@ -29,7 +29,8 @@ import tfcli
 from tfcli.config import from_dict
 from tfcli.errors import CheckpointError, ConfigError
 from tfcli.io import atomic_dir, atomic_write_text, fault_point, space_needed
-from tfcli.model import ModelConfig, build_model
+from tfcli.model.config import ModelConfig
+from tfcli.model.transformer import build_model
 
 FORMAT = "tfcli-checkpoint"
 FORMAT_VERSION = 1

@@ -236,23 +236,3 @@ def annotated_yaml(sections: dict[str, Any], skip: dict[str, set[str]] | None = 
             lines.append(row)
         lines.append("")
     return "\n".join(lines)
-
-
-CONFIG_SECTIONS = ("model", "train", "prepare", "translate", "generate")
-
-
-def defaults_yaml(sections: list[str], arch: str = "small") -> str:
-    """`tfcli config`: every key of the chosen sections with its default and help; `model:` holds preset `arch`'s
-    shapes (vocabulary sizes and kind come from the data and the preset, so they are not listed)."""
-    from tfcli.data.prepare import PrepareConfig
-    from tfcli.generate.config import GenerateConfig, TranslateConfig
-    from tfcli.model import preset
-    from tfcli.train.config import TrainConfig
-
-    unknown = [s for s in sections if s not in CONFIG_SECTIONS]
-    if unknown:
-        raise ConfigError(f"unknown section '{unknown[0]}'; choose from: {', '.join(CONFIG_SECTIONS)}")
-    make = {"model": lambda: preset(arch), "train": lambda: TrainConfig(arch=arch), "prepare": PrepareConfig,
-            "translate": TranslateConfig, "generate": GenerateConfig}
-    skip = {"model": {"kind", "src_vocab_size", "tgt_vocab_size"}}
-    return annotated_yaml({name: make[name]() for name in sections}, skip)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tfcli.errors import TfcliError
-from tfcli.model import ModelConfig
+from tfcli.model.config import ModelConfig
 from tfcli.model.positional import sinusoidal_table
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")

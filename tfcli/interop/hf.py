@@ -31,7 +31,7 @@ import torch
 
 from tfcli.config import to_dict
 from tfcli.errors import TfcliError
-from tfcli.model import ModelConfig
+from tfcli.model.config import ModelConfig
 from tfcli.interop.vocab import reorder_vocabulary, vocab_list
 from tfcli.io import refuse_overwriting_inputs
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
@@ -478,7 +478,7 @@ _DERIVED = (".attn.bias", ".attn.masked_bias", "embed_positions.weight")
 def _check_weights(headers: dict, cfg: ModelConfig, arch: str, hf_dir: Path) -> None:
     """Every tensor maps onto the model of the config with its exact shape, and none is left over, checked on
     torch's meta device: nothing is allocated before the weights are known to fit."""
-    from tfcli.model import build_model
+    from tfcli.model.transformer import build_model
 
     meta = {name: torch.empty(shape, device="meta") for name, (_, shape, _) in headers.items()}
     with torch.device("meta"):
@@ -635,7 +635,7 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
 
     from tfcli import checkpoint
     from tfcli.data.tokenizer import load_tokenizer
-    from tfcli.model import build_model
+    from tfcli.model.transformer import build_model
 
     hf_dir = _local(hf_dir)
     out = Path(out)

@@ -33,7 +33,8 @@ from tfcli.config import to_dict
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import CheckpointError, ConfigError, TfcliError, verbose_enabled
 from tfcli.io import atomic_write_text, run_lock
-from tfcli.model import ModelConfig, build_model, count_parameters, preset
+from tfcli.model.config import ModelConfig, preset
+from tfcli.model.transformer import build_model, count_parameters
 from tfcli.model.config import PRESETS
 from tfcli.train import distributed
 from tfcli.train.checkpoints import CHECKPOINTS, pack_state, prune, restore_state, resume_point, step_dirs, step_name

@@ -1,0 +1,3 @@
+from tfcli.cli import main
+
+main()

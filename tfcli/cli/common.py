@@ -1,0 +1,219 @@
+"""What every command of the command line shares: the Typer app, turning errors into one line and an exit
+code, the options several commands take (each defined once), and the checks of flags against modes and choices."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+import tfcli
+from tfcli.errors import (
+    EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, debug_enabled, quiet_enabled, raise_if_interrupted,
+)
+from tfcli.generate.config import GenerateConfig, TranslateConfig
+from tfcli.train.config import TrainConfig
+
+_T, _G, _TRAIN = TranslateConfig(), GenerateConfig(), TrainConfig()
+
+
+def _default(value) -> str:
+    return f" \\[default: {value}]."
+
+
+def _value_type(self, ctx):
+    """A flag takes no value, so its help row shows none (typer prints `<bool>`, which made users type `--json
+    true`)."""
+    return None if getattr(self, "is_flag", False) else _typer_value_type(self, ctx)
+
+
+# typer's rich help asks each option for its value type here from typer 0.29 on; older ones print no `<bool>`
+_typer_value_type = getattr(typer.core.TyperOption, "display_type_rich", None)
+if _typer_value_type is not None:
+    typer.core.TyperOption.display_type_rich = _value_type
+
+app = typer.Typer(
+    name="tfcli",
+    help="A command-line Transformer toolkit: prepare corpora, train translation models and language models, "
+    "translate, generate and score.\n\nThe stages chain: prepare -> train -> translate / lm-generate -> eval.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = EXIT_ERROR) -> None:
+    if err.is_terminal:
+        err.print(f"[bold red]error:[/] {escape(message)}", markup=True)  # escape: paths may contain [brackets]
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def run(fn, *args, **kwargs):
+    """Call `fn`, turning user errors into one-line messages and exit codes (tracebacks only with --debug)."""
+    try:
+        result = fn(*args, **kwargs)
+        raise_if_interrupted()  # a signal whose KeyboardInterrupt was lost in C code still ends in status 130
+        return result
+    except TfcliError as e:
+        if debug_enabled():
+            raise
+        fail(str(e), e.exit_code)
+    except KeyboardInterrupt:
+        if debug_enabled():
+            raise
+        print("interrupted", file=sys.stderr)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # downstream closed the pipe (`| head`): stop quietly, like other Unix tools
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        raise typer.Exit(0)
+    except (typer.Exit, typer.Abort, typer.TyperException):
+        raise
+    except OSError as e:  # the environment: permissions, a full disk, a file that vanished
+        if debug_enabled():
+            raise
+        fail(f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e))
+    except Exception as e:
+        if debug_enabled():
+            raise
+        if _out_of_memory(e):
+            size = re.search(r"allocate (\d+) bytes", str(e))
+            tried = f" (tried to allocate {int(size.group(1)) / 2**30:.1f} GiB)" if size else ""
+            fail(f"out of memory{tried}; use a smaller model or lower --batch-size / --max-tokens")
+        first = (str(e).strip().splitlines() or [""])[0]
+        fail(f"internal error: {type(e).__name__}: {first} (run with --debug for the traceback, and please report it)")
+
+
+def refuse_unused(ctx: typer.Context, names, why: str) -> None:
+    """A flag the chosen mode does not use is a usage error naming it, never silently ignored (`eval --dtype int8`
+    on perplexity would print fp32's number). `names`: parameter names; only those given on the command line count."""
+    for name in names:
+        source = ctx.get_parameter_source(name)  # (by name: typer vendors its own click from 0.2x on)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            param = next(p for p in ctx.command.params if p.name == name)
+            flag = max(param.opts, key=len) if param.opts else name
+            fail(f"{flag} {why}", EXIT_USAGE)
+
+
+def check_choice(flag: str, value, choices) -> None:
+    """A flag's value outside its choices is a usage error (exit 2), as click's own choices are, with the choices and
+    the closest one."""
+    import difflib
+
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if v is not None and v not in choices:
+            close = difflib.get_close_matches(str(v), [str(c) for c in choices], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            fail(f"{flag} {v}: unknown; choose from {', '.join(map(str, choices))}{hint}", EXIT_USAGE)
+
+
+def choices_of(cls, name: str) -> tuple:
+    """The values a config dataclass's Literal field allows (its one place of definition)."""
+    import typing
+
+    return typing.get_args(typing.get_type_hints(cls)[name])
+
+
+def _out_of_memory(e: Exception) -> bool:
+    """MemoryError, torch's CUDA OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
+
+
+def _set_env(name: str):
+    def callback(value: bool):
+        if value:
+            os.environ[name] = "1"
+        return value
+    return callback
+
+
+Quiet = Annotated[bool, typer.Option(
+    "--quiet", "-q", callback=_set_env("TFCLI_QUIET"), is_eager=True,
+    help="Only warnings and errors on stderr: no progress bars, summaries or log lines (results still go to stdout).",
+)]
+
+
+def info(message: str) -> None:
+    """A line for the user on stderr, unless --quiet."""
+    if not quiet_enabled():
+        print(message, file=sys.stderr)
+
+
+def _version(value: bool):
+    if value:
+        print(f"tfcli {tfcli.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors (also TFCLI_DEBUG=1)."),
+    quiet: Quiet = False,
+):
+    if debug:
+        os.environ["TFCLI_DEBUG"] = "1"
+
+
+# --- options that several commands share, each defined once (defaults shown from the config dataclasses) ------------
+
+_DEC, _FMT, _RUN, _SAMPLE = "Decoding", "Output format", "Batching and device", "Sampling"
+
+
+Checkpoint = Annotated[str, typer.Option("--model", "-m", metavar="CKPT", help="Checkpoint or run directory.")]
+OutputFile = Annotated[
+    Optional[str], typer.Option("--output", "-o", metavar="FILE", help="Write here (atomically) instead of stdout.")
+]
+BeamSize = Annotated[
+    Optional[int], typer.Option("--beam-size", "-b", rich_help_panel=_DEC, help="Beam size" + _default(_T.beam_size))
+]
+Greedy = Annotated[
+    bool, typer.Option("--greedy", rich_help_panel=_DEC, help="Greedy decoding (same as --beam-size 1).")
+]
+LenPenalty = Annotated[Optional[float], typer.Option(
+    "--alpha", "--len-penalty", rich_help_panel=_DEC,
+    help="GNMT length penalty alpha: rank by sum(log p) / ((5+|Y|)/6)^alpha" + _default(_T.len_penalty),
+)]
+MaxLenA = Annotated[Optional[float], typer.Option(
+    "--max-len-a", rich_help_panel=_DEC, help="At most a * source tokens + b output tokens" + _default(_T.max_len_a)
+)]
+MaxLenB = Annotated[
+    Optional[int], typer.Option("--max-len-b", rich_help_panel=_DEC, help="See --max-len-a" + _default(_T.max_len_b))
+]
+Device = Annotated[
+    Optional[str],
+    typer.Option("--device", rich_help_panel=_RUN, help="auto, cpu, cuda or cuda:N" + _default(_T.device)),
+]
+Dtype = Annotated[Optional[str], typer.Option(
+    "--dtype", rich_help_panel=_RUN,
+    help="fp32, bf16 or fp16 (autocast; fp16 needs CUDA), or int8 (the CPU: every linear layer quantised; the "
+    "inputs by batch, so an output can change with the batch it is in)" + _default(_T.dtype)
+)]
+Threads = Annotated[Optional[int], typer.Option("--threads", rich_help_panel=_RUN, help="CPU threads for torch.")]
+EncodingErrors = Annotated[Optional[str], typer.Option(
+    "--encoding-errors", metavar="strict|replace",
+    help="Input that is not UTF-8: strict stops at the first bad byte, naming file, line and column; replace reads "
+    "each bad byte as U+FFFD (the line is kept, the line count holds; a warning counts them) \\[default: strict].",
+)]
+ShowProgress = Annotated[Optional[bool], typer.Option(
+    "--progress/--no-progress", rich_help_panel=_RUN,
+    help="Progress bar on stderr \\[default: when stderr is a terminal].",
+)]
+
+
+def _config_file(section: str):
+    return typer.Option(
+        None, "--config", "-c", metavar="FILE", help=f"YAML/TOML/JSON file whose `{section}:` section sets the options."
+    )

@@ -1,0 +1,104 @@
+"""`tfcli lm-generate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tfcli.cli.common import (
+    Checkpoint, Device, Dtype, OutputFile, Quiet, ShowProgress, Threads, _G, _RUN, _SAMPLE, _config_file,
+    _default, app, check_choice, choices_of, refuse_unused, run,
+)
+from tfcli.generate.config import GenerateConfig
+
+
+@app.command("lm-generate")
+def lm_generate(
+    ctx: typer.Context,
+    prompts: Optional[List[str]] = typer.Argument(
+        None, metavar="PROMPT", show_default=False,
+        help="Prompts to continue. None: one per line of --input, or of stdin when piped; else generate from scratch.",
+    ),
+    model: Checkpoint = ...,
+    input_file: Optional[str] = typer.Option(
+        None, "--input", "-i", metavar="FILE", help="Read prompts from FILE, one a line ('-': stdin)."
+    ),
+    output: OutputFile = None,
+    config: Optional[Path] = _config_file("generate"),
+    max_new_tokens: Optional[int] = typer.Option(
+        None, "--max-new-tokens", "-n", rich_help_panel=_SAMPLE,
+        help="Tokens to generate, at most" + _default(_G.max_new_tokens),
+    ),
+    min_new_tokens: Optional[int] = typer.Option(
+        None, "--min-new-tokens", rich_help_panel=_SAMPLE,
+        help="No </s> before this many new tokens" + _default(_G.min_new_tokens),
+    ),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", rich_help_panel=_SAMPLE, help="Never stop at </s>: generate --max-new-tokens tokens."
+    ),
+    greedy: bool = typer.Option(False, "--greedy", rich_help_panel=_SAMPLE, help="Always take the most likely token."),
+    temperature: Optional[float] = typer.Option(
+        None, "--temperature", "-t", rich_help_panel=_SAMPLE,
+        help="Divide logits by T before sampling" + _default(_G.temperature),
+    ),
+    top_k: Optional[int] = typer.Option(
+        None, "--top-k", rich_help_panel=_SAMPLE,
+        help="Sample among the K most likely tokens (0: all)" + _default(_G.top_k),
+    ),
+    top_p: Optional[float] = typer.Option(
+        None, "--top-p", rich_help_panel=_SAMPLE,
+        help="Nucleus: sample among the most likely tokens holding probability P" + _default(_G.top_p),
+    ),
+    repetition_penalty: Optional[float] = typer.Option(
+        None, "--repetition-penalty", rich_help_panel=_SAMPLE,
+        help="CTRL penalty on tokens already in the text (1: none; 1.2 is common)" + _default(_G.repetition_penalty),
+    ),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", rich_help_panel=_SAMPLE, help="Random seed: same seed, prompts and options give the same text."
+    ),
+    num_samples: Optional[int] = typer.Option(
+        None, "--num-samples", "-N", rich_help_panel=_SAMPLE, help="Samples per prompt" + _default(_G.num_samples)
+    ),
+    stop: Optional[List[str]] = typer.Option(
+        None, "--stop", rich_help_panel=_SAMPLE, help="Stop when this string appears (not printed); repeatable."
+    ),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", rich_help_panel=_RUN, help="Samples generated together" + _default(_G.batch_size)
+    ),
+    device: Device = None,
+    dtype: Dtype = None,
+    threads: Threads = None,
+    progress: ShowProgress = None,
+    quiet: Quiet = False,
+):
+    """Generate text with a language model: greedy, or sampling with temperature, top-k, top-p.
+
+    tfcli lm-generate -m run/ "ROMEO:" --max-new-tokens 200 --top-p 0.9 --seed 1
+    tfcli lm-generate -m run/ -i prompts.txt --num-samples 3 > samples.txt
+    echo "The meaning of" | tfcli lm-generate -m run/ --greedy --stop "."
+
+    Each sample is written as its prompt followed by the generated text, then a newline, in prompt order (samples
+    of one prompt together). Generation stops at </s> (a warning says so when it comes before --max-new-tokens;
+    --min-new-tokens and --ignore-eos hold it back), at a --stop string (cut off), or after --max-new-tokens.
+    Past the model's context (max_len tokens, prompt included) it goes on from the last max_len / 2 tokens.
+    A single prompt with a single sample streams to stdout as tokens are made.
+    """
+    from tfcli.generate.config import generate_config
+    from tfcli.generate.lm import lm_generate as run_generate
+
+    if greedy:
+        refuse_unused(ctx, ["temperature", "top_k", "top_p", "seed"], "is not used with --greedy (no sampling)")
+    if ignore_eos:
+        refuse_unused(ctx, ["min_new_tokens"], "is not used with --ignore-eos (</s> never ends the text)")
+    check_choice("--dtype", dtype, choices_of(GenerateConfig, "dtype"))
+
+    cfg = run(
+        generate_config, config,
+        max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, ignore_eos=ignore_eos or None,
+        greedy=greedy or None, temperature=temperature, top_k=top_k, top_p=top_p,
+        repetition_penalty=repetition_penalty, seed=seed, num_samples=num_samples, stop=stop or None,
+        batch_size=batch_size, device=device, dtype=dtype, threads=threads,
+    )
+    run(run_generate, model, prompts or [], input_file, output, cfg, progress)

@@ -1,0 +1,70 @@
+"""`tfcli export` and `tfcli import`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tfcli.cli.common import (
+    Quiet, app, check_choice, run,
+)
+
+
+@app.command("export")
+def export_(
+    model: str = typer.Argument(..., metavar="RUN_OR_CKPT", show_default=False, help="Checkpoint or run directory."),
+    to: str = typer.Option(..., "--to", metavar="TARGET", show_default=False,
+                           help="ctranslate2 (Translator/Generator) or hf (transformers)."),
+    output: Path = typer.Option(..., "--output", "-o", metavar="DIR", show_default=False,
+                                help="New model directory (must not exist)."),
+    quantization: Optional[str] = typer.Option(
+        None, "--quantization", metavar="TYPE", show_default=False,
+        help="ctranslate2 only: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16 "
+        "\\[default: float32].",
+    ),
+    quiet: Quiet = False,
+):
+    """Export a model to CTranslate2 or Hugging Face transformers, computing the same function.
+
+    tfcli export run/ --to ctranslate2 -o model-ct2 [--quantization int8]
+    tfcli export run/ --to hf -o model-hf
+
+    ctranslate2: ctranslate2.Translator(DIR), or ctranslate2.Generator(DIR) for a language model, with the tokenizer
+    files copied beside it; every tfcli architecture is supported. hf: AutoModelForSeq2SeqLM /
+    AutoModelForCausalLM and AutoTokenizer load it, as MarianMT (post-norm translation models), Pegasus (pre-norm,
+    shared embeddings) or GPT-2 (language models with learned positions); other options are refused, naming the
+    option. The directory is written whole or not at all.
+    """
+    from tfcli.interop.ct2 import QUANTIZATIONS
+    from tfcli.interop.export import TARGETS, export
+
+    check_choice("--to", to, TARGETS)
+    check_choice("--quantization", quantization, QUANTIZATIONS)
+    info = run(export, model, to, output, quantization)
+    print(f"{info['out']}: {info['class']} ({info['to']}{', ' + info['quantization'] if info['quantization'] else ''})")
+
+
+@app.command("import")
+def import_(
+    source: str = typer.Argument(..., metavar="HF_DIR", show_default=False,
+                                 help="A transformers model directory (save_pretrained), or a hub name when online."),
+    output: Path = typer.Option(..., "--output", "-o", metavar="CKPT", show_default=False,
+                                help="New tfcli checkpoint directory."),
+    force: bool = typer.Option(False, "--force", "-f", help="Replace --output if it exists."),
+    quiet: Quiet = False,
+):
+    """Import a Hugging Face Marian, Pegasus or GPT-2 model as a tfcli checkpoint.
+
+    tfcli import opus-mt-de-en/ -o ckpt
+    tfcli translate -m ckpt test.de
+
+    Weights are read from safetensors only (never a pickle), the tokenizer from tokenizer.json. The vocabulary is
+    reordered so that tfcli's special tokens have their fixed ids; the model computes the same distribution.
+    """
+    from tfcli.interop.hf import import_model
+
+    info = run(import_model, source, output, force)
+    vocab = ", ".join(f"{side} {n}" for side, n in info["vocab"].items())
+    print(f"{output}: {info['arch']} -> tfcli {info['kind']}, {info['parameters'] / 1e6:.2f}M parameters, vocabulary {vocab}")

@@ -1,0 +1,166 @@
+"""`tfcli train`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tfcli.cli.common import (
+    Quiet, _TRAIN, _default, _set_env, app, check_choice, choices_of, refuse_unused, run,
+)
+from tfcli.errors import EXIT_INTERRUPTED
+from tfcli.train.config import TrainConfig
+
+
+_OPT, _BATCH, _VAL, _HW = "Optimisation", "Batching", "Validation, logging, checkpoints", "Hardware"
+
+
+@app.command()
+def train(
+    ctx: typer.Context,
+    data: Optional[str] = typer.Argument(
+        None, metavar="DATA", show_default=False, help="Prepared directory (tfcli prepare); parallel for a "
+        "translation model, monolingual for a language model."
+    ),
+    out: Optional[str] = typer.Option(None, "--out", "--output", "-o", metavar="RUN", help="Run directory to write."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", metavar="FILE", help="YAML/TOML file with `train:` and `model:` sections."
+    ),
+    sets: Optional[List[str]] = typer.Option(
+        None, "--set", metavar="SECTION.KEY=VALUE", show_default=False,
+        help="Set any option, e.g. --set model.dropout=0.3 --set train.warmup=800 (repeat).",
+    ),
+    arch: Optional[str] = typer.Option(
+        None, "--arch", "-a", help="Architecture preset: tiny, small, base, big (translation); lm-tiny, lm-cpu, "
+        "baby-gpt, gpt2-small (language model) \\[default: small]."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in RUN from its latest checkpoint."),
+    init_from: Optional[str] = typer.Option(
+        None, "--init-from", metavar="CKPT", help="Fine-tune: start from this checkpoint's weights and architecture "
+        "(a fresh optimizer and schedule). DATA must use its tokenizer: tfcli prepare --tokenizer-from CKPT."
+    ),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", rich_help_panel=_OPT, help="Updates (0: no limit) \\[default: 0]."),
+    max_epochs: Optional[int] = typer.Option(None, "--max-epochs", rich_help_panel=_OPT, help="Epochs (0: no limit) \\[default: 20]."),
+    max_minutes: Optional[float] = typer.Option(
+        None, "--max-minutes", rich_help_panel=_OPT, help="Wall-clock budget, validations included (0: none). Without "
+        "--max-steps the step count is planned at the end of warmup from the measured speed (logged; --max-steps N "
+        "repeats it) \\[default: 0]."
+    ),
+    lr: Optional[float] = typer.Option(None, "--lr", rich_help_panel=_OPT, help="Peak learning rate \\[default: 5e-4]."),
+    schedule: Optional[str] = typer.Option(
+        None, "--schedule", rich_help_panel=_OPT, help="inverse_sqrt (the 2017 paper's), cosine or constant, all with "
+        "linear warmup \\[default: inverse_sqrt]."
+    ),
+    warmup: Optional[int] = typer.Option(None, "--warmup", rich_help_panel=_OPT, help="Warmup steps \\[default: 4000]."),
+    label_smoothing: Optional[float] = typer.Option(
+        None, "--label-smoothing", rich_help_panel=_OPT, help="\\[default: 0.1]."
+    ),
+    weight_decay: Optional[float] = typer.Option(
+        None, "--weight-decay", rich_help_panel=_OPT, help="AdamW decay of weight matrices \\[default: 0]."
+    ),
+    clip_norm: Optional[float] = typer.Option(
+        None, "--clip-norm", rich_help_panel=_OPT, help="Clip gradients to this global norm (0: off) \\[default: 1]."
+    ),
+    grad_accum: Optional[int] = typer.Option(
+        None, "--grad-accum", rich_help_panel=_OPT, help="Micro-batches per update \\[default: 1]."
+    ),
+    seed: Optional[int] = typer.Option(None, "--seed", rich_help_panel=_OPT, help="\\[default: 1]."),
+    max_tokens: Optional[int] = typer.Option(
+        None, "--max-tokens", rich_help_panel=_BATCH, help="Padded tokens per batch per process \\[default: 4096]."
+    ),
+    max_sentences: Optional[int] = typer.Option(
+        None, "--max-sentences", rich_help_panel=_BATCH, help="Sentences per batch, at most (0: no limit)."
+    ),
+    max_len: Optional[int] = typer.Option(
+        None, "--max-len", rich_help_panel=_BATCH,
+        help="Translation: truncate longer sentences; LM: block length \\[default: the model's max_len].",
+    ),
+    bpe_dropout: Optional[float] = typer.Option(
+        None, "--bpe-dropout", metavar="P", rich_help_panel=_BATCH,
+        help="BPE-dropout for translation training: each epoch re-cuts the training pairs into subwords, skipping "
+        "each merge with probability P (0.1 is usual; a bpe tokenizer; valid, test and inference unchanged) "
+        "\\[default: 0].",
+    ),
+    log_every: Optional[int] = typer.Option(None, "--log-every", rich_help_panel=_VAL, help="\\[default: 100]."),
+    valid_every: Optional[int] = typer.Option(
+        None, "--valid-every", rich_help_panel=_VAL, help="Validate and checkpoint every N steps \\[default: 1000]."
+    ),
+    valid_bleu: Optional[bool] = typer.Option(
+        None, "--valid-bleu/--no-valid-bleu", rich_help_panel=_VAL, help="Greedy BLEU on the valid set \\[default: on]."
+    ),
+    early_stop: Optional[str] = typer.Option(
+        None, "--early-stop", rich_help_panel=_VAL, help="Metric for early stopping and BEST: loss, ppl or bleu "
+        "\\[default: loss]."
+    ),
+    patience: Optional[int] = typer.Option(
+        None, "--patience", rich_help_panel=_VAL, help="Validations without improvement before stopping (0: never)."
+    ),
+    keep_last: Optional[int] = typer.Option(
+        None, "--keep-last", rich_help_panel=_VAL, help="Checkpoints kept besides the best" + _default(_TRAIN.keep_last)
+    ),
+    average_last: Optional[int] = typer.Option(
+        None, "--average-last", rich_help_panel=_VAL, help="At the end, average the last K checkpoints into "
+        "RUN/checkpoints/avg-lastK."
+    ),
+    tensorboard: Optional[bool] = typer.Option(
+        None, "--tensorboard/--no-tensorboard", rich_help_panel=_VAL,
+        help="Also write TensorBoard events to RUN/tensorboard (pip install 'tfcli[tensorboard]') \\[default: off].",
+    ),
+    device: Optional[str] = typer.Option(None, "--device", rich_help_panel=_HW, help="auto, cpu, cuda, cuda:N."),
+    precision: Optional[str] = typer.Option(
+        None, "--precision", rich_help_panel=_HW, help="auto, native-bf16, fp32, bf16 or fp16 (GPU, with "
+        "loss scaling) \\[default: auto = bf16 on a GPU that has it, else fp32; native-bf16: also bf16 on a CPU with "
+        "AMX]."
+    ),
+    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel=_HW, help="torch.compile."),
+    threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel=_HW, help="CPU threads for torch."),
+    profile: Optional[str] = typer.Option(
+        None, "--profile", metavar="A-B", rich_help_panel=_HW, help="Run steps A to B under torch.profiler: "
+        "RUN/profile/ops.txt (ops by device time) and trace.json (Chrome trace)."
+    ),
+    quiet: Quiet = False,
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", callback=_set_env("TFCLI_VERBOSE"), is_eager=True,
+        help="Also print the whole resolved config at the start (it is always in RUN/config.yaml and RUN/train.log).",
+    ),
+):
+    """Train an encoder-decoder (translation) or decoder-only (language model) Transformer.
+
+    tfcli train prep/ -o run/ --arch small --warmup 4000
+    tfcli train prep/ -o run/ -c train.yaml --set model.dropout=0.3
+    tfcli train -o run/ --resume --max-steps 50000      continue exactly
+    tfcli train prep/ -o tuned/ --init-from run/ --lr 1e-4      fine-tune
+    torchrun --nproc_per_node=4 $(which tfcli) train prep/ -o run/
+
+    Writes RUN/config.yaml (the resolved config), RUN/metrics.jsonl (one JSON line per log step and per
+    validation) and RUN/checkpoints/step-N/ with BEST and LATEST pointers; `tfcli translate -m RUN` uses BEST.
+    Ctrl-C or SIGTERM finishes the step, saves a checkpoint and exits with status 130.
+    Prints the best (else the last) checkpoint's path on stdout. "tok/s" counts non-padding target tokens.
+    """
+    from tfcli.model.config import PRESETS
+    from tfcli.train.trainer import run as run_training
+
+    check_choice("--arch", arch, list(PRESETS))
+    if init_from:
+        refuse_unused(ctx, ["arch"], "is not used with --init-from: the architecture is the checkpoint's")
+    for flag, value, name in (("--schedule", schedule, "schedule"), ("--precision", precision, "precision"),
+                              ("--early-stop", early_stop, "early_stop_metric")):
+        check_choice(flag, value, choices_of(TrainConfig, name))
+    flags = dict(
+        data=data, out=out, arch=arch, resume=resume or None, init_from=init_from, max_steps=max_steps, max_epochs=max_epochs,
+        max_minutes=max_minutes, lr=lr, schedule=schedule, warmup=warmup, label_smoothing=label_smoothing,
+        weight_decay=weight_decay, clip_norm=clip_norm, grad_accum=grad_accum, seed=seed, max_tokens=max_tokens, max_sentences=max_sentences,
+        max_len=max_len, bpe_dropout=bpe_dropout, log_every=log_every, valid_every=valid_every, valid_bleu=valid_bleu,
+        early_stop_metric=early_stop, patience=patience, keep_last=keep_last, average_last=average_last,
+        tensorboard=tensorboard,
+        device=device, precision=precision, compile=compile_, threads=threads, profile=profile,
+    )
+    result = run(run_training, config, flags, sets)
+    if result.interrupted:
+        print(f"interrupted at step {result.step}; saved {result.checkpoint}; continue with: tfcli train -o "
+              f"{result.run_dir} --resume", file=sys.stderr)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    print(result.best or result.checkpoint)

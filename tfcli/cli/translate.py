@@ -1,0 +1,98 @@
+"""`tfcli translate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tfcli.cli.common import (
+    BeamSize, Checkpoint, Device, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, OutputFile,
+    Quiet, ShowProgress, Threads, _DEC, _FMT, _RUN, _T, _config_file, _default, app, check_choice, choices_of,
+    fail, refuse_unused, run,
+)
+from tfcli.errors import EXIT_USAGE
+from tfcli.generate.config import TranslateConfig
+
+
+@app.command()
+def translate(
+    ctx: typer.Context,
+    inputs: Optional[List[str]] = typer.Argument(
+        None, metavar="FILE", show_default=False, help="Input files, one sentence a line ('-' or none: stdin)."
+    ),
+    model: Checkpoint = ...,
+    output: OutputFile = None,
+    output_dir: Optional[str] = typer.Option(
+        None, "--output-dir", metavar="DIR", show_default=False,
+        help="One output per input file: DIR/NAME + --suffix (written atomically each).",
+    ),
+    suffix: str = typer.Option("", "--suffix", help="Appended to each input's file name with --output-dir, e.g. .en."),
+    config: Optional[Path] = _config_file("translate"),
+    beam_size: BeamSize = None,
+    greedy: Greedy = False,
+    len_penalty: LenPenalty = None,
+    max_len_a: MaxLenA = None,
+    max_len_b: MaxLenB = None,
+    min_len: Optional[int] = typer.Option(
+        None, "--min-len", rich_help_panel=_DEC, help="No </s> before this many output tokens" + _default(_T.min_len)
+    ),
+    nbest: Optional[int] = typer.Option(
+        None, "--nbest", rich_help_panel=_FMT, help="Print the N best hypotheses per input (format below)."
+    ),
+    scores: bool = typer.Option(
+        False, "--scores", rich_help_panel=_FMT, help="Add per-token log-probs (uses the --nbest format)."
+    ),
+    raw: bool = typer.Option(False, "--raw", rich_help_panel=_FMT, help="Print subword tokens, not detokenised text."),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", rich_help_panel=_RUN, help="Sentences per batch, at most" + _default(_T.batch_size)
+    ),
+    max_tokens: Optional[int] = typer.Option(
+        None, "--max-tokens", rich_help_panel=_RUN,
+        help="Padded source tokens per batch, at most" + _default(_T.max_tokens),
+    ),
+    buffer_size: Optional[int] = typer.Option(
+        None, "--buffer-size", rich_help_panel=_RUN,
+        help="Lines read ahead and sorted by length" + _default(_T.buffer_size),
+    ),
+    device: Device = None,
+    dtype: Dtype = None,
+    threads: Threads = None,
+    progress: ShowProgress = None,
+    encoding_errors: EncodingErrors = None,
+    quiet: Quiet = False,
+):
+    """Translate lines from files or stdin to stdout with beam search or greedy decoding.
+
+    cat test.de | tfcli translate -m run/ | sacrebleu test.en
+    tfcli translate -m run/ test.de -o test.hyp.en --beam-size 8 --alpha 1.0
+    tfcli translate -m run/ --nbest 5 --scores test.de
+    tfcli translate -m run/ a.de b.de --output-dir hyp/ --suffix .en    -> hyp/a.de.en, hyp/b.de.en
+
+    One line out per line in, in input order; empty lines give empty lines. Output is detokenised text (--raw:
+    subword tokens separated by spaces). Lines longer than the model's max_len are cut, with a warning.
+    With --nbest N or --scores, each input line gives N lines (an empty one gives one), best first:
+        INDEX<TAB>SCORE<TAB>HYPOTHESIS[<TAB>TOKEN_SCORES]
+    INDEX is the input line's 0-based number; SCORE = sum of the tokens' log-probs / ((5+|Y|)/6)^alpha, |Y|
+    counting </s>; TOKEN_SCORES (with --scores) are the log-probs of each output subword and of </s>.
+    """
+    from tfcli.generate.config import translate_config
+    from tfcli.generate.translate import translate as run_translate
+
+    if greedy and beam_size not in (None, 1):
+        refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
+    check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
+    check_choice("--encoding-errors", encoding_errors, choices_of(TranslateConfig, "encoding_errors"))
+    cfg = run(
+        translate_config, config,
+        beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
+        min_len=min_len, nbest=nbest, scores=scores or None, raw=raw or None, batch_size=batch_size,
+        max_tokens=max_tokens, buffer_size=buffer_size, device=device, dtype=dtype, threads=threads,
+        encoding_errors=encoding_errors,
+    )
+    if output_dir is not None and output is not None:
+        fail("-o FILE and --output-dir DIR exclude each other", EXIT_USAGE)
+    if suffix and output_dir is None:
+        fail("--suffix names the files of --output-dir", EXIT_USAGE)
+    run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix)

@@ -1,0 +1,78 @@
+"""The settings of `tfcli prepare` (the `prepare:` section of a config file): each key and its default in one
+place, importable without torch or the pipeline (tfcli/data/prepare.py runs it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from tfcli.config import from_dict, load_config_file, override
+from tfcli.errors import ConfigError
+
+
+@dataclass
+class PrepareConfig:
+    """Every `tfcli prepare` option. CLI flags and the `prepare:` section of a --config file fill it."""
+
+    out: Optional[str] = None  # the prepared directory to write
+    # parallel text: two aligned files per split
+    src: Optional[str] = None
+    tgt: Optional[str] = None
+    valid_src: Optional[str] = None
+    valid_tgt: Optional[str] = None
+    test_src: Optional[str] = None
+    test_tgt: Optional[str] = None
+    # one file per split: TSV (parallel), JSONL (parallel with src_field/tgt_field, else monolingual), or text
+    train: Optional[str] = None
+    valid: Optional[str] = None
+    test: Optional[str] = None
+    format: Literal["auto", "tsv", "jsonl", "text"] = "auto"  # auto: from the extension (.tsv, .jsonl/.json)
+    src_field: Optional[str] = None  # JSONL/dataset: dotted path (translation.de); TSV: column number
+    tgt_field: Optional[str] = None
+    text_field: str = "text"  # monolingual JSONL/dataset field
+    mono_mode: Literal["line", "paragraph", "document"] = "line"
+    valid_ratio: float = 0.0  # no valid split given: the LAST fraction of train becomes valid (as nanoGPT does)
+    # datasets.load_dataset: a hub name, or a packaged builder (json, text, ...) on local --data-files
+    dataset: Optional[str] = None
+    dataset_config: Optional[str] = None
+    data_files: list[str] = field(default_factory=list)  # SPLIT=PATH
+    dataset_splits: list[str] = field(default_factory=list)  # SPLIT=DATASET_SPLIT, e.g. valid=validation
+    streaming: bool = False
+    # cleaning
+    nfc: bool = True
+    strip: bool = True
+    drop_empty: bool = True  # keep them for WikiText-style evaluation (an empty line still counts one </s>)
+    dedupe: bool = False
+    max_length: int = 256  # tokens per side, train pairs; 0 = off
+    max_ratio: float = 3.0  # longer/shorter side in tokens, train pairs; 0 = off
+    # tokenizer
+    tokenizer: Literal["bpe", "unigram", "wordpiece", "bytelevel", "char"] = "bpe"
+    vocab_size: int = 8000  # includes the 4 special tokens; a cap for char (every training character is kept)
+    joint_vocab: bool = True  # one vocabulary for source and target (parallel data)
+    tokenizer_from: Optional[str] = None  # reuse tokenizers (a tokenizer.json or .spm, prepared dir, checkpoint): no training
+    tokenizer_sample: int = 0  # train the tokenizer on a random sample of this many train rows (0 = all of them)
+    # input that is not UTF-8: strict (stop, naming file, line and column) or replace (U+FFFD for each bad byte)
+    encoding_errors: Literal["strict", "replace"] = "strict"
+
+    def validate(self) -> None:
+        if self.vocab_size < 1:
+            raise ConfigError(f"prepare.vocab_size: must be positive, got {self.vocab_size}")
+        if not 0 <= self.valid_ratio < 1:
+            raise ConfigError(f"prepare.valid_ratio: must be in [0, 1), got {self.valid_ratio}")
+        if self.max_length < 0:
+            raise ConfigError(f"prepare.max_length: must be >= 0 (0 = off), got {self.max_length}")
+        if self.max_ratio and self.max_ratio < 1:
+            raise ConfigError(f"prepare.max_ratio: must be >= 1 (0 = off), got {self.max_ratio}")
+        if self.tokenizer_sample < 0:
+            raise ConfigError(f"prepare.tokenizer_sample: must be >= 0 (0 = all rows), got {self.tokenizer_sample}")
+        if not self.text_field:
+            raise ConfigError("prepare.text_field: must not be empty")
+
+
+def prepare_config(path: os.PathLike | str | None = None, **flags) -> PrepareConfig:
+    """Settings from a config file's `prepare:` section (if any), then the non-None command-line flags."""
+    cfg = PrepareConfig()
+    if path is not None:
+        cfg = from_dict(PrepareConfig, load_config_file(path).get("prepare") or {}, "prepare")
+    return override(cfg, "prepare", **flags)
