@@ -90,7 +90,7 @@ def hf_logit_difference(ckpt: str, hf_dir: Path, lines: list[str], hyps: list[st
     from tfcli import checkpoint
     from tfcli.data.batching import pad, source_ids
     from tfcli.data.tokenizer import encode_batch
-    from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID
+    from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 
     model, meta = checkpoint.load(ckpt)
     hf = AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval()

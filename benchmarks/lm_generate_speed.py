@@ -53,7 +53,8 @@ sys.path.insert(0, str(ROOT))
 from common import Isolated, cpu_name, export_peers, tfcli_for_inference, write_results  # noqa: E402
 from tfcli.generate.config import GenerateConfig  # noqa: E402
 from tfcli.generate.lm import START_ID, generate_ids  # noqa: E402
-from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, preset  # noqa: E402
+from tfcli.model.config import preset  # noqa: E402
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from tfcli.model.transformer import build_model, count_parameters
 
 RESULTS = ROOT / "benchmarks" / "results"

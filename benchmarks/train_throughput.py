@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from common import cpu_name, write_results  # noqa: E402
 from tfcli.data.batching import collate_seq2seq, token_batches  # noqa: E402
-from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID, preset  # noqa: E402
+from tfcli.model.config import preset  # noqa: E402
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 from tfcli.model.transformer import build_model, count_parameters
 from tfcli.train.data import Batch  # noqa: E402
 from tfcli.train.loss import Objective  # noqa: E402

@@ -45,7 +45,8 @@ from common import Isolated, cpu_name, export_peers, tfcli_for_inference, write_
 from tfcli.data.batching import pad, source_ids  # noqa: E402
 from tfcli.generate.search import beam_search, greedy_decode  # noqa: E402
 from tfcli.errors import TfcliError  # noqa: E402
-from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, preset  # noqa: E402
+from tfcli.model.config import preset  # noqa: E402
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from tfcli.model.transformer import build_model
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 from tfcli.data.prepared import new_meta, write_sequences
-from tfcli.model.config import SPECIAL_TOKENS
+from tfcli.specials import SPECIAL_TOKENS
 
 # the words of the hand-built models' vocabulary (save_copier, save_counter; the fixtures in conftest.py)
 WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
@@ -192,7 +192,9 @@ def copy_model(n_words: int = 20, max_len: int = 32, n_layers: int = 2, logit_sc
     """
     import torch
 
-    from tfcli.model.config import EOS_ID, preset
+    from tfcli.model.config import preset
+
+    from tfcli.specials import EOS_ID
 
     from tfcli.model.transformer import build_model
 
@@ -285,7 +287,7 @@ def save_copier(d: Path, words: list[str]) -> Path:
 def save_counter(d: Path, words: list[str]) -> Path:
     """successor_lm that counts up `words` (words[0] -> words[1] -> ...) and ends after the last with "." and </s>;
     a special token is followed by words[0]. Saved as a checkpoint in d/lm."""
-    from tfcli.model.config import EOS_ID
+    from tfcli.specials import EOS_ID
 
     vocab = SPECIAL_TOKENS + words + ["."]
     ids = {w: i for i, w in enumerate(vocab)}

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 import tfcli
 from helpers import WORDS
 from tfcli.errors import ConfigError
-from tfcli.model.config import EOS_ID
+from tfcli.specials import EOS_ID
 
 TEXTS = ["cat dog egg", "moon", "", "tree sun rat queen pig owl"]
 

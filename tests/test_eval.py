@@ -25,7 +25,8 @@ from tfcli.data.batching import lm_stream
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import CheckpointError, TfcliError
 from tfcli.evaluate.perplexity import PerplexityConfig, evaluate_checkpoint, lm_windows
-from tfcli.model.config import BOS_ID, EOS_ID, preset
+from tfcli.model.config import preset
+from tfcli.specials import BOS_ID, EOS_ID
 from tfcli.model.transformer import build_model
 
 runner = CliRunner()

@@ -23,7 +23,8 @@ from tfcli import checkpoint
 from tfcli.errors import ConfigError, TfcliError
 from tfcli.interop.export import export
 from tfcli.interop.hf import import_model
-from tfcli.model.config import BOS_ID, EOS_ID, preset
+from tfcli.model.config import preset
+from tfcli.specials import BOS_ID, EOS_ID
 from tfcli.model.transformer import build_model
 
 WORDS = [f"w{i}" for i in range(30)]

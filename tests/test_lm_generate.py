@@ -16,7 +16,8 @@ from tfcli.generate.config import GenerateConfig
 from tfcli.generate.lm import START_ID, Continuation, generate_ids, lm_generate
 from tfcli.generate.sampling import apply_repetition_penalty, apply_temperature, next_token, top_k_filter, top_p_filter
 from tfcli.generate.step import IncrementalDecoder, StepModel
-from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, preset
+from tfcli.model.config import preset
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from tfcli.model.transformer import build_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from tfcli.errors import ConfigError
-from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID, preset
+from tfcli.model.config import preset
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 from tfcli.model.transformer import build_model
 from tfcli.model.attention import MultiHeadAttention
 from tfcli.model.positional import sinusoidal_table

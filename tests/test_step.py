@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tfcli.generate.step import StepModel, onednn_available
-from tfcli.model.config import BOS_ID, PAD_ID, preset
+from tfcli.model.config import preset
+from tfcli.specials import BOS_ID, PAD_ID
 from tfcli.model.transformer import build_model
 
 V = 40

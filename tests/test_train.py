@@ -21,7 +21,8 @@ from tfcli import checkpoint
 from tfcli.data.batching import lm_stream
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
-from tfcli.model.config import EOS_ID, PAD_ID, preset
+from tfcli.model.config import preset
+from tfcli.specials import EOS_ID, PAD_ID
 from tfcli.model.transformer import build_model
 from tfcli.train.average import average_checkpoints
 from tfcli.train.config import load_train_config

@@ -18,7 +18,8 @@ from tfcli.generate.search import beam_search, greedy_decode, greedy_search, len
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import Translator, translate
 from tfcli.generate.runtime import load
-from tfcli.model.config import BOS_ID, PAD_ID, SPECIAL_TOKENS, preset
+from tfcli.model.config import preset
+from tfcli.specials import BOS_ID, PAD_ID, SPECIAL_TOKENS
 from tfcli.model.transformer import build_model
 
 from helpers import WORDS

@@ -18,7 +18,8 @@ from tfcli.cli import app
 from tfcli.config import to_dict
 from tfcli.data.batching import pad, source_ids
 from tfcli.errors import TfcliError
-from tfcli.model.config import BOS_ID, preset
+from tfcli.model.config import preset
+from tfcli.specials import BOS_ID
 from tfcli.model.transformer import build_model
 from tfcli.viz.attention import (
     AttentionSample,

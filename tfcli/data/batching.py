@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 
 
 def lm_stream(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -156,7 +156,7 @@ def load_tokenizer(path: os.PathLike | str) -> Tokenizer:
         raise TfcliError(f"{path}: tokenizer file not found")
     try:
         if path.suffix in SENTENCEPIECE_SUFFIXES:
-            from tfcli.interop.spm import sentencepiece_tokenizer
+            from tfcli.data.spm import sentencepiece_tokenizer
 
             tok = Tokenizer.from_str(json.dumps(sentencepiece_tokenizer(path)))
         else:

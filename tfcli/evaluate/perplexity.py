@@ -34,7 +34,7 @@ from tfcli.data.prepared import PreparedData, Sequences
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
 from tfcli.generate.runtime import Progress, resolve_device
 from tfcli.io import iter_lines
-from tfcli.model.config import PAD_ID
+from tfcli.specials import PAD_ID
 
 IGNORE = -100  # target id that cross_entropy skips (padding, and context-only positions of sliding windows)
 

@@ -25,7 +25,7 @@ from tfcli.generate.sampling import next_token
 from tfcli.generate.step import StepModel, step_model
 from tfcli.generate.translate import open_output
 from tfcli.io import iter_lines, refuse_overwriting_inputs
-from tfcli.model.config import EOS_ID, PAD_ID, UNK_ID
+from tfcli.specials import EOS_ID, PAD_ID, UNK_ID
 
 START_ID = EOS_ID  # what precedes every text in LM training streams
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from tfcli.generate.search import Hypothesis, banned_tokens, length_penalty, max_lengths
-from tfcli.model.config import BOS_ID, EOS_ID
+from tfcli.specials import BOS_ID, EOS_ID
 
 
 def _log_probs(model, src: torch.Tensor, prefix: list[int], step: int, min_len: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from tfcli.model.config import BOS_ID, PAD_ID
+from tfcli.specials import BOS_ID, PAD_ID
 
 NEG_INF = float("-inf")
 

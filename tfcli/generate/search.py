@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from tfcli.generate.step import IncrementalDecoder, keep_order, step_model
-from tfcli.model.config import BOS_ID, EOS_ID, PAD_ID
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclass

@@ -32,7 +32,7 @@ import torch
 from tfcli.config import to_dict
 from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig
-from tfcli.interop.vocab import reorder_vocabulary, vocab_list
+from tfcli.data.vocab import reorder_vocabulary, vocab_list
 from tfcli.io import refuse_overwriting_inputs
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
@@ -570,7 +570,7 @@ def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
 def _tokenizers(hf_dir: Path) -> tuple[tuple[Path, dict], tuple[Path, dict]]:
     """((path, tokenizer.json data) of the source, of the target): tokenizer.json for both (and
     target_tokenizer.json for the target where tfcli's export wrote one), else Marian's source.spm/target.spm with
-    vocab.json, converted (tfcli/interop/spm.py)."""
+    vocab.json, converted (tfcli/data/spm.py)."""
     def read(path: Path) -> dict:
         try:
             return json.loads(path.read_text(encoding="utf-8"))
@@ -584,7 +584,7 @@ def _tokenizers(hf_dir: Path) -> tuple[tuple[Path, dict], tuple[Path, dict]]:
         return (src, read(src)), (tgt, read(tgt))
     spm_src, spm_tgt, vocab = hf_dir / "source.spm", hf_dir / "target.spm", hf_dir / "vocab.json"
     if spm_src.is_file() and vocab.is_file():
-        from tfcli.interop.spm import marian_tokenizer
+        from tfcli.data.spm import marian_tokenizer
 
         pieces = read(vocab)
         spm_tgt = spm_tgt if spm_tgt.is_file() else spm_src

@@ -8,8 +8,6 @@ from typing import Literal
 
 from tfcli.errors import ConfigError
 
-from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID  # noqa: F401  (re-exported)
-
 
 @dataclass
 class ModelConfig:

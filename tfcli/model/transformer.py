@@ -8,7 +8,9 @@ import math
 import torch
 from torch import nn
 
-from tfcli.model.config import PAD_ID, ModelConfig
+from tfcli.model.config import ModelConfig
+
+from tfcli.specials import PAD_ID
 from tfcli.model.dropout import Dropout
 from tfcli.model.layers import DecoderLayer, EncoderLayer
 from tfcli.model.linear import Linear

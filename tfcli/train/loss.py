@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tfcli.model.config import PAD_ID
+from tfcli.specials import PAD_ID
 from tfcli.torch_compat import is_compiling
 
 

@@ -35,7 +35,7 @@ from tfcli.generate.lm import START_ID, generate_ids
 from tfcli.generate.search import greedy_search
 from tfcli.io import atomic_write_text, refuse_overwriting_inputs
 from tfcli.viz.mpl import have_matplotlib
-from tfcli.model.config import BOS_ID, EOS_ID
+from tfcli.specials import BOS_ID, EOS_ID
 
 MAX_SENTENCES = 16  # pictures are for looking at a few sentences, not for a corpus
 

@@ -119,7 +119,7 @@ def _unigram(spm: dict, table: list[tuple[str, float]], unk_id: int, specials: l
 def sentencepiece_tokenizer(path: Path) -> dict:
     """A SentencePiece unigram model (`tfcli prepare --tokenizer-from model.spm`) as a tokenizer.json in tfcli's
     layout: its <pad>, <s>, </s> and <unk> at tfcli's ids (added where it lacks them), its other pieces after."""
-    from tfcli.interop.vocab import reorder_vocabulary
+    from tfcli.data.vocab import reorder_vocabulary
     from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
     spm = read_spm(path)
