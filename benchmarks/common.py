@@ -49,11 +49,11 @@ def run_tfcli_measured(command: str, args: list[str]) -> tuple[float, int]:
 def tfcli_for_inference(model_config: dict, weights: str):
     """A tfcli model from its config (as a dict) and weights saved with safetensors' save_model, run as `tfcli
     translate` and `tfcli lm-generate` run it on the CPU in fp32: its StepModel with packed weights, in a process
-    tuned as they tune theirs (runtime.tune_process)."""
+    tuned as they tune theirs (tfcli.cli.process.tune_process)."""
     import torch
     from safetensors.torch import load_model
 
-    from tfcli.generate.runtime import tune_process
+    from tfcli.cli.process import tune_process
     from tfcli.generate.step import StepModel
     from tfcli.model.config import ModelConfig
     from tfcli.model.transformer import build_model

@@ -43,7 +43,7 @@ class TfcliSystem:
 
     def __init__(self, ckpt: str, threads: int, dtype: str = "fp32"):
         from tfcli.api import load
-        from tfcli.generate.runtime import tune_process
+        from tfcli.cli.process import tune_process
 
         tune_process(torch.device("cpu"), threads)  # threads and the allocator, as `tfcli translate` sets them
         self.translator = load(ckpt, device="cpu", dtype=dtype)

@@ -236,7 +236,8 @@ def real(args) -> dict:
     if not args.checkpoint:
         return {"skipped": "no trained checkpoint given (--checkpoint CKPT)"}
     from tfcli import checkpoint as ckpt_mod
-    from tfcli.generate.runtime import load, tune_process
+    from tfcli.cli.process import tune_process
+    from tfcli.generate.loader import load
     from tfcli.generate.config import TranslateConfig
     from tfcli.generate.translate import Translator, read_inputs
 

@@ -57,12 +57,12 @@ def test_generate_continues_the_prompts(counter):
 def test_loading_leaves_the_process_and_the_model_as_they_were(copier, monkeypatch):
     """No thread count or allocator change; the model keeps its parameters (the checkpoint's values, trainable) after
     loading and translating."""
-    from tfcli.generate import runtime
+    from tfcli.cli import process
 
     def forbidden():
         raise AssertionError("the allocator was tuned")
 
-    monkeypatch.setattr(runtime, "keep_freed_memory", forbidden)
+    monkeypatch.setattr(process, "keep_freed_memory", forbidden)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -180,3 +180,33 @@ def test_loading_leaves_torch_random_stream_as_it_was(copier, counter):
         torch.manual_seed(123)
         tfcli.load(str(path), device="cpu")
         assert torch.equal(torch.rand(4), expected)
+
+
+def test_config_json_is_read_once_per_load(copier, counter, tmp_path, monkeypatch):
+    """One load, one read of the checkpoint's config.json: tfcli.load, `tfcli translate` and `tfcli lm-generate`."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    reads = []
+    read_text = Path.read_text
+
+    def counting(self, *args, **kwargs):
+        if self.name == "config.json":
+            reads.append(self)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    for path in (copier, counter):
+        reads.clear()
+        tfcli.load(str(path), device="cpu")
+        assert len(reads) == 1, path
+    (tmp_path / "in.txt").write_text("cat dog\n")
+    for args in (["translate", "-m", copier, tmp_path / "in.txt", "-o", tmp_path / "out.txt"],
+                 ["lm-generate", "-m", counter, "cat", "-o", tmp_path / "gen.txt", "--max-new-tokens", "2"]):
+        reads.clear()
+        result = CliRunner().invoke(app, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+        assert len(reads) == 1, args

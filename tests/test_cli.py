@@ -169,7 +169,7 @@ def test_translate_output_dir_writes_one_file_per_input(tmp_path):
 def test_progress_rate_is_the_average_so_far_not_a_burst():
     import time
 
-    from tfcli.generate.runtime import Progress
+    from tfcli.console import Progress
 
     with Progress("translating", 200, "sent", enabled=True) as bar:
         time.sleep(0.5)
@@ -249,15 +249,19 @@ def test_quiet_training_keeps_the_console_clean_and_train_log_keeps_everything(t
     assert "step 4" in err and "config: " in err and "resolved config" not in err  # one line, not 70
     log = (tmp_path / "loud" / "train.log").read_text()
     assert "resolved config:" in log and "step 4 | valid" in log
-    monkeypatch.setenv("TFCLI_QUIET", "1")
+    from tfcli import console
+
+    console.set_levels(quiet=True)  # what -q does for one command
     train(tiny_train_config(data, tmp_path / "quiet", max_steps=4, valid_every=2, log_every=1, valid_bleu=False,
                             average_last=9))
     err = capsys.readouterr().err
     assert "step 4" not in err and "warning: average_last 9" in err  # warnings still show
     assert "step 4 | valid" in (tmp_path / "quiet" / "train.log").read_text()
-    monkeypatch.delenv("TFCLI_QUIET")
-    monkeypatch.setenv("TFCLI_VERBOSE", "1")
-    train(tiny_train_config(data, tmp_path / "verbose", max_steps=2, valid_every=2, valid_bleu=False))
+    console.set_levels(quiet=False, verbose=True)
+    try:
+        train(tiny_train_config(data, tmp_path / "verbose", max_steps=2, valid_every=2, valid_bleu=False))
+    finally:
+        console.set_levels(quiet=False, verbose=False)
     assert "resolved config:" in capsys.readouterr().err
 
 

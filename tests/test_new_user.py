@@ -4,7 +4,6 @@ replace keeps every line), flags a mode does not use (refused by name, never ign
 a command has finished."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers import WORDS, save_copier, save_counter, train_tiny_checkpoint
-from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.train.config import TrainConfig
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_prepare import DE, EN, parallel, sentences, write
+from test_prepare import EN, parallel, sentences, write
 from tfcli.data import cleaning
 from tfcli.data import prepare as prepare_module
 from tfcli.data import tokenizer as tokenizer_module

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tfcli.generate.step import StepModel, onednn_available
+from tfcli.device import int8_available, onednn_available
+from tfcli.generate.step import StepModel
 from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, PAD_ID
 from tfcli.model.transformer import build_model
@@ -136,7 +137,6 @@ def test_packed_and_plain_weights_give_the_same_logits_and_leave_the_model_as_it
 def test_packed_and_int8_encoders_match_the_models_own(mode, norm):
     """StepModel.encode runs the encoder through its own (packed or int8) linear layers: the same output as the
     model's encoder at real source positions, padding masked the same way (int8 within its rounding)."""
-    from tfcli.generate.step import int8_available
 
     if mode == "int8" and not int8_available():
         pytest.skip("this torch build has no quantised int8 linear layers")
@@ -206,7 +206,7 @@ def test_lm_prefill_without_padding_is_the_full_forward():
 
 HEAP_PROBE = """
 import ctypes, ctypes.util, sys
-from tfcli.generate.runtime import keep_freed_memory
+from tfcli.cli.process import keep_freed_memory
 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 
@@ -244,7 +244,7 @@ def test_int8_linear_is_within_its_rounding_bound(monkeypatch, engine, reduce_ra
     |x| |dw| + |dx| |w| + |dx| |dw|, summed. On every engine the layer can be packed for (the one chosen depends on
     the CPU: `int8_engines`), and packing leaves torch's process-wide engine as it was."""
     from tfcli.generate import step
-    from tfcli.generate.step import _int8_linear, int8_available
+    from tfcli.generate.step import _int8_linear
 
     if not int8_available():
         pytest.skip("this torch build has no quantised int8 linear layers")
@@ -284,7 +284,7 @@ def test_int8_small_products_run_on_the_first_engine_and_large_on_the_last(monke
     from tfcli.generate import step
 
     engines = torch.backends.quantized.supported_engines
-    if not step.int8_available() or "onednn" not in engines or "x86" not in engines:
+    if not int8_available() or "onednn" not in engines or "x86" not in engines:
         pytest.skip("this torch build lacks the x86 or onednn quantised engine")
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48)
@@ -304,7 +304,6 @@ def test_int8_small_products_run_on_the_first_engine_and_large_on_the_last(monke
 
 
 def test_int8_steps_stay_close_to_the_full_forward():
-    from tfcli.generate.step import int8_available
 
     if not int8_available():
         pytest.skip("this torch build has no quantised int8 linear layers")

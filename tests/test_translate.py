@@ -13,11 +13,12 @@ from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.data.batching import pad, source_ids
 from tfcli.generate.reference import reference_beam_search, reference_greedy
-from tfcli.generate.step import IncrementalDecoder, StepModel, keep_order, onednn_available
+from tfcli.device import int8_available, onednn_available
+from tfcli.generate.step import IncrementalDecoder, StepModel, keep_order
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty, top_k
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import Translator, translate
-from tfcli.generate.runtime import load
+from tfcli.generate.loader import load
 from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, PAD_ID, SPECIAL_TOKENS
 from tfcli.model.transformer import build_model
@@ -276,7 +277,6 @@ def test_memory_is_bounded_by_the_buffer_not_the_input(copier):
 
 def test_int8_translates_the_copier_as_fp32_does(copier):
     """The hand-built copier's margins are far wider than int8's rounding: the same output, beam and greedy."""
-    from tfcli.generate.step import int8_available
 
     if not int8_available():
         pytest.skip("this torch build has no quantised int8 linear layers")
@@ -289,7 +289,7 @@ def test_int8_translates_the_copier_as_fp32_does(copier):
 
 def test_int8_is_for_the_cpu():
     from tfcli.errors import ConfigError
-    from tfcli.generate.runtime import precision
+    from tfcli.device import precision
 
     with pytest.raises(ConfigError, match="--dtype int8 is for the CPU"):
         precision(torch.device("cuda"), "int8")

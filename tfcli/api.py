@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from tfcli import checkpoint
 from tfcli.config import override
 from tfcli.errors import ConfigError
 
@@ -146,18 +145,18 @@ def load(path: str, device: str = "auto", dtype: str = "fp32") -> Translator | G
     """A Translator for a translation checkpoint, a Generator for a language model. `path`: a run directory (its
     best checkpoint) or a checkpoint directory; `device`: auto, cpu, cuda, cuda:N; `dtype`: fp32, bf16, fp16, int8
     (CPU). Loading leaves the process as it was: torch's random stream, threads and allocator included."""
-    from tfcli.generate import runtime
+    from tfcli.device import DTYPE_NAMES, precision, resolve_device
+    from tfcli.generate.loader import load as load_checkpoint
 
     for name, value in (("path", path), ("device", device), ("dtype", dtype)):
         if not isinstance(value, (str, os.PathLike)) or (name != "path" and not isinstance(value, str)):
             raise TypeError(f"{name}: expected a string, got {type(value).__name__}")
-    if dtype not in runtime.DTYPE_NAMES:
-        raise ConfigError(f"dtype: unknown dtype {dtype!r}; choose from {', '.join(runtime.DTYPE_NAMES)}")
-    dev = runtime.resolve_device(device)
-    runtime.precision(dev, dtype)  # an impossible precision fails before loading
-    kind = checkpoint.model_config(checkpoint.read_meta(path)).kind
-    loaded = runtime.load(str(path), dev, kind, dtype)
-    return (Translator if kind == "seq2seq" else Generator)(loaded, dev, dtype)
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"dtype: unknown dtype {dtype!r}; choose from {', '.join(DTYPE_NAMES)}")
+    dev = resolve_device(device)
+    precision(dev, dtype)  # an impossible precision fails before loading
+    loaded = load_checkpoint(str(path), dev, None, dtype)
+    return (Translator if loaded.cfg.kind == "seq2seq" else Generator)(loaded, dev, dtype)
 
 
 @dataclass

@@ -1,18 +1,5 @@
-"""Checkpoints: a directory of safetensors weights + JSON, never a pickle.
-
-    CKPT/
-      model.safetensors          the weights (tied matrices stored once)
-      config.json                format version, tfcli version, resolved model/train/data config, step, metrics,
-                                 and the tokenizer files below
-      tokenizer.src.json         Hugging Face tokenizers files copied from the prepared directory, so
-      tokenizer.tgt.json         translate/generate/eval need nothing but this directory (an LM has only tgt)
-      trainer_state.safetensors  optimizer/scheduler/RNG tensors (optional: only to resume training)
-      trainer_state.json         step, epoch, data position, scalar states (optional)
-
-A run directory holds `checkpoints/step-XXXXXXX/` checkpoints plus `checkpoints/LATEST` and `checkpoints/BEST`
-(text files naming one of them); anywhere a checkpoint is expected, a run directory works too (BEST, else LATEST).
-Every checkpoint is written to a temp directory and renamed into place.
-"""
+"""Loading and saving checkpoints (see tfcli/checkpoint_meta.py for the format): the weights through safetensors,
+never a pickle, and the tokenizers checked against the model they belong to."""
 
 from __future__ import annotations
 
@@ -26,85 +13,18 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_model
 
 import tfcli
-from tfcli.config import from_dict
-from tfcli.errors import CheckpointError, ConfigError
+from tfcli.checkpoint_meta import (  # noqa: F401  the format's names, so that one module serves callers
+    CONFIG, FORMAT, FORMAT_VERSION, WEIGHTS, input_paths, model_config, read_meta, resolve, tokenizer_path,
+)
+from tfcli.data.tokenizer import load_tokenizer
+from tfcli.errors import CheckpointError
 from tfcli.io import atomic_dir, atomic_write_text, fault_point, space_needed
-from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import build_model
-
-FORMAT = "tfcli-checkpoint"
-FORMAT_VERSION = 1
-WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
-
-
-def resolve(path: os.PathLike | str) -> Path:
-    """Find the checkpoint directory for `path`: a checkpoint itself, or a run directory (BEST, else LATEST)."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint or run directory")
-    if path.is_file():
-        if path.name in (WEIGHTS, CONFIG):
-            return resolve(path.parent)
-        raise CheckpointError(
-            f"{path}: not a tfcli checkpoint; pass the checkpoint directory (holding {WEIGHTS} and {CONFIG}) "
-            "or the run directory. tfcli never loads pickled .pt/.bin files."
-        )
-    if (path / CONFIG).exists():
-        return path
-    ckpts = path / "checkpoints"
-    for pointer in ("BEST", "LATEST"):
-        p = ckpts / pointer
-        if p.exists():
-            return ckpts / p.read_text().strip()
-    raise CheckpointError(f"{path}: not a checkpoint (no {CONFIG}) and not a run directory with checkpoints")
-
-
-def input_paths(path: os.PathLike | str) -> list[Path]:
-    """What loading `path` reads: the checkpoint directory and the files in it (for refusing an output that would
-    replace one of them); just `path` when it is no checkpoint (loading it says why)."""
-    try:
-        d = resolve(path)
-        return [d, *d.iterdir()]
-    except (CheckpointError, OSError):
-        return [Path(path)]
-
-
-def read_meta(path: os.PathLike | str) -> dict:
-    """The checkpoint's config.json, checked for format and version."""
-    d = resolve(path)
-    try:
-        meta = json.loads((d / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{d / CONFIG}: unreadable or corrupt ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{d / CONFIG}: not a tfcli checkpoint config")
-    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{d}: written by tfcli {meta.get('tfcli_version')} in checkpoint format {meta['format_version']}; "
-            f"this tfcli ({tfcli.__version__}) reads up to format {FORMAT_VERSION}: upgrade tfcli"
-        )
-    meta["dir"] = str(d)
-    return meta
-
-
-def model_config(meta: dict) -> ModelConfig:
-    try:
-        return from_dict(ModelConfig, meta["model"], "model")
-    except (KeyError, ConfigError) as e:
-        raise CheckpointError(f"{meta.get('dir')}/{CONFIG}: bad model config: {e}") from None
-
-
-def tokenizer_path(meta: dict, side: str) -> Path | None:
-    name = meta.get("tokenizers", {}).get(side)
-    return Path(meta["dir"]) / name if name else None
 
 
 def tokenizer(meta: dict, side: str):
     """The checkpoint's `side` tokenizer, checked against its model: a tokenizer.json from another model would map
     ids to the wrong words, or to ids the model does not have."""
-    from tfcli.data.tokenizer import load_tokenizer
-
     path = tokenizer_path(meta, side)
     if path is None:
         raise CheckpointError(f"{meta['dir']}: has no {side} tokenizer file")
@@ -119,9 +39,10 @@ def tokenizer(meta: dict, side: str):
     return tok
 
 
-def load(path: os.PathLike | str, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict]:
-    """Build the model from the checkpoint's config and load its weights; returns (model in eval mode, meta)."""
-    meta = read_meta(path)
+def load(path: os.PathLike | str | dict, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict]:
+    """Build the model from the checkpoint's config and load its weights; returns (model in eval mode, meta).
+    `path` may be the meta that `read_meta` returned, so that a caller who looked first reads config.json once."""
+    meta = path if isinstance(path, dict) else read_meta(path)
     cfg = model_config(meta)
     with torch.random.fork_rng(devices=[]):  # the initial weights are overwritten: the caller's random stream stays
         model = build_model(cfg)

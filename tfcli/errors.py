@@ -62,17 +62,3 @@ def raise_if_interrupted() -> None:
     """Raise KeyboardInterrupt if `interrupt` has seen a signal (even one whose exception was lost)."""
     if _signalled is not None:
         raise KeyboardInterrupt
-
-
-def debug_enabled() -> bool:
-    return os.environ.get("TFCLI_DEBUG", "").lower() not in ("", "0", "false", "no")
-
-
-def quiet_enabled() -> bool:
-    """`-q/--quiet`: stderr gets warnings and errors only (no progress bars, summaries or log lines)."""
-    return os.environ.get("TFCLI_QUIET", "").lower() not in ("", "0", "false", "no")
-
-
-def verbose_enabled() -> bool:
-    """`-v/--verbose`: more detail (training prints its whole resolved config)."""
-    return os.environ.get("TFCLI_VERBOSE", "").lower() not in ("", "0", "false", "no")

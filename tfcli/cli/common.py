@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 
 import tfcli
-from tfcli.errors import (
-    EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, debug_enabled, quiet_enabled, raise_if_interrupted,
-)
+from tfcli import console
+from tfcli.console import info  # noqa: F401  (the commands' one way to print a line for the user)
+from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, raise_if_interrupted
 from tfcli.generate.config import GenerateConfig, TranslateConfig
 from tfcli.train.config import TrainConfig
 
@@ -131,24 +131,27 @@ def _out_of_memory(e: Exception) -> bool:
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
 
 
-def _set_env(name: str):
+_debug = False
+
+
+def debug_enabled() -> bool:
+    """--debug, or TFCLI_DEBUG=1 in the environment: errors with their tracebacks."""
+    return _debug or os.environ.get("TFCLI_DEBUG", "").lower() not in ("", "0", "false", "no")
+
+
+def _set_level(name: str):
+    """A callback that sets a console level (quiet, verbose) for the command, when the flag is given."""
     def callback(value: bool):
         if value:
-            os.environ[name] = "1"
+            console.set_levels(**{name: True})
         return value
     return callback
 
 
 Quiet = Annotated[bool, typer.Option(
-    "--quiet", "-q", callback=_set_env("TFCLI_QUIET"), is_eager=True,
+    "--quiet", "-q", callback=_set_level("quiet"), is_eager=True,
     help="Only warnings and errors on stderr: no progress bars, summaries or log lines (results still go to stdout).",
 )]
-
-
-def info(message: str) -> None:
-    """A line for the user on stderr, unless --quiet."""
-    if not quiet_enabled():
-        print(message, file=sys.stderr)
 
 
 def _version(value: bool):
@@ -163,8 +166,9 @@ def main_options(
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors (also TFCLI_DEBUG=1)."),
     quiet: Quiet = False,
 ):
-    if debug:
-        os.environ["TFCLI_DEBUG"] = "1"
+    global _debug
+    _debug = debug
+    console.set_levels(quiet=quiet, verbose=False)  # each command starts from the defaults; its own -q/-v follow
 
 
 # --- options that several commands share, each defined once (defaults shown from the config dataclasses) ------------

@@ -85,6 +85,7 @@ def lm_generate(
     Past the model's context (max_len tokens, prompt included) it goes on from the last max_len / 2 tokens.
     A single prompt with a single sample streams to stdout as tokens are made.
     """
+    from tfcli.cli.process import tune_process
     from tfcli.generate.config import generate_config
     from tfcli.generate.lm import lm_generate as run_generate
 
@@ -101,4 +102,5 @@ def lm_generate(
         repetition_penalty=repetition_penalty, seed=seed, num_samples=num_samples, stop=stop or None,
         batch_size=batch_size, device=device, dtype=dtype, threads=threads,
     )
+    run(tune_process, cfg.device, cfg.threads)
     run(run_generate, model, prompts or [], input_file, output, cfg, progress)

@@ -11,7 +11,7 @@ import typer
 from tfcli.cli.common import (
     EncodingErrors, Quiet, app, check_choice, choices_of, err, info, run,
 )
-from tfcli.errors import quiet_enabled
+from tfcli.console import quiet_enabled
 
 
 _PAR, _ONE, _HUB, _CLEAN, _TOK = (

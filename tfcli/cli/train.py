@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from tfcli.cli.common import (
-    Quiet, _TRAIN, _default, _set_env, app, check_choice, choices_of, refuse_unused, run,
+    Quiet, _TRAIN, _default, _set_level, app, check_choice, choices_of, refuse_unused, run,
 )
 from tfcli.errors import EXIT_INTERRUPTED
 from tfcli.train.config import TrainConfig
@@ -123,7 +123,7 @@ def train(
     ),
     quiet: Quiet = False,
     verbose: bool = typer.Option(
-        False, "--verbose", "-v", callback=_set_env("TFCLI_VERBOSE"), is_eager=True,
+        False, "--verbose", "-v", callback=_set_level("verbose"), is_eager=True,
         help="Also print the whole resolved config at the start (it is always in RUN/config.yaml and RUN/train.log).",
     ),
 ):

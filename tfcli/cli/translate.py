@@ -77,6 +77,7 @@ def translate(
     INDEX is the input line's 0-based number; SCORE = sum of the tokens' log-probs / ((5+|Y|)/6)^alpha, |Y|
     counting </s>; TOKEN_SCORES (with --scores) are the log-probs of each output subword and of </s>.
     """
+    from tfcli.cli.process import tune_process
     from tfcli.generate.config import translate_config
     from tfcli.generate.translate import translate as run_translate
 
@@ -95,4 +96,5 @@ def translate(
         fail("-o FILE and --output-dir DIR exclude each other", EXIT_USAGE)
     if suffix and output_dir is None:
         fail("--suffix names the files of --output-dir", EXIT_USAGE)
+    run(tune_process, cfg.device, cfg.threads)
     run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix)

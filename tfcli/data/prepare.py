@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from tfcli import checkpoint_meta
 from tfcli.config import to_dict
 from tfcli.data.config import PrepareConfig
 from tfcli.data import cleaning, loading
@@ -155,10 +156,9 @@ def pretrained_tokenizer_files(path: str, sides: list[str]) -> dict[str, str]:
     if (p / "meta.json").is_file():
         found = {side: str(f) for side, f in PreparedData(p).tokenizer_files().items()}
     else:
-        from tfcli import checkpoint  # imports torch: only here
 
-        meta = checkpoint.read_meta(p)
-        found = {side: str(checkpoint.tokenizer_path(meta, side)) for side in meta.get("tokenizers", {})}
+        meta = checkpoint_meta.read_meta(p)
+        found = {side: str(checkpoint_meta.tokenizer_path(meta, side)) for side in meta.get("tokenizers", {})}
     missing = [side for side in sides if side not in found]
     if missing:
         raise TfcliError(f"--tokenizer-from {path}: has no {' or '.join(missing)} tokenizer (it has: {', '.join(found) or 'none'})")

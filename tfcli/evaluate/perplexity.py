@@ -32,7 +32,8 @@ from tfcli import checkpoint
 from tfcli.data.batching import collate_seq2seq, lm_stream, token_batches
 from tfcli.data.prepared import PreparedData, Sequences
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
-from tfcli.generate.runtime import Progress, resolve_device
+from tfcli.console import Progress
+from tfcli.device import resolve_device
 from tfcli.io import iter_lines
 from tfcli.specials import PAD_ID
 

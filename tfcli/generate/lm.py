@@ -20,7 +20,9 @@ import torch
 
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.generate.config import GenerateConfig
-from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, tune_process, warn
+from tfcli.console import Progress, warn
+from tfcli.device import precision, resolve_device
+from tfcli.generate.loader import Loaded, load
 from tfcli.generate.sampling import next_token
 from tfcli.generate.step import StepModel, step_model
 from tfcli.generate.translate import open_output
@@ -159,7 +161,6 @@ def lm_generate(
     refuse_overwriting_inputs([output or "-"], [input_file, *input_paths(checkpoint)], "choose another -o")
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
-    tune_process(device, cfg.threads)
     loaded = load(checkpoint, device, "lm", cfg.dtype)
     texts = read_prompts(prompts, input_file)
     if not texts:

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfcli.device import onednn_available
 from tfcli.model.layers import ACTIVATIONS, EncoderLayer
 from tfcli.torch_compat import cpu_has_amx
 
@@ -45,7 +46,7 @@ class StepModel:
 
     def __init__(self, model: nn.Module, pack: bool = False, int8: bool = False):
         """`pack`: pre-pack the linear weights for oneDNN (fp32 on the CPU only; elsewhere, or where torch lacks
-        the ops, it is ignored: see `packed`). `int8`: run the linear layers in int8 (CPU; see `int8_available`)."""
+        the ops, it is ignored: see `packed`). `int8`: run the linear layers in int8 (CPU; see `tfcli.device.int8_available`)."""
         self.model, self.cfg = model, model.cfg
         weight = model.lm_head.weight
         self.int8 = int8
@@ -321,29 +322,6 @@ def _norm(module: nn.Module):
         return _identity
     shape, weight, bias, eps = module.normalized_shape, module.weight, module.bias, module.eps
     return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
-
-
-def onednn_available() -> bool:
-    """Whether this torch has the private oneDNN linear ops that packed weights need (they are not public API, so
-    every use is behind this check)."""
-    mkldnn = getattr(torch.ops, "mkldnn", None)
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(mkldnn, "_linear_pointwise")
-        and hasattr(mkldnn, "_reorder_linear_weight")
-    )
-
-
-def int8_available() -> bool:
-    """Whether this torch has the int8 linear that --dtype int8 runs on (torch.ops.quantized with a CPU engine:
-    fbgemm/x86 or qnnpack)."""
-    ops = getattr(torch.ops, "quantized", None)
-    return (
-        ops is not None
-        and hasattr(ops, "linear_dynamic")
-        and hasattr(ops, "linear_prepack")
-        and torch.backends.quantized.engine != "none"
-    )
 
 
 def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool = False):

@@ -21,7 +21,9 @@ import torch
 from tfcli.data.batching import pad, source_ids, token_batches
 from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
 from tfcli.generate.config import TranslateConfig
-from tfcli.generate.runtime import Loaded, Progress, load, precision, resolve_device, tune_process, warn
+from tfcli.console import Progress, warn
+from tfcli.device import precision, resolve_device
+from tfcli.generate.loader import Loaded, load
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.errors import TfcliError
 from tfcli.io import atomic_open, encoding_errors, iter_lines, refuse_overwriting_inputs
@@ -221,7 +223,6 @@ def translate(
     refuse_overwriting_inputs([out or "-" for _, out in jobs], inputs + input_paths(checkpoint), hint)
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
-    tune_process(device, cfg.threads)
     translator = Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)
     total = _count_lines(inputs) if (progress if progress is not None else sys.stderr.isatty()) else None
     n = 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from tfcli.errors import quiet_enabled
+from tfcli.console import quiet_enabled
 from tfcli.io import atomic_write_text
 
 

@@ -31,7 +31,8 @@ import torch
 from tfcli import checkpoint
 from tfcli.config import to_dict
 from tfcli.data.prepared import PreparedData
-from tfcli.errors import CheckpointError, ConfigError, TfcliError, verbose_enabled
+from tfcli.console import verbose_enabled
+from tfcli.errors import CheckpointError, ConfigError, TfcliError
 from tfcli.io import atomic_write_text, run_lock
 from tfcli.model.config import ModelConfig, preset
 from tfcli.model.transformer import build_model, count_parameters

@@ -534,7 +534,8 @@ def write_attention(
 ) -> list[Path]:
     """Load a checkpoint, collect attention for `texts`, write PNGs and/or the HTML page into out_dir. `sources`:
     files the texts were read from (never written over). Without matplotlib only the HTML page is written."""
-    from tfcli.generate.runtime import resolve_device, warn
+    from tfcli.console import warn
+    from tfcli.device import resolve_device
 
     if png and not have_matplotlib():
         if not html_page:

@@ -1,0 +1,65 @@
+"""Where and at what precision a model runs: the device a name means, the autocast context for a dtype, and what
+this torch build can do (oneDNN's packed linear layers, the quantised int8 linear)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from tfcli.errors import ConfigError, TfcliError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = (*DTYPES, "int8")
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is CUDA when a GPU is visible, else the CPU; also `cpu`, `cuda`, `cuda:N`."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name != "cpu" and not (name == "cuda" or name.startswith("cuda:") and name[5:].isdigit()):
+        raise ConfigError(f"--device {name}: expected auto, cpu, cuda or cuda:N")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TfcliError(f"--device {name}: no CUDA GPU is available to torch; use --device cpu")
+    return torch.device(name)
+
+
+def precision(device: torch.device, dtype: str):
+    """A context for the forward passes: autocast to bf16/fp16, or nothing for fp32 and int8 (whose linear layers
+    are quantised once, by tfcli.generate.step.StepModel)."""
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"--dtype {dtype}: choose from {', '.join(DTYPE_NAMES)}")
+    if dtype == "fp32":
+        return contextlib.nullcontext()
+    if dtype == "int8":
+        if device.type != "cpu":
+            raise ConfigError("--dtype int8 is for the CPU; on a GPU use bf16 or fp16")
+        if not int8_available():
+            raise ConfigError("--dtype int8: this torch build has no quantised int8 linear layers; use fp32")
+        return contextlib.nullcontext()
+    if dtype == "fp16" and device.type != "cuda":
+        raise ConfigError("--dtype fp16 needs a CUDA device; on the CPU use bf16 or fp32")
+    return torch.autocast(device.type, dtype=DTYPES[dtype])
+
+
+def onednn_available() -> bool:
+    """Whether this torch has the private oneDNN linear ops that packed weights need (they are not public API, so
+    every use is behind this check)."""
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_linear_pointwise")
+        and hasattr(mkldnn, "_reorder_linear_weight")
+    )
+
+
+def int8_available() -> bool:
+    """Whether this torch has the int8 linear that --dtype int8 runs on (torch.ops.quantized with a CPU engine:
+    fbgemm/x86 or qnnpack)."""
+    ops = getattr(torch.ops, "quantized", None)
+    return (
+        ops is not None
+        and hasattr(ops, "linear_dynamic")
+        and hasattr(ops, "linear_prepack")
+        and torch.backends.quantized.engine != "none"
+    )
