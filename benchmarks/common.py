@@ -1,4 +1,8 @@
-"""What the benchmark scripts share: the machine's description and writing results as JSON + Markdown."""
+"""What the benchmark scripts share: the machine's description, writing results as JSON + Markdown, running each
+system in a process of its own, and the systems that several scripts compare.
+
+The scripts run as `.venv/bin/python benchmarks/NAME.py` with tfcli installed (`make install`); this module is found
+beside them, as Python puts a script's directory first on its path."""
 
 from __future__ import annotations
 
@@ -50,7 +54,6 @@ def tfcli_for_inference(model_config: dict, weights: str):
     """A tfcli model from its config (as a dict) and weights saved with safetensors' save_model, run as `tfcli
     translate` and `tfcli lm-generate` run it on the CPU in fp32: its StepModel with packed weights, in a process
     tuned as they tune theirs (tfcli.cli.process.tune_process)."""
-    import torch
     from safetensors.torch import load_model
 
     from tfcli.cli.process import tune_process
@@ -60,7 +63,7 @@ def tfcli_for_inference(model_config: dict, weights: str):
 
     model = build_model(ModelConfig(**model_config)).eval()
     load_model(model, weights, strict=False)  # tied weights are stored once
-    tune_process(torch.device("cpu"), None)
+    tune_process("cpu", None)
     return StepModel(model, pack=True)
 
 
@@ -153,3 +156,49 @@ def export_peers(model, vocab: list[str], directory: Path) -> tuple[Path, Path]:
     export(ckpt, "hf", directory / "hf")
     export(ckpt, "ctranslate2", directory / "ct2")
     return directory / "hf", directory / "ct2"
+
+
+MAX_LEN = 100  # output tokens at most, in every system (CTranslate2 has one limit per batch, not per sentence)
+
+
+class TfcliSystem:
+    """`tfcli translate` through the Python API (the same decoder) in a process tuned as the command tunes its own,
+    on pre-split batches of lines."""
+
+    def __init__(self, ckpt: str, threads: int, dtype: str = "fp32"):
+        from tfcli.api import load
+        from tfcli.cli.process import tune_process
+
+        tune_process("cpu", threads)  # threads and the allocator, as `tfcli translate` sets them
+        self.translator = load(ckpt, device="cpu", dtype=dtype)
+
+    def run(self, lines: list[str], beam: int, batch: int) -> list[str]:
+        return self.translator.translate(lines, beam_size=beam, len_penalty=0.0, batch_size=batch, max_len_a=0.0,
+                                         max_len_b=MAX_LEN)
+
+
+class CT2System:
+    """A CTranslate2 export: tokenised with the copied tfcli tokenizer, detokenised with it."""
+
+    def __init__(self, directory: str, threads: int):
+        import ctranslate2
+
+        from tfcli.data.tokenizer import load_tokenizer
+
+        self.translator = ctranslate2.Translator(directory, device="cpu", intra_threads=threads, inter_threads=1)
+        self.src = load_tokenizer(Path(directory) / "tokenizer.src.json")
+        self.tgt = load_tokenizer(Path(directory) / "tokenizer.tgt.json")
+
+    def run(self, lines: list[str], beam: int, batch: int) -> list[str]:
+        from tfcli.data.tokenizer import decode_batch
+
+        encodings = self.src.encode_batch(lines, add_special_tokens=False)
+        out = []
+        for i in range(0, len(lines), batch):
+            part = [e.tokens for e in encodings[i : i + batch]]
+            res = self.translator.translate_batch(
+                part, beam_size=beam, length_penalty=0.0, max_batch_size=batch, max_decoding_length=MAX_LEN,
+                suppress_sequences=[["<pad>"], ["<s>"]],
+            )
+            out += decode_batch(self.tgt, [[self.tgt.token_to_id(t) for t in r.hypotheses[0]] for r in res])
+        return out

@@ -21,10 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import cpu_name, write_results
 
-from common import cpu_name, write_results  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 # the unpadded variant: the same command with tfcli.model.linear.CPU_BF16_ROWS = 1 (a multiple of 1: no padding)

@@ -28,56 +28,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import CT2System, Isolated, TfcliSystem, cpu_name, write_results
 
-from common import Isolated, cpu_name, write_results  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
-MAX_LEN = 100  # output tokens at most, in both systems (CTranslate2 has one limit per batch, not per sentence)
-
-
-class TfcliSystem:
-    """`tfcli translate` through the Python API (the same decoder) in a process tuned as the command tunes its own,
-    on pre-split batches of lines."""
-
-    def __init__(self, ckpt: str, threads: int, dtype: str = "fp32"):
-        from tfcli.api import load
-        from tfcli.cli.process import tune_process
-
-        tune_process(torch.device("cpu"), threads)  # threads and the allocator, as `tfcli translate` sets them
-        self.translator = load(ckpt, device="cpu", dtype=dtype)
-
-    def run(self, lines: list[str], beam: int, batch: int) -> list[str]:
-        return self.translator.translate(lines, beam_size=beam, len_penalty=0.0, batch_size=batch, max_len_a=0.0,
-                                         max_len_b=MAX_LEN)
-
-
-class CT2System:
-    """A CTranslate2 export: tokenised with the copied tfcli tokenizer, detokenised with it."""
-
-    def __init__(self, directory: str, threads: int):
-        import ctranslate2
-
-        from tfcli.data.tokenizer import load_tokenizer
-
-        self.translator = ctranslate2.Translator(directory, device="cpu", intra_threads=threads, inter_threads=1)
-        self.src = load_tokenizer(Path(directory) / "tokenizer.src.json")
-        self.tgt = load_tokenizer(Path(directory) / "tokenizer.tgt.json")
-
-    def run(self, lines: list[str], beam: int, batch: int) -> list[str]:
-        from tfcli.data.tokenizer import decode_batch
-
-        encodings = self.src.encode_batch(lines, add_special_tokens=False)
-        out = []
-        for i in range(0, len(lines), batch):
-            part = [e.tokens for e in encodings[i : i + batch]]
-            res = self.translator.translate_batch(
-                part, beam_size=beam, length_penalty=0.0, max_batch_size=batch, max_decoding_length=MAX_LEN,
-                suppress_sequences=[["<pad>"], ["<s>"]],
-            )
-            out += decode_batch(self.tgt, [[self.tgt.token_to_id(t) for t in r.hypotheses[0]] for r in res])
-        return out
 
 
 def same(a: list[str], b: list[str]) -> float:

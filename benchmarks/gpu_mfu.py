@@ -47,11 +47,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import cpu_name, write_results
+from tfcli.train.flops import gpu_peak_flops
 
-from common import cpu_name, write_results  # noqa: E402
-from tfcli.train.flops import gpu_peak_flops  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 

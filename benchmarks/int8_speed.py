@@ -22,11 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import CT2System, Isolated, TfcliSystem, cpu_name, write_results
 
-from common import Isolated, cpu_name, write_results  # noqa: E402
-from export_check import CT2System, TfcliSystem  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 SYSTEMS = ("tfcli fp32", "tfcli int8", "CT2 fp32", "CT2 int8")

@@ -47,15 +47,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from common import Isolated, cpu_name, export_peers, tfcli_for_inference, write_results  # noqa: E402
-from tfcli.generate.config import GenerateConfig  # noqa: E402
-from tfcli.generate.lm import START_ID, generate_ids  # noqa: E402
-from tfcli.model.config import preset  # noqa: E402
+from common import Isolated, cpu_name, export_peers, tfcli_for_inference, write_results
+from tfcli.generate.config import GenerateConfig
+from tfcli.generate.lm import START_ID, generate_ids
+from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from tfcli.model.transformer import build_model, count_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 SUPPRESSED = [PAD_ID, BOS_ID]  # tfcli's sampler never picks these (tfcli/generate/sampling.py)

@@ -16,12 +16,10 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_name, run_tfcli_measured, write_results  # noqa: E402
+from common import cpu_name, run_tfcli_measured, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"

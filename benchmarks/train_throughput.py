@@ -36,16 +36,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from common import cpu_name, write_results  # noqa: E402
-from tfcli.data.batching import collate_seq2seq, token_batches  # noqa: E402
-from tfcli.model.config import preset  # noqa: E402
+from common import cpu_name, write_results
+from tfcli.data.batching import collate_seq2seq, token_batches
+from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 from tfcli.model.transformer import build_model, count_parameters
-from tfcli.train.data import Batch  # noqa: E402
-from tfcli.train.loss import Objective  # noqa: E402
+from tfcli.train.data import Batch
+from tfcli.train.loss import Objective
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 

@@ -1,7 +1,7 @@
 """`tfcli translate` of large files: peak memory against input size.
 
-A tiny encoder-decoder (d_model 64) trained for a few seconds on a copy task (tests/helpers.py), so that its output
-ends; greedy search; input files of random lines of its words. Each size is translated by `tfcli translate FILE -o OUT`
+A tiny encoder-decoder (d_model 64) trained for a few seconds on a copy task (`tfcli prepare` and `tfcli train`), so
+that its output ends; greedy search; input files of random lines of its words. Each size is translated by `tfcli translate FILE -o OUT`
 in a process of its own, whose peak RSS comes from wait4(). Memory should be bounded by --buffer-size (lines read
 ahead and sorted by length), not by the file.
 
@@ -14,24 +14,28 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_name, run_tfcli_measured, write_results  # noqa: E402
+from common import cpu_name, run_tfcli_measured, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def tiny_checkpoint(workdir: Path) -> Path:
-    from helpers import train_tiny_checkpoint
-
-    from tfcli import checkpoint
-
-    return checkpoint.resolve(train_tiny_checkpoint(workdir, task="copy", steps=300))
+    """A tiny model trained for a few seconds on a copy task through the command line (its outputs do not matter
+    here, only the memory that translating a large file takes)."""
+    rng = random.Random(0)
+    lines = [" ".join(f"w{rng.randrange(20)}" for _ in range(rng.randint(3, 8))) for _ in range(2000)]
+    for name in ("train.src", "train.tgt"):
+        (workdir / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run_tfcli_measured("prepare", ["--src", str(workdir / "train.src"), "--tgt", str(workdir / "train.tgt"),
+                                   "--valid-ratio", "0.05", "-o", str(workdir / "prep")])
+    run_tfcli_measured("train", [str(workdir / "prep"), "-o", str(workdir / "run"), "--arch", "tiny",
+                                 "--set", "model.d_model=64", "--set", "model.d_ff=128", "--max-steps", "300",
+                                 "--valid-every", "300", "--no-valid-bleu", "--device", "cpu"])
+    return workdir / "run"
 
 
 def input_file(n: int, workdir: Path) -> Path:

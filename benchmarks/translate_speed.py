@@ -38,16 +38,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from common import Isolated, cpu_name, export_peers, tfcli_for_inference, write_results  # noqa: E402
-from tfcli.data.batching import pad, source_ids  # noqa: E402
-from tfcli.generate.search import beam_search, greedy_decode  # noqa: E402
-from tfcli.errors import TfcliError  # noqa: E402
-from tfcli.model.config import preset  # noqa: E402
+from common import Isolated, cpu_name, export_peers, tfcli_for_inference, write_results
+from tfcli.data.batching import pad, source_ids
+from tfcli.generate.search import beam_search, greedy_decode
+from tfcli.errors import TfcliError
+from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from tfcli.model.transformer import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.device import onednn_available
-from tfcli.model.layers import ACTIVATIONS, EncoderLayer
+from tfcli.model.layers import ACTIVATIONS, Sublayers
 from tfcli.torch_compat import cpu_has_amx
 
 # oneDNN's fused linear + activation: (attr, algorithm)
@@ -48,20 +48,21 @@ class StepModel:
         """`pack`: pre-pack the linear weights for oneDNN (fp32 on the CPU only; elsewhere, or where torch lacks
         the ops, it is ignored: see `packed`). `int8`: run the linear layers in int8 (CPU; see `tfcli.device.int8_available`)."""
         self.model, self.cfg = model, model.cfg
-        weight = model.lm_head.weight
+        parts = model.parts()  # the interface the model documents (tfcli.model.transformer.Parts)
+        weight = parts.lm_head.weight
         self.int8 = int8
         self.packed = not int8 and pack and weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
         mode = "int8" if int8 else "packed" if self.packed else "plain"
-        decoder = model.decoder
+        decoder = parts.decoder
         self.embed, self.rope = decoder.embed, decoder.rope
-        self.layers = [_Layer(layer, model.cfg, mode) for layer in decoder.layers]
+        self.layers = [_Layer(layer, mode) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
-        self.lm_head = _linear(model.lm_head, mode)
-        encoder = getattr(model, "encoder", None)
+        self.lm_head = _linear(parts.lm_head, mode)
+        self.encoder = parts.encoder
         self.encoder_layers = None  # plain: the model's own encoder
-        if encoder is not None and mode != "plain":
-            self.encoder_layers = [_Layer(layer, model.cfg, mode) for layer in encoder.layers]
-            self.encoder_norm = _norm(encoder.norm)
+        if self.encoder is not None and mode != "plain":
+            self.encoder_layers = [_Layer(layer, mode) for layer in self.encoder.layers]
+            self.encoder_norm = _norm(self.encoder.norm)
         self._workspace: torch.Tensor | None = None
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +73,7 @@ class StepModel:
         mask = self.model.src_mask(src)
         n, S = src.shape
         H, dh = self.cfg.n_head, self.cfg.d_head
-        x = self.model.encoder.embed(src, torch.arange(S, device=src.device), S).reshape(n * S, -1)
+        x = self.encoder.embed(src, torch.arange(S, device=src.device), S).reshape(n * S, -1)
         for layer in self.encoder_layers:
             # softmax(Q K^T / sqrt(d_head) + mask) V, all heads at once: (n, H, S, d_head) each
             q, k, v = layer.qkv(layer.norm_self_in(x)).view(n, S, 3, H, dh).permute(2, 0, 3, 1, 4)
@@ -292,25 +293,24 @@ class _Layer:
     """One decoder (or encoder) layer as the functions a step calls: LayerNorms where the norm placement puts them
     (identity elsewhere), and linear layers with the activation or the residual addition fused in."""
 
-    def __init__(self, layer, cfg, mode: str):
-        pre = cfg.norm == "pre"
+    def __init__(self, layer: Sublayers, mode: str):
+        pre = layer.pre_norm
         same = _identity
         # pre-norm: x + f(LN(x)); post-norm: LN(x + f(x))
-        encoder = isinstance(layer, EncoderLayer)  # an encoder layer has no cross-attention, and other names
-        norm = _norm(layer.res_attn.norm if encoder else layer.res_self.norm)
+        norm = _norm(layer.self_norm)
         self.norm_self_in, self.norm_self_out = (norm, same) if pre else (same, norm)
-        norm = _norm(layer.res_ffn.norm)
+        norm = _norm(layer.ffn_norm)
         self.norm_ffn_in, self.norm_ffn_out = (norm, same) if pre else (same, norm)
-        self.qkv = _linear(layer.self_attn.qkv_proj, mode)
-        self.self_out = _linear(layer.self_attn.out_proj, mode, residual=True)
-        if not encoder and layer.cross_attn is not None:
-            norm = _norm(layer.res_cross.norm)
+        self.qkv = _linear(layer.qkv, mode)
+        self.self_out = _linear(layer.self_out, mode, residual=True)
+        if layer.cross_q is not None:
+            norm = _norm(layer.cross_norm)
             self.norm_cross_in, self.norm_cross_out = (norm, same) if pre else (same, norm)
-            self.cross_q = _linear(layer.cross_attn.q_proj, mode)
-            self.cross_kv = _linear(layer.cross_attn.kv_proj, mode)
-            self.cross_out = _linear(layer.cross_attn.out_proj, mode, residual=True)
-        self.w1 = _linear(layer.ffn.w1, mode, act=cfg.activation)
-        self.w2 = _linear(layer.ffn.w2, mode, residual=True)
+            self.cross_q = _linear(layer.cross_q, mode)
+            self.cross_kv = _linear(layer.cross_kv, mode)
+            self.cross_out = _linear(layer.cross_out, mode, residual=True)
+        self.w1 = _linear(layer.w1, mode, act=layer.activation)
+        self.w2 = _linear(layer.w2, mode, residual=True)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

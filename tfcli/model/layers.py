@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,6 +15,31 @@ from tfcli.model.linear import Linear
 
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+@dataclass(frozen=True)
+class Sublayers:
+    """One layer's weights in the order its forward applies them: what code that runs a layer its own way (the
+    incremental decoder, tfcli.generate.step) reads, instead of the modules' attribute names.
+
+    With N(x) = LN(x) before each sublayer under pre-norm (`pre_norm`), LN after its residual sum under post-norm:
+        self-attention:   [q; k; v] = qkv(N(x));                        x = x + self_out(attention(q, k, v))
+        cross-attention:  q = cross_q(N(x)), [k; v] = cross_kv(memory);   x = x + cross_out(attention(q, k, v))
+        feed-forward:     x = x + w2(act(w1(N(x))))                      (act: `activation`, a key of ACTIVATIONS)
+    with the norms self_norm, cross_norm, ffn_norm. An encoder layer (and a language model's) has no cross_*."""
+
+    pre_norm: bool
+    activation: str
+    self_norm: nn.LayerNorm
+    qkv: nn.Linear
+    self_out: nn.Linear
+    ffn_norm: nn.LayerNorm
+    w1: nn.Linear
+    w2: nn.Linear
+    cross_norm: nn.LayerNorm | None = None
+    cross_q: nn.Linear | None = None
+    cross_kv: nn.Linear | None = None
+    cross_out: nn.Linear | None = None
 
 
 class FeedForward(nn.Module):
@@ -52,9 +79,16 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.cfg = cfg
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias)
         self.ffn = FeedForward(cfg)
         self.res_attn, self.res_ffn = Residual(cfg), Residual(cfg)
+
+    def sublayers(self) -> Sublayers:
+        return Sublayers(
+            self.cfg.norm == "pre", self.cfg.activation, self.res_attn.norm, self.self_attn.qkv_proj,
+            self.self_attn.out_proj, self.res_ffn.norm, self.ffn.w1, self.ffn.w2,
+        )
 
     def forward(self, x, mask, attn_out: list | None = None):
         def attn(h):
@@ -75,9 +109,18 @@ class DecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, cross=True) if cross else None
         self.ffn = FeedForward(cfg)
+        self.cfg = cfg
         self.res_self = Residual(cfg)
         self.res_cross = Residual(cfg) if cross else None
         self.res_ffn = Residual(cfg)
+
+    def sublayers(self) -> Sublayers:
+        cross = self.cross_attn
+        return Sublayers(
+            self.cfg.norm == "pre", self.cfg.activation, self.res_self.norm, self.self_attn.qkv_proj,
+            self.self_attn.out_proj, self.res_ffn.norm, self.ffn.w1, self.ffn.w2,
+            *((self.res_cross.norm, cross.q_proj, cross.kv_proj, cross.out_proj) if cross is not None else ()),
+        )
 
     def forward(
         self,

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from tfcli.model.config import ModelConfig
-
-from tfcli.specials import PAD_ID
 from tfcli.model.dropout import Dropout
-from tfcli.model.layers import DecoderLayer, EncoderLayer
+from tfcli.model.layers import DecoderLayer, EncoderLayer, Sublayers
 from tfcli.model.linear import Linear
 from tfcli.model.positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions
+from tfcli.specials import PAD_ID
 
 
 class Embeddings(nn.Module):
-    """Token embedding (times sqrt(d_model) if `scale_embedding`) plus absolute positions, then dropout."""
+    """Token embedding (times sqrt(d_model) if `scale_embedding`) plus absolute positions, then dropout:
+    x = tok(ids) * scale + pos(positions), where `pos` is None with RoPE (positions enter in the attention)."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, tok: nn.Embedding | None = None):
         super().__init__()
@@ -40,6 +41,28 @@ class Embeddings(nn.Module):
         return self.dropout(x)
 
 
+@dataclass(frozen=True)
+class Stack:
+    """An encoder's or a decoder's parts, for code that runs them its own way (the incremental decoder,
+    tfcli.generate.step) through this interface rather than attribute names:
+        x = embed(ids, positions);  x = each layer, as its Sublayers say;  out = norm(x)
+    `rope`: the rotary embedding the self-attention applies to q and k (None: positions are in `embed`)."""
+
+    embed: Embeddings
+    layers: tuple[Sublayers, ...]
+    norm: nn.Module
+    rope: RotaryEmbedding | None = None
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A model's parts for decoding: logits = lm_head(decoder output); `encoder` is None for a language model."""
+
+    encoder: Stack | None
+    decoder: Stack
+    lm_head: nn.Linear
+
+
 def _final_norm(cfg: ModelConfig) -> nn.Module:
     # pre-norm stacks end with a LayerNorm; post-norm stacks are already normalised after each sublayer
     return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
@@ -51,6 +74,9 @@ class Encoder(nn.Module):
         self.embed = embed
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.norm = _final_norm(cfg)
+
+    def parts(self) -> Stack:
+        return Stack(self.embed, tuple(layer.sublayers() for layer in self.layers), self.norm)
 
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor, attn_out: list | None = None) -> torch.Tensor:
         """src: (B, S) token ids; src_mask: (B, 1, 1, S) True at real tokens."""
@@ -68,6 +94,9 @@ class Decoder(nn.Module):
         self.rope = RotaryEmbedding(cfg.d_head, cfg.max_len) if cfg.positions == "rope" else None
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross) for _ in range(n_layers))
         self.norm = _final_norm(cfg)
+
+    def parts(self) -> Stack:
+        return Stack(self.embed, tuple(layer.sublayers() for layer in self.layers), self.norm, self.rope)
 
     def forward(
         self,
@@ -103,6 +132,9 @@ class EncoderDecoder(nn.Module):
         if cfg.tie_output:
             self.lm_head.weight = tgt_embed.tok.weight
 
+    def parts(self) -> Parts:
+        return Parts(self.encoder.parts(), self.decoder.parts(), self.lm_head)
+
     @staticmethod
     def src_mask(src: torch.Tensor) -> torch.Tensor:
         return (src != PAD_ID)[:, None, None, :]
@@ -115,10 +147,14 @@ class EncoderDecoder(nn.Module):
         """Logits (B, T, V) for target prefix `tgt`."""
         return self.lm_head(self.decoder(tgt, memory, memory_mask, attn_out=attn_out))
 
+    def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """The decoder's output (B, T, d_model) under teacher forcing; logits = lm_head(features)."""
+        memory, mask = self.encode(src)
+        return self.decoder(tgt_in, memory, mask)
+
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: src (B, S), tgt_in (B, T) = <s> y_1 .. y_{T-1}; returns logits (B, T, V)."""
-        memory, mask = self.encode(src)
-        return self.decode(tgt_in, memory, mask)
+        return self.lm_head(self.features(src, tgt_in))
 
 
 class DecoderOnlyLM(nn.Module):
@@ -134,6 +170,13 @@ class DecoderOnlyLM(nn.Module):
         init_weights(self, cfg)
         if cfg.tie_output:
             self.lm_head.weight = embed.tok.weight
+
+    def parts(self) -> Parts:
+        return Parts(None, self.decoder.parts(), self.lm_head)
+
+    def features(self, ids: torch.Tensor) -> torch.Tensor:
+        """The decoder's output (B, T, d_model); logits = lm_head(features)."""
+        return self.decoder(ids)
 
     def forward(self, ids: torch.Tensor, attn_out: dict | None = None) -> torch.Tensor:
         """ids: (B, T); returns logits (B, T, V)."""

@@ -141,9 +141,17 @@ def load_train_config(
     `flags` are the CLI's values (None = not given). `saved` is the resumed checkpoint's config.json, whose `train`
     section becomes the base.
     """
-    train: dict = dict(saved["train"]) if saved else {}
+    given, model = train_settings(config_file, flags, sets)
+    return resolve_train_config(given, saved), model
+
+
+def train_settings(
+    config_file: str | Path | None, flags: dict | None, sets: list[str] | None
+) -> tuple[dict, dict]:
+    """What this invocation sets, read once: (train keys, model keys), from the config file, then --set, then the
+    flags (None = not given)."""
     model: dict = {}
-    given: dict = {}  # the train keys this invocation sets, whatever the source
+    given: dict = {}
     if config_file is not None:
         t, m = _sections(load_config_file(config_file), str(config_file))
         _check_model_keys(m, str(config_file))
@@ -155,10 +163,15 @@ def load_train_config(
         given.update(t)
         model.update(m)
     given.update({k: v for k, v in (flags or {}).items() if v is not None})
-    cfg = from_dict(TrainConfig, {**train, **given}, "train")
+    return given, model
+
+
+def resolve_train_config(given: dict, saved: dict | None = None) -> TrainConfig:
+    """`given` (train_settings) over the defaults, or on resume over `saved["train"]` (the checkpoint's config.json)."""
+    cfg = from_dict(TrainConfig, {**(saved["train"] if saved else {}), **given}, "train")
     if saved:
         _resume_limits(cfg, saved["train"], given)
-    return cfg, model
+    return cfg
 
 
 def _resume_limits(cfg: TrainConfig, old: dict, given: dict) -> None:

@@ -97,12 +97,14 @@ class Objective(nn.Module):
 
     def forward(self, src: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor):
         m = self.model
-        if src is None:
-            h = m.decoder(inputs)
-        else:
-            memory, memory_mask = m.encode(src)
-            h = m.decoder(inputs, memory, memory_mask)
+        h = m.features(inputs) if src is None else m.features(src, inputs)
         if src is not None and h.device.type == "cpu" and not is_compiling():
             real = targets != PAD_ID
             h, targets = h[real], targets[real]
         return label_smoothed_loss(m.lm_head(h), targets, self.smoothing, reuse_logits=True)
+
+
+def batch_loss(objective: Objective, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed label-smoothed loss, summed nll) of one batch (tfcli.train.data.Batch) under teacher forcing: the one
+    forward that training and validation share."""
+    return objective(batch.src, batch.inputs, batch.targets)

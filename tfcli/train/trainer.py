@@ -34,19 +34,20 @@ from tfcli.data.prepared import PreparedData
 from tfcli.console import verbose_enabled
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
 from tfcli.io import atomic_write_text, run_lock
-from tfcli.model.config import ModelConfig, preset
+from tfcli.model.config import PRESETS, ModelConfig, preset
 from tfcli.model.transformer import build_model, count_parameters
-from tfcli.model.config import PRESETS
 from tfcli.train import distributed
 from tfcli.train.checkpoints import CHECKPOINTS, pack_state, prune, restore_state, resume_point, step_dirs, step_name
-from tfcli.train.config import PLAN_MIN_STEPS, TrainConfig, config_to_yaml, differences
+from tfcli.train.config import (
+    PLAN_MIN_STEPS, TrainConfig, config_to_yaml, differences, resolve_train_config, train_settings,
+)
 from tfcli.train.data import Batch, ParallelData, StreamData
 from tfcli.train.flops import gpu_peak_flops, train_flops
 from tfcli.train.log import MetricsLog, ppl
-from tfcli.train.loss import Objective
+from tfcli.train.loss import Objective, batch_loss
 from tfcli.train.profiling import StepProfiler
 from tfcli.train.schedule import learning_rate
-from tfcli.train.validation import forward_loss, greedy_bleu, valid_loss
+from tfcli.train.validation import greedy_bleu, valid_loss
 from tfcli.torch_compat import cpu_has_amx, grad_scaler
 
 
@@ -465,7 +466,7 @@ class Trainer:
             b_dev = b.to(self.device)
             with distributed.no_sync(self.model, last=i == len(batches) - 1):
                 with self.autocast():
-                    loss, nll = forward_loss(self.model, b_dev)
+                    loss, nll = batch_loss(self.model, b_dev)
                 self.scaler.scale(loss * scale).backward()
             self.acc += torch.stack([loss.detach().float(), nll.float()])
             self.counts += np.array([b.src_tokens, b.tgt_tokens, b.slots, 0.0])
@@ -706,25 +707,22 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, saved: dict | N
 
 def run(config_file: str | Path | None, flags: dict, sets: list[str] | None = None) -> TrainResult:
     """`tfcli train`: resolve the config (on --resume, on top of the run's saved one) and train."""
-    from tfcli.train.config import load_train_config
-
-    cfg, model_overrides = load_train_config(config_file, flags, sets)
+    given, model_overrides = train_settings(config_file, flags, sets)
+    cfg = resolve_train_config(given)
     saved = None
     if cfg.resume:
         run_dir = Path(cfg.out)
         if not (run_dir / CHECKPOINTS / "LATEST").exists() and (run_dir / "config.yaml").is_file():
-            return _restart(run_dir, config_file, flags, sets)
+            return _restart(run_dir, given, model_overrides)
         saved = checkpoint.read_meta(resume_point(cfg.out))
-        cfg, model_overrides = load_train_config(config_file, flags, sets, saved=saved)
+        cfg = resolve_train_config(given, saved)
     return train(cfg, model_overrides, saved)
 
 
-def _restart(run_dir: Path, config_file, flags: dict, sets) -> TrainResult:
+def _restart(run_dir: Path, given: dict, overrides: dict) -> TrainResult:
     """--resume of a run stopped before its first checkpoint: nothing to continue, so the run starts again from
     step 0 with the config it had saved (RUN/config.yaml), as the recipes' re-runs expect."""
     import yaml
-
-    from tfcli.train.config import load_train_config
 
     try:
         started = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
@@ -732,7 +730,7 @@ def _restart(run_dir: Path, config_file, flags: dict, sets) -> TrainResult:
     except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
         raise CheckpointError(f"{run_dir}/config.yaml: unreadable ({e}); start without --resume") from None
     base["train"]["resume"] = False
-    cfg, overrides = load_train_config(config_file, {**flags, "resume": None}, sets, saved=base)
+    cfg = resolve_train_config({k: v for k, v in given.items() if k != "resume"}, base)
     model = {k: v for k, v in base["model"].items() if k not in ("kind", "src_vocab_size", "tgt_vocab_size")}
     print(f"{run_dir}: stopped before its first checkpoint; starting it again from step 0 with its saved config",
           file=sys.stderr)

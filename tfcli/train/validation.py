@@ -7,11 +7,7 @@ import torch
 from tfcli.data.batching import pad, source_ids, token_batches
 from tfcli.train import distributed
 from tfcli.train.log import ppl
-
-
-def forward_loss(objective, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed label-smoothed loss, summed nll) of one batch under teacher forcing."""
-    return objective(batch.src, batch.inputs, batch.targets)
+from tfcli.train.loss import batch_loss
 
 
 @torch.inference_mode()
@@ -21,7 +17,7 @@ def valid_loss(objective, data, dist, device, autocast) -> dict:
     for b in distributed.shard(data.batches(0, shuffle=False), dist):
         batch = data.collate(b).to(device)
         with autocast():
-            loss, nll = forward_loss(objective, batch)
+            loss, nll = batch_loss(objective, batch)
         sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.tgt_tokens]
     loss, nll, tokens = distributed.all_reduce_sum(sums, dist, device)
     return {"loss": loss / tokens, "nll": nll / tokens, "ppl": ppl(nll / tokens)}
