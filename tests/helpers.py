@@ -13,7 +13,7 @@ import json
 import random
 from pathlib import Path
 
-from tfcli.data.prepared import new_meta, write_sequences
+from tfcli.data.prepared import SequenceWriter, new_meta
 from tfcli.specials import SPECIAL_TOKENS
 
 # the words of the hand-built models' vocabulary (save_copier, save_counter; the fixtures in conftest.py)
@@ -295,3 +295,10 @@ def save_counter(d: Path, words: list[str]) -> Path:
     successor.update({ids[words[-1]]: ids["."], ids["."]: EOS_ID})
     successor.update({i: ids[words[0]] for i in range(len(SPECIAL_TOKENS))})
     return save_model(d / "lm", successor_lm(vocab, successor), save_word_tokenizer(d / "tok", words + ["."]))
+
+
+def write_sequences(directory: Path, split: str, side: str, seqs, vocab_size: int) -> dict:
+    """Write a list of id sequences at once, as prepare writes them (SequenceWriter)."""
+    with SequenceWriter(directory, split, side, vocab_size) as w:
+        w.append(seqs)
+        return w.close()

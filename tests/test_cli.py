@@ -354,3 +354,39 @@ def test_bpe_dropout_recuts_training_pairs_reproducibly(tmp_path):
 
     w = [load_file(str(tmp_path / run / "checkpoints" / "step-0000008" / "model.safetensors")) for run in ("full", "part")]
     assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
+
+
+def test_option_defaults_in_help_come_from_the_config_dataclasses():
+    """An option named after a config field shows that field's default (the dataclass is its one place), and no help
+    text states a different one."""
+    import dataclasses
+    import re
+
+    from tfcli.cli.common import _shown
+    from tfcli.data.config import PrepareConfig
+    from tfcli.evaluate.config import MetricsConfig, PerplexityConfig
+    from tfcli.generate.config import GenerateConfig, TranslateConfig
+    from tfcli.train.config import TrainConfig
+
+    configs = {"train": [TrainConfig], "prepare": [PrepareConfig], "translate": [TranslateConfig],
+               "lm-generate": [GenerateConfig], "eval": [MetricsConfig, PerplexityConfig, TranslateConfig]}
+    checked = 0
+    for command, classes in configs.items():
+        fields = {}
+        for cls in reversed(classes):
+            fields.update({f.name: getattr(cls(), f.name) for f in dataclasses.fields(cls)})
+        for p in _commands()[command].params:
+            value = fields.get(p.name)
+            if p.param_type_name != "option" or value in (None, "", []) or (p.is_flag and not p.secondary_opts):
+                continue
+            stated = re.findall(r"\[default: ([^\]]*)\]", (p.help or "").replace("\\[", "["))
+            if p.default is not None and not stated:  # typer shows the option's own default
+                assert p.default == value or str(p.default) == ",".join(map(str, value)), (command, p.name)
+                continue
+            assert stated, f"{command} --{p.name}: no default in its help"
+            if isinstance(value, bool) and stated[0] not in ("on", "off"):
+                continue  # named by the flag's own words (--drop-empty: drop)
+            if not any(c in stated[0] for c in "(;:' "):  # a plain value, not an explanation
+                assert stated[0] == _shown(value), (command, p.name, stated[0], value)
+                checked += 1
+    assert checked > 40

@@ -24,7 +24,8 @@ from tfcli.cli import app
 from tfcli.data.batching import lm_stream
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import CheckpointError, TfcliError
-from tfcli.evaluate.perplexity import PerplexityConfig, evaluate_checkpoint, lm_windows
+from tfcli.evaluate.config import PerplexityConfig
+from tfcli.evaluate.perplexity import evaluate_checkpoint, lm_windows
 from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, EOS_ID
 from tfcli.model.transformer import build_model

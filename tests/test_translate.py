@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.data.batching import pad, source_ids
-from tfcli.generate.reference import reference_beam_search, reference_greedy
+from reference_search import reference_beam_search, reference_greedy
 from tfcli.device import int8_available, onednn_available
 from tfcli.generate.step import IncrementalDecoder, StepModel, keep_order
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty, top_k

@@ -172,7 +172,7 @@ def score(hypotheses: list[str], references: list[str] | list[list[str]], metric
     computes them: {name as sacrebleu prints it (BLEU, chrF2, chrF2++, TER): Score}. `metrics`: bleu, chrf, ter (a
     list, or one string as `--metrics` takes it: "bleu,chrf"); `options`: tokenize ("13a"), lowercase,
     chrf_word_order (2 for chrF++), ter_case_sensitive."""
-    from tfcli.evaluate.metrics import MetricsConfig
+    from tfcli.evaluate.config import MetricsConfig
     from tfcli.evaluate.metrics import score as score_systems
 
     _check_options("score", options, ("tokenize", "lowercase", "chrf_word_order", "chrf_char_order", "chrf_beta",

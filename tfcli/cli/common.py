@@ -19,11 +19,48 @@ from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, r
 from tfcli.generate.config import GenerateConfig, TranslateConfig
 from tfcli.train.config import TrainConfig
 
-_T, _G, _TRAIN = TranslateConfig(), GenerateConfig(), TrainConfig()
+_T, _TRAIN = TranslateConfig(), TrainConfig()
 
 
 def _default(value) -> str:
-    return f" \\[default: {value}]."
+    return f" \\[default: {_shown(value)}]."
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def config_defaults(*configs):
+    """Decorate a command: each option named after a field of one of the config dataclasses `configs` gets that
+    field's default in its help, so the one place of a default is its dataclass. Help that already says its
+    default (something the field does not hold: "the model's max_len") is left as it is."""
+    import dataclasses
+    import inspect
+
+    fields = {}
+    for cls in reversed(configs):
+        instance = cls()
+        fields.update({f.name: getattr(instance, f.name) for f in dataclasses.fields(cls)})
+
+    def decorate(fn):
+        for name, param in inspect.signature(fn).parameters.items():
+            option = param.default
+            if not isinstance(option, typer.models.OptionInfo):  # Annotated[...]: the shared options, defaulted there
+                continue
+            if option.default not in (None, ...) and not isinstance(option.default, bool):
+                continue  # the option's own default, which typer shows
+            if option.default is False and "/" not in str(option.param_decls):
+                continue  # a plain switch: off unless given
+            value = fields.get(name)
+            if value not in (None, "", []) and option.help is not None and "[default" not in option.help:
+                option.help = option.help.rstrip().rstrip(".") + _default(value)
+        return fn
+
+    return decorate
 
 
 def _value_type(self, ctx):

@@ -10,10 +10,12 @@ from typing import List, Optional
 import typer
 
 from tfcli.cli.common import (
-    BeamSize, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, Quiet, _T, _default, app,
+    config_defaults,
+    BeamSize, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, Quiet, app,
     check_choice, choices_of, fail, refuse_unused, run,
 )
 from tfcli.errors import EXIT_USAGE
+from tfcli.evaluate.config import METRIC_NAMES, MetricsConfig, PerplexityConfig
 from tfcli.generate.config import TranslateConfig
 
 
@@ -23,6 +25,7 @@ _TEXT, _SIG, _MODEL, _TR, _OUT = (
 
 
 @app.command("eval")
+@config_defaults(MetricsConfig, PerplexityConfig, TranslateConfig)
 def eval_(
     ctx: typer.Context,
     hypotheses: Optional[List[str]] = typer.Argument(
@@ -100,7 +103,7 @@ def eval_(
     max_len_a: MaxLenA = None,
     max_len_b: MaxLenB = None,
     batch_size: Optional[int] = typer.Option(
-        None, "--batch-size", rich_help_panel=_TR, help="Sentences per batch" + _default(_T.batch_size)
+        None, "--batch-size", rich_help_panel=_TR, help="Sentences per batch."
     ),
     dtype: Dtype = None,
     encoding_errors: EncodingErrors = None,
@@ -144,7 +147,7 @@ def eval_(
             fail("--model needs --data PREP (a prepared directory) to score", EXIT_USAGE)
         refuse_unused(ctx, text_scoring + decoding + ["width"], "is not used by perplexity scoring (--model --data): "
                       "it applies to text scoring or --translate; perplexity is computed in fp32")
-        from tfcli.evaluate.perplexity import PerplexityConfig, evaluate_checkpoint
+        from tfcli.evaluate.perplexity import evaluate_checkpoint
 
         cfg = PerplexityConfig(split, max_tokens, window, stride, words, device)
         result = run(evaluate_checkpoint, model, data, cfg)
@@ -163,7 +166,7 @@ def eval_(
 
     from tfcli.config import from_dict
     from tfcli.evaluate.metrics import (
-        METRIC_NAMES, TOKENIZERS, MetricsConfig, format_single, render_table, score_files, to_json,
+        TOKENIZERS, format_single, render_table, score_files, to_json,
     )
 
     check_choice("--metrics", [m.strip().lower() for m in metrics.split(",") if m.strip()], METRIC_NAMES)

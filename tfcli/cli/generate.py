@@ -8,13 +8,15 @@ from typing import List, Optional
 import typer
 
 from tfcli.cli.common import (
-    Checkpoint, Device, Dtype, OutputFile, Quiet, ShowProgress, Threads, _G, _RUN, _SAMPLE, _config_file,
-    _default, app, check_choice, choices_of, refuse_unused, run,
+    config_defaults,
+    Checkpoint, Device, Dtype, OutputFile, Quiet, ShowProgress, Threads, _RUN, _SAMPLE, _config_file,
+    app, check_choice, choices_of, refuse_unused, run,
 )
 from tfcli.generate.config import GenerateConfig
 
 
 @app.command("lm-generate")
+@config_defaults(GenerateConfig)
 def lm_generate(
     ctx: typer.Context,
     prompts: Optional[List[str]] = typer.Argument(
@@ -29,11 +31,11 @@ def lm_generate(
     config: Optional[Path] = _config_file("generate"),
     max_new_tokens: Optional[int] = typer.Option(
         None, "--max-new-tokens", "-n", rich_help_panel=_SAMPLE,
-        help="Tokens to generate, at most" + _default(_G.max_new_tokens),
+        help="Tokens to generate, at most.",
     ),
     min_new_tokens: Optional[int] = typer.Option(
         None, "--min-new-tokens", rich_help_panel=_SAMPLE,
-        help="No </s> before this many new tokens" + _default(_G.min_new_tokens),
+        help="No </s> before this many new tokens.",
     ),
     ignore_eos: bool = typer.Option(
         False, "--ignore-eos", rich_help_panel=_SAMPLE, help="Never stop at </s>: generate --max-new-tokens tokens."
@@ -41,31 +43,31 @@ def lm_generate(
     greedy: bool = typer.Option(False, "--greedy", rich_help_panel=_SAMPLE, help="Always take the most likely token."),
     temperature: Optional[float] = typer.Option(
         None, "--temperature", "-t", rich_help_panel=_SAMPLE,
-        help="Divide logits by T before sampling" + _default(_G.temperature),
+        help="Divide logits by T before sampling.",
     ),
     top_k: Optional[int] = typer.Option(
         None, "--top-k", rich_help_panel=_SAMPLE,
-        help="Sample among the K most likely tokens (0: all)" + _default(_G.top_k),
+        help="Sample among the K most likely tokens (0: all).",
     ),
     top_p: Optional[float] = typer.Option(
         None, "--top-p", rich_help_panel=_SAMPLE,
-        help="Nucleus: sample among the most likely tokens holding probability P" + _default(_G.top_p),
+        help="Nucleus: sample among the most likely tokens holding probability P.",
     ),
     repetition_penalty: Optional[float] = typer.Option(
         None, "--repetition-penalty", rich_help_panel=_SAMPLE,
-        help="CTRL penalty on tokens already in the text (1: none; 1.2 is common)" + _default(_G.repetition_penalty),
+        help="CTRL penalty on tokens already in the text (1: none; 1.2 is common).",
     ),
     seed: Optional[int] = typer.Option(
         None, "--seed", rich_help_panel=_SAMPLE, help="Random seed: same seed, prompts and options give the same text."
     ),
     num_samples: Optional[int] = typer.Option(
-        None, "--num-samples", "-N", rich_help_panel=_SAMPLE, help="Samples per prompt" + _default(_G.num_samples)
+        None, "--num-samples", "-N", rich_help_panel=_SAMPLE, help="Samples per prompt."
     ),
     stop: Optional[List[str]] = typer.Option(
         None, "--stop", rich_help_panel=_SAMPLE, help="Stop when this string appears (not printed); repeatable."
     ),
     batch_size: Optional[int] = typer.Option(
-        None, "--batch-size", rich_help_panel=_RUN, help="Samples generated together" + _default(_G.batch_size)
+        None, "--batch-size", rich_help_panel=_RUN, help="Samples generated together."
     ),
     device: Device = None,
     dtype: Dtype = None,

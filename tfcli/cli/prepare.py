@@ -9,9 +9,11 @@ from typing import List, Optional
 import typer
 
 from tfcli.cli.common import (
+    config_defaults,
     EncodingErrors, Quiet, app, check_choice, choices_of, err, info, run,
 )
 from tfcli.console import quiet_enabled
+from tfcli.data.config import PrepareConfig
 
 
 _PAR, _ONE, _HUB, _CLEAN, _TOK = (
@@ -24,6 +26,7 @@ _PAR, _ONE, _HUB, _CLEAN, _TOK = (
 
 
 @app.command()
+@config_defaults(PrepareConfig)
 def prepare(
     out: Optional[str] = typer.Option(None, "--out", "--output", "-o", metavar="DIR", help="Prepared directory to write."),
     config: Optional[Path] = typer.Option(
@@ -58,12 +61,12 @@ def prepare(
     ),
     text_field: Optional[str] = typer.Option(
         None, "--text-field", metavar="FIELD", rich_help_panel=_ONE,
-        help="Monolingual JSONL/dataset field (used without --src-field/--tgt-field) \\[default: text].",
+        help="Monolingual JSONL/dataset field (used without --src-field/--tgt-field).",
     ),
     mono_mode: Optional[str] = typer.Option(
         None, "--mono-mode", rich_help_panel=_ONE,
         help="Monolingual sequences: line (each line), paragraph (blank-line separated, WikiText style) or "
-        "document (the whole file, newlines kept: character LMs) \\[default: line].",
+        "document (the whole file, newlines kept: character LMs).",
     ),
     valid_ratio: Optional[float] = typer.Option(
         None, "--valid-ratio", metavar="R", rich_help_panel=_ONE,
@@ -89,7 +92,7 @@ def prepare(
     streaming: Optional[bool] = typer.Option(
         None, "--streaming/--no-streaming", rich_help_panel=_HUB, help="Stream rows instead of caching the dataset first."
     ),
-    nfc: Optional[bool] = typer.Option(None, "--nfc/--no-nfc", rich_help_panel=_CLEAN, help="Unicode NFC normalisation \\[default: on]."),
+    nfc: Optional[bool] = typer.Option(None, "--nfc/--no-nfc", rich_help_panel=_CLEAN, help="Unicode NFC normalisation."),
     strip: Optional[bool] = typer.Option(
         None, "--strip/--no-strip", rich_help_panel=_CLEAN, help="Strip leading/trailing whitespace \\[default: on; never in document mode]."
     ),
@@ -98,24 +101,23 @@ def prepare(
         help="Drop empty rows; keep them to score WikiText-style (an empty line is one </s>) \\[default: drop].",
     ),
     dedupe: Optional[bool] = typer.Option(
-        None, "--dedupe/--no-dedupe", rich_help_panel=_CLEAN, help="Drop repeated training rows (pairs) \\[default: off]."
+        None, "--dedupe/--no-dedupe", rich_help_panel=_CLEAN, help="Drop repeated training rows (pairs)."
     ),
     max_length: Optional[int] = typer.Option(
         None, "--max-length", metavar="N", rich_help_panel=_CLEAN,
-        help="Drop training pairs with a side longer than N tokens; 0 = off \\[default: 256].",
+        help="Drop training pairs with a side longer than N tokens; 0 = off.",
     ),
     max_ratio: Optional[float] = typer.Option(
         None, "--max-ratio", metavar="R", rich_help_panel=_CLEAN,
-        help="Drop training pairs whose longer side has more than R times the tokens of the shorter; 0 = off "
-        "\\[default: 3].",
+        help="Drop training pairs whose longer side has more than R times the tokens of the shorter; 0 = off.",
     ),
     tokenizer: Optional[str] = typer.Option(
         None, "--tokenizer", rich_help_panel=_TOK,
-        help="bpe, unigram, wordpiece, bytelevel (GPT-2 style, no <unk>) or char \\[default: bpe].",
+        help="bpe, unigram, wordpiece, bytelevel (GPT-2 style, no <unk>) or char.",
     ),
     vocab_size: Optional[int] = typer.Option(
         None, "--vocab-size", metavar="N", rich_help_panel=_TOK,
-        help="Vocabulary size, special tokens included; for char every training character is kept \\[default: 8000].",
+        help="Vocabulary size, special tokens included; for char every training character is kept.",
     ),
     joint_vocab: Optional[bool] = typer.Option(
         None, "--joint-vocab/--separate-vocab", rich_help_panel=_TOK,
@@ -149,7 +151,7 @@ def prepare(
     """
     import time
 
-    from tfcli.data.config import PrepareConfig, prepare_config
+    from tfcli.data.config import prepare_config
     from tfcli.data.prepare import prepare as run_prepare
 
     for flag, value, name in (("--format", fmt, "format"), ("--mono-mode", mono_mode, "mono_mode"),

@@ -22,7 +22,7 @@ def keep_freed_memory() -> bool:
 
     Decoding allocates tensors of the same sizes every step (logits and log-probs: rows x vocabulary floats, MBs).
     By default glibc serves blocks above 128 KiB with fresh mmaps and returns them on free, so each step's tensors
-    arrive as new pages that fault on first touch (measured: 6-8% of beam search at batch 64 on the CPU). A 32 MiB
+    arrive as new pages that fault on first touch, a visible share of a beam-search step. A 32 MiB
     mmap threshold (glibc's largest) and no heap trimming below 512 MiB keep them in the heap. Returns False,
     changing nothing, where the C library is not glibc."""
     import ctypes

@@ -9,7 +9,8 @@ from typing import List, Optional
 import typer
 
 from tfcli.cli.common import (
-    Quiet, _TRAIN, _default, _set_level, app, check_choice, choices_of, refuse_unused, run,
+    config_defaults,
+    Quiet, _set_level, app, check_choice, choices_of, refuse_unused, run,
 )
 from tfcli.errors import EXIT_INTERRUPTED
 from tfcli.train.config import TrainConfig
@@ -19,6 +20,7 @@ _OPT, _BATCH, _VAL, _HW = "Optimisation", "Batching", "Validation, logging, chec
 
 
 @app.command()
+@config_defaults(TrainConfig)
 def train(
     ctx: typer.Context,
     data: Optional[str] = typer.Argument(
@@ -35,41 +37,41 @@ def train(
     ),
     arch: Optional[str] = typer.Option(
         None, "--arch", "-a", help="Architecture preset: tiny, small, base, big (translation); lm-tiny, lm-cpu, "
-        "baby-gpt, gpt2-small (language model) \\[default: small]."
+        "baby-gpt, gpt2-small (language model)."
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in RUN from its latest checkpoint."),
     init_from: Optional[str] = typer.Option(
         None, "--init-from", metavar="CKPT", help="Fine-tune: start from this checkpoint's weights and architecture "
         "(a fresh optimizer and schedule). DATA must use its tokenizer: tfcli prepare --tokenizer-from CKPT."
     ),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", rich_help_panel=_OPT, help="Updates (0: no limit) \\[default: 0]."),
-    max_epochs: Optional[int] = typer.Option(None, "--max-epochs", rich_help_panel=_OPT, help="Epochs (0: no limit) \\[default: 20]."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", rich_help_panel=_OPT, help="Updates (0: no limit)."),
+    max_epochs: Optional[int] = typer.Option(None, "--max-epochs", rich_help_panel=_OPT, help="Epochs (0: no limit)."),
     max_minutes: Optional[float] = typer.Option(
         None, "--max-minutes", rich_help_panel=_OPT, help="Wall-clock budget, validations included (0: none). Without "
         "--max-steps the step count is planned at the end of warmup from the measured speed (logged; --max-steps N "
-        "repeats it) \\[default: 0]."
+        "repeats it)."
     ),
-    lr: Optional[float] = typer.Option(None, "--lr", rich_help_panel=_OPT, help="Peak learning rate \\[default: 5e-4]."),
+    lr: Optional[float] = typer.Option(None, "--lr", rich_help_panel=_OPT, help="Peak learning rate."),
     schedule: Optional[str] = typer.Option(
         None, "--schedule", rich_help_panel=_OPT, help="inverse_sqrt (the 2017 paper's), cosine or constant, all with "
-        "linear warmup \\[default: inverse_sqrt]."
+        "linear warmup."
     ),
-    warmup: Optional[int] = typer.Option(None, "--warmup", rich_help_panel=_OPT, help="Warmup steps \\[default: 4000]."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", rich_help_panel=_OPT, help="Warmup steps."),
     label_smoothing: Optional[float] = typer.Option(
-        None, "--label-smoothing", rich_help_panel=_OPT, help="\\[default: 0.1]."
+        None, "--label-smoothing", rich_help_panel=_OPT, help="Label smoothing epsilon of the loss."
     ),
     weight_decay: Optional[float] = typer.Option(
-        None, "--weight-decay", rich_help_panel=_OPT, help="AdamW decay of weight matrices \\[default: 0]."
+        None, "--weight-decay", rich_help_panel=_OPT, help="AdamW decay of weight matrices."
     ),
     clip_norm: Optional[float] = typer.Option(
-        None, "--clip-norm", rich_help_panel=_OPT, help="Clip gradients to this global norm (0: off) \\[default: 1]."
+        None, "--clip-norm", rich_help_panel=_OPT, help="Clip gradients to this global norm (0: off)."
     ),
     grad_accum: Optional[int] = typer.Option(
-        None, "--grad-accum", rich_help_panel=_OPT, help="Micro-batches per update \\[default: 1]."
+        None, "--grad-accum", rich_help_panel=_OPT, help="Micro-batches per update."
     ),
-    seed: Optional[int] = typer.Option(None, "--seed", rich_help_panel=_OPT, help="\\[default: 1]."),
+    seed: Optional[int] = typer.Option(None, "--seed", rich_help_panel=_OPT, help="Random seed: initial weights, data order, dropout."),
     max_tokens: Optional[int] = typer.Option(
-        None, "--max-tokens", rich_help_panel=_BATCH, help="Padded tokens per batch per process \\[default: 4096]."
+        None, "--max-tokens", rich_help_panel=_BATCH, help="Padded tokens per batch per process."
     ),
     max_sentences: Optional[int] = typer.Option(
         None, "--max-sentences", rich_help_panel=_BATCH, help="Sentences per batch, at most (0: no limit)."
@@ -81,15 +83,14 @@ def train(
     bpe_dropout: Optional[float] = typer.Option(
         None, "--bpe-dropout", metavar="P", rich_help_panel=_BATCH,
         help="BPE-dropout for translation training: each epoch re-cuts the training pairs into subwords, skipping "
-        "each merge with probability P (0.1 is usual; a bpe tokenizer; valid, test and inference unchanged) "
-        "\\[default: 0].",
+        "each merge with probability P (0.1 is usual; a bpe tokenizer; valid, test and inference unchanged).",
     ),
-    log_every: Optional[int] = typer.Option(None, "--log-every", rich_help_panel=_VAL, help="\\[default: 100]."),
+    log_every: Optional[int] = typer.Option(None, "--log-every", rich_help_panel=_VAL, help="Log the training loss every N steps."),
     valid_every: Optional[int] = typer.Option(
-        None, "--valid-every", rich_help_panel=_VAL, help="Validate and checkpoint every N steps \\[default: 1000]."
+        None, "--valid-every", rich_help_panel=_VAL, help="Validate and checkpoint every N steps."
     ),
     valid_bleu: Optional[bool] = typer.Option(
-        None, "--valid-bleu/--no-valid-bleu", rich_help_panel=_VAL, help="Greedy BLEU on the valid set \\[default: on]."
+        None, "--valid-bleu/--no-valid-bleu", rich_help_panel=_VAL, help="Greedy BLEU on the valid set."
     ),
     early_stop: Optional[str] = typer.Option(
         None, "--early-stop", rich_help_panel=_VAL, help="Metric for early stopping and BEST: loss, ppl or bleu "
@@ -99,7 +100,7 @@ def train(
         None, "--patience", rich_help_panel=_VAL, help="Validations without improvement before stopping (0: never)."
     ),
     keep_last: Optional[int] = typer.Option(
-        None, "--keep-last", rich_help_panel=_VAL, help="Checkpoints kept besides the best" + _default(_TRAIN.keep_last)
+        None, "--keep-last", rich_help_panel=_VAL, help="Checkpoints kept besides the best."
     ),
     average_last: Optional[int] = typer.Option(
         None, "--average-last", rich_help_panel=_VAL, help="At the end, average the last K checkpoints into "
@@ -107,7 +108,7 @@ def train(
     ),
     tensorboard: Optional[bool] = typer.Option(
         None, "--tensorboard/--no-tensorboard", rich_help_panel=_VAL,
-        help="Also write TensorBoard events to RUN/tensorboard (pip install 'tfcli[tensorboard]') \\[default: off].",
+        help="Also write TensorBoard events to RUN/tensorboard (pip install 'tfcli[tensorboard]').",
     ),
     device: Optional[str] = typer.Option(None, "--device", rich_help_panel=_HW, help="auto, cpu, cuda, cuda:N."),
     precision: Optional[str] = typer.Option(
@@ -116,7 +117,7 @@ def train(
         "AMX]."
     ),
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel=_HW, help="torch.compile."),
-    threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel=_HW, help="CPU threads for torch."),
+    threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel=_HW, help="CPU threads for torch (0: torch's own choice)."),
     profile: Optional[str] = typer.Option(
         None, "--profile", metavar="A-B", rich_help_panel=_HW, help="Run steps A to B under torch.profiler: "
         "RUN/profile/ops.txt (ops by device time) and trace.json (Chrome trace)."

@@ -8,8 +8,9 @@ from typing import List, Optional
 import typer
 
 from tfcli.cli.common import (
+    config_defaults,
     BeamSize, Checkpoint, Device, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, OutputFile,
-    Quiet, ShowProgress, Threads, _DEC, _FMT, _RUN, _T, _config_file, _default, app, check_choice, choices_of,
+    Quiet, ShowProgress, Threads, _DEC, _FMT, _RUN, _config_file, app, check_choice, choices_of,
     fail, refuse_unused, run,
 )
 from tfcli.errors import EXIT_USAGE
@@ -17,6 +18,7 @@ from tfcli.generate.config import TranslateConfig
 
 
 @app.command()
+@config_defaults(TranslateConfig)
 def translate(
     ctx: typer.Context,
     inputs: Optional[List[str]] = typer.Argument(
@@ -36,7 +38,7 @@ def translate(
     max_len_a: MaxLenA = None,
     max_len_b: MaxLenB = None,
     min_len: Optional[int] = typer.Option(
-        None, "--min-len", rich_help_panel=_DEC, help="No </s> before this many output tokens" + _default(_T.min_len)
+        None, "--min-len", rich_help_panel=_DEC, help="No </s> before this many output tokens."
     ),
     nbest: Optional[int] = typer.Option(
         None, "--nbest", rich_help_panel=_FMT, help="Print the N best hypotheses per input (format below)."
@@ -46,15 +48,15 @@ def translate(
     ),
     raw: bool = typer.Option(False, "--raw", rich_help_panel=_FMT, help="Print subword tokens, not detokenised text."),
     batch_size: Optional[int] = typer.Option(
-        None, "--batch-size", rich_help_panel=_RUN, help="Sentences per batch, at most" + _default(_T.batch_size)
+        None, "--batch-size", rich_help_panel=_RUN, help="Sentences per batch, at most."
     ),
     max_tokens: Optional[int] = typer.Option(
         None, "--max-tokens", rich_help_panel=_RUN,
-        help="Padded source tokens per batch, at most" + _default(_T.max_tokens),
+        help="Padded source tokens per batch, at most.",
     ),
     buffer_size: Optional[int] = typer.Option(
         None, "--buffer-size", rich_help_panel=_RUN,
-        help="Lines read ahead and sorted by length" + _default(_T.buffer_size),
+        help="Lines read ahead and sorted by length.",
     ),
     device: Device = None,
     dtype: Dtype = None,

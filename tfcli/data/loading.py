@@ -20,8 +20,6 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 from tfcli.errors import InputError, TfcliError
 from tfcli.io import iter_lines, open_text
 
-MONO_MODES = ("line", "paragraph", "document")
-FORMATS = ("auto", "tsv", "jsonl", "text")
 T = TypeVar("T")
 
 

@@ -78,13 +78,6 @@ class SequenceWriter:
             f.close()
 
 
-def write_sequences(directory: Path, split: str, side: str, seqs: Sequence[Sequence[int]], vocab_size: int) -> dict:
-    """Write a list of id sequences at once (see SequenceWriter)."""
-    with SequenceWriter(directory, split, side, vocab_size) as w:
-        w.append(seqs)
-        return w.close()
-
-
 class Sequences:
     """One split/side: `len()`, `[i]` -> np.ndarray of ids, `.lengths`, and `.flat` (all ids, memory-mapped)."""
 

@@ -10,44 +10,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Literal
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric, Score
 
-from tfcli.errors import ConfigError, TfcliError
+from tfcli.errors import TfcliError
+from tfcli.evaluate.config import MetricsConfig
 from tfcli.io import encoding_errors, read_lines
 
-METRIC_NAMES = ("bleu", "chrf", "ter")
 TOKENIZERS = tuple(BLEU.TOKENIZERS)  # 13a, intl, char, none, zh, ja-mecab, ko-mecab, spm, flores101, flores200, ...
-
-
-@dataclass
-class MetricsConfig:
-    """How hypotheses are scored; field names follow sacrebleu's options."""
-
-    metrics: list[str] = field(default_factory=lambda: ["bleu", "chrf", "ter"])
-    tokenize: str = "13a"  # BLEU's tokenizer (chrF works on characters, TER uses TERCOM's own)
-    lowercase: bool = False  # case-insensitive BLEU and chrF (TER is case-insensitive unless ter_case_sensitive)
-    ter_case_sensitive: bool = False
-    chrf_word_order: int = 0  # 2 = chrF++ (Popović 2017)
-    chrf_char_order: int = 6
-    chrf_beta: int = 2
-    paired: Literal["none", "bs", "ar"] = "none"  # significance test against the baseline (the first system)
-    n_samples: int = 0  # resamples (bs) or trials (ar); 0 = sacrebleu's defaults, 1000 and 10000
-
-    def validate(self) -> None:
-        for m in self.metrics:
-            if m not in METRIC_NAMES:
-                raise ConfigError(f"--metrics: unknown metric '{m}'; choose from {', '.join(METRIC_NAMES)}")
-        if not self.metrics:
-            raise ConfigError("--metrics: name at least one metric")
-        if self.tokenize not in TOKENIZERS:
-            raise ConfigError(f"--tokenize: unknown tokenizer '{self.tokenize}'; choose from {', '.join(TOKENIZERS)}")
-        if self.chrf_word_order < 0 or self.chrf_char_order < 1 or self.chrf_beta < 0:
-            raise ConfigError("chrF: word order must be >= 0, character order >= 1 and beta >= 0")
-        if self.n_samples < 0:
-            raise ConfigError("--n-samples must be >= 0")
 
 
 @dataclass

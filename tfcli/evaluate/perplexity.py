@@ -32,32 +32,13 @@ from tfcli import checkpoint
 from tfcli.data.batching import collate_seq2seq, lm_stream, token_batches
 from tfcli.data.prepared import PreparedData, Sequences
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
+from tfcli.evaluate.config import PerplexityConfig
 from tfcli.console import Progress
 from tfcli.device import resolve_device
 from tfcli.io import iter_lines
 from tfcli.specials import PAD_ID
 
 IGNORE = -100  # target id that cross_entropy skips (padding, and context-only positions of sliding windows)
-
-
-@dataclass
-class PerplexityConfig:
-    split: str = "test"
-    max_tokens: int = 4096  # tokens per batch (bounds memory: the logits are max_tokens x vocab floats)
-    window: int | None = None  # LM context per window; default: the model's max_len
-    stride: int | None = None  # LM tokens newly scored per window; default: the window (no overlap)
-    words: int | None = None  # word-level token count for word perplexity; default: from {split}.tgt.txt
-    device: str = "auto"  # auto = cuda if available, else cpu
-
-    def validate(self) -> None:
-        if self.max_tokens < 1:
-            raise ConfigError("--max-tokens must be positive")
-        if self.window is not None and self.window < 1:
-            raise ConfigError("--window must be positive")
-        if self.stride is not None and self.stride < 1:
-            raise ConfigError("--stride must be positive")
-        if self.words is not None and self.words < 1:
-            raise ConfigError("--words must be positive")
 
 
 @dataclass

@@ -6,7 +6,8 @@ import tempfile
 from pathlib import Path
 
 from tfcli.errors import ConfigError
-from tfcli.evaluate.metrics import MetricsConfig, Report, check_lengths, read_scored, score
+from tfcli.evaluate.config import MetricsConfig
+from tfcli.evaluate.metrics import Report, check_lengths, read_scored, score
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import translate
 from tfcli.io import encoding_errors, refuse_overwriting_inputs

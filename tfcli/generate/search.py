@@ -59,9 +59,9 @@ def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_le
     """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
     each (R, k) (k = 1: the max, each (R,)).
 
-    On the CPU by blocks of 64 rows, so that the log-probs the top-k reads are still in the cache (measured: this
-    part 8-30% faster than on the whole at once), and with `top_k` in place of torch.topk; on a GPU at once (each
-    block is three more kernel launches, and nothing there is gained by it)."""
+    On the CPU by blocks of 64 rows, so that the log-probs the top-k reads are still in the cache, and with `top_k`
+    in place of torch.topk; on a GPU at once (each block is three more kernel launches, and nothing there is gained
+    by it)."""
     logits = decoder.step(tok).float()
     banned = banned_tokens(step, min_len, logits.device)
     cpu = logits.device.type == "cpu"

@@ -362,9 +362,9 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
 
 
 # On a CPU with AMX: products of at most this many multiply-adds (rows x in x out) go to fbgemm, larger ones to
-# oneDNN. Measured (Intel Xeon with AMX, 2 threads, a decoder step's layers at 5-320 rows, d_model 256): fbgemm
-# runs the 256 x 256 layers 1.2-2.4x faster at every row count, and the others up to 1.8x faster to 64-100 rows;
-# oneDNN the 256 x 1024 and 256 x 768 layers 1.2-1.6x faster from 160 rows, and the output projection from 40.
+# oneDNN. fbgemm sets up each call more cheaply and wins on small products (a decoder step's square layers at any
+# row count); oneDNN's tiles win on large ones (the FFN and output projection over many rows). The crossover was
+# measured on a decoder step's layers at 5-320 rows (benchmarks/int8_speed.py checks the whole).
 SMALL_INT8_PRODUCT = 24 * 2**20
 
 

@@ -60,8 +60,8 @@ class MultiHeadAttention(nn.Module):
         weights = None
         # softmax(Q K^T / sqrt(d_head) + mask) V
         if q.dtype == torch.bfloat16 and q.device.type == "cpu":
-            # torch's CPU flash kernel is about 4x slower in bf16 than in fp32 at these sizes, backward included
-            # (B 110, 4 heads, T 28, d_head 64, Intel Xeon with AMX): the product runs in fp32, the projections in bf16
+            # torch's CPU flash kernel is slower in bf16 than in fp32 at training sizes, backward included: the
+            # product runs in fp32, the projections in bf16
             with torch.autocast("cpu", enabled=False):  # autocast would cast them back
                 y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                    dropout_p=dropout_p, is_causal=is_causal).to(q.dtype)

@@ -9,9 +9,8 @@ from torch import nn
 from tfcli.torch_compat import cpu_autocast_dtype
 
 # Under bf16 autocast on the CPU, oneDNN builds (and caches) a kernel for each distinct number of rows, and training
-# batches bring new ones at every step. A Linear(256, 1024), forward and backward at 1,000-3,000 random rows,
-# Intel Xeon with AMX, 2 threads: 2.3x faster with the rows padded to a multiple of 64, and 456 MB peak RSS instead
-# of 2.1 GB and rising (benchmarks/results/cpu_bf16_shapes.md has the effect on training).
+# batches bring new ones at every step: time and memory go to kernels used once. Rows padded to a multiple of 64 keep
+# the kernels few (benchmarks/cpu_bf16_shapes.py measures both).
 CPU_BF16_ROWS = 64
 
 

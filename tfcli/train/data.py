@@ -56,7 +56,7 @@ class ParallelData:
         self.tgt_len = np.minimum(self.tgt.lengths + 1, max_len)
         self.truncated = int(((self.src.lengths + 1 > max_len) | (self.tgt.lengths + 1 > max_len)).sum())
         # BPE-dropout: every sentence re-cut at the start of each epoch, and the epoch batched by the new lengths
-        # (batching by the stored ones left 32% padding); sentences holding <unk> keep their ids (their text does
+        # (the stored ones would misjudge them: padding); sentences holding <unk> keep their ids (their text does
         # not round-trip)
         self.dropout, self.cut, self.cut_epoch = None, None, None
         if bpe_dropout > 0:

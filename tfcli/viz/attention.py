@@ -20,6 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
@@ -311,192 +312,13 @@ def render_html(samples: Sequence[AttentionSample], path: os.PathLike | str, tit
     # JSON inside <script>: escape <, > and & so no token (e.g. "</s>" or "</script>") can end the element.
     blob = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     blob = blob.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    template = resources.files("tfcli.viz").joinpath("attention.html").read_text(encoding="utf-8")
     page = (
-        _PAGE.replace("%TITLE%", html.escape(title))
+        template.replace("%TITLE%", html.escape(title))
         .replace("%INFO%", html.escape(model_info))
         .replace("%DATA%", blob)
     )
     atomic_write_text(path, page)
-
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>%TITLE%</title>
-<style>
-  body { font: 14px system-ui, sans-serif; margin: 1.2em 2em; color: #222; }
-  h1 { font-size: 1.3em; margin: 0 0 .2em; }
-  .info { color: #666; margin-bottom: .8em; }
-  .controls label { margin-right: 1.2em; white-space: nowrap; display: inline-block; margin-bottom: .3em; }
-  .controls select { font: inherit; margin-left: .3em; }
-  .sent { margin: .8em 0; line-height: 1.5; }
-  .sent b { display: inline-block; width: 4.5em; color: #666; font-weight: normal; }
-  #maps { display: flex; flex-wrap: wrap; gap: 1.2em; align-items: flex-start; }
-  .panel { text-align: center; }
-  .panel .t { font-weight: 600; margin-bottom: .2em; }
-  #tip { position: fixed; pointer-events: none; background: #fffffe; border: 1px solid #999; padding: .3em .5em;
-         font-size: 13px; box-shadow: 0 1px 4px rgba(0,0,0,.25); display: none; white-space: nowrap; }
-  svg text { font-family: ui-monospace, Menlo, Consolas, monospace; fill: #222; }
-</style>
-</head>
-<body>
-<h1>%TITLE%</h1>
-<div class="info">%INFO%</div>
-<div class="controls">
-  <label>sentence<select id="sentence"></select></label>
-  <label>attention<select id="kind"></select></label>
-  <label>layer<select id="layer"></select></label>
-  <label>head<select id="head"></select></label>
-</div>
-<div class="sent" id="sent"></div>
-<div id="maps"></div>
-<div id="tip"></div>
-<script type="application/json" id="attention-data">%DATA%</script>
-<script>
-"use strict";
-const D = JSON.parse(document.getElementById("attention-data").textContent);
-const $ = (id) => document.getElementById(id);
-const SVG = "http://www.w3.org/2000/svg";
-// viridis, 10 stops from 0 to 1
-const STOPS = ["#440154","#482878","#3e4989","#31688e","#26828e","#1f9e89","#35b779","#6ece58","#b5de2b","#fde725"];
-const MASKED = "#dddddd";
-
-function hex(c) { return [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)); }
-function colour(v) {
-  const x = Math.min(Math.max(v, 0), 1) * (STOPS.length - 1), i = Math.min(Math.floor(x), STOPS.length - 2), f = x - i;
-  const a = hex(STOPS[i]), b = hex(STOPS[i + 1]);
-  return "rgb(" + a.map((ai, j) => Math.round(ai + f * (b[j] - ai))).join(",") + ")";
-}
-function el(name, attrs, parent) {
-  const e = document.createElementNS(SVG, name);
-  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
-  if (parent) parent.appendChild(e);
-  return e;
-}
-function fill(select, labels, keep) {
-  const old = select.value;
-  select.innerHTML = "";
-  labels.forEach((label, i) => {
-    const o = document.createElement("option"); o.value = i; o.textContent = label; select.appendChild(o);
-  });
-  if (keep && old !== "" && old < labels.length) select.value = old;
-}
-const AXIS = { src: "source", tgt: D.lm ? "token" : "target" };
-
-// One heatmap: rows = queries, columns = keys, token labels on both axes, value on hover.
-function heatmap(m, s, k, cell, title) {
-  const qt = s.tokens[k.q], kt = s.tokens[k.k];
-  const font = Math.max(9, Math.min(14, Math.round(cell * 0.6)));
-  const longest = Math.max(...qt.concat(kt).map((t) => t.length));
-  const left = Math.ceil(longest * font * 0.62) + 10, top = Math.ceil(longest * font * 0.62 * 0.9) + 12;
-  const w = left + kt.length * cell + 10, h = top + qt.length * cell + 10;
-  const svg = el("svg", { width: w, height: h, viewBox: "0 0 " + w + " " + h });
-  kt.forEach((t, j) => {
-    const x = left + (j + 0.5) * cell, y = top - 6;
-    const e = el("text", { x: x, y: y, "font-size": font, transform: "rotate(-60 " + x + " " + y + ")" }, svg);
-    e.textContent = t;
-  });
-  qt.forEach((t, i) => {
-    const e = el("text", { x: left - 6, y: top + (i + 0.5) * cell, "font-size": font, "text-anchor": "end",
-                           "dominant-baseline": "central" }, svg);
-    e.textContent = t;
-  });
-  m.forEach((row, i) => row.forEach((v, j) => {
-    const masked = k.causal && j > i;
-    const r = el("rect", { x: left + j * cell, y: top + i * cell, width: cell, height: cell,
-                           fill: masked ? MASKED : colour(v) }, svg);
-    r.addEventListener("mousemove", (ev) => {
-      const quote = (t) => "\\u201c" + t + "\\u201d";
-      const next = k.q === "tgt" && s.next[i] != null ? " (predicts " + quote(s.next[i]) + ")" : "";
-      $("tip").textContent = title + ": " + AXIS[k.q] + " " + quote(qt[i]) + next + " \\u2192 " + AXIS[k.k] + " " +
-        quote(kt[j]) + ": " + (masked ? "masked (causal), 0" : v.toFixed(4));
-      const tip = $("tip"); tip.style.display = "block";
-      tip.style.left = (ev.clientX + 14) + "px"; tip.style.top = (ev.clientY + 14) + "px";
-    });
-    r.addEventListener("mouseleave", () => { $("tip").style.display = "none"; });
-  }));
-  el("rect", { x: left, y: top, width: kt.length * cell, height: qt.length * cell, fill: "none", stroke: "#888" }, svg);
-  const div = document.createElement("div");
-  div.className = "panel";
-  div.innerHTML = '<div class="t"></div>';
-  div.firstChild.textContent = title;
-  div.appendChild(svg);
-  return div;
-}
-
-function colourbar() {
-  const svg = el("svg", { width: 90, height: 260 });
-  const g = el("linearGradient", { id: "cb", x1: 0, y1: 1, x2: 0, y2: 0 }, el("defs", {}, svg));
-  STOPS.forEach((c, i) => el("stop", { offset: i / (STOPS.length - 1), "stop-color": c }, g));
-  el("rect", { x: 10, y: 10, width: 18, height: 220, fill: "url(#cb)", stroke: "#888" }, svg);
-  [0, 0.25, 0.5, 0.75, 1].forEach((v) => {
-    const y = 10 + 220 * (1 - v);
-    el("line", { x1: 28, x2: 33, y1: y, y2: y, stroke: "#444" }, svg);
-    el("text", { x: 36, y: y, "font-size": 11, "dominant-baseline": "central" }, svg).textContent = v.toFixed(2);
-  });
-  el("text", { x: 10, y: 250, "font-size": 11 }, svg).textContent = "weight";
-  const div = document.createElement("div"); div.className = "panel"; div.innerHTML = '<div class="t">&nbsp;</div>';
-  div.appendChild(svg);
-  return div;
-}
-
-function kinds() { return Object.keys(D.sentences[+$("sentence").value].kinds); }
-function update(level) {
-  const s = D.sentences[+$("sentence").value];
-  if (level <= 0) fill($("kind"), kinds().map((k) => s.kinds[k].title), true);
-  const k = s.kinds[kinds()[+$("kind").value]];
-  if (level <= 1) {
-    fill($("layer"), k.layers.map((_, l) => "layer " + (l + 1)), true);
-    const n = k.layers[0].length - 1;
-    fill($("head"), [...Array(n).keys()].map((h) => "head " + (h + 1)).concat(["mean of heads", "all heads"]), true);
-    if (level < 0) $("head").value = n;  // start on the mean
-  }
-  const lines = [["input", s.text]].concat(s.target != null ? [["target", s.target]] : []);
-  $("sent").innerHTML = "";
-  lines.forEach(([name, text]) => {
-    const d = document.createElement("div"); d.innerHTML = "<b></b><span></span>";
-    d.firstChild.textContent = name; d.lastChild.textContent = text; $("sent").appendChild(d);
-  });
-  const layer = +$("layer").value, head = +$("head").value, heads = k.layers[layer], n = heads.length - 1;
-  const name = (h) => "layer " + (layer + 1) + ", " + (h === n ? "mean of heads" : "head " + (h + 1));
-  const size = Math.max(s.tokens[k.q].length, s.tokens[k.k].length);
-  $("maps").innerHTML = "";
-  if (head === n + 1) {  // all heads of the layer, small
-    const cell = Math.max(7, Math.min(22, Math.floor(300 / size)));
-    heads.forEach((m, h) => $("maps").appendChild(heatmap(m, s, k, cell, name(h))));
-  } else {
-    const cell = Math.max(10, Math.min(36, Math.floor(640 / size)));
-    $("maps").appendChild(heatmap(heads[head], s, k, cell, name(head)));
-  }
-  $("maps").appendChild(colourbar());
-}
-const short = (t) => (t.length > 60 ? t.slice(0, 57) + "..." : t);
-fill($("sentence"), D.sentences.map((s, i) => (i + 1) + ": " + short(s.text)));
-$("sentence").onchange = () => update(0);
-$("kind").onchange = () => update(1);
-$("layer").onchange = () => update(2);
-$("head").onchange = () => update(2);
-update(-1);
-// A link can pick the view: page.html#sentence=2&kind=cross&layer=1&head=3 (1-based; head may be mean or all).
-(function fromHash() {
-  const want = new URLSearchParams(location.hash.slice(1));
-  if (want.has("sentence")) { $("sentence").value = +want.get("sentence") - 1; update(0); }
-  if (want.has("kind") && kinds().includes(want.get("kind"))) {
-    $("kind").value = kinds().indexOf(want.get("kind"));
-    update(1);
-  }
-  if (want.has("layer")) $("layer").value = +want.get("layer") - 1;
-  if (want.has("head")) {
-    const h = want.get("head"), n = $("head").options.length - 2;
-    $("head").value = h === "mean" ? n : h === "all" ? n + 1 : +h - 1;
-  }
-  update(2);
-})();
-</script>
-</body>
-</html>
-"""
 
 
 # --- the command ------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A deliberately slow reference decoder, used only by tests to check `search.py`.
+"""A deliberately slow reference decoder, the oracle that tests check `tfcli/generate/search.py` against.
 
 One sentence at a time, no KV cache, the full forward pass over the whole target prefix at every step, and the beam
 kept as plain Python lists. It follows the same rules as `search.py` (length limits, banned tokens, which
