@@ -294,6 +294,27 @@ def test_prompts_from_file_and_stdin_and_errors(counter, tmp_path):
     assert res.exit_code == 0 and "keeping the last 47" in res.output
 
 
+def test_jsonl_gives_one_object_per_sample_in_order(counter, tmp_path):
+    """--jsonl: each sample one JSON line with its prompt's and its own index; the same texts as the plain output, and
+    a single prompt with a single sample (which streams in plain mode) is one object too."""
+    import json
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("cat\nmoon\n")
+    runner = CliRunner()
+    base = ["lm-generate", "-m", str(counter), "-i", str(prompts), "-n", "3", "-N", "2", "--top-k", "1"]
+    plain = runner.invoke(app, base)
+    res = runner.invoke(app, base + ["--jsonl", "-o", str(tmp_path / "out.jsonl")])
+    assert res.exit_code == 0, res.output
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(r["index"], r["sample"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r["prompt"] for r in records] == ["cat", "cat", "moon", "moon"]
+    assert [r["prompt"] + r["continuation"] for r in records] == plain.output.splitlines()
+    assert records[0]["continuation"] == " dog egg fish"
+    one = runner.invoke(app, ["lm-generate", "-m", str(counter), "sun", "--greedy", "--jsonl"])
+    assert json.loads(one.stdout) == {"index": 0, "sample": 0, "prompt": "sun", "continuation": " tree ."}
+
+
 def test_early_end_warns_and_min_new_tokens_or_ignore_eos_go_on(counter):
     """The counter LM ends "sun" with "tree . </s>": two new tokens of the 8 asked for."""
     runner = CliRunner()

@@ -16,7 +16,7 @@ import tfcli
 from tfcli import console
 from tfcli.console import info  # noqa: F401  (the commands' one way to print a line for the user)
 from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, raise_if_interrupted
-from tfcli.generate.config import GenerateConfig, TranslateConfig
+from tfcli.generate.config import TranslateConfig
 from tfcli.train.config import TrainConfig
 
 _T, _TRAIN = TranslateConfig(), TrainConfig()

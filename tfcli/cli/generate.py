@@ -69,6 +69,9 @@ def lm_generate(
     batch_size: Optional[int] = typer.Option(
         None, "--batch-size", rich_help_panel=_RUN, help="Samples generated together."
     ),
+    jsonl: bool = typer.Option(
+        False, "--jsonl", help="One JSON object a sample, for text that holds newlines (format below)."
+    ),
     device: Device = None,
     dtype: Dtype = None,
     threads: Threads = None,
@@ -80,12 +83,16 @@ def lm_generate(
     tfcli lm-generate -m run/ "ROMEO:" --max-new-tokens 200 --top-p 0.9 --seed 1
     tfcli lm-generate -m run/ -i prompts.txt --num-samples 3 > samples.txt
     echo "The meaning of" | tfcli lm-generate -m run/ --greedy --stop "."
+    tfcli lm-generate -m run/ -i prompts.txt -N 4 --seed 1 --jsonl > samples.jsonl
 
     Each sample is written as its prompt followed by the generated text, then a newline, in prompt order (samples
     of one prompt together). Generation stops at </s> (a warning says so when it comes before --max-new-tokens;
     --min-new-tokens and --ignore-eos hold it back), at a --stop string (cut off), or after --max-new-tokens.
     Past the model's context (max_len tokens, prompt included) it goes on from the last max_len / 2 tokens.
     A single prompt with a single sample streams to stdout as tokens are made.
+    With --jsonl each sample is one line of JSON instead (newlines inside the text stay escaped):
+        {"index": PROMPT_INDEX, "sample": SAMPLE_INDEX, "prompt": "...", "continuation": "..."}
+    both indices 0-based, in the same order.
     """
     from tfcli.cli.process import tune_process
     from tfcli.generate.config import generate_config
@@ -102,7 +109,7 @@ def lm_generate(
         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, ignore_eos=ignore_eos or None,
         greedy=greedy or None, temperature=temperature, top_k=top_k, top_p=top_p,
         repetition_penalty=repetition_penalty, seed=seed, num_samples=num_samples, stop=stop or None,
-        batch_size=batch_size, device=device, dtype=dtype, threads=threads,
+        batch_size=batch_size, device=device, dtype=dtype, threads=threads, jsonl=jsonl or None,
     )
     run(tune_process, cfg.device, cfg.threads)
     run(run_generate, model, prompts or [], input_file, output, cfg, progress)

@@ -58,6 +58,14 @@ def translate(
         None, "--buffer-size", rich_help_panel=_RUN,
         help="Lines read ahead and sorted by length.",
     ),
+    part_lines: Optional[int] = typer.Option(
+        None, "--part-lines", rich_help_panel=_RUN,
+        help="Lines per part, written atomically each, with --resume or on several processes.",
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", rich_help_panel=_RUN,
+        help="Translate -o FILE in parts, keeping the parts an interrupted run of the same command finished.",
+    ),
     device: Device = None,
     dtype: Dtype = None,
     threads: Threads = None,
@@ -71,6 +79,12 @@ def translate(
     tfcli translate -m run/ test.de -o test.hyp.en --beam-size 8 --alpha 1.0
     tfcli translate -m run/ --nbest 5 --scores test.de
     tfcli translate -m run/ a.de b.de --output-dir hyp/ --suffix .en    -> hyp/a.de.en, hyp/b.de.en
+    torchrun --nproc_per_node 4 $(which tfcli) translate -m run/ big.de -o big.en
+
+    On several processes (torchrun: one per GPU, or CPU processes with a share of the cores each) every process
+    translates its parts of the file (--part-lines lines each) into big.en.parts/, and the first joins them into
+    big.en: the same bytes one process writes. A stopped run keeps its finished parts; the same command with
+    --resume translates only what is missing (one process can use --resume too).
 
     One line out per line in, in input order; empty lines give empty lines. Output is detokenised text (--raw:
     subword tokens separated by spaces). Lines longer than the model's max_len are cut, with a warning.
@@ -83,6 +97,10 @@ def translate(
     from tfcli.generate.config import translate_config
     from tfcli.generate.translate import translate as run_translate
 
+    from tfcli.distributed import launched
+
+    if not resume and launched().world_size == 1:
+        refuse_unused(ctx, ["part_lines"], "is for --resume or several processes (torchrun)")
     if greedy and beam_size not in (None, 1):
         refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
     check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
@@ -91,12 +109,12 @@ def translate(
         translate_config, config,
         beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
         min_len=min_len, nbest=nbest, scores=scores or None, raw=raw or None, batch_size=batch_size,
-        max_tokens=max_tokens, buffer_size=buffer_size, device=device, dtype=dtype, threads=threads,
-        encoding_errors=encoding_errors,
+        max_tokens=max_tokens, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
+        threads=threads, encoding_errors=encoding_errors,
     )
     if output_dir is not None and output is not None:
         fail("-o FILE and --output-dir DIR exclude each other", EXIT_USAGE)
     if suffix and output_dir is None:
         fail("--suffix names the files of --output-dir", EXIT_USAGE)
     run(tune_process, cfg.device, cfg.threads)
-    run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix)
+    run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix, resume)

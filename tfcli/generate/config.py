@@ -27,6 +27,7 @@ class TranslateConfig:
     batch_size: int = 64  # sentences per batch, at most
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length
+    part_lines: int = 10000  # lines per part when several processes share a file, or with --resume (shards.py)
     # input that is not UTF-8: strict (stop, naming file, line and column) or replace (U+FFFD for each bad byte)
     encoding_errors: Literal["strict", "replace"] = "strict"
     device: str = "auto"  # auto, cpu, cuda, cuda:N
@@ -38,8 +39,8 @@ class TranslateConfig:
             raise ConfigError("translate: --beam-size must be at least 1")
         if self.nbest is not None and not 1 <= self.nbest <= self.beam_size:
             raise ConfigError(f"translate: --nbest must be between 1 and the beam size ({self.beam_size})")
-        if self.batch_size < 1 or self.max_tokens < 1 or self.buffer_size < 1:
-            raise ConfigError("translate: --batch-size, --max-tokens and --buffer-size must be positive")
+        if self.batch_size < 1 or self.max_tokens < 1 or self.buffer_size < 1 or self.part_lines < 1:
+            raise ConfigError("translate: --batch-size, --max-tokens, --buffer-size and --part-lines must be positive")
         if self.max_len_a < 0 or self.min_len < 0:
             raise ConfigError("translate: --max-len-a and --min-len must not be negative")
         if self.threads is not None and self.threads < 1:
@@ -69,6 +70,7 @@ class GenerateConfig:
     device: str = "auto"
     dtype: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
     threads: Optional[int] = None
+    jsonl: bool = False  # one JSON object a sample: {"index", "sample", "prompt", "continuation"} (text may hold newlines)
 
     def validate(self) -> None:
         if self.max_new_tokens < 1 or self.num_samples < 1 or self.batch_size < 1:

@@ -13,14 +13,15 @@ sees "</s> prompt" and an empty prompt generates from the start of a text.
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import IO, Callable, Iterator
 
 import torch
 
+from tfcli.console import Progress, warn
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.generate.config import GenerateConfig
-from tfcli.console import Progress, warn
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load
 from tfcli.generate.sampling import next_token
@@ -152,7 +153,8 @@ def lm_generate(
     checkpoint: str, prompts: list[str], input_file: str | None, output: str | None, cfg: GenerateConfig,
     progress: bool | None = None,
 ) -> int:
-    """Generate `cfg.num_samples` continuations of every prompt; write "prompt + continuation" per sample, in order.
+    """Generate `cfg.num_samples` continuations of every prompt; write "prompt + continuation" per sample, in order
+    (with `cfg.jsonl`, one JSON object per sample: its prompt's 0-based index, the sample's, prompt, continuation).
 
     Returns the number of samples written.
     """
@@ -168,14 +170,18 @@ def lm_generate(
         warn(f"no prompts: {where} was empty, so nothing was generated (give a PROMPT, or run in a terminal to "
              "generate from scratch)")
     samples = [text for text in texts for _ in range(cfg.num_samples)]  # the prompt of each sample
-    stream = len(samples) == 1 and output in (None, "-")
+    stream = len(samples) == 1 and output in (None, "-") and not cfg.jsonl
     written = 0
     bar = Progress("generating", len(samples), "samples", False if stream else progress)
     with open_output(output) as out, bar:
         # enumerate, not zip: the generator must run to its end (its summary warning comes after the last sample)
         for i, continuation in enumerate(continuations(loaded, samples, cfg, device, out if stream else None)):
             text = samples[i]
-            if not stream:
+            if cfg.jsonl:
+                index, sample = divmod(i, cfg.num_samples)
+                record = {"index": index, "sample": sample, "prompt": text, "continuation": continuation}
+                bar.emit(out, json.dumps(record, ensure_ascii=False))
+            elif not stream:
                 bar.emit(out, text + continuation)
             bar.advance(1)
             written += 1

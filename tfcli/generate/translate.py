@@ -18,6 +18,7 @@ from typing import IO, Iterable, Iterator
 
 import torch
 
+from tfcli import distributed
 from tfcli.data.batching import pad, source_ids, token_batches
 from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
 from tfcli.generate.config import TranslateConfig
@@ -210,10 +211,11 @@ def output_paths(inputs: list[str], output_dir: str, suffix: str) -> list[Path]:
 
 def translate(
     checkpoint: str, inputs: list[str], output: str | None, cfg: TranslateConfig, progress: bool | None = None,
-    output_dir: str | None = None, suffix: str = "",
+    output_dir: str | None = None, suffix: str = "", resume: bool = False,
 ) -> int:
     """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout), or each input file to
-    its own file in `output_dir`; returns the line count."""
+    its own file in `output_dir`; returns the line count. Launched by torchrun on several processes, or with
+    `resume`, the file is translated in parts (tfcli/generate/shards.py): the count is then this process's."""
     from tfcli.checkpoint import input_paths
 
     hint = "choose another --output-dir or a --suffix" if output_dir is not None else "choose another -o"
@@ -221,6 +223,19 @@ def translate(
         ([p], str(out)) for p, out in zip(inputs, output_paths(inputs, output_dir, suffix))
     ]
     refuse_overwriting_inputs([out or "-" for _, out in jobs], inputs + input_paths(checkpoint), hint)
+    processes = distributed.launched().world_size
+    if processes > 1 or resume:
+        why = f"on {processes} processes" if processes > 1 else "with --resume"
+        if output in (None, "-") or output_dir is not None:
+            raise TfcliError(f"translating {why} writes one file: give -o FILE (not stdout or --output-dir)")
+        from tfcli.generate.shards import translate_in_parts
+
+        def make_translator(device: torch.device) -> Translator:
+            precision(device, cfg.dtype)
+            return Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)
+
+        with encoding_errors(cfg.encoding_errors):
+            return translate_in_parts(checkpoint, inputs, output, cfg, resume, progress, make_translator)
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
     translator = Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)

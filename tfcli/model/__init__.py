@@ -1,2 +1,2 @@
-"""The Transformer. `config.py` is its torch-free leaf (ModelConfig, the presets, the special ids), which any module
+"""The Transformer. `config.py` is its torch-free leaf (ModelConfig and the presets), which any module
 may import; the network is `transformer.py` (build_model) with its parts (attention, layers, positions)."""

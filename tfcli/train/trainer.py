@@ -11,9 +11,7 @@ reaches the same weights as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
-import json
 import math
 import os
 import random
@@ -34,16 +32,16 @@ from tfcli.data.prepared import PreparedData
 from tfcli.console import verbose_enabled
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
 from tfcli.io import atomic_write_text, run_lock
-from tfcli.model.config import PRESETS, ModelConfig, preset
 from tfcli.model.transformer import build_model, count_parameters
-from tfcli.train import distributed
+from tfcli import distributed
 from tfcli.train.checkpoints import CHECKPOINTS, pack_state, prune, restore_state, resume_point, step_dirs, step_name
 from tfcli.train.config import (
-    PLAN_MIN_STEPS, TrainConfig, config_to_yaml, differences, resolve_train_config, train_settings,
+    PLAN_MIN_STEPS, TrainConfig, config_to_yaml, resolve_train_config, train_settings,
 )
 from tfcli.train.data import Batch, ParallelData, StreamData
 from tfcli.train.flops import gpu_peak_flops, train_flops
 from tfcli.train.log import MetricsLog, ppl
+from tfcli.train.model_config import run_model_config
 from tfcli.train.loss import Objective, batch_loss
 from tfcli.train.profiling import StepProfiler
 from tfcli.train.schedule import learning_rate
@@ -124,7 +122,7 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.prepared = PreparedData(cfg.data)
-        self.model_cfg = self._model_config(model_overrides or {}, saved)
+        self.model_cfg = run_model_config(cfg, self.prepared, model_overrides or {}, saved)
         self.precision = train_precision(cfg.precision, self.device)
         self.gpu_name, self.peak_flops = None, None  # the peak per GPU, for MFU
         if self.device.type == "cuda":
@@ -226,63 +224,6 @@ class Trainer:
         self.elapsed_at_start, self.step_at_start = self.elapsed, self.step
 
     # --- setup ----------------------------------------------------------------------------------------------------
-
-    def _model_config(self, overrides: dict, saved: dict | None) -> ModelConfig:
-        cfg, data = self.cfg, self.prepared
-        if cfg.init_from:  # a fine-tuning run, new or resumed: the architecture is the checkpoint's
-            return self._init_config(self.resume_from or cfg.init_from, overrides)
-        if cfg.arch not in PRESETS:
-            preset(cfg.arch)  # raises the "unknown preset" message
-        kind = PRESETS[cfg.arch].get("kind", "seq2seq")
-        want = "parallel" if kind == "seq2seq" else "mono"
-        if data.kind != want:
-            what = "monolingual (language-model) data" if data.kind == "mono" else "parallel (translation) data"
-            presets = [n for n, p in PRESETS.items() if p.get("kind", "seq2seq") == kind]
-            others = [n for n in PRESETS if n not in presets]
-            model = "an encoder-decoder" if kind == "seq2seq" else "a decoder-only language model"
-            raise ConfigError(f"{data.path}: holds {what}, but --arch {cfg.arch} is {model}; "
-                              f"use one of: {', '.join(others)}")
-        vocab = {"tgt_vocab_size": data.vocab_size("tgt")}
-        if kind == "seq2seq":
-            vocab["src_vocab_size"] = data.vocab_size("src")
-            if data.meta.get("joint_vocab") and "share_embeddings" not in overrides:
-                overrides = {**overrides, "share_embeddings": True}  # one vocabulary: one embedding table
-        model_cfg = preset(cfg.arch, **{**overrides, **vocab})
-        if saved is None and self.resume_from is not None:
-            saved = checkpoint.read_meta(self.resume_from)
-        if saved is not None:
-            old = checkpoint.model_config(saved)
-            old_arch = saved.get("train", {}).get("arch")
-            if old_arch != cfg.arch:
-                raise ConfigError(f"--resume: the run was trained with --arch {old_arch}; it cannot change to {cfg.arch}")
-            wanted = checkpoint.model_config({**saved, "model": {**to_dict(old), **overrides}})
-            diff = differences(old, wanted)
-            if diff:
-                raise ConfigError(f"--resume: the architecture cannot change ({'; '.join(diff)})")
-            if (old.src_vocab_size, old.tgt_vocab_size) != (model_cfg.src_vocab_size, model_cfg.tgt_vocab_size):
-                raise ConfigError(f"--resume: {data.path} has other vocabulary sizes than the run's model "
-                                  f"({model_cfg.src_vocab_size}/{model_cfg.tgt_vocab_size} vs "
-                                  f"{old.src_vocab_size}/{old.tgt_vocab_size}); resume with the same data")
-            model_cfg = old
-        return model_cfg
-
-    def _init_config(self, path, overrides: dict) -> ModelConfig:
-        """--init-from: the checkpoint's architecture (regularisation may change), if its tokenizers are the data's."""
-        meta = checkpoint.read_meta(path)
-        cfg, data = checkpoint.model_config(meta), self.prepared
-        if (cfg.kind == "seq2seq") != (data.kind == "parallel"):
-            raise ConfigError(f"--init-from {meta['dir']}: a {cfg.kind} model cannot train on {data.kind} data")
-        for side, path in data.tokenizer_files().items():
-            theirs = checkpoint.tokenizer_path(meta, side)
-            if theirs is None or json.loads(theirs.read_text("utf-8")) != json.loads(path.read_text("utf-8")):
-                raise ConfigError(f"{data.path}: its {side} tokenizer is not the one of --init-from {meta['dir']}; "
-                                  f"prepare the data with: tfcli prepare ... --tokenizer-from {meta['dir']}")
-        changeable = {"dropout", "attn_dropout"}
-        fixed = sorted(k for k, v in overrides.items() if k not in changeable and getattr(cfg, k) != v)
-        if fixed:
-            raise ConfigError(f"--init-from: model.{fixed[0]} comes from the checkpoint; only "
-                              f"{' and '.join(sorted(changeable))} can change when fine-tuning")
-        return dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if k in changeable})
 
     def autocast(self):
         if self.precision == "fp32":

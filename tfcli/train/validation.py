@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tfcli.data.batching import pad, source_ids, token_batches
-from tfcli.train import distributed
+from tfcli import distributed
 from tfcli.train.log import ppl
 from tfcli.train.loss import batch_loss
 

@@ -1,8 +1,9 @@
-"""Several processes through `torchrun`: DistributedDataParallel, NCCL on GPUs, gloo on CPUs.
+"""Several processes through `torchrun`: NCCL on GPUs, gloo on CPUs.
 
-torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without them training runs as one process. Every rank builds the
-same deterministic batch list and takes its own share of each step's batches; gradients are summed by DDP's
-all-reduce; only rank 0 writes checkpoints, logs and the progress bar.
+torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without them a command runs as one process. Training: every rank
+builds the same deterministic batch list and takes its own share of each step's batches, gradients are summed by
+DistributedDataParallel's all-reduce, and only rank 0 writes checkpoints, logs and the progress bar. Translation:
+each rank translates its parts of the file and rank 0 joins them (tfcli/generate/shards.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from tfcli.errors import ConfigError
+from tfcli.device import resolve_device
 
 
 @dataclass
@@ -33,24 +34,22 @@ class DistInfo:
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"train.device: unknown device '{name}' (use auto, cpu, cuda or cuda:N)") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device: '{name}' asked for, but no CUDA GPU is available")
-        if device.index is None:
-            device = torch.device(f"cuda:{local_rank}")
+    """The device `name` means for the process with this LOCAL_RANK: on a GPU machine each process its own GPU."""
+    device = resolve_device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device(f"cuda:{local_rank}")
     return device
+
+
+def launched() -> DistInfo:
+    """This process's place among the processes torchrun started (one process of one without torchrun)."""
+    env = os.environ
+    return DistInfo(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
 
 
 def setup(device_name: str) -> tuple[DistInfo, torch.device]:
     """Join the process group if launched by torchrun; pick this process's device."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    info = DistInfo(int(os.environ.get("RANK", "0")), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    info = launched()
     device = pick_device(device_name, info.local_rank)
     if info.enabled and not dist.is_initialized():
         if device.type == "cuda":

@@ -1,0 +1,69 @@
+"""The model a run trains: a preset with the run's overrides, fitted to its prepared data; on --resume the run's own
+architecture, which may not change; with --init-from the checkpoint's, whose tokenizers the data must use."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from tfcli import checkpoint_meta
+from tfcli.config import to_dict
+from tfcli.errors import ConfigError
+from tfcli.model.config import PRESETS, ModelConfig, preset
+from tfcli.train.config import TrainConfig, differences
+
+
+def run_model_config(cfg: TrainConfig, data, overrides: dict, saved: dict | None) -> ModelConfig:
+    """`data`: the run's PreparedData; `saved`: the resumed checkpoint's config.json (None for a new run)."""
+    if cfg.init_from:  # a fine-tuning run, new or resumed: the architecture is the checkpoint's
+        return _fine_tune_config(saved or checkpoint_meta.read_meta(cfg.init_from), data, overrides)
+    if cfg.arch not in PRESETS:
+        preset(cfg.arch)  # raises the "unknown preset" message
+    kind = PRESETS[cfg.arch].get("kind", "seq2seq")
+    want = "parallel" if kind == "seq2seq" else "mono"
+    if data.kind != want:
+        what = "monolingual (language-model) data" if data.kind == "mono" else "parallel (translation) data"
+        presets = [n for n, p in PRESETS.items() if p.get("kind", "seq2seq") == kind]
+        others = [n for n in PRESETS if n not in presets]
+        model = "an encoder-decoder" if kind == "seq2seq" else "a decoder-only language model"
+        raise ConfigError(f"{data.path}: holds {what}, but --arch {cfg.arch} is {model}; "
+                          f"use one of: {', '.join(others)}")
+    vocab = {"tgt_vocab_size": data.vocab_size("tgt")}
+    if kind == "seq2seq":
+        vocab["src_vocab_size"] = data.vocab_size("src")
+        if data.meta.get("joint_vocab") and "share_embeddings" not in overrides:
+            overrides = {**overrides, "share_embeddings": True}  # one vocabulary: one embedding table
+    model_cfg = preset(cfg.arch, **{**overrides, **vocab})
+    if saved is None:
+        return model_cfg
+    old = checkpoint_meta.model_config(saved)
+    old_arch = saved.get("train", {}).get("arch")
+    if old_arch != cfg.arch:
+        raise ConfigError(f"--resume: the run was trained with --arch {old_arch}; it cannot change to {cfg.arch}")
+    wanted = checkpoint_meta.model_config({**saved, "model": {**to_dict(old), **overrides}})
+    diff = differences(old, wanted)
+    if diff:
+        raise ConfigError(f"--resume: the architecture cannot change ({'; '.join(diff)})")
+    if (old.src_vocab_size, old.tgt_vocab_size) != (model_cfg.src_vocab_size, model_cfg.tgt_vocab_size):
+        raise ConfigError(f"--resume: {data.path} has other vocabulary sizes than the run's model "
+                          f"({model_cfg.src_vocab_size}/{model_cfg.tgt_vocab_size} vs "
+                          f"{old.src_vocab_size}/{old.tgt_vocab_size}); resume with the same data")
+    return old
+
+
+def _fine_tune_config(meta: dict, data, overrides: dict) -> ModelConfig:
+    """--init-from: the checkpoint's architecture (regularisation may change), if its tokenizers are the data's."""
+    cfg = checkpoint_meta.model_config(meta)
+    if (cfg.kind == "seq2seq") != (data.kind == "parallel"):
+        raise ConfigError(f"--init-from {meta['dir']}: a {cfg.kind} model cannot train on {data.kind} data")
+    for side, path in data.tokenizer_files().items():
+        theirs = checkpoint_meta.tokenizer_path(meta, side)
+        if theirs is None or json.loads(theirs.read_text("utf-8")) != json.loads(path.read_text("utf-8")):
+            raise ConfigError(f"{data.path}: its {side} tokenizer is not the one of --init-from {meta['dir']}; "
+                              f"prepare the data with: tfcli prepare ... --tokenizer-from {meta['dir']}")
+    changeable = {"dropout", "attn_dropout"}
+    fixed = sorted(k for k, v in overrides.items() if k not in changeable and getattr(cfg, k) != v)
+    if fixed:
+        raise ConfigError(f"--init-from: model.{fixed[0]} comes from the checkpoint; only "
+                          f"{' and '.join(sorted(changeable))} can change when fine-tuning")
+    return dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if k in changeable})
