@@ -238,7 +238,8 @@ def real(args) -> dict:
     from tfcli.cli.process import tune_process
     from tfcli.generate.loader import load
     from tfcli.generate.config import TranslateConfig
-    from tfcli.generate.translate import Translator, read_inputs
+    from tfcli.generate.translate import Translator
+    from tfcli.io import read_inputs
 
     device = torch.device("cpu")
     tune_process(device, None)  # as `tfcli translate` does

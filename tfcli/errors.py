@@ -1,7 +1,7 @@
 """User-facing errors.
 
 Anything a user can cause (bad input, a wrong path, an impossible config) raises a `TfcliError`; the CLI prints its
-message as one line on stderr and exits with its code. Tracebacks are only shown with `--debug` or TFCLI_DEBUG=1.
+message as one line on stderr and exits with its code. Tracebacks are only shown with `--debug`.
 """
 
 from __future__ import annotations

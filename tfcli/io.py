@@ -335,6 +335,21 @@ def decode_line(raw: bytes, path, lineno: int, errors: str | None = None) -> str
     return text
 
 
+def read_inputs(inputs: list[str], pauses: bool = False) -> Iterator[tuple[str, int, str] | None]:
+    """(file name, line number, text) for every line of every input, `-` being stdin; with `pauses`, also None
+    whenever a piped stdin has no further line ready (so `tail -f x | tfcli translate` and co-processes get each
+    line's translation without waiting for --buffer-size lines; a fast producer still fills whole buffers)."""
+    for path in inputs:
+        name = "<stdin>" if path == "-" else path
+        lineno = 0
+        for text in iter_lines(path, pauses=pauses):
+            if text is None:
+                yield None
+                continue
+            lineno += 1
+            yield name, lineno, text
+
+
 def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False, pauses: bool = False) -> Iterator[str | None]:
     """Yield decoded lines of a text file (or `-` for stdin), raising `InputError` with file:line on bad bytes.
 

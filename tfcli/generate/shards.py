@@ -22,7 +22,7 @@ from tfcli import checkpoint_meta, distributed
 from tfcli.console import Progress
 from tfcli.errors import TfcliError
 from tfcli.generate.config import TranslateConfig
-from tfcli.io import atomic_open, atomic_write_json
+from tfcli.io import atomic_open, atomic_write_json, read_inputs
 
 # settings that do not change a line's translation (batch composition, speed, where it runs)
 _NOT_IN_OUTPUT = {"batch_size", "max_tokens", "buffer_size", "device", "threads", "part_lines"}
@@ -100,8 +100,6 @@ def _prepare(work: Path, manifest: dict, resume: bool) -> None:
 
 
 def _lines(inputs: list[str]):
-    from tfcli.generate.translate import read_inputs
-
     return (item for item in read_inputs(inputs) if item is not None)
 
 

@@ -26,8 +26,9 @@ from tfcli.console import Progress, warn
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
+from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import TfcliError
-from tfcli.io import atomic_open, encoding_errors, iter_lines, refuse_overwriting_inputs
+from tfcli.io import atomic_open, encoding_errors, read_inputs, refuse_overwriting_inputs
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
 
@@ -150,21 +151,6 @@ class Translator:
             )
 
 
-def read_inputs(inputs: list[str], pauses: bool = False) -> Iterator[tuple[str, int, str] | None]:
-    """(file name, line number, text) for every line of every input, `-` being stdin; with `pauses`, also None
-    whenever a piped stdin has no further line ready (so `tail -f x | tfcli translate` and co-processes get each
-    line's translation without waiting for --buffer-size lines; a fast producer still fills whole buffers)."""
-    for path in inputs:
-        name = "<stdin>" if path == "-" else path
-        lineno = 0
-        for text in iter_lines(path, pauses=pauses):
-            if text is None:
-                yield None
-                continue
-            lineno += 1
-            yield name, lineno, text
-
-
 def _count_lines(inputs: list[str]) -> int | None:
     """Lines in plain input files (for the progress bar's total); None when reading stdin or compressed files."""
     if any(p == "-" or p.endswith(".gz") or not os.path.isfile(p) for p in inputs):
@@ -228,8 +214,6 @@ def translate(
         why = f"on {processes} processes" if processes > 1 else "with --resume"
         if output in (None, "-") or output_dir is not None:
             raise TfcliError(f"translating {why} writes one file: give -o FILE (not stdout or --output-dir)")
-        from tfcli.generate.shards import translate_in_parts
-
         def make_translator(device: torch.device) -> Translator:
             precision(device, cfg.dtype)
             return Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)

@@ -1,0 +1,76 @@
+"""The layout's rules (docs/architecture.md), read from the source: the library never imports the command line, its
+modules import each other in no circle, the config leaves load without torch, and the library reads no TFCLI_*
+variable but its documented test hook."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tfcli"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every tfcli module and the tfcli modules it imports, at its top or inside a function."""
+    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)  # `from tfcli import checkpoint`
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_no_library_module_imports_the_command_line():
+    for name, deps in _imports().items():
+        if not name.startswith("tfcli.cli") and name != "tfcli.__main__":  # `python -m tfcli` is the command line
+            assert not any(d.startswith("tfcli.cli") for d in deps), name
+
+
+def test_the_modules_import_each_other_in_no_circle():
+    """One arrow runs back up on purpose: `tfcli/__init__.py` loads tfcli.api lazily (`tfcli.load`), and so does
+    every package's __init__ that only hands names on: those are left out."""
+    graph = {name: {d for d in deps if d != "tfcli"} for name, deps in _imports().items() if name != "tfcli"}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                raise AssertionError(" -> ".join(path[path.index(dep):] + [dep]) if dep in path else dep)
+            if dep not in state:
+                visit(dep, path + [dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_config_leaves_and_the_checkpoint_format_load_without_torch():
+    leaves = ["tfcli.model.config", "tfcli.data.config", "tfcli.train.config", "tfcli.generate.config",
+              "tfcli.evaluate.config", "tfcli.checkpoint_meta", "tfcli.cli"]
+    code = f"import sys\nfor m in {leaves!r}: __import__(m)\nprint(sorted(x for x in ('torch', 'sacrebleu') if x in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_library_reads_no_tfcli_variable_but_its_test_hook():
+    for path in PACKAGE.rglob("*.py"):
+        if "cli" in path.relative_to(PACKAGE).parts[:1]:
+            continue  # the command line's own: TFCLI_DEBUG
+        names = set(re.findall(r"TFCLI_[A-Z_]+", path.read_text(encoding="utf-8")))
+        assert names <= {"TFCLI_FAIL_AT"}, (path, names)
