@@ -1,9 +1,9 @@
 """One file over several processes: `torchrun --nproc_per_node N $(which tfcli) translate` against one process.
 
     .venv/bin/python benchmarks/translate_processes.py --checkpoint CKPT [--processes 2] [--threads 1]
-        [--data ../shared/data] [--repeats 2]
+        [--data ../shared/data] [--source test2016] [--limit N] [--repeats 2]
 
-Multi30k test2016 (1,000 German sentences) translated to English with beam 5 by `tfcli translate` in one process
+Multi30k German (test2016's 1,000 sentences, or the first --limit lines of another split: --source train) translated to English with beam 5 by `tfcli translate` in one process
 with --threads T, and by torchrun (`python -m torch.distributed.run --standalone`) with N processes of T threads
 each (gloo; each process translates its parts of the file, the first joins them). Reported: wall time of the whole
 command (start-up, loading and joining included), best of --repeats with the two interleaved; the speed-up; and
@@ -46,13 +46,20 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--source", default="test2016", help="the Multi30k split whose German side is translated")
+    p.add_argument("--limit", type=int, default=0, help="its first N lines (0: all)")
     p.add_argument("--out", default=str(RESULTS / "translate_processes"))
     args = p.parse_args()
 
-    src = Path(args.data) / "multi30k" / "test2016.de"
-    if not src.exists():
-        raise SystemExit(f"{src}: not found; pass --data")
-    lines = sum(1 for _ in open(src, encoding="utf-8"))
+    full = Path(args.data) / "multi30k" / f"{args.source}.de"
+    if not full.exists():
+        raise SystemExit(f"{full}: not found; pass --data")
+    tmpdir = tempfile.TemporaryDirectory()
+    src = Path(tmpdir.name) / f"{args.source}.de"
+    with open(full, encoding="utf-8") as f:
+        kept = [line for i, line in enumerate(f) if not args.limit or i < args.limit]
+    src.write_text("".join(kept), encoding="utf-8")
+    lines = len(kept)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     common = ["-m", args.checkpoint, str(src), "--beam-size", str(args.beam), "--device", "cpu",
               "--threads", str(args.threads), "-q"]
@@ -75,7 +82,7 @@ def main() -> None:
                     "torch": torch.__version__},
         "measured": time.strftime("%Y-%m-%d %H:%M"),
         "command": " ".join(["benchmarks/translate_processes.py", *sys.argv[1:]]),
-        "lines": lines, "beam": args.beam, "processes": args.processes, "threads_per_process": args.threads,
+        "source": args.source, "lines": lines, "beam": args.beam, "processes": args.processes, "threads_per_process": args.threads,
         "seconds": times, "best_seconds": best,
         "sentences_per_s": {k: lines / v for k, v in best.items()},
         "speedup": speedup, "same_output": same,
@@ -84,7 +91,7 @@ def main() -> None:
         "# One file over several processes (CPU)\n\n"
         f"Command: `.venv/bin/python {result['command']}`\n\n"
         f"Machine: {os.cpu_count()} CPUs ({cpu_name()}), torch {torch.__version__}. Measured {result['measured']}.\n\n"
-        f"Multi30k test2016, {lines} German sentences to English, beam {args.beam}. Wall time of the whole command "
+        f"Multi30k {args.source}, {lines} German sentences to English, beam {args.beam}. Wall time of the whole command "
         f"(start-up, loading, joining), best of {args.repeats}, the two interleaved.\n\n"
         "| run | threads each | seconds | sent/s |\n| --- | ---: | ---: | ---: |\n"
         f"| `tfcli translate`, 1 process | {args.threads} | {best['one']:.1f} | {lines / best['one']:.1f} |\n"
@@ -93,6 +100,7 @@ def main() -> None:
         f"Speed-up: {speedup:.2f}x on {args.processes} processes. Joined output byte for byte the one-process "
         f"output: {'yes' if same else 'NO'}.\n\nWritten by `benchmarks/translate_processes.py`.\n"
     )
+    tmpdir.cleanup()
     write_results(args.out, result, md)
     if not same:
         raise SystemExit("the outputs differ")

@@ -85,6 +85,39 @@ def test_resume_on_the_gpu_continues_the_run(tmp_path, parallel, device):
         assert part[s] == pytest.approx(full[s], rel=0.05)
 
 
+@pytest.mark.parametrize("device", [CUDA])
+@pytest.mark.parametrize("arch", ["tiny", "lm-tiny"])
+def test_the_gpu_objective_is_the_cpus(device, arch):
+    """On a GPU the objective runs the output projection and the loss fused, by blocks of rows (no logits held):
+    the CPU's loss and gradients, in fp32 and (loosely) under bf16 autocast."""
+    from tfcli.model.config import preset
+    from tfcli.model.transformer import build_model
+    from tfcli.specials import PAD_ID
+    from tfcli.train.loss import Objective
+
+    torch.manual_seed(0)
+    V = 50
+    model = build_model(preset(arch, src_vocab_size=0 if arch == "lm-tiny" else V, tgt_vocab_size=V))
+    src = None if arch == "lm-tiny" else torch.randint(4, V, (4, 9))
+    inputs, targets = torch.randint(4, V, (4, 8)), torch.randint(4, V, (4, 8))
+    targets[2, 5:] = PAD_ID
+    results = []
+    for dev in ("cpu", device):
+        m = model.to(dev)
+        m.zero_grad()
+        loss, nll = Objective(m, 0.1)(src.to(dev) if src is not None else None, inputs.to(dev), targets.to(dev))
+        loss.backward()
+        results.append((loss.item(), nll.item(), {n: p.grad.cpu() for n, p in m.named_parameters()}))
+    (cpu_loss, cpu_nll, cpu_grads), (gpu_loss, gpu_nll, gpu_grads) = results
+    assert gpu_loss == pytest.approx(cpu_loss, rel=1e-4) and gpu_nll == pytest.approx(cpu_nll, rel=1e-4)
+    for name, g in cpu_grads.items():
+        torch.testing.assert_close(gpu_grads[name], g, rtol=1e-3, atol=1e-4)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        low = Objective(model.to(device), 0.1)(
+            src.to(device) if src is not None else None, inputs.to(device), targets.to(device))[0]
+    assert low.item() == pytest.approx(cpu_loss, rel=0.02)
+
+
 # --- decoding ---------------------------------------------------------------------------------------------------
 
 

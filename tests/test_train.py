@@ -138,6 +138,81 @@ def test_label_smoothed_loss_gradient_is_autograds(eps, dtype):
         torch.testing.assert_close(w.grad, logits.T @ b.grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_projection_and_loss_is_the_plain_loss_and_gradient(eps, bias):
+    """linear_label_smoothed_loss (the GPU's objective: no (N, V) logits held) against PyTorch's cross-entropy over
+    F.linear: the loss, the nll and the gradients of h, W and b, over blocks of rows that do not divide N, with
+    padding; and through torch.compile (aot_eager) in one graph."""
+    from torch._dynamo.utils import counters
+
+    from tfcli.train.loss import linear_label_smoothed_loss
+
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(3, 13, 16, generator=g)
+    w = torch.randn(41, 16, generator=g) / 4
+    b = torch.randn(41, generator=g) if bias else None
+    target = torch.randint(4, 41, (3, 13), generator=g)
+    target[0, 9:] = PAD_ID
+    target[2, 2:] = PAD_ID
+
+    def plain(h, w, b):
+        z = F.linear(h, w, b).flatten(0, 1)
+        loss = F.cross_entropy(z, target.flatten(), ignore_index=PAD_ID, label_smoothing=eps, reduction="sum")
+        return loss, F.cross_entropy(z.detach(), target.flatten(), ignore_index=PAD_ID, reduction="sum")
+
+    def fused(h, w, b):
+        return linear_label_smoothed_loss(h, w, b, target, eps, block_rows=7)
+
+    results = []
+    torch._dynamo.reset()
+    counters.clear()
+    for f in (plain, fused, torch.compile(fused, backend="aot_eager")):
+        args = [t.clone().requires_grad_(True) if t is not None else None for t in (h, w, b)]
+        loss, nll = f(*args)
+        (2.5 * loss).backward()
+        results.append((loss.detach(), nll, *(a.grad for a in args if a is not None)))
+    assert not counters["graph_break"]
+    torch._dynamo.reset()
+    for got in results[1:]:
+        for x, y in zip(got, results[0]):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_loss_follows_autocast_and_trains_tied_weights():
+    """Under bf16 autocast the products run in bf16 as the plain projection's do (the loss within bf16 rounding of
+    the plain one); with the output projection tied to the embedding (the model's own weights), the whole model's
+    gradients are those of the plain path."""
+    from tfcli.train.loss import linear_label_smoothed_loss
+
+    torch.manual_seed(0)
+    V = 30
+    model = build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, tie_output=True))
+    src, inputs = torch.randint(4, V, (3, 7)), torch.randint(4, V, (3, 6))
+    targets = torch.randint(4, V, (3, 6))
+    targets[1, 4:] = PAD_ID
+    grads = []
+    for fused in (False, True):
+        model.zero_grad()
+        h = model.features(src, inputs)
+        if fused:
+            loss = linear_label_smoothed_loss(h, model.lm_head.weight, model.lm_head.bias, targets, 0.1)[0]
+        else:
+            loss = label_smoothed_loss(model.lm_head(h), targets, 0.1)[0]
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-5)
+    h = torch.randn(40, 64)
+    w = torch.randn(V, 64) / 8
+    target = torch.randint(4, V, (40,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = label_smoothed_loss(F.linear(h, w), target, 0.1)[0]
+        got = linear_label_smoothed_loss(h, w, None, target, 0.1, block_rows=16)[0]
+    torch.testing.assert_close(got, want.float(), rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("arch", ["tiny", "lm-tiny"])
 def test_objective_equals_the_loss_of_the_full_logits(arch):
     """On the CPU the objective drops padding rows before the output projection; the loss must not change."""

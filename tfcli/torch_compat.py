@@ -24,6 +24,15 @@ def cpu_has_amx() -> bool:
     return bool(check and check())
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast casts to on `device_type` ("cpu" or "cuda") where it is on, else None."""
+    if device_type == "cpu":
+        return cpu_autocast_dtype()
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+
+
 def cpu_autocast_dtype() -> torch.dtype | None:
     """The dtype CPU autocast casts to where it is on, else None (torch.is_autocast_enabled("cpu") is 2.4+)."""
     if hasattr(torch, "get_autocast_dtype"):

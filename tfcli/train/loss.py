@@ -6,11 +6,13 @@ import torch
 from torch import nn
 
 from tfcli.specials import PAD_ID
-from tfcli.torch_compat import is_compiling
+from tfcli.torch_compat import autocast_dtype, is_compiling
 
 
 # rows of logits per block on the CPU: each pass over a block (64 x V floats: 2 MB at V = 8000) stays in the cache
 BLOCK_ROWS = 64
+# logits per block of the fused projection + loss (linear_label_smoothed_loss): 64 MB of fp32 at most
+FUSED_BLOCK_LOGITS = 1 << 24
 
 
 def label_smoothed_loss(
@@ -81,13 +83,80 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+def linear_label_smoothed_loss(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor, smoothing: float,
+    pad_id: int = PAD_ID, block_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """label_smoothed_loss(h W^T + b, target, smoothing), without ever holding the (N, V) logits: the output
+    projection and the loss run together, `block_rows` rows at a time (default: FUSED_BLOCK_LOGITS logits a block).
+
+    The gradient is computed in the forward, block by block, while each block's logits are at hand:
+        dL/dz = p - q,   dL/dh = (p - q) W,   dL/dW = (p - q)^T h,   dL/db = sum of (p - q) over the rows
+    and kept ((N, d), (V, d) and (V,): no (N, V) tensor survives a block); the backward scales them by the incoming
+    gradient. The products run in the autocast dtype where autocast is on (as the projection itself would), the
+    softmax in fp32, the weight's gradient is summed in fp32."""
+    flat = h.flatten(0, -2)
+    rows = block_rows or max(1, FUSED_BLOCK_LOGITS // weight.size(0))
+    return _LinearSmoothedCrossEntropy.apply(flat, weight, bias, target.flatten(), float(smoothing), pad_id, rows)
+
+
+class _LinearSmoothedCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, bias, target, eps: float, pad_id: int, block_rows: int):
+        dtype = autocast_dtype(h.device.type) or h.dtype  # what the projection's products run in
+        with torch.autocast(h.device.type, enabled=False):
+            hc, wc = h.to(dtype), weight.to(dtype)
+            bc = bias.to(dtype) if bias is not None else None
+            V = wc.size(0)
+            real = target != pad_id
+            grad_h = torch.empty_like(h)
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            grad_b = torch.zeros(V, dtype=torch.float32, device=h.device) if bias is not None else None
+            nll = torch.zeros((), device=h.device)
+            smooth = torch.zeros((), device=h.device)
+            for start in range(0, hc.size(0), block_rows):
+                rows = slice(start, start + block_rows)
+                z = torch.nn.functional.linear(hc[rows], wc, bc).float()  # (n, V): this block's logits
+                lse = torch.logsumexp(z, dim=-1)
+                s = real[rows].float()  # 1 at real targets, 0 at padding
+                t = target[rows, None]
+                nll = nll + ((lse - z.gather(1, t).squeeze(1)) * s).sum()
+                if eps:
+                    smooth = smooth + ((lse - z.mean(dim=-1)) * s).sum()  # -mean_v log p_v
+                g = z.sub_(lse[:, None]).exp_().mul_(s[:, None])  # s * p, over the block's logits
+                if eps:
+                    g.sub_(s[:, None] * (eps / V))
+                g.scatter_add_(1, t, -(1.0 - eps) * s[:, None])  # s * (p - q)
+                gc = g.to(dtype)
+                grad_h[rows] = gc @ wc
+                grad_w.add_(gc.t() @ hc[rows])
+                if grad_b is not None:
+                    grad_b.add_(g.sum(dim=0))
+        loss = (1.0 - eps) * nll + eps * smooth if eps else nll.clone()
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = weight.dtype, bias.dtype if bias is not None else None
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_nll):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        w_dtype, b_dtype = ctx.dtypes
+        return (
+            grad_h * grad_loss.to(grad_h.dtype), (grad_w * grad_loss).to(w_dtype),
+            (grad_b * grad_loss).to(b_dtype) if grad_b is not None else None, None, None, None, None,
+        )
+
+
 class Objective(nn.Module):
     """A model and its loss as one module, so that DDP and torch.compile wrap both (the loss is part of the compiled
     graph). forward(src, inputs, targets) -> (summed loss, summed nll); src is None for a language model.
 
     On the CPU the output projection and softmax run only at real target positions (padding rows are dropped from
     the decoder's output first: less work, and no vocabulary-wide copy). Elsewhere shapes stay static: selecting
-    rows would need the count on the host, a GPU sync and a break in a compiled graph.
+    rows would need the count on the host, a GPU sync and a break in a compiled graph; there the projection and
+    the loss run fused, by blocks of rows, so that no (tokens x vocabulary) logits are ever held
+    (linear_label_smoothed_loss).
     """
 
     def __init__(self, model: nn.Module, smoothing: float):
@@ -98,7 +167,9 @@ class Objective(nn.Module):
     def forward(self, src: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor):
         m = self.model
         h = m.features(inputs) if src is None else m.features(src, inputs)
-        if src is not None and h.device.type == "cpu" and not is_compiling():
+        if h.device.type != "cpu":
+            return linear_label_smoothed_loss(h, m.lm_head.weight, m.lm_head.bias, targets, self.smoothing)
+        if src is not None and not is_compiling():
             real = targets != PAD_ID
             h, targets = h[real], targets[real]
         return label_smoothed_loss(m.lm_head(h), targets, self.smoothing, reuse_logits=True)
