@@ -835,3 +835,83 @@ def test_label_smoothed_loss_takes_a_minus_infinity_logit():
     F.cross_entropy(b, target, reduction="sum").backward()
     torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))
     torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("kind", ["parallel", "mono"])
+def test_shape_buckets_pad_batches_to_few_shapes_without_changing_the_loss(parallel, mono, kind):
+    """pad_multiple 8: every batch is (rows for its length) x (a multiple of 8, or max_len); the real token counts,
+    the loss and its gradient are those of the unpadded batch (added rows and positions are padding targets)."""
+    from tfcli.train.loss import Objective, batch_loss
+
+    torch.manual_seed(0)
+    if kind == "parallel":
+        prep = PreparedData(parallel)
+        plain = ParallelData(prep, "train", 30, max_tokens=100, max_sentences=0, seed=3)
+        padded = ParallelData(prep, "train", 30, max_tokens=100, max_sentences=0, seed=3, pad_multiple=8)
+        V = prep.vocab_size("tgt")
+        model = build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=32, d_ff=64, dropout=0.0))
+    else:
+        prep = PreparedData(mono)
+        plain = StreamData(prep, "valid", 13, max_tokens=64, max_sentences=0, seed=1)
+        padded = StreamData(prep, "valid", 13, max_tokens=64, max_sentences=0, seed=1, pad_multiple=8)
+        model = build_model(preset("lm-tiny", tgt_vocab_size=prep.vocab_size("tgt"), d_model=32, d_ff=64, dropout=0.0))
+    objective = Objective(model, 0.1)
+    shapes = set()
+    batches = padded.batches(0, shuffle=kind == "parallel")
+    assert [b.tolist() for b in batches] == [b.tolist() for b in padded.batches(0, shuffle=kind == "parallel")]
+    for idx in batches[:6] + batches[-2:]:
+        a, b = padded.collate(idx), plain.collate(idx)
+        shapes.add(tuple(a.targets.shape))
+        length = a.targets.size(1)
+        assert length % 8 == 0 or length == (30 if kind == "parallel" else 13)
+        if a.src is not None:
+            assert a.src.shape == a.inputs.shape == a.targets.shape
+            assert a.targets.size(0) == 100 // length
+        else:
+            assert a.targets.size(0) == padded.batch_size
+        assert (a.src_tokens, a.tgt_tokens) == (b.src_tokens, b.tgt_tokens) and a.slots >= b.slots
+        assert (a.targets[b.targets.size(0):] == PAD_ID).all()
+        for batch in (a, b):
+            model.zero_grad()
+            loss, nll = batch_loss(objective, batch)
+            loss.backward()
+            batch.result = (loss.detach(), nll, [p.grad.clone() for p in model.parameters() if p.grad is not None])
+        torch.testing.assert_close(a.result[0], b.result[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a.result[1], b.result[1], rtol=1e-5, atol=1e-5)
+        for x, y in zip(a.result[2], b.result[2]):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+    assert len(shapes) <= 4
+
+
+def test_compiled_training_builds_one_graph_per_bucket_and_none_after_the_first_epoch(tmp_path, parallel, monkeypatch):
+    """--compile: batches in shape buckets and static graphs, so every graph is built in the first epoch, at most one
+    per bucket, and the second epoch compiles nothing (a counting backend in place of Inductor: the same graphs)."""
+    from tfcli.train import data as data_module
+
+    epoch = [None]
+    batches = data_module.ParallelData.batches
+
+    def tracking(self, e, shuffle=True):
+        if shuffle:
+            epoch[0] = e
+        return batches(self, e, shuffle)
+
+    compiled_in = []
+
+    def counting(gm, example_inputs):
+        compiled_in.append(epoch[0])
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(data_module.ParallelData, "batches", tracking)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=counting, **kw))
+    torch._dynamo.reset()
+    try:
+        train(tiny_train_config(parallel, tmp_path / "run", max_steps=0, max_epochs=2, max_tokens=120,
+                                valid_every=10_000, valid_bleu=False, compile=True, max_len=30))
+    finally:
+        torch._dynamo.reset()
+    assert compiled_in and set(compiled_in) == {0}
+    assert len(compiled_in) <= 30 // 8 + 1
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "padding" in log or "pad" in log

@@ -117,6 +117,11 @@ def train(
         "AMX]."
     ),
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel=_HW, help="torch.compile."),
+    pad_multiple: Optional[int] = typer.Option(
+        None, "--pad-multiple", metavar="N", rich_help_panel=_HW,
+        help="Pad batch lengths to a multiple of N (and rows to fill max-tokens): few shapes, one compiled graph "
+        "each (0: 8 with --compile, else no extra padding).",
+    ),
     threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel=_HW, help="CPU threads for torch (0: torch's own choice)."),
     profile: Optional[str] = typer.Option(
         None, "--profile", metavar="A-B", rich_help_panel=_HW, help="Run steps A to B under torch.profiler: "
@@ -157,7 +162,7 @@ def train(
         max_len=max_len, bpe_dropout=bpe_dropout, log_every=log_every, valid_every=valid_every, valid_bleu=valid_bleu,
         early_stop_metric=early_stop, patience=patience, keep_last=keep_last, average_last=average_last,
         tensorboard=tensorboard,
-        device=device, precision=precision, compile=compile_, threads=threads, profile=profile,
+        device=device, precision=precision, compile=compile_, pad_multiple=pad_multiple, threads=threads, profile=profile,
     )
     result = run(run_training, config, flags, sets)
     if result.interrupted:

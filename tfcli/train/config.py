@@ -67,6 +67,9 @@ class TrainConfig:
     # and later), whose bf16 matrix products are several times faster than fp32 ones
     precision: Literal["auto", "native-bf16", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False  # torch.compile the model
+    # batches padded to shape buckets: lengths up to a multiple of this, rows up to what max_tokens allows at that
+    # length, so that a compiled model meets few shapes (one graph each); 0: 8 with compile, else 1 (no extra padding)
+    pad_multiple: int = 0
     threads: int = 0  # CPU threads for torch (0: torch's default, one per core)
     profile: str = ""  # "A-B": steps A..B under torch.profiler, tables in RUN/profile/ (tfcli/train/profiling.py)
     peak_flops: float = 0.0  # the GPU's dense peak FLOP/s, for MFU (0: from its name and the precision; train/flops.py)
@@ -74,6 +77,8 @@ class TrainConfig:
     init_from: str = ""  # fine-tune: start from this checkpoint's weights (its architecture; fresh optimizer, schedule)
 
     def validate(self) -> None:
+        if self.pad_multiple < 0:
+            raise ConfigError("train.pad_multiple must be >= 0 (0: 8 with compile, else no extra padding)")
         positive = ("max_tokens", "lr", "grad_accum", "log_every", "valid_every", "keep_last")
         for name in positive:
             if getattr(self, name) <= 0:

@@ -6,6 +6,8 @@ the batches an uninterrupted run would, and each of several processes can take i
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +16,7 @@ import torch
 from tfcli.data.batching import collate_seq2seq, lm_stream, token_batches
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import TfcliError
-from tfcli.specials import UNK_ID
+from tfcli.specials import PAD_ID, UNK_ID
 
 
 @dataclass
@@ -38,19 +40,45 @@ class Batch:
                      self.slots, self.src_pairs, self.tgt_pairs, self.cross_pairs)
 
 
+def round_up(n, multiple: int):
+    return -(-n // multiple) * multiple
+
+
+def to_bucket(batch: Batch, rows: int, length: int) -> Batch:
+    """`batch` padded to `rows` x `length` (a shape bucket): positions past the end are padding, and the added rows
+    copy the first row's inputs (an all-padding source would give NaN attention) with padding targets, so that
+    they add nothing to the loss or its gradient. The token counts stay the real ones; `slots` counts the padding."""
+    def pad(t: torch.Tensor | None, fill_rows_from_first: bool) -> torch.Tensor | None:
+        if t is None:
+            return None
+        t = torch.nn.functional.pad(t, (0, length - t.size(1)), value=PAD_ID)
+        extra = rows - t.size(0)
+        if extra <= 0:
+            return t
+        more = t[:1].expand(extra, -1) if fill_rows_from_first else torch.full((extra, length), PAD_ID)
+        return torch.cat([t, more])
+
+    src, inputs, targets = pad(batch.src, True), pad(batch.inputs, True), pad(batch.targets, False)
+    slots = (src.numel() if src is not None else 0) + targets.numel()
+    return dataclasses.replace(batch, src=src, inputs=inputs, targets=targets, slots=slots)
+
+
 class ParallelData:
-    """Sentence pairs, batched by tokens in length buckets."""
+    """Sentence pairs, batched by tokens in length buckets. With `pad_multiple` > 1 every batch is padded to a
+    shape bucket (`to_bucket`): its lengths up to a multiple of pad_multiple (at most max_len), its rows up to what
+    max_tokens allows at that length."""
 
     kind = "seq2seq"
 
     def __init__(self, prepared: PreparedData, split: str, max_len: int, max_tokens: int, max_sentences: int, seed: int,
-                 bpe_dropout: float = 0.0):
+                 bpe_dropout: float = 0.0, pad_multiple: int = 1):
         self.src = prepared.sequences(split, "src")
         self.tgt = prepared.sequences(split, "tgt")
         if len(self.src) != len(self.tgt):
             raise TfcliError(f"{prepared.path}: split '{split}' has {len(self.src)} source but {len(self.tgt)} target "
                              "sentences; the prepared directory is corrupt")
         self.max_len, self.max_tokens, self.max_sentences, self.seed = max_len, max_tokens, max_sentences, seed
+        self.pad_multiple = pad_multiple
         # lengths as batched: source x.. </s>, target <s> y.. (or y.. </s>), both cut at max_len
         self.src_len = np.minimum(self.src.lengths + 1, max_len)
         self.tgt_len = np.minimum(self.tgt.lengths + 1, max_len)
@@ -90,9 +118,10 @@ class ParallelData:
                 self.cut, self.cut_epoch = {side: self._recut(side, epoch) for side in ("src", "tgt")}, epoch
             src_len = np.minimum(np.array([len(x) for x in self.cut["src"]]) + 1, self.max_len)
             tgt_len = np.minimum(np.array([len(x) for x in self.cut["tgt"]]) + 1, self.max_len)
-        return token_batches(
-            np.maximum(src_len, tgt_len), self.max_tokens, self.max_sentences or None, shuffle, self.seed, epoch
-        )
+        lengths = np.maximum(src_len, tgt_len)
+        if self.pad_multiple > 1:  # batched at their bucket's length, so that a batch fits its bucket's rows
+            lengths = np.minimum(round_up(lengths, self.pad_multiple), self.max_len)
+        return token_batches(lengths, self.max_tokens, self.max_sentences or None, shuffle, self.seed, epoch)
 
     def collate(self, idx: np.ndarray) -> Batch:
         if self.cut is not None:
@@ -103,10 +132,16 @@ class ParallelData:
             srcs, tgts = [self.src[i] for i in idx], [self.tgt[i] for i in idx]
             s, t = self.src_len[idx], self.tgt_len[idx]
         src, tgt_in, tgt_out = collate_seq2seq(srcs, tgts, self.max_len)
-        return Batch(
+        batch = Batch(
             src, tgt_in, tgt_out, int(s.sum()), int(t.sum()), src.numel() + tgt_out.numel(),
             src_pairs=int((s * s).sum()), tgt_pairs=int((t * t).sum()), cross_pairs=int((s * t).sum()),
         )
+        if self.pad_multiple > 1:
+            length = min(round_up(max(src.size(1), tgt_out.size(1)), self.pad_multiple), self.max_len)
+            rows = max(self.max_tokens // length, 1)
+            rows = min(rows, self.max_sentences) if self.max_sentences else rows
+            batch = to_bucket(batch, max(rows, len(idx)), length)
+        return batch
 
 
 class StreamData:
@@ -119,7 +154,9 @@ class StreamData:
 
     kind = "lm"
 
-    def __init__(self, prepared: PreparedData, split: str, block_len: int, max_tokens: int, max_sentences: int, seed: int):
+    def __init__(self, prepared: PreparedData, split: str, block_len: int, max_tokens: int, max_sentences: int, seed: int,
+                 pad_multiple: int = 1):
+        self.pad_multiple = pad_multiple  # > 1: every batch padded to batch_size rows and block_len (to_bucket)
         seqs = prepared.sequences(split, "tgt")
         self.stream = lm_stream(np.asarray(seqs.flat), seqs.offsets)
         self.block_len, self.seed = block_len, seed
@@ -160,4 +197,7 @@ class StreamData:
         ids = np.stack([self.stream[s : s + length] for s in blocks[:, 0]]).astype(np.int64)
         ids = torch.from_numpy(ids)
         n = ids.size(0) * (length - 1)
-        return Batch(None, ids[:, :-1], ids[:, 1:], 0, n, n, tgt_pairs=ids.size(0) * (length - 1) ** 2)
+        batch = Batch(None, ids[:, :-1], ids[:, 1:], 0, n, n, tgt_pairs=ids.size(0) * (length - 1) ** 2)
+        if self.pad_multiple > 1:  # the last, shorter block and the last, smaller batch: the bucket's shape
+            batch = to_bucket(batch, self.batch_size, self.block_len)
+        return batch

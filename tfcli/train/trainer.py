@@ -141,11 +141,13 @@ class Trainer:
         if cfg.bpe_dropout and mc.kind != "seq2seq":
             raise ConfigError("train.bpe_dropout: re-cuts translation pairs; a language model's stream is not re-cut")
         extra = {"bpe_dropout": cfg.bpe_dropout} if cfg.bpe_dropout else {}
+        self.pad_multiple = cfg.pad_multiple or (8 if cfg.compile else 1)
         self.train_data = Data(self.prepared, "train", self.max_len, cfg.max_tokens, cfg.max_sentences, cfg.seed,
-                               **extra)
+                               pad_multiple=self.pad_multiple, **extra)
         self.valid_data = None
         if cfg.valid_split in self.prepared.splits:
-            self.valid_data = Data(self.prepared, cfg.valid_split, self.max_len, cfg.max_tokens, cfg.max_sentences, cfg.seed)
+            self.valid_data = Data(self.prepared, cfg.valid_split, self.max_len, cfg.max_tokens, cfg.max_sentences,
+                                   cfg.seed, pad_multiple=self.pad_multiple)
         elif cfg.patience:
             raise ConfigError(f"train.patience: early stopping needs a '{cfg.valid_split}' split in {cfg.data}")
         if mc.kind == "lm" and cfg.early_stop_metric == "bleu":
@@ -168,7 +170,9 @@ class Trainer:
         self.scaler = grad_scaler(self.device.type, enabled=self.precision == "fp16")
         # DDP and torch.compile wrap the model together with its loss
         self.objective = Objective(self.raw, cfg.label_smoothing)
-        self.model = torch.compile(self.objective) if cfg.compile else self.objective
+        # with shape buckets, one static graph per bucket (dynamic shapes would cost speed and break CUDA graphs)
+        self.model = torch.compile(self.objective, dynamic=False if self.pad_multiple > 1 else None) \
+            if cfg.compile else self.objective
         self.model = distributed.wrap(self.model, self.dist, self.device)
 
         self.step, self.epoch, self.pos = 0, 0, 0
@@ -626,6 +630,18 @@ def out_of_memory(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower())
 
 
+def _graph_room(trainer: Trainer):
+    """With --compile, room for one graph per shape bucket: past torch's recompile limit (8 by default) a compiled
+    function falls back to eager for every new shape. Set for the run only."""
+    if not trainer.cfg.compile:
+        return contextlib.nullcontext()
+    import torch._dynamo
+
+    buckets = trainer.max_len // trainer.pad_multiple + 2  # train and valid shapes, the max_len bucket included
+    limit = max(torch._dynamo.config.cache_size_limit, buckets)
+    return torch._dynamo.config.patch(cache_size_limit=limit)
+
+
 def train(cfg: TrainConfig, model_overrides: dict | None = None, saved: dict | None = None) -> TrainResult:
     """Train as configured; rank 0 writes RUN/{config.yaml, metrics.jsonl, checkpoints/}."""
     trainer = None
@@ -637,7 +653,8 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, saved: dict | N
     try:
         with lock:
             trainer = Trainer(cfg, model_overrides, saved)
-            return trainer.fit()
+            with _graph_room(trainer):
+                return trainer.fit()
     finally:
         if trainer is not None:
             trainer.close()
