@@ -30,12 +30,13 @@ class Translation:
     text: str
     score: float  # sum of token log-probs / ((5 + |Y|) / 6)^len_penalty, as `tfcli translate --nbest` prints it
     token_scores: list[float] | None = None  # log p of each token (and of </s>), with scores=True
+    alignment: list[tuple[int, int]] | None = None  # (source word, target word) pairs, with alignment=True
 
 
 # what each method takes; the rest of TranslateConfig/GenerateConfig belongs to `load` or to the command line
 _TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
               "buffer_size", "raw")
-_NBEST_ONLY = ("scores",)
+_NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
              "repetition_penalty", "seed", "stop", "batch_size")
 _FIXED_BY_LOAD = ("device", "dtype")
@@ -96,7 +97,9 @@ class Translator:
 
     def translate_nbest(self, texts: list[str], n: int = 1, **options) -> list[list[Translation]]:
         """The n best translations of each text with their scores, best first (`scores=True` adds per-token
-        log-probs). An empty text gives one empty translation with score 0. `options` as for `translate`."""
+        log-probs; `alignment=True` word alignments from the cross-attention of decoder layer `alignment_layer`,
+        1-based, by default the penultimate). An empty text gives one empty translation with score 0. Other
+        `options` as for `translate`."""
         _check_options("translate_nbest", options, _TRANSLATE + _NBEST_ONLY)
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"n: expected an int, got {type(n).__name__}")
@@ -111,9 +114,15 @@ class Translator:
         lines = Lines(self.loaded, cfg, self.device)
         out = []
         for _, hyps in lines.hypotheses(("<text>", i + 1, text) for i, text in enumerate(texts)):
-            out.append([Translation(t, h.score, h.token_scores if cfg.scores else None)
+            out.append([Translation(t, h.score, h.token_scores if cfg.scores else None, _pairs(h.alignment))
                         for h, t in zip(hyps, lines.texts(hyps))])
         return out
+
+
+def _pairs(alignment: str | None) -> list[tuple[int, int]] | None:
+    if alignment is None:
+        return None
+    return [tuple(int(x) for x in pair.split("-")) for pair in alignment.split()]
 
 
 class Generator:

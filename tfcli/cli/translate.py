@@ -47,6 +47,14 @@ def translate(
         False, "--scores", rich_help_panel=_FMT, help="Add per-token log-probs (uses the --nbest format)."
     ),
     raw: bool = typer.Option(False, "--raw", rich_help_panel=_FMT, help="Print subword tokens, not detokenised text."),
+    alignment: bool = typer.Option(
+        False, "--alignment", rich_help_panel=_FMT,
+        help="Add word alignments after a tab, Pharaoh format (source-target word indices, e.g. 0-0 1-2).",
+    ),
+    alignment_layer: Optional[int] = typer.Option(
+        None, "--alignment-layer", metavar="N", rich_help_panel=_FMT,
+        help="Decoder layer (1-based) whose cross-attention aligns (0: the penultimate).",
+    ),
     batch_size: Optional[int] = typer.Option(
         None, "--batch-size", rich_help_panel=_RUN, help="Sentences per batch, at most."
     ),
@@ -78,6 +86,7 @@ def translate(
     cat test.de | tfcli translate -m run/ | sacrebleu test.en
     tfcli translate -m run/ test.de -o test.hyp.en --beam-size 8 --alpha 1.0
     tfcli translate -m run/ --nbest 5 --scores test.de
+    tfcli translate -m run/ --alignment test.de | cut -f2 > test.align       # Pharaoh: 0-0 1-2 2-1 ...
     tfcli translate -m run/ a.de b.de --output-dir hyp/ --suffix .en    -> hyp/a.de.en, hyp/b.de.en
     torchrun --nproc_per_node 4 $(which tfcli) translate -m run/ big.de -o big.en
 
@@ -92,6 +101,9 @@ def translate(
         INDEX<TAB>SCORE<TAB>HYPOTHESIS[<TAB>TOKEN_SCORES]
     INDEX is the input line's 0-based number; SCORE = sum of the tokens' log-probs / ((5+|Y|)/6)^alpha, |Y|
     counting </s>; TOKEN_SCORES (with --scores) are the log-probs of each output subword and of </s>.
+    --alignment adds a last tab-separated field: the words aligned, "i-j" for source word i and output word j
+    (0-based, whitespace-separated words; subword tokens with --raw), each output token aligned to the source token
+    that the cross-attention of --alignment-layer (heads averaged) weighs most.
     """
     from tfcli.cli.process import tune_process
     from tfcli.generate.config import translate_config
@@ -101,6 +113,8 @@ def translate(
 
     if not resume and launched().world_size == 1:
         refuse_unused(ctx, ["part_lines"], "is for --resume or several processes (torchrun)")
+    if not alignment:
+        refuse_unused(ctx, ["alignment_layer"], "is for --alignment")
     if greedy and beam_size not in (None, 1):
         refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
     check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
@@ -108,7 +122,8 @@ def translate(
     cfg = run(
         translate_config, config,
         beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
-        min_len=min_len, nbest=nbest, scores=scores or None, raw=raw or None, batch_size=batch_size,
+        min_len=min_len, nbest=nbest, scores=scores or None, raw=raw or None, alignment=alignment or None,
+        alignment_layer=alignment_layer, batch_size=batch_size,
         max_tokens=max_tokens, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
         threads=threads, encoding_errors=encoding_errors,
     )

@@ -24,6 +24,8 @@ class TranslateConfig:
     nbest: Optional[int] = None  # print the N best per input as "i<TAB>score<TAB>hypothesis"
     scores: bool = False  # add the per-token log-probs (implies the nbest format)
     raw: bool = False  # print subword tokens instead of detokenised text
+    alignment: bool = False  # add word alignments (Pharaoh "i-j") from the cross-attention, after a tab
+    alignment_layer: int = 0  # the decoder layer (1-based) whose cross-attention aligns; 0: the penultimate
     batch_size: int = 64  # sentences per batch, at most
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length
@@ -45,6 +47,8 @@ class TranslateConfig:
             raise ConfigError("translate: --max-len-a and --min-len must not be negative")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("translate: --threads must be positive")
+        if self.alignment_layer < 0:
+            raise ConfigError("translate: --alignment-layer must be 1 or more (0: the penultimate layer)")
 
     @property
     def tabular(self) -> bool:

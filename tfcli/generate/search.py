@@ -26,6 +26,7 @@ class Hypothesis:
     tokens: list[int]  # output ids, without </s>
     score: float  # sum of token log-probs / lp(|Y|)
     token_scores: list[float] | None = None  # log p of each token, then of </s> when it ended with one
+    alignment: str | None = None  # Pharaoh word pairs "i-j ..." (translate --alignment; tfcli/generate/alignment.py)
 
 
 def length_penalty(length: int, alpha: float) -> float:

@@ -25,6 +25,7 @@ from tfcli.generate.config import TranslateConfig
 from tfcli.console import Progress, warn
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load
+from tfcli.generate.alignment import default_layer, token_alignments, word_alignment
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import TfcliError
@@ -40,6 +41,10 @@ class Translator:
         self.steps, self.src_tok, self.tgt_tok = loaded.steps, loaded.src_tok, loaded.tgt_tok
         self.cfg, self.device = cfg, device
         self.max_len = self.steps.cfg.max_len
+        n_layers = self.steps.cfg.n_decoder_layers
+        if cfg.alignment_layer > n_layers:
+            raise TfcliError(f"--alignment-layer {cfg.alignment_layer}: the model's decoder has {n_layers} layers")
+        self.alignment_layer = cfg.alignment_layer or default_layer(n_layers)
         self.precision = precision(device, cfg.dtype)
         self.warned_unk = False
         self.index = 0  # 0-based index of the next input line, across chunks and files
@@ -77,7 +82,7 @@ class Translator:
             if text.strip():
                 todo.append(i)
             else:  # an empty line gives one empty hypothesis, score 0, without running the model
-                results[i] = [Hypothesis([], 0.0, [])]
+                results[i] = [Hypothesis([], 0.0, [], "" if self.cfg.alignment else None)]
         ids = encode_batch(self.src_tok, [chunk[i][2] for i in todo])
         self._check_unknowns(ids)
         src = []
@@ -111,13 +116,25 @@ class Translator:
         src = pad(batch).to(self.device)
         with self.precision:
             if cfg.beam_size == 1:
-                return [[h] for h in greedy_decode(
+                hyps = [[h] for h in greedy_decode(
                     self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty
                 )]
-            return beam_search(
-                self.steps, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
-                nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores,
-            )
+            else:
+                hyps = beam_search(
+                    self.steps, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
+                    nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores,
+                )
+            if cfg.alignment:
+                self._align(batch, src, hyps)
+        return hyps
+
+    def _align(self, batch: list[list[int]], src: torch.Tensor, hyps: list[list[Hypothesis]]) -> None:
+        """Each hypothesis's word alignment (every n-best one), from one teacher-forced pass over the batch."""
+        rows = [i for i, hs in enumerate(hyps) for _ in hs]
+        flat = [h for hs in hyps for h in hs]
+        aligned = token_alignments(self.steps.model, src[rows], [h.tokens for h in flat], self.alignment_layer)
+        for row, h, positions in zip(rows, flat, aligned):
+            h.alignment = word_alignment(self.src_tok, self.tgt_tok, batch[row], h.tokens, positions, self.cfg.raw)
 
     def texts(self, hyps: list[Hypothesis]) -> list[str]:
         """The hypotheses as output text: detokenised (or subword tokens with `raw`), one line each."""
@@ -129,14 +146,15 @@ class Translator:
         return [t.replace("\r", " ").replace("\n", " ") for t in texts]
 
     def _format(self, index: int, hyps: list[Hypothesis]) -> str:
+        align = (lambda h: "\t" + h.alignment) if self.cfg.alignment else (lambda h: "")
         if not self.cfg.tabular:
-            return self.texts(hyps[:1])[0]
+            return self.texts(hyps[:1])[0] + align(hyps[0])
         lines = []
         for h, text in zip(hyps, self.texts(hyps)):
             line = f"{index}\t{h.score:.4f}\t{text}"
             if self.cfg.scores:
                 line += "\t" + " ".join(f"{s:.4f}" for s in h.token_scores)
-            lines.append(line)
+            lines.append(line + align(h))
         return "\n".join(lines)
 
     def _check_unknowns(self, ids: list[list[int]]) -> None:
