@@ -35,7 +35,7 @@ class Translation:
 
 # what each method takes; the rest of TranslateConfig/GenerateConfig belongs to `load` or to the command line
 _TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
-              "buffer_size", "raw")
+              "buffer_size", "raw", "sampling", "temperature", "topk", "topp", "seed")
 _NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
              "repetition_penalty", "seed", "stop", "batch_size")
@@ -91,7 +91,8 @@ class Translator:
 
     def translate(self, texts: list[str], **options) -> list[str]:
         """The best translation of each text. `options`: beam_size (5; 1 is greedy), len_penalty, max_len_a,
-        max_len_b, min_len, batch_size, max_tokens, buffer_size, raw (subword tokens instead of text)."""
+        max_len_b, min_len, batch_size, max_tokens, buffer_size, raw (subword tokens instead of text); or
+        sampling=True with temperature, topk, topp and seed: one draw a text, keyed by the seed and its index."""
         _check_options("translate", options, _TRANSLATE)
         return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), 1, options)]
 
@@ -109,6 +110,8 @@ class Translator:
         from tfcli.generate.config import TranslateConfig
         from tfcli.generate.translate import Translator as Lines
 
+        if options.get("sampling") and "beam_size" in options:
+            raise ConfigError("beam_size: not used with sampling (one draw a text)")
         cfg = override(TranslateConfig(device=str(self.device), dtype=self.dtype), "translate", nbest=n, **options)
         cfg.validate()
         lines = Lines(self.loaded, cfg, self.device)

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from tfcli.cli.common import (
+    _SAMPLE,
     config_defaults,
     BeamSize, Checkpoint, Device, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, OutputFile,
     Quiet, ShowProgress, Threads, _DEC, _FMT, _RUN, _config_file, app, check_choice, choices_of,
@@ -40,6 +41,21 @@ def translate(
     min_len: Optional[int] = typer.Option(
         None, "--min-len", rich_help_panel=_DEC, help="No </s> before this many output tokens."
     ),
+    sampling: bool = typer.Option(
+        False, "--sampling", rich_help_panel=_SAMPLE,
+        help="Draw each translation instead of searching (back-translation): one per line, its random numbers keyed "
+        "by --seed and the line's index, so a line's sample does not depend on batches, order or processes.",
+    ),
+    temperature: Optional[float] = typer.Option(
+        None, "--temperature", rich_help_panel=_SAMPLE, help="Divide the logits by T before sampling."
+    ),
+    topk: Optional[int] = typer.Option(
+        None, "--topk", rich_help_panel=_SAMPLE, help="Sample among the K most likely tokens (0: all)."
+    ),
+    topp: Optional[float] = typer.Option(
+        None, "--topp", rich_help_panel=_SAMPLE, help="Nucleus: sample among the most likely tokens holding P."
+    ),
+    seed: Optional[int] = typer.Option(None, "--seed", rich_help_panel=_SAMPLE, help="Seed of every line's draw."),
     nbest: Optional[int] = typer.Option(
         None, "--nbest", rich_help_panel=_FMT, help="Print the N best hypotheses per input (format below)."
     ),
@@ -87,6 +103,7 @@ def translate(
     tfcli translate -m run/ test.de -o test.hyp.en --beam-size 8 --alpha 1.0
     tfcli translate -m run/ --nbest 5 --scores test.de
     tfcli translate -m run/ --alignment test.de | cut -f2 > test.align       # Pharaoh: 0-0 1-2 2-1 ...
+    tfcli translate -m en-de/ mono.en --sampling --topk 10 --seed 3 -o synthetic.de   # back-translation
     tfcli translate -m run/ a.de b.de --output-dir hyp/ --suffix .en    -> hyp/a.de.en, hyp/b.de.en
     torchrun --nproc_per_node 4 $(which tfcli) translate -m run/ big.de -o big.en
 
@@ -115,6 +132,10 @@ def translate(
         refuse_unused(ctx, ["part_lines"], "is for --resume or several processes (torchrun)")
     if not alignment:
         refuse_unused(ctx, ["alignment_layer"], "is for --alignment")
+    if sampling:
+        refuse_unused(ctx, ["beam_size", "greedy", "nbest"], "is not used with --sampling (one draw a line)")
+    else:
+        refuse_unused(ctx, ["temperature", "topk", "topp", "seed"], "is for --sampling")
     if greedy and beam_size not in (None, 1):
         refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
     check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
@@ -123,6 +144,7 @@ def translate(
         translate_config, config,
         beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
         min_len=min_len, nbest=nbest, scores=scores or None, raw=raw or None, alignment=alignment or None,
+        sampling=sampling or None, temperature=temperature, topk=topk, topp=topp, seed=seed,
         alignment_layer=alignment_layer, batch_size=batch_size,
         max_tokens=max_tokens, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
         threads=threads, encoding_errors=encoding_errors,

@@ -16,7 +16,7 @@ from tfcli.errors import ConfigError
 class TranslateConfig:
     """Decoding, batching and device settings (the `translate:` section of a config file)."""
 
-    beam_size: int = 5  # 1 = greedy decoding
+    beam_size: int = 5  # 1 = greedy decoding; not used with sampling
     len_penalty: float = 0.6  # GNMT alpha: hypotheses ranked by sum(log p) / ((5 + |Y|) / 6)^alpha
     max_len_a: float = 1.5  # at most a * source length + b output tokens
     max_len_b: int = 10
@@ -24,6 +24,12 @@ class TranslateConfig:
     nbest: Optional[int] = None  # print the N best per input as "i<TAB>score<TAB>hypothesis"
     scores: bool = False  # add the per-token log-probs (implies the nbest format)
     raw: bool = False  # print subword tokens instead of detokenised text
+    # sampling (back-translation): each line drawn with random numbers keyed by (seed, its index in the input)
+    sampling: bool = False
+    temperature: float = 1.0
+    topk: int = 0  # sample among the k most likely tokens; 0: all
+    topp: float = 1.0  # nucleus: the most likely tokens holding probability p; 1: all
+    seed: int = 1
     alignment: bool = False  # add word alignments (Pharaoh "i-j") from the cross-attention, after a tab
     alignment_layer: int = 0  # the decoder layer (1-based) whose cross-attention aligns; 0: the penultimate
     batch_size: int = 64  # sentences per batch, at most
@@ -47,6 +53,10 @@ class TranslateConfig:
             raise ConfigError("translate: --max-len-a and --min-len must not be negative")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("translate: --threads must be positive")
+        if self.temperature <= 0 or self.topk < 0 or not 0.0 < self.topp <= 1.0:
+            raise ConfigError("translate: --temperature must be positive, --topk >= 0 and --topp in (0, 1]")
+        if self.sampling and (self.nbest or 1) > 1:
+            raise ConfigError("translate: --sampling draws one translation a line: no --nbest above 1")
         if self.alignment_layer < 0:
             raise ConfigError("translate: --alignment-layer must be 1 or more (0: the penultimate layer)")
 

@@ -2,9 +2,15 @@
 
 Order (as in most toolkits): ban <pad>/<s>, repetition penalty, then greedy argmax, or temperature -> top-k -> top-p
 -> sample. A seeded `torch.Generator` makes sampling repeatable: same seed, same inputs, same text.
+
+Translation samples each line from random numbers of its own (`line_uniforms`: a counter-based generator keyed by
+the seed, the line's index in the input and the step), so that a line's sample is the same whatever batch, buffer,
+input order or number of processes it is translated in.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -69,3 +75,54 @@ def next_token(
         return logits.argmax(-1)
     logits = top_p_filter(top_k_filter(apply_temperature(logits, temperature), top_k), top_p)
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser (Steele et al. 2014) on int64 tensors, wrapping as uint64 would: a good 64-bit hash."""
+    def shr(v: torch.Tensor, n: int) -> torch.Tensor:  # a logical shift: torch's >> on int64 keeps the sign
+        return (v >> n) & ((1 << (64 - n)) - 1)
+
+    x = x ^ shr(x, 30)
+    x = x * _signed(0xBF58476D1CE4E5B9)
+    x = x ^ shr(x, 27)
+    x = x * _signed(0x94D049BB133111EB)
+    return x ^ shr(x, 31)
+
+
+def _signed(c: int) -> int:
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def line_uniforms(seed: int, lines: torch.Tensor, step: int) -> torch.Tensor:
+    """(R,) float64 uniforms in [0, 1), one per row: a function of (seed, the row's line index, step) only."""
+    key = _signed((seed * 0x9E3779B97F4A7C15 + step * 0xD1B54A32D192ED03) & _MASK64)
+    x = _splitmix64(lines.to(torch.int64) * _signed(0xA0761D6478BD642F) + key)
+    return ((x >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
+
+
+def sample_by_uniforms(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(R,) ids drawn from softmax(logits) by inverse transform: the first token whose cumulative probability
+    exceeds u (row-wise, in float64, so that a row's draw depends on its own numbers only)."""
+    probs = logits.double().softmax(-1)
+    cdf = probs.cumsum(-1)
+    ids = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    return ids.clamp_(max=logits.size(-1) - 1)
+
+
+@dataclass(frozen=True)
+class LineSampling:
+    """How `tfcli translate --sampling` draws each next token: temperature, then top-k (0: all), then top-p (1: all),
+    from line_uniforms(seed, line index, step)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 1
+
+    def choose(self, logits: torch.Tensor, lines: torch.Tensor, step: int) -> torch.Tensor:
+        """(R,) ids from (R, V) logits whose banned tokens are -inf already; `lines`: each row's line index."""
+        filtered = top_p_filter(top_k_filter(apply_temperature(logits, self.temperature), self.top_k), self.top_p)
+        return sample_by_uniforms(filtered, line_uniforms(self.seed, lines, step))

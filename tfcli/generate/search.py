@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tfcli.generate.sampling import LineSampling
 from tfcli.generate.step import IncrementalDecoder, keep_order, step_model
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 
@@ -98,9 +99,12 @@ def top_k(x: torch.Tensor, k: int, width: int = 64) -> tuple[torch.Tensor, torch
 
 @torch.inference_mode()
 def greedy_decode(
-    model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0
+    model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0,
+    sampling: LineSampling | None = None, lines: torch.Tensor | None = None,
 ) -> list[Hypothesis]:
     """Greedy decoding on the incremental decoder; one `Hypothesis` per source row (scored like beam search, beam 1).
+    With `sampling`, each next token is drawn instead (`lines`: (B,) each row's index in the input, which with the
+    seed keys its random numbers); the score is still the model's log-probability of the tokens chosen.
 
     src: (B, S) right-padded source ids, each ending in </s>.
     """
@@ -115,7 +119,13 @@ def greedy_decode(
     step = 0
     while alive.numel():
         step += 1
-        lp, nxt = _best_next(decoder, tok, step, min_len, 1)
+        if sampling is None:
+            lp, nxt = _best_next(decoder, tok, step, min_len, 1)
+        else:
+            lprobs = decoder.step(tok).float().log_softmax(-1)
+            lprobs.index_fill_(1, banned_tokens(step, min_len, lprobs.device), float("-inf"))
+            nxt = sampling.choose(lprobs, lines[alive], step)
+            lp = lprobs.gather(1, nxt[:, None]).squeeze(1)
         tokens = torch.cat([tokens, nxt[:, None]], 1)
         lps = torch.cat([lps, lp[:, None]], 1)
         eos = nxt == EOS_ID

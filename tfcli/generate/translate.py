@@ -26,6 +26,7 @@ from tfcli.console import Progress, warn
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load
 from tfcli.generate.alignment import default_layer, token_alignments, word_alignment
+from tfcli.generate.sampling import LineSampling
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import TfcliError
@@ -100,7 +101,7 @@ class Translator:
             batches = token_batches(lengths, self.cfg.max_tokens, self.cfg.batch_size)
             batches.sort(key=lambda b: int(b.min()))  # earliest lines first, so output can start early
             for batch in batches:
-                hyps = self.decode([src[j] for j in batch])
+                hyps = self.decode([src[j] for j in batch], [first + todo[j] for j in batch.tolist()])
                 for j, h in zip(batch.tolist(), hyps):
                     results[todo[j]] = h
                 while done in results:
@@ -110,12 +111,19 @@ class Translator:
             yield first + done, results.pop(done)
             done += 1
 
-    def decode(self, batch: list[list[int]]) -> list[list[Hypothesis]]:
-        """Hypotheses (best first) for a batch of source id lists (each ending in </s>)."""
+    def decode(self, batch: list[list[int]], lines: list[int]) -> list[list[Hypothesis]]:
+        """Hypotheses (best first) for a batch of source id lists (each ending in </s>); `lines`: their 0-based
+        indices in the input (what a line's random numbers are keyed by when sampling)."""
         cfg = self.cfg
         src = pad(batch).to(self.device)
         with self.precision:
-            if cfg.beam_size == 1:
+            if cfg.sampling:
+                sampling = LineSampling(cfg.temperature, cfg.topk, cfg.topp, cfg.seed)
+                hyps = [[h] for h in greedy_decode(
+                    self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, sampling,
+                    torch.tensor(lines, device=self.device),
+                )]
+            elif cfg.beam_size == 1:
                 hyps = [[h] for h in greedy_decode(
                     self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty
                 )]
