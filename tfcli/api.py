@@ -92,8 +92,9 @@ class Translator:
     def translate(self, texts: list[str], **options) -> list[str]:
         """The best translation of each text. `options`: beam_size (5; 1 is greedy), len_penalty, max_len_a,
         max_len_b, min_len, batch_size, max_tokens, buffer_size, raw (subword tokens instead of text); or
-        sampling=True with temperature, topk, topp and seed: one draw a text, keyed by the seed and its index."""
-        _check_options("translate", options, _TRANSLATE)
+        sampling=True with temperature, topk, topp and seed: one draw a text, keyed by the seed and its index;
+        prefixes: one target prefix a text ('' for none), which its translation starts with."""
+        _check_options("translate", options, _TRANSLATE + ("prefixes",))
         return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), 1, options)]
 
     def translate_nbest(self, texts: list[str], n: int = 1, **options) -> list[list[Translation]]:
@@ -101,7 +102,7 @@ class Translator:
         log-probs; `alignment=True` word alignments from the cross-attention of decoder layer `alignment_layer`,
         1-based, by default the penultimate). An empty text gives one empty translation with score 0. Other
         `options` as for `translate`."""
-        _check_options("translate_nbest", options, _TRANSLATE + _NBEST_ONLY)
+        _check_options("translate_nbest", options, _TRANSLATE + _NBEST_ONLY + ("prefixes",))
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"n: expected an int, got {type(n).__name__}")
         return self._nbest(_texts(texts, "texts"), n, options)
@@ -112,11 +113,17 @@ class Translator:
 
         if options.get("sampling") and "beam_size" in options:
             raise ConfigError("beam_size: not used with sampling (one draw a text)")
+        prefixes = options.pop("prefixes", None)
+        if prefixes is not None:
+            prefixes = _texts(prefixes, "prefixes")
+            if len(prefixes) != len(texts):
+                raise ConfigError(f"prefixes: {len(prefixes)} for {len(texts)} texts; give one a text ('' for none)")
         cfg = override(TranslateConfig(device=str(self.device), dtype=self.dtype), "translate", nbest=n, **options)
         cfg.validate()
         lines = Lines(self.loaded, cfg, self.device)
         out = []
-        for _, hyps in lines.hypotheses(("<text>", i + 1, text) for i, text in enumerate(texts)):
+        items = (("<text>", i + 1, text, prefixes[i] if prefixes else "") for i, text in enumerate(texts))
+        for _, hyps in lines.hypotheses(items):
             out.append([Translation(t, h.score, h.token_scores if cfg.scores else None, _pairs(h.alignment))
                         for h, t in zip(hyps, lines.texts(hyps))])
         return out

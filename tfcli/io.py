@@ -350,6 +350,22 @@ def read_inputs(inputs: list[str], pauses: bool = False) -> Iterator[tuple[str, 
             yield name, lineno, text
 
 
+def with_prefixes(items: Iterable, prefixes: list[str], name: str) -> Iterator:
+    """Each read_inputs item with its line's target prefix as a fourth field; as many prefixes as lines, or a
+    one-line error naming the prefix file."""
+    i = 0
+    for item in items:
+        if item is None:
+            yield None
+            continue
+        if i >= len(prefixes):
+            raise TfcliError(f"{name}: {len(prefixes)} prefixes, but the input has more lines; give one a line")
+        yield (*item, prefixes[i])
+        i += 1
+    if i != len(prefixes):
+        raise TfcliError(f"{name}: {len(prefixes)} prefixes for {i} input lines; give one a line")
+
+
 def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False, pauses: bool = False) -> Iterator[str | None]:
     """Yield decoded lines of a text file (or `-` for stdin), raising `InputError` with file:line on bad bytes.
 

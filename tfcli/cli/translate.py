@@ -41,6 +41,10 @@ def translate(
     min_len: Optional[int] = typer.Option(
         None, "--min-len", rich_help_panel=_DEC, help="No </s> before this many output tokens."
     ),
+    prefix: Optional[str] = typer.Option(
+        None, "--prefix", metavar="FILE", rich_help_panel=_DEC,
+        help="Target prefixes, one a line of the input (an empty line: none): each output starts with its prefix.",
+    ),
     sampling: bool = typer.Option(
         False, "--sampling", rich_help_panel=_SAMPLE,
         help="Draw each translation instead of searching (back-translation): one per line, its random numbers keyed "
@@ -104,6 +108,7 @@ def translate(
     tfcli translate -m run/ --nbest 5 --scores test.de
     tfcli translate -m run/ --alignment test.de | cut -f2 > test.align       # Pharaoh: 0-0 1-2 2-1 ...
     tfcli translate -m en-de/ mono.en --sampling --topk 10 --seed 3 -o synthetic.de   # back-translation
+    tfcli translate -m run/ test.de --prefix starts.en       # each output continues its line of starts.en
     tfcli translate -m run/ a.de b.de --output-dir hyp/ --suffix .en    -> hyp/a.de.en, hyp/b.de.en
     torchrun --nproc_per_node 4 $(which tfcli) translate -m run/ big.de -o big.en
 
@@ -154,4 +159,4 @@ def translate(
     if suffix and output_dir is None:
         fail("--suffix names the files of --output-dir", EXIT_USAGE)
     run(tune_process, cfg.device, cfg.threads)
-    run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix, resume)
+    run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix, resume, prefix)

@@ -35,10 +35,15 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
-def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int) -> torch.Tensor:
-    """(B,) longest allowed output per sentence: a * src_len + b, at least 1, at most the model's max_len."""
+def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int,
+                prefix: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) longest allowed output per sentence: a * src_len + b, at least 1 (and one more than its target prefix),
+    at most the model's max_len."""
     src_len = (src != PAD_ID).sum(1)
-    return (src_len.float() * max_len_a + max_len_b).long().clamp(min=1, max=model.cfg.max_len)
+    longest = (src_len.float() * max_len_a + max_len_b).long().clamp(min=1)
+    if prefix is not None:
+        longest = torch.maximum(longest, (prefix >= 0).sum(1) + 1)
+    return longest.clamp(max=model.cfg.max_len)
 
 
 def _start(model, src: torch.Tensor, beam_size: int, max_len: torch.Tensor) -> IncrementalDecoder:
@@ -57,7 +62,26 @@ def banned_tokens(step: int, min_len: int, device) -> torch.Tensor:
     return _BANNED[step <= min_len].to(device)
 
 
-def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_len: int, k: int):
+def _forced_at(prefix: torch.Tensor | None, step: int, beams: int) -> torch.Tensor | None:
+    """(rows,) the token each row must take at `step` (1-based), -1 where it is free; None when no row is forced.
+    `prefix`: (n, P) target prefix ids per live sentence, -1 past each prefix's end."""
+    if prefix is None or step > prefix.size(1):
+        return None
+    forced = prefix[:, step - 1]
+    return forced.repeat_interleave(beams) if beams > 1 else forced
+
+
+def _force(lprobs: torch.Tensor, forced: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For the rows whose token is forced: (log-probs, ids), each (R, k), the forced token first and the other k - 1
+    candidates impossible (-inf), so that a forced beam has one way on."""
+    tok = forced.clamp(min=0)[:, None]
+    lp = lprobs.gather(1, tok)
+    values = torch.cat([lp, lp.new_full((lp.size(0), k - 1), float("-inf"))], 1)
+    return values, tok.expand(-1, k)
+
+
+def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_len: int, k: int,
+               forced: torch.Tensor | None = None):
     """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
     each (R, k) (k = 1: the max, each (R,)).
 
@@ -68,9 +92,16 @@ def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_le
     banned = banned_tokens(step, min_len, logits.device)
     cpu = logits.device.type == "cpu"
     values, ids = [], []
-    for block in logits.split(64) if cpu else (logits,):
+    blocks = logits.split(64) if cpu else (logits,)
+    forced_blocks = forced.split(64) if forced is not None and cpu else (forced,) * len(blocks)
+    for block, fb in zip(blocks, forced_blocks):
         lprobs = block.log_softmax(-1).index_fill_(1, banned, float("-inf"))
         v, i = lprobs.max(-1) if k == 1 else top_k(lprobs, k) if cpu else lprobs.topk(k, dim=1)
+        if fb is not None:  # a target prefix: its token, whatever the model prefers
+            fv, fi = _force(lprobs, fb, k)
+            on = (fb >= 0)[:, None] if k > 1 else fb >= 0
+            v = torch.where(on, fv if k > 1 else fv[:, 0], v)
+            i = torch.where(on, fi if k > 1 else fi[:, 0], i)
         values.append(v)
         ids.append(i)
     return (values[0], ids[0]) if len(values) == 1 else (torch.cat(values), torch.cat(ids))
@@ -100,16 +131,17 @@ def top_k(x: torch.Tensor, k: int, width: int = 64) -> tuple[torch.Tensor, torch
 @torch.inference_mode()
 def greedy_decode(
     model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0,
-    sampling: LineSampling | None = None, lines: torch.Tensor | None = None,
+    sampling: LineSampling | None = None, lines: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
 ) -> list[Hypothesis]:
     """Greedy decoding on the incremental decoder; one `Hypothesis` per source row (scored like beam search, beam 1).
     With `sampling`, each next token is drawn instead (`lines`: (B,) each row's index in the input, which with the
-    seed keys its random numbers); the score is still the model's log-probability of the tokens chosen.
+    seed keys its random numbers); the score is still the model's log-probability of the tokens chosen. `prefix`:
+    (B, P) target ids each output must start with (-1 past a row's prefix), scored as the model scores them.
 
     src: (B, S) right-padded source ids, each ending in </s>.
     """
     B, device = src.size(0), src.device
-    max_len = max_lengths(model, src, max_len_a, max_len_b)
+    max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
     decoder = _start(model, src, 1, max_len)
     alive = torch.arange(B, device=device)  # which input rows are still decoding
     tokens = torch.empty(B, 0, dtype=torch.long, device=device)
@@ -119,12 +151,15 @@ def greedy_decode(
     step = 0
     while alive.numel():
         step += 1
+        forced = _forced_at(prefix, step, 1)
         if sampling is None:
-            lp, nxt = _best_next(decoder, tok, step, min_len, 1)
+            lp, nxt = _best_next(decoder, tok, step, min_len, 1, forced)
         else:
             lprobs = decoder.step(tok).float().log_softmax(-1)
             lprobs.index_fill_(1, banned_tokens(step, min_len, lprobs.device), float("-inf"))
             nxt = sampling.choose(lprobs, lines[alive], step)
+            if forced is not None:
+                nxt = torch.where(forced >= 0, forced, nxt)
             lp = lprobs.gather(1, nxt[:, None]).squeeze(1)
         tokens = torch.cat([tokens, nxt[:, None]], 1)
         lps = torch.cat([lps, lp[:, None]], 1)
@@ -139,6 +174,7 @@ def greedy_decode(
                 out[i] = Hypothesis(toks[:n], sum(scores) / length_penalty(step, len_penalty), scores)
             keep = torch.tensor(keep_order(alive.numel(), rows.tolist()), dtype=torch.long, device=device)
             alive, tokens, lps, nxt = alive[keep], tokens[keep], lps[keep], nxt[keep]
+            prefix = prefix[keep] if prefix is not None else None
             decoder.select(keep)
         tok = nxt
     decoder.release()
@@ -161,8 +197,11 @@ def beam_search(
     nbest: int = 1,
     min_len: int = 0,
     token_scores: bool = False,
+    prefix: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search; per source row, the `nbest` best hypotheses, best first.
+    """Batched beam search; per source row, the `nbest` best hypotheses, best first. `prefix`: (B, P) target ids
+    every hypothesis must start with (-1 past a row's prefix): while a row is in its prefix each beam has one way
+    on, the prefix's next token, scored as the model scores it.
 
     Each step expands every live beam by the whole vocabulary and keeps the 2K best (beam, token) pairs by summed
     log-prob (each beam's 2K best tokens, then one topk over the K x 2K pairs). Pairs ending in </s> among the first
@@ -183,7 +222,7 @@ def beam_search(
         raise ValueError(f"nbest must be between 1 and the beam size ({K}), got {nbest}")
     if 2 * K > V - 3:
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
-    max_len = max_lengths(model, src, max_len_a, max_len_b)
+    max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
     decoder = _start(model, src, K, max_len)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     alive = list(range(B))  # input row of each live sentence
@@ -205,7 +244,7 @@ def beam_search(
         # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
         # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
         # no topk runs over, all k * V pairs.
-        top_lp, top_tok = _best_next(decoder, tok, step, min_len, 2 * K)  # (n * k, 2K)
+        top_lp, top_tok = _best_next(decoder, tok, step, min_len, 2 * K, _forced_at(prefix, step, k))  # (n * k, 2K)
         top_lp = top_lp.view(n, k * 2 * K)
         cand = (scores.unsqueeze(2) + top_lp.view(n, k, 2 * K)).view(n, k * 2 * K)
         cand_scores, cand_idx = cand.topk(2 * K, dim=1)  # sorted, best first
@@ -263,6 +302,7 @@ def beam_search(
             next_scores, next_row, next_tok = next_scores[keep], next_row[keep], next_tok[keep]
             next_beam = next_beam[keep]
             alive_max, lp_max, floor, full = alive_max[keep], lp_max[keep], floor[keep], full[keep]
+            prefix = prefix[keep] if prefix is not None else None
             if token_scores:
                 next_lp = next_lp[keep]
         decoder.select(keep, next_beam)

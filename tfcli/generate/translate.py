@@ -30,7 +30,9 @@ from tfcli.generate.sampling import LineSampling
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import TfcliError
-from tfcli.io import atomic_open, encoding_errors, read_inputs, refuse_overwriting_inputs
+from tfcli.io import (
+    atomic_open, encoding_errors, read_inputs, read_lines, refuse_overwriting_inputs, with_prefixes,
+)
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
 
@@ -55,9 +57,11 @@ class Translator:
         for index, hyps in self.hypotheses(items):
             yield self._format(index, hyps)
 
-    def hypotheses(self, items: Iterable[tuple[str, int, str] | None]) -> Iterator[tuple[int, list[Hypothesis]]]:
-        """Yield (0-based line index, hypotheses best first) for each input line, in input order. A None item
-        means that input has paused (read_inputs): what has arrived is translated now, not when the buffer fills."""
+    def hypotheses(self, items: Iterable[tuple | None]) -> Iterator[tuple[int, list[Hypothesis]]]:
+        """Yield (0-based line index, hypotheses best first) for each input line, in input order. An item is
+        (file name, line number, text), or with a fourth field the line's target prefix (`with_prefixes`). A None
+        item means that input has paused (read_inputs): what has arrived is translated now, not when the buffer
+        fills."""
         tty = sys.stdin.isatty()
         chunk: list[tuple[str, int, str]] = []
         for item in items:
@@ -74,22 +78,24 @@ class Translator:
         if chunk:
             yield from self._chunk(chunk)
 
-    def _chunk(self, chunk: list[tuple[str, int, str]]) -> Iterator[tuple[int, list[Hypothesis]]]:
+    def _chunk(self, chunk: list[tuple]) -> Iterator[tuple[int, list[Hypothesis]]]:
         first = self.index
         self.index += len(chunk)
         results: dict[int, list[Hypothesis]] = {}
-        todo = []  # lines with text; the others are done already
-        for i, (_, _, text) in enumerate(chunk):
-            if text.strip():
+        todo = []  # lines with text (or a prefix to continue); the others are done already
+        prefixes = [item[3] if len(item) > 3 else "" for item in chunk]
+        for i, (_, _, text, *_) in enumerate(chunk):
+            if text.strip() or prefixes[i]:
                 todo.append(i)
             else:  # an empty line gives one empty hypothesis, score 0, without running the model
                 results[i] = [Hypothesis([], 0.0, [], "" if self.cfg.alignment else None)]
         ids = encode_batch(self.src_tok, [chunk[i][2] for i in todo])
         self._check_unknowns(ids)
+        targets = encode_batch(self.tgt_tok, [prefixes[i] for i in todo]) if any(prefixes) else None
         src = []
         for i, seq in zip(todo, ids):
             if len(seq) > self.max_len - 1:
-                name, lineno, _ = chunk[i]
+                name, lineno = chunk[i][:2]
                 warn(
                     f"{name}:{lineno}: {len(seq)} tokens, longer than the model's max_len ({self.max_len}); "
                     f"translating only the first {self.max_len - 1}"
@@ -101,7 +107,8 @@ class Translator:
             batches = token_batches(lengths, self.cfg.max_tokens, self.cfg.batch_size)
             batches.sort(key=lambda b: int(b.min()))  # earliest lines first, so output can start early
             for batch in batches:
-                hyps = self.decode([src[j] for j in batch], [first + todo[j] for j in batch.tolist()])
+                hyps = self.decode([src[j] for j in batch], [first + todo[j] for j in batch.tolist()],
+                                   [targets[j] for j in batch.tolist()] if targets is not None else None)
                 for j, h in zip(batch.tolist(), hyps):
                     results[todo[j]] = h
                 while done in results:
@@ -111,26 +118,31 @@ class Translator:
             yield first + done, results.pop(done)
             done += 1
 
-    def decode(self, batch: list[list[int]], lines: list[int]) -> list[list[Hypothesis]]:
+    def decode(self, batch: list[list[int]], lines: list[int],
+               prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses (best first) for a batch of source id lists (each ending in </s>); `lines`: their 0-based
-        indices in the input (what a line's random numbers are keyed by when sampling)."""
+        indices in the input (what a line's random numbers are keyed by when sampling); `prefixes`: target ids each
+        output starts with (an empty list: none)."""
         cfg = self.cfg
         src = pad(batch).to(self.device)
+        prefix = None
+        if prefixes is not None and any(prefixes):
+            prefix = pad([p[: self.max_len - 1] for p in prefixes], pad_id=-1).to(self.device)
         with self.precision:
             if cfg.sampling:
                 sampling = LineSampling(cfg.temperature, cfg.topk, cfg.topp, cfg.seed)
                 hyps = [[h] for h in greedy_decode(
                     self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, sampling,
-                    torch.tensor(lines, device=self.device),
+                    torch.tensor(lines, device=self.device), prefix,
                 )]
             elif cfg.beam_size == 1:
                 hyps = [[h] for h in greedy_decode(
-                    self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty
+                    self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, prefix=prefix
                 )]
             else:
                 hyps = beam_search(
                     self.steps, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
-                    nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores,
+                    nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores, prefix=prefix,
                 )
             if cfg.alignment:
                 self._align(batch, src, hyps)
@@ -223,18 +235,29 @@ def output_paths(inputs: list[str], output_dir: str, suffix: str) -> list[Path]:
 
 def translate(
     checkpoint: str, inputs: list[str], output: str | None, cfg: TranslateConfig, progress: bool | None = None,
-    output_dir: str | None = None, suffix: str = "", resume: bool = False,
+    output_dir: str | None = None, suffix: str = "", resume: bool = False, prefix_file: str | None = None,
 ) -> int:
     """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout), or each input file to
     its own file in `output_dir`; returns the line count. Launched by torchrun on several processes, or with
-    `resume`, the file is translated in parts (tfcli/generate/shards.py): the count is then this process's."""
+    `resume`, the file is translated in parts (tfcli/generate/shards.py): the count is then this process's.
+    `prefix_file`: one target prefix a line of the input (an empty line: none); each output starts with it."""
     from tfcli.checkpoint import input_paths
 
     hint = "choose another --output-dir or a --suffix" if output_dir is not None else "choose another -o"
     jobs = [(inputs, output)] if output_dir is None else [
         ([p], str(out)) for p, out in zip(inputs, output_paths(inputs, output_dir, suffix))
     ]
-    refuse_overwriting_inputs([out or "-" for _, out in jobs], inputs + input_paths(checkpoint), hint)
+    sources = inputs + input_paths(checkpoint) + ([prefix_file] if prefix_file else [])
+    refuse_overwriting_inputs([out or "-" for _, out in jobs], sources, hint)
+    prefixes = None
+    if prefix_file is not None:
+        if output_dir is not None:
+            raise TfcliError("--prefix holds one line per input line of one output: use -o FILE, not --output-dir")
+        with encoding_errors(cfg.encoding_errors):
+            prefixes = read_lines(prefix_file)
+        total = _count_lines(inputs)
+        if total is not None and total != len(prefixes):
+            raise TfcliError(f"{prefix_file}: {len(prefixes)} prefixes for {total} input lines; give one a line")
     processes = distributed.launched().world_size
     if processes > 1 or resume:
         why = f"on {processes} processes" if processes > 1 else "with --resume"
@@ -245,7 +268,8 @@ def translate(
             return Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)
 
         with encoding_errors(cfg.encoding_errors):
-            return translate_in_parts(checkpoint, inputs, output, cfg, resume, progress, make_translator)
+            return translate_in_parts(checkpoint, inputs, output, cfg, resume, progress, make_translator,
+                                      prefixes, prefix_file)
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
     translator = Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)
@@ -255,7 +279,10 @@ def translate(
         for files, out_path in jobs:
             translator.index = 0  # --nbest line numbers count within each output
             with open_output(out_path) as out:
-                for text in translator.run(read_inputs(files, pauses=True)):
+                items = read_inputs(files, pauses=True)
+                if prefixes is not None:
+                    items = with_prefixes(items, prefixes, prefix_file)
+                for text in translator.run(items):
                     bar.emit(out, text)
                     bar.advance(1)
                     n += 1
