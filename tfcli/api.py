@@ -160,20 +160,28 @@ class Generator:
         return list(continuations(self.loaded, prompts, cfg, self.device))
 
 
-def load(path: str, device: str = "auto", dtype: str = "fp32") -> Translator | Generator:
+def load(path: str | list[str], device: str = "auto", dtype: str = "fp32") -> Translator | Generator:
     """A Translator for a translation checkpoint, a Generator for a language model. `path`: a run directory (its
-    best checkpoint) or a checkpoint directory; `device`: auto, cpu, cuda, cuda:N; `dtype`: fp32, bf16, fp16, int8
-    (CPU). Loading leaves the process as it was: torch's random stream, threads and allocator included."""
+    best checkpoint) or a checkpoint directory, or a list of translation checkpoints that decode as an ensemble
+    (their probabilities averaged; they must share their tokenizers); `device`: auto, cpu, cuda, cuda:N; `dtype`:
+    fp32, bf16, fp16, int8 (CPU). Loading leaves the process as it was: torch's random stream, threads and
+    allocator included."""
     from tfcli.device import DTYPE_NAMES, precision, resolve_device
     from tfcli.generate.loader import load as load_checkpoint
+    from tfcli.generate.loader import load_ensemble
 
-    for name, value in (("path", path), ("device", device), ("dtype", dtype)):
+    paths = path if isinstance(path, (list, tuple)) else None
+    for name, value in (("device", device), ("dtype", dtype), *(("path", p) for p in (paths or [path]))):
         if not isinstance(value, (str, os.PathLike)) or (name != "path" and not isinstance(value, str)):
             raise TypeError(f"{name}: expected a string, got {type(value).__name__}")
+    if paths is not None and not paths:
+        raise ConfigError("path: an empty list; give one checkpoint, or several for an ensemble")
     if dtype not in DTYPE_NAMES:
         raise ConfigError(f"dtype: unknown dtype {dtype!r}; choose from {', '.join(DTYPE_NAMES)}")
     dev = resolve_device(device)
     precision(dev, dtype)  # an impossible precision fails before loading
+    if paths is not None:
+        return Translator(load_ensemble([str(p) for p in paths], dev, dtype), dev, dtype)
     loaded = load_checkpoint(str(path), dev, None, dtype)
     return (Translator if loaded.cfg.kind == "seq2seq" else Generator)(loaded, dev, dtype)
 

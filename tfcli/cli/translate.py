@@ -10,7 +10,7 @@ import typer
 from tfcli.cli.common import (
     _SAMPLE,
     config_defaults,
-    BeamSize, Checkpoint, Device, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, OutputFile,
+    BeamSize, Device, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, OutputFile,
     Quiet, ShowProgress, Threads, _DEC, _FMT, _RUN, _config_file, app, check_choice, choices_of,
     fail, refuse_unused, run,
 )
@@ -25,7 +25,10 @@ def translate(
     inputs: Optional[List[str]] = typer.Argument(
         None, metavar="FILE", show_default=False, help="Input files, one sentence a line ('-' or none: stdin)."
     ),
-    model: Checkpoint = ...,
+    model: List[str] = typer.Option(
+        ..., "--model", "-m", metavar="CKPT",
+        help="Checkpoint or run directory; repeat for an ensemble (the models' probabilities averaged).",
+    ),
     output: OutputFile = None,
     output_dir: Optional[str] = typer.Option(
         None, "--output-dir", metavar="DIR", show_default=False,
@@ -109,6 +112,7 @@ def translate(
     tfcli translate -m run/ --alignment test.de | cut -f2 > test.align       # Pharaoh: 0-0 1-2 2-1 ...
     tfcli translate -m en-de/ mono.en --sampling --topk 10 --seed 3 -o synthetic.de   # back-translation
     tfcli translate -m run/ test.de --prefix starts.en       # each output continues its line of starts.en
+    tfcli translate -m run-a/ -m run-b/ test.de              # an ensemble: the probabilities averaged
     tfcli translate -m run/ a.de b.de --output-dir hyp/ --suffix .en    -> hyp/a.de.en, hyp/b.de.en
     torchrun --nproc_per_node 4 $(which tfcli) translate -m run/ big.de -o big.en
 

@@ -35,3 +35,21 @@ def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32")
     toks = {side: checkpoint.tokenizer(meta, side) for side in (("src", "tgt") if cfg.kind == "seq2seq" else ("tgt",))}
     steps = StepModel(model, pack=dtype == "fp32", int8=dtype == "int8")
     return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps)
+
+
+def load_ensemble(paths: list[str], device: torch.device, dtype: str = "fp32") -> Loaded:
+    """Several translation checkpoints decoding as one (tfcli/generate/ensemble.py): they must share their
+    tokenizers. The first one's model, config and metadata stand for the ensemble; one path is a plain `load`."""
+    from tfcli.generate.ensemble import EnsembleStepModel
+
+    members = [load(p, device, "seq2seq", dtype) for p in paths]
+    if len(members) == 1:
+        return members[0]
+    first = members[0]
+    for path, other in zip(paths[1:], members[1:]):
+        for side in ("src", "tgt"):
+            if getattr(other, f"{side}_tok").to_str() != getattr(first, f"{side}_tok").to_str():
+                raise CheckpointError(f"{path}: its {side} tokenizer is not the one of {paths[0]}; the models of "
+                                      "an ensemble must share their tokenizers (prepare with --tokenizer-from)")
+    steps = EnsembleStepModel([m.steps for m in members])
+    return Loaded(first.model, first.cfg, first.meta, first.src_tok, first.tgt_tok, steps)

@@ -32,7 +32,7 @@ def parts_dir(output: str) -> Path:
     return Path(f"{output}.parts")
 
 
-def translate_in_parts(checkpoint: str, inputs: list[str], output: str, cfg: TranslateConfig, resume: bool,
+def translate_in_parts(checkpoints: list[str], inputs: list[str], output: str, cfg: TranslateConfig, resume: bool,
                        progress: bool | None, make_translator, prefixes: list[str] | None = None,
                        prefix_file: str | None = None) -> int:
     """Translate `inputs` into `output` part by part, this process's share of the parts when launched by torchrun;
@@ -43,7 +43,7 @@ def translate_in_parts(checkpoint: str, inputs: list[str], output: str, cfg: Tra
     info, device = distributed.setup(cfg.device)
     try:
         work = parts_dir(output)
-        manifest = _manifest(checkpoint, inputs + ([prefix_file] if prefix_file else []), cfg)
+        manifest = _manifest(checkpoints, inputs + ([prefix_file] if prefix_file else []), cfg)
         if info.is_main:
             _prepare(work, manifest, resume)
         distributed.barrier(info)  # the parts directory is ready (or the main process has failed, and so do we)
@@ -73,16 +73,16 @@ def translate_in_parts(checkpoint: str, inputs: list[str], output: str, cfg: Tra
         distributed.teardown()
 
 
-def _manifest(checkpoint: str, inputs: list[str], cfg: TranslateConfig) -> dict:
-    """What the parts are made of: the input files (size and modification time), the checkpoint's weights, the
+def _manifest(checkpoints: list[str], inputs: list[str], cfg: TranslateConfig) -> dict:
+    """What the parts are made of: the input files (size and modification time), the checkpoints' weights, the
     settings that change the output, and the part size."""
     def identity(path: Path) -> dict:
         st = path.stat()
         return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
-    ckpt = checkpoint_meta.resolve(checkpoint)
+    weights = [checkpoint_meta.resolve(c) / checkpoint_meta.WEIGHTS for c in checkpoints]
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IN_OUTPUT}
-    return {"inputs": [identity(Path(p)) for p in inputs], "checkpoint": identity(ckpt / checkpoint_meta.WEIGHTS),
+    return {"inputs": [identity(Path(p)) for p in inputs], "checkpoints": [identity(w) for w in weights],
             "settings": settings, "part_lines": cfg.part_lines}
 
 

@@ -108,8 +108,8 @@ class StepModel:
 
 
 def step_model(model) -> StepModel:
-    """`model` itself if it is a StepModel, else a plain (unpacked) one over it."""
-    return model if isinstance(model, StepModel) else StepModel(model)
+    """`model` itself if it is a StepModel (or serves as one: an ensemble), else a plain (unpacked) one over it."""
+    return model if hasattr(model, "start") else StepModel(model)
 
 
 class IncrementalDecoder:

@@ -24,7 +24,7 @@ from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
 from tfcli.generate.config import TranslateConfig
 from tfcli.console import Progress, warn
 from tfcli.device import precision, resolve_device
-from tfcli.generate.loader import Loaded, load
+from tfcli.generate.loader import Loaded, load_ensemble
 from tfcli.generate.alignment import default_layer, token_alignments, word_alignment
 from tfcli.generate.sampling import LineSampling
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
@@ -234,20 +234,22 @@ def output_paths(inputs: list[str], output_dir: str, suffix: str) -> list[Path]:
 
 
 def translate(
-    checkpoint: str, inputs: list[str], output: str | None, cfg: TranslateConfig, progress: bool | None = None,
+    checkpoint: str | list[str], inputs: list[str], output: str | None, cfg: TranslateConfig, progress: bool | None = None,
     output_dir: str | None = None, suffix: str = "", resume: bool = False, prefix_file: str | None = None,
 ) -> int:
     """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout), or each input file to
     its own file in `output_dir`; returns the line count. Launched by torchrun on several processes, or with
     `resume`, the file is translated in parts (tfcli/generate/shards.py): the count is then this process's.
-    `prefix_file`: one target prefix a line of the input (an empty line: none); each output starts with it."""
+    `prefix_file`: one target prefix a line of the input (an empty line: none); each output starts with it.
+    Several checkpoints decode as an ensemble (tfcli/generate/ensemble.py)."""
     from tfcli.checkpoint import input_paths
 
     hint = "choose another --output-dir or a --suffix" if output_dir is not None else "choose another -o"
     jobs = [(inputs, output)] if output_dir is None else [
         ([p], str(out)) for p, out in zip(inputs, output_paths(inputs, output_dir, suffix))
     ]
-    sources = inputs + input_paths(checkpoint) + ([prefix_file] if prefix_file else [])
+    checkpoints = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
+    sources = inputs + [p for c in checkpoints for p in input_paths(c)] + ([prefix_file] if prefix_file else [])
     refuse_overwriting_inputs([out or "-" for _, out in jobs], sources, hint)
     prefixes = None
     if prefix_file is not None:
@@ -265,14 +267,14 @@ def translate(
             raise TfcliError(f"translating {why} writes one file: give -o FILE (not stdout or --output-dir)")
         def make_translator(device: torch.device) -> Translator:
             precision(device, cfg.dtype)
-            return Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)
+            return Translator(load_ensemble(checkpoints, device, cfg.dtype), cfg, device)
 
         with encoding_errors(cfg.encoding_errors):
-            return translate_in_parts(checkpoint, inputs, output, cfg, resume, progress, make_translator,
+            return translate_in_parts(checkpoints, inputs, output, cfg, resume, progress, make_translator,
                                       prefixes, prefix_file)
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
-    translator = Translator(load(checkpoint, device, "seq2seq", cfg.dtype), cfg, device)
+    translator = Translator(load_ensemble(checkpoints, device, cfg.dtype), cfg, device)
     total = _count_lines(inputs) if (progress if progress is not None else sys.stderr.isatty()) else None
     n = 0
     with encoding_errors(cfg.encoding_errors), Progress("translating", total, "sent", progress) as bar:
