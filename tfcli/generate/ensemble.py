@@ -48,8 +48,11 @@ class EnsembleDecoder:
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """The log of the averaged probabilities, (rows, V): already normalised, so a log_softmax leaves it as is."""
-        lps = torch.stack([d.step(tok).float().log_softmax(-1) for d in self.decoders])
-        return torch.logsumexp(lps, 0) - self.log_n
+        out = None
+        for d in self.decoders:  # log(p_1 + p_2 + ...), summed pairwise in place: no (N, rows, V) stack
+            lp = d.step(tok).float().log_softmax(-1)
+            out = lp if out is None else torch.logaddexp(out, lp, out=out)
+        return out.sub_(self.log_n)
 
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
         for d in self.decoders:
