@@ -279,6 +279,24 @@ def save_model(path, model, tokenizer_file) -> "Path":
     return checkpoint.save(path, model, {"model": dataclasses.asdict(model.cfg)}, sides)
 
 
+def random_translator(seed: int):
+    """A random tiny encoder-decoder over WORDS (outputs arbitrary but fixed by `seed`): for checks that a
+    sentence's output does not depend on its batch, its neighbours or the process it runs in."""
+    import torch
+
+    from tfcli.model.config import preset
+    from tfcli.model.transformer import build_model
+
+    torch.manual_seed(seed)
+    v = len(SPECIAL_TOKENS) + len(WORDS)
+    return build_model(preset("tiny", src_vocab_size=v, tgt_vocab_size=v, d_model=64, d_ff=128, max_len=32)).eval()
+
+
+def save_random_translator(d: Path, seed: int) -> Path:
+    """random_translator(seed) saved as a checkpoint in d/ckpt (its word tokenizer in d/tok)."""
+    return save_model(d / "ckpt", random_translator(seed), save_word_tokenizer(d / "tok", WORDS))
+
+
 def save_copier(d: Path, words: list[str]) -> Path:
     """copy_model over `words`, saved as a checkpoint in d/copier (its word tokenizer in d/tok)."""
     return save_model(d / "copier", copy_model(n_words=len(words), max_len=32), save_word_tokenizer(d / "tok", words))

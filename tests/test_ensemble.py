@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 import tfcli
-from helpers import WORDS, save_model, save_word_tokenizer
+from helpers import WORDS, random_translator, save_model, save_random_translator, save_word_tokenizer
 from reference_search import reference_beam_search, reference_greedy
 from tfcli.cli import app
 from tfcli.data.batching import pad, source_ids
@@ -20,16 +20,9 @@ from tfcli.errors import CheckpointError
 from tfcli.generate.ensemble import EnsembleStepModel
 from tfcli.generate.search import beam_search, greedy_decode
 from tfcli.generate.step import StepModel
-from tfcli.model.config import preset
-from tfcli.model.transformer import build_model
 from tfcli.specials import SPECIAL_TOKENS
 
 V = len(SPECIAL_TOKENS) + len(WORDS)
-
-
-def random_model(seed: int):
-    torch.manual_seed(seed)
-    return build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=64, d_ff=128, max_len=32)).eval()
 
 
 class Averaged(torch.nn.Module):
@@ -52,7 +45,7 @@ def sources(n, seed=0):
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_ensembles_search_is_the_reference_on_the_averaged_distribution(packed):
-    a, b = random_model(1), random_model(2)
+    a, b = random_translator(1), random_translator(2)
     ensemble = EnsembleStepModel([StepModel(a, pack=packed), StepModel(b, pack=packed)])
     averaged = Averaged([a, b])
     srcs = sources(12, seed=4)
@@ -71,8 +64,7 @@ def test_the_ensembles_search_is_the_reference_on_the_averaged_distribution(pack
 
 
 def test_an_ensemble_of_a_model_with_itself_is_the_model(copier, tmp_path):
-    d = tmp_path
-    ckpt = save_model(d / "ckpt", random_model(3), save_word_tokenizer(d / "tok", WORDS))
+    ckpt = save_random_translator(tmp_path, 3)
     rng = random.Random(0)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 7))) for _ in range(15)]
     for path in (copier, ckpt):
@@ -88,7 +80,7 @@ def test_an_ensemble_of_a_model_with_itself_is_the_model(copier, tmp_path):
 
 
 def test_models_that_do_not_fit_together_are_one_line(copier, counter, tmp_path):
-    other = save_model(tmp_path / "other", random_model(3), save_word_tokenizer(tmp_path / "tok", WORDS[::-1]))
+    other = save_model(tmp_path / "other", random_translator(3), save_word_tokenizer(tmp_path / "tok", WORDS[::-1]))
     src = tmp_path / "in.txt"
     src.write_text("cat\n")
     res = CliRunner().invoke(app, ["translate", "-m", str(copier), "-m", str(other), str(src)])

@@ -11,28 +11,20 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
-from helpers import WORDS, save_model, save_word_tokenizer
+from helpers import WORDS, save_random_translator
 from tfcli.cli import app
 from tfcli.generate import translate as translate_module
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import translate
-from tfcli.model.config import preset
-from tfcli.model.transformer import build_model
-from tfcli.specials import SPECIAL_TOKENS
 
 
 @pytest.fixture(scope="module")
 def random_ckpt(tmp_path_factory) -> Path:
     """A random tiny model over WORDS: its outputs are arbitrary but fixed, a sterner check than the copier that
     a sentence's translation does not depend on which process or batch it is in."""
-    d = tmp_path_factory.mktemp("random")
-    torch.manual_seed(0)
-    v = len(SPECIAL_TOKENS) + len(WORDS)
-    model = build_model(preset("tiny", src_vocab_size=v, tgt_vocab_size=v, d_model=64, d_ff=128, max_len=32)).eval()
-    return save_model(d / "ckpt", model, save_word_tokenizer(d / "tok", WORDS))
+    return save_random_translator(tmp_path_factory.mktemp("random"), 0)
 
 
 def corpus(path: Path, n: int, seed: int = 0) -> Path:

@@ -11,23 +11,16 @@ import torch
 from typer.testing import CliRunner
 
 import tfcli
-from helpers import WORDS, save_model, save_word_tokenizer
+from helpers import WORDS, save_random_translator
 from tfcli.cli import app
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.sampling import line_uniforms, sample_by_uniforms
 from tfcli.generate.translate import translate
-from tfcli.model.config import preset
-from tfcli.model.transformer import build_model
-from tfcli.specials import SPECIAL_TOKENS
 
 
 @pytest.fixture(scope="module")
 def random_ckpt(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("random")
-    torch.manual_seed(1)
-    v = len(SPECIAL_TOKENS) + len(WORDS)
-    model = build_model(preset("tiny", src_vocab_size=v, tgt_vocab_size=v, d_model=64, d_ff=128, max_len=32)).eval()
-    return save_model(d / "ckpt", model, save_word_tokenizer(d / "tok", WORDS))
+    return save_random_translator(tmp_path_factory.mktemp("random"), 1)
 
 
 def lines(n: int, seed: int = 0) -> list[str]:
