@@ -124,15 +124,9 @@ class Translator:
         out = []
         items = (("<text>", i + 1, text, prefixes[i] if prefixes else "") for i, text in enumerate(texts))
         for _, hyps in lines.hypotheses(items):
-            out.append([Translation(t, h.score, h.token_scores if cfg.scores else None, _pairs(h.alignment))
+            out.append([Translation(t, h.score, h.token_scores if cfg.scores else None, h.alignment)
                         for h, t in zip(hyps, lines.texts(hyps))])
         return out
-
-
-def _pairs(alignment: str | None) -> list[tuple[int, int]] | None:
-    if alignment is None:
-        return None
-    return [tuple(int(x) for x in pair.split("-")) for pair in alignment.split()]
 
 
 class Generator:

@@ -52,11 +52,17 @@ def word_of_token(tok, ids: list[int], raw: bool) -> list[int]:
 
 def pharaoh(pairs: list[tuple[int, int]]) -> str:
     """`i-j` for each (source word, target word), once each, in target order."""
-    return " ".join(f"{i}-{j}" for i, j in sorted(set(pairs), key=lambda p: (p[1], p[0])))
+    return " ".join(f"{i}-{j}" for i, j in word_pairs(pairs))
 
 
-def word_alignment(src_tok, tgt_tok, src_ids: list[int], hyp: list[int], aligned: list[int], raw: bool) -> str:
-    """Pharaoh pairs of words from `aligned` (the source position of each token of `hyp`)."""
+def word_pairs(pairs) -> list[tuple[int, int]]:
+    """(source word, target word) pairs, once each, in target order."""
+    return sorted(set(pairs), key=lambda p: (p[1], p[0]))
+
+
+def word_alignment(src_tok, tgt_tok, src_ids: list[int], hyp: list[int], aligned: list[int],
+                   raw: bool) -> list[tuple[int, int]]:
+    """The word pairs from `aligned` (the source position of each token of `hyp`), in target order."""
     src_words = word_of_token(src_tok, [t for t in src_ids if t not in (EOS_ID, PAD_ID)], raw)
     tgt_words = word_of_token(tgt_tok, hyp, raw)
-    return pharaoh([(src_words[s], tgt_words[t]) for t, s in enumerate(aligned) if s < len(src_words)])
+    return word_pairs((src_words[s], tgt_words[t]) for t, s in enumerate(aligned) if s < len(src_words))

@@ -27,7 +27,7 @@ class Hypothesis:
     tokens: list[int]  # output ids, without </s>
     score: float  # sum of token log-probs / lp(|Y|)
     token_scores: list[float] | None = None  # log p of each token, then of </s> when it ended with one
-    alignment: str | None = None  # Pharaoh word pairs "i-j ..." (translate --alignment; tfcli/generate/alignment.py)
+    alignment: list[tuple[int, int]] | None = None  # (source word, target word) pairs (translate --alignment)
 
 
 def length_penalty(length: int, alpha: float) -> float:

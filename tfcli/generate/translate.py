@@ -25,7 +25,7 @@ from tfcli.generate.config import TranslateConfig
 from tfcli.console import Progress, warn
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load_ensemble
-from tfcli.generate.alignment import default_layer, token_alignments, word_alignment
+from tfcli.generate.alignment import default_layer, pharaoh, token_alignments, word_alignment
 from tfcli.generate.sampling import LineSampling
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.generate.shards import translate_in_parts
@@ -88,7 +88,7 @@ class Translator:
             if text.strip() or prefixes[i]:
                 todo.append(i)
             else:  # an empty line gives one empty hypothesis, score 0, without running the model
-                results[i] = [Hypothesis([], 0.0, [], "" if self.cfg.alignment else None)]
+                results[i] = [Hypothesis([], 0.0, [], [] if self.cfg.alignment else None)]
         ids = encode_batch(self.src_tok, [chunk[i][2] for i in todo])
         self._check_unknowns(ids)
         targets = encode_batch(self.tgt_tok, [prefixes[i] for i in todo]) if any(prefixes) else None
@@ -166,7 +166,7 @@ class Translator:
         return [t.replace("\r", " ").replace("\n", " ") for t in texts]
 
     def _format(self, index: int, hyps: list[Hypothesis]) -> str:
-        align = (lambda h: "\t" + h.alignment) if self.cfg.alignment else (lambda h: "")
+        align = (lambda h: "\t" + pharaoh(h.alignment)) if self.cfg.alignment else (lambda h: "")
         if not self.cfg.tabular:
             return self.texts(hyps[:1])[0] + align(hyps[0])
         lines = []
