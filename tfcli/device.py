@@ -8,6 +8,7 @@ import contextlib
 import torch
 
 from tfcli.errors import ConfigError, TfcliError
+from tfcli.torch_compat import cpu_has_amx
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_NAMES = (*DTYPES, "int8")
@@ -53,13 +54,21 @@ def onednn_available() -> bool:
     )
 
 
+def int8_engines() -> tuple[str, ...]:
+    """The engines --dtype int8 runs its integer products on (tfcli.generate.int8), for few rows first: fbgemm
+    (torch's x86/fbgemm quantised linear with a static input scale) and, on a CPU with AMX, oneDNN's int8 linear;
+    oneDNN alone where this torch lacks fbgemm; none where it has neither."""
+    engines = torch.backends.quantized.supported_engines
+    quantized, onednn = getattr(torch.ops, "quantized", None), getattr(torch.ops, "onednn", None)
+    fbgemm = ("x86" in engines or "fbgemm" in engines) and quantized is not None \
+        and hasattr(quantized, "linear_with_input_q_dq_qweight_dq_output_fp32") and hasattr(quantized, "linear_prepack")
+    dnn = torch.backends.mkldnn.is_available() and onednn is not None and hasattr(onednn, "qlinear_pointwise") \
+        and hasattr(onednn, "qlinear_prepack")
+    if fbgemm and dnn and cpu_has_amx():
+        return ("fbgemm", "onednn")
+    return ("fbgemm",) if fbgemm else ("onednn",) if dnn else ()
+
+
 def int8_available() -> bool:
-    """Whether this torch has the int8 linear that --dtype int8 runs on (torch.ops.quantized with a CPU engine:
-    fbgemm/x86 or qnnpack)."""
-    ops = getattr(torch.ops, "quantized", None)
-    return (
-        ops is not None
-        and hasattr(ops, "linear_dynamic")
-        and hasattr(ops, "linear_prepack")
-        and torch.backends.quantized.engine != "none"
-    )
+    """Whether this torch has an int8 linear layer that --dtype int8 runs on (`int8_engines`)."""
+    return bool(int8_engines())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 if hasattr(torch.compiler, "is_compiling"):  # torch 2.3+
@@ -19,7 +21,11 @@ def grad_scaler(device_type: str, enabled: bool):
 
 def cpu_has_amx() -> bool:
     """Whether this CPU has AMX tiles (Intel Xeon 4th gen and later), on which oneDNN runs bf16 and int8 matrix
-    products several times faster than fp32 ones. torch.cpu's check is private (2.3+): False where it is missing."""
+    products several times faster than fp32 ones; False where oneDNN is kept below AMX by its own setting
+    (ONEDNN_MAX_CPU_ISA, e.g. AVX512_CORE_VNNI). torch.cpu's check is private (2.3+): False where it is missing."""
+    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    if "AMX" not in isa and isa not in ("ALL", "DEFAULT"):
+        return False
     check = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return bool(check and check())
 

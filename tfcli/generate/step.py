@@ -15,7 +15,8 @@ the first step of beam search). Arranged for inference speed:
   model's own (which stay as they are), and run with the ReLU/GELU and the residual addition fused into the layer
   before them. Where torch lacks those private ops, plain `F.linear` does the same work.
 - With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8: weights
-  quantised once, one scale per output row; activations quantised at each call (dynamic quantisation).
+  quantised once, one scale per output row; activations at each call, one scale per row (tfcli.generate.int8), so
+  that a row's result never depends on the other rows.
 - The key/value memory is allocated once per batch and reused by the next batch (`release`), not grown step by step.
 
 Language-model prompts of different lengths are left-padded: `prefill` runs them in one pass, each row numbering
@@ -24,15 +25,14 @@ its positions from its first real token, and nobody attends to the padding.
 
 from __future__ import annotations
 
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tfcli.device import onednn_available
+from tfcli.generate.int8 import Int8Linear
 from tfcli.model.layers import ACTIVATIONS, Sublayers
-from tfcli.torch_compat import cpu_has_amx
 
 # oneDNN's fused linear + activation: (attr, algorithm)
 _ONEDNN_ACTIVATIONS = {
@@ -329,7 +329,7 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
 
     mode "packed": the weights reordered for oneDNN once (a plain GEMM re-packs them on every call; a decoding step
     calls each layer with few rows, so that is a large share of its work), and each layer one fused call. "int8":
-    see `_int8_linear`. "plain": F.linear."""
+    see `tfcli.generate.int8`. "plain": F.linear."""
     if mode == "packed":
         weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 64)
         bias = module.bias.detach() if module.bias is not None else None
@@ -340,18 +340,15 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
         attr, algorithm = _ONEDNN_ACTIVATIONS[act]
         return lambda x: linear(x, weight, bias, attr, [], algorithm)
     if mode == "int8":
-        base = _int8_linear(module)
-        # its output is a new fp32 tensor, so the rest can work in place (oneDNN's linear_relu_dynamic would fuse
-        # the ReLU, but with a bias it returns the output without it: torch 2.13)
-        if residual:
-            return lambda x, r: base(x).add_(r)
-        if act == "relu":
-            return lambda x: base(x).relu_()
-    else:
-        w, b = module.weight, module.bias
+        linear = Int8Linear(module, relu=act == "relu")  # the residual and a ReLU applied in its last pass
+        if residual or act in (None, "relu"):
+            return linear
+        f = ACTIVATIONS[act]
+        return lambda x: f(linear(x))
+    w, b = module.weight, module.bias
 
-        def base(x):
-            return F.linear(x, w, b)
+    def base(x):
+        return F.linear(x, w, b)
 
     if residual:
         return lambda x, r: base(x) + r
@@ -359,54 +356,3 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
     if f is None:
         return base
     return lambda x: f(base(x))
-
-
-# On a CPU with AMX: products of at most this many multiply-adds (rows x in x out) go to fbgemm, larger ones to
-# oneDNN. fbgemm sets up each call more cheaply and wins on small products (a decoder step's square layers at any
-# row count); oneDNN's tiles win on large ones (the FFN and output projection over many rows). The crossover was
-# measured on a decoder step's layers at 5-320 rows (benchmarks/int8_speed.py checks the whole).
-SMALL_INT8_PRODUCT = 24 * 2**20
-
-
-def int8_engines() -> list[tuple[str, bool]]:
-    """The quantised engines that int8 weights are packed for, for small products first: each with whether its
-    inputs keep only 7 bits (`reduce_range`).
-
-    Torch's current engine (x86/fbgemm) with 7-bit inputs, as torch's quantised Linear: AVX2's pairwise 16-bit sums
-    could saturate with 8. On a CPU with AMX also oneDNN's, for large products (`SMALL_INT8_PRODUCT`): its tiles
-    sum in int32 without saturating, so inputs keep all 8 bits, but each call costs more to set up."""
-    current = torch.backends.quantized.engine
-    if cpu_has_amx() and "onednn" in torch.backends.quantized.supported_engines:
-        return [("onednn", False)] if current == "onednn" else [(current, True), ("onednn", False)]
-    return [(current, True)]
-
-
-def _int8_linear(module: nn.Linear):
-    """x -> x W^T + b with W in int8: one scale per output row, max |w| mapped to 127. x is quantised at each call
-    from its own range (dynamic quantisation) and the product comes back in fp32. torch's int8 products take one
-    input scale for all rows, so a row's result depends on the other rows in the call: a sentence's translation can
-    change with its batch (benchmarks/int8_speed.py counts how often). One scale per row, composed from torch ops
-    (_int_mm and the scaling around it), ran 2-10x slower here. The weights are packed for each
-    of `int8_engines` (where torch reads the engine from a process-wide setting: that setting is restored at once,
-    and the packed weights keep their engine); a call with few rows runs on the first, one with many on the last."""
-    w = module.weight.detach().float().contiguous()
-    scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).double()
-    bias = module.bias.detach().float() if module.bias is not None else None
-    previous = torch.backends.quantized.engine
-    packed = []
-    with warnings.catch_warnings():  # torch marks its quantised tensor types as deprecated; int8_available guards
-        warnings.simplefilter("ignore")
-        q = torch.quantize_per_channel(w, scales, torch.zeros(len(w), dtype=torch.long), 0, torch.qint8)
-        try:
-            for engine, reduce_range in int8_engines():
-                torch.backends.quantized.engine = engine
-                packed.append((torch.ops.quantized.linear_prepack(q, bias), reduce_range))
-        finally:
-            torch.backends.quantized.engine = previous
-    linear = torch.ops.quantized.linear_dynamic
-    (small, small_7bit), (large, large_7bit) = packed[0], packed[-1]
-    max_rows = SMALL_INT8_PRODUCT // w.numel()
-    return lambda x: (
-        linear(x.contiguous(), small, small_7bit) if x.size(0) <= max_rows
-        else linear(x.contiguous(), large, large_7bit)
-    )

@@ -1,0 +1,182 @@
+"""--dtype int8 (tfcli.generate.int8): one activation scale per row, so that a row's result, and a sentence's
+translation, never depend on the rest of the batch. Checked against exact integer oracles, on every engine, with and
+without the compiled row kernels."""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+import torch
+
+import tfcli
+from helpers import WORDS, save_random_translator
+from tfcli import device
+from tfcli.generate import int8
+from tfcli.generate.int8 import LEVELS, Int8Linear, dequantize_rows, quantize_rows
+
+pytestmark = pytest.mark.skipif(not device.int8_available(), reason="this torch build has no int8 linear layers")
+
+
+def engines() -> list[str]:
+    """The engines this torch build has (on a CPU without AMX oneDNN is not chosen, but works)."""
+    out = []
+    if device.int8_engines()[:1] == ("fbgemm",):
+        out.append("fbgemm")
+    onednn = getattr(torch.ops, "onednn", None)
+    if onednn is not None and hasattr(onednn, "qlinear_pointwise") and torch.backends.mkldnn.is_available():
+        out.append("onednn")
+    return out
+
+
+def oracle(lin: torch.nn.Linear, x: torch.Tensor, residual=None, relu=False) -> torch.Tensor:
+    """The int8 layer's result computed from its definition: integer sums exact in float64, then the same fp32
+    roundings in the same order (sum * w_scale, * s_r, + b, + residual, ReLU)."""
+    w = lin.weight.detach()
+    w_scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+    wq = torch.round(w / w_scale[:, None])
+    s = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / LEVELS
+    q = torch.round(x / s)
+    assert q.abs().max() <= LEVELS
+    y = (q.double() @ wq.double().T).float() * w_scale
+    y = y * s + lin.bias.detach()
+    if residual is not None:
+        y = y + residual
+    return y.relu() if relu else y
+
+
+@pytest.mark.parametrize("engine", ["fbgemm", "onednn"])
+@pytest.mark.parametrize("k", [64, 1024])
+def test_an_int8_layer_is_its_exact_integer_formula_on_every_engine(engine, k):
+    if engine not in engines():
+        pytest.skip(f"no {engine} int8 linear in this torch build")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(k, 48)
+    layer = Int8Linear(lin, engines=(engine,))
+    with torch.inference_mode():
+        for rows in (1, 5, 40):
+            x = torch.randn(rows, k) * torch.rand(rows, 1) * 4  # rows of different ranges
+            assert torch.equal(layer(x), oracle(lin, x))
+            r = torch.randn(rows, 48)
+            assert torch.equal(Int8Linear(lin, relu=True, engines=(engine,))(x, r), oracle(lin, x, r, relu=True))
+
+
+def test_a_rows_result_does_not_depend_on_the_other_rows_or_the_engine_chosen_by_their_number():
+    """Rows alone, in small calls (fbgemm) and large ones (oneDNN on a CPU with AMX), in either order: the same."""
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(96, 80)
+    layer = Int8Linear(lin)
+    x = torch.randn(int8.ONEDNN_MIN_ROWS + 9, 96) * torch.rand(int8.ONEDNN_MIN_ROWS + 9, 1) * 5
+    x[3] *= 1000  # one row with a far wider range than the others leaves them as they were
+    with torch.inference_mode():
+        whole = layer(x)
+        assert torch.equal(layer(x.flip(0)).flip(0), whole)
+        for i in (0, 3, 7, len(x) - 1):
+            assert torch.equal(layer(x[i:i + 1]), whole[i:i + 1])
+        assert torch.equal(layer(x[:5]), whole[:5])
+
+
+def test_int8_stays_within_its_rounding_bound_of_fp32():
+    """|y - fp32| <= |x| |dw| + |dx| |w| + |dx| |dw| summed, with half a step of each: a weight row's max/127, an
+    input row's max/63."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    x = torch.randn(10, 64) * 3
+    with torch.inference_mode():
+        y, ref = Int8Linear(lin)(x), lin(x)
+        dw = (lin.weight.abs().amax(dim=1) / 127 / 2)[:, None].expand_as(lin.weight)
+        dx = x.abs().amax(dim=1, keepdim=True) / LEVELS / 2
+        bound = x.abs() @ dw.T + dx * lin.weight.abs().sum(dim=1) + dx * dw.sum(dim=1)
+    assert ((y - ref).abs() <= bound + 1e-4).all()
+    assert (y - ref).abs().max() > 0  # it really is int8
+
+
+def test_packing_leaves_torchs_engine_setting_as_it_was():
+    before = torch.backends.quantized.engine
+    Int8Linear(torch.nn.Linear(8, 8))
+    assert torch.backends.quantized.engine == before
+
+
+def test_long_rows_are_served_by_one_engine():
+    """Past K * 63 * 127 = 2^24 the engines' float sums could round differently: one engine serves every call."""
+    layer = Int8Linear(torch.nn.Linear(2200, 4), engines=("fbgemm", "onednn"))
+    assert layer.fbgemm is None and layer.onednn is not None
+    layer = Int8Linear(torch.nn.Linear(2000, 4), engines=tuple(engines()))
+    assert (layer.fbgemm is not None) == ("fbgemm" in engines())
+
+
+def test_engines_follow_the_cpu(monkeypatch):
+    monkeypatch.setattr(device, "cpu_has_amx", lambda: False)
+    without = device.int8_engines()
+    monkeypatch.setattr(device, "cpu_has_amx", lambda: True)
+    with_amx = device.int8_engines()
+    if "fbgemm" in without:
+        assert without == ("fbgemm",)
+        assert with_amx == (("fbgemm", "onednn") if "onednn" in engines() else ("fbgemm",))
+
+
+def test_the_compiled_row_kernels_give_the_torch_fallbacks_results(monkeypatch):
+    if int8._kernels() is None:
+        pytest.skip("the row kernels could not be built here (no C compiler)")
+    torch.manual_seed(2)
+    x = torch.randn(37, 300) * torch.rand(37, 1) * 3
+    x[5] = 0  # an all-zero row
+    y = torch.randn(37, 50)
+    bias, residual = torch.randn(50), torch.randn(50, 37).T  # a strided residual
+    compiled = [quantize_rows(x, as_int8=True), quantize_rows(x, as_int8=False)]
+    out = [dequantize_rows(y.clone(), compiled[0][1], bias, residual, relu) for relu in (False, True)]
+    out.append(dequantize_rows(y.clone(), compiled[0][1], None, None, False))
+    monkeypatch.setattr(int8, "_kernels", lambda: None)
+    fallback = [quantize_rows(x, as_int8=True), quantize_rows(x, as_int8=False)]
+    assert compiled[0][0].dtype == torch.int8 and compiled[1][0].dtype == torch.float32
+    for (q, s), (q_ref, s_ref) in zip(compiled, fallback):
+        assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    assert torch.equal(out[0], dequantize_rows(y.clone(), compiled[0][1], bias, residual, False))
+    assert torch.equal(out[1], dequantize_rows(y.clone(), compiled[0][1], bias, residual, True))
+    assert torch.equal(out[2], dequantize_rows(y.clone(), compiled[0][1], None, None, False))
+
+
+def test_without_a_compiler_int8_warns_once_and_runs_on_torch_ops(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    int8._kernels.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert int8._kernels() is None and int8._kernels() is None
+        assert len(caught) == 1 and "no C compiler" in str(caught[0].message)
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(64, 48)
+        x = torch.randn(6, 64)
+        with torch.inference_mode():
+            assert torch.equal(Int8Linear(lin)(x), oracle(lin, x))
+    finally:
+        int8._kernels.cache_clear()
+
+
+def test_an_int8_translation_is_the_same_at_every_batch_size_and_order(tmp_path):
+    """A random model, whose outputs hinge on small differences: batch 1, 7, 64 and the input reversed give the
+    same translations, beam and greedy."""
+    ckpt = save_random_translator(tmp_path, 4)
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(40)]
+    translator = tfcli.load(str(ckpt), device="cpu", dtype="int8")
+    for beam in (5, 1):
+        want = translator.translate(texts, beam_size=beam, batch_size=64)
+        for batch in (1, 7):
+            assert translator.translate(texts, beam_size=beam, batch_size=batch) == want
+        assert translator.translate(texts[::-1], beam_size=beam, batch_size=64)[::-1] == want
+
+
+def test_onednns_isa_setting_keeps_amx_out(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA below AMX: oneDNN will not use its tiles, so neither int8's engine choice nor bf16's counts
+    on them."""
+    from tfcli.torch_compat import cpu_has_amx
+
+    has = cpu_has_amx()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI")
+    assert cpu_has_amx() is False
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_amx")
+    assert cpu_has_amx() == has
