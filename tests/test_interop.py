@@ -79,11 +79,14 @@ SEQ2SEQ_VARIANTS = {
     "pre-norm, separate, untied, no bias": dict(norm="pre", share_embeddings=False, tie_output=False, bias=False),
     "learned positions, gelu, unscaled": dict(positions="learned", activation="gelu", scale_embedding=False),
     "gelu_tanh, output bias": dict(activation="gelu_tanh", output_bias=True, norm="post"),
+    "rmsnorm, swiglu": dict(rms_norm=True, activation="swiglu"),
+    "rmsnorm post-norm, geglu, no bias": dict(rms_norm=True, norm="post", activation="geglu", bias=False),
 }
 LM_VARIANTS = {
     "learned (GPT-2 shape)": dict(),
     "sinusoidal, relu, post-norm": dict(positions="sinusoidal", activation="relu", norm="post"),
     "rope, untied": dict(positions="rope", tie_output=False),
+    "rope, rmsnorm, swiglu": dict(positions="rope", rms_norm=True, activation="swiglu"),
 }
 
 
@@ -271,7 +274,12 @@ def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
     pytest.importorskip("transformers")
     ckpt = save(tmp_path, random_model("lm", positions="rope"))
     seq = save(tmp_path, random_model(positions="learned"), "seq")
+    relu2 = save(tmp_path, random_model(activation="relu2"), "relu2")
+    rms = save(tmp_path, random_model(rms_norm=True, activation="swiglu"), "rms")
     cases = [
+        (("export", relu2, "--to", "ctranslate2", "-o", tmp_path / "out"), "model.activation relu2 is not supported"),
+        (("export", relu2, "--to", "hf", "-o", tmp_path / "out"), "model.activation relu2 is not supported"),
+        (("export", rms, "--to", "hf", "-o", tmp_path / "out"), "model.rms_norm true is not supported"),
         (("export", ckpt, "--to", "onnx", "-o", tmp_path / "out"), "--to onnx: unknown; choose from ctranslate2, hf"),
         (("export", ckpt, "--to", "hf", "-o", tmp_path / "out"), "model.positions rope is not supported"),
         (("export", seq, "--to", "hf", "-o", tmp_path / "out"), "model.positions learned is not supported"),

@@ -140,13 +140,14 @@ def _copy_reverse_batch(n, length, g):
     return body, tgt[:, :-1], tgt[:, 1:]
 
 
-@pytest.mark.parametrize("norm", ["pre", "post"])
-def test_every_parameter_learns_and_a_small_step_lowers_the_loss(norm):
+@pytest.mark.parametrize("norm,modern", [("pre", {}), ("post", {}), ("pre", dict(rms_norm=True, activation="swiglu")),
+                                         ("post", dict(rms_norm=True, activation="relu2"))])
+def test_every_parameter_learns_and_a_small_step_lowers_the_loss(norm, modern):
     """What training relies on, without depending on how far a model gets: every parameter receives a finite,
     non-zero gradient, and one small Adam step lowers the loss on the same batch (Adam's first step moves every
     weight against the sign of its gradient, so the loss falls by about lr * sum|g| to first order)."""
     torch.manual_seed(0)
-    m = build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=64, d_ff=128, norm=norm)).train()
+    m = build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=64, d_ff=128, norm=norm, **modern)).train()
     g = torch.Generator().manual_seed(0)
     src, tgt_in, tgt_out = _copy_reverse_batch(64, 6, g)
 
@@ -224,3 +225,38 @@ def test_cpu_bf16_linear_pads_rows_to_few_shapes_and_computes_the_same(monkeypat
         torch.testing.assert_close(g, t.grad, atol=1e-2, rtol=0.02)
     seen.clear()
     assert lin(x).shape == (*shape, 8) and seen == [x.shape]  # fp32: as nn.Linear
+
+
+def test_rms_norm_and_the_ffn_activations_are_their_formulas():
+    """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g; FFNs: relu2 = w2(relu(w1 x)^2), swiglu = w2(silu(w1 x) * w3 x),
+    geglu = w2(gelu(w1 x) * w3 x), written out here with the weights of the model's own layers."""
+    from tfcli.model.layers import FeedForward, RMSNorm
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16)
+    norm = RMSNorm(16, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16))
+        want = x / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-5).float() * norm.weight
+        torch.testing.assert_close(norm(x), want, atol=1e-5, rtol=1e-5)
+    gates = {"relu2": lambda a, b: F.relu(a) ** 2, "swiglu": lambda a, b: a * torch.sigmoid(a) * b,
+             "geglu": lambda a, b: 0.5 * a * (1 + torch.erf(a / math.sqrt(2))) * b}
+    for act, gate in gates.items():
+        ffn = FeedForward(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=16, d_ff=24, activation=act))
+        assert (ffn.w3 is not None) == (act != "relu2")
+        with torch.no_grad():
+            a = x @ ffn.w1.weight.T + ffn.w1.bias
+            b = x @ ffn.w3.weight.T + ffn.w3.bias if ffn.w3 is not None else None
+            want = gate(a, b) @ ffn.w2.weight.T + ffn.w2.bias
+            torch.testing.assert_close(ffn(x), want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_modern_options_default_to_the_2017_model():
+    """rms_norm and the activation default to LayerNorm and ReLU: a default model's parameters are today's."""
+    cfg = preset("tiny", src_vocab_size=V, tgt_vocab_size=V)
+    assert cfg.rms_norm is False and cfg.activation == "relu"
+    names = set(build_model(cfg).state_dict())
+    assert not any(".w3." in n for n in names)
+    assert {n for n in names if "norm" in n and n.endswith(".bias")}  # LayerNorms have a bias
+    modern = set(build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, rms_norm=True, activation="swiglu")).state_dict())
+    assert not {n for n in modern if "norm" in n and n.endswith(".bias")} and any(".w3." in n for n in modern)

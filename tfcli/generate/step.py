@@ -32,7 +32,7 @@ from torch import nn
 
 from tfcli.device import onednn_available
 from tfcli.generate.int8 import Int8Linear
-from tfcli.model.layers import ACTIVATIONS, Sublayers
+from tfcli.model.layers import ACTIVATIONS, RMSNorm, Sublayers, gate_activation
 
 # oneDNN's fused linear + activation: (attr, algorithm)
 _ONEDNN_ACTIVATIONS = {
@@ -79,7 +79,7 @@ class StepModel:
             q, k, v = layer.qkv(layer.norm_self_in(x)).view(n, S, 3, H, dh).permute(2, 0, 3, 1, 4)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(n * S, H * dh)
             x = layer.norm_self_out(layer.self_out(y, x))
-            x = layer.norm_ffn_out(layer.w2(layer.w1(layer.norm_ffn_in(x)), x))
+            x = layer.norm_ffn_out(layer.w2(layer.ffn_hidden(layer.norm_ffn_in(x)), x))
         return self.encoder_norm(x).view(n, S, -1), mask
 
     def start(
@@ -225,7 +225,7 @@ class IncrementalDecoder:
                 q = layer.cross_q(layer.norm_cross_in(x)).view(n, r, H, dh)
                 x = layer.norm_cross_out(layer.cross_out(self._attend(q, mem_kt, mem_v, self.mem_bias), x))
             # position-wise FFN
-            x = layer.norm_ffn_out(layer.w2(layer.w1(layer.norm_ffn_in(x)), x))
+            x = layer.norm_ffn_out(layer.w2(layer.ffn_hidden(layer.norm_ffn_in(x)), x))
         if last_only:
             x = x.view(n, r, -1)[:, -1]
         return self.sm.lm_head(self.sm.final_norm(x))
@@ -309,7 +309,12 @@ class _Layer:
             self.cross_q = _linear(layer.cross_q, mode)
             self.cross_kv = _linear(layer.cross_kv, mode)
             self.cross_out = _linear(layer.cross_out, mode, residual=True)
-        self.w1 = _linear(layer.w1, mode, act=layer.activation)
+        w1 = _linear(layer.w1, mode, act=gate_activation(layer.activation))
+        if layer.w3 is None:
+            self.ffn_hidden = w1
+        else:  # gated: act(w1 x) * w3 x
+            w3 = _linear(layer.w3, mode)
+            self.ffn_hidden = lambda x: w1(x).mul_(w3(x))
         self.w2 = _linear(layer.w2, mode, residual=True)
 
 
@@ -318,6 +323,8 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 
 
 def _norm(module: nn.Module):
+    if isinstance(module, RMSNorm):
+        return module
     if not isinstance(module, nn.LayerNorm):
         return _identity
     shape, weight, bias, eps = module.normalized_shape, module.weight, module.bias, module.eps
@@ -337,6 +344,9 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
             binary = torch.ops.mkldnn._linear_pointwise.binary
             return lambda x, r: binary(x, r, weight, bias, "add")
         linear = torch.ops.mkldnn._linear_pointwise.default
+        if act not in _ONEDNN_ACTIVATIONS:  # one oneDNN does not fuse
+            f = ACTIVATIONS[act]
+            return lambda x: f(linear(x, weight, bias, "none", [], ""))
         attr, algorithm = _ONEDNN_ACTIVATIONS[act]
         return lambda x: linear(x, weight, bias, attr, [], algorithm)
     if mode == "int8":

@@ -3,8 +3,9 @@
 
 Every tfcli configuration maps onto the spec: pre-/post-norm (`pre_norm`), sinusoidal or learned positions (the
 table is written into the model, so tfcli's interleaved sin/cos layout is kept as it is), RoPE for language models
-(`rotary_dim=0`, halves rotated: `rotary_interleave=False`), ReLU/GELU, scaled or unscaled embeddings, shared or
-separate embeddings, tied or separate output projection, with or without biases.
+(`rotary_dim=0`, halves rotated: `rotary_interleave=False`), ReLU/GELU, gated FFNs (SwiGLU, GeGLU: `ffn_glu`),
+LayerNorm or RMSNorm (`rms_norm`), scaled or unscaled embeddings, shared or separate embeddings, tied or separate
+output projection, with or without biases. ReLU^2 has no CTranslate2 activation: refused.
 
 CTranslate2 reads token strings: the vocabularies are the tokenizers' tokens in id order, and the tokenizer files
 are copied beside the model. A source gets </s> appended by CTranslate2 (`add_source_eos`), as tfcli does; the
@@ -17,6 +18,7 @@ import torch
 
 from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig
+from tfcli.model.layers import GATED, RMSNorm
 from tfcli.model.positional import sinusoidal_table
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
@@ -50,8 +52,10 @@ def _linear(spec, linear: torch.nn.Linear) -> None:
         spec.bias = _np(linear.bias)
 
 
-def _norm(spec, norm: torch.nn.LayerNorm) -> None:
-    spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
+def _norm(spec, norm: torch.nn.Module) -> None:
+    spec.gamma = _np(norm.weight)
+    if not isinstance(norm, RMSNorm):
+        spec.beta = _np(norm.bias)
 
 
 def _positions(spec, embed, cfg: ModelConfig) -> None:
@@ -64,7 +68,9 @@ def _positions(spec, embed, cfg: ModelConfig) -> None:
 
 def _ffn(spec, layer) -> None:
     _norm(spec.layer_norm, layer.res_ffn.norm)
-    _linear(spec.linear_0, layer.ffn.w1)
+    _linear(spec.linear_0, layer.ffn.w1)  # gated: act(linear_0 x) * linear_0_noact x
+    if layer.ffn.w3 is not None:
+        _linear(spec.linear_0_noact, layer.ffn.w3)
     _linear(spec.linear_1, layer.ffn.w2)
 
 
@@ -96,12 +102,17 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
     from ctranslate2.specs import common_spec, transformer_spec
 
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "gelu_tanh": common_spec.Activation.GELUTanh}[cfg.activation]
+                  "gelu_tanh": common_spec.Activation.GELUTanh, "swiglu": common_spec.Activation.SWISH,
+                  "geglu": common_spec.Activation.GELU}.get(cfg.activation)
+    if activation is None:
+        raise TfcliError(f"--to ctranslate2: model.activation {cfg.activation} is not supported (CTranslate2 has no "
+                         "such activation, nor has --to hf); a model to export trains with relu, gelu, swiglu or geglu")
     pre = cfg.norm == "pre"
+    options = dict(pre_norm=pre, activation=activation, ffn_glu=cfg.activation in GATED, rms_norm=cfg.rms_norm)
     with torch.no_grad():
         if cfg.kind == "seq2seq":
             spec = transformer_spec.TransformerSpec.from_config(
-                (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_head, pre_norm=pre, activation=activation
+                (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_head, **options
             )
             enc = model.encoder
             spec.encoder.embeddings[0].weight = _np(enc.embed.tok.weight)
@@ -120,7 +131,7 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
         else:
             rope = cfg.positions == "rope"
             spec = transformer_spec.TransformerDecoderModelSpec.from_config(
-                cfg.n_decoder_layers, cfg.n_head, pre_norm=pre, activation=activation, no_final_norm=not pre,
+                cfg.n_decoder_layers, cfg.n_head, **options, no_final_norm=not pre,
                 rotary_dim=0 if rope else None, rotary_interleave=False,
             )
             if not rope:

@@ -69,6 +69,13 @@ def hf_arch(cfg: ModelConfig) -> str:
     def refuse(option: str, why: str):
         raise TfcliError(f"--to hf: {option} is not supported ({why}); export with --to ctranslate2 instead")
 
+    if cfg.rms_norm:
+        refuse("model.rms_norm true", "GPT-2, Marian and Pegasus have LayerNorms")
+    if cfg.activation == "relu2":
+        raise TfcliError("--to hf: model.activation relu2 is not supported (no transformers class of GPT-2, Marian "
+                         "or Pegasus has ReLU^2, nor has --to ctranslate2); a model to export trains with relu or gelu")
+    if cfg.activation in ("swiglu", "geglu"):
+        refuse(f"model.activation {cfg.activation}", "GPT-2, Marian and Pegasus have ungated ReLU/GELU FFNs")
     if cfg.kind == "lm":
         if cfg.positions != "learned":
             refuse(f"model.positions {cfg.positions}", "the decoder-only target, GPT-2, has learned positions")

@@ -26,8 +26,11 @@ class ModelConfig:
     d_ff: int = 2048  # the inner size of the position-wise FFN
     dropout: float = 0.1  # on embeddings, sublayer outputs (before the residual add) and inside the FFN
     attn_dropout: float = 0.0  # on the attention weights
-    activation: Literal["relu", "gelu", "gelu_tanh"] = "relu"  # gelu_tanh: GELU's tanh approximation (GPT-2)
+    # the FFN's activation. gelu_tanh: GELU's tanh approximation (GPT-2); relu2: ReLU(x)^2 (Primer, modded-nanogpt);
+    # swiglu / geglu: gated, w2(act(w1 x) * w3 x) with SiLU / GELU (Shazeer 2020; three d_model x d_ff matrices)
+    activation: Literal["relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu"] = "relu"
     norm: Literal["pre", "post"] = "pre"  # post: LN(x + sublayer(x)) as in 2017; pre: x + sublayer(LN(x))
+    rms_norm: bool = False  # RMSNorm (x / rms(x) * g: no mean, no bias; Zhang & Sennrich 2019) for every LayerNorm
     positions: Literal["sinusoidal", "learned", "rope"] = "sinusoidal"  # rope: decoder-only models
     max_len: int = 1024  # longest sequence (learned positions table / RoPE cache size)
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model), as the paper does
@@ -35,7 +38,7 @@ class ModelConfig:
     tie_output: bool = True  # output projection = target embedding matrix (Press & Wolf 2017)
     output_bias: bool = False  # a bias on the output projection (Marian models have one: kept on import)
     bias: bool = True  # biases in the linear layers of the stack
-    layer_norm_eps: float = 1e-5  # added to the variance in every LayerNorm
+    layer_norm_eps: float = 1e-5  # added to the variance (RMSNorm: to the mean square) in every norm
 
     @property
     def d_head(self) -> int:

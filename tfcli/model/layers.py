@@ -1,4 +1,4 @@
-"""Transformer blocks: residual sublayers with LayerNorm (pre- or post-norm) and the position-wise FFN."""
+"""Transformer blocks: residual sublayers with LayerNorm or RMSNorm (pre- or post-norm) and the position-wise FFN."""
 
 from __future__ import annotations
 
@@ -14,7 +14,35 @@ from tfcli.model.dropout import Dropout
 from tfcli.model.linear import Linear
 
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+ACTIVATIONS = {
+    "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu2": lambda x: F.relu(x).square(), "silu": F.silu,
+}
+GATED = {"swiglu": "silu", "geglu": "gelu"}  # a gated FFN's activation -> the one applied to its gate, w1 x
+
+
+def gate_activation(activation: str) -> str:
+    """The key of ACTIVATIONS that w1's output goes through (`activation` itself unless it names a gated FFN)."""
+    return GATED.get(activation, activation)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g over the last dimension (Zhang & Sennrich 2019)."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(F, "rms_norm"):  # torch 2.4+
+            return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def norm_layer(cfg: ModelConfig) -> nn.Module:
+    """The model's norm: LayerNorm, or RMSNorm with `rms_norm`."""
+    return RMSNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.rms_norm else nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
 
 @dataclass(frozen=True)
@@ -26,38 +54,46 @@ class Sublayers:
         self-attention:   [q; k; v] = qkv(N(x));                        x = x + self_out(attention(q, k, v))
         cross-attention:  q = cross_q(N(x)), [k; v] = cross_kv(memory);   x = x + cross_out(attention(q, k, v))
         feed-forward:     x = x + w2(act(w1(N(x))))                      (act: `activation`, a key of ACTIVATIONS)
-    with the norms self_norm, cross_norm, ffn_norm. An encoder layer (and a language model's) has no cross_*."""
+                          x = x + w2(act(w1(N(x))) * w3(N(x)))           (gated: act = gate_activation(activation))
+    with the norms self_norm, cross_norm, ffn_norm (LayerNorm or RMSNorm). An encoder layer (and a language
+    model's) has no cross_*; only a gated FFN has w3."""
 
     pre_norm: bool
     activation: str
-    self_norm: nn.LayerNorm
+    self_norm: nn.Module
     qkv: nn.Linear
     self_out: nn.Linear
-    ffn_norm: nn.LayerNorm
+    ffn_norm: nn.Module
     w1: nn.Linear
     w2: nn.Linear
-    cross_norm: nn.LayerNorm | None = None
+    cross_norm: nn.Module | None = None
     cross_q: nn.Linear | None = None
     cross_kv: nn.Linear | None = None
     cross_out: nn.Linear | None = None
+    w3: nn.Linear | None = None
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = act(x W_1 + b_1) W_2 + b_2, applied to each position alone."""
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2, or gated (swiglu, geglu) (act(x W_1 + b_1) * (x W_3 + b_3)) W_2 + b_2,
+    applied to each position alone."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.w1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.w2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
-        self.act = ACTIVATIONS[cfg.activation]
+        self.w3 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.activation in GATED else None
+        self.act = ACTIVATIONS[gate_activation(cfg.activation)]
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.dropout(self.act(self.w1(x))))
+        h = self.act(self.w1(x))
+        if self.w3 is not None:
+            h = h * self.w3(x)
+        return self.w2(self.dropout(h))
 
 
 class Residual(nn.Module):
-    """A sublayer wrapped with dropout, the residual connection and LayerNorm.
+    """A sublayer wrapped with dropout, the residual connection and the norm (LN: LayerNorm or RMSNorm).
 
     post-norm (2017 paper): LN(x + Dropout(f(x)));  pre-norm (modern default): x + Dropout(f(LN(x))).
     """
@@ -65,7 +101,7 @@ class Residual(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.pre = cfg.norm == "pre"
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm = norm_layer(cfg)
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:
@@ -87,7 +123,7 @@ class EncoderLayer(nn.Module):
     def sublayers(self) -> Sublayers:
         return Sublayers(
             self.cfg.norm == "pre", self.cfg.activation, self.res_attn.norm, self.self_attn.qkv_proj,
-            self.self_attn.out_proj, self.res_ffn.norm, self.ffn.w1, self.ffn.w2,
+            self.self_attn.out_proj, self.res_ffn.norm, self.ffn.w1, self.ffn.w2, w3=self.ffn.w3,
         )
 
     def forward(self, x, mask, attn_out: list | None = None):
@@ -120,6 +156,7 @@ class DecoderLayer(nn.Module):
             self.cfg.norm == "pre", self.cfg.activation, self.res_self.norm, self.self_attn.qkv_proj,
             self.self_attn.out_proj, self.res_ffn.norm, self.ffn.w1, self.ffn.w2,
             *((self.res_cross.norm, cross.q_proj, cross.kv_proj, cross.out_proj) if cross is not None else ()),
+            w3=self.ffn.w3,
         )
 
     def forward(

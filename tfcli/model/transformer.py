@@ -11,7 +11,7 @@ from torch import nn
 
 from tfcli.model.config import ModelConfig
 from tfcli.model.dropout import Dropout
-from tfcli.model.layers import DecoderLayer, EncoderLayer, Sublayers
+from tfcli.model.layers import DecoderLayer, EncoderLayer, Sublayers, norm_layer
 from tfcli.model.linear import Linear
 from tfcli.model.positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions
 from tfcli.specials import PAD_ID
@@ -64,8 +64,8 @@ class Parts:
 
 
 def _final_norm(cfg: ModelConfig) -> nn.Module:
-    # pre-norm stacks end with a LayerNorm; post-norm stacks are already normalised after each sublayer
-    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
+    # pre-norm stacks end with a norm; post-norm stacks are already normalised after each sublayer
+    return norm_layer(cfg) if cfg.norm == "pre" else nn.Identity()
 
 
 class Encoder(nn.Module):

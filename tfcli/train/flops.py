@@ -16,7 +16,7 @@ def matmul_params(cfg: ModelConfig) -> tuple[int, int]:
     projection is, tied or not)."""
     d, f = cfg.d_model, cfg.d_ff
     attn = 4 * d * d  # q, k, v and output projections
-    ffn = 2 * d * f
+    ffn = (3 if cfg.activation in ("swiglu", "geglu") else 2) * d * f  # a gated FFN has a third matrix
     if cfg.kind == "lm":
         return 0, cfg.n_decoder_layers * (attn + ffn) + d * cfg.tgt_vocab_size
     per_src = cfg.n_encoder_layers * (attn + ffn) + cfg.n_decoder_layers * 2 * d * d  # + cross-attention k, v
