@@ -260,3 +260,30 @@ def test_the_modern_options_default_to_the_2017_model():
     assert {n for n in names if "norm" in n and n.endswith(".bias")}  # LayerNorms have a bias
     modern = set(build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, rms_norm=True, activation="swiglu")).state_dict())
     assert not {n for n in modern if "norm" in n and n.endswith(".bias")} and any(".w3." in n for n in modern)
+
+
+def test_zero_init_residual_starts_each_block_as_the_identity():
+    """With zero_init_residual the attention-out and FFN-out weights start at zero (biases are zero anyway): a
+    pre-norm LM's output is then the final norm of its embeddings, whatever the rest of its weights."""
+    cfg = preset("lm-tiny", tgt_vocab_size=V, zero_init_residual=True, positions="learned")
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    zeroed = [n for n, p in model.named_parameters() if n.endswith(("out_proj.weight", "w2.weight"))]
+    assert zeroed and all(not model.get_parameter(n).any() for n in zeroed)
+    ids = torch.randint(4, V, (2, 6))
+    with torch.no_grad():
+        parts = model.parts()
+        h = parts.decoder.norm(parts.decoder.embed(ids, torch.arange(6), 6))
+        torch.testing.assert_close(model(ids), parts.lm_head(h))
+    # the zeroed projections get gradients at once; the weights inside each block from the second step on
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(2):
+        opt.zero_grad()
+        F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+        if step == 0:
+            assert all(model.get_parameter(n).grad.abs().sum() > 0 for n in zeroed)
+            opt.step()
+    for name, p in model.named_parameters():
+        if "pos" not in name:  # positions past the batch's length get none
+            assert p.grad is not None and p.grad.abs().sum() > 0, name

@@ -189,7 +189,8 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     With scaled embeddings (the paper's recipe, as in fairseq): Xavier-uniform linears, embeddings N(0, d^-1/2) so
     that sqrt(d)-scaled embeddings have unit variance. Without (GPT-2 style): N(0, 0.02) everywhere. Pre-norm stacks
     also shrink each residual branch's output projection by 1/sqrt(2 * layers), so the residual stream's variance
-    does not grow with depth.
+    does not grow with depth; `zero_init_residual` starts them at zero (modded-nanogpt): each block begins as the
+    identity; those projections get gradients at once, the weights before them from the second step on.
     """
     n_layers = cfg.n_encoder_layers + cfg.n_decoder_layers if cfg.kind == "seq2seq" else cfg.n_decoder_layers
     residual_scale = 1.0 / math.sqrt(2 * n_layers) if cfg.norm == "pre" else 1.0
@@ -200,7 +201,7 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
             else:
                 nn.init.normal_(module.weight, std=0.02)
             if name.endswith(("out_proj", "w2")):
-                module.weight.data.mul_(residual_scale)
+                module.weight.data.mul_(0.0 if cfg.zero_init_residual else residual_scale)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
