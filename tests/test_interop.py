@@ -87,6 +87,7 @@ LM_VARIANTS = {
     "sinusoidal, relu, post-norm": dict(positions="sinusoidal", activation="relu", norm="post"),
     "rope, untied": dict(positions="rope", tie_output=False),
     "rope, rmsnorm, swiglu": dict(positions="rope", rms_norm=True, activation="swiglu"),
+    "rope, qk-norm": dict(positions="rope", qk_norm=True),
 }
 
 
@@ -276,10 +277,13 @@ def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
     seq = save(tmp_path, random_model(positions="learned"), "seq")
     relu2 = save(tmp_path, random_model(activation="relu2"), "relu2")
     rms = save(tmp_path, random_model(rms_norm=True, activation="swiglu"), "rms")
+    qk = save(tmp_path, random_model(qk_norm=True, norm="post"), "qk")
     cases = [
         (("export", relu2, "--to", "ctranslate2", "-o", tmp_path / "out"), "model.activation relu2 is not supported"),
         (("export", relu2, "--to", "hf", "-o", tmp_path / "out"), "model.activation relu2 is not supported"),
         (("export", rms, "--to", "hf", "-o", tmp_path / "out"), "model.rms_norm true is not supported"),
+        (("export", qk, "--to", "ctranslate2", "-o", tmp_path / "out"), "model.qk_norm true is not supported"),
+        (("export", qk, "--to", "hf", "-o", tmp_path / "out"), "model.qk_norm true is not supported"),
         (("export", ckpt, "--to", "onnx", "-o", tmp_path / "out"), "--to onnx: unknown; choose from ctranslate2, hf"),
         (("export", ckpt, "--to", "hf", "-o", tmp_path / "out"), "model.positions rope is not supported"),
         (("export", seq, "--to", "hf", "-o", tmp_path / "out"), "model.positions learned is not supported"),

@@ -141,7 +141,8 @@ def _copy_reverse_batch(n, length, g):
 
 
 @pytest.mark.parametrize("norm,modern", [("pre", {}), ("post", {}), ("pre", dict(rms_norm=True, activation="swiglu")),
-                                         ("post", dict(rms_norm=True, activation="relu2"))])
+                                         ("post", dict(rms_norm=True, activation="relu2")),
+                                         ("pre", dict(qk_norm=True, activation="geglu"))])
 def test_every_parameter_learns_and_a_small_step_lowers_the_loss(norm, modern):
     """What training relies on, without depending on how far a model gets: every parameter receives a finite,
     non-zero gradient, and one small Adam step lowers the loss on the same batch (Adam's first step moves every
@@ -230,7 +231,8 @@ def test_cpu_bf16_linear_pads_rows_to_few_shapes_and_computes_the_same(monkeypat
 def test_rms_norm_and_the_ffn_activations_are_their_formulas():
     """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g; FFNs: relu2 = w2(relu(w1 x)^2), swiglu = w2(silu(w1 x) * w3 x),
     geglu = w2(gelu(w1 x) * w3 x), written out here with the weights of the model's own layers."""
-    from tfcli.model.layers import FeedForward, RMSNorm
+    from tfcli.model.layers import FeedForward
+    from tfcli.model.norm import RMSNorm
 
     torch.manual_seed(0)
     x = torch.randn(3, 5, 16)
@@ -287,3 +289,22 @@ def test_zero_init_residual_starts_each_block_as_the_identity():
     for name, p in model.named_parameters():
         if "pos" not in name:  # positions past the batch's length get none
             assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_qk_norm_is_rms_norm_of_each_heads_queries_and_keys():
+    """softmax(n_q(q) n_k(k)^T / sqrt(d_head)) v with n(.) = . / rms(.) * g over each head's d_head, then W^O."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 4, qk_norm_eps=1e-5).eval()
+    with torch.no_grad():
+        attn.q_norm.weight.copy_(torch.randn(4))
+        attn.k_norm.weight.copy_(torch.randn(4))
+        x = torch.randn(2, 5, 16)
+        q, k, v = (t.view(2, 5, 4, 4).transpose(1, 2) for t in attn.qkv_proj(x).split(16, dim=-1))
+
+        def rms(t, g):
+            return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5) * g
+
+        q, k = rms(q, attn.q_norm.weight), rms(k, attn.k_norm.weight)
+        y = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
+        want = attn.out_proj(y.transpose(1, 2).reshape(2, 5, 16))
+        torch.testing.assert_close(attn(x)[0], want, atol=1e-5, rtol=1e-5)

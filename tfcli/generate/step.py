@@ -32,7 +32,8 @@ from torch import nn
 
 from tfcli.device import onednn_available
 from tfcli.generate.int8 import Int8Linear
-from tfcli.model.layers import ACTIVATIONS, RMSNorm, Sublayers, gate_activation
+from tfcli.model.layers import ACTIVATIONS, Sublayers, gate_activation
+from tfcli.model.norm import RMSNorm
 
 # oneDNN's fused linear + activation: (attr, algorithm)
 _ONEDNN_ACTIVATIONS = {
@@ -77,6 +78,7 @@ class StepModel:
         for layer in self.encoder_layers:
             # softmax(Q K^T / sqrt(d_head) + mask) V, all heads at once: (n, H, S, d_head) each
             q, k, v = layer.qkv(layer.norm_self_in(x)).view(n, S, 3, H, dh).permute(2, 0, 3, 1, 4)
+            q, k = layer.q_norm(q), layer.k_norm(k)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(n * S, H * dh)
             x = layer.norm_self_out(layer.self_out(y, x))
             x = layer.norm_ffn_out(layer.w2(layer.ffn_hidden(layer.norm_ffn_in(x)), x))
@@ -134,6 +136,7 @@ class IncrementalDecoder:
             self.mem_kv = []
             for layer in sm.layers:
                 k, v = layer.cross_kv(flat).view(n, S, 2, H, dh).unbind(2)
+                k = layer.cross_k_norm(k)
                 kt = k.permute(0, 2, 3, 1).reshape(n * H, dh, S)
                 self.mem_kv.append((kt, v.transpose(1, 2).reshape(n * H, S, dh)))
             bias = torch.zeros(n, 1, S, device=device).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
@@ -209,8 +212,10 @@ class IncrementalDecoder:
         for i, (layer, kv) in enumerate(zip(self.sm.layers, self.kv)):
             # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this row's slots
             qkv = layer.qkv(layer.norm_self_in(x)).view(n, r, 3, H, dh)
-            q = qkv[:, :, 0]
+            q = layer.q_norm(qkv[:, :, 0])
             new_kv = qkv[:, :, 1:]
+            if layer.k_norm is not _identity:
+                new_kv = torch.stack([layer.k_norm(new_kv[:, :, 0]), new_kv[:, :, 1]], dim=2)
             if rope is not None:  # rotate q and k by their positions (rope works on (B, H, T, d_head)); every
                 # position is below max_steps, so the table's size is checked without reading `pos` from the device
                 q = rope(q.transpose(1, 2), pos, self.max_steps).transpose(1, 2)
@@ -222,7 +227,7 @@ class IncrementalDecoder:
             x = layer.norm_self_out(layer.self_out(self._attend(q, keys.transpose(1, 2), values, self_bias), x))
             if self.mem_kv is not None:  # cross-attention to the source
                 mem_kt, mem_v = self.mem_kv[i]
-                q = layer.cross_q(layer.norm_cross_in(x)).view(n, r, H, dh)
+                q = layer.cross_q_norm(layer.cross_q(layer.norm_cross_in(x)).view(n, r, H, dh))
                 x = layer.norm_cross_out(layer.cross_out(self._attend(q, mem_kt, mem_v, self.mem_bias), x))
             # position-wise FFN
             x = layer.norm_ffn_out(layer.w2(layer.ffn_hidden(layer.norm_ffn_in(x)), x))
@@ -302,6 +307,8 @@ class _Layer:
         norm = _norm(layer.ffn_norm)
         self.norm_ffn_in, self.norm_ffn_out = (norm, same) if pre else (same, norm)
         self.qkv = _linear(layer.qkv, mode)
+        self.q_norm, self.k_norm = layer.q_norm or _identity, layer.k_norm or _identity
+        self.cross_q_norm, self.cross_k_norm = layer.cross_q_norm or _identity, layer.cross_k_norm or _identity
         self.self_out = _linear(layer.self_out, mode, residual=True)
         if layer.cross_q is not None:
             norm = _norm(layer.cross_norm)

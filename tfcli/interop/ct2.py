@@ -5,7 +5,8 @@ Every tfcli configuration maps onto the spec: pre-/post-norm (`pre_norm`), sinus
 table is written into the model, so tfcli's interleaved sin/cos layout is kept as it is), RoPE for language models
 (`rotary_dim=0`, halves rotated: `rotary_interleave=False`), ReLU/GELU, gated FFNs (SwiGLU, GeGLU: `ffn_glu`),
 LayerNorm or RMSNorm (`rms_norm`), scaled or unscaled embeddings, shared or separate embeddings, tied or separate
-output projection, with or without biases. ReLU^2 has no CTranslate2 activation: refused.
+output projection, with or without biases, QK-norm (language models). ReLU^2 has no CTranslate2 activation, and
+its translation models have no QK-norm: both refused.
 
 CTranslate2 reads token strings: the vocabularies are the tokenizers' tokens in id order, and the tokenizer files
 are copied beside the model. A source gets </s> appended by CTranslate2 (`add_source_eos`), as tfcli does; the
@@ -18,7 +19,8 @@ import torch
 
 from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig
-from tfcli.model.layers import GATED, RMSNorm
+from tfcli.model.layers import GATED
+from tfcli.model.norm import RMSNorm
 from tfcli.model.positional import sinusoidal_table
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
@@ -78,6 +80,9 @@ def _self_attention(spec, attn, norm) -> None:
     _linear(spec.linear[0], attn.qkv_proj)  # q, k, v stacked, as CTranslate2 fuses them
     _linear(spec.linear[1], attn.out_proj)
     _norm(spec.layer_norm, norm)
+    if attn.q_norm is not None:  # QK-norm: CTranslate2's q_norm/k_norm are RMSNorms, before the rotation
+        _norm(spec.q_norm, attn.q_norm)
+        _norm(spec.k_norm, attn.k_norm)
 
 
 def _decoder(spec, decoder, lm_head, cross: bool) -> None:
@@ -107,6 +112,9 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
     if activation is None:
         raise TfcliError(f"--to ctranslate2: model.activation {cfg.activation} is not supported (CTranslate2 has no "
                          "such activation, nor has --to hf); a model to export trains with relu, gelu, swiglu or geglu")
+    if cfg.qk_norm and cfg.kind == "seq2seq":
+        raise TfcliError("--to ctranslate2: model.qk_norm true is not supported for translation models (CTranslate2 "
+                         "has QK-norm for decoder-only models only); train without it to export")
     pre = cfg.norm == "pre"
     options = dict(pre_norm=pre, activation=activation, ffn_glu=cfg.activation in GATED, rms_norm=cfg.rms_norm)
     with torch.no_grad():
@@ -131,7 +139,7 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
         else:
             rope = cfg.positions == "rope"
             spec = transformer_spec.TransformerDecoderModelSpec.from_config(
-                cfg.n_decoder_layers, cfg.n_head, **options, no_final_norm=not pre,
+                cfg.n_decoder_layers, cfg.n_head, **options, no_final_norm=not pre, qk_norm=cfg.qk_norm,
                 rotary_dim=0 if rope else None, rotary_interleave=False,
             )
             if not rope:

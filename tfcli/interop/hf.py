@@ -71,6 +71,8 @@ def hf_arch(cfg: ModelConfig) -> str:
 
     if cfg.rms_norm:
         refuse("model.rms_norm true", "GPT-2, Marian and Pegasus have LayerNorms")
+    if cfg.qk_norm:
+        refuse("model.qk_norm true", "GPT-2, Marian and Pegasus have no QK-norm")
     if cfg.activation == "relu2":
         raise TfcliError("--to hf: model.activation relu2 is not supported (no transformers class of GPT-2, Marian "
                          "or Pegasus has ReLU^2, nor has --to ctranslate2); a model to export trains with relu or gelu")

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.linear import Linear
+from tfcli.model.norm import RMSNorm
 
 
 class MultiHeadAttention(nn.Module):
@@ -17,7 +18,9 @@ class MultiHeadAttention(nn.Module):
     The product itself is `F.scaled_dot_product_attention`, so fused/flash kernels run where available.
     """
 
-    def __init__(self, d_model: int, n_head: int, attn_dropout: float = 0.0, bias: bool = True, cross: bool = False):
+    def __init__(self, d_model: int, n_head: int, attn_dropout: float = 0.0, bias: bool = True, cross: bool = False,
+                 qk_norm_eps: float | None = None):
+        """`qk_norm_eps`: RMSNorm each head's q and k (a gain of d_head each) with this eps; None: no QK-norm."""
         super().__init__()
         assert d_model % n_head == 0
         self.d_model, self.n_head, self.d_head = d_model, n_head, d_model // n_head
@@ -29,6 +32,9 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv_proj = Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = Linear(d_model, d_model, bias=bias)
+        self.q_norm = self.k_norm = None
+        if qk_norm_eps is not None:
+            self.q_norm, self.k_norm = RMSNorm(self.d_head, qk_norm_eps), RMSNorm(self.d_head, qk_norm_eps)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -54,8 +60,10 @@ class MultiHeadAttention(nn.Module):
             k, v = (self._heads(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
         else:
             q, k, v = (self._heads(t) for t in self.qkv_proj(x).split(self.d_model, dim=-1))
-            if rope is not None:
-                q, k = rope(q, pos), rope(k, pos)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:  # self-attention only
+            q, k = rope(q, pos), rope(k, pos)
         dropout_p = self.attn_dropout if self.training else 0.0
         weights = None
         # softmax(Q K^T / sqrt(d_head) + mask) V

@@ -32,6 +32,7 @@ class ModelConfig:
     norm: Literal["pre", "post"] = "pre"  # post: LN(x + sublayer(x)) as in 2017; pre: x + sublayer(LN(x))
     rms_norm: bool = False  # RMSNorm (x / rms(x) * g: no mean, no bias; Zhang & Sennrich 2019) for every LayerNorm
     zero_init_residual: bool = False  # attention-out and FFN-out projections start at zero (each block the identity)
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys before their product (and before RoPE)
     positions: Literal["sinusoidal", "learned", "rope"] = "sinusoidal"  # rope: decoder-only models
     max_len: int = 1024  # longest sequence (learned positions table / RoPE cache size)
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model), as the paper does

@@ -12,6 +12,7 @@ from tfcli.model.attention import MultiHeadAttention
 from tfcli.model.config import ModelConfig
 from tfcli.model.dropout import Dropout
 from tfcli.model.linear import Linear
+from tfcli.model.norm import norm_layer
 
 
 ACTIVATIONS = {
@@ -26,25 +27,6 @@ def gate_activation(activation: str) -> str:
     return GATED.get(activation, activation)
 
 
-class RMSNorm(nn.Module):
-    """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g over the last dimension (Zhang & Sennrich 2019)."""
-
-    def __init__(self, d: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(F, "rms_norm"):  # torch 2.4+
-            return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def norm_layer(cfg: ModelConfig) -> nn.Module:
-    """The model's norm: LayerNorm, or RMSNorm with `rms_norm`."""
-    return RMSNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.rms_norm else nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-
-
 @dataclass(frozen=True)
 class Sublayers:
     """One layer's weights in the order its forward applies them: what code that runs a layer its own way (the
@@ -56,7 +38,8 @@ class Sublayers:
         feed-forward:     x = x + w2(act(w1(N(x))))                      (act: `activation`, a key of ACTIVATIONS)
                           x = x + w2(act(w1(N(x))) * w3(N(x)))           (gated: act = gate_activation(activation))
     with the norms self_norm, cross_norm, ffn_norm (LayerNorm or RMSNorm). An encoder layer (and a language
-    model's) has no cross_*; only a gated FFN has w3."""
+    model's) has no cross_*; only a gated FFN has w3; with QK-norm, q = q_norm(q) and k = k_norm(k) per head
+    (cross_q_norm, cross_k_norm in the cross-attention) before RoPE and the product."""
 
     pre_norm: bool
     activation: str
@@ -71,6 +54,14 @@ class Sublayers:
     cross_kv: nn.Linear | None = None
     cross_out: nn.Linear | None = None
     w3: nn.Linear | None = None
+    q_norm: nn.Module | None = None  # QK-norm (`qk_norm`): on each head's q and k, before RoPE
+    k_norm: nn.Module | None = None
+    cross_q_norm: nn.Module | None = None
+    cross_k_norm: nn.Module | None = None
+
+
+def _qk_norm_eps(cfg: ModelConfig) -> float | None:
+    return cfg.layer_norm_eps if cfg.qk_norm else None
 
 
 class FeedForward(nn.Module):
@@ -116,7 +107,8 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias,
+                                            qk_norm_eps=_qk_norm_eps(cfg))
         self.ffn = FeedForward(cfg)
         self.res_attn, self.res_ffn = Residual(cfg), Residual(cfg)
 
@@ -124,6 +116,7 @@ class EncoderLayer(nn.Module):
         return Sublayers(
             self.cfg.norm == "pre", self.cfg.activation, self.res_attn.norm, self.self_attn.qkv_proj,
             self.self_attn.out_proj, self.res_ffn.norm, self.ffn.w1, self.ffn.w2, w3=self.ffn.w3,
+            q_norm=self.self_attn.q_norm, k_norm=self.self_attn.k_norm,
         )
 
     def forward(self, x, mask, attn_out: list | None = None):
@@ -142,8 +135,10 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, cross: bool):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, cross=True) if cross else None
+        eps = _qk_norm_eps(cfg)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, qk_norm_eps=eps)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, cross=True,
+                                             qk_norm_eps=eps) if cross else None
         self.ffn = FeedForward(cfg)
         self.cfg = cfg
         self.res_self = Residual(cfg)
@@ -156,7 +151,9 @@ class DecoderLayer(nn.Module):
             self.cfg.norm == "pre", self.cfg.activation, self.res_self.norm, self.self_attn.qkv_proj,
             self.self_attn.out_proj, self.res_ffn.norm, self.ffn.w1, self.ffn.w2,
             *((self.res_cross.norm, cross.q_proj, cross.kv_proj, cross.out_proj) if cross is not None else ()),
-            w3=self.ffn.w3,
+            w3=self.ffn.w3, q_norm=self.self_attn.q_norm, k_norm=self.self_attn.k_norm,
+            cross_q_norm=cross.q_norm if cross is not None else None,
+            cross_k_norm=cross.k_norm if cross is not None else None,
         )
 
     def forward(

@@ -11,7 +11,8 @@ from torch import nn
 
 from tfcli.model.config import ModelConfig
 from tfcli.model.dropout import Dropout
-from tfcli.model.layers import DecoderLayer, EncoderLayer, Sublayers, norm_layer
+from tfcli.model.layers import DecoderLayer, EncoderLayer, Sublayers
+from tfcli.model.norm import norm_layer
 from tfcli.model.linear import Linear
 from tfcli.model.positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions
 from tfcli.specials import PAD_ID
