@@ -425,11 +425,12 @@ RESUME = dict(max_steps=14, valid_every=5, log_every=1, grad_accum=2, max_tokens
               valid_bleu=False)
 
 
-def test_resume_reaches_the_same_weights_as_an_uninterrupted_run(tmp_path, parallel):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_reaches_the_same_weights_as_an_uninterrupted_run(tmp_path, parallel, optimizer):
     model = {"dropout": 0.1}  # dropout on: the RNG state must round-trip too
-    full = tiny_train_config(parallel, tmp_path / "full", **RESUME)
+    full = tiny_train_config(parallel, tmp_path / "full", **RESUME, optimizer=optimizer)
     train(full, model)
-    part = tiny_train_config(parallel, tmp_path / "part", **{**RESUME, "max_steps": 8})
+    part = tiny_train_config(parallel, tmp_path / "part", **{**RESUME, "max_steps": 8}, optimizer=optimizer)
     train(part, model)
     # continue with a longer max_steps, as a user would; everything else comes from the saved run
     result = run_cli_config(None, {"out": str(tmp_path / "part"), "resume": True, "max_steps": 14})
@@ -440,6 +441,18 @@ def test_resume_reaches_the_same_weights_as_an_uninterrupted_run(tmp_path, paral
     full_loss = [(r["step"], r["loss"]) for r in metrics(tmp_path / "full") if r["split"] == "train"]
     part_loss = [(r["step"], r["loss"]) for r in metrics(tmp_path / "part") if r["split"] == "train"]
     assert full_loss == part_loss
+
+
+def test_muon_trains_and_checkpoints_its_momenta(tmp_path, parallel):
+    """optimizer muon: the loss falls, and the checkpoint holds a Muon momentum for each layer matrix beside AdamW's
+    moments for the rest."""
+    cfg = tiny_train_config(parallel, tmp_path / "run", max_steps=40, valid_every=40, log_every=5, valid_bleu=False,
+                            optimizer="muon", muon_lr=0.02)
+    train(cfg)
+    losses = [r["loss"] for r in metrics(tmp_path / "run") if r["split"] == "train"]
+    assert losses[-1] < losses[0] - 0.5
+    names = load_file(str(_latest(tmp_path / "run") / "trainer_state.safetensors")).keys()
+    assert any(n.endswith(".momentum_buffer") for n in names) and any(n.endswith(".exp_avg") for n in names)
 
 
 def test_resume_rejects_a_changed_architecture_and_corrupt_checkpoints(tmp_path, parallel):

@@ -37,6 +37,10 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
     weight_decay: float = 0.0  # AdamW's decoupled decay, applied to matrices only (not biases, norms)
+    # adamw, or muon: Muon (orthogonalised momentum) for the layers' weight matrices, AdamW for the rest
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon_lr: float = 0.02  # muon: Muon's peak learning rate (the schedule scales it as it scales lr)
+    muon_momentum: float = 0.95  # muon: Muon's momentum (Nesterov)
     schedule: Literal["inverse_sqrt", "cosine", "constant"] = "inverse_sqrt"
     warmup: int = 4000  # linear warmup steps
     min_lr: float = 0.0  # cosine: the floor reached at the last step
@@ -79,7 +83,7 @@ class TrainConfig:
     def validate(self) -> None:
         if self.pad_multiple < 0:
             raise ConfigError("train.pad_multiple must be >= 0 (0: 8 with compile, else no extra padding)")
-        positive = ("max_tokens", "lr", "grad_accum", "log_every", "valid_every", "keep_last")
+        positive = ("max_tokens", "lr", "grad_accum", "log_every", "valid_every", "keep_last", "muon_lr")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name}: must be positive, got {getattr(self, name)}")
@@ -89,6 +93,8 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: must not be negative, got {getattr(self, name)}")
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ConfigError(f"train.muon_momentum: must be in [0, 1), got {self.muon_momentum}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {self.betas}")
         if not 0.0 <= self.label_smoothing < 1.0:

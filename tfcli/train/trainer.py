@@ -42,6 +42,7 @@ from tfcli.train.data import Batch, ParallelData, StreamData
 from tfcli.train.flops import gpu_peak_flops, train_flops
 from tfcli.train.log import MetricsLog, ppl
 from tfcli.train.model_config import run_model_config
+from tfcli.train.optim import MuonAdamW, muon_parameters
 from tfcli.train.loss import Objective, batch_loss
 from tfcli.train.profiling import StepProfiler
 from tfcli.train.schedule import learning_rate
@@ -236,10 +237,21 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=dtype)
 
     def _optimizer(self) -> torch.optim.Optimizer:
-        """AdamW; weight decay on matrices only (biases, norms are not decayed)."""
+        """AdamW, or Muon for the layers' weight matrices and AdamW for the rest (tfcli/train/optim.py); weight
+        decay on matrices only (biases, norms are not decayed)."""
         params = [p for p in self.raw.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]
         other = [p for p in params if p.dim() < 2]
+        if self.cfg.optimizer == "muon":
+            muon = muon_parameters(self.raw)
+            groups = [
+                {"params": [p for p in decay if id(p) in muon], "weight_decay": self.cfg.weight_decay, "muon": True,
+                 "lr_scale": self.cfg.muon_lr / self.cfg.lr},
+                {"params": [p for p in decay if id(p) not in muon], "weight_decay": self.cfg.weight_decay},
+                {"params": other, "weight_decay": 0.0},
+            ]
+            return MuonAdamW(groups, lr=self.cfg.lr, betas=self.cfg.betas, eps=self.cfg.adam_eps,
+                             momentum=self.cfg.muon_momentum)
         groups = [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
         return torch.optim.AdamW(
             groups, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.adam_eps,
