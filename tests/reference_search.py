@@ -7,6 +7,7 @@ candidates end, when a sentence is done), so the fast batched search must give t
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tfcli.generate.search import Hypothesis, banned_tokens, length_penalty, max_lengths
@@ -82,3 +83,12 @@ def reference_beam_search(
             if nth >= float(beams[0][1]) / length_penalty(step + 1, len_penalty):
                 break
     return sorted(finished, key=lambda h: -h.score)[:nbest]
+
+
+def assert_same_nbest(hyps, ref, tol: float = 1e-4) -> None:
+    """A search's n-best is the reference's: the same token sequences in the same order, scores and per-token
+    scores within `tol` (float sums in another order)."""
+    assert [h.tokens for h in hyps] == [h.tokens for h in ref]
+    for h, r in zip(hyps, ref):
+        assert h.score == pytest.approx(r.score, abs=tol)
+        assert h.token_scores == pytest.approx(r.token_scores, abs=tol)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.data.batching import pad, source_ids
-from reference_search import reference_beam_search, reference_greedy
+from reference_search import assert_same_nbest, reference_beam_search, reference_greedy
 from tfcli.device import int8_available, onednn_available
 from tfcli.generate.step import IncrementalDecoder, StepModel, keep_order
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty, top_k
@@ -77,10 +77,7 @@ def test_cached_batched_search_equals_slow_reference(which, copier_model):
     ended_early = 0
     for src, hyps, g in zip(srcs, beams, greedy):
         ref = reference_beam_search(model, src, beam_size=4, len_penalty=0.6, nbest=4)
-        assert [h.tokens for h in hyps] == [h.tokens for h in ref]
-        for h, r in zip(hyps, ref):
-            assert h.score == pytest.approx(r.score, abs=1e-4)
-            assert h.token_scores == pytest.approx(r.token_scores, abs=1e-4)
+        assert_same_nbest(hyps, ref)
         ref_g = reference_greedy(model, src)
         assert g.tokens == ref_g.tokens
         assert g.score == pytest.approx(ref_g.score, abs=1e-4)
