@@ -81,6 +81,8 @@ SEQ2SEQ_VARIANTS = {
     "gelu_tanh, output bias": dict(activation="gelu_tanh", output_bias=True, norm="post"),
     "rmsnorm, swiglu": dict(rms_norm=True, activation="swiglu"),
     "rmsnorm post-norm, geglu, no bias": dict(rms_norm=True, norm="post", activation="geglu", bias=False),
+    "grouped-query attention": dict(n_kv_head=2),
+    "multi-query attention, rmsnorm, swiglu": dict(n_kv_head=1, rms_norm=True, activation="swiglu"),
 }
 LM_VARIANTS = {
     "learned (GPT-2 shape)": dict(),
@@ -88,6 +90,7 @@ LM_VARIANTS = {
     "rope, untied": dict(positions="rope", tie_output=False),
     "rope, rmsnorm, swiglu": dict(positions="rope", rms_norm=True, activation="swiglu"),
     "rope, qk-norm": dict(positions="rope", qk_norm=True),
+    "rope, grouped-query attention, swiglu": dict(positions="rope", n_kv_head=2, activation="swiglu", rms_norm=True),
 }
 
 
@@ -278,12 +281,14 @@ def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
     relu2 = save(tmp_path, random_model(activation="relu2"), "relu2")
     rms = save(tmp_path, random_model(rms_norm=True, activation="swiglu"), "rms")
     qk = save(tmp_path, random_model(qk_norm=True, norm="post"), "qk")
+    gqa = save(tmp_path, random_model(n_kv_head=2, norm="post"), "gqa")
     cases = [
         (("export", relu2, "--to", "ctranslate2", "-o", tmp_path / "out"), "model.activation relu2 is not supported"),
         (("export", relu2, "--to", "hf", "-o", tmp_path / "out"), "model.activation relu2 is not supported"),
         (("export", rms, "--to", "hf", "-o", tmp_path / "out"), "model.rms_norm true is not supported"),
         (("export", qk, "--to", "ctranslate2", "-o", tmp_path / "out"), "model.qk_norm true is not supported"),
         (("export", qk, "--to", "hf", "-o", tmp_path / "out"), "model.qk_norm true is not supported"),
+        (("export", gqa, "--to", "hf", "-o", tmp_path / "out"), "model.n_kv_head 2 is not supported"),
         (("export", ckpt, "--to", "onnx", "-o", tmp_path / "out"), "--to onnx: unknown; choose from ctranslate2, hf"),
         (("export", ckpt, "--to", "hf", "-o", tmp_path / "out"), "model.positions rope is not supported"),
         (("export", seq, "--to", "hf", "-o", tmp_path / "out"), "model.positions learned is not supported"),

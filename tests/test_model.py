@@ -142,7 +142,8 @@ def _copy_reverse_batch(n, length, g):
 
 @pytest.mark.parametrize("norm,modern", [("pre", {}), ("post", {}), ("pre", dict(rms_norm=True, activation="swiglu")),
                                          ("post", dict(rms_norm=True, activation="relu2")),
-                                         ("pre", dict(qk_norm=True, activation="geglu"))])
+                                         ("pre", dict(qk_norm=True, activation="geglu")),
+                                         ("post", dict(n_kv_head=2, qk_norm=True))])
 def test_every_parameter_learns_and_a_small_step_lowers_the_loss(norm, modern):
     """What training relies on, without depending on how far a model gets: every parameter receives a finite,
     non-zero gradient, and one small Adam step lowers the loss on the same batch (Adam's first step moves every
@@ -308,3 +309,39 @@ def test_qk_norm_is_rms_norm_of_each_heads_queries_and_keys():
         y = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
         want = attn.out_proj(y.transpose(1, 2).reshape(2, 5, 16))
         torch.testing.assert_close(attn(x)[0], want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_grouped_query_attention_shares_each_key_value_head_among_its_query_heads(cross):
+    """n_head 4, n_kv_head 2: query head i attends with key/value head i // 2,
+    softmax(q_i k_(i//2)^T / sqrt(d_head)) v_(i//2), then W^O; the fused projection is [q (16); k (8); v (8)]."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 4, cross=cross, n_kv_head=2).eval()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    with torch.no_grad():
+        if cross:
+            q = attn.q_proj(x)
+            k, v = attn.kv_proj(memory).split(8, dim=-1)
+        else:
+            q, k, v = attn.qkv_proj(x).split([16, 8, 8], dim=-1)
+        heads = []
+        for i in range(4):
+            qi, ki, vi = q[..., 4 * i : 4 * i + 4], k[..., 4 * (i // 2) : 4 * (i // 2) + 4], v[..., 4 * (i // 2) : 4 * (i // 2) + 4]
+            heads.append(torch.softmax(qi @ ki.transpose(-1, -2) / 2.0, dim=-1) @ vi)
+        want = attn.out_proj(torch.cat(heads, dim=-1))
+        got = attn(x, memory=memory if cross else None)[0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_n_kv_head_sizes_the_key_value_projections_and_must_divide_n_head():
+    """n_kv_head = n_head is plain multi-head attention, the same parameters as leaving it unset; other values
+    narrow k and v only; one that does not divide n_head is refused by name."""
+    shapes = {n: {k: tuple(p.shape) for k, p in build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V,
+                                                                         n_kv_head=n)).named_parameters()}
+              for n in (None, 4, 1)}
+    assert shapes[None] == shapes[4]
+    assert shapes[1]["decoder.layers.0.self_attn.qkv_proj.weight"] == (32 + 2 * 8, 32)
+    assert shapes[1]["decoder.layers.0.cross_attn.kv_proj.weight"] == (2 * 8, 32)
+    for bad in (3, 0, 8):
+        with pytest.raises(ConfigError, match="n_kv_head"):
+            preset("tiny", n_kv_head=bad)

@@ -41,7 +41,8 @@ def full_logits(model, src_row: torch.Tensor, prefix: list[int]) -> torch.Tensor
     [dict(norm="pre"), dict(norm="post"), dict(activation="gelu", positions="learned"), dict(packed=True),
      dict(packed=True, norm="post", activation="gelu"), dict(rms_norm=True, activation="swiglu"),
      dict(activation="geglu", norm="post"), dict(packed=True, rms_norm=True, activation="relu2"),
-     dict(packed=True, activation="swiglu"), dict(qk_norm=True), dict(packed=True, qk_norm=True, rms_norm=True)],
+     dict(packed=True, activation="swiglu"), dict(qk_norm=True), dict(packed=True, qk_norm=True, rms_norm=True),
+     dict(n_kv_head=2), dict(packed=True, n_kv_head=1, qk_norm=True, norm="post")],
 )
 def test_beams_reordered_and_sentences_leaving_match_the_full_forward(overrides):
     model, sm = model_for(**overrides)
@@ -140,12 +141,13 @@ def test_packed_and_plain_weights_give_the_same_logits_and_leave_the_model_as_it
 def test_packed_and_int8_encoders_match_the_models_own(mode, norm, modern):
     """StepModel.encode runs the encoder through its own (packed or int8) linear layers: the same output as the
     model's encoder at real source positions, padding masked the same way (int8 within its rounding). `modern`:
-    RMSNorm, QK-norm and a SwiGLU FFN."""
+    RMSNorm, QK-norm, grouped-query attention and a SwiGLU FFN."""
 
     if mode == "int8" and not int8_available():
         pytest.skip("this torch build has no quantised int8 linear layers")
     activation = "swiglu" if modern else "gelu" if mode == "packed" else "relu"
-    model, _ = model_for(packed=mode == "packed", norm=norm, activation=activation, rms_norm=modern, qk_norm=modern)
+    model, _ = model_for(packed=mode == "packed", norm=norm, activation=activation, rms_norm=modern, qk_norm=modern,
+                          n_kv_head=2 if modern else None)
     sm = StepModel(model, pack=mode == "packed", int8=mode == "int8")
     assert sm.encoder_layers is not None
     src = torch.randint(4, V, (3, 7), generator=torch.Generator().manual_seed(2))
@@ -176,7 +178,8 @@ def lm_for(**overrides):
                                        dict(positions="rope"), dict(positions="rope", norm="post"),
                                        dict(positions="rope", rms_norm=True, activation="swiglu"),
                                        dict(activation="relu2", rms_norm=True, norm="post"),
-                                       dict(positions="rope", qk_norm=True)])
+                                       dict(positions="rope", qk_norm=True), dict(positions="rope", n_kv_head=2),
+                                       dict(n_kv_head=1)])
 def test_lm_prefill_of_left_padded_prompts_then_steps_match_the_full_forward(overrides):
     """Prompts of 3, 7 and 5 tokens in one batch, padded on the left: after the prefill and after each step, every
     row's logits are those of the full forward over that row's own tokens, without padding. A row then leaves."""

@@ -264,10 +264,11 @@ def test_lm_stream_blocks(mono):
     assert data.batches(0)[0].tolist() == train_blocks[0].tolist() != data.batches(1)[0].tolist()
 
 
-@pytest.mark.parametrize("arch", ["tiny", "lm-tiny"])
-def test_flops_count_every_matmul_weight(arch):
+@pytest.mark.parametrize("arch,fields", [("tiny", {}), ("lm-tiny", {}), ("tiny", dict(n_kv_head=2, activation="swiglu")),
+                                         ("lm-tiny", dict(n_kv_head=1))])
+def test_flops_count_every_matmul_weight(arch, fields):
     """6N: N must be the weights multiplied per token; compare with the model's own Linear layers."""
-    cfg = preset(arch, src_vocab_size=0 if arch == "lm-tiny" else 50, tgt_vocab_size=50)
+    cfg = preset(arch, src_vocab_size=0 if arch == "lm-tiny" else 50, tgt_vocab_size=50, **fields)
     model = build_model(cfg)
     per_src, per_tgt = matmul_params(cfg)
     linears = {n: m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}

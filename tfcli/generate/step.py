@@ -10,7 +10,9 @@ the first step of beam search). Arranged for inference speed:
   beams gathers that small mask instead of copying every layer's (n*K, H, t, d_head) keys and values.
 - The queries of a sentence's beams attend together: (n*H) products of k x d_head by d_head x t*K for the
   self-attention, and by the d_head x S source keys/values that the sentence holds once, instead of n*k*H products
-  of a single query row.
+  of a single query row. With grouped-query attention (H query heads, H_kv key/value heads, g = H / H_kv) the g
+  query heads that share a key/value head attend together too: (n*H_kv) products of g*k x d_head, and the memory
+  holds H_kv heads.
 - With `pack=True` on the CPU in fp32, linear layers use weights pre-packed for oneDNN, held here beside the
   model's own (which stay as they are), and run with the ReLU/GELU and the residual addition fused into the layer
   before them. Where torch lacks those private ops, plain `F.linear` does the same work.
@@ -73,13 +75,16 @@ class StepModel:
             return self.model.encode(src)
         mask = self.model.src_mask(src)
         n, S = src.shape
-        H, dh = self.cfg.n_head, self.cfg.d_head
+        D, H, H_kv, dh = self.cfg.d_model, self.cfg.n_head, self.cfg.kv_heads, self.cfg.d_head
         x = self.encoder.embed(src, torch.arange(S, device=src.device), S).reshape(n * S, -1)
         for layer in self.encoder_layers:
-            # softmax(Q K^T / sqrt(d_head) + mask) V, all heads at once: (n, H, S, d_head) each
-            q, k, v = layer.qkv(layer.norm_self_in(x)).view(n, S, 3, H, dh).permute(2, 0, 3, 1, 4)
-            q, k = layer.q_norm(q), layer.k_norm(k)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(n * S, H * dh)
+            # softmax(Q K^T / sqrt(d_head) + mask) V, all heads at once: q (n, H_kv, g*S, d_head), the g query heads
+            # of each key/value head stacked; k, v (n, H_kv, S, d_head)
+            qkv = layer.qkv(layer.norm_self_in(x))
+            q = layer.q_norm(qkv[:, :D].view(n, S, H, dh)).transpose(1, 2).reshape(n, H_kv, -1, dh)
+            k, v = qkv[:, D:].view(n, S, 2, H_kv, dh).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, layer.k_norm(k), v, attn_mask=mask)
+            y = y.view(n, H, S, dh).transpose(1, 2).reshape(n * S, D)
             x = layer.norm_self_out(layer.self_out(y, x))
             x = layer.norm_ffn_out(layer.w2(layer.ffn_hidden(layer.norm_ffn_in(x)), x))
         return self.encoder_norm(x).view(n, S, -1), mask
@@ -122,6 +127,7 @@ class IncrementalDecoder:
         cfg = sm.cfg
         self.sm = sm
         self.K, self.H, self.dh = beam_size, cfg.n_head, cfg.d_head
+        self.H_kv = cfg.kv_heads  # key/value heads, each shared by g = H / H_kv query heads
         self.scale = self.dh**-0.5
         self.max_steps = max_steps
         self.n, self.k, self.t = n, 1, 0  # rows, beams per row, positions so far
@@ -129,9 +135,9 @@ class IncrementalDecoder:
         device = weight.device
         self.mem_kv: list | None = None
         if memory is not None:
-            # the source side, once per batch: per layer the cross-attention keys, transposed, (n*H, d_head, S), and
-            # values (n*H, S, d_head)
-            S, H, dh = memory.size(1), self.H, self.dh
+            # the source side, once per batch: per layer the cross-attention keys, transposed, (n*H_kv, d_head, S),
+            # and values (n*H_kv, S, d_head)
+            S, H, dh = memory.size(1), self.H_kv, self.dh
             flat = memory.reshape(n * S, -1)
             self.mem_kv = []
             for layer in sm.layers:
@@ -140,7 +146,7 @@ class IncrementalDecoder:
                 kt = k.permute(0, 2, 3, 1).reshape(n * H, dh, S)
                 self.mem_kv.append((kt, v.transpose(1, 2).reshape(n * H, S, dh)))
             bias = torch.zeros(n, 1, S, device=device).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
-            self.mem_bias = bias.repeat_interleave(self.H, dim=0)  # (n*H, 1, S): -inf at source padding
+            self.mem_bias = bias.repeat_interleave(H, dim=0)  # (n*H_kv, 1, S): -inf at source padding
         embed = sm.embed
         self.steps = torch.arange(max_steps, device=device)
         no_positions = torch.zeros(max_steps, cfg.d_model, device=device)  # RoPE: positions enter in attention
@@ -150,9 +156,9 @@ class IncrementalDecoder:
         own = torch.full((beam_size, beam_size), float("-inf"), device=device).fill_diagonal_(0.0)
         self.own = {1: own[:1], beam_size: own}
         self.history = torch.zeros(n, 1, 0, device=device)  # (n, k, t*K): 0 at the slots beam j descends from
-        # per layer (n, H, max_steps*K, 2*d_head): slot s*K + j, key | value; carved out of one allocation, in the
-        # model's dtype (under autocast, writes are cast to it)
-        shape = (n, self.H, max_steps * beam_size, 2 * self.dh)
+        # per layer (n, H_kv, max_steps*K, 2*d_head): slot s*K + j, key | value; carved out of one allocation, in
+        # the model's dtype (under autocast, writes are cast to it)
+        shape = (n, self.H_kv, max_steps * beam_size, 2 * self.dh)
         size = shape[0] * shape[1] * shape[2] * shape[3]
         n_layers = len(sm.layers)
         self._workspace: torch.Tensor | None = sm._take_workspace(n_layers * size, weight.dtype, device)
@@ -168,7 +174,7 @@ class IncrementalDecoder:
         # this position's slots: beam j writes slot t*K + j and sees it (and, through `history`, its ancestors')
         self.history = torch.cat([self.history, self.own[k].expand(n, k, K)], dim=2)
         L = (t + 1) * K
-        self_bias = self.history[:, None].expand(n, self.H, k, L).reshape(n * self.H, k, L)
+        self_bias = self._head_bias(self.history)
         pos = None if self.pad is None else (t - self.pad)[:, None].expand(n, k)
         x = self._embed(tok, t if pos is None else pos.reshape(-1))
         logits = self._layers(x, t * K, k, L, self_bias, self.steps[t : t + 1] if pos is None else pos)
@@ -194,10 +200,16 @@ class IncrementalDecoder:
         bias = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))  # (n, T, T)
         self.history = bias[:, -1:, :]  # what the next position sees: every real token
         x = self._embed(ids.reshape(-1), pos.reshape(-1) if pos.dim() == 2 else pos.repeat(n))
-        self_bias = bias[:, None].expand(n, self.H, T, T).reshape(n * self.H, T, T)
+        self_bias = self._head_bias(bias)
         logits = self._layers(x, 0, T, T, self_bias, pos, last_only=True)
         self.t = T
         return logits
+
+    def _head_bias(self, bias: torch.Tensor) -> torch.Tensor:
+        """(n, r, L) per row -> (n*H_kv, g*r, L): the same for each key/value head and each of its g query heads."""
+        n, r, L = bias.shape
+        g = self.H // self.H_kv
+        return bias[:, None, None].expand(n, self.H_kv, g, r, L).reshape(n * self.H_kv, g * r, L)
 
     def _embed(self, tok: torch.Tensor, pos) -> torch.Tensor:
         embed = self.sm.embed
@@ -207,13 +219,14 @@ class IncrementalDecoder:
         """x: (n*r, d_model), r new positions (or beams) per row written from slot `start`; L slots in view.
         `pos`: their positions for RoPE, (r,) or (n, r). Returns the logits (n*r, V), or (n, V) of each row's
         last position with `last_only`."""
-        n, H, dh = self.n, self.H, self.dh
+        n, H, H_kv, dh = self.n, self.H, self.H_kv, self.dh
+        D = H * dh
         rope = self.sm.rope
         for i, (layer, kv) in enumerate(zip(self.sm.layers, self.kv)):
             # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this row's slots
-            qkv = layer.qkv(layer.norm_self_in(x)).view(n, r, 3, H, dh)
-            q = layer.q_norm(qkv[:, :, 0])
-            new_kv = qkv[:, :, 1:]
+            qkv = layer.qkv(layer.norm_self_in(x))
+            q = layer.q_norm(qkv[:, :D].view(n, r, H, dh))
+            new_kv = qkv[:, D:].view(n, r, 2, H_kv, dh)
             if layer.k_norm is not _identity:
                 new_kv = torch.stack([layer.k_norm(new_kv[:, :, 0]), new_kv[:, :, 1]], dim=2)
             if rope is not None:  # rotate q and k by their positions (rope works on (B, H, T, d_head)); every
@@ -221,9 +234,9 @@ class IncrementalDecoder:
                 q = rope(q.transpose(1, 2), pos, self.max_steps).transpose(1, 2)
                 new_k = rope(new_kv[:, :, 0].transpose(1, 2), pos, self.max_steps).transpose(1, 2)
                 new_kv = torch.stack([new_k, new_kv[:, :, 1]], dim=2)
-            kv.view(n, H, -1, 2, dh)[:, :, start : start + r] = new_kv.permute(0, 3, 1, 2, 4)
-            keys = kv[:, :, :L, :dh].reshape(n * H, L, dh)
-            values = kv[:, :, :L, dh:].reshape(n * H, L, dh)
+            kv.view(n, H_kv, -1, 2, dh)[:, :, start : start + r] = new_kv.permute(0, 3, 1, 2, 4)
+            keys = kv[:, :, :L, :dh].reshape(n * H_kv, L, dh)
+            values = kv[:, :, :L, dh:].reshape(n * H_kv, L, dh)
             x = layer.norm_self_out(layer.self_out(self._attend(q, keys.transpose(1, 2), values, self_bias), x))
             if self.mem_kv is not None:  # cross-attention to the source
                 mem_kt, mem_v = self.mem_kv[i]
@@ -236,10 +249,10 @@ class IncrementalDecoder:
         return self.sm.lm_head(self.sm.final_norm(x))
 
     def _attend(self, q, keys_t, values, bias) -> torch.Tensor:
-        """q: (n, r, H, d_head); keys_t (n*H, d_head, L), values (n*H, L, d_head); bias broadcastable to
-        (n*H, r, L). -> (n*r, d_model)"""
+        """q: (n, r, H, d_head); keys_t (n*H_kv, d_head, L), values (n*H_kv, L, d_head); bias broadcastable to
+        (n*H_kv, g*r, L), the g query heads of a key/value head stacked. -> (n*r, d_model)"""
         n, r, H, dh = q.shape
-        q = q.transpose(1, 2).reshape(n * H, r, dh)
+        q = q.transpose(1, 2).reshape(n * self.H_kv, H // self.H_kv * r, dh)
         scores = torch.baddbmm(bias, q, keys_t, alpha=self.scale)
         y = torch.bmm(scores.softmax(-1), values)
         return y.view(n, H, r, dh).transpose(1, 2).reshape(n * r, H * dh)

@@ -117,10 +117,13 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
                          "has QK-norm for decoder-only models only); train without it to export")
     pre = cfg.norm == "pre"
     options = dict(pre_norm=pre, activation=activation, ffn_glu=cfg.activation in GATED, rms_norm=cfg.rms_norm)
+    if cfg.n_kv_head is not None:  # grouped-query attention; [q; k; v] fused as CTranslate2 reads them
+        options["num_heads_kv"] = cfg.kv_heads
     with torch.no_grad():
         if cfg.kind == "seq2seq":
-            spec = transformer_spec.TransformerSpec.from_config(
-                (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_head, **options
+            spec = transformer_spec.TransformerSpec(
+                transformer_spec.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_head, **options),
+                transformer_spec.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.n_head, **options),
             )
             enc = model.encoder
             spec.encoder.embeddings[0].weight = _np(enc.embed.tok.weight)

@@ -73,6 +73,8 @@ def hf_arch(cfg: ModelConfig) -> str:
         refuse("model.rms_norm true", "GPT-2, Marian and Pegasus have LayerNorms")
     if cfg.qk_norm:
         refuse("model.qk_norm true", "GPT-2, Marian and Pegasus have no QK-norm")
+    if cfg.n_kv_head is not None and cfg.n_kv_head != cfg.n_head:
+        refuse(f"model.n_kv_head {cfg.n_kv_head}", "GPT-2, Marian and Pegasus have as many key/value heads as query heads")
     if cfg.activation == "relu2":
         raise TfcliError("--to hf: model.activation relu2 is not supported (no transformers class of GPT-2, Marian "
                          "or Pegasus has ReLU^2, nor has --to ctranslate2); a model to export trains with relu or gelu")

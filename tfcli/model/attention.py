@@ -15,30 +15,44 @@ class MultiHeadAttention(nn.Module):
 
     Heads are a batch axis: (B, T, d_model) -> (B, n_head, T, d_head). Self-attention uses one fused QKV projection;
     cross-attention projects queries from the decoder and keys/values (fused) from the encoder output.
+    Grouped-query attention (Ainslie et al. 2023): `n_kv_head` key/value heads, each shared by n_head / n_kv_head
+    consecutive query heads (query head i reads key/value head i // (n_head / n_kv_head)); the fused projections
+    then stack [q; k; v] as n_head + n_kv_head + n_kv_head heads.
     The product itself is `F.scaled_dot_product_attention`, so fused/flash kernels run where available.
     """
 
     def __init__(self, d_model: int, n_head: int, attn_dropout: float = 0.0, bias: bool = True, cross: bool = False,
-                 qk_norm_eps: float | None = None):
-        """`qk_norm_eps`: RMSNorm each head's q and k (a gain of d_head each) with this eps; None: no QK-norm."""
+                 qk_norm_eps: float | None = None, n_kv_head: int | None = None):
+        """`qk_norm_eps`: RMSNorm each head's q and k (a gain of d_head each) with this eps; None: no QK-norm.
+        `n_kv_head`: key/value heads (None: n_head, plain multi-head attention)."""
         super().__init__()
-        assert d_model % n_head == 0
+        n_kv_head = n_kv_head or n_head
+        assert d_model % n_head == 0 and n_head % n_kv_head == 0
         self.d_model, self.n_head, self.d_head = d_model, n_head, d_model // n_head
+        self.n_kv_head, self.d_kv = n_kv_head, n_kv_head * self.d_head
         self.cross = cross
         self.attn_dropout = attn_dropout
         if cross:
             self.q_proj = Linear(d_model, d_model, bias=bias)
-            self.kv_proj = Linear(d_model, 2 * d_model, bias=bias)
+            self.kv_proj = Linear(d_model, 2 * self.d_kv, bias=bias)
         else:
-            self.qkv_proj = Linear(d_model, 3 * d_model, bias=bias)
+            self.qkv_proj = Linear(d_model, d_model + 2 * self.d_kv, bias=bias)
         self.out_proj = Linear(d_model, d_model, bias=bias)
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
             self.q_norm, self.k_norm = RMSNorm(self.d_head, qk_norm_eps), RMSNorm(self.d_head, qk_norm_eps)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_head, self.d_head).transpose(1, 2)
+        B, T, D = x.shape
+        return x.view(B, T, D // self.d_head, self.d_head).transpose(1, 2)
+
+    def _share(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, n_kv_head, T, d_head) -> (B, n_head, T, d_head): each key/value head repeated for its query heads."""
+        g = self.n_head // self.n_kv_head
+        if g == 1:
+            return x
+        B, _, T, dh = x.shape
+        return x[:, :, None].expand(B, self.n_kv_head, g, T, dh).reshape(B, self.n_head, T, dh)
 
     def forward(
         self,
@@ -59,11 +73,12 @@ class MultiHeadAttention(nn.Module):
             q = self._heads(self.q_proj(x))
             k, v = (self._heads(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
         else:
-            q, k, v = (self._heads(t) for t in self.qkv_proj(x).split(self.d_model, dim=-1))
+            q, k, v = (self._heads(t) for t in self.qkv_proj(x).split([self.d_model, self.d_kv, self.d_kv], dim=-1))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:  # self-attention only
             q, k = rope(q, pos), rope(k, pos)
+        k, v = self._share(k), self._share(v)
         dropout_p = self.attn_dropout if self.training else 0.0
         weights = None
         # softmax(Q K^T / sqrt(d_head) + mask) V

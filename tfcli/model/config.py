@@ -21,6 +21,9 @@ class ModelConfig:
     tgt_vocab_size: int = 0  # the output vocabulary (the LM's only vocabulary)
     d_model: int = 512  # the width of every layer's input and output
     n_head: int = 8  # attention heads (d_model / n_head each)
+    # grouped-query attention: key/value heads, each shared by n_head / n_kv_head query heads (1: multi-query
+    # attention); None: n_head (multi-head attention). Shrinks the key/value projections and the decoder's memory
+    n_kv_head: int | None = None
     n_encoder_layers: int = 6  # N, the encoder's layers (seq2seq)
     n_decoder_layers: int = 6  # N, the decoder's layers
     d_ff: int = 2048  # the inner size of the position-wise FFN
@@ -46,11 +49,19 @@ class ModelConfig:
     def d_head(self) -> int:
         return self.d_model // self.n_head
 
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or n_head where it is not set."""
+        return self.n_kv_head or self.n_head
+
     def validate(self) -> None:
         if self.d_model <= 0 or self.n_head <= 0 or self.d_ff <= 0:
             raise ConfigError("model: d_model, n_head and d_ff must be positive")
         if self.d_model % self.n_head:
             raise ConfigError(f"model: d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if self.n_kv_head is not None and not (0 < self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0):
+            raise ConfigError(f"model: n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): each key/value "
+                              "head serves the same number of query heads")
         if self.positions == "rope" and self.d_head % 2:
             raise ConfigError(f"model: rope needs an even head size, got d_model/n_head = {self.d_head}")
         if self.positions == "rope" and self.kind != "lm":

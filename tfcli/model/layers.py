@@ -39,7 +39,9 @@ class Sublayers:
                           x = x + w2(act(w1(N(x))) * w3(N(x)))           (gated: act = gate_activation(activation))
     with the norms self_norm, cross_norm, ffn_norm (LayerNorm or RMSNorm). An encoder layer (and a language
     model's) has no cross_*; only a gated FFN has w3; with QK-norm, q = q_norm(q) and k = k_norm(k) per head
-    (cross_q_norm, cross_k_norm in the cross-attention) before RoPE and the product."""
+    (cross_q_norm, cross_k_norm in the cross-attention) before RoPE and the product. With grouped-query attention
+    (n_kv_head key/value heads) qkv's output is [q; k; v] of d_model, n_kv_head * d_head, n_kv_head * d_head, and
+    cross_kv's [k; v] of n_kv_head * d_head each."""
 
     pre_norm: bool
     activation: str
@@ -108,7 +110,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias,
-                                            qk_norm_eps=_qk_norm_eps(cfg))
+                                            qk_norm_eps=_qk_norm_eps(cfg), n_kv_head=cfg.n_kv_head)
         self.ffn = FeedForward(cfg)
         self.res_attn, self.res_ffn = Residual(cfg), Residual(cfg)
 
@@ -136,9 +138,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, cross: bool):
         super().__init__()
         eps = _qk_norm_eps(cfg)
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, qk_norm_eps=eps)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, qk_norm_eps=eps,
+                                            n_kv_head=cfg.n_kv_head)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, cross=True,
-                                             qk_norm_eps=eps) if cross else None
+                                             qk_norm_eps=eps, n_kv_head=cfg.n_kv_head) if cross else None
         self.ffn = FeedForward(cfg)
         self.cfg = cfg
         self.res_self = Residual(cfg)

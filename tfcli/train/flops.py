@@ -15,11 +15,12 @@ def matmul_params(cfg: ModelConfig) -> tuple[int, int]:
     """Weights multiplied per source token and per target token (embedding lookups are not multiplies; the output
     projection is, tied or not)."""
     d, f = cfg.d_model, cfg.d_ff
-    attn = 4 * d * d  # q, k, v and output projections
+    d_kv = cfg.kv_heads * cfg.d_head  # grouped-query attention: narrower k and v
+    attn = 2 * d * d + 2 * d * d_kv  # q, k, v and output projections
     ffn = (3 if cfg.activation in ("swiglu", "geglu") else 2) * d * f  # a gated FFN has a third matrix
     if cfg.kind == "lm":
         return 0, cfg.n_decoder_layers * (attn + ffn) + d * cfg.tgt_vocab_size
-    per_src = cfg.n_encoder_layers * (attn + ffn) + cfg.n_decoder_layers * 2 * d * d  # + cross-attention k, v
+    per_src = cfg.n_encoder_layers * (attn + ffn) + cfg.n_decoder_layers * 2 * d * d_kv  # + cross-attention k, v
     per_tgt = cfg.n_decoder_layers * (attn + 2 * d * d + ffn) + d * cfg.tgt_vocab_size  # + cross q, out
     return per_src, per_tgt
 
