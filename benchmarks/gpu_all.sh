@@ -20,6 +20,9 @@
 #                With BUDGET_S a call's last stage is cut rather than the call lost.
 #   BUDGET_S=570 benchmarks/gpu_all.sh ...       stop the stage that runs at 570 s after the start (exit 124) and
 #                                               pack what the finished stages wrote: the call still brings it back
+#   OUT=A COLLECT=.gpu/ca benchmarks/gpu_all.sh de-en decode & OUT=B COLLECT=.gpu/cb benchmarks/gpu_all.sh tests
+#                                               two chains side by side on one GPU (the tests need about 90 s; the
+#                                               recipe's epochs do not depend on its speed, only its wall time does)
 #   DEVICE=cpu benchmarks/gpu_all.sh check tests mfu de-en
 #                                               the same stages at toy sizes on the CPU (a few training steps, a
 #                                               few sentences): that each one runs; nothing is recorded
@@ -116,7 +119,7 @@ if [ "${1:-}" = --one ]; then run_stage "$2"; exit; fi  # one stage, in its own 
 
 STAGES=("$@")
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(check tests mfu de-en en-de shakespeare decode)
-COLLECT=$ROOT/.gpu/collect
+COLLECT=${COLLECT:-$ROOT/.gpu/collect}  # its own for each of two calls run side by side
 rm -rf "$COLLECT" && mkdir -p "$COLLECT"
 export PYTHONUNBUFFERED=1
 RC=0

@@ -1,6 +1,8 @@
 """Several processes through `torchrun`: NCCL on GPUs, gloo on CPUs.
 
-torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without them a command runs as one process. Training: every rank
+torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without them a command runs as one process, without a process group.
+Under torchrun a process group is joined even by a single process, so that `torchrun --nproc_per_node 1` runs the
+code of N processes (DDP, NCCL) on a one-GPU machine. Training: every rank
 builds the same deterministic batch list and takes its own share of each step's batches, gradients are summed by
 DistributedDataParallel's all-reduce, and only rank 0 writes checkpoints, logs and the progress bar. Translation:
 each rank translates its parts of the file and rank 0 joins them (tfcli/generate/shards.py).
@@ -9,6 +11,7 @@ each rank translates its parts of the file and rank 0 joins them (tfcli/generate
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -23,14 +26,11 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    enabled: bool = False  # in a process group (started by torchrun)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
@@ -44,7 +44,8 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
 def launched() -> DistInfo:
     """This process's place among the processes torchrun started (one process of one without torchrun)."""
     env = os.environ
-    return DistInfo(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
+    return DistInfo(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")),
+                    enabled="WORLD_SIZE" in env)
 
 
 def setup(device_name: str) -> tuple[DistInfo, torch.device]:
@@ -54,7 +55,10 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device]:
     if info.enabled and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        # the group's device, named where torch takes it (barrier() asks for it)
+        bound = {"device_id": device} if device.type == "cuda" and "device_id" in inspect.signature(
+            dist.init_process_group).parameters else {}
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **bound)
     return info, device
 
 
@@ -69,8 +73,11 @@ def wrap(model: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.
     from torch.nn.parallel import DistributedDataParallel
 
     # no buffer broadcast: the only buffers are position tables, which each rank may grow to its own lengths
+    # (the keyword was renamed in torch 2.13)
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    no_sync_buffers = {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": False}
     return DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+        model, device_ids=[device.index] if device.type == "cuda" else None, **no_sync_buffers
     )
 
 
