@@ -1,7 +1,7 @@
 """Ablations on valid only: each model/optimiser option alone against the `cpu` recipe's configuration.
 
     .venv/bin/python benchmarks/ablations.py PREP --variants baseline,muon [--seed 1] [--runs DIR]
-        [--config recipes/multi30k-cpu.yaml] [--data ../shared/data] [--pair de-en]
+        [--config recipes/multi30k-cpu.yaml] [--data ../shared/data] [--pair de-en] [--steps N]
 
 PREP: a Multi30k prepared directory as recipes/multi30k.sh makes it (joint BPE 8000). Each variant trains with
 `tfcli train PREP --config CONFIG --seed N --set ...` (the recipe's wall-clock budget, so a slower option trains
@@ -10,6 +10,15 @@ last validation's nll and greedy BLEU (300 sentences, from RUN/metrics.jsonl) an
 penalty 1.0) over the whole valid split, from the raw text. test2016 is never read. Results accumulate in
 benchmarks/results/ablations.{json,md} (one entry per variant and seed; a re-run replaces its entry), with the CPU
 named.
+
+--set KEY=VALUE (repeatable) adds a setting to every variant; --jobs N trains N variants at once, for a GPU with room
+for several (a config that stops at a step or epoch count, e.g. recipes/multi30k.yaml with --set train.device=cuda:
+concurrency then changes the time, not the result). A config other than the `cpu` recipe's is its own protocol.
+
+--steps N: the budget off and N steps for every variant (the cosine schedule ends at step N), so that a row's quality
+does not depend on the machine's speed that day (a wall-clock budget turns the machine's drift into a step count);
+each option's cost per step is then its own measurement (train_wall_s / steps, alone on the machine). Rows compare
+with the baseline of the same pair, seed and protocol (budget or N steps).
 """
 
 from __future__ import annotations
@@ -20,14 +29,17 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import cpu_name, write_results
+from common import cpu_name, gpu_name, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-TFCLI = str(Path(sys.executable).with_name("tfcli"))
+TFCLI = [sys.executable, "-m", "tfcli"]
+DEFAULT_CONFIG = "recipes/multi30k-cpu.yaml"
 
 VARIANTS = {
     "baseline": [],
@@ -37,6 +49,9 @@ VARIANTS = {
     "relu2": ["model.activation=relu2"],
     "qk_norm": ["model.qk_norm=true"],
     "zero_init_residual": ["model.zero_init_residual=true"],
+    # for the GPU-sized recipe (recipes/multi30k.yaml), whose valid BLEU still rose at its 40-epoch limit
+    "epochs100": ["train.max_epochs=100"],
+    "epochs100_relu2": ["train.max_epochs=100", "model.activation=relu2"],
 }
 
 
@@ -46,56 +61,92 @@ def main() -> None:
     p.add_argument("--variants", default="baseline,muon")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--runs", default=str(ROOT / "runs" / "ablations"))
-    p.add_argument("--config", default="recipes/multi30k-cpu.yaml")
+    p.add_argument("--config", default=DEFAULT_CONFIG)
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--pair", default="de-en")
     p.add_argument("--out", default=str(RESULTS / "ablations"))
+    p.add_argument("--steps", type=int, default=0, help="train every variant this many steps, no time budget")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting for every variant (e.g. train.device=cuda)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="variants trained at once (a GPU with room for several; only where the config stops at a "
+                        "step or epoch count, not a wall-clock budget)")
     args = p.parse_args()
-    src, tgt = args.pair.split("-")
-    valid = Path(args.data) / "multi30k"
     out = Path(args.out)
     entries = json.loads(out.with_suffix(".json").read_text())["entries"] if out.with_suffix(".json").exists() else []
-    for name in args.variants.split(","):
-        run = Path(args.runs) / f"{args.pair}-{name}-seed{args.seed}"
-        sets = [a for s in VARIANTS[name] for a in ("--set", s)]
-        cmd = [TFCLI, "train", args.prep, "-o", str(run), "--config", args.config, "--seed", str(args.seed), *sets]
-        start = time.time()
-        load = [round(x, 2) for x in os.getloadavg()]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        wall = time.time() - start
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        last = [r for r in rows if r["split"] == "valid"][-1]
-        beam = subprocess.run(
-            [TFCLI, "eval", "--model", str(run), "--translate", str(valid / f"valid.{src}"), "-r",
-             str(valid / f"valid.{tgt}"), "--beam-size", "5", "--len-penalty", "1.0", "--metrics", "bleu",
-             "--score-only"], check=True, capture_output=True, text=True).stdout.strip()
-        entry = {"variant": name, "seed": args.seed, "pair": args.pair, "set": VARIANTS[name], "steps": last["step"],
-                 "valid_nll": last["nll"], "valid_greedy_bleu_300": last["bleu"], "valid_beam5_sacrebleu": float(beam),
-                 "train_wall_s": round(wall, 1), "cpu": cpu_name(), "load_average_at_start": load,
-                 "date": time.strftime("%Y-%m-%d %H:%M"), "command": shlex.join(cmd)}
-        entries = [e for e in entries if (e["variant"], e["seed"], e["pair"]) != (name, args.seed, args.pair)]
-        entries.append(entry)
-        print(f"{name} seed {args.seed}: valid nll {last['nll']:.3f}, beam-5 sacreBLEU {float(beam):.2f}, "
-              f"{last['step']} steps", flush=True)
-        write(out, entries, args)
+    lock = threading.Lock()
+
+    def one(name: str) -> None:
+        entry = run_variant(name, args)
+        with lock:
+            entries[:] = [e for e in entries if key(e) != key(entry)] + [entry]
+            print(f"{name} seed {args.seed}: valid nll {entry['valid_nll']:.3f}, beam-5 sacreBLEU "
+                  f"{entry['valid_beam5_sacrebleu']:.2f}, {entry['steps']} steps", flush=True)
+            write(out, entries, args)
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for f in [pool.submit(one, name) for name in args.variants.split(",")]:
+            f.result()
+
+
+def run_variant(name: str, args) -> dict:
+    """Train one variant, then score its last checkpoint on valid."""
+    src, tgt = args.pair.split("-")
+    valid = Path(args.data) / "multi30k"
+    protocol = f"{args.steps} steps" if args.steps else ("budget" if args.config == DEFAULT_CONFIG
+                                                          else Path(args.config).stem)
+    run = Path(args.runs) / (f"{args.pair}-{name}-seed{args.seed}" + (f"-{args.steps}steps" if args.steps else ""))
+    fixed = ["train.max_minutes=0", f"train.max_steps={args.steps}"] if args.steps else []
+    sets = [a for s in VARIANTS[name] + fixed + args.sets for a in ("--set", s)]
+    cmd = [*TFCLI, "train", args.prep, "-o", str(run), "--config", args.config, "--seed", str(args.seed), *sets]
+    start = time.time()
+    load = [round(x, 2) for x in os.getloadavg()]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    wall = time.time() - start
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if r["split"] == "valid"][-1]
+    beam = subprocess.run(
+        [*TFCLI, "eval", "--model", str(run), "--translate", str(valid / f"valid.{src}"), "-r",
+         str(valid / f"valid.{tgt}"), "--beam-size", "5", "--len-penalty", "1.0", "--metrics", "bleu",
+         "--score-only"], check=True, capture_output=True, text=True).stdout.strip()
+    return {"variant": name, "seed": args.seed, "pair": args.pair, "protocol": protocol, "set": VARIANTS[name],
+            "steps": last["step"], "valid_nll": last["nll"], "valid_greedy_bleu_300": last.get("bleu"),
+            "valid_beam5_sacrebleu": float(beam), "train_wall_s": round(wall, 1), "jobs": args.jobs,
+            "cpu": cpu_name(), "gpu": gpu_name(), "load_average_at_start": load,
+            "date": time.strftime("%Y-%m-%d %H:%M"), "command": shlex.join(cmd)}
+
+
+def key(e: dict) -> tuple:
+    return e["variant"], e["seed"], e["pair"], e.get("protocol", "budget")
+
+
+def machine(e: dict) -> str:
+    jobs = f", {e['jobs']} runs at once" if e.get("jobs", 1) > 1 else ""
+    return (e["gpu"] if e.get("gpu") else f"{e['cpu']}, 2 cores") + jobs
 
 
 def write(out: Path, entries: list, args) -> None:
-    base = {(e["pair"], e["seed"]): e for e in entries if e["variant"] == "baseline"}
+    base = {key(e)[1:]: e for e in entries if e["variant"] == "baseline"}
     md = [
-        "# Ablations: each option alone against the `cpu` recipe (Multi30k, valid only)", "",
-        f"Each row: `tfcli train` with `{args.config}` (its wall-clock budget) plus the option, alone on the machine; "
-        "valid nll and greedy BLEU (300 sentences) of the last validation, and sacreBLEU of beam 5 (length penalty "
-        "1.0) on the whole valid split. Written by `benchmarks/ablations.py`; test2016 is never read.", "",
-        "| pair | variant | seed | steps | valid nll | greedy BLEU (300) | beam-5 sacreBLEU | vs baseline | CPU | date |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        f"# Ablations: each option alone against `{args.config}` (Multi30k, valid only)", "",
+        f"Each row: `tfcli train` with `{args.config}` plus the option, alone on the machine unless the row says "
+        "otherwise, either on the config's "
+        "wall-clock budget (protocol `budget`: a slower option, or a slower day, trains fewer steps) or for a fixed "
+        "number of steps (`--steps`: quality at equal steps; s/step is then the option's cost); valid nll and greedy "
+        "BLEU (300 sentences) of the last validation, and sacreBLEU of beam 5 (length penalty 1.0) on the whole "
+        "valid split; `vs baseline`: against the baseline of the same pair, seed and protocol. Written by "
+        "`benchmarks/ablations.py`; test2016 is never read.", "",
+        "| pair | protocol | variant | seed | steps | s/step | valid nll | greedy BLEU (300) | beam-5 sacreBLEU | "
+        "vs baseline | machine | date |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
-    for e in sorted(entries, key=lambda e: (e["pair"], e["variant"] != "baseline", e["variant"], e["seed"])):
-        b = base.get((e["pair"], e["seed"]))
+    for e in sorted(entries, key=lambda e: (e["pair"], e.get("protocol", "budget"), e["variant"] != "baseline",
+                                            e["variant"], e["seed"])):
+        b = base.get(key(e)[1:])
         delta = f"{e['valid_beam5_sacrebleu'] - b['valid_beam5_sacrebleu']:+.2f}" if b and b is not e else ""
-        md.append(f"| {e['pair']} | {e['variant']} | {e['seed']} | {e['steps']} | {e['valid_nll']:.3f} | "
-                  f"{e['valid_greedy_bleu_300']:.2f} | {e['valid_beam5_sacrebleu']:.2f} | {delta} | {e['cpu']}, 2 "
-                  f"cores | {e['date']} |")
+        md.append(f"| {e['pair']} | {e.get('protocol', 'budget')} | {e['variant']} | {e['seed']} | {e['steps']} | "
+                  f"{e['train_wall_s'] / e['steps']:.3f} | {e['valid_nll']:.3f} | {e['valid_greedy_bleu_300']:.2f} | "
+                  f"{e['valid_beam5_sacrebleu']:.2f} | {delta} | {machine(e)} | {e['date']} |")
     md += ["", "Commands: " + "; ".join(f"`{e['command']}`" for e in entries), ""]
     write_results(str(out), {"entries": entries}, "\n".join(md))
 

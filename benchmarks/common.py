@@ -22,6 +22,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def gpu_name() -> str | None:
+    """The first CUDA GPU's name, None without one."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
 def write_results(out: str | Path, result: dict, markdown: str) -> None:
     """OUT.json and OUT.md (OUT is a path without suffix), and the Markdown on stdout."""
     out = Path(out)

@@ -8,9 +8,12 @@
 #       check        the GPU, the imports, a one-line torch.compile (Inductor) smoke test
 #       tests        pytest -m gpu (tests/test_gpu.py): bf16/fp16, compile, resume, decoding on CUDA vs the CPU
 #       mfu          benchmarks/gpu_mfu.py: gpt2-small and base, bf16 + --compile (MFU_CASES=base: that case only,
-#                    the other kept from the results file)
+#                    the others kept from the results file; MFU_CASES="base base-dynamic": one static graph per shape
+#                    bucket against dynamic-shape graphs the buckets share)
 #       de-en en-de  recipes/multi30k.sh SRC TGT full (test2016 read once, at the end)
 #       shakespeare  recipes/shakespeare.sh full
+#       sweep        benchmarks/ablations.py on recipes/multi30k.yaml (de-en, valid only): SWEEP="baseline,..."
+#                    variants, SWEEP_JOBS (4) trained at once on the one GPU, into results/gpu_ablations.{json,md}
 #       decode       benchmarks/gpu_translate_speed.py: tfcli vs HF generate, beam 5 and greedy, batch 64 and 256,
 #                    bf16, on the de-en model that stage de-en trained
 #                Stage times seen on an H100 (2026-11-24): check 39 s on a fresh machine, tests 88 s, shakespeare
@@ -97,6 +100,16 @@ mfu() {
 }
 multi30k() { recipes/multi30k.sh "$1" "$2" full "$ROOT/.gpu/runs/multi30k-$1-$2-full"; }
 shakespeare() { recipes/shakespeare.sh full "$ROOT/.gpu/runs/shakespeare-char-full"; }
+sweep() {  # recipe choices for multi30k.yaml on valid (benchmarks/ablations.py), several runs at once on one GPU
+  local prep=$ROOT/.gpu/runs/sweep-de-en-prep d=$DATA/multi30k extra=(--set train.device=$DEVICE)
+  [ "$DEVICE" = cpu ] && extra+=(--set train.max_steps=4 --set train.max_epochs=0 --set train.valid_every=2
+                                 --out "$ROOT/.gpu/toy-results/gpu_ablations")
+  [ -d "$prep" ] || tfcli prepare --src "$d/train.de" --tgt "$d/train.en" --valid-src "$d/valid.de" \
+    --valid-tgt "$d/valid.en" --tokenizer bpe --vocab-size 8000 --joint-vocab -o "$prep"
+  python3 benchmarks/ablations.py "$prep" --config recipes/multi30k.yaml --data "$DATA" --pair de-en \
+    --variants "${SWEEP:-baseline,epochs100,relu2,epochs100_relu2}" --jobs "${SWEEP_JOBS:-4}" \
+    --runs "$ROOT/.gpu/runs/sweep" --out benchmarks/results/gpu_ablations "${extra[@]}"
+}
 decode() {
   local run=$ROOT/.gpu/runs/multi30k-de-en-full/run ckpt
   ckpt=$run
@@ -110,8 +123,8 @@ decode() {
 run_stage() {
   case $1 in
     check) check ;; tests) tests ;; mfu) mfu ;; de-en) multi30k de en ;; en-de) multi30k en de ;;
-    shakespeare) shakespeare ;; decode) decode ;;
-    *) echo "unknown stage '$1' (pack, check, tests, mfu, de-en, en-de, shakespeare, decode)" >&2; return 2 ;;
+    shakespeare) shakespeare ;; decode) decode ;; sweep) sweep ;;
+    *) echo "unknown stage '$1' (pack, check, tests, mfu, de-en, en-de, shakespeare, decode, sweep)" >&2; return 2 ;;
   esac
 }
 

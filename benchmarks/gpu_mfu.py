@@ -21,6 +21,7 @@ The data is generated, so nothing is downloaded: random lowercase "words", drawn
   base        sentence pairs, lengths about as WMT's (mean ~28 words), the target a word-by-word mapping of the
               source; a joint BPE vocabulary of 37000 (the 2017 paper's size), --max-tokens 32768 per side (the
               paper's ~25k source + 25k target tokens per step, on one GPU), label smoothing 0.1
+  base-dynamic  `base` with --compile-shapes dynamic (graphs shared by the shape buckets); only when named by --case
 Steps and batch sizes are in CASES below. The last steps of each case run under `tfcli train --profile`; the op
 table goes beside the results (gpu_mfu_profile_CASE.txt), and the log lines of those steps are left out of the MFU.
 Peak GPU memory is the trainer's `max_mem_gib` (torch's peak allocated memory on the device) at the last log line.
@@ -63,6 +64,10 @@ CASES = {
     "base": dict(kind="seq2seq", arch="base", target=0.35, pairs=100_000, lexicon=75_000, vocab=37000,
                  tokenizer="bpe", max_len=256, max_tokens=32768, grad_accum=1, steps=400, log_every=20, skip=100,
                  profile=(396, 400), train_args=[]),
+    # `base` with dynamic-shape graphs shared by the shape buckets, in place of one static graph per bucket
+    "base-dynamic": dict(kind="seq2seq", arch="base", target=0.35, pairs=100_000, lexicon=75_000, vocab=37000,
+                         tokenizer="bpe", max_len=256, max_tokens=32768, grad_accum=1, steps=400, log_every=20,
+                         skip=100, profile=(396, 400), train_args=["--compile-shapes", "dynamic"]),
 }
 # --quick: tiny presets and data, a few steps; only shows that every stage runs
 QUICK = {
@@ -71,6 +76,7 @@ QUICK = {
     "base": dict(arch="tiny", pairs=800, lexicon=2000, vocab=300, max_len=64, max_tokens=256, steps=6, log_every=2,
                  skip=2, profile=(6, 6)),
 }
+QUICK["base-dynamic"] = QUICK["base"]
 
 
 # --- data ----------------------------------------------------------------------------------------------------------
@@ -304,7 +310,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--quick", action="store_true", help="tiny presets and data, a few steps, no compile, fp32")
-    ap.add_argument("--case", nargs="+", choices=list(CASES), default=list(CASES))
+    ap.add_argument("--case", nargs="+", choices=list(CASES), default=["gpt2-small", "base"])
     ap.add_argument("--peak-flops", type=float, default=0.0,
                     help="the GPU's dense peak FLOP/s (default: from its name, tfcli/train/flops.py)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch and the tokenizers (0: default)")

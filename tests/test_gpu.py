@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import tfcli
+from tfcli.data.tokenizer import encode_batch
 from helpers import make_parallel_prepared, tiny_train_config
 from tfcli.train.trainer import run as run_cli_config
 from tfcli.train.trainer import train
@@ -148,6 +149,42 @@ def test_one_torchrun_process_trains_as_a_plain_run(tmp_path, parallel, device):
 
 
 # --- decoding ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_half_weight_decoding_gives_the_fp32_outputs(copier, counter, device):
+    """bf16 decoding on a GPU runs on a bf16 copy of the weights, without autocast (no casts inside a step; the
+    key/value memory in bf16); on the CPU the same path runs when asked (half=True). The hand-built models decide
+    every token by a wide margin: their outputs are fp32's; the loaded model itself stays fp32."""
+    from tfcli.generate.config import GenerateConfig, TranslateConfig
+    from tfcli.generate.lm import continuations
+    from tfcli.generate.loader import half_weights, load, load_ensemble
+    from tfcli.generate.translate import Translator
+
+    dev = torch.device(device)
+    assert half_weights(torch.device("cuda"), "bf16") and not half_weights(torch.device("cpu"), "bf16")
+    fp32 = load_ensemble([str(copier)], dev, "fp32")
+    half = load_ensemble([str(copier)], dev, "bf16", half=True)
+    assert half.steps.half and not fp32.steps.half
+    assert all(p.dtype == torch.float32 for p in half.model.parameters())  # what the caller holds stays fp32
+    src = [ids + [2] for ids in encode_batch(half.src_tok, TEXTS)]
+    for beam in (1, 5):
+        cfg = TranslateConfig(beam_size=beam, dtype="bf16")
+        want = Translator(fp32, TranslateConfig(beam_size=beam), dev).decode(src, list(range(len(src))))
+        translator = Translator(half, cfg, dev)
+        assert translator.precision.__class__.__name__ == "nullcontext"  # no autocast
+        got = translator.decode(src, list(range(len(src))))
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+        for a, b in zip(got, want):
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=0.05)
+    with torch.inference_mode():  # as the search runs it
+        decoder = half.steps.start(1, 5, 4, *half.steps.encode(torch.tensor([src[0]], device=dev)))
+    assert decoder.kv[0].dtype == torch.bfloat16
+    prompts = ["cat dog", "ice", "sun", "apple bird cat dog"]
+    cfg = GenerateConfig(max_new_tokens=12, dtype="bf16", greedy=True)
+    want = list(continuations(load(str(counter), dev, "lm", "fp32"), prompts, GenerateConfig(max_new_tokens=12,
+                                                                                             greedy=True), dev))
+    assert list(continuations(load(str(counter), dev, "lm", "bf16", half=True), prompts, cfg, dev)) == want
 
 
 @pytest.mark.parametrize("device", [CUDA])

@@ -899,7 +899,8 @@ def test_shape_buckets_pad_batches_to_few_shapes_without_changing_the_loss(paral
 
 def test_compiled_training_builds_one_graph_per_bucket_and_none_after_the_first_epoch(tmp_path, parallel, monkeypatch):
     """--compile: batches in shape buckets and static graphs, so every graph is built in the first epoch, at most one
-    per bucket, and the second epoch compiles nothing (a counting backend in place of Inductor: the same graphs)."""
+    per bucket, and the second epoch compiles nothing (a counting backend in place of Inductor: the same graphs);
+    --compile-shapes dynamic: buckets share symbolic graphs, so fewer are built, also all in the first epoch."""
     from tfcli.train import data as data_module
 
     epoch = [None]
@@ -910,22 +911,26 @@ def test_compiled_training_builds_one_graph_per_bucket_and_none_after_the_first_
             epoch[0] = e
         return batches(self, e, shuffle)
 
-    compiled_in = []
+    compiled_in = {"static": [], "dynamic": []}
+    shapes = [None]
 
     def counting(gm, example_inputs):
-        compiled_in.append(epoch[0])
+        compiled_in[shapes[0]].append(epoch[0])
         return gm.forward
 
     real_compile = torch.compile
     monkeypatch.setattr(data_module.ParallelData, "batches", tracking)
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=counting, **kw))
-    torch._dynamo.reset()
-    try:
-        train(tiny_train_config(parallel, tmp_path / "run", max_steps=0, max_epochs=2, max_tokens=120,
-                                valid_every=10_000, valid_bleu=False, compile=True, max_len=30))
-    finally:
+    for shapes[0] in compiled_in:
         torch._dynamo.reset()
-    assert compiled_in and set(compiled_in) == {0}
-    assert len(compiled_in) <= 30 // 8 + 1
-    log = (tmp_path / "run" / "train.log").read_text()
+        try:
+            train(tiny_train_config(parallel, tmp_path / shapes[0], max_steps=0, max_epochs=2, max_tokens=120,
+                                    valid_every=10_000, valid_bleu=False, compile=True, max_len=30,
+                                    pad_multiple=2, compile_shapes=shapes[0]))  # many buckets
+        finally:
+            torch._dynamo.reset()
+    static, dynamic = compiled_in["static"], compiled_in["dynamic"]
+    assert static and set(static) == {0} and len(static) <= 30 // 2 + 1
+    assert dynamic and set(dynamic) == {0} and len(dynamic) < len(static)
+    log = (tmp_path / "static" / "train.log").read_text()
     assert "padding" in log or "pad" in log

@@ -122,6 +122,11 @@ def train(
         help="Pad batch lengths to a multiple of N (and rows to fill max-tokens): few shapes, one compiled graph "
         "each (0: 8 with --compile, else no extra padding).",
     ),
+    compile_shapes: Optional[str] = typer.Option(
+        None, "--compile-shapes", metavar="static|dynamic", rich_help_panel=_HW,
+        help="With --compile: one static graph per shape bucket (fastest kernels), or dynamic-shape graphs the "
+        "buckets share (fewer compilations, where the buckets are many) \\[default: static].",
+    ),
     threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel=_HW, help="CPU threads for torch (0: torch's own choice)."),
     profile: Optional[str] = typer.Option(
         None, "--profile", metavar="A-B", rich_help_panel=_HW, help="Run steps A to B under torch.profiler: "
@@ -153,7 +158,8 @@ def train(
     if init_from:
         refuse_unused(ctx, ["arch"], "is not used with --init-from: the architecture is the checkpoint's")
     for flag, value, name in (("--schedule", schedule, "schedule"), ("--precision", precision, "precision"),
-                              ("--early-stop", early_stop, "early_stop_metric")):
+                              ("--early-stop", early_stop, "early_stop_metric"),
+                              ("--compile-shapes", compile_shapes, "compile_shapes")):
         check_choice(flag, value, choices_of(TrainConfig, name))
     flags = dict(
         data=data, out=out, arch=arch, resume=resume or None, init_from=init_from, max_steps=max_steps, max_epochs=max_epochs,
@@ -162,7 +168,8 @@ def train(
         max_len=max_len, bpe_dropout=bpe_dropout, log_every=log_every, valid_every=valid_every, valid_bleu=valid_bleu,
         early_stop_metric=early_stop, patience=patience, keep_last=keep_last, average_last=average_last,
         tensorboard=tensorboard,
-        device=device, precision=precision, compile=compile_, pad_multiple=pad_multiple, threads=threads, profile=profile,
+        device=device, precision=precision, compile=compile_, pad_multiple=pad_multiple, compile_shapes=compile_shapes,
+        threads=threads, profile=profile,
     )
     result = run(run_training, config, flags, sets)
     if result.interrupted:

@@ -24,6 +24,7 @@ class EnsembleStepModel:
     def __init__(self, members: list[StepModel]):
         self.members = members
         self.model = members[0].model
+        self.half = members[0].half
         # the shortest context any member allows
         self.cfg = dataclasses.replace(members[0].cfg, max_len=min(m.cfg.max_len for m in members))
 

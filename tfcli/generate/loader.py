@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
 
 from tfcli import checkpoint
+from tfcli.device import DTYPES
 from tfcli.errors import CheckpointError
 from tfcli.generate.step import StepModel
 from tfcli.model.config import ModelConfig
@@ -22,9 +24,16 @@ class Loaded:
     steps: StepModel  # its decoder arranged for decoding (fp32 on the CPU: weights packed for oneDNN; or int8)
 
 
-def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32") -> Loaded:
+def half_weights(device: torch.device, dtype: str) -> bool:
+    """Whether bf16/fp16 decoding runs on a copy of the weights in that dtype (a GPU: no casts in a step, the
+    key/value memory in half the bytes) rather than under autocast from the fp32 weights (the CPU)."""
+    return device.type == "cuda" and dtype in ("bf16", "fp16")
+
+
+def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32", half: bool | None = None) -> Loaded:
     """Load a checkpoint and its tokenizers, ready for inference; `kind` ("seq2seq" or "lm") is the one expected,
-    None for either. config.json is read once. The process is left as it was (threads, allocator, random stream)."""
+    None for either. config.json is read once. The process is left as it was (threads, allocator, random stream).
+    `half`: decode from a bf16/fp16 copy of the weights (default: `half_weights`); the returned `model` stays fp32."""
     meta = checkpoint.read_meta(path)
     cfg = checkpoint.model_config(meta)
     if kind is not None and cfg.kind != kind:
@@ -33,16 +42,19 @@ def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32")
         raise CheckpointError(f"{meta['dir']}: is a {cfg.kind} model, not {want}; use `{hint}`")
     model, meta = checkpoint.load(meta, device)
     toks = {side: checkpoint.tokenizer(meta, side) for side in (("src", "tgt") if cfg.kind == "seq2seq" else ("tgt",))}
-    steps = StepModel(model, pack=dtype == "fp32", int8=dtype == "int8")
+    if half is None:
+        half = half_weights(device, dtype)
+    decoding = copy.deepcopy(model).to(DTYPES[dtype]) if half else model
+    steps = StepModel(decoding, pack=dtype == "fp32", int8=dtype == "int8")
     return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps)
 
 
-def load_ensemble(paths: list[str], device: torch.device, dtype: str = "fp32") -> Loaded:
+def load_ensemble(paths: list[str], device: torch.device, dtype: str = "fp32", half: bool | None = None) -> Loaded:
     """Several translation checkpoints decoding as one (tfcli/generate/ensemble.py): they must share their
     tokenizers. The first one's model, config and metadata stand for the ensemble; one path is a plain `load`."""
     from tfcli.generate.ensemble import EnsembleStepModel
 
-    members = [load(p, device, "seq2seq", dtype) for p in paths]
+    members = [load(p, device, "seq2seq", dtype, half) for p in paths]
     if len(members) == 1:
         return members[0]
     first = members[0]

@@ -54,6 +54,8 @@ class StepModel:
         parts = model.parts()  # the interface the model documents (tfcli.model.transformer.Parts)
         weight = parts.lm_head.weight
         self.int8 = int8
+        # weights already in bf16/fp16 (a GPU's decoding copy, tfcli.generate.loader): run without autocast
+        self.half = weight.dtype in (torch.bfloat16, torch.float16)
         self.packed = not int8 and pack and weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
         mode = "int8" if int8 else "packed" if self.packed else "plain"
         decoder = parts.decoder
@@ -132,7 +134,7 @@ class IncrementalDecoder:
         self.max_steps = max_steps
         self.n, self.k, self.t = n, 1, 0  # rows, beams per row, positions so far
         weight = sm.embed.tok.weight
-        device = weight.device
+        device, dtype = weight.device, weight.dtype  # dtype: fp32, or a GPU's bf16/fp16 decoding copy
         self.mem_kv: list | None = None
         if memory is not None:
             # the source side, once per batch: per layer the cross-attention keys, transposed, (n*H_kv, d_head, S),
@@ -145,17 +147,17 @@ class IncrementalDecoder:
                 k = layer.cross_k_norm(k)
                 kt = k.permute(0, 2, 3, 1).reshape(n * H, dh, S)
                 self.mem_kv.append((kt, v.transpose(1, 2).reshape(n * H, S, dh)))
-            bias = torch.zeros(n, 1, S, device=device).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
+            bias = torch.zeros(n, 1, S, device=device, dtype=dtype).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
             self.mem_bias = bias.repeat_interleave(H, dim=0)  # (n*H_kv, 1, S): -inf at source padding
         embed = sm.embed
         self.steps = torch.arange(max_steps, device=device)
-        no_positions = torch.zeros(max_steps, cfg.d_model, device=device)  # RoPE: positions enter in attention
+        no_positions = torch.zeros(max_steps, cfg.d_model, device=device, dtype=dtype)  # RoPE: positions enter in attention
         self.positions = embed.pos(self.steps) if embed.pos is not None else no_positions
         self.pad: torch.Tensor | None = None  # (n,) left padding of each row (prefill), None: none anywhere
         # the slots of one position, seen by the k beams that write it: beam j sees slot j (k = 1 or K)
-        own = torch.full((beam_size, beam_size), float("-inf"), device=device).fill_diagonal_(0.0)
+        own = torch.full((beam_size, beam_size), float("-inf"), device=device, dtype=dtype).fill_diagonal_(0.0)
         self.own = {1: own[:1], beam_size: own}
-        self.history = torch.zeros(n, 1, 0, device=device)  # (n, k, t*K): 0 at the slots beam j descends from
+        self.history = torch.zeros(n, 1, 0, device=device, dtype=dtype)  # (n, k, t*K): 0 at the slots beam j descends from
         # per layer (n, H_kv, max_steps*K, 2*d_head): slot s*K + j, key | value; carved out of one allocation, in
         # the model's dtype (under autocast, writes are cast to it)
         shape = (n, self.H_kv, max_steps * beam_size, 2 * self.dh)
@@ -197,7 +199,7 @@ class IncrementalDecoder:
             pos = (valid.long().cumsum(1) - 1).clamp(min=0)
             # nobody attends to padding; a padding query sees itself, so that no softmax row is empty
             mask = (causal & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=device)
-        bias = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))  # (n, T, T)
+        bias = torch.zeros(mask.shape, device=device, dtype=self.history.dtype).masked_fill_(~mask, float("-inf"))
         self.history = bias[:, -1:, :]  # what the next position sees: every real token
         x = self._embed(ids.reshape(-1), pos.reshape(-1) if pos.dim() == 2 else pos.repeat(n))
         self_bias = self._head_bias(bias)

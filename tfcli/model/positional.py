@@ -36,7 +36,7 @@ class SinusoidalPositions(nn.Module):
         if not is_compiling():
             need = _end(pos, end)
             if need > self.pe.size(0):
-                self.pe = sinusoidal_table(max(need, 2 * self.pe.size(0)), self.d_model).to(self.pe.device)
+                self.pe = sinusoidal_table(max(need, 2 * self.pe.size(0)), self.d_model).to(self.pe.device, self.pe.dtype)
         return self.pe[pos]
 
 

@@ -74,6 +74,9 @@ class TrainConfig:
     # batches padded to shape buckets: lengths up to a multiple of this, rows up to what max_tokens allows at that
     # length, so that a compiled model meets few shapes (one graph each); 0: 8 with compile, else 1 (no extra padding)
     pad_multiple: int = 0
+    # static: one compiled graph per shape bucket (fastest kernels; a new bucket compiles once, in the first epoch);
+    # dynamic: graphs with symbolic rows and lengths, shared by the buckets (fewer compilations where buckets are many)
+    compile_shapes: Literal["static", "dynamic"] = "static"
     threads: int = 0  # CPU threads for torch (0: torch's default, one per core)
     profile: str = ""  # "A-B": steps A..B under torch.profiler, tables in RUN/profile/ (tfcli/train/profiling.py)
     peak_flops: float = 0.0  # the GPU's dense peak FLOP/s, for MFU (0: from its name and the precision; train/flops.py)

@@ -171,9 +171,9 @@ class Trainer:
         self.scaler = grad_scaler(self.device.type, enabled=self.precision == "fp16")
         # DDP and torch.compile wrap the model together with its loss
         self.objective = Objective(self.raw, cfg.label_smoothing)
-        # with shape buckets, one static graph per bucket (dynamic shapes would cost speed and break CUDA graphs)
-        self.model = torch.compile(self.objective, dynamic=False if self.pad_multiple > 1 else None) \
-            if cfg.compile else self.objective
+        # with shape buckets, one static graph per bucket, or symbolic graphs the buckets share (compile_shapes)
+        dynamic = True if cfg.compile_shapes == "dynamic" else (False if self.pad_multiple > 1 else None)
+        self.model = torch.compile(self.objective, dynamic=dynamic) if cfg.compile else self.objective
         self.model = distributed.wrap(self.model, self.dist, self.device)
 
         self.step, self.epoch, self.pos = 0, 0, 0
@@ -645,7 +645,7 @@ def out_of_memory(e: BaseException) -> bool:
 def _graph_room(trainer: Trainer):
     """With --compile, room for one graph per shape bucket: past torch's recompile limit (8 by default) a compiled
     function falls back to eager for every new shape. Set for the run only."""
-    if not trainer.cfg.compile:
+    if not trainer.cfg.compile or trainer.cfg.compile_shapes == "dynamic":
         return contextlib.nullcontext()
     import torch._dynamo
 
