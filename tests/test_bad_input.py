@@ -572,6 +572,27 @@ def start_translating_into(ckpt, out: Path) -> subprocess.Popen:
     return proc
 
 
+def test_an_interrupt_lost_in_a_callback_prints_no_traceback():
+    """A signal's KeyboardInterrupt raised where Python cannot propagate it (a callback during an import, a __del__)
+    is printed by Python as "Exception ignored in ... Traceback": the CLI's hook keeps it quiet (the signal is
+    remembered and ends the command at its next commit), and shows every other such exception as before."""
+    code = """if True:
+        import sys
+        from tfcli.cli import _unraisable
+        sys.unraisablehook = _unraisable
+        class Interrupted:
+            def __del__(self):
+                raise KeyboardInterrupt
+        class Broken:
+            def __del__(self):
+                raise ValueError("still shown")
+        Interrupted()
+        Broken()
+        """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "KeyboardInterrupt" not in proc.stderr and "still shown" in proc.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_translate_interrupted_keeps_the_old_output_and_no_temp_file(sig, ckpt, tmp_path):

@@ -21,10 +21,19 @@ from tfcli.errors import EXIT_INTERRUPTED, interrupt
 __all__ = ["app", "main", "run", "fail"]
 
 
+def _unraisable(info) -> None:
+    """The interrupt raised where Python cannot propagate it (a callback inside an import, say) is not printed as a
+    traceback: `interrupt` remembered the signal, and the command stops at its next commit or at its end."""
+    if isinstance(info.exc_value, KeyboardInterrupt):
+        return
+    sys.__unraisablehook__(info)
+
+
 def main() -> None:
     # SIGTERM acts as Ctrl-C: temp files are removed, no output is replaced, training saves a checkpoint
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, interrupt)
+    sys.unraisablehook = _unraisable
     try:
         app()
     except SystemExit as e:
