@@ -140,11 +140,10 @@ def write(out: Path, entries: list, args) -> None:
         "vs baseline | machine | date |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
-    for e in sorted(entries, key=lambda e: (e["pair"], e.get("protocol", "budget"), e["variant"] != "baseline",
-                                            e["variant"], e["seed"])):
+    for e in sorted(entries, key=lambda e: (e["pair"], key(e)[3], e["variant"] != "baseline", e["variant"], e["seed"])):
         b = base.get(key(e)[1:])
         delta = f"{e['valid_beam5_sacrebleu'] - b['valid_beam5_sacrebleu']:+.2f}" if b and b is not e else ""
-        md.append(f"| {e['pair']} | {e.get('protocol', 'budget')} | {e['variant']} | {e['seed']} | {e['steps']} | "
+        md.append(f"| {e['pair']} | {key(e)[3]} | {e['variant']} | {e['seed']} | {e['steps']} | "
                   f"{e['train_wall_s'] / e['steps']:.3f} | {e['valid_nll']:.3f} | {e['valid_greedy_bleu_300']:.2f} | "
                   f"{e['valid_beam5_sacrebleu']:.2f} | {delta} | {machine(e)} | {e['date']} |")
     md += ["", "Commands: " + "; ".join(f"`{e['command']}`" for e in entries), ""]

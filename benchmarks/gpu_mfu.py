@@ -64,11 +64,9 @@ CASES = {
     "base": dict(kind="seq2seq", arch="base", target=0.35, pairs=100_000, lexicon=75_000, vocab=37000,
                  tokenizer="bpe", max_len=256, max_tokens=32768, grad_accum=1, steps=400, log_every=20, skip=100,
                  profile=(396, 400), train_args=[]),
-    # `base` with dynamic-shape graphs shared by the shape buckets, in place of one static graph per bucket
-    "base-dynamic": dict(kind="seq2seq", arch="base", target=0.35, pairs=100_000, lexicon=75_000, vocab=37000,
-                         tokenizer="bpe", max_len=256, max_tokens=32768, grad_accum=1, steps=400, log_every=20,
-                         skip=100, profile=(396, 400), train_args=["--compile-shapes", "dynamic"]),
 }
+# `base` with dynamic-shape graphs shared by the shape buckets, in place of one static graph per bucket
+CASES["base-dynamic"] = {**CASES["base"], "train_args": ["--compile-shapes", "dynamic"]}
 # --quick: tiny presets and data, a few steps; only shows that every stage runs
 QUICK = {
     "gpt2-small": dict(arch="lm-tiny", words=20_000, lexicon=2000, vocab=300, max_len=64, max_tokens=256,

@@ -25,9 +25,10 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def precision(device: torch.device, dtype: str):
+def precision(device: torch.device, dtype: str, half: bool = False):
     """A context for the forward passes: autocast to bf16/fp16, or nothing for fp32 and int8 (whose linear layers
-    are quantised once, by tfcli.generate.step.StepModel)."""
+    are quantised once, by tfcli.generate.step.StepModel) and for `half` weights (already in bf16/fp16: a GPU's
+    decoding copy, tfcli.generate.loader)."""
     if dtype not in DTYPE_NAMES:
         raise ConfigError(f"--dtype {dtype}: choose from {', '.join(DTYPE_NAMES)}")
     if dtype == "fp32":
@@ -40,7 +41,7 @@ def precision(device: torch.device, dtype: str):
         return contextlib.nullcontext()
     if dtype == "fp16" and device.type != "cuda":
         raise ConfigError("--dtype fp16 needs a CUDA device; on the CPU use bf16 or fp32")
-    return torch.autocast(device.type, dtype=DTYPES[dtype])
+    return contextlib.nullcontext() if half else torch.autocast(device.type, dtype=DTYPES[dtype])
 
 
 def onednn_available() -> bool:

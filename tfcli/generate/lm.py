@@ -13,8 +13,6 @@ sees "</s> prompt" and an empty prompt generates from the start of a text.
 
 from __future__ import annotations
 
-import contextlib
-
 import json
 import sys
 from typing import IO, Callable, Iterator
@@ -199,7 +197,7 @@ def continuations(loaded: Loaded, texts: list[str], cfg: GenerateConfig, device:
     _warn_unknown(encoded)
     prompt_ids = _fit_prompts(loaded.steps, [[START_ID] + ids for ids in encoded])
     generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.seed is not None else None
-    autocast = contextlib.nullcontext() if loaded.steps.half else precision(device, cfg.dtype)
+    autocast = precision(device, cfg.dtype, loaded.steps.half)
     return _generate(loaded.steps, tok, texts, prompt_ids, cfg, generator, autocast, stream)
 
 

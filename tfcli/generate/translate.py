@@ -48,7 +48,7 @@ class Translator:
         if cfg.alignment_layer > n_layers:
             raise TfcliError(f"--alignment-layer {cfg.alignment_layer}: the model's decoder has {n_layers} layers")
         self.alignment_layer = cfg.alignment_layer or default_layer(n_layers)
-        self.precision = contextlib.nullcontext() if loaded.steps.half else precision(device, cfg.dtype)
+        self.precision = precision(device, cfg.dtype, loaded.steps.half)
         self.warned_unk = False
         self.index = 0  # 0-based index of the next input line, across chunks and files
 
