@@ -7,13 +7,15 @@ PREP: a Multi30k prepared directory as recipes/multi30k.sh makes it (joint BPE 8
 `tfcli train PREP --config CONFIG --seed N --set ...` (the recipe's wall-clock budget, so a slower option trains
 fewer steps: what a user of the recipe gets), alone on the machine, one after another; then its valid scores: the
 last validation's nll and greedy BLEU (300 sentences, from RUN/metrics.jsonl) and sacreBLEU of beam 5 (length
-penalty 1.0) over the whole valid split, from the raw text. test2016 is never read. Results accumulate in
+penalty 1.0) over the whole valid split (from the average of the last checkpoints where the config makes one, else
+the best), from the raw text. test2016 is never read. Results accumulate in
 benchmarks/results/ablations.{json,md} (one entry per variant and seed; a re-run replaces its entry), with the CPU
 named.
 
 --set KEY=VALUE (repeatable) adds a setting to every variant; --jobs N trains N variants at once, for a GPU with room
 for several (a config that stops at a step or epoch count, e.g. recipes/multi30k.yaml with --set train.device=cuda:
-concurrency then changes the time, not the result). A config other than the `cpu` recipe's is its own protocol.
+concurrency then changes the time, not the result). A config other than the `cpu` recipe's is its own protocol,
+named by the config and a hash of its text (a changed config starts a new protocol).
 
 --steps N: the budget off and N steps for every variant (the cosine schedule ends at step N), so that a row's quality
 does not depend on the machine's speed that day (a wall-clock budget turns the machine's drift into a step count);
@@ -24,6 +26,7 @@ with the baseline of the same pair, seed and protocol (budget or N steps).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -49,9 +52,11 @@ VARIANTS = {
     "relu2": ["model.activation=relu2"],
     "qk_norm": ["model.qk_norm=true"],
     "zero_init_residual": ["model.zero_init_residual=true"],
-    # for the GPU-sized recipe (recipes/multi30k.yaml), whose valid BLEU still rose at its 40-epoch limit
-    "epochs100": ["train.max_epochs=100"],
-    "epochs100_relu2": ["train.max_epochs=100", "model.activation=relu2"],
+    # for the GPU-sized recipe (recipes/multi30k.yaml); the variants of its earlier version are in
+    # results/gpu_ablations.json, each with its settings and command
+    "layers4": ["model.n_encoder_layers=4", "model.n_decoder_layers=4"],
+    "dropout0.4": ["model.dropout=0.4"],
+    "lr0.003": ["train.lr=0.003"],
 }
 
 
@@ -90,11 +95,11 @@ def main() -> None:
 
 
 def run_variant(name: str, args) -> dict:
-    """Train one variant, then score its last checkpoint on valid."""
+    """Train one variant, then score on valid the checkpoint the recipe would translate with."""
     src, tgt = args.pair.split("-")
     valid = Path(args.data) / "multi30k"
     protocol = f"{args.steps} steps" if args.steps else ("budget" if args.config == DEFAULT_CONFIG
-                                                          else Path(args.config).stem)
+                                                          else config_protocol(args.config))
     run = Path(args.runs) / (f"{args.pair}-{name}-seed{args.seed}" + (f"-{args.steps}steps" if args.steps else ""))
     fixed = ["train.max_minutes=0", f"train.max_steps={args.steps}"] if args.steps else []
     sets = [a for s in VARIANTS[name] + fixed + args.sets for a in ("--set", s)]
@@ -105,8 +110,10 @@ def run_variant(name: str, args) -> dict:
     wall = time.time() - start
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in rows if r["split"] == "valid"][-1]
+    # the checkpoint the recipe translates with: the average of the last ones where the config makes one, else BEST
+    model = next(iter(sorted((run / "checkpoints").glob("avg-last*"))), run)
     beam = subprocess.run(
-        [*TFCLI, "eval", "--model", str(run), "--translate", str(valid / f"valid.{src}"), "-r",
+        [*TFCLI, "eval", "--model", str(model), "--translate", str(valid / f"valid.{src}"), "-r",
          str(valid / f"valid.{tgt}"), "--beam-size", "5", "--len-penalty", "1.0", "--metrics", "bleu",
          "--score-only"], check=True, capture_output=True, text=True).stdout.strip()
     return {"variant": name, "seed": args.seed, "pair": args.pair, "protocol": protocol, "set": VARIANTS[name],
@@ -114,6 +121,11 @@ def run_variant(name: str, args) -> dict:
             "valid_beam5_sacrebleu": float(beam), "train_wall_s": round(wall, 1), "jobs": args.jobs,
             "cpu": cpu_name(), "gpu": gpu_name(), "load_average_at_start": load,
             "date": time.strftime("%Y-%m-%d %H:%M"), "command": shlex.join(cmd)}
+
+
+def config_protocol(config: str) -> str:
+    """Another config's runs compare only with runs of the same text: its name and a hash of its content."""
+    return f"{Path(config).stem} ({hashlib.sha256(Path(config).read_bytes()).hexdigest()[:8]})"
 
 
 def key(e: dict) -> tuple:
@@ -133,10 +145,11 @@ def write(out: Path, entries: list, args) -> None:
         "otherwise, either on the config's "
         "wall-clock budget (protocol `budget`: a slower option, or a slower day, trains fewer steps) or for a fixed "
         "number of steps (`--steps`: quality at equal steps; s/step is then the option's cost); valid nll and greedy "
-        "BLEU (300 sentences) of the last validation, and sacreBLEU of beam 5 (length penalty 1.0) on the whole "
-        "valid split; `vs baseline`: against the baseline of the same pair, seed and protocol. Written by "
+        "BLEU of the last validation (300 sentences for the CPU recipes, all for `multi30k.yaml`), and sacreBLEU of beam 5 (length penalty 1.0) on the whole "
+        "valid split; `vs baseline`: against the baseline of the same pair, seed and protocol (a config other than the "
+        "`cpu` recipe's is named with the first 8 hex digits of its text's sha256: its version in git). Written by "
         "`benchmarks/ablations.py`; test2016 is never read.", "",
-        "| pair | protocol | variant | seed | steps | s/step | valid nll | greedy BLEU (300) | beam-5 sacreBLEU | "
+        "| pair | protocol | variant | seed | steps | s/step | valid nll | greedy BLEU | beam-5 sacreBLEU | "
         "vs baseline | machine | date |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]

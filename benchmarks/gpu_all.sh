@@ -107,11 +107,11 @@ sweep() {  # recipe choices for multi30k.yaml on valid (benchmarks/ablations.py)
   [ -d "$prep" ] || tfcli prepare --src "$d/train.de" --tgt "$d/train.en" --valid-src "$d/valid.de" \
     --valid-tgt "$d/valid.en" --tokenizer bpe --vocab-size 8000 --joint-vocab -o "$prep"
   python3 benchmarks/ablations.py "$prep" --config recipes/multi30k.yaml --data "$DATA" --pair de-en \
-    --variants "${SWEEP:-baseline,epochs100,relu2,epochs100_relu2}" --jobs "${SWEEP_JOBS:-4}" \
+    --variants "${SWEEP:-baseline,layers4,dropout0.4,lr0.003}" --jobs "${SWEEP_JOBS:-4}" \
     --runs "$ROOT/.gpu/runs/sweep" --out benchmarks/results/gpu_ablations "${extra[@]}"
 }
 decode() {
-  local run=$ROOT/.gpu/runs/multi30k-de-en-full/run ckpt
+  local run=${DECODE_RUN:-$ROOT/.gpu/runs/multi30k-de-en-full/run} ckpt  # DECODE_RUN: another de-en run
   ckpt=$run
   for avg in "$run"/checkpoints/avg-last*; do [ -d "$avg" ] && ckpt=$avg; done  # as the recipe chooses
   if [ "$DEVICE" = cpu ]; then

@@ -5,8 +5,8 @@
 #   recipes/multi30k.sh SRC TGT [SIZE] [OUT]      e.g. recipes/multi30k.sh de en cpu
 #
 # SRC/TGT: two of de, en, fr. SIZE: cpu (recipes/multi30k-cpu.yaml: at most 15 minutes on a 2-core CPU, the whole
-# recipe), cpu-long (recipes/multi30k-cpu-long.yaml: at most 45 minutes) or full (recipes/multi30k.yaml, the `small`
-# preset, for a GPU). The CPU sizes train on a wall-clock budget (train.max_minutes): the step count is planned from
+# recipe), cpu-long (recipes/multi30k-cpu-long.yaml: at most 45 minutes) or full (recipes/multi30k.yaml, 3+3 layers
+# x 256, for a GPU). The CPU sizes train on a wall-clock budget (train.max_minutes): the step count is planned from
 # the machine's measured speed and written to the log, so a faster machine trains longer, a slower one less.
 # OUT defaults to runs/multi30k-SRC-TGT-SIZE.
 # The data comes from $DATA (default ../shared/data), never from the repository. Scores: sacreBLEU (cased,
