@@ -16,14 +16,15 @@ from tfcli.model.transformer import build_model
 V = 40
 
 
-def model_for(packed=False, **overrides):
-    """A random encoder-decoder and its StepModel (packed: weights pre-packed for oneDNN)."""
+def model_for(packed=False, static=False, **overrides):
+    """A random encoder-decoder and its StepModel (packed: weights pre-packed for oneDNN; static: fixed-shape steps,
+    StaticDecoder)."""
     if packed and not onednn_available():
         pytest.skip("oneDNN is not available in this torch build")
     torch.manual_seed(0)
     cfg = preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_head=4, **overrides)
     model = build_model(cfg).eval()
-    return model, StepModel(model, pack=packed)
+    return model, StepModel(model, pack=packed, static=static)
 
 
 def start(sm, src, beam_size, steps):
@@ -42,7 +43,8 @@ def full_logits(model, src_row: torch.Tensor, prefix: list[int]) -> torch.Tensor
      dict(packed=True, norm="post", activation="gelu"), dict(rms_norm=True, activation="swiglu"),
      dict(activation="geglu", norm="post"), dict(packed=True, rms_norm=True, activation="relu2"),
      dict(packed=True, activation="swiglu"), dict(qk_norm=True), dict(packed=True, qk_norm=True, rms_norm=True),
-     dict(n_kv_head=2), dict(packed=True, n_kv_head=1, qk_norm=True, norm="post")],
+     dict(n_kv_head=2), dict(packed=True, n_kv_head=1, qk_norm=True, norm="post"), dict(static=True),
+     dict(static=True, norm="post", n_kv_head=2, positions="learned"), dict(static=True, packed=True, qk_norm=True)],
 )
 def test_beams_reordered_and_sentences_leaving_match_the_full_forward(overrides):
     model, sm = model_for(**overrides)

@@ -62,15 +62,16 @@ def _one_thread():
 # --- search ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("which", ["copier", "random", "packed"])
+@pytest.mark.parametrize("which", ["copier", "random", "packed", "static", "static-copier"])
 def test_cached_batched_search_equals_slow_reference(which, copier_model):
     """Greedy and beam search (KV cache, batched, sentences leaving the batch) equal the no-cache reference run one
     sentence at a time: same hypotheses in the same order, same scores. `packed`: CPU inference as translate runs it
-    (oneDNN weights, fused linear layers in the search)."""
-    model = copier_model if which == "copier" else random_model()
+    (oneDNN weights, fused linear layers in the search); `static`: the fixed-shape step a GPU replays as a CUDA
+    graph (StaticDecoder), run eagerly."""
+    model = copier_model if which.endswith("copier") else random_model()
     if which == "packed" and not onednn_available():
         pytest.skip("oneDNN is not available in this torch build")
-    steps = StepModel(model, pack=which == "packed")
+    steps = StepModel(model, pack=which == "packed", static=which.startswith("static"))
     srcs = sources(20, seed=3, max_words=8)
     beams = beam_search(steps, pad(srcs), beam_size=4, len_penalty=0.6, nbest=4, token_scores=True)
     greedy = greedy_decode(steps, pad(srcs))
@@ -82,7 +83,7 @@ def test_cached_batched_search_equals_slow_reference(which, copier_model):
         assert g.tokens == ref_g.tokens
         assert g.score == pytest.approx(ref_g.score, abs=1e-4)
         ended_early += len(g.token_scores) == len(g.tokens) + 1  # ended with </s>
-    if which == "copier":  # it ends every sentence (by construction), so the </s> paths are exercised
+    if which.endswith("copier"):  # it ends every sentence (by construction), so the </s> paths are exercised
         assert ended_early == len(srcs)
         assert all(b[0].tokens == s[:-1] for s, b in zip(srcs, beams))
 

@@ -47,12 +47,15 @@ class StepModel:
     """A model's decoder as the functions an incremental step calls (built from the weights as they are now), and
     the key/value memory it reuses from batch to batch."""
 
-    def __init__(self, model: nn.Module, pack: bool = False, int8: bool = False):
+    def __init__(self, model: nn.Module, pack: bool = False, int8: bool = False, static: bool | None = None):
         """`pack`: pre-pack the linear weights for oneDNN (fp32 on the CPU only; elsewhere, or where torch lacks
-        the ops, it is ignored: see `packed`). `int8`: run the linear layers in int8 (CPU; see `tfcli.device.int8_available`)."""
+        the ops, it is ignored: see `packed`). `int8`: run the linear layers in int8 (CPU; see `tfcli.device.int8_available`).
+        `static`: encoder-decoder batches step through a `StaticDecoder` (fixed shapes, on CUDA replayed as a CUDA
+        graph); None: on CUDA only."""
         self.model, self.cfg = model, model.cfg
         parts = model.parts()  # the interface the model documents (tfcli.model.transformer.Parts)
         weight = parts.lm_head.weight
+        self.static = weight.device.type == "cuda" if static is None else static
         self.int8 = int8
         # weights already in bf16/fp16 (a GPU's decoding copy, tfcli.generate.loader): run without autocast
         self.half = weight.dtype in (torch.bfloat16, torch.float16)
@@ -97,6 +100,8 @@ class StepModel:
     ) -> "IncrementalDecoder":
         """A decoder for n rows of `beam_size` beams and at most `max_steps` positions; `memory` (n, S, d_model)
         and `mem_mask` (n, 1, 1, S), True at real source tokens, for an encoder-decoder."""
+        if self.static and memory is not None:
+            return StaticDecoder(self, n, beam_size, max_steps, memory, mem_mask)
         return IncrementalDecoder(self, n, beam_size, max_steps, memory, mem_mask)
 
     def free_memory(self) -> None:
@@ -217,10 +222,10 @@ class IncrementalDecoder:
         embed = self.sm.embed
         return torch.add(self.positions[pos], embed.tok(tok), alpha=embed.scale)
 
-    def _layers(self, x, start: int, r: int, L: int, self_bias, pos, last_only: bool = False) -> torch.Tensor:
-        """x: (n*r, d_model), r new positions (or beams) per row written from slot `start`; L slots in view.
-        `pos`: their positions for RoPE, (r,) or (n, r). Returns the logits (n*r, V), or (n, V) of each row's
-        last position with `last_only`."""
+    def _layers(self, x, start, r: int, L: int, self_bias, pos, last_only: bool = False) -> torch.Tensor:
+        """x: (n*r, d_model), r new positions (or beams) per row written from slot `start` (an int, or a (r,) tensor
+        of slots on the device: `StaticDecoder`); L slots in view. `pos`: their positions for RoPE, (r,) or (n, r).
+        Returns the logits (n*r, V), or (n, V) of each row's last position with `last_only`."""
         n, H, H_kv, dh = self.n, self.H, self.H_kv, self.dh
         D = H * dh
         rope = self.sm.rope
@@ -236,7 +241,10 @@ class IncrementalDecoder:
                 q = rope(q.transpose(1, 2), pos, self.max_steps).transpose(1, 2)
                 new_k = rope(new_kv[:, :, 0].transpose(1, 2), pos, self.max_steps).transpose(1, 2)
                 new_kv = torch.stack([new_k, new_kv[:, :, 1]], dim=2)
-            kv.view(n, H_kv, -1, 2, dh)[:, :, start : start + r] = new_kv.permute(0, 3, 1, 2, 4)
+            if isinstance(start, int):
+                kv.view(n, H_kv, -1, 2, dh)[:, :, start : start + r] = new_kv.permute(0, 3, 1, 2, 4)
+            else:
+                kv.view(n, H_kv, -1, 2, dh).index_copy_(2, start, new_kv.permute(0, 3, 1, 2, 4))
             keys = kv[:, :, :L, :dh].reshape(n * H_kv, L, dh)
             values = kv[:, :, :L, dh:].reshape(n * H_kv, L, dh)
             x = layer.norm_self_out(layer.self_out(self._attend(q, keys.transpose(1, 2), values, self_bias), x))
@@ -290,6 +298,91 @@ class IncrementalDecoder:
         if parent is not None:
             self.history = self.history.gather(1, parent[:, :, None].expand(-1, -1, self.history.size(2)))
             self.k = parent.size(1)
+
+
+class StaticDecoder(IncrementalDecoder):
+    """The incremental decoder with shapes that never change within a batch, for a step replayed as a CUDA graph.
+
+    The search sees the same interface (`step` for its live rows, `select` to drop rows and reorder beams), but the
+    tensors the step works on keep the batch's first shape: every sentence keeps its place and its K beams (a
+    sentence that has left, or beams not yet split at the first step, still compute, and nobody reads them); the
+    step attends over all max_steps * K slots, those not yet written masked by the history (-inf); the position
+    is read from a one-element tensor on the device. On CUDA the first step captures the step as a CUDA graph and
+    each later step replays it: one launch instead of one per operation, which on a GPU is where a small model's
+    step spends its time. Elsewhere (and in tests) the same fixed-shape step runs eagerly.
+
+    Prefill (language-model prompts) is not supported: a language model decodes through `IncrementalDecoder`."""
+
+    def __init__(self, sm: StepModel, n: int, beam_size: int, max_steps: int, memory, mem_mask):
+        super().__init__(sm, n, beam_size, max_steps, memory, mem_mask)
+        K, device, dtype = self.K, self.history.device, self.history.dtype
+        self.rows = torch.arange(n, device=device)  # the place of each live sentence
+        self.history = torch.full((n, K, max_steps * K), float("-inf"), device=device, dtype=dtype)
+        self.tok = torch.full((n * K,), 0, dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)  # this step's position
+        self.beam_slots = torch.arange(K, device=device)
+        for kv in self.kv:  # every slot is in view (masked until written): each must hold a number
+            kv.zero_()
+        self.logits: torch.Tensor | None = None
+        self.graph = None
+        # (under autocast, whose weight casts a captured graph would cache, the step runs eagerly)
+        self.use_graph = device.type == "cuda" and not torch.is_autocast_enabled()
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        """tok: (n*k,) the last token of each live beam; returns their logits (n*k, V)."""
+        n, k, K = self.rows.numel(), self.k, self.K
+        if self.t == self.max_steps:
+            raise RuntimeError(f"decoded past the {self.max_steps} positions this decoder was made for")
+        self.tok.view(-1, K)[self.rows] = tok.view(n, k).expand(n, K) if k == 1 else tok.view(n, K)
+        self.pos.fill_(self.t)
+        if not self.use_graph:
+            self.logits = self._static_step()
+        elif self.graph is None:
+            self.logits = self._capture()
+        else:
+            self.graph.replay()
+        self.t += 1
+        return self.logits.view(-1, K, self.logits.size(-1))[self.rows, :k].reshape(n * k, -1)
+
+    def _static_step(self) -> torch.Tensor:
+        """One position for every place and beam: (n0*K, V) logits, from `self.tok` at position `self.pos`."""
+        n, K = self.n, self.K
+        slots = self.pos * K + self.beam_slots  # beam j writes slot t*K + j and sees it
+        self.history.index_copy_(2, slots, self.own[K].expand(n, K, K))
+        x = self._embed(self.tok, self.pos)
+        return self._layers(x, slots, K, self.history.size(2), self._head_bias(self.history), self.pos)
+
+    def _capture(self) -> torch.Tensor:
+        """Run the first step on a side stream (CUDA graphs need one eager run first), then capture it; the step's
+        writes are idempotent, so running it twice is running it once."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._static_step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            logits = self._static_step()
+        self.graph.replay()
+        return logits
+
+    def prefill(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        raise RuntimeError("StaticDecoder does not prefill: a language model decodes through IncrementalDecoder")
+
+    def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
+        """As `IncrementalDecoder.select`, but nothing moves: a sentence that leaves keeps its place, unread, and
+        reordering beams rewrites the live sentences' history masks."""
+        if keep is not None:
+            self.rows = self.rows[keep]
+        if parent is not None:
+            history = self.history[self.rows]
+            k = parent.size(1)
+            self.history[self.rows, :k] = history.gather(1, parent[:, :, None].expand(-1, -1, history.size(2)))
+            self.k = k
+
+    def release(self) -> None:
+        self.graph = self.logits = None
+        super().release()
 
 
 def _move_rows(x: torch.Tensor, n: int, n_new: int, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
