@@ -14,7 +14,7 @@ from tfcli.cli import app
 from tfcli.data.batching import pad, source_ids
 from reference_search import assert_same_nbest, reference_beam_search, reference_greedy
 from tfcli.device import int8_available, onednn_available
-from tfcli.generate.step import IncrementalDecoder, StepModel, keep_order
+from tfcli.generate.step import IncrementalDecoder, StaticDecoder, StepModel, keep_order
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty, top_k
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import Translator, translate
@@ -417,3 +417,55 @@ def test_beam_search_reading_in_one_copy_is_the_same(monkeypatch, token_scores):
     want = beam_search(model, srcs, beam_size=4, len_penalty=0.6, nbest=2, token_scores=token_scores)
     monkeypatch.setattr(search, "_to_lists", functools.partial(search._to_lists, one_copy=True))
     assert beam_search(model, srcs, beam_size=4, len_penalty=0.6, nbest=2, token_scores=token_scores) == want
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("every", [1, 3, 8, 100])
+def test_greedy_reads_the_device_every_n_steps_and_its_outputs_do_not_depend_on_it(every, static, copier_model,
+                                                                                   monkeypatch):
+    """Greedy decoding keeps its bookkeeping on the device and reads it once every N steps (plus once for the
+    batch's length limit and once for the outputs, one read per tensor on the CPU): the outputs are the slow
+    reference's for any N, in any sentence order, with the shrinking or the fixed-shape decoder."""
+    import math
+
+    for model in (copier_model, random_model()):
+        steps = StepModel(model, static=static)
+        srcs = sources(14, seed=7, max_words=9)
+        reads = []
+        for name in ("tolist", "item", "__bool__", "__int__", "__float__"):
+            original = getattr(torch.Tensor, name)
+
+            def counted(t, *a, _original=original, _name=name):
+                reads.append(_name)
+                return _original(t, *a)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+        calls = []
+        step = StaticDecoder.step if static else IncrementalDecoder.step
+        monkeypatch.setattr(StaticDecoder if static else IncrementalDecoder, "step",
+                            lambda d, tok: calls.append(1) or step(d, tok))
+        hyps = greedy_decode(steps, pad(srcs), check_every=every)
+        monkeypatch.undo()
+        n_steps = len(calls)
+        assert len(reads) == 1 + math.ceil(n_steps / every) + 4, reads
+        for src, h in zip(srcs, hyps):
+            ref = reference_greedy(model, src)
+            assert h.tokens == ref.tokens and h.score == pytest.approx(ref.score, abs=1e-4)
+        order = list(range(len(srcs)))[::-1]
+        again = greedy_decode(steps, pad([srcs[i] for i in order]), check_every=every)
+        assert [(h.tokens, h.score) for h in again] == [(hyps[i].tokens, hyps[i].score) for i in order]
+
+
+def test_sampled_lines_do_not_depend_on_how_often_the_device_is_read():
+    """A sampled line's random numbers are keyed by its index and step: rows that ended run on unread until the
+    next check, and take none of the others' numbers."""
+    from tfcli.generate.sampling import LineSampling
+
+    model, srcs = random_model(), sources(10, seed=2, max_words=9)
+    lines = torch.arange(len(srcs))
+    runs = [greedy_decode(StepModel(model, static=static), pad(srcs), sampling=LineSampling(3.0, 0, 1.0, 7),
+                          lines=lines, check_every=every) for every in (1, 4) for static in (False, True)]
+    for r in runs[1:]:  # (the fixed-shape decoder attends over more, masked, slots: scores round differently)
+        assert [h.tokens for h in r] == [h.tokens for h in runs[0]]
+        assert [h.score for h in r] == pytest.approx([h.score for h in runs[0]], abs=1e-4)
+    assert len({tuple(h.tokens) for h in runs[0]}) > 1

@@ -35,7 +35,7 @@ class Translation:
 
 # what each method takes; the rest of TranslateConfig/GenerateConfig belongs to `load` or to the command line
 _TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
-              "buffer_size", "raw", "sampling", "temperature", "topk", "topp", "seed")
+              "buffer_size", "check_every", "raw", "sampling", "temperature", "topk", "topp", "seed")
 _NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
              "repetition_penalty", "seed", "stop", "batch_size")
@@ -91,7 +91,7 @@ class Translator:
 
     def translate(self, texts: list[str], **options) -> list[str]:
         """The best translation of each text. `options`: beam_size (5; 1 is greedy), len_penalty, max_len_a,
-        max_len_b, min_len, batch_size, max_tokens, buffer_size, raw (subword tokens instead of text); or
+        max_len_b, min_len, batch_size, max_tokens, buffer_size, check_every, raw (subword tokens instead of text); or
         sampling=True with temperature, topk, topp and seed: one draw a text, keyed by the seed and its index;
         prefixes: one target prefix a text ('' for none), which its translation starts with."""
         _check_options("translate", options, _TRANSLATE + ("prefixes",))

@@ -85,6 +85,11 @@ def translate(
         None, "--max-tokens", rich_help_panel=_RUN,
         help="Padded source tokens per batch, at most.",
     ),
+    check_every: Optional[int] = typer.Option(
+        None, "--check-every", rich_help_panel=_RUN,
+        help="Greedy decoding and sampling: read the device every N steps, to stop and let finished sentences leave "
+        "(0: every step on the CPU, every 8 on a GPU). Outputs do not depend on it.",
+    ),
     buffer_size: Optional[int] = typer.Option(
         None, "--buffer-size", rich_help_panel=_RUN,
         help="Lines read ahead and sorted by length.",
@@ -155,7 +160,7 @@ def translate(
         min_len=min_len, nbest=nbest, scores=scores or None, raw=raw or None, alignment=alignment or None,
         sampling=sampling or None, temperature=temperature, topk=topk, topp=topp, seed=seed,
         alignment_layer=alignment_layer, batch_size=batch_size,
-        max_tokens=max_tokens, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
+        max_tokens=max_tokens, check_every=check_every, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
         threads=threads, encoding_errors=encoding_errors,
     )
     if output_dir is not None and output is not None:

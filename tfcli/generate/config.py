@@ -35,6 +35,8 @@ class TranslateConfig:
     batch_size: int = 64  # sentences per batch, at most
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length
+    # greedy decoding and sampling: the host reads the device every N steps (0: every step on the CPU, 8 on a GPU)
+    check_every: int = 0
     part_lines: int = 10000  # lines per part when several processes share a file, or with --resume (shards.py)
     # input that is not UTF-8: strict (stop, naming file, line and column) or replace (U+FFFD for each bad byte)
     encoding_errors: Literal["strict", "replace"] = "strict"
@@ -47,6 +49,8 @@ class TranslateConfig:
             raise ConfigError("translate: --beam-size must be at least 1")
         if self.nbest is not None and not 1 <= self.nbest <= self.beam_size:
             raise ConfigError(f"translate: --nbest must be between 1 and the beam size ({self.beam_size})")
+        if self.check_every < 0:
+            raise ConfigError("translate: --check-every must not be negative (0: the device's default)")
         if self.batch_size < 1 or self.max_tokens < 1 or self.buffer_size < 1 or self.part_lines < 1:
             raise ConfigError("translate: --batch-size, --max-tokens, --buffer-size and --part-lines must be positive")
         if self.max_len_a < 0 or self.min_len < 0:

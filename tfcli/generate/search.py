@@ -46,12 +46,12 @@ def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int,
     return longest.clamp(max=model.cfg.max_len)
 
 
-def _start(model, src: torch.Tensor, beam_size: int, max_len: torch.Tensor) -> IncrementalDecoder:
+def _start(model, src: torch.Tensor, beam_size: int, max_steps: int) -> IncrementalDecoder:
     """Encode the batch once and start its decoder. `model`: an EncoderDecoder, or a StepModel made from one (the
     way `translate` runs it: packed weights, key/value memory reused from batch to batch)."""
     sm = step_model(model)
     memory, mem_mask = sm.encode(src)
-    return sm.start(src.size(0), beam_size, int(max_len.max()), memory, mem_mask)
+    return sm.start(src.size(0), beam_size, max_steps, memory, mem_mask)
 
 
 _BANNED = {False: torch.tensor([PAD_ID, BOS_ID]), True: torch.tensor([PAD_ID, BOS_ID, EOS_ID])}
@@ -132,24 +132,33 @@ def top_k(x: torch.Tensor, k: int, width: int = 64) -> tuple[torch.Tensor, torch
 def greedy_decode(
     model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0,
     sampling: LineSampling | None = None, lines: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
+    check_every: int = 0,
 ) -> list[Hypothesis]:
     """Greedy decoding on the incremental decoder; one `Hypothesis` per source row (scored like beam search, beam 1).
     With `sampling`, each next token is drawn instead (`lines`: (B,) each row's index in the input, which with the
     seed keys its random numbers); the score is still the model's log-probability of the tokens chosen. `prefix`:
     (B, P) target ids each output must start with (-1 past a row's prefix), scored as the model scores them.
 
+    Everything a step decides stays on the device (each row's tokens, log-probs, and the step it ended at); the
+    host reads it every `check_every` steps (0: every step on the CPU, every 8 on a GPU, where each read stalls
+    the queue of launched work), to stop and to let the finished rows leave. A row that ended between two reads
+    runs on until the next one, unread: its output is what it was when it ended.
+
     src: (B, S) right-padded source ids, each ending in </s>.
     """
     B, device = src.size(0), src.device
+    every = check_every or (1 if device.type == "cpu" else 8)
     max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
-    decoder = _start(model, src, 1, max_len)
-    alive = torch.arange(B, device=device)  # which input rows are still decoding
-    tokens = torch.empty(B, 0, dtype=torch.long, device=device)
-    lps = torch.empty(B, 0, device=device)
-    out: list[Hypothesis | None] = [None] * B
+    T = int(max_len.max())
+    decoder = _start(model, src, 1, T)
+    out_tok = torch.zeros(B, T, dtype=torch.long, device=device)  # per input row, its tokens and their log-probs
+    out_lp = torch.zeros(B, T, device=device)
+    end = torch.zeros(B, dtype=torch.long, device=device)  # the step a row ended at (0: not yet)
+    eos = torch.zeros(B, dtype=torch.bool, device=device)  # it ended with </s>
+    alive = torch.arange(B, device=device)  # the input row of each decoder row
     tok = torch.full((B,), BOS_ID, dtype=torch.long, device=device)
     step = 0
-    while alive.numel():
+    while True:
         step += 1
         forced = _forced_at(prefix, step, 1)
         if sampling is None:
@@ -161,24 +170,29 @@ def greedy_decode(
             if forced is not None:
                 nxt = torch.where(forced >= 0, forced, nxt)
             lp = lprobs.gather(1, nxt[:, None]).squeeze(1)
-        tokens = torch.cat([tokens, nxt[:, None]], 1)
-        lps = torch.cat([lps, lp[:, None]], 1)
-        eos = nxt == EOS_ID
-        done = eos | (max_len[alive] <= step)
-        if bool(done.any()):
-            rows = done.nonzero().flatten()
-            for i, ended, toks, scores in zip(
-                alive[rows].tolist(), eos[rows].tolist(), tokens[rows].tolist(), lps[rows].tolist()
-            ):
-                n = step - 1 if ended else step
-                out[i] = Hypothesis(toks[:n], sum(scores) / length_penalty(step, len_penalty), scores)
-            keep = torch.tensor(keep_order(alive.numel(), rows.tolist()), dtype=torch.long, device=device)
-            alive, tokens, lps, nxt = alive[keep], tokens[keep], lps[keep], nxt[keep]
+        out_tok[alive, step - 1] = nxt
+        out_lp[alive, step - 1] = lp
+        ended = end[alive]
+        ending = (ended == 0) & ((nxt == EOS_ID) | (max_len[alive] <= step))
+        end[alive] = torch.where(ending, step, ended)
+        eos[alive] |= ending & (nxt == EOS_ID)
+        tok = nxt
+        if step % every and step < T:
+            continue
+        done = (end[alive] > 0).tolist()  # the one read of the device in `every` steps
+        if all(done):
+            break
+        if any(done):
+            keep = torch.tensor(keep_order(len(done), [r for r, d in enumerate(done) if d]), device=device)
+            alive, tok = alive[keep], tok[keep]
             prefix = prefix[keep] if prefix is not None else None
             decoder.select(keep)
-        tok = nxt
     decoder.release()
-    return out  # type: ignore[return-value]
+    out = []
+    for e, ended_eos, toks, scores in zip(*_to_lists(end, eos, out_tok, out_lp)):
+        scores = scores[:e]
+        out.append(Hypothesis(toks[: e - 1 if ended_eos else e], sum(scores) / length_penalty(e, len_penalty), scores))
+    return out
 
 
 def greedy_search(model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10) -> list[list[int]]:
@@ -223,7 +237,7 @@ def beam_search(
     if 2 * K > V - 3:
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
     max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
-    decoder = _start(model, src, K, max_len)
+    decoder = _start(model, src, K, int(max_len.max()))
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     alive = list(range(B))  # input row of each live sentence
     alive_max = max_len

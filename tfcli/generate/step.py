@@ -157,7 +157,7 @@ class IncrementalDecoder:
         embed = sm.embed
         self.steps = torch.arange(max_steps, device=device)
         no_positions = torch.zeros(max_steps, cfg.d_model, device=device, dtype=dtype)  # RoPE: positions enter in attention
-        self.positions = embed.pos(self.steps) if embed.pos is not None else no_positions
+        self.positions = embed.pos(self.steps, max_steps) if embed.pos is not None else no_positions
         self.pad: torch.Tensor | None = None  # (n,) left padding of each row (prefill), None: none anywhere
         # the slots of one position, seen by the k beams that write it: beam j sees slot j (k = 1 or K)
         own = torch.full((beam_size, beam_size), float("-inf"), device=device, dtype=dtype).fill_diagonal_(0.0)

@@ -133,11 +133,12 @@ class Translator:
                 sampling = LineSampling(cfg.temperature, cfg.topk, cfg.topp, cfg.seed)
                 hyps = [[h] for h in greedy_decode(
                     self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, sampling,
-                    torch.tensor(lines, device=self.device), prefix,
+                    torch.tensor(lines, device=self.device), prefix, cfg.check_every,
                 )]
             elif cfg.beam_size == 1:
                 hyps = [[h] for h in greedy_decode(
-                    self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, prefix=prefix
+                    self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, prefix=prefix,
+                    check_every=cfg.check_every,
                 )]
             else:
                 hyps = beam_search(
