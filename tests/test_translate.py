@@ -469,3 +469,40 @@ def test_sampled_lines_do_not_depend_on_how_often_the_device_is_read():
         assert [h.tokens for h in r] == [h.tokens for h in runs[0]]
         assert [h.score for h in r] == pytest.approx([h.score for h in runs[0]], abs=1e-4)
     assert len({tuple(h.tokens) for h in runs[0]}) > 1
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("every", [1, 3, 8])
+def test_beam_search_reads_the_device_every_n_steps_and_its_nbest_does_not_depend_on_it(every, static,
+                                                                                         copier_model, monkeypatch):
+    """Beam search keeps each sentence's K best finished hypotheses, their count and its done flag on the device;
+    with N > 1 the host reads it once every N steps (plus once for the batch's length limit and once per output
+    tensor): the n-best lists, scores and per-token scores are the slow reference's for any N, in any order."""
+    import math
+
+    for model, alpha in ((copier_model, 0.6), (random_model(), 0.6), (random_model(), 0.0)):
+        steps = StepModel(model, static=static)
+        srcs = sources(12, seed=11, max_words=8)
+        reads, calls = [], []
+        if every > 1:
+            for name in ("tolist", "item", "__bool__", "__int__", "__float__"):
+                original = getattr(torch.Tensor, name)
+                monkeypatch.setattr(torch.Tensor, name,
+                                    lambda t, *a, _o=original, _n=name: reads.append(_n) or _o(t, *a))
+        step = StaticDecoder.step if static else IncrementalDecoder.step
+        monkeypatch.setattr(StaticDecoder if static else IncrementalDecoder, "step",
+                            lambda d, tok: calls.append(1) or step(d, tok))
+        hyps = beam_search(steps, pad(srcs), beam_size=4, len_penalty=alpha, nbest=4, token_scores=True,
+                           check_every=every)
+        monkeypatch.undo()
+        if every > 1:
+            assert len(reads) == 1 + math.ceil(len(calls) / every) + 5, reads
+        for src, h in zip(srcs, hyps):
+            assert_same_nbest(h, reference_beam_search(model, src, beam_size=4, len_penalty=alpha, nbest=4))
+            assert all(len(x.token_scores) in (len(x.tokens), len(x.tokens) + 1) for x in h)
+        order = [5, 0, 11, 3, 8, 1, 10, 2, 9, 4, 7, 6]
+        again = beam_search(steps, pad([srcs[i] for i in order]), beam_size=4, len_penalty=alpha, nbest=2,
+                            check_every=every)
+        for i, h in zip(order, again):
+            assert [x.tokens for x in h] == [x.tokens for x in hyps[i][:2]]
+            assert [x.score for x in h] == pytest.approx([x.score for x in hyps[i][:2]], abs=1e-5)

@@ -87,7 +87,7 @@ def translate(
     ),
     check_every: Optional[int] = typer.Option(
         None, "--check-every", rich_help_panel=_RUN,
-        help="Greedy decoding and sampling: read the device every N steps, to stop and let finished sentences leave "
+        help="Read the search's state from the device every N steps, to stop and let finished sentences leave "
         "(0: every step on the CPU, every 8 on a GPU). Outputs do not depend on it.",
     ),
     buffer_size: Optional[int] = typer.Option(

@@ -35,7 +35,7 @@ class TranslateConfig:
     batch_size: int = 64  # sentences per batch, at most
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length
-    # greedy decoding and sampling: the host reads the device every N steps (0: every step on the CPU, 8 on a GPU)
+    # the search's host reads its state from the device every N steps (0: every step on the CPU, 8 on a GPU)
     check_every: int = 0
     part_lines: int = 10000  # lines per part when several processes share a file, or with --resume (shards.py)
     # input that is not UTF-8: strict (stop, naming file, line and column) or replace (U+FFFD for each bad byte)

@@ -212,6 +212,7 @@ def beam_search(
     min_len: int = 0,
     token_scores: bool = False,
     prefix: torch.Tensor | None = None,
+    check_every: int = 0,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; per source row, the `nbest` best hypotheses, best first. `prefix`: (B, P) target ids
     every hypothesis must start with (-1 past a row's prefix): while a row is in its prefix each beam has one way
@@ -224,10 +225,15 @@ def beam_search(
     `nbest`-th best is at least what the best live beam would score if it ended at the next step,
     best_live_sum / lp(step + 1) (Hugging Face's default rule; with alpha = 0 it is exact, since a live beam's
     summed log-prob only falls; fairseq's "K finished" alone can stop while a live beam is better, so that a larger
-    beam returned a worse translation). It then leaves the batch. It also leaves as soon as its `nbest` best
-    finished hypotheses cannot be beaten at all: lp(|Y|) is at most lp(max_len + 1), so no live beam can finish
-    above best_live_sum / lp(max_len + 1). That changes no output and saves the steps after the answer is settled.
-    Rows are sentence-major: row s * k + j is beam j of live sentence s. The first step runs one row per sentence.
+    beam returned a worse translation). It is also done as soon as its `nbest` best finished hypotheses cannot be
+    beaten at all: lp(|Y|) is at most lp(max_len + 1), so no live beam can finish above
+    best_live_sum / lp(max_len + 1). That changes no output and saves the steps after the answer is settled.
+
+    All of it stays on the device: each sentence's K best finished hypotheses so far (best first; equal scores in
+    the order they ended), how many ended, and whether it is done. The host reads the device every `check_every`
+    steps (0: every step on the CPU, every 8 on a GPU), to stop and to let the done sentences leave the batch; a
+    sentence done between two reads runs on unread, and nothing it does is kept. Rows are sentence-major: row
+    s * k + j is beam j of live sentence s. The first step runs one row per sentence.
     """
     K = beam_size
     B, device = src.size(0), src.device
@@ -236,25 +242,30 @@ def beam_search(
         raise ValueError(f"nbest must be between 1 and the beam size ({K}), got {nbest}")
     if 2 * K > V - 3:
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
+    every = check_every or (1 if device.type == "cpu" else 8)
     max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
-    decoder = _start(model, src, K, int(max_len.max()))
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    alive = list(range(B))  # input row of each live sentence
-    alive_max = max_len
-    # the largest length penalty a live hypothesis can still get, and the score of each sentence's nbest-th best
-    # finished hypothesis so far (-inf while it has fewer)
-    lp_max = length_penalty(max_len.float() + 1, len_penalty)
-    floor = torch.full((B,), float("-inf"), device=device)
-    full = torch.zeros(B, dtype=torch.bool, device=device)  # has K finished hypotheses
+    T = int(max_len.max())
+    decoder = _start(model, src, K, T)
+    # per input row: its K best finished hypotheses (score, the step it ended at: 0 for none, ended with </s>,
+    # tokens, per-token log-probs), how many ended in all, and whether the sentence is done
+    fin_score = torch.full((B, K), float("-inf"), device=device)
+    fin_step = torch.zeros(B, K, dtype=torch.long, device=device)
+    fin_eos = torch.zeros(B, K, dtype=torch.bool, device=device)
+    fin_tok = torch.zeros(B, K, T, dtype=torch.long, device=device)
+    fin_lp = torch.zeros(B, K, T, device=device) if token_scores else None
+    fin_n = torch.zeros(B, dtype=torch.long, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    lp_max = length_penalty(max_len.float() + 1, len_penalty)  # the largest length penalty a hypothesis can get
+    alive = torch.arange(B, device=device)  # the input row of each live sentence
     k = 1  # beams per live sentence: 1 at the first step, K after
     scores = torch.zeros(B, 1, device=device)  # summed log-probs of the live beams, (n, k)
-    tokens = torch.empty(B, 0, dtype=torch.long, device=device)  # (n * k, step - 1)
-    lps = torch.empty(B, 0, device=device)  # per-token log-probs, kept only if asked for
+    tokens = torch.zeros(B, T, dtype=torch.long, device=device)  # (n * k, T): each live beam's tokens so far
+    lps = torch.zeros(B, T, device=device) if token_scores else None  # and their log-probs, if asked for
     tok = torch.full((B,), BOS_ID, dtype=torch.long, device=device)
     step = 0
-    while alive:
+    while True:
         step += 1
-        n = len(alive)
+        n = alive.numel()
         # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
         # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
         # no topk runs over, all k * V pairs.
@@ -272,62 +283,81 @@ def beam_search(
         cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
         next_lp = cand_lp.gather(1, pick) if token_scores else None
 
-        at_max = alive_max <= step
-        bound = next_scores[:, 0] / lp_max  # no live beam can finish with a better score
-        next_end = next_scores[:, 0] / length_penalty(step + 1, len_penalty)  # the best live beam, ending next
-        settled = floor >= bound if len_penalty >= 0 else torch.zeros_like(full)  # (alpha < 0: lp falls, no bound)
-        settled |= full & (floor >= next_end)
-        ending = is_eos[:, :K].any(1) | at_max | settled
-        done: list[int] = []
-        if bool(ending.any()):
-            ends = ending.nonzero().flatten()
-            ends_list, bounds, next_ends, *host = _to_lists(
-                ends, bound[ends], next_end[ends], at_max[ends], settled[ends],
-                *(t[ends, :K] for t in (is_eos, cand_row, cand_scores, cand_lp) if t is not None),
-                *(t[ends] for t in (next_row, next_tok, next_scores, next_lp) if t is not None),
+        # what ends now, in a sentence not done yet: </s> among its first K candidates, and at its max length its K
+        # continuing beams
+        live = ~done[alive]
+        at_max = max_len[alive] <= step
+        ends = torch.cat([is_eos[:, :K], at_max[:, None].expand(n, K)], 1) & live[:, None]  # (n, 2K)
+        if every > 1 or bool(ends.any()):  # (on the CPU, where reading is cheap, skipped when nothing ends)
+            _keep_finished(
+                (fin_score, fin_step, fin_eos, fin_tok, fin_lp, fin_n), alive, ends, step,
+                torch.cat([cand_scores[:, :K], next_scores], 1) / length_penalty(step, len_penalty),
+                torch.cat([cand_row[:, :K], next_row], 1), torch.cat([cand_tok[:, :K], next_tok], 1),
+                tokens, lps, torch.cat([cand_lp[:, :K], next_lp], 1) if token_scores else None,
             )
-            done = _finish(finished, alive, ends_list, K, length_penalty(step, len_penalty), tokens,
-                           lps if token_scores else None, host)
-            # this step's hypotheses may settle a sentence: its nbest-th best finished score, and whether it has K,
-            # are updated for all of them at once (one copy to the device, not one per sentence)
-            settle_s, settle_floor, settle_full = [], [], []
-            ended = set(done)
-            for s, b, e in zip(ends_list, bounds, next_ends):
-                hyps = finished[alive[s]]
-                if len(hyps) >= nbest and s not in ended:
-                    best, has_k = sorted(h.score for h in hyps)[-nbest], len(hyps) >= K
-                    settle_s.append(s)
-                    settle_floor.append(best)
-                    settle_full.append(has_k)
-                    if (best >= b and len_penalty >= 0) or (has_k and best >= e):
-                        done.append(s)
-            if settle_s:
-                idx = torch.tensor(settle_s, device=device)
-                floor[idx] = torch.tensor(settle_floor, dtype=floor.dtype).to(device)
-                full[idx] = torch.tensor(settle_full).to(device)
+        # done: at the max length, or settled (see above); `floor` is the nbest-th best finished score
+        floor, full = fin_score[alive, nbest - 1], fin_n[alive] >= K
+        settled = full & (floor >= next_scores[:, 0] / length_penalty(step + 1, len_penalty))
+        if len_penalty >= 0:  # (alpha < 0: lp falls as |Y| grows, no bound)
+            settled |= floor >= next_scores[:, 0] / lp_max[alive]
+        done[alive] = ~live | at_max | settled
 
-        keep = None
-        if done:
-            keep_list = keep_order(n, done)
-            alive = [alive[s] for s in keep_list]
-            if not alive:
-                break
-            keep = torch.tensor(keep_list, device=device)
-            next_scores, next_row, next_tok = next_scores[keep], next_row[keep], next_tok[keep]
-            next_beam = next_beam[keep]
-            alive_max, lp_max, floor, full = alive_max[keep], lp_max[keep], floor[keep], full[keep]
-            prefix = prefix[keep] if prefix is not None else None
-            if token_scores:
-                next_lp = next_lp[keep]
-        decoder.select(keep, next_beam)
+        decoder.select(None, next_beam)
         rows = next_row.flatten()
-        tokens = torch.cat([tokens.index_select(0, rows), next_tok.reshape(-1, 1)], 1)
+        tokens = tokens.index_select(0, rows)
+        tokens[:, step - 1] = next_tok.flatten()
         if token_scores:
-            lps = torch.cat([lps.index_select(0, rows), next_lp.reshape(-1, 1)], 1)
+            lps = lps.index_select(0, rows)
+            lps[:, step - 1] = next_lp.flatten()
         scores, k = next_scores, K
         tok = next_tok.flatten()
+        if step % every and step < T:
+            continue
+        gone = done[alive].tolist()  # the one read of the device in `every` steps
+        if all(gone):
+            break
+        if any(gone):
+            keep = torch.tensor(keep_order(n, [s for s, g in enumerate(gone) if g]), device=device)
+            beams = (keep[:, None] * K + torch.arange(K, device=device)).flatten()
+            alive, scores, tok, tokens = alive[keep], scores[keep], tok[beams], tokens[beams]
+            lps = lps[beams] if token_scores else None
+            prefix = prefix[keep] if prefix is not None else None
+            decoder.select(keep)
     decoder.release()
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+    out = []
+    host = _to_lists(fin_score, fin_step, fin_eos, fin_tok, *((fin_lp,) if token_scores else ()))
+    for score, ended, eos, toks, *lp in zip(*host):
+        out.append([Hypothesis(toks[j][: ended[j] - eos[j]], score[j], lp[0][j][: ended[j]] if lp else None)
+                    for j in range(nbest)])
+    return out
+
+
+def _keep_finished(fin, alive, ends, step, score, row, last, tokens, lps, last_lp) -> None:
+    """Merge the hypotheses that end at `step` into each live sentence's K best finished ones (in place).
+
+    `fin`: per input row (score, step, eos, tokens, log-probs, count), as beam_search keeps them; `ends` (n, 2K):
+    which of the step's 2K candidates end (the first K by </s>, the others at the max length), with their
+    `score` (already divided by the length penalty), beam `row` in `tokens`/`lps`, `last` token and its log-prob
+    `last_lp`. A stable sort keeps equal scores in the order they ended."""
+    fin_score, fin_step, fin_eos, fin_tok, fin_lp, fin_n = fin
+    n, K2 = ends.shape
+    K, T = K2 // 2, tokens.size(1)
+    eos = torch.zeros_like(ends)
+    eos[:, : K] = True
+    new_tok = tokens.index_select(0, row.flatten()).view(n, K2, T)
+    new_tok[:, :, step - 1] = last
+    merged = torch.cat([fin_score[alive], score.masked_fill(~ends, float("-inf"))], 1)  # (n, 3K)
+    order = merged.sort(dim=1, descending=True, stable=True).indices[:, :K]
+    fin_score[alive] = merged.gather(1, order)
+    fin_step[alive] = torch.cat([fin_step[alive], torch.where(ends, step, 0)], 1).gather(1, order)
+    fin_eos[alive] = torch.cat([fin_eos[alive], eos & ends], 1).gather(1, order)
+    pick = order[:, :, None].expand(n, K, T)
+    fin_tok[alive] = torch.cat([fin_tok[alive], new_tok], 1).gather(1, pick)
+    if fin_lp is not None:
+        new_lp = lps.index_select(0, row.flatten()).view(n, K2, T)
+        new_lp[:, :, step - 1] = last_lp
+        fin_lp[alive] = torch.cat([fin_lp[alive], new_lp], 1).gather(1, pick)
+    fin_n[alive] += ends.sum(1)
 
 
 def _to_lists(*tensors: torch.Tensor, one_copy: bool | None = None) -> list[list]:
@@ -341,47 +371,3 @@ def _to_lists(*tensors: torch.Tensor, one_copy: bool | None = None) -> list[list
     for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
         out.append(part.view(t.shape).to(t.dtype).tolist())
     return out
-
-
-def _finish(finished, alive, ends: list[int], K, lp_step, tokens, lps, host: list[list]) -> list[int]:
-    """Move the hypotheses that end at this step into `finished`; return the live sentences that are now done.
-
-    For each sentence in `ends`: its </s> candidates among the first K end; at its max length its K continuing
-    beams end too. A `settled` sentence is done, its live beams dropped. `host`: for these sentences only, read from
-    the device once, at_max and settled, then the first K of is_eos, cand_row, cand_scores (and cand_lp with
-    `lps`), then next_row, next_tok, next_scores (and next_lp with `lps`).
-    """
-    n_end = len(ends)
-    stops, settles, *rest = host
-    if lps is not None:
-        is_eos, cand_row, cand_scores, cand_lp, next_row, next_tok, next_scores, next_lp = rest
-    else:
-        is_eos, cand_row, cand_scores, next_row, next_tok, next_scores = rest
-        cand_lp = next_lp = [None] * n_end
-    # per sentence: (row of the beam it extends, appended token or None for </s>, summed log-prob, last log-prob)
-    ending = []
-    for i, stop in enumerate(stops):
-        items = [
-            (cand_row[i][j], None, cand_scores[i][j], cand_lp[i][j] if lps is not None else None)
-            for j in range(K) if is_eos[i][j]
-        ]
-        if stop:
-            items += [
-                (next_row[i][j], next_tok[i][j], next_scores[i][j], next_lp[i][j] if lps is not None else None)
-                for j in range(K)
-            ]
-        ending.append(items)
-    rows = sorted({item[0] for items in ending for item in items})
-    idx = torch.tensor(rows, dtype=torch.long, device=tokens.device)
-    prefix = dict(zip(rows, tokens.index_select(0, idx).tolist()))
-    prefix_lp = dict(zip(rows, lps.index_select(0, idx).tolist())) if lps is not None else None
-    done = []
-    for s, stop, settle, items in zip(ends, stops, settles, ending):
-        hyps = finished[alive[s]]
-        for row, tok, score, last_lp in items:
-            toks = prefix[row] + ([tok] if tok is not None else [])
-            ts = prefix_lp[row] + [last_lp] if prefix_lp is not None else None
-            hyps.append(Hypothesis(toks, score / lp_step, ts))
-        if stop or settle:
-            done.append(s)
-    return done

@@ -144,6 +144,7 @@ class Translator:
                 hyps = beam_search(
                     self.steps, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
                     nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores, prefix=prefix,
+                    check_every=cfg.check_every,
                 )
             if cfg.alignment:
                 self._align(batch, src, hyps)
