@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tfcli.device import int8_available, onednn_available
-from tfcli.generate.step import StepModel
+from tfcli.generate.step import StaticDecoder, StepModel
 from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, PAD_ID
 from tfcli.model.transformer import build_model
@@ -262,3 +262,34 @@ def test_int8_steps_stay_close_to_the_full_forward():
         logits = dec.step(torch.full((2,), BOS_ID))
         ref = torch.stack([full_logits(model, src[i], []) for i in range(2)])
     assert (logits - ref).abs().max() <= 0.05 * ref.abs().max()
+
+
+def test_the_fixed_shape_step_is_one_graph_per_batch_shape():
+    """StaticDecoder's step (what a GPU captures as a CUDA graph) traces into one graph without a break (a read of
+    the position on the host would split it), the same graph at every position and for every batch of the same
+    shape, and gives the eager step's logits. The `eager` backend: only the capture is under test."""
+    from torch._dynamo.utils import counters
+
+    model, sm = model_for(static=True)
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(StaticDecoder._static_step, fullgraph=True, backend="eager", dynamic=False)
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for _batch in range(3):  # three batches of one shape: (4 sentences, 6 source tokens, 5 steps, 3 beams)
+            src = torch.randint(4, V, (4, 6), generator=g)
+            compiled, eager = start(sm, src, 3, 5), start(StepModel(model, static=True), src, 3, 5)
+            compiled._static_step = lambda d=compiled: step(d)
+            tok = torch.full((4,), BOS_ID)
+            for t in range(5):
+                got, want = compiled.step(tok), eager.step(tok)
+                torch.testing.assert_close(got, want)
+                nxt = torch.randint(4, V, (4, 3), generator=g)
+                parent = torch.randint(0, 1 if t == 0 else 3, (4, 3), generator=g)
+                compiled.select(None, parent)
+                eager.select(None, parent)
+                tok = nxt.flatten()
+            compiled.release()
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"]
+    torch._dynamo.reset()

@@ -2,10 +2,11 @@
 
 Both run the encoder once per batch, feed the decoder one new token per beam and step through
 `step.IncrementalDecoder` (its key/value memory holds the rest, the cross-attention keys/values of the source are
-computed once per sentence, and reordering beams copies no keys/values), and let finished sentences leave the batch,
-so no compute is spent on them. Neither ever emits <pad> or <s>.
+computed once per sentence, and reordering beams copies no keys/values). What a step decides stays on the device;
+the host reads it every `check_every` steps, to stop and to let finished sentences leave the batch (at once on the
+CPU, so no compute is spent on them). Neither ever emits <pad> or <s>.
 
-Length rules, shared with the slow reference in `reference.py`:
+Length rules, shared with the slow reference in `tests/reference_search.py`:
   - a sentence may have at most max_len = a * src_len + b output tokens (src_len counts </s>; capped at the model's
     max_len); a hypothesis that reaches it stops there, without </s>;
   - </s> is forbidden before `min_len` tokens (benchmarks set min_len = max_len to force equal work).

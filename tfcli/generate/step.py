@@ -20,6 +20,8 @@ the first step of beam search). Arranged for inference speed:
   quantised once, one scale per output row; activations at each call, one scale per row (tfcli.generate.int8), so
   that a row's result never depends on the other rows.
 - The key/value memory is allocated once per batch and reused by the next batch (`release`), not grown step by step.
+- On CUDA, an encoder-decoder's batch decodes through `StaticDecoder`: the same interface and arithmetic with
+  shapes fixed for the batch, so that its step is captured once as a CUDA graph and replayed.
 
 Language-model prompts of different lengths are left-padded: `prefill` runs them in one pass, each row numbering
 its positions from its first real token, and nobody attends to the padding.
