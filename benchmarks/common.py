@@ -142,10 +142,10 @@ def _serve(conn, factory, args, threads: int) -> None:
             conn.send((False, traceback.format_exc()))
 
 
-def export_peers(model, vocab: list[str], directory: Path) -> tuple[Path, Path]:
-    """The tfcli `model` saved as a checkpoint (a word-level tokenizer over `vocab`, ids in order) and exported with
-    `tfcli export` (tfcli.interop) to a transformers model (directory/hf) and a CTranslate2 float32 model
-    (directory/ct2): the peers run exactly what a user's export gives them."""
+def export_peers(model, vocab: list[str], directory: Path, ct2: bool = True) -> tuple[Path, Path | None]:
+    """The tfcli `model` saved as a checkpoint (directory/ckpt; a word-level tokenizer over `vocab`, ids in order)
+    and exported with `tfcli export` (tfcli.interop) to a transformers model (directory/hf) and, with `ct2`, a
+    CTranslate2 float32 model (directory/ct2): the peers run exactly what a user's export gives them."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from tfcli import checkpoint
@@ -161,6 +161,8 @@ def export_peers(model, vocab: list[str], directory: Path) -> tuple[Path, Path]:
     ckpt = checkpoint.save(directory / "ckpt", model, {"model": to_dict(model.cfg)},
                            {side: directory / "words.json" for side in sides})
     export(ckpt, "hf", directory / "hf")
+    if not ct2:
+        return directory / "hf", None
     export(ckpt, "ctranslate2", directory / "ct2")
     return directory / "hf", directory / "ct2"
 

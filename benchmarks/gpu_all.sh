@@ -15,11 +15,16 @@
 #       sweep        benchmarks/ablations.py on recipes/multi30k.yaml (de-en, valid only): SWEEP="baseline,..."
 #                    variants, SWEEP_JOBS (4) trained at once on the one GPU, into results/gpu_ablations.{json,md}
 #       decode       benchmarks/gpu_translate_speed.py: tfcli vs HF generate, beam 5 and greedy, batch 64 and 256,
-#                    bf16, on the de-en model that stage de-en trained
+#                    bf16, on the de-en model that stage de-en trained (DECODE_RUN: another de-en run; one HF can
+#                    represent: no QK-norm), and tfcli with eager steps (no CUDA graph, the device read every step)
+#       lm-decode    benchmarks/gpu_lm_generate_speed.py: tfcli vs HF generate, baby-gpt and gpt2-small shapes,
+#                    greedy and top-k sampling, batch 1 and 32, bf16 (random weights: no training needed)
 #                Stage times seen on an H100 (2026-11-24): check 39 s on a fresh machine, tests 88 s, shakespeare
-#                177 s, mfu about 160 s (gpt2-small) + 300 s (base), de-en 405 s, decode 108 s, en-de about as de-en.
-#                A call starts a machine in about a minute and a session has 30 device minutes, so all of it takes
-#                two sessions; e.g. `de-en decode`, `en-de tests`, `mfu` (decode needs de-en's model: the same call).
+#                177 s, mfu about 160 s (gpt2-small) + 300 s (base), de-en 405 s, decode 108 s, en-de about as de-en;
+#                on an H200 (2026-11-26): tests 160 s (beside a sweep), sweep 353 s (4 variants), de-en 351 s
+#                (60 epochs at 8k tokens), decode 79 s. A session's device time (15 minutes lately) fits two or
+#                three calls: run two chains side by side (below) and call again at once while the machine is warm
+#                (decode needs de-en's model: the same call, or DECODE_RUN on a warm machine).
 #                With BUDGET_S a call's last stage is cut rather than the call lost.
 #   BUDGET_S=570 benchmarks/gpu_all.sh ...       stop the stage that runs at 570 s after the start (exit 124) and
 #                                               pack what the finished stages wrote: the call still brings it back
@@ -120,18 +125,24 @@ decode() {
   else python3 benchmarks/gpu_translate_speed.py "$ckpt" --data "$DATA"; fi
 }
 
+lm_decode() {
+  if [ "$DEVICE" = cpu ]; then python3 benchmarks/gpu_lm_generate_speed.py --device cpu --dtype fp32 --quick
+  else python3 benchmarks/gpu_lm_generate_speed.py; fi
+}
+
 run_stage() {
   case $1 in
     check) check ;; tests) tests ;; mfu) mfu ;; de-en) multi30k de en ;; en-de) multi30k en de ;;
-    shakespeare) shakespeare ;; decode) decode ;; sweep) sweep ;;
-    *) echo "unknown stage '$1' (pack, check, tests, mfu, de-en, en-de, shakespeare, decode, sweep)" >&2; return 2 ;;
+    shakespeare) shakespeare ;; decode) decode ;; lm-decode) lm_decode ;; sweep) sweep ;;
+    *) echo "unknown stage '$1' (pack, check, tests, mfu, de-en, en-de, shakespeare, decode, lm-decode, sweep)" >&2
+       return 2 ;;
   esac
 }
 
 if [ "${1:-}" = --one ]; then run_stage "$2"; exit; fi  # one stage, in its own process (for `timeout`)
 
 STAGES=("$@")
-[ ${#STAGES[@]} -gt 0 ] || STAGES=(check tests mfu de-en en-de shakespeare decode)
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(check tests mfu de-en en-de shakespeare decode lm-decode)
 COLLECT=${COLLECT:-$ROOT/.gpu/collect}  # its own for each of two calls run side by side
 rm -rf "$COLLECT" && mkdir -p "$COLLECT"
 export PYTHONUNBUFFERED=1

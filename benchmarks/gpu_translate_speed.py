@@ -7,6 +7,9 @@
 The Multi30k test2016 sentences (--src/--tgt, default de -> en) through
   tfcli  the Python API (`tfcli.load(CKPT, device, dtype).translate`): what `tfcli translate --device cuda --dtype
          bf16` runs, tokenising, batching by length and detokenising included;
+  tfcli, eager steps  the same, with the decoder's step run op by op (no CUDA graph, a batch that shrinks as
+         sentences finish) and the search reading the device every step: what decoded before the CUDA-graph step,
+         to show what it gains (`StepModel.static = False`, `check_every=1`);
   HF     the checkpoint exported by `tfcli export --to hf` (tfcli.interop), loaded by transformers in the same dtype
          (its weights cast, HF's usual way), `generate` on the same sources pre-tokenised by the checkpoint's
          tokenizer and sorted by length (its tokenising and detokenising are not timed: in HF's favour).
@@ -129,6 +132,8 @@ def main() -> None:
         lines, refs = lines[: args.limit], refs[: args.limit]
 
     translator = tfcli.load(str(ckpt), device=args.device, dtype=args.dtype)
+    eager = tfcli.load(str(ckpt), device=args.device, dtype=args.dtype)
+    eager.loaded.steps.static = False
     with tempfile.TemporaryDirectory() as tmp:
         export(ckpt, "hf", Path(tmp) / "hf")
         hf = AutoModelForSeq2SeqLM.from_pretrained(Path(tmp) / "hf", torch_dtype=DTYPES[args.dtype]).to(device).eval()
@@ -143,15 +148,20 @@ def main() -> None:
             opts = dict(beam_size=beam, batch_size=bs, max_tokens=10**9, len_penalty=0.0, max_len_a=0.0,
                         max_len_b=args.max_len)
             t_tfcli, hyps_tfcli = best_time(lambda: translator.translate(lines, **opts), args.repeats, device)
+            t_eager, hyps_eager = best_time(lambda: eager.translate(lines, **opts, check_every=1), args.repeats,
+                                            device)
             t_hf, ids_hf = best_time(lambda: hf_translate(hf, src_ids, beam, bs, args.max_len, device), args.repeats,
                                      device)
             hyps_hf = decode_batch(tgt_tok, ids_hf)
             row = {"beam": beam, "batch_size": bs}
-            for name, t, hyps in (("tfcli", t_tfcli, hyps_tfcli), ("hf", t_hf, hyps_hf)):
+            for name, t, hyps in (("tfcli", t_tfcli, hyps_tfcli), ("tfcli_eager", t_eager, hyps_eager),
+                                  ("hf", t_hf, hyps_hf)):
                 row[name] = {"seconds": t, "sentences_per_s": len(lines) / t, "tgt_tokens_per_s": tokens(hyps) / t,
                              "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}
             row["same_output"] = sum(a == b for a, b in zip(hyps_tfcli, hyps_hf)) / len(lines)
             row["tfcli_over_hf"] = row["tfcli"]["sentences_per_s"] / row["hf"]["sentences_per_s"]
+            row["tfcli_over_eager"] = row["tfcli"]["sentences_per_s"] / row["tfcli_eager"]["sentences_per_s"]
+            row["same_as_eager"] = sum(a == b for a, b in zip(hyps_tfcli, hyps_eager)) / len(lines)
             print(f"beam {beam}, batch {bs}: tfcli {row['tfcli']['sentences_per_s']:.0f} sent/s, "
                   f"HF {row['hf']['sentences_per_s']:.0f} sent/s ({row['tfcli_over_hf']:.2f}x)", file=sys.stderr)
             runs.append(row)
@@ -178,12 +188,13 @@ def main() -> None:
         f"{res['transformers']}; {res['date']}. Checkpoint `{ckpt}`. Written by `benchmarks/gpu_translate_speed.py` "
         "(its docstring says what each system's time includes).", "",
         "| search | batch | tfcli sent/s | HF sent/s | tfcli / HF | tfcli tgt tok/s | HF tgt tok/s | BLEU tfcli | "
-        "BLEU HF | same output |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "BLEU HF | same output | tfcli eager steps sent/s | tfcli / eager steps | same as eager steps |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *[f"| {'greedy' if r['beam'] == 1 else 'beam %d' % r['beam']} | {r['batch_size']} | "
           f"{r['tfcli']['sentences_per_s']:.0f} | {r['hf']['sentences_per_s']:.0f} | **{r['tfcli_over_hf']:.2f}x** | "
           f"{r['tfcli']['tgt_tokens_per_s']:,.0f} | {r['hf']['tgt_tokens_per_s']:,.0f} | {r['tfcli']['bleu']:.2f} | "
-          f"{r['hf']['bleu']:.2f} | {100 * r['same_output']:.0f}% |" for r in runs], "",
+          f"{r['hf']['bleu']:.2f} | {100 * r['same_output']:.0f}% | {r['tfcli_eager']['sentences_per_s']:.0f} | "
+          f"{r['tfcli_over_eager']:.2f}x | {100 * r['same_as_eager']:.0f}% |" for r in runs], "",
         f"One more tfcli pass (beam {args.beam}, batch {max(args.batch_sizes)}) ran under torch.profiler: "
         f"`{profile.name}` (the ops by host time, then by device time; the host's waits for the device are the "
         "`cudaStreamSynchronize` / `cudaMemcpyAsync` rows).", "",

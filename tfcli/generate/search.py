@@ -152,11 +152,15 @@ def greedy_decode(
     max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
     T = int(max_len.max())
     decoder = _start(model, src, 1, T)
-    out_tok = torch.zeros(B, T, dtype=torch.long, device=device)  # per input row, its tokens and their log-probs
+    # per input row, filled as rows leave: tokens, their log-probs, the step it ended at, whether with </s>
+    out_tok = torch.zeros(B, T, dtype=torch.long, device=device)
     out_lp = torch.zeros(B, T, device=device)
-    end = torch.zeros(B, dtype=torch.long, device=device)  # the step a row ended at (0: not yet)
-    eos = torch.zeros(B, dtype=torch.bool, device=device)  # it ended with </s>
-    alive = torch.arange(B, device=device)  # the input row of each decoder row
+    out_end = torch.zeros(B, dtype=torch.long, device=device)
+    out_eos = torch.zeros(B, dtype=torch.bool, device=device)
+    # per decoder row: the same while it decodes (end 0: not yet), its input row, its length limit
+    tokens, lps = torch.zeros_like(out_tok), torch.zeros_like(out_lp)
+    end, eos = torch.zeros_like(out_end), torch.zeros_like(out_eos)
+    alive, limit = torch.arange(B, device=device), max_len
     tok = torch.full((B,), BOS_ID, dtype=torch.long, device=device)
     step = 0
     while True:
@@ -171,26 +175,30 @@ def greedy_decode(
             if forced is not None:
                 nxt = torch.where(forced >= 0, forced, nxt)
             lp = lprobs.gather(1, nxt[:, None]).squeeze(1)
-        out_tok[alive, step - 1] = nxt
-        out_lp[alive, step - 1] = lp
-        ended = end[alive]
-        ending = (ended == 0) & ((nxt == EOS_ID) | (max_len[alive] <= step))
-        end[alive] = torch.where(ending, step, ended)
-        eos[alive] |= ending & (nxt == EOS_ID)
+        tokens[:, step - 1] = nxt
+        lps[:, step - 1] = lp
+        is_eos = nxt == EOS_ID
+        ending = (end == 0) & (is_eos | (limit <= step))
+        end.masked_fill_(ending, step)
+        eos |= ending & is_eos
         tok = nxt
         if step % every and step < T:
             continue
-        done = (end[alive] > 0).tolist()  # the one read of the device in `every` steps
-        if all(done):
-            break
-        if any(done):
-            keep = torch.tensor(keep_order(len(done), [r for r, d in enumerate(done) if d]), device=device)
-            alive, tok = alive[keep], tok[keep]
+        done = (end > 0).tolist()  # the one read of the device in `every` steps
+        gone = [r for r, d in enumerate(done) if d]
+        if gone:
+            rows = torch.tensor(gone, device=device) if len(gone) < len(done) else slice(None)
+            out_tok[alive[rows]], out_lp[alive[rows]] = tokens[rows], lps[rows]
+            out_end[alive[rows]], out_eos[alive[rows]] = end[rows], eos[rows]
+            if len(gone) == len(done):
+                break
+            keep = torch.tensor(keep_order(len(done), gone), device=device)
+            alive, limit, tok, tokens, lps, end, eos = (x[keep] for x in (alive, limit, tok, tokens, lps, end, eos))
             prefix = prefix[keep] if prefix is not None else None
             decoder.select(keep)
     decoder.release()
     out = []
-    for e, ended_eos, toks, scores in zip(*_to_lists(end, eos, out_tok, out_lp)):
+    for e, ended_eos, toks, scores in zip(*_to_lists(out_end, out_eos, out_tok, out_lp)):
         scores = scores[:e]
         out.append(Hypothesis(toks[: e - 1 if ended_eos else e], sum(scores) / length_penalty(e, len_penalty), scores))
     return out

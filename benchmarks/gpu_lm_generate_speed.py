@@ -1,0 +1,160 @@
+"""Language-model generation speed on a GPU: tfcli and Hugging Face `generate`, side by side in one run.
+
+    python3 benchmarks/gpu_lm_generate_speed.py [--presets baby-gpt gpt2-small] [--batch-sizes 1 32] [--dtype bf16]
+    python3 benchmarks/gpu_lm_generate_speed.py --device cpu --dtype fp32 --quick     a check that it runs
+
+For each preset, a randomly initialised tfcli decoder-only model of its shapes (vocabulary --vocab) is saved as a
+checkpoint and exported with `tfcli export --to hf` (a GPT-2 model, as a user's export is). Both continue the same
+prompts (--prompt-len tokens, the first </s> as `tfcli lm-generate` starts them, equal lengths: no padding) for
+exactly --new-tokens new tokens (</s> never chosen: tfcli `ignore_eos`, HF min_new_tokens = max_new_tokens; <pad>
+and <s>, which tfcli never picks, suppressed in HF), greedy and top-k sampling (--top-k, temperature 1), --prompts
+rows at each batch size, in --dtype (tfcli: `tfcli.generate.loader.load`, which decodes from a copy of the weights in
+that dtype on a GPU, as `tfcli lm-generate --dtype` does; HF: its weights cast). New tokens/s: rows x N / time of
+the generation calls (prompts included), the best of --repeats after an untimed pass, CUDA synchronised; for greedy,
+the share of rows identical to tfcli's. Results: benchmarks/results/gpu_lm_generate_speed.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from common import cpu_name, export_peers, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def best_time(fn, repeats: int, device: torch.device):
+    """fn() once untimed, then the best of `repeats` timed calls; returns (seconds, the last output)."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def same(row: dict) -> str:
+    return "" if row["same_output"] is None else f"{100 * row['same_output']:.0f}%"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--presets", nargs="+", default=["baby-gpt", "gpt2-small"])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--prompts", type=int, default=32, help="rows generated per measurement, in batches")
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="a tiny model, few rows and tokens, one repeat: a check")
+    p.add_argument("--out", default=str(RESULTS / "gpu_lm_generate_speed"))
+    args = p.parse_args()
+    from transformers import AutoModelForCausalLM
+
+    from tfcli.generate.config import GenerateConfig
+    from tfcli.generate.lm import START_ID, generate_ids
+    from tfcli.device import DTYPES
+    from tfcli.generate.loader import load
+    from tfcli.model.config import preset
+    from tfcli.model.transformer import build_model
+    from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_lm_generate_speed: no CUDA device; --device cpu --dtype fp32 --quick checks that it runs")
+    if args.quick:
+        args.presets, args.vocab, args.prompts, args.new_tokens, args.repeats = ["lm-tiny"], 100, 4, 8, 1
+        args.batch_sizes = [1, 4]
+    vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(args.vocab - len(SPECIAL_TOKENS))]
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(len(SPECIAL_TOKENS), args.vocab, (args.prompts, args.prompt_len), generator=g)
+    prompts[:, 0] = START_ID
+    runs = []
+    for name in args.presets:
+        torch.manual_seed(0)
+        model = build_model(preset(name, tgt_vocab_size=args.vocab, dropout=0.0)).eval()
+        if args.prompt_len + args.new_tokens > model.cfg.max_len:
+            sys.exit(f"--prompt-len + --new-tokens must fit {name}'s max_len ({model.cfg.max_len})")
+        with tempfile.TemporaryDirectory() as tmp:
+            hf_dir, _ = export_peers(model, vocab, Path(tmp), ct2=False)
+            loaded = load(str(Path(tmp) / "ckpt"), device, "lm", args.dtype)
+            hf = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=DTYPES[args.dtype]).to(device).eval()
+        for top_k in (0, args.top_k):
+            for bs in args.batch_sizes:
+                def tfcli_run():
+                    gen_cfg = GenerateConfig(max_new_tokens=args.new_tokens, ignore_eos=True, greedy=top_k == 0,
+                                             top_k=top_k, device=args.device)
+                    gen = torch.Generator(device=device).manual_seed(1)
+                    return [row for j in range(0, len(prompts), bs)
+                            for row in generate_ids(loaded.steps, prompts[j : j + bs].tolist(), gen_cfg, gen)]
+
+                def hf_run():
+                    sample = dict(do_sample=True, top_k=top_k, top_p=1.0, temperature=1.0) if top_k else {}
+                    out = []
+                    with torch.inference_mode():
+                        for j in range(0, len(prompts), bs):
+                            batch = prompts[j : j + bs].to(device)
+                            ids = hf.generate(input_ids=batch, attention_mask=torch.ones_like(batch),
+                                              min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens,
+                                              suppress_tokens=[PAD_ID, BOS_ID], pad_token_id=PAD_ID,
+                                              eos_token_id=EOS_ID, do_sample=bool(top_k), **sample)
+                            out += ids[:, batch.size(1) :].tolist()
+                    return out
+
+                t_tfcli, out_tfcli = best_time(tfcli_run, args.repeats, device)
+                t_hf, out_hf = best_time(hf_run, args.repeats, device)
+                tokens = len(prompts) * args.new_tokens
+                row = {"preset": name, "params": sum(p.numel() for p in model.parameters()), "batch_size": bs,
+                       "search": "greedy" if top_k == 0 else f"top-k {top_k}",
+                       "tfcli_tok_per_s": tokens / t_tfcli, "hf_tok_per_s": tokens / t_hf,
+                       "tfcli_over_hf": t_hf / t_tfcli,
+                       "same_output": (sum(a == b for a, b in zip(out_tfcli, out_hf)) / len(prompts)
+                                       if top_k == 0 else None)}
+                print(f"{name}, {row['search']}, batch {bs}: tfcli {row['tfcli_tok_per_s']:,.0f} tok/s, HF "
+                      f"{row['hf_tok_per_s']:,.0f} tok/s ({row['tfcli_over_hf']:.2f}x)", file=sys.stderr)
+                runs.append(row)
+
+    import transformers
+
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    res = {"device": gpu or f"CPU ({cpu_name()})", "dtype": args.dtype, "vocab": args.vocab,
+           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "rows": args.prompts,
+           "repeats": args.repeats, "torch": torch.__version__, "transformers": transformers.__version__,
+           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "runs": runs,
+           "check_only": args.quick or device.type != "cuda"}
+    md = [
+        f"# Language-model generation on {res['device']}: tfcli and Hugging Face generate", "",
+        *(["**A check that the script runs (a CPU or --quick), not a measurement.**", ""] if res["check_only"] else []),
+        f"Random models of each preset's shapes, vocabulary {args.vocab}, exported to GPT-2 by `tfcli export`; "
+        f"{args.prompts} prompts of {args.prompt_len} tokens, exactly {args.new_tokens} new tokens each; {args.dtype}; "
+        f"best of {args.repeats} after an untimed pass; torch {res['torch']}, transformers {res['transformers']}; "
+        f"{res['date']}. Written by `benchmarks/gpu_lm_generate_speed.py` (its docstring says what is timed).", "",
+        "| model | params | search | batch | tfcli tok/s | HF tok/s | tfcli / HF | same output (greedy) |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        *[f"| {r['preset']} | {r['params'] / 1e6:.1f}M | {r['search']} | {r['batch_size']} | "
+          f"{r['tfcli_tok_per_s']:,.0f} | {r['hf_tok_per_s']:,.0f} | **{r['tfcli_over_hf']:.2f}x** | "
+          f"{same(r)} |" for r in runs], "",
+    ]
+    out = Path(args.out) if not res["check_only"] or args.out != str(RESULTS / "gpu_lm_generate_speed") else (
+        Path(tempfile.mkdtemp()) / "gpu_lm_generate_speed")
+    write_results(out, res, "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
