@@ -1,13 +1,13 @@
 """One search against an earlier version of itself, in one process, on a trained checkpoint (CPU).
 
-    .venv/bin/python benchmarks/search_ab.py CKPT --before COMMIT [--batch 64] [--rounds 6] [--threads 2]
-        [--data ../shared/data] [--out DIR/NAME]
+    .venv/bin/python benchmarks/search_ab.py CKPT --before COMMIT [--dtype fp32|int8] [--batch 64] [--rounds 6]
+        [--threads 2] [--data ../shared/data] [--out DIR/NAME]
 
 `tfcli/generate/search.py` as it was at COMMIT (read from git) and as it is now, each run over the same batches
 of the 1,000 Multi30k test2016 German sentences (sorted by length, --batch at a time; natural lengths: alpha 0, at
 most 80 tokens), greedy and beam 5, the two versions alternating for --rounds rounds. Both step through the same
-decoder (today's `tfcli/generate/step.py`, packed fp32 weights as `tfcli translate` runs on the CPU), so only the
-search differs, and the machine's drift touches both alike: a finer comparison than two runs of
+decoder (today's `tfcli/generate/step.py`, packed fp32 weights as `tfcli translate` runs on the CPU, or --dtype
+int8), so only the search differs, and the machine's drift touches both alike: a finer comparison than two runs of
 translate_speed.py. The outputs must be identical (checked). Reported: the best and the median time of each, and
 now/before speed ratios. Results: OUT.json and OUT.md, with the CPU named.
 """
@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "int8"], help="the decoder's weights (as translate)")
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "search_ab"))
     args = p.parse_args()
@@ -59,7 +60,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     before = old_search(args.before)
-    loaded = load(args.checkpoint, torch.device("cpu"), "seq2seq", "fp32")
+    loaded = load(args.checkpoint, torch.device("cpu"), "seq2seq", args.dtype)
     lines = (Path(args.data) / "multi30k" / "test2016.de").read_text(encoding="utf-8").splitlines()
     ids = [source_ids(x) for x in encode_batch(loaded.src_tok, lines)]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
@@ -91,12 +92,14 @@ def main() -> None:
         print(f"beam {beam}: now/before speed {rows[-1]['best_ratio']:.3f} (best), {rows[-1]['median_ratio']:.3f} "
               "(median)", file=sys.stderr)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    res = {"cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__, "before": args.before,
+    res = {"cpu": cpu_name(), "threads": args.threads, "dtype": args.dtype, "torch": torch.__version__,
+           "before": args.before,
            "now": head.strip(), "checkpoint": args.checkpoint, "batch": args.batch, "rounds": args.rounds,
            "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
     md = [
         f"# search.py now ({res['now']}) against {args.before}, one process", "",
-        f"{res['cpu']}, {args.threads} threads, torch {res['torch']}, {res['date']}. Checkpoint `{args.checkpoint}`; "
+        f"{res['cpu']}, {args.threads} threads, {args.dtype}, torch {res['torch']}, {res['date']}. Checkpoint "
+        f"`{args.checkpoint}`; "
         f"Multi30k test2016 de, 1,000 sentences in batches of {args.batch}, alpha 0, at most 80 tokens; "
         f"{args.rounds} rounds alternating; identical outputs. Written by `benchmarks/search_ab.py`.", "",
         "| search | before sent/s (best) | now sent/s (best) | now/before, best | now/before, median |",

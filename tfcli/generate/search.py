@@ -263,9 +263,13 @@ def beam_search(
     fin_tok = torch.zeros(B, K, T, dtype=torch.long, device=device)
     fin_lp = torch.zeros(B, K, T, device=device) if token_scores else None
     fin_n = torch.zeros(B, dtype=torch.long, device=device)
+    # per live sentence: its input row, its length limit, the largest length penalty it can get, the nbest-th best
+    # finished score and whether K have ended (copies of fin_*, kept where the step reads them), whether it is done
+    alive, limit = torch.arange(B, device=device), max_len
+    lp_max = length_penalty(max_len.float() + 1, len_penalty)
+    floor = torch.full((B,), float("-inf"), device=device)
+    full = torch.zeros(B, dtype=torch.bool, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    lp_max = length_penalty(max_len.float() + 1, len_penalty)  # the largest length penalty a hypothesis can get
-    alive = torch.arange(B, device=device)  # the input row of each live sentence
     k = 1  # beams per live sentence: 1 at the first step, K after
     scores = torch.zeros(B, 1, device=device)  # summed log-probs of the live beams, (n, k)
     tokens = torch.zeros(B, T, dtype=torch.long, device=device)  # (n * k, T): each live beam's tokens so far
@@ -294,8 +298,8 @@ def beam_search(
 
         # what ends now, in a sentence not done yet: </s> among its first K candidates, and at its max length its K
         # continuing beams
-        live = ~done[alive]
-        at_max = max_len[alive] <= step
+        live = ~done
+        at_max = limit <= step
         ends = torch.cat([is_eos[:, :K], at_max[:, None].expand(n, K)], 1) & live[:, None]  # (n, 2K)
         if every > 1 or bool(ends.any()):  # (on the CPU, where reading is cheap, skipped when nothing ends)
             _keep_finished(
@@ -304,12 +308,12 @@ def beam_search(
                 torch.cat([cand_row[:, :K], next_row], 1), torch.cat([cand_tok[:, :K], next_tok], 1),
                 tokens, lps, torch.cat([cand_lp[:, :K], next_lp], 1) if token_scores else None,
             )
-        # done: at the max length, or settled (see above); `floor` is the nbest-th best finished score
-        floor, full = fin_score[alive, nbest - 1], fin_n[alive] >= K
+            floor, full = fin_score[alive, nbest - 1], fin_n[alive] >= K
+        # done: at the max length, or settled (see above)
         settled = full & (floor >= next_scores[:, 0] / length_penalty(step + 1, len_penalty))
         if len_penalty >= 0:  # (alpha < 0: lp falls as |Y| grows, no bound)
-            settled |= floor >= next_scores[:, 0] / lp_max[alive]
-        done[alive] = ~live | at_max | settled
+            settled |= floor >= next_scores[:, 0] / lp_max
+        done = ~live | at_max | settled
 
         decoder.select(None, next_beam)
         rows = next_row.flatten()
@@ -322,13 +326,15 @@ def beam_search(
         tok = next_tok.flatten()
         if step % every and step < T:
             continue
-        gone = done[alive].tolist()  # the one read of the device in `every` steps
+        gone = done.tolist()  # the one read of the device in `every` steps
         if all(gone):
             break
         if any(gone):
             keep = torch.tensor(keep_order(n, [s for s, g in enumerate(gone) if g]), device=device)
             beams = (keep[:, None] * K + torch.arange(K, device=device)).flatten()
-            alive, scores, tok, tokens = alive[keep], scores[keep], tok[beams], tokens[beams]
+            alive, limit, lp_max, floor, full, done, scores = (
+                x[keep] for x in (alive, limit, lp_max, floor, full, done, scores))
+            tok, tokens = tok[beams], tokens[beams]
             lps = lps[beams] if token_scores else None
             prefix = prefix[keep] if prefix is not None else None
             decoder.select(keep)
