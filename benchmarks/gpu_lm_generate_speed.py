@@ -105,7 +105,8 @@ def main() -> None:
                             for row in generate_ids(loaded.steps, prompts[j : j + bs].tolist(), gen_cfg, gen)]
 
                 def hf_run():
-                    sample = dict(do_sample=True, top_k=top_k, top_p=1.0, temperature=1.0) if top_k else {}
+                    sample = dict(do_sample=True, top_k=top_k, top_p=1.0, temperature=1.0) if top_k else dict(
+                        do_sample=False)
                     out = []
                     with torch.inference_mode():
                         for j in range(0, len(prompts), bs):
@@ -113,7 +114,7 @@ def main() -> None:
                             ids = hf.generate(input_ids=batch, attention_mask=torch.ones_like(batch),
                                               min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens,
                                               suppress_tokens=[PAD_ID, BOS_ID], pad_token_id=PAD_ID,
-                                              eos_token_id=EOS_ID, do_sample=bool(top_k), **sample)
+                                              eos_token_id=EOS_ID, **sample)
                             out += ids[:, batch.size(1) :].tolist()
                     return out
 

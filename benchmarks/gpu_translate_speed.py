@@ -90,6 +90,7 @@ def profile_pass(run, device: torch.device, out: Path) -> Path:
             torch.cuda.synchronize(device)
     ops = prof.key_averages()
     tables = [op_table(ops, "self_cpu_time_total")] + ([op_table(ops, "self_cuda_time_total")] if cuda else [])
+    out.parent.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{out.name}_profile.txt"
     path.write_text("\n\n".join(tables) + "\n", encoding="utf-8")
     return path

@@ -29,6 +29,7 @@ its positions from its first real token, and nobody attends to the padding.
 
 from __future__ import annotations
 
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -356,15 +357,22 @@ class StaticDecoder(IncrementalDecoder):
 
     def _capture(self) -> torch.Tensor:
         """Run the first step on a side stream (CUDA graphs need one eager run first), then capture it; the step's
-        writes are idempotent, so running it twice is running it once."""
+        writes are idempotent, so running it twice is running it once. Where capture fails (an operation a graph
+        cannot hold, in some torch or driver version), the batch goes on eagerly with the same step, and says so."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._static_step()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
             logits = self._static_step()
+        torch.cuda.current_stream().wait_stream(stream)
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = self._static_step()
+        except RuntimeError as e:
+            warnings.warn(f"decoding without a CUDA graph (capturing the step failed: {e})", RuntimeWarning, 2)
+            self.use_graph = False
+            return logits
+        self.graph = graph
         self.graph.replay()
         return logits
 
