@@ -99,10 +99,10 @@ def main() -> None:
             for bs in args.batch_sizes:
                 def tfcli_run():
                     gen_cfg = GenerateConfig(max_new_tokens=args.new_tokens, ignore_eos=True, greedy=top_k == 0,
-                                             top_k=top_k, device=args.device)
-                    gen = torch.Generator(device=device).manual_seed(1)
+                                             top_k=top_k, device=args.device, seed=1)
                     return [row for j in range(0, len(prompts), bs)
-                            for row in generate_ids(loaded.steps, prompts[j : j + bs].tolist(), gen_cfg, gen)]
+                            for row in generate_ids(loaded.steps, prompts[j : j + bs].tolist(), gen_cfg,
+                                                    rows=list(range(j, min(j + bs, len(prompts)))))]
 
                 def hf_run():
                     sample = dict(do_sample=True, top_k=top_k, top_p=1.0, temperature=1.0) if top_k else dict(

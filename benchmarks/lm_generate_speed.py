@@ -100,9 +100,8 @@ class TfcliRunner:
         self.model = model
 
     def run(self, prompts, n, top_k, seed):
-        cfg = GenerateConfig(max_new_tokens=n, greedy=top_k == 0, top_k=top_k, device="cpu")
-        gen = torch.Generator().manual_seed(seed)
-        return generate_ids(self.model, prompts.tolist(), cfg, gen)
+        cfg = GenerateConfig(max_new_tokens=n, greedy=top_k == 0, top_k=top_k, device="cpu", seed=seed)
+        return generate_ids(self.model, prompts.tolist(), cfg)
 
 
 class HFRunner:

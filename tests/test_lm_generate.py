@@ -220,6 +220,16 @@ def test_seed_gives_the_same_text(counter, tmp_path):
     assert [line.split()[0] for line in a] == ["cat"] * 3 + ["moon"] * 3  # prompt order, samples together
 
 
+def test_a_prompts_sample_does_not_depend_on_its_batch(counter, tmp_path):
+    """Each prompt samples from numbers keyed by the seed, its index and the step: the same texts at any batch
+    size (batches group prompts by length, so its neighbours change too), with a stop string or without."""
+    prompts = ["cat", "moon sun", "ice", "apple bird cat", "dog", "sun"]
+    for kw in (dict(temperature=3.0), dict(temperature=2.0, top_k=5, stop=["owl"])):
+        runs = [run_lm(counter, tmp_path, prompts, seed=4, max_new_tokens=12, batch_size=bs, **kw) for bs in (1, 2, 6)]
+        assert runs[0] == runs[1] == runs[2]
+        assert len(set(runs[0])) == len(prompts)
+
+
 def test_stop_strings_and_eos(counter, tmp_path):
     out = run_lm(counter, tmp_path, ["cat dog", "moon"], greedy=True, max_new_tokens=30, stop=["goat"])
     assert out[0] == "cat dog egg fish "  # cut before the stop string, which is not printed

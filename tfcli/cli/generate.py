@@ -58,7 +58,8 @@ def lm_generate(
         help="CTRL penalty on tokens already in the text (1: none; 1.2 is common).",
     ),
     seed: Optional[int] = typer.Option(
-        None, "--seed", rich_help_panel=_SAMPLE, help="Random seed: same seed, prompts and options give the same text."
+        None, "--seed", rich_help_panel=_SAMPLE, help="Random seed: each prompt draws from numbers keyed by the seed and its index in the input, so the same "
+        "seed, prompt, index and options give the same text at any --batch-size."
     ),
     num_samples: Optional[int] = typer.Option(
         None, "--num-samples", "-N", rich_help_panel=_SAMPLE, help="Samples per prompt."

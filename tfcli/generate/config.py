@@ -81,7 +81,9 @@ class GenerateConfig:
     top_k: int = 0  # 0: no top-k filter
     top_p: float = 1.0  # 1: no nucleus filter
     repetition_penalty: float = 1.0  # 1: none; CTRL uses 1.2
-    seed: Optional[int] = None  # same seed, same prompts and settings: same text
+    # each prompt samples from numbers keyed by (seed, its index in the input, the step): same seed, same prompt at
+    # the same index, same settings: same text, at any batch size (None: a random seed)
+    seed: Optional[int] = None
     num_samples: int = 1  # samples per prompt
     stop: list[str] = field(default_factory=list)  # also stop (and cut) at any of these strings
     batch_size: int = 32  # rows (prompt x sample) generated together

@@ -13,6 +13,7 @@ sees "</s> prompt" and an empty prompt generates from the start of a text.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import IO, Callable, Iterator
@@ -24,7 +25,7 @@ from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.generate.config import GenerateConfig
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load
-from tfcli.generate.sampling import next_token
+from tfcli.generate.sampling import line_uniforms, next_token
 from tfcli.generate.step import StepModel, step_model
 from tfcli.generate.translate import open_output
 from tfcli.io import iter_lines, refuse_overwriting_inputs
@@ -38,10 +39,14 @@ def generate_ids(
     model,
     prompts: list[list[int]],
     cfg: GenerateConfig,
-    generator: torch.Generator | None = None,
     on_token: Callable[[int, list[int]], bool] | None = None,
+    rows: list[int] | None = None,
 ) -> list[list[int]]:
     """New ids (without </s>) for each prompt of one batch; prompts are id lists starting with START_ID.
+
+    Sampling draws each prompt's tokens from random numbers keyed by `cfg.seed` (None: a seed drawn from torch's
+    global generator), the prompt's index in the input (`rows`; default: its place in `prompts`) and the step, so
+    that its text does not depend on the batch it is in or on its neighbours.
 
     A row gets at most `cfg.max_new_tokens` new ids. When the context reaches the model's max_len, generation goes on
     from the last max_len / 2 tokens, as nanoGPT's sample.py crops the context to its block size: the key/value
@@ -64,14 +69,17 @@ def generate_ids(
     history = ids  # for the repetition penalty (padding is <pad>, which is never chosen anyway)
     alive = list(range(B))
     out: list[list[int]] = [[] for _ in range(B)]
+    seed = cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()))
+    lines = torch.tensor(rows if rows is not None else alive, device=device)  # each live row's index in the input
+    step = 0
     while True:
         if cfg.ignore_eos or cfg.min_new_tokens:  # </s> is not allowed yet (or ever)
             early = torch.tensor([cfg.ignore_eos or len(out[row]) < cfg.min_new_tokens for row in alive], device=device)
             logits = logits.clone()
             logits[early, EOS_ID] = float("-inf")
-        nxt = next_token(
-            logits, history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty, generator
-        )
+        step += 1
+        nxt = next_token(logits, history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty,
+                         uniforms=None if cfg.greedy else line_uniforms(seed, lines, step))
         keep = []
         for j, (row, t) in enumerate(zip(alive, nxt.tolist())):
             if t == EOS_ID:
@@ -85,7 +93,7 @@ def generate_ids(
         if len(keep) < len(alive):
             idx = torch.tensor(keep, device=device)
             decoder.select(idx)
-            history, nxt = history[idx], nxt[idx]
+            history, nxt, lines = history[idx], nxt[idx], lines[idx]
             alive = [alive[j] for j in keep]
         history = torch.cat([history, nxt[:, None]], 1)
         if decoder.t < decoder.max_steps:
@@ -196,9 +204,10 @@ def continuations(loaded: Loaded, texts: list[str], cfg: GenerateConfig, device:
     encoded = encode_batch(tok, texts)
     _warn_unknown(encoded)
     prompt_ids = _fit_prompts(loaded.steps, [[START_ID] + ids for ids in encoded])
-    generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.seed is not None else None
     autocast = precision(device, cfg.dtype, loaded.steps.half)
-    return _generate(loaded.steps, tok, texts, prompt_ids, cfg, generator, autocast, stream)
+    if cfg.seed is None:  # one seed for the whole input, so that each prompt's numbers are its own
+        cfg = dataclasses.replace(cfg, seed=int(torch.randint(0, 2**62, ())))
+    return _generate(loaded.steps, tok, texts, prompt_ids, cfg, autocast, stream)
 
 
 def _warn_unknown(prompt_ids: list[list[int]]) -> None:
@@ -224,7 +233,7 @@ def _fit_prompts(model, prompt_ids: list[list[int]]) -> list[list[int]]:
     return fitted
 
 
-def _generate(model, tok, texts, prompt_ids, cfg, generator, autocast, stream: IO[str] | None) -> Iterator[str]:
+def _generate(model, tok, texts, prompt_ids, cfg, autocast, stream: IO[str] | None) -> Iterator[str]:
     """Yield the continuation of each sample, in order; batches hold similar prompt lengths, and run in the order
     of their earliest sample so output can start early. With `stream`, the one sample is written as it grows."""
     order = sorted(range(len(texts)), key=lambda i: len(prompt_ids[i]))
@@ -252,7 +261,7 @@ def _generate(model, tok, texts, prompt_ids, cfg, generator, autocast, stream: I
             return stop
 
         with autocast:
-            new = generate_ids(model, [prompt_ids[i] for i in batch], cfg, generator, on_token if needs_text else None)
+            new = generate_ids(model, [prompt_ids[i] for i in batch], cfg, on_token if needs_text else None, batch)
         for j, (i, ids) in enumerate(zip(batch, new)):
             if not needs_text:
                 conts[j].update(ids)

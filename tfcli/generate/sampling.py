@@ -3,9 +3,9 @@
 Order (as in most toolkits): ban <pad>/<s>, repetition penalty, then greedy argmax, or temperature -> top-k -> top-p
 -> sample. A seeded `torch.Generator` makes sampling repeatable: same seed, same inputs, same text.
 
-Translation samples each line from random numbers of its own (`line_uniforms`: a counter-based generator keyed by
-the seed, the line's index in the input and the step), so that a line's sample is the same whatever batch, buffer,
-input order or number of processes it is translated in.
+Translation and language-model generation sample each line (prompt) from random numbers of its own
+(`line_uniforms`: a counter-based generator keyed by the seed, the line's index in the input and the step), so that
+a line's sample is the same whatever batch, buffer, neighbours or number of processes it is decoded with.
 """
 
 from __future__ import annotations
@@ -67,13 +67,17 @@ def next_token(
     top_p: float = 1.0,
     repetition_penalty: float = 1.0,
     generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(B,) next ids from (B, V) logits. <pad> and <s> are never chosen."""
+    """(B,) next ids from (B, V) logits. <pad> and <s> are never chosen. Sampling draws from `uniforms` ((B,), one
+    number a row: `line_uniforms`) where given, else from `generator`."""
     logits = logits.float().index_fill(-1, torch.tensor([PAD_ID, BOS_ID], device=logits.device), NEG_INF)
     logits = apply_repetition_penalty(logits, previous, repetition_penalty)
     if greedy:
         return logits.argmax(-1)
     logits = top_p_filter(top_k_filter(apply_temperature(logits, temperature), top_k), top_p)
+    if uniforms is not None:
+        return sample_by_uniforms(logits, uniforms)
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
