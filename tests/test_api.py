@@ -20,6 +20,7 @@ def test_translate_gives_the_copy_for_any_beam(copier):
     assert isinstance(translator, tfcli.Translator)
     for beam in (1, 4):
         assert translator.translate(TEXTS, beam_size=beam, batch_size=2) == TEXTS
+        assert translator.translate(TEXTS, beam_size=beam, check_every=5) == TEXTS  # how often the device is read
 
 
 def test_nbest_are_sorted_with_their_scores(copier):
@@ -41,6 +42,8 @@ def test_options_are_checked(copier):
         translator.translate(TEXTS, beam_size=0)
     with pytest.raises(TypeError, match="no_such_option"):
         translator.translate(TEXTS, no_such_option=1)
+    with pytest.raises(ConfigError, match="--check-every must not be negative"):
+        translator.translate(TEXTS, check_every=-1)
 
 
 def test_generate_continues_the_prompts(counter):
