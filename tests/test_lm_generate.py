@@ -343,3 +343,18 @@ def test_early_end_warns_and_min_new_tokens_or_ignore_eos_go_on(counter):
 def test_no_prompts_on_an_empty_stdin_is_said(counter):
     res = CliRunner().invoke(app, ["lm-generate", "-m", str(counter), "--greedy"], input="")
     assert res.exit_code == 0 and res.stdout == "" and "no prompts: stdin was empty" in res.stderr
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_fixed_shape_steps_generate_what_recomputing_does(positions):
+    """The fixed-shape decoder a GPU replays as a CUDA graph (StaticDecoder, run eagerly here): left-padded prompts,
+    rows leaving as they end, and the context sliding past max_len give the tokens of recomputing."""
+    model = random_lm(positions)
+    rng = random.Random(2)
+    prompts = [[START_ID] + [rng.randrange(4, V) for _ in range(rng.randint(0, 9))] for _ in range(6)]
+    got = generate_ids(StepModel(model, static=True), prompts, GenerateConfig(max_new_tokens=12, greedy=True))
+    assert got == [recompute_greedy(model, p, 12) for p in prompts]
+    long = generate_ids(StepModel(model, static=True), prompts[:2], GenerateConfig(max_new_tokens=60, ignore_eos=True,
+                                                                                   greedy=True))
+    assert long == generate_ids(StepModel(model), prompts[:2], GenerateConfig(max_new_tokens=60, ignore_eos=True,
+                                                                              greedy=True))

@@ -170,10 +170,10 @@ def test_packed_and_int8_encoders_match_the_models_own(mode, norm, modern):
 # --- language models: prompts of different lengths, left-padded ---------------------------------------------------
 
 
-def lm_for(**overrides):
+def lm_for(static=False, **overrides):
     torch.manual_seed(0)
     model = build_model(preset("lm-tiny", tgt_vocab_size=V, d_model=32, n_head=4, **overrides)).eval()
-    return model, StepModel(model)
+    return model, StepModel(model, static=static)
 
 
 @pytest.mark.parametrize("overrides", [dict(positions="learned"), dict(positions="sinusoidal"),
@@ -181,7 +181,8 @@ def lm_for(**overrides):
                                        dict(positions="rope", rms_norm=True, activation="swiglu"),
                                        dict(activation="relu2", rms_norm=True, norm="post"),
                                        dict(positions="rope", qk_norm=True), dict(positions="rope", n_kv_head=2),
-                                       dict(n_kv_head=1)])
+                                       dict(n_kv_head=1), dict(static=True, positions="rope"),
+                                       dict(static=True, positions="learned", n_kv_head=2)])
 def test_lm_prefill_of_left_padded_prompts_then_steps_match_the_full_forward(overrides):
     """Prompts of 3, 7 and 5 tokens in one batch, padded on the left: after the prefill and after each step, every
     row's logits are those of the full forward over that row's own tokens, without padding. A row then leaves."""

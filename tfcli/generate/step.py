@@ -53,8 +53,8 @@ class StepModel:
     def __init__(self, model: nn.Module, pack: bool = False, int8: bool = False, static: bool | None = None):
         """`pack`: pre-pack the linear weights for oneDNN (fp32 on the CPU only; elsewhere, or where torch lacks
         the ops, it is ignored: see `packed`). `int8`: run the linear layers in int8 (CPU; see `tfcli.device.int8_available`).
-        `static`: encoder-decoder batches step through a `StaticDecoder` (fixed shapes, on CUDA replayed as a CUDA
-        graph); None: on CUDA only."""
+        `static`: batches step through a `StaticDecoder` (fixed shapes, on CUDA replayed as a CUDA graph); None: on
+        CUDA only."""
         self.model, self.cfg = model, model.cfg
         parts = model.parts()  # the interface the model documents (tfcli.model.transformer.Parts)
         weight = parts.lm_head.weight
@@ -103,7 +103,7 @@ class StepModel:
     ) -> "IncrementalDecoder":
         """A decoder for n rows of `beam_size` beams and at most `max_steps` positions; `memory` (n, S, d_model)
         and `mem_mask` (n, 1, 1, S), True at real source tokens, for an encoder-decoder."""
-        if self.static and memory is not None:
+        if self.static:
             return StaticDecoder(self, n, beam_size, max_steps, memory, mem_mask)
         return IncrementalDecoder(self, n, beam_size, max_steps, memory, mem_mask)
 
@@ -312,9 +312,9 @@ class StaticDecoder(IncrementalDecoder):
     step attends over all max_steps * K slots, those not yet written masked by the history (-inf); the position
     is read from a one-element tensor on the device. On CUDA the first step captures the step as a CUDA graph and
     each later step replays it: one launch instead of one per operation, which on a GPU is where a small model's
-    step spends its time. Elsewhere (and in tests) the same fixed-shape step runs eagerly.
-
-    Prefill (language-model prompts) is not supported: a language model decodes through `IncrementalDecoder`."""
+    step spends its time. Elsewhere (and in tests) the same fixed-shape step runs eagerly. Language-model prompts
+    are prefilled as `IncrementalDecoder` does (once, eagerly); each row then numbers its positions from its first
+    real token, read from the device too."""
 
     def __init__(self, sm: StepModel, n: int, beam_size: int, max_steps: int, memory, mem_mask):
         super().__init__(sm, n, beam_size, max_steps, memory, mem_mask)
@@ -348,12 +348,17 @@ class StaticDecoder(IncrementalDecoder):
         return self.logits.view(-1, K, self.logits.size(-1))[self.rows, :k].reshape(n * k, -1)
 
     def _static_step(self) -> torch.Tensor:
-        """One position for every place and beam: (n0*K, V) logits, from `self.tok` at position `self.pos`."""
+        """One position for every place and beam: (n0*K, V) logits, from `self.tok` at slot `self.pos` (a row's
+        position: the slot less its left padding)."""
         n, K = self.n, self.K
         slots = self.pos * K + self.beam_slots  # beam j writes slot t*K + j and sees it
         self.history.index_copy_(2, slots, self.own[K].expand(n, K, K))
-        x = self._embed(self.tok, self.pos)
-        return self._layers(x, slots, K, self.history.size(2), self._head_bias(self.history), self.pos)
+        if self.pad is None:
+            x = self._embed(self.tok, self.pos)
+            return self._layers(x, slots, K, self.history.size(2), self._head_bias(self.history), self.pos)
+        pos = (self.pos - self.pad)[:, None].expand(n, K)
+        x = self._embed(self.tok, pos.reshape(-1))
+        return self._layers(x, slots, K, self.history.size(2), self._head_bias(self.history), pos)
 
     def _capture(self) -> torch.Tensor:
         """Run the first step on a side stream (CUDA graphs need one eager run first), then capture it; the step's
@@ -377,7 +382,13 @@ class StaticDecoder(IncrementalDecoder):
         return logits
 
     def prefill(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        raise RuntimeError("StaticDecoder does not prefill: a language model decodes through IncrementalDecoder")
+        """As `IncrementalDecoder.prefill` (eagerly); the prompts' history mask then fills the first of all the
+        slots in view."""
+        history = self.history
+        logits = super().prefill(ids, valid)
+        history[:, :, : ids.size(1)] = self.history
+        self.history = history
+        return logits
 
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
         """As `IncrementalDecoder.select`, but nothing moves: a sentence that leaves keeps its place, unread, and
