@@ -11,7 +11,8 @@ and <s>, which tfcli never picks, suppressed in HF), greedy and top-k sampling (
 rows at each batch size, in --dtype (tfcli: `tfcli.generate.loader.load`, which decodes from a copy of the weights in
 that dtype on a GPU, as `tfcli lm-generate --dtype` does; HF: its weights cast). New tokens/s: rows x N / time of
 the generation calls (prompts included), the best of --repeats after an untimed pass, CUDA synchronised; for greedy,
-the share of rows identical to tfcli's. Results: benchmarks/results/gpu_lm_generate_speed.{json,md}.
+the share of rows identical to tfcli's. tfcli also runs with eager steps (no CUDA graph: `StepModel.static =
+False`), to show what the graph gains. Results: benchmarks/results/gpu_lm_generate_speed.{json,md}.
 """
 
 from __future__ import annotations
@@ -94,14 +95,16 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             hf_dir, _ = export_peers(model, vocab, Path(tmp), ct2=False)
             loaded = load(str(Path(tmp) / "ckpt"), device, "lm", args.dtype)
+            eager = load(str(Path(tmp) / "ckpt"), device, "lm", args.dtype)
+            eager.steps.static = False  # steps op by op, no CUDA graph: what the graph gains
             hf = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=DTYPES[args.dtype]).to(device).eval()
         for top_k in (0, args.top_k):
             for bs in args.batch_sizes:
-                def tfcli_run():
+                def tfcli_run(steps=loaded.steps):
                     gen_cfg = GenerateConfig(max_new_tokens=args.new_tokens, ignore_eos=True, greedy=top_k == 0,
                                              top_k=top_k, device=args.device, seed=1)
                     return [row for j in range(0, len(prompts), bs)
-                            for row in generate_ids(loaded.steps, prompts[j : j + bs].tolist(), gen_cfg,
+                            for row in generate_ids(steps, prompts[j : j + bs].tolist(), gen_cfg,
                                                     rows=list(range(j, min(j + bs, len(prompts)))))]
 
                 def hf_run():
@@ -119,12 +122,15 @@ def main() -> None:
                     return out
 
                 t_tfcli, out_tfcli = best_time(tfcli_run, args.repeats, device)
+                t_eager, out_eager = best_time(lambda: tfcli_run(eager.steps), args.repeats, device)
                 t_hf, out_hf = best_time(hf_run, args.repeats, device)
                 tokens = len(prompts) * args.new_tokens
                 row = {"preset": name, "params": sum(p.numel() for p in model.parameters()), "batch_size": bs,
                        "search": "greedy" if top_k == 0 else f"top-k {top_k}",
                        "tfcli_tok_per_s": tokens / t_tfcli, "hf_tok_per_s": tokens / t_hf,
-                       "tfcli_over_hf": t_hf / t_tfcli,
+                       "tfcli_over_hf": t_hf / t_tfcli, "eager_tok_per_s": tokens / t_eager,
+                       "tfcli_over_eager": t_eager / t_tfcli,
+                       "same_as_eager": sum(a == b for a, b in zip(out_tfcli, out_eager)) / len(prompts),
                        "same_output": (sum(a == b for a, b in zip(out_tfcli, out_hf)) / len(prompts)
                                        if top_k == 0 else None)}
                 print(f"{name}, {row['search']}, batch {bs}: tfcli {row['tfcli_tok_per_s']:,.0f} tok/s, HF "
@@ -146,11 +152,13 @@ def main() -> None:
         f"{args.prompts} prompts of {args.prompt_len} tokens, exactly {args.new_tokens} new tokens each; {args.dtype}; "
         f"best of {args.repeats} after an untimed pass; torch {res['torch']}, transformers {res['transformers']}; "
         f"{res['date']}. Written by `benchmarks/gpu_lm_generate_speed.py` (its docstring says what is timed).", "",
-        "| model | params | search | batch | tfcli tok/s | HF tok/s | tfcli / HF | same output (greedy) |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| model | params | search | batch | tfcli tok/s | HF tok/s | tfcli / HF | same output (greedy) | "
+        "tfcli eager steps tok/s | tfcli / eager steps | same as eager steps |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *[f"| {r['preset']} | {r['params'] / 1e6:.1f}M | {r['search']} | {r['batch_size']} | "
           f"{r['tfcli_tok_per_s']:,.0f} | {r['hf_tok_per_s']:,.0f} | **{r['tfcli_over_hf']:.2f}x** | "
-          f"{same(r)} |" for r in runs], "",
+          f"{same(r)} | {r['eager_tok_per_s']:,.0f} | {r['tfcli_over_eager']:.2f}x | "
+          f"{100 * r['same_as_eager']:.0f}% |" for r in runs], "",
     ]
     out = Path(args.out) if not res["check_only"] or args.out != str(RESULTS / "gpu_lm_generate_speed") else (
         Path(tempfile.mkdtemp()) / "gpu_lm_generate_speed")
