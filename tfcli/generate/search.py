@@ -55,6 +55,12 @@ def _start(model, src: torch.Tensor, beam_size: int, max_steps: int) -> Incremen
     return sm.start(src.size(0), beam_size, max_steps, memory, mem_mask)
 
 
+def _read_every(check_every: int, device: torch.device) -> int:
+    """Steps between the search's reads of the device: `check_every`, or by default every step on the CPU (reading
+    costs nothing there, and finished sentences leave at once) and every 8 on a GPU (each read stalls the queue)."""
+    return check_every or (1 if device.type == "cpu" else 8)
+
+
 _BANNED = {False: torch.tensor([PAD_ID, BOS_ID]), True: torch.tensor([PAD_ID, BOS_ID, EOS_ID])}
 
 
@@ -148,7 +154,7 @@ def greedy_decode(
     src: (B, S) right-padded source ids, each ending in </s>.
     """
     B, device = src.size(0), src.device
-    every = check_every or (1 if device.type == "cpu" else 8)
+    every = _read_every(check_every, device)
     max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
     T = int(max_len.max())
     decoder = _start(model, src, 1, T)
@@ -251,7 +257,7 @@ def beam_search(
         raise ValueError(f"nbest must be between 1 and the beam size ({K}), got {nbest}")
     if 2 * K > V - 3:
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
-    every = check_every or (1 if device.type == "cpu" else 8)
+    every = _read_every(check_every, device)
     max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
     T = int(max_len.max())
     decoder = _start(model, src, K, T)
@@ -377,7 +383,7 @@ def _keep_finished(fin, alive, ends, step, score, row, last, tokens, lps, last_l
 
 def _to_lists(*tensors: torch.Tensor, one_copy: bool | None = None) -> list[list]:
     """Each tensor as (nested) Python lists. From a GPU (`one_copy`: by default, off the CPU) in one copy: each
-    .tolist() there waits for the device, and a step reads about a dozen small tensors. (Through float64, which
+    .tolist() there waits for the device, and a search's outputs are four or five tensors. (Through float64, which
     holds every float32, bool and token id exactly.)"""
     if not (tensors[0].device.type != "cpu" if one_copy is None else one_copy):
         return [t.tolist() for t in tensors]

@@ -20,8 +20,8 @@ the first step of beam search). Arranged for inference speed:
   quantised once, one scale per output row; activations at each call, one scale per row (tfcli.generate.int8), so
   that a row's result never depends on the other rows.
 - The key/value memory is allocated once per batch and reused by the next batch (`release`), not grown step by step.
-- On CUDA, an encoder-decoder's batch decodes through `StaticDecoder`: the same interface and arithmetic with
-  shapes fixed for the batch, so that its step is captured once as a CUDA graph and replayed.
+- On CUDA, a batch decodes through `StaticDecoder`: the same interface and arithmetic with shapes fixed for the
+  batch, so that its step is captured once as a CUDA graph and replayed.
 
 Language-model prompts of different lengths are left-padded: `prefill` runs them in one pass, each row numbering
 its positions from its first real token, and nobody attends to the padding.
@@ -321,7 +321,7 @@ class StaticDecoder(IncrementalDecoder):
         K, device, dtype = self.K, self.history.device, self.history.dtype
         self.rows = torch.arange(n, device=device)  # the place of each live sentence
         self.history = torch.full((n, K, max_steps * K), float("-inf"), device=device, dtype=dtype)
-        self.tok = torch.full((n * K,), 0, dtype=torch.long, device=device)
+        self.tok = torch.zeros(n * K, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)  # this step's position
         self.beam_slots = torch.arange(K, device=device)
         for kv in self.kv:  # every slot is in view (masked until written): each must hold a number
@@ -353,10 +353,7 @@ class StaticDecoder(IncrementalDecoder):
         n, K = self.n, self.K
         slots = self.pos * K + self.beam_slots  # beam j writes slot t*K + j and sees it
         self.history.index_copy_(2, slots, self.own[K].expand(n, K, K))
-        if self.pad is None:
-            x = self._embed(self.tok, self.pos)
-            return self._layers(x, slots, K, self.history.size(2), self._head_bias(self.history), self.pos)
-        pos = (self.pos - self.pad)[:, None].expand(n, K)
+        pos = self.pos if self.pad is None else (self.pos - self.pad)[:, None].expand(n, K)
         x = self._embed(self.tok, pos.reshape(-1))
         return self._layers(x, slots, K, self.history.size(2), self._head_bias(self.history), pos)
 
