@@ -218,7 +218,8 @@ def test_generation_on_the_gpu_is_the_cpus(counter, device, dtype):
 def test_cuda_graph_steps_give_the_eager_steps_outputs(device, dtype):
     """On CUDA an encoder-decoder's steps are captured once per batch as a CUDA graph and replayed
     (StaticDecoder): greedy and beam search give what the same fixed-shape step gives run eagerly, and what the
-    shrinking-batch decoder gives (the same kernels, so equal ids; scores within rounding)."""
+    shrinking-batch decoder gives (the same kernels, so equal ids; scores within rounding), with every sentence in
+    a place of its own or in 3 places refilled as sentences finish."""
     from helpers import random_translator
     from tfcli.generate.search import beam_search, greedy_decode
     from tfcli.generate.step import StaticDecoder, StepModel
@@ -240,13 +241,17 @@ def test_cuda_graph_steps_give_the_eager_steps_outputs(device, dtype):
         assert isinstance(decoder, StaticDecoder) and decoder.graph is not None
         decoder.release()
     # (in bf16 the shrinking decoder's shorter attention rounds differently: a near tie may go the other way)
+    # slots=3: continuous batching, new sentences written into the captured graph's tensors as others finish
     for sm_a, sm_b in ((graph, eager), (graph, shrinking)) if dtype == torch.float32 else ((graph, eager),):
-        a, b = greedy_decode(sm_a, src), greedy_decode(sm_b, src)
-        assert [h.tokens for h in a] == [h.tokens for h in b]
-        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
-        a, b = beam_search(sm_a, src, beam_size=4, nbest=4), beam_search(sm_b, src, beam_size=4, nbest=4)
-        assert [[h.tokens for h in hs] for hs in a] == [[h.tokens for h in hs] for hs in b]
-        assert [h.score for hs in a for h in hs] == pytest.approx([h.score for hs in b for h in hs], abs=1e-4)
+        for slots in (None, 3):
+            b_slots = slots if sm_b.static else None
+            a, b = greedy_decode(sm_a, src, slots=slots), greedy_decode(sm_b, src, slots=b_slots)
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+            a = beam_search(sm_a, src, beam_size=4, nbest=4, slots=slots)
+            b = beam_search(sm_b, src, beam_size=4, nbest=4, slots=b_slots)
+            assert [[h.tokens for h in hs] for hs in a] == [[h.tokens for h in hs] for hs in b]
+            assert [h.score for hs in a for h in hs] == pytest.approx([h.score for hs in b for h in hs], abs=1e-4)
 
 
 def _eager(decoder):

@@ -76,8 +76,53 @@ def test_beams_reordered_and_sentences_leaving_match_the_full_forward(overrides)
                 prefixes[s] = [prefixes[s][p] + [w] for p, w in zip(parent[s_i].tolist(), new_tok[s_i].tolist())]
             dec.select(keep, parent)
             tok = new_tok.flatten()
-        with pytest.raises(RuntimeError, match="decoded past"):
-            dec.step(tok)
+        if not dec.fixed:  # (a fixed-shape decoder's caller keeps its rows within max_steps: see the next test)
+            with pytest.raises(RuntimeError, match="decoded past"):
+                dec.step(tok)
+        dec.release()
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(norm="post", n_kv_head=2, positions="learned"),
+                                       dict(packed=True, qk_norm=True, activation="swiglu")])
+def test_a_sentence_admitted_into_a_finished_ones_place_matches_the_full_forward(overrides):
+    """Continuous batching: StaticDecoder.admit puts new sentences (another source, padded to the batch's width) in
+    the places of finished ones at any step; each starts at position 0 with nothing in its history, its steps wrap
+    round the ring of key/value slots past max_steps, and it gets the full forward's logits, beams reordered."""
+    model, sm = model_for(static=True, **overrides)
+    K, M = 2, 5
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, V, (6, 6), generator=g)
+    src[1, 3:] = PAD_ID
+    src[4, 2:] = PAD_ID
+    with torch.inference_mode():
+        memory, mask = sm.encode(src[:3])
+        dec = sm.start(3, K, M, memory, mask)
+        held = [0, 1, 2]  # the sentence in each place
+        beams = {s: [[]] for s in held}
+        tok = torch.full((3,), BOS_ID)
+        joins = {2: ([1], [3]), 4: ([0, 2], [4, 5]), 7: ([1], [0])}  # after step t: places <- sentences
+        for t in range(10):  # steps 5 to 9 go round the ring of M slots
+            k = len(beams[held[0]])
+            assert all(len(beams[s][0]) < M for s in held)  # each within its M positions
+            logits = dec.step(tok)
+            assert logits.shape == (3 * k, V)
+            for p, s in enumerate(held):
+                for j, prefix in enumerate(beams[s]):
+                    torch.testing.assert_close(logits[p * k + j], full_logits(model, src[s], prefix),
+                                               atol=1e-4, rtol=1e-4)
+            parent = torch.randint(0, k, (3, K), generator=g)
+            new_tok = torch.randint(4, V, (3, K), generator=g)
+            for p, s in enumerate(held):
+                beams[s] = [beams[s][a] + [w] for a, w in zip(parent[p].tolist(), new_tok[p].tolist())]
+            dec.select(None, parent)
+            if t in joins:
+                places, sentences = joins[t]
+                dec.admit(torch.tensor(places), *sm.encode(src[sentences]))
+                for p, s in zip(places, sentences):
+                    held[p] = s
+                    beams[s] = [[] for _ in range(K)]  # every beam of a new sentence starts from <s>
+                    new_tok[p] = BOS_ID
+            tok = new_tok.flatten()
         dec.release()
 
 

@@ -506,3 +506,97 @@ def test_beam_search_reads_the_device_every_n_steps_and_its_nbest_does_not_depen
         for i, h in zip(order, again):
             assert [x.tokens for x in h] == [x.tokens for x in hyps[i][:2]]
             assert [x.score for x in h] == pytest.approx([x.score for x in hyps[i][:2]], abs=1e-5)
+
+
+# --- continuous batching ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def references(copier_model):
+    """The slow reference's n-best and greedy output of each test sentence, once per model."""
+    srcs = sources(13, seed=21, max_words=9)
+    models = {"copier": (copier_model, 0.6), "random": (random_model(), 0.0)}
+    return srcs, {name: (model, alpha, [reference_beam_search(model, s, beam_size=3, len_penalty=alpha, nbest=3)
+                                        for s in srcs], [reference_greedy(model, s) for s in srcs])
+                  for name, (model, alpha) in models.items()}
+
+
+@pytest.mark.parametrize("slots", [1, 4, 13])
+@pytest.mark.parametrize("every", [1, 3])
+@pytest.mark.parametrize("which", ["copier", "random"])
+def test_continuous_batching_gives_the_slow_references_outputs(slots, every, which, references):
+    """With a fixed-shape decoder of `slots` places, a finished sentence's place goes to the next sentence (at the
+    next read of the device): whatever the place count, the order sentences come in (so which one joins where and
+    when), and N, each gets the slow reference's n-best, scores and per-token scores, and its greedy output."""
+    srcs, refs = references
+    model, alpha, ref_beams, ref_greedy = refs[which]
+    steps = StepModel(model, static=True)
+    for order in (list(range(13)), list(range(13))[::-1], [5, 0, 11, 3, 8, 1, 12, 10, 2, 9, 4, 7, 6]):
+        src = pad([srcs[i] for i in order])
+        beams = beam_search(steps, src, beam_size=3, len_penalty=alpha, nbest=3, token_scores=True,
+                            check_every=every, slots=slots)
+        greedy = greedy_decode(steps, src, check_every=every, slots=slots)
+        for i, hyps, g in zip(order, beams, greedy):
+            assert_same_nbest(hyps, ref_beams[i])
+            assert g.tokens == ref_greedy[i].tokens
+            assert g.score == pytest.approx(ref_greedy[i].score, abs=1e-4)
+
+
+def test_continuous_batching_keeps_prefixes_samples_and_min_len(copier_model):
+    """Everything a sentence carries goes with it into its place: its target prefix, its sampled tokens (keyed by
+    its line and its own step, not the batch's), and --min-len counted from its own start."""
+    from tfcli.generate.sampling import LineSampling
+
+    model = random_model()
+    srcs = sources(9, seed=4, max_words=8)
+    src = pad(srcs)
+    prefix = pad([[6, 7], [], [5], [9, 4, 8], [], [7], [], [4, 4], [10]], pad_id=-1)
+    lines = torch.arange(9) + 100
+    for kind in ("beam", "greedy", "sampling"):
+        runs = []
+        for steps, slots in ((StepModel(model), None), (StepModel(model, static=True), 2),
+                             (StepModel(model, static=True), 5)):
+            if kind == "beam":
+                out = beam_search(steps, src, beam_size=3, nbest=2, prefix=prefix, min_len=4, slots=slots)
+                runs.append([[(h.tokens, h.score) for h in hs] for hs in out])
+            else:
+                sampling = LineSampling(2.0, 0, 1.0, 5) if kind == "sampling" else None
+                out = greedy_decode(steps, src, prefix=prefix, min_len=4, sampling=sampling, lines=lines,
+                                    slots=slots)
+                runs.append([(h.tokens, h.score) for h in out])
+        for other in runs[1:]:
+            flat = lambda r: [x for item in r for x in (item if kind == "beam" else [item])]  # noqa: E731
+            assert [t for t, _ in flat(other)] == [t for t, _ in flat(runs[0])]
+            assert [s for _, s in flat(other)] == pytest.approx([s for _, s in flat(runs[0])], abs=1e-4)
+        for p, hyp in zip(prefix.tolist(), [r[0] for r in runs[0]] if kind == "beam" else runs[0]):
+            want = [w for w in p if w >= 0]
+            assert hyp[0][: len(want)] == want and len(hyp[0]) >= 4
+
+
+def test_fewer_slots_than_sentences_needs_the_fixed_shape_decoder():
+    model = random_model()
+    with pytest.raises(ValueError, match="fixed-shape decoder"):
+        beam_search(StepModel(model), pad(sources(3)), slots=2)
+
+
+def test_a_file_decodes_with_continuous_batching_in_one_graph_per_source_width(copier, monkeypatch):
+    """With a fixed-shape decoder (a GPU's), translate groups each chunk's lines by padded source width and keeps a
+    group's places full to its end: the same output, in order, and the step (what a GPU captures as a CUDA graph)
+    compiles once per width for the whole file, none in the second chunk."""
+    from torch._dynamo.utils import counters
+
+    rng = random.Random(9)
+    # each chunk of 24 lines: 12 of at most 16 tokens, 12 of 17 to 32 (the copier's max_len)
+    texts = [words([rng.randrange(4, V) for _ in range(2 + i % 11 if i % 2 else 17 + i % 9)]) for i in range(48)]
+    loaded = load(str(copier), torch.device("cpu"), "seq2seq")
+    loaded.steps = StepModel(loaded.steps.model, static=True)
+    fixed = Translator(loaded, TranslateConfig(device="cpu", beam_size=3, batch_size=4, buffer_size=24),
+                       torch.device("cpu"))
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(StaticDecoder._static_step, fullgraph=True, backend="eager", dynamic=False)
+    monkeypatch.setattr(StaticDecoder, "_static_step", lambda d: step(d))
+    assert list(fixed.run(lines_in(texts))) == texts
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert not counters["graph_break"]
+    torch._dynamo.reset()

@@ -85,3 +85,16 @@ def test_sampling_options_are_checked(copier, tmp_path):
     assert res.exit_code == 1 and "--topp" in res.output
     with pytest.raises(ValueError, match="beam_size"):
         tfcli.load(str(copier), device="cpu").translate(["cat"], sampling=True, beam_size=3)
+
+
+def test_line_uniforms_with_a_step_per_row_are_the_ones_with_one_step():
+    """With continuous batching each row is at its own step: the per-row form draws exactly the numbers the one-step
+    form draws for that row (the int64 arithmetic wraps as the Python ints are reduced, modulo 2^64)."""
+    from tfcli.generate.sampling import line_uniforms
+
+    lines = torch.tensor([0, 3, 17, 2**40, 9999, 5])
+    steps = torch.tensor([1, 7, 2, 3, 2**33, 1])
+    for seed in (1, 2**61 + 12345):
+        per_row = line_uniforms(seed, lines, steps)
+        for i in range(len(lines)):
+            assert per_row[i] == line_uniforms(seed, lines[i : i + 1], int(steps[i]))[0]

@@ -26,9 +26,9 @@ def lm_stream(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.concatenate([np.array([EOS_ID], dtype=flat.dtype), body])
 
 
-def pad(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch.Tensor:
-    """Right-pad a list of id sequences into a (B, T) int64 tensor."""
-    T = max((len(s) for s in seqs), default=0)
+def pad(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID, length: int | None = None) -> torch.Tensor:
+    """Right-pad a list of id sequences into a (B, T) int64 tensor; T: the longest, or `length` if that is more."""
+    T = max(max((len(s) for s in seqs), default=0), length or 0)
     out = np.full((len(seqs), T), pad_id, dtype=np.int64)
     for i, s in enumerate(seqs):
         out[i, : len(s)] = s
@@ -86,3 +86,19 @@ def token_batches(
         perm = rng.permutation(len(batches))
         batches = [batches[j] for j in perm]
     return batches
+
+
+def width_groups(lengths: Sequence[int], max_tokens: int, max_sentences: int,
+                 width: int = 16) -> list[tuple[np.ndarray, int, int]]:
+    """For continuous batching (a fixed-shape decoder, whose places new sentences take as others finish): the
+    indices sorted by length, in groups of one padded width (lengths rounded up to a multiple of `width`), as
+    (indices, padded width, places): min(max_sentences, max_tokens // padded width, the group's size) places, so
+    that a group's padded source tokens in flight stay within max_tokens. Each width gives one shape."""
+    lengths = np.asarray(lengths)
+    order = np.argsort(lengths, kind="stable")
+    padded = -(-lengths[order] // width) * width
+    groups = []
+    for w in np.unique(padded):
+        idx = order[padded == w]
+        groups.append((idx, int(w), max(1, min(max_sentences, max_tokens // int(w), len(idx)))))
+    return groups

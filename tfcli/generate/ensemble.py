@@ -19,12 +19,13 @@ from tfcli.generate.step import StepModel
 
 
 class EnsembleStepModel:
-    """The StepModel interface (`cfg`, `encode`, `start`, `free_memory`, `model`) over several StepModels."""
+    """The StepModel interface (`cfg`, `encode`, `start`, `free_memory`, `model`, `static`) over several StepModels."""
 
     def __init__(self, members: list[StepModel]):
         self.members = members
         self.model = members[0].model
         self.half = members[0].half
+        self.static = all(m.static for m in members)  # fixed-shape decoders (tfcli.generate.step.StaticDecoder)
         # the shortest context any member allows
         self.cfg = dataclasses.replace(members[0].cfg, max_len=min(m.cfg.max_len for m in members))
 
@@ -41,11 +42,13 @@ class EnsembleStepModel:
 
 
 class EnsembleDecoder:
-    """The IncrementalDecoder interface (`step`, `select`, `release`) over one decoder per model."""
+    """The IncrementalDecoder interface (`step`, `select`, `release`, and `admit` over fixed-shape decoders) over
+    one decoder per model."""
 
     def __init__(self, decoders: list):
         self.decoders = decoders
         self.log_n = math.log(len(decoders))
+        self.fixed = all(d.fixed for d in decoders)  # fixed shapes: new sentences can take finished ones' places
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """The log of the averaged probabilities, (rows, V): already normalised, so a log_softmax leaves it as is."""
@@ -58,6 +61,11 @@ class EnsembleDecoder:
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
         for d in self.decoders:
             d.select(keep, parent)
+
+    def admit(self, places: torch.Tensor, memory: list, mem_mask=None) -> None:
+        """`memory`: each model's (encoder output, source mask), as `EnsembleStepModel.encode` gives them."""
+        for d, (mem, mask) in zip(self.decoders, memory):
+            d.admit(places, mem, mask)
 
     def release(self) -> None:
         for d in self.decoders:

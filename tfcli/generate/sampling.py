@@ -100,9 +100,13 @@ def _signed(c: int) -> int:
     return c - (1 << 64) if c >= 1 << 63 else c
 
 
-def line_uniforms(seed: int, lines: torch.Tensor, step: int) -> torch.Tensor:
-    """(R,) float64 uniforms in [0, 1), one per row: a function of (seed, the row's line index, step) only."""
-    key = _signed((seed * 0x9E3779B97F4A7C15 + step * 0xD1B54A32D192ED03) & _MASK64)
+def line_uniforms(seed: int, lines: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """(R,) float64 uniforms in [0, 1), one per row: a function of (seed, the row's line index, step) only. `step`:
+    an int, or each row's ((R,) tensor; int64 arithmetic wraps as the int's does modulo 2^64, so both agree)."""
+    if isinstance(step, int):
+        key = _signed((seed * 0x9E3779B97F4A7C15 + step * 0xD1B54A32D192ED03) & _MASK64)
+    else:
+        key = step.to(torch.int64) * _signed(0xD1B54A32D192ED03) + _signed(seed * 0x9E3779B97F4A7C15 & _MASK64)
     x = _splitmix64(lines.to(torch.int64) * _signed(0xA0761D6478BD642F) + key)
     return ((x >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
 
@@ -126,7 +130,8 @@ class LineSampling:
     top_p: float = 1.0
     seed: int = 1
 
-    def choose(self, logits: torch.Tensor, lines: torch.Tensor, step: int) -> torch.Tensor:
-        """(R,) ids from (R, V) logits whose banned tokens are -inf already; `lines`: each row's line index."""
+    def choose(self, logits: torch.Tensor, lines: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+        """(R,) ids from (R, V) logits whose banned tokens are -inf already; `lines`: each row's line index, `step`:
+        the output position (each row's, or one for all)."""
         filtered = top_p_filter(top_k_filter(apply_temperature(logits, self.temperature), self.top_k), self.top_p)
         return sample_by_uniforms(filtered, line_uniforms(self.seed, lines, step))

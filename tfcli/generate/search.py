@@ -1,10 +1,13 @@
 """Decoding for encoder-decoder models: batched greedy and beam search.
 
-Both run the encoder once per batch, feed the decoder one new token per beam and step through
+Both run the encoder once per sentence, feed the decoder one new token per beam and step through
 `step.IncrementalDecoder` (its key/value memory holds the rest, the cross-attention keys/values of the source are
 computed once per sentence, and reordering beams copies no keys/values). What a step decides stays on the device;
-the host reads it every `check_every` steps, to stop and to let finished sentences leave the batch (at once on the
-CPU, so no compute is spent on them). Neither ever emits <pad> or <s>.
+the host reads it every `check_every` steps, to stop, and to let finished sentences leave the batch (on the CPU, at
+once, so no compute is spent on them) or, with a fixed-shape decoder (`step.StaticDecoder`, a GPU's), to give their
+places to the next sentences: continuous batching, so that a batch stays full to the end of a file instead of
+shrinking to a tail of small steps. A sentence's output does not depend on which place it takes or when. Neither
+ever emits <pad> or <s>.
 
 Length rules, shared with the slow reference in `tests/reference_search.py`:
   - a sentence may have at most max_len = a * src_len + b output tokens (src_len counts </s>; capped at the model's
@@ -47,18 +50,74 @@ def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int,
     return longest.clamp(max=model.cfg.max_len)
 
 
-def _start(model, src: torch.Tensor, beam_size: int, max_steps: int) -> IncrementalDecoder:
-    """Encode the batch once and start its decoder. `model`: an EncoderDecoder, or a StepModel made from one (the
-    way `translate` runs it: packed weights, key/value memory reused from batch to batch)."""
-    sm = step_model(model)
-    memory, mem_mask = sm.encode(src)
-    return sm.start(src.size(0), beam_size, max_steps, memory, mem_mask)
+def _start(sm, src: torch.Tensor, beam_size: int, max_steps: int, slots: int | None):
+    """Encode the first sentences of the batch and start their decoder: (decoder, rows). `slots`: rows decoded at
+    once (None: the whole batch); fewer rows than sentences need a decoder that takes new sentences into finished
+    ones' places (`StaticDecoder`)."""
+    n = src.size(0) if slots is None else max(1, min(slots, src.size(0)))
+    if n < src.size(0) and not sm.static:
+        raise ValueError("decoding in fewer slots than sentences needs the fixed-shape decoder "
+                         "(StepModel(static=True))")
+    return sm.start(n, beam_size, max_steps, *sm.encode(src[:n] if n < src.size(0) else src)), n
+
+
+def _longest(sm, src: torch.Tensor, limits: list[int], max_len_a: float, max_len_b: int,
+             prefix: torch.Tensor | None) -> int:
+    """The positions a batch's decoder holds: its longest length limit, or with fixed shapes the limit of a
+    sentence as wide as the batch's source tensor (so that every batch of one source width, prefix width and
+    length rule has one shape: one graph)."""
+    if not sm.static:
+        return max(limits)
+    P = prefix.size(1) + 1 if prefix is not None else 1
+    return max(max(limits), min(sm.cfg.max_len, max(int(src.size(1) * max_len_a + max_len_b), P)))
 
 
 def _read_every(check_every: int, device: torch.device) -> int:
     """Steps between the search's reads of the device: `check_every`, or by default every step on the CPU (reading
     costs nothing there, and finished sentences leave at once) and every 8 on a GPU (each read stalls the queue)."""
     return check_every or (1 if device.type == "cpu" else 8)
+
+
+class _Slots:
+    """Which sentence each row of a fixed-shape decoder holds, host side, and when the search must look at the
+    device (continuous batching). A row's sentence is done by its deadline (the step it began at plus its length
+    limit) at the latest; the search reads every `every` steps, and at the last deadline of the rows still busy,
+    so that it never waits past the end."""
+
+    def __init__(self, n: int, total: int, limits: list[int]):
+        self.sentence = list(range(n))  # each row's sentence, -1 once it is done and no other took its place
+        self.queue = list(range(n, total))  # sentences waiting for a row, in order
+        self.limits = limits
+        self.deadline = limits[:n]
+
+    def must_read(self, step: int, every: int) -> bool:
+        return step % every == 0 or step == max(self.deadline)
+
+    def turnover(self, done: list[bool], step: int) -> tuple[list[int], list[int]]:
+        """After a read: the rows whose sentence is done give their place to the next sentences of the queue.
+        Returns (rows, sentences) taken."""
+        rows, sentences = [], []
+        for r, d in enumerate(done):
+            if d and self.sentence[r] >= 0:
+                s = self.queue.pop(0) if self.queue else -1
+                self.sentence[r] = s
+                self.deadline[r] = step + self.limits[s] if s >= 0 else 0
+                if s >= 0:
+                    rows.append(r)
+                    sentences.append(s)
+        return rows, sentences
+
+    @property
+    def busy(self) -> bool:
+        return any(s >= 0 for s in self.sentence)
+
+
+def _admit(sm, decoder, src: torch.Tensor, rows: list[int], sentences: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode `sentences` of the batch into the decoder's `rows`; returns both as tensors on the device."""
+    device = src.device
+    rows_t, sent_t = torch.tensor(rows, device=device), torch.tensor(sentences, device=device)
+    decoder.admit(rows_t, *sm.encode(src[sent_t]))
+    return rows_t, sent_t
 
 
 _BANNED = {False: torch.tensor([PAD_ID, BOS_ID]), True: torch.tensor([PAD_ID, BOS_ID, EOS_ID])}
@@ -69,13 +128,40 @@ def banned_tokens(step: int, min_len: int, device) -> torch.Tensor:
     return _BANNED[step <= min_len].to(device)
 
 
-def _forced_at(prefix: torch.Tensor | None, step: int, beams: int) -> torch.Tensor | None:
-    """(rows,) the token each row must take at `step` (1-based), -1 where it is free; None when no row is forced.
-    `prefix`: (n, P) target prefix ids per live sentence, -1 past each prefix's end."""
-    if prefix is None or step > prefix.size(1):
+def _ban(lprobs: torch.Tensor, at, min_len: int) -> torch.Tensor:
+    """Set the banned tokens' log-probs to -inf, in place. `at`: the output position (1-based) of every row (an
+    int), or of each row ((R,) tensor)."""
+    if isinstance(at, int):
+        return lprobs.index_fill_(1, banned_tokens(at, min_len, lprobs.device), float("-inf"))
+    lprobs.index_fill_(1, _BANNED[False].to(lprobs.device), float("-inf"))
+    if min_len:
+        lprobs[:, EOS_ID].masked_fill_(at <= min_len, float("-inf"))
+    return lprobs
+
+
+def _forced_at(prefix: torch.Tensor | None, at, beams: int) -> torch.Tensor | None:
+    """(rows,) the token each row must take at output position `at` (1-based; an int, or (n,) per sentence), -1
+    where it is free; None when no row is forced. `prefix`: (n, P) target prefix ids per live sentence, -1 past each
+    prefix's end."""
+    if prefix is None:
         return None
-    forced = prefix[:, step - 1]
+    if isinstance(at, int):
+        if at > prefix.size(1):
+            return None
+        forced = prefix[:, at - 1]
+    else:
+        forced = prefix.gather(1, (at - 1).clamp(max=prefix.size(1) - 1)[:, None]).squeeze(1)
+        forced = forced.masked_fill(at > prefix.size(1), -1)
     return forced.repeat_interleave(beams) if beams > 1 else forced
+
+
+def _write_at(buf: torch.Tensor, at, values: torch.Tensor) -> None:
+    """buf[r, ..., at - 1] = values[r, ...]: `at` an int, or each row's position ((R,) tensor)."""
+    if isinstance(at, int):
+        buf[..., at - 1] = values
+    else:
+        index = (at - 1).view(-1, *[1] * (buf.dim() - 1)).expand(*buf.shape[:-1], 1)
+        buf.scatter_(-1, index, values.unsqueeze(-1))
 
 
 def _force(lprobs: torch.Tensor, forced: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -87,22 +173,23 @@ def _force(lprobs: torch.Tensor, forced: torch.Tensor, k: int) -> tuple[torch.Te
     return values, tok.expand(-1, k)
 
 
-def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, step: int, min_len: int, k: int,
+def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, at, min_len: int, k: int,
                forced: torch.Tensor | None = None):
     """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
-    each (R, k) (k = 1: the max, each (R,)).
+    each (R, k) (k = 1: the max, each (R,)). `at`: the output position, an int or each row's ((R,) tensor).
 
     On the CPU by blocks of 64 rows, so that the log-probs the top-k reads are still in the cache, and with `top_k`
     in place of torch.topk; on a GPU at once (each block is three more kernel launches, and nothing there is gained
     by it)."""
     logits = decoder.step(tok).float()
-    banned = banned_tokens(step, min_len, logits.device)
     cpu = logits.device.type == "cpu"
     values, ids = [], []
     blocks = logits.split(64) if cpu else (logits,)
-    forced_blocks = forced.split(64) if forced is not None and cpu else (forced,) * len(blocks)
-    for block, fb in zip(blocks, forced_blocks):
-        lprobs = block.log_softmax(-1).index_fill_(1, banned, float("-inf"))
+    n_blocks = len(blocks)
+    forced_blocks = forced.split(64) if forced is not None and cpu else (forced,) * n_blocks
+    at_blocks = at.split(64) if not isinstance(at, int) and cpu else (at,) * n_blocks
+    for block, fb, ab in zip(blocks, forced_blocks, at_blocks):
+        lprobs = _ban(block.log_softmax(-1), ab, min_len)
         v, i = lprobs.max(-1) if k == 1 else top_k(lprobs, k) if cpu else lprobs.topk(k, dim=1)
         if fb is not None:  # a target prefix: its token, whatever the model prefers
             fv, fi = _force(lprobs, fb, k)
@@ -139,7 +226,7 @@ def top_k(x: torch.Tensor, k: int, width: int = 64) -> tuple[torch.Tensor, torch
 def greedy_decode(
     model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0,
     sampling: LineSampling | None = None, lines: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
-    check_every: int = 0,
+    check_every: int = 0, slots: int | None = None,
 ) -> list[Hypothesis]:
     """Greedy decoding on the incremental decoder; one `Hypothesis` per source row (scored like beam search, beam 1).
     With `sampling`, each next token is drawn instead (`lines`: (B,) each row's index in the input, which with the
@@ -148,59 +235,80 @@ def greedy_decode(
 
     Everything a step decides stays on the device (each row's tokens, log-probs, and the step it ended at); the
     host reads it every `check_every` steps (0: every step on the CPU, every 8 on a GPU, where each read stalls
-    the queue of launched work), to stop and to let the finished rows leave. A row that ended between two reads
-    runs on until the next one, unread: its output is what it was when it ended.
+    the queue of launched work), to stop, to let the finished rows leave, or with a fixed-shape decoder to give
+    their places to the next sentences (`slots` rows at once; None: all). A row that ended between two reads runs
+    on until the next one, unread: its output is what it was when it ended.
 
     src: (B, S) right-padded source ids, each ending in </s>.
     """
     B, device = src.size(0), src.device
     every = _read_every(check_every, device)
     max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
-    T = int(max_len.max())
-    decoder = _start(model, src, 1, T)
-    # per input row, filled as rows leave: tokens, their log-probs, the step it ended at, whether with </s>
-    out_tok = torch.zeros(B, T, dtype=torch.long, device=device)
-    out_lp = torch.zeros(B, T, device=device)
+    limits = max_len.tolist()  # (one read)
+    sm = step_model(model)
+    T = _longest(sm, src, limits, max_len_a, max_len_b, prefix)
+    decoder, n = _start(sm, src, 1, T, slots)
+    fixed = decoder.fixed
+    # per input row, filled as rows finish: tokens (one more column, which a finished fixed-shape row running on
+    # past its limit writes), their log-probs, the step it ended at, whether with </s>
+    out_tok = torch.zeros(B, T + 1, dtype=torch.long, device=device)
+    out_lp = torch.zeros(B, T + 1, device=device)
     out_end = torch.zeros(B, dtype=torch.long, device=device)
     out_eos = torch.zeros(B, dtype=torch.bool, device=device)
-    # per decoder row: the same while it decodes (end 0: not yet), its input row, its length limit
-    tokens, lps = torch.zeros_like(out_tok), torch.zeros_like(out_lp)
-    end, eos = torch.zeros_like(out_end), torch.zeros_like(out_eos)
-    alive, limit = torch.arange(B, device=device), max_len
-    tok = torch.full((B,), BOS_ID, dtype=torch.long, device=device)
+    # per decoder row: the same while it decodes (end 0: not yet), its input row, its length limit, the step it
+    # began at (fixed shapes: rows begin whenever a place frees; otherwise all at 0)
+    tokens, lps = out_tok[:n].clone(), out_lp[:n].clone()
+    end, eos = out_end[:n].clone(), out_eos[:n].clone()
+    alive, limit = torch.arange(n, device=device), max_len[:n].clone()
+    began = torch.zeros(n, dtype=torch.long, device=device) if fixed else 0
+    slots_ = _Slots(n, B, limits) if fixed else None
+    pre = prefix[:n].clone() if prefix is not None else None
+    tok = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
     step = 0
     while True:
         step += 1
-        forced = _forced_at(prefix, step, 1)
+        at = step - began if not fixed else (step - began).clamp_(max=T + 1)  # each row's output position
+        forced = _forced_at(pre, at, 1)
         if sampling is None:
-            lp, nxt = _best_next(decoder, tok, step, min_len, 1, forced)
+            lp, nxt = _best_next(decoder, tok, at, min_len, 1, forced)
         else:
-            lprobs = decoder.step(tok).float().log_softmax(-1)
-            lprobs.index_fill_(1, banned_tokens(step, min_len, lprobs.device), float("-inf"))
-            nxt = sampling.choose(lprobs, lines[alive], step)
+            lprobs = _ban(decoder.step(tok).float().log_softmax(-1), at, min_len)
+            nxt = sampling.choose(lprobs, lines[alive], at)
             if forced is not None:
                 nxt = torch.where(forced >= 0, forced, nxt)
             lp = lprobs.gather(1, nxt[:, None]).squeeze(1)
-        tokens[:, step - 1] = nxt
-        lps[:, step - 1] = lp
+        _write_at(tokens, at, nxt)
+        _write_at(lps, at, lp)
         is_eos = nxt == EOS_ID
-        ending = (end == 0) & (is_eos | (limit <= step))
-        end.masked_fill_(ending, step)
+        ending = (end == 0) & (is_eos | (limit <= at))
+        end = torch.where(ending, at, end)
         eos |= ending & is_eos
         tok = nxt
-        if step % every and step < T:
+        if not (slots_.must_read(step, every) if fixed else step % every == 0 or step == T):
             continue
         done = (end > 0).tolist()  # the one read of the device in `every` steps
-        gone = [r for r, d in enumerate(done) if d]
+        gone = [r for r, d in enumerate(done) if d and (not fixed or slots_.sentence[r] >= 0)]
         if gone:
             rows = torch.tensor(gone, device=device) if len(gone) < len(done) else slice(None)
             out_tok[alive[rows]], out_lp[alive[rows]] = tokens[rows], lps[rows]
             out_end[alive[rows]], out_eos[alive[rows]] = end[rows], eos[rows]
-            if len(gone) == len(done):
+        if fixed:
+            new_rows, sentences = slots_.turnover(done, step)
+            if not slots_.busy:
                 break
+            if new_rows:  # continuous batching: the next sentences take the finished ones' places
+                r, s = _admit(sm, decoder, src, new_rows, sentences)
+                alive[r], limit[r], began[r] = s, max_len[s], step
+                tokens[r], lps[r], end[r], eos[r], tok[r] = 0, 0, 0, False, BOS_ID
+                if pre is not None:
+                    pre[r] = prefix[s]
+            continue
+        if len(gone) == len(done):
+            break
+        if gone:
             keep = torch.tensor(keep_order(len(done), gone), device=device)
             alive, limit, tok, tokens, lps, end, eos = (x[keep] for x in (alive, limit, tok, tokens, lps, end, eos))
-            prefix = prefix[keep] if prefix is not None else None
+            pre = pre[keep] if pre is not None else None
             decoder.select(keep)
     decoder.release()
     out = []
@@ -228,6 +336,7 @@ def beam_search(
     token_scores: bool = False,
     prefix: torch.Tensor | None = None,
     check_every: int = 0,
+    slots: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; per source row, the `nbest` best hypotheses, best first. `prefix`: (B, P) target ids
     every hypothesis must start with (-1 past a row's prefix): while a row is in its prefix each beam has one way
@@ -238,7 +347,7 @@ def beam_search(
     K become finished hypotheses, scored sum(log p) / lp(|Y|) (GNMT); the K best others go on. A sentence is done
     when it reaches its max length (its live beams finish too), or once it has K finished hypotheses and its
     `nbest`-th best is at least what the best live beam would score if it ended at the next step,
-    best_live_sum / lp(step + 1) (Hugging Face's default rule; with alpha = 0 it is exact, since a live beam's
+    best_live_sum / lp(|Y| + 1) (Hugging Face's default rule; with alpha = 0 it is exact, since a live beam's
     summed log-prob only falls; fairseq's "K finished" alone can stop while a live beam is better, so that a larger
     beam returned a worse translation). It is also done as soon as its `nbest` best finished hypotheses cannot be
     beaten at all: lp(|Y|) is at most lp(max_len + 1), so no live beam can finish above
@@ -246,9 +355,11 @@ def beam_search(
 
     All of it stays on the device: each sentence's K best finished hypotheses so far (best first; equal scores in
     the order they ended), how many ended, and whether it is done. The host reads the device every `check_every`
-    steps (0: every step on the CPU, every 8 on a GPU), to stop and to let the done sentences leave the batch; a
-    sentence done between two reads runs on unread, and nothing it does is kept. Rows are sentence-major: row
-    s * k + j is beam j of live sentence s. The first step runs one row per sentence.
+    steps (0: every step on the CPU, every 8 on a GPU), to stop, and to let the done sentences leave the batch or,
+    with a fixed-shape decoder, give their places to the next sentences (`slots` sentences at once; None: all):
+    continuous batching. A sentence done between two reads runs on unread, and nothing it does is kept. Rows are
+    sentence-major: row s * k + j is beam j of live sentence s. The first step runs one row per sentence; a
+    sentence that joins later starts with K beams, all but the first at -inf.
     """
     K = beam_size
     B, device = src.size(0), src.device
@@ -259,36 +370,49 @@ def beam_search(
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
     every = _read_every(check_every, device)
     max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
-    T = int(max_len.max())
-    decoder = _start(model, src, K, T)
+    limits = max_len.tolist()  # (one read)
+    sm = step_model(model)
+    T = _longest(sm, src, limits, max_len_a, max_len_b, prefix)
+    decoder, n = _start(sm, src, K, T, slots)
+    fixed = decoder.fixed
     # per input row: its K best finished hypotheses (score, the step it ended at: 0 for none, ended with </s>,
-    # tokens, per-token log-probs), how many ended in all, and whether the sentence is done
+    # tokens, per-token log-probs), how many ended in all, and whether the sentence is done. (Token buffers have
+    # one more column, which a done sentence running on past its limit in a fixed-shape decoder writes.)
     fin_score = torch.full((B, K), float("-inf"), device=device)
     fin_step = torch.zeros(B, K, dtype=torch.long, device=device)
     fin_eos = torch.zeros(B, K, dtype=torch.bool, device=device)
-    fin_tok = torch.zeros(B, K, T, dtype=torch.long, device=device)
-    fin_lp = torch.zeros(B, K, T, device=device) if token_scores else None
+    fin_tok = torch.zeros(B, K, T + 1, dtype=torch.long, device=device)
+    fin_lp = torch.zeros(B, K, T + 1, device=device) if token_scores else None
     fin_n = torch.zeros(B, dtype=torch.long, device=device)
     # per live sentence: its input row, its length limit, the largest length penalty it can get, the nbest-th best
-    # finished score and whether K have ended (copies of fin_*, kept where the step reads them), whether it is done
-    alive, limit = torch.arange(B, device=device), max_len
-    lp_max = length_penalty(max_len.float() + 1, len_penalty)
-    floor = torch.full((B,), float("-inf"), device=device)
-    full = torch.zeros(B, dtype=torch.bool, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
+    # finished score and whether K have ended (copies of fin_*, kept where the step reads them), whether it is done,
+    # the step it began at (fixed shapes: sentences begin whenever a place frees; otherwise all at 0)
+    lp_max_all = length_penalty(max_len.float() + 1, len_penalty)
+    alive, limit, lp_max = torch.arange(n, device=device), max_len[:n].clone(), lp_max_all[:n].clone()
+    floor = torch.full((n,), float("-inf"), device=device)
+    full = torch.zeros(n, dtype=torch.bool, device=device)
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    began = torch.zeros(n, dtype=torch.long, device=device) if fixed else 0
+    slots_ = _Slots(n, B, limits) if fixed else None
+    pre = prefix[:n].clone() if prefix is not None else None
     k = 1  # beams per live sentence: 1 at the first step, K after
-    scores = torch.zeros(B, 1, device=device)  # summed log-probs of the live beams, (n, k)
-    tokens = torch.zeros(B, T, dtype=torch.long, device=device)  # (n * k, T): each live beam's tokens so far
-    lps = torch.zeros(B, T, device=device) if token_scores else None  # and their log-probs, if asked for
-    tok = torch.full((B,), BOS_ID, dtype=torch.long, device=device)
+    scores = torch.zeros(n, 1, device=device)  # summed log-probs of the live beams, (n, k)
+    tokens = torch.zeros(n, T + 1, dtype=torch.long, device=device)  # (n * k, T + 1): each live beam's tokens so far
+    lps = torch.zeros(n, T + 1, device=device) if token_scores else None  # and their log-probs, if asked for
+    tok = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
+    first_beam = torch.tensor([0.0] + [float("-inf")] * (K - 1), device=device)  # a sentence that joins later
     step = 0
     while True:
         step += 1
         n = alive.numel()
+        # each sentence's output position (1-based): the step, or with fixed shapes the step less the one it began at
+        at = step - began if not fixed else (step - began).clamp_(max=T + 1)
+        at_row = at if isinstance(at, int) else at.repeat_interleave(k)
+        col = at if isinstance(at, int) else at[:, None]
         # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
         # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
         # no topk runs over, all k * V pairs.
-        top_lp, top_tok = _best_next(decoder, tok, step, min_len, 2 * K, _forced_at(prefix, step, k))  # (n * k, 2K)
+        top_lp, top_tok = _best_next(decoder, tok, at_row, min_len, 2 * K, _forced_at(pre, at, k))  # (n * k, 2K)
         top_lp = top_lp.view(n, k * 2 * K)
         cand = (scores.unsqueeze(2) + top_lp.view(n, k, 2 * K)).view(n, k * 2 * K)
         cand_scores, cand_idx = cand.topk(2 * K, dim=1)  # sorted, best first
@@ -305,18 +429,18 @@ def beam_search(
         # what ends now, in a sentence not done yet: </s> among its first K candidates, and at its max length its K
         # continuing beams
         live = ~done
-        at_max = limit <= step
+        at_max = limit <= at
         ends = torch.cat([is_eos[:, :K], at_max[:, None].expand(n, K)], 1) & live[:, None]  # (n, 2K)
         if every > 1 or bool(ends.any()):  # (on the CPU, where reading is cheap, skipped when nothing ends)
             _keep_finished(
-                (fin_score, fin_step, fin_eos, fin_tok, fin_lp, fin_n), alive, ends, step,
-                torch.cat([cand_scores[:, :K], next_scores], 1) / length_penalty(step, len_penalty),
+                (fin_score, fin_step, fin_eos, fin_tok, fin_lp, fin_n), alive, ends, at,
+                torch.cat([cand_scores[:, :K], next_scores], 1) / length_penalty(col, len_penalty),
                 torch.cat([cand_row[:, :K], next_row], 1), torch.cat([cand_tok[:, :K], next_tok], 1),
                 tokens, lps, torch.cat([cand_lp[:, :K], next_lp], 1) if token_scores else None,
             )
             floor, full = fin_score[alive, nbest - 1], fin_n[alive] >= K
         # done: at the max length, or settled (see above)
-        settled = full & (floor >= next_scores[:, 0] / length_penalty(step + 1, len_penalty))
+        settled = full & (floor >= next_scores[:, 0] / length_penalty(at + 1, len_penalty))
         if len_penalty >= 0:  # (alpha < 0: lp falls as |Y| grows, no bound)
             settled |= floor >= next_scores[:, 0] / lp_max
         done = ~live | at_max | settled
@@ -324,15 +448,31 @@ def beam_search(
         decoder.select(None, next_beam)
         rows = next_row.flatten()
         tokens = tokens.index_select(0, rows)
-        tokens[:, step - 1] = next_tok.flatten()
+        at_row = at if isinstance(at, int) else at.repeat_interleave(K)
+        _write_at(tokens, at_row, next_tok.flatten())
         if token_scores:
             lps = lps.index_select(0, rows)
-            lps[:, step - 1] = next_lp.flatten()
+            _write_at(lps, at_row, next_lp.flatten())
         scores, k = next_scores, K
         tok = next_tok.flatten()
-        if step % every and step < T:
+        if not (slots_.must_read(step, every) if fixed else step % every == 0 or step == T):
             continue
         gone = done.tolist()  # the one read of the device in `every` steps
+        if fixed:
+            new_rows, sentences = slots_.turnover(gone, step)
+            if not slots_.busy:
+                break
+            if new_rows:  # continuous batching: the next sentences take the done ones' places, K fresh beams each
+                r, s = _admit(sm, decoder, src, new_rows, sentences)
+                alive[r], limit[r], lp_max[r], began[r] = s, max_len[s], lp_max_all[s], step
+                floor[r], full[r], done[r], scores[r] = float("-inf"), False, False, first_beam
+                beams = (r[:, None] * K + torch.arange(K, device=device)).flatten()
+                tokens[beams], tok[beams] = 0, BOS_ID
+                if token_scores:
+                    lps[beams] = 0
+                if pre is not None:
+                    pre[r] = prefix[s]
+            continue
         if all(gone):
             break
         if any(gone):
@@ -342,7 +482,7 @@ def beam_search(
                 x[keep] for x in (alive, limit, lp_max, floor, full, done, scores))
             tok, tokens = tok[beams], tokens[beams]
             lps = lps[beams] if token_scores else None
-            prefix = prefix[keep] if prefix is not None else None
+            pre = pre[keep] if pre is not None else None
             decoder.select(keep)
     decoder.release()
     out = []
@@ -353,8 +493,9 @@ def beam_search(
     return out
 
 
-def _keep_finished(fin, alive, ends, step, score, row, last, tokens, lps, last_lp) -> None:
-    """Merge the hypotheses that end at `step` into each live sentence's K best finished ones (in place).
+def _keep_finished(fin, alive, ends, at, score, row, last, tokens, lps, last_lp) -> None:
+    """Merge the hypotheses that end at output position `at` (an int, or (n,) per sentence) into each live
+    sentence's K best finished ones (in place).
 
     `fin`: per input row (score, step, eos, tokens, log-probs, count), as beam_search keeps them; `ends` (n, 2K):
     which of the step's 2K candidates end (the first K by </s>, the others at the max length), with their
@@ -366,17 +507,18 @@ def _keep_finished(fin, alive, ends, step, score, row, last, tokens, lps, last_l
     eos = torch.zeros_like(ends)
     eos[:, : K] = True
     new_tok = tokens.index_select(0, row.flatten()).view(n, K2, T)
-    new_tok[:, :, step - 1] = last
+    _write_at(new_tok, at, last)
     merged = torch.cat([fin_score[alive], score.masked_fill(~ends, float("-inf"))], 1)  # (n, 3K)
     order = merged.sort(dim=1, descending=True, stable=True).indices[:, :K]
     fin_score[alive] = merged.gather(1, order)
-    fin_step[alive] = torch.cat([fin_step[alive], torch.where(ends, step, 0)], 1).gather(1, order)
+    ended = torch.where(ends, at if isinstance(at, int) else at[:, None], 0)
+    fin_step[alive] = torch.cat([fin_step[alive], ended], 1).gather(1, order)
     fin_eos[alive] = torch.cat([fin_eos[alive], eos & ends], 1).gather(1, order)
     pick = order[:, :, None].expand(n, K, T)
     fin_tok[alive] = torch.cat([fin_tok[alive], new_tok], 1).gather(1, pick)
     if fin_lp is not None:
         new_lp = lps.index_select(0, row.flatten()).view(n, K2, T)
-        new_lp[:, :, step - 1] = last_lp
+        _write_at(new_lp, at, last_lp)
         fin_lp[alive] = torch.cat([fin_lp[alive], new_lp], 1).gather(1, pick)
     fin_n[alive] += ends.sum(1)
 

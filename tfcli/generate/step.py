@@ -147,16 +147,8 @@ class IncrementalDecoder:
         if memory is not None:
             # the source side, once per batch: per layer the cross-attention keys, transposed, (n*H_kv, d_head, S),
             # and values (n*H_kv, S, d_head)
-            S, H, dh = memory.size(1), self.H_kv, self.dh
-            flat = memory.reshape(n * S, -1)
-            self.mem_kv = []
-            for layer in sm.layers:
-                k, v = layer.cross_kv(flat).view(n, S, 2, H, dh).unbind(2)
-                k = layer.cross_k_norm(k)
-                kt = k.permute(0, 2, 3, 1).reshape(n * H, dh, S)
-                self.mem_kv.append((kt, v.transpose(1, 2).reshape(n * H, S, dh)))
-            bias = torch.zeros(n, 1, S, device=device, dtype=dtype).masked_fill_(~mem_mask.view(n, 1, S), float("-inf"))
-            self.mem_bias = bias.repeat_interleave(H, dim=0)  # (n*H_kv, 1, S): -inf at source padding
+            self.mem_kv = [self._cross_kv(layer, memory) for layer in sm.layers]
+            self.mem_bias = self._source_bias(mem_mask, dtype)  # (n*H_kv, 1, S): -inf at source padding
         embed = sm.embed
         self.steps = torch.arange(max_steps, device=device)
         no_positions = torch.zeros(max_steps, cfg.d_model, device=device, dtype=dtype)  # RoPE: positions enter in attention
@@ -175,6 +167,22 @@ class IncrementalDecoder:
         self.kv = list(self._workspace[: n_layers * size].view(n_layers, *shape).unbind(0))
         for kv in self.kv:  # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
             kv[:, :, :beam_size].zero_()
+
+    fixed = False  # rows leave the batch (`select`); no new row joins it
+
+    def _cross_kv(self, layer, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's cross-attention keys, transposed, (m*H_kv, d_head, S), and values (m*H_kv, S, d_head) of
+        the encoder output `memory` (m, S, d_model)."""
+        m, S = memory.shape[:2]
+        k, v = layer.cross_kv(memory.reshape(m * S, -1)).view(m, S, 2, self.H_kv, self.dh).unbind(2)
+        kt = layer.cross_k_norm(k).permute(0, 2, 3, 1).reshape(m * self.H_kv, self.dh, S)
+        return kt, v.transpose(1, 2).reshape(m * self.H_kv, S, self.dh)
+
+    def _source_bias(self, mem_mask: torch.Tensor, dtype) -> torch.Tensor:
+        """(m, 1, 1, S) source mask -> (m*H_kv, 1, S) attention bias: 0 at real tokens, -inf at padding."""
+        m, S = mem_mask.size(0), mem_mask.size(-1)
+        bias = torch.zeros(m, 1, S, device=mem_mask.device, dtype=dtype)
+        return bias.masked_fill_(~mem_mask.view(m, 1, S), float("-inf")).repeat_interleave(self.H_kv, dim=0)
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """tok: (n*k,) the last token of each beam (row-major); returns logits (n*k, V) for the next one."""
@@ -306,23 +314,32 @@ class IncrementalDecoder:
 class StaticDecoder(IncrementalDecoder):
     """The incremental decoder with shapes that never change within a batch, for a step replayed as a CUDA graph.
 
-    The search sees the same interface (`step` for its live rows, `select` to drop rows and reorder beams), but the
-    tensors the step works on keep the batch's first shape: every sentence keeps its place and its K beams (a
-    sentence that has left, or beams not yet split at the first step, still compute, and nobody reads them); the
-    step attends over all max_steps * K slots, those not yet written masked by the history (-inf); the position
-    is read from a one-element tensor on the device. On CUDA the first step captures the step as a CUDA graph and
-    each later step replays it: one launch instead of one per operation, which on a GPU is where a small model's
-    step spends its time. Elsewhere (and in tests) the same fixed-shape step runs eagerly. Language-model prompts
-    are prefilled as `IncrementalDecoder` does (once, eagerly); each row then numbers its positions from its first
-    real token, read from the device too."""
+    The search sees the same interface (`step`, `select` to reorder beams), and one more call: `admit`, which puts
+    a new sentence in the place of one that has finished (continuous batching: the batch stays full to the end of a
+    file). The tensors the step works on keep the batch's first shape: every place keeps its K beams (a finished
+    sentence, or beams not yet split at the first step, still compute, and nobody reads them); the step attends
+    over all max_steps * K key/value slots under the history mask (-inf where a beam does not look). The slots are
+    a ring: step t writes slots (t mod max_steps) * K + j, so a sentence that joins at step t0 writes its position
+    p at step t0 + p, and an admitted sentence starts with a history of nothing. Each row's position, t less the
+    step it began at (its `offset`), and the step itself are read from tensors on the device. On CUDA the first
+    step captures the step as a CUDA graph and each later step replays it: one launch instead of one per
+    operation, which on a GPU is where a small model's step spends its time. Elsewhere (and in tests) the same
+    fixed-shape step runs eagerly. Language-model prompts are prefilled as `IncrementalDecoder` does (once,
+    eagerly); a row's offset is then its left padding.
+
+    The caller keeps each row within max_steps positions; a row past them (one that finished and runs on, unread,
+    until the search looks) computes at its last position, and what it computes is never read."""
+
+    fixed = True
 
     def __init__(self, sm: StepModel, n: int, beam_size: int, max_steps: int, memory, mem_mask):
         super().__init__(sm, n, beam_size, max_steps, memory, mem_mask)
         K, device, dtype = self.K, self.history.device, self.history.dtype
-        self.rows = torch.arange(n, device=device)  # the place of each live sentence
+        self.rows = torch.arange(n, device=device)  # the live rows (all of them, unless the search drops some)
         self.history = torch.full((n, K, max_steps * K), float("-inf"), device=device, dtype=dtype)
         self.tok = torch.zeros(n * K, dtype=torch.long, device=device)
-        self.pos = torch.zeros(1, dtype=torch.long, device=device)  # this step's position
+        self.now = torch.zeros(1, dtype=torch.long, device=device)  # this step, t
+        self.offset = torch.zeros(n, dtype=torch.long, device=device)  # the step each row began at
         self.beam_slots = torch.arange(K, device=device)
         for kv in self.kv:  # every slot is in view (masked until written): each must hold a number
             kv.zero_()
@@ -334,10 +351,8 @@ class StaticDecoder(IncrementalDecoder):
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """tok: (n*k,) the last token of each live beam; returns their logits (n*k, V)."""
         n, k, K = self.rows.numel(), self.k, self.K
-        if self.t == self.max_steps:
-            raise RuntimeError(f"decoded past the {self.max_steps} positions this decoder was made for")
         self.tok.view(-1, K)[self.rows] = tok.view(n, k).expand(n, K) if k == 1 else tok.view(n, K)
-        self.pos.fill_(self.t)
+        self.now.fill_(self.t)
         if not self.use_graph:
             self.logits = self._static_step()
         elif self.graph is None:
@@ -348,12 +363,11 @@ class StaticDecoder(IncrementalDecoder):
         return self.logits.view(-1, K, self.logits.size(-1))[self.rows, :k].reshape(n * k, -1)
 
     def _static_step(self) -> torch.Tensor:
-        """One position for every place and beam: (n0*K, V) logits, from `self.tok` at slot `self.pos` (a row's
-        position: the slot less its left padding)."""
-        n, K = self.n, self.K
-        slots = self.pos * K + self.beam_slots  # beam j writes slot t*K + j and sees it
+        """One position for every place and beam: (n0*K, V) logits, from `self.tok` at step `self.now`."""
+        n, K, M = self.n, self.K, self.max_steps
+        slots = self.now % M * K + self.beam_slots  # beam j writes slot (t mod M)*K + j and sees it
         self.history.index_copy_(2, slots, self.own[K].expand(n, K, K))
-        pos = self.pos if self.pad is None else (self.pos - self.pad)[:, None].expand(n, K)
+        pos = (self.now - self.offset).clamp_(max=M - 1)[:, None].expand(n, K)
         x = self._embed(self.tok, pos.reshape(-1))
         return self._layers(x, slots, K, self.history.size(2), self._head_bias(self.history), pos)
 
@@ -380,12 +394,28 @@ class StaticDecoder(IncrementalDecoder):
 
     def prefill(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """As `IncrementalDecoder.prefill` (eagerly); the prompts' history mask then fills the first of all the
-        slots in view."""
+        slots in view, and each row's offset is its left padding."""
         history = self.history
         logits = super().prefill(ids, valid)
         history[:, :, : ids.size(1)] = self.history
         self.history = history
+        if self.pad is not None:
+            self.offset.copy_(self.pad)
         return logits
+
+    def admit(self, places: torch.Tensor, memory: torch.Tensor, mem_mask: torch.Tensor) -> None:
+        """Before the next step: the sentences whose encoder output is `memory` (m, S, d_model) (`mem_mask`
+        (m, 1, 1, S): True at real tokens; S the batch's source width) take the places `places` (m,), whatever
+        was there. Each starts at position 0 with a history of nothing; its beams' tokens are the search's
+        business. Everything is written in place, so a captured step stays valid."""
+        n, H, dh, S = self.n, self.H_kv, self.dh, memory.size(1)
+        for layer, (kt, v) in zip(self.sm.layers, self.mem_kv):
+            new_kt, new_v = self._cross_kv(layer, memory)
+            kt.view(n, H, dh, S)[places] = new_kt.view(-1, H, dh, S)
+            v.view(n, H, S, dh)[places] = new_v.view(-1, H, S, dh)
+        self.mem_bias.view(n, H, 1, S)[places] = self._source_bias(mem_mask, self.mem_bias.dtype).view(-1, H, 1, S)
+        self.history[places] = float("-inf")
+        self.offset[places] = self.t
 
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
         """As `IncrementalDecoder.select`, but nothing moves: a sentence that leaves keeps its place, unread, and

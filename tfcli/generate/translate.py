@@ -19,7 +19,7 @@ from typing import IO, Iterable, Iterator
 import torch
 
 from tfcli import distributed
-from tfcli.data.batching import pad, source_ids, token_batches
+from tfcli.data.batching import pad, source_ids, token_batches, width_groups
 from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
 from tfcli.generate.config import TranslateConfig
 from tfcli.console import Progress, warn
@@ -50,6 +50,7 @@ class Translator:
         self.alignment_layer = cfg.alignment_layer or default_layer(n_layers)
         self.precision = precision(device, cfg.dtype, loaded.steps.half)
         self.warned_unk = False
+        self.fixed = loaded.steps.static  # fixed-shape decoding (a GPU's): continuous batching
         self.index = 0  # 0-based index of the next input line, across chunks and files
 
     def run(self, items: Iterable[tuple[str, int, str]]) -> Iterator[str]:
@@ -104,11 +105,15 @@ class Translator:
         done = 0
         if src:
             lengths = [len(s) for s in src]
-            batches = token_batches(lengths, self.cfg.max_tokens, self.cfg.batch_size)
-            batches.sort(key=lambda b: int(b.min()))  # earliest lines first, so output can start early
-            for batch in batches:
+            if self.fixed:  # one fixed-shape decoder per source width, its places refilled as sentences finish
+                groups = width_groups(lengths, self.cfg.max_tokens, self.cfg.batch_size)
+            else:  # batches that shrink as sentences finish
+                groups = [(b, None, None) for b in token_batches(lengths, self.cfg.max_tokens, self.cfg.batch_size)]
+            groups.sort(key=lambda g: int(g[0].min()))  # earliest lines first, so output can start early
+            for batch, width, slots in groups:
                 hyps = self.decode([src[j] for j in batch], [first + todo[j] for j in batch.tolist()],
-                                   [targets[j] for j in batch.tolist()] if targets is not None else None)
+                                   [targets[j] for j in batch.tolist()] if targets is not None else None,
+                                   width, slots)
                 for j, h in zip(batch.tolist(), hyps):
                     results[todo[j]] = h
                 while done in results:
@@ -118,13 +123,14 @@ class Translator:
             yield first + done, results.pop(done)
             done += 1
 
-    def decode(self, batch: list[list[int]], lines: list[int],
-               prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+    def decode(self, batch: list[list[int]], lines: list[int], prefixes: list[list[int]] | None = None,
+               width: int | None = None, slots: int | None = None) -> list[list[Hypothesis]]:
         """Hypotheses (best first) for a batch of source id lists (each ending in </s>); `lines`: their 0-based
         indices in the input (what a line's random numbers are keyed by when sampling); `prefixes`: target ids each
-        output starts with (an empty list: none)."""
+        output starts with (an empty list: none). `width`: pad the sources to it; `slots`: sentences decoded at
+        once (a fixed-shape decoder, continuous batching), None: all."""
         cfg = self.cfg
-        src = pad(batch).to(self.device)
+        src = pad(batch, length=min(width, self.max_len) if width else None).to(self.device)
         prefix = None
         if prefixes is not None and any(prefixes):
             prefix = pad([p[: self.max_len - 1] for p in prefixes], pad_id=-1).to(self.device)
@@ -133,18 +139,18 @@ class Translator:
                 sampling = LineSampling(cfg.temperature, cfg.topk, cfg.topp, cfg.seed)
                 hyps = [[h] for h in greedy_decode(
                     self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, sampling,
-                    torch.tensor(lines, device=self.device), prefix, cfg.check_every,
+                    torch.tensor(lines, device=self.device), prefix, cfg.check_every, slots,
                 )]
             elif cfg.beam_size == 1:
                 hyps = [[h] for h in greedy_decode(
                     self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, prefix=prefix,
-                    check_every=cfg.check_every,
+                    check_every=cfg.check_every, slots=slots,
                 )]
             else:
                 hyps = beam_search(
                     self.steps, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
                     nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores, prefix=prefix,
-                    check_every=cfg.check_every,
+                    check_every=cfg.check_every, slots=slots,
                 )
             if cfg.alignment:
                 self._align(batch, src, hyps)
