@@ -210,7 +210,12 @@ def test_generation_on_the_gpu_is_the_cpus(counter, device, dtype):
     cpu = tfcli.load(str(counter), device="cpu")
     gpu = tfcli.load(str(counter), device=device, dtype=dtype)
     prompts = ["cat dog", "ice", "sun", "apple bird cat dog"]
-    assert gpu.generate(prompts, greedy=True, max_new_tokens=30) == cpu.generate(prompts, greedy=True, max_new_tokens=30)
+    want = cpu.generate(prompts, greedy=True, max_new_tokens=30)
+    assert gpu.generate(prompts, greedy=True, max_new_tokens=30) == want
+    # two places for four prompts: each finished one's place goes to the next (prefilled into it), the CUDA graph
+    # replayed throughout; read every 8 steps, or every 3
+    assert gpu.generate(prompts, greedy=True, max_new_tokens=30, batch_size=2) == want
+    assert gpu.generate(prompts, greedy=True, max_new_tokens=30, batch_size=2, check_every=3) == want
 
 
 @pytest.mark.parametrize("device", [CUDA])

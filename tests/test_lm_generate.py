@@ -15,7 +15,7 @@ from tfcli.cli import app
 from tfcli.generate.config import GenerateConfig
 from tfcli.generate.lm import START_ID, Continuation, generate_ids, lm_generate
 from tfcli.generate.sampling import apply_repetition_penalty, apply_temperature, next_token, top_k_filter, top_p_filter
-from tfcli.generate.step import IncrementalDecoder, StepModel
+from tfcli.generate.step import IncrementalDecoder, StaticDecoder, StepModel
 from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from tfcli.model.transformer import build_model
@@ -163,9 +163,9 @@ def test_cached_left_padded_batch_equals_recomputing(positions, monkeypatch):
     assert calls.steps == sorted(calls.steps, reverse=True)  # then one new token per row, rows leaving as they end
 
 
-def no_end(model) -> StepModel:
+def no_end(model, static: bool = False) -> StepModel:
     """The model's StepModel, with </s> and "." banned, so that it never ends a text."""
-    sm = StepModel(model)
+    sm = StepModel(model, static=static)
     head = sm.lm_head
     sm.lm_head = lambda x: head(x).index_fill(-1, torch.tensor([EOS_ID, ID["."]]), NEG)
     return sm
@@ -358,3 +358,88 @@ def test_fixed_shape_steps_generate_what_recomputing_does(positions):
                                                                                    greedy=True))
     assert long == generate_ids(StepModel(model), prompts[:2], GenerateConfig(max_new_tokens=60, ignore_eos=True,
                                                                               greedy=True))
+
+
+# --- continuous batching and reads every N steps ----------------------------------------------------------------
+
+
+def _prompts(n, seed, longest=9):
+    rng = random.Random(seed)
+    return [[START_ID] + [rng.randrange(4, V) for _ in range(rng.randint(0, longest))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+@pytest.mark.parametrize("slots", [1, 3])
+@pytest.mark.parametrize("every", [1, 4])
+def test_prompts_refilling_fixed_places_generate_what_recomputing_does(positions, slots, every):
+    """On the fixed-shape decoder, `slots` places: a finished row's place goes to the next prompt, prefilled into
+    it (at the next read of the device, every N steps): greedy texts are recomputing's; sampled ones (keyed by the
+    prompt's index and the token's number) are those of the shrinking batch; none depends on places or N."""
+    model = random_lm(positions)
+    prompts = _prompts(7, seed=3)
+    greedy = GenerateConfig(max_new_tokens=10, greedy=True)
+    got = generate_ids(StepModel(model, static=True), prompts, greedy, slots=slots, check_every=every)
+    assert got == [recompute_greedy(model, p, 10) for p in prompts]
+    sampled = GenerateConfig(max_new_tokens=10, temperature=2.0, top_k=20, seed=11, min_new_tokens=3)
+    want = generate_ids(StepModel(model), prompts, sampled, rows=list(range(10, 17)))
+    assert generate_ids(StepModel(model, static=True), prompts, sampled, rows=list(range(10, 17)), slots=slots,
+                        check_every=every) == want
+    assert all(len(t) >= 3 for t in want) and len({tuple(t) for t in want}) > 1
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_each_admitted_prompt_slides_past_the_context_as_it_would_alone(penalty):
+    """A prompt prefilled into a place (no padding) gets what it gets alone: past max_len (48) it goes on from its
+    last 24 tokens on its own schedule, and the repetition penalty sees its own text only, not the text of the row
+    that held the place before."""
+    model = random_lm()
+    prompts = _prompts(5, seed=4)
+    cfg = GenerateConfig(max_new_tokens=70, greedy=True, repetition_penalty=penalty)
+    alone = [generate_ids(no_end(model), [p], cfg)[0] for p in prompts]
+    for slots in (1, 2):
+        got = generate_ids(no_end(model, static=True), prompts, cfg, slots=slots, check_every=5)
+        assert [len(t) for t in got] == [70] * 5
+        # (the first `slots` prompts are prefilled together, left-padded: with one place, that is one alone)
+        assert got[slots:] == alone[slots:] and (slots > 1 or got == alone)
+
+
+def test_stop_callbacks_and_fixed_places(monkeypatch):
+    """With on_token (stop strings, streaming) the host reads every step; a row stopped by it frees its place."""
+    model = random_lm()
+    prompts = _prompts(6, seed=5)
+    cfg = GenerateConfig(max_new_tokens=12, greedy=True)
+    want = [recompute_greedy(model, p, 12)[:3] for p in prompts]
+    seen = []
+
+    def stop_at_three(row, ids):
+        seen.append(row)
+        return len(ids) >= 3
+
+    got = generate_ids(StepModel(model, static=True), prompts, cfg, stop_at_three, slots=2, check_every=8)
+    assert got == want
+    assert sorted(set(seen)) == list(range(6))
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("every", [1, 4])
+def test_the_host_reads_the_device_once_every_n_steps(static, every, monkeypatch):
+    """Without a stop callback, generation reads the device once every N steps (one read for the new ids of those
+    steps and the ended flags), and the texts do not depend on N."""
+    import math
+
+    model = random_lm()
+    prompts = _prompts(5, seed=6)
+    cfg = GenerateConfig(max_new_tokens=9, greedy=True)
+    sm = StepModel(model, static=static)
+    reads, steps = [], []
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _o=original, _n=name: reads.append(_n) or _o(t, *a))
+    decoder = StaticDecoder if static else IncrementalDecoder
+    step = decoder.step
+    monkeypatch.setattr(decoder, "step", lambda d, tok: steps.append(1) or step(d, tok))
+    got = generate_ids(sm, prompts, cfg, slots=2 if static else None, check_every=every)
+    monkeypatch.undo()
+    assert got == [recompute_greedy(model, p, 9) for p in prompts]
+    loops = len(steps) + 1  # (the last loop reads, and stops)
+    assert reads == ["tolist"] * math.ceil(loops / every), reads

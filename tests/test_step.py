@@ -255,6 +255,43 @@ def test_lm_prefill_of_left_padded_prompts_then_steps_match_the_full_forward(ove
         dec.release()
 
 
+@pytest.mark.parametrize("overrides", [dict(positions="rope"), dict(positions="learned", n_kv_head=2),
+                                       dict(positions="rope", qk_norm=True, norm="post")])
+def test_lm_prompts_admitted_into_places_match_the_full_forward(overrides):
+    """StaticDecoder.admit_prompts prefills new prompts (left-padded) into finished rows' places at any step: the
+    keys/values land in the ring slots before the step's, wrapping past max_steps, and every row's logits after the
+    prefill and after each step are the full forward's over its own tokens."""
+    model, sm = lm_for(static=True, **overrides)
+    g = torch.Generator().manual_seed(5)
+    M = 9
+    texts = [torch.randint(4, V, (n,), generator=g).tolist() for n in (3, 4, 2)]
+    T = max(map(len, texts))
+    with torch.inference_mode():
+        dec = sm.start(3, 1, M)
+        ids = torch.tensor([[PAD_ID] * (T - len(p)) + p for p in texts])
+        logits = dec.prefill(ids, ids != PAD_ID)
+        held = list(texts)
+        joins = {2: [0], 4: [1, 2], 5: [0], 7: [1, 2]}  # after step t: these places take new prompts (6, 4 tokens)
+        for t in range(9):  # 4 + 9 positions: round the ring of 9 slots
+            for r in range(3):
+                full = model(torch.tensor([held[r]]))[0, -1]
+                torch.testing.assert_close(logits[r], full, atol=1e-4, rtol=1e-4)
+                assert len(held[r]) < M  # each within its positions
+            nxt = torch.randint(4, V, (3,), generator=g)
+            held = [h + [int(x)] for h, x in zip(held, nxt.tolist())]
+            logits = dec.step(nxt)
+            if t in joins:
+                places = joins[t]
+                new = [torch.randint(4, V, (n,), generator=g).tolist() for n in (6, 4)[: len(places)]]
+                width = max(map(len, new))
+                ids = torch.tensor([[PAD_ID] * (width - len(p)) + p for p in new])
+                logits = logits.clone()
+                logits[places] = dec.admit_prompts(torch.tensor(places), ids, ids != PAD_ID)
+                for r, p in zip(places, new):
+                    held[r] = p
+        dec.release()
+
+
 def test_lm_prefill_without_padding_is_the_full_forward():
     model, sm = lm_for(positions="learned")
     ids = torch.randint(4, V, (2, 6))

@@ -38,7 +38,7 @@ _TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "
               "buffer_size", "check_every", "raw", "sampling", "temperature", "topk", "topp", "seed")
 _NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
-             "repetition_penalty", "seed", "stop", "batch_size")
+             "repetition_penalty", "seed", "stop", "batch_size", "check_every")
 _FIXED_BY_LOAD = ("device", "dtype")
 
 
@@ -139,7 +139,7 @@ class Generator:
     def generate(self, prompts: list[str], **options) -> list[str]:
         """The continuation of each prompt (without the prompt). `options`: max_new_tokens (100), min_new_tokens,
         ignore_eos, greedy, temperature, top_k, top_p, repetition_penalty, seed, stop (a string or a list of
-        them), batch_size. For several samples of a prompt, repeat it."""
+        them), batch_size, check_every. For several samples of a prompt, repeat it."""
         from tfcli.generate.config import GenerateConfig
         from tfcli.generate.lm import continuations
 

@@ -70,6 +70,11 @@ def lm_generate(
     batch_size: Optional[int] = typer.Option(
         None, "--batch-size", rich_help_panel=_RUN, help="Samples generated together."
     ),
+    check_every: Optional[int] = typer.Option(
+        None, "--check-every", rich_help_panel=_RUN,
+        help="Read the new tokens from the device every N steps, to stop and let finished samples leave (0: every "
+        "step on the CPU, every 8 on a GPU; every step with --stop or when streaming). Outputs do not depend on it.",
+    ),
     jsonl: bool = typer.Option(
         False, "--jsonl", help="One JSON object a sample, for text that holds newlines (format below)."
     ),
@@ -110,7 +115,7 @@ def lm_generate(
         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, ignore_eos=ignore_eos or None,
         greedy=greedy or None, temperature=temperature, top_k=top_k, top_p=top_p,
         repetition_penalty=repetition_penalty, seed=seed, num_samples=num_samples, stop=stop or None,
-        batch_size=batch_size, device=device, dtype=dtype, threads=threads, jsonl=jsonl or None,
+        batch_size=batch_size, check_every=check_every, device=device, dtype=dtype, threads=threads, jsonl=jsonl or None,
     )
     run(tune_process, cfg.device, cfg.threads)
     run(run_generate, model, prompts or [], input_file, output, cfg, progress)

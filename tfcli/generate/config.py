@@ -87,6 +87,9 @@ class GenerateConfig:
     num_samples: int = 1  # samples per prompt
     stop: list[str] = field(default_factory=list)  # also stop (and cut) at any of these strings
     batch_size: int = 32  # rows (prompt x sample) generated together
+    # the host reads the state from the device every N tokens (0: every token on the CPU, 8 on a GPU; every token
+    # with --stop or when streaming one sample)
+    check_every: int = 0
     device: str = "auto"
     dtype: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
     threads: Optional[int] = None
@@ -95,6 +98,8 @@ class GenerateConfig:
     def validate(self) -> None:
         if self.max_new_tokens < 1 or self.num_samples < 1 or self.batch_size < 1:
             raise ConfigError("generate: --max-new-tokens, --num-samples and --batch-size must be positive")
+        if self.check_every < 0:
+            raise ConfigError("generate: --check-every must not be negative (0: the device's default)")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ConfigError("generate: --min-new-tokens must be between 0 and --max-new-tokens")
         if self.temperature <= 0:

@@ -3,9 +3,9 @@
 The prompt runs through the model once (prefill), filling the key/value memory of `step.IncrementalDecoder`; each
 later step feeds only the new token. Many prompts are generated together: left-padded to one length (a mask hides
 the padding, and each row numbers its positions from its first real token), and rows leave the batch as they
-finish. A row finishes at
-</s>, at a --stop string, or after --max-new-tokens. With a single prompt and sample, text streams to stdout as it
-is made.
+finish (on a GPU's fixed-shape decoder, the next prompt is prefilled into a finished row's place instead). A row
+finishes at </s>, at a --stop string, or after --max-new-tokens. With a single prompt and sample, text streams to
+stdout as it is made.
 
 Language models are trained on one stream "</s> s_1 </s> s_2 </s> ...", so a prompt starts after a </s>: the model
 sees "</s> prompt" and an empty prompt generates from the start of a text.
@@ -25,13 +25,15 @@ from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.generate.config import GenerateConfig
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load
-from tfcli.generate.sampling import line_uniforms, next_token
+from tfcli.generate.sampling import line_uniforms, next_token, to_device
+from tfcli.generate.search import read_every
 from tfcli.generate.step import StepModel, step_model
 from tfcli.generate.translate import open_output
 from tfcli.io import iter_lines, refuse_overwriting_inputs
 from tfcli.specials import EOS_ID, PAD_ID, UNK_ID
 
 START_ID = EOS_ID  # what precedes every text in LM training streams
+REFILLS = 16  # on a fixed-shape decoder, prompts a batch holds per place
 
 
 @torch.inference_mode()
@@ -41,16 +43,25 @@ def generate_ids(
     cfg: GenerateConfig,
     on_token: Callable[[int, list[int]], bool] | None = None,
     rows: list[int] | None = None,
+    slots: int | None = None,
+    check_every: int = 0,
 ) -> list[list[int]]:
-    """New ids (without </s>) for each prompt of one batch; prompts are id lists starting with START_ID.
+    """New ids (without </s>) for each prompt; prompts are id lists starting with START_ID.
 
     Sampling draws each prompt's tokens from random numbers keyed by `cfg.seed` (None: a seed drawn from torch's
-    global generator), the prompt's index in the input (`rows`; default: its place in `prompts`) and the step, so
-    that its text does not depend on the batch it is in or on its neighbours.
+    global generator), the prompt's index in the input (`rows`; default: its place in `prompts`) and the token's
+    number, so that its text does not depend on the batch it is in or on its neighbours.
 
-    A row gets at most `cfg.max_new_tokens` new ids. When the context reaches the model's max_len, generation goes on
-    from the last max_len / 2 tokens, as nanoGPT's sample.py crops the context to its block size: the key/value
-    memory is rebuilt from them (one prefill every max_len / 2 new tokens, not a full forward pass per token).
+    The first `slots` prompts (None: all) are prefilled together, left-padded. What a step decides stays on the
+    device (each row's new tokens, how many, whether it has ended); the host reads it every `check_every` steps
+    (0: every step on the CPU, every 8 on a GPU; with `on_token`, every step), to stop, and to let finished rows
+    leave or, with a fixed-shape decoder (a GPU's), to give their places to the next prompts, each prefilled into
+    its place (continuous batching). A row that ended between two reads runs on unread.
+
+    A row gets at most `cfg.max_new_tokens` new ids. When the context reaches the positions the decoder holds
+    (the model's max_len at most), generation goes on from the last max_len / 2 tokens, as nanoGPT's sample.py
+    crops the context to its block size: the key/value memory is rebuilt from them (one prefill every max_len / 2
+    new tokens, not a full forward pass per token).
 
     `on_token(row, new_ids)` is called after each new token of a row; it returns True to stop that row (a stop
     string was reached).
@@ -58,54 +69,125 @@ def generate_ids(
     sm = step_model(model)
     device = sm.embed.tok.weight.device
     B = len(prompts)
-    lengths = torch.tensor([len(p) for p in prompts], device=device)
-    T = int(lengths.max())
-    ids = torch.full((B, T), PAD_ID, dtype=torch.long, device=device)
-    for i, p in enumerate(prompts):
-        ids[i, T - len(p) :] = torch.tensor(p, device=device)
-    max_len = sm.cfg.max_len
-    valid = torch.arange(T, device=device)[None, :] >= (T - lengths)[:, None]
+    n = B if slots is None else max(1, min(slots, B))
+    if n < B and not sm.static:
+        raise ValueError("generating in fewer slots than prompts needs the fixed-shape decoder (StepModel(static=True))")
+    every = 1 if on_token is not None else read_every(check_every, device)
+    max_len, window = sm.cfg.max_len, max(1, sm.cfg.max_len // 2)
+    T = max(len(p) for p in prompts)
+    ids, valid = _left_pad(prompts[:n], device)
     decoder, logits = _prefill(sm, ids, valid, min(max_len, T + cfg.max_new_tokens))
-    history = ids  # for the repetition penalty (padding is <pad>, which is never chosen anyway)
-    alive = list(range(B))
+    fixed, room = decoder.fixed, decoder.max_steps
+    track = cfg.repetition_penalty != 1.0  # the penalty reads each row's text so far
+    history = ids if track else ids[:, :0]
+    seed = cfg.seed if cfg.seed is not None or cfg.greedy else int(torch.randint(0, 2**62, ()))
+    lines_all = rows if rows is not None else list(range(B))
+    # per decoder row, on the device: its prompt's index in the input, how many new ids it has, whether it has ended,
+    # and the ids of the steps since the last read (-1: none: </s>, or it had ended)
+    line = to_device(lines_all[:n], device)
+    count = torch.zeros(n, dtype=torch.long, device=device)
+    ended = torch.zeros(n, dtype=torch.bool, device=device)
+    fresh = torch.full((n, every), -1, dtype=torch.long, device=device)
+    # on the host: the prompt each row holds (-1: none), the positions it holds, the prompts waiting for a row
+    held, span, queue = list(range(n)), [ids.size(1)] * n, list(range(n, B))
     out: list[list[int]] = [[] for _ in range(B)]
-    seed = cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()))
-    lines = torch.tensor(rows if rows is not None else alive, device=device)  # each live row's index in the input
-    step = 0
+    since = 0
     while True:
         if cfg.ignore_eos or cfg.min_new_tokens:  # </s> is not allowed yet (or ever)
-            early = torch.tensor([cfg.ignore_eos or len(out[row]) < cfg.min_new_tokens for row in alive], device=device)
             logits = logits.clone()
-            logits[early, EOS_ID] = float("-inf")
-        step += 1
+            logits[:, EOS_ID].masked_fill_((count < cfg.min_new_tokens) | cfg.ignore_eos, float("-inf"))
         nxt = next_token(logits, history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty,
-                         uniforms=None if cfg.greedy else line_uniforms(seed, lines, step))
-        keep = []
-        for j, (row, t) in enumerate(zip(alive, nxt.tolist())):
-            if t == EOS_ID:
-                continue
-            out[row].append(t)
-            if (on_token is not None and on_token(row, out[row])) or len(out[row]) >= cfg.max_new_tokens:
-                continue
-            keep.append(j)
-        if not keep:
-            break
-        if len(keep) < len(alive):
-            idx = torch.tensor(keep, device=device)
-            decoder.select(idx)
-            history, nxt, lines = history[idx], nxt[idx], lines[idx]
-            alive = [alive[j] for j in keep]
-        history = torch.cat([history, nxt[:, None]], 1)
-        if decoder.t < decoder.max_steps:
-            logits = decoder.step(nxt)  # one new token per row; the decoder holds the rest
-        else:  # the context is full: go on from its second half (positions count from 0 again)
+                         uniforms=None if cfg.greedy else line_uniforms(seed, line, count + 1))
+        new = ~ended & (nxt != EOS_ID)
+        fresh[:, since] = torch.where(new, nxt, -1)
+        count += new
+        ended |= ~new | (count >= cfg.max_new_tokens)
+        since += 1
+        # the context full: every row (shrinking decoder) or one that still generates (fixed shapes)
+        full = decoder.t == room if not fixed else [r for r in range(n) if held[r] >= 0 and span[r] == room]
+        if since == every or full:
+            # the one read of the device in `every` steps: each row's new ids since the last, then whether it ended
+            state = torch.cat([fresh[:, :since], ended[:, None].long()], 1).tolist()
+            got, stopped = [row[:-1] for row in state], [bool(row[-1]) for row in state]
+            fresh.fill_(-1)
+            since = 0
+            for r, p in enumerate(held):
+                if p < 0:
+                    continue
+                for t in got[r]:
+                    if t >= 0:
+                        out[p].append(t)
+                        if on_token is not None and on_token(p, out[p]):
+                            stopped[r] = True
+                            ended[r] = True
+                            break
+            if fixed:
+                done = [r for r, p in enumerate(held) if p >= 0 and stopped[r]]
+                for r in done:
+                    held[r] = -1
+                if all(p < 0 for p in held) and not queue:
+                    break
+            else:
+                keep = [r for r in range(n) if not stopped[r]]
+                if not keep:
+                    break
+                if len(keep) < n:
+                    idx = to_device(keep, device)
+                    decoder.select(idx)
+                    line, count, ended, fresh, nxt = line[idx], count[idx], ended[idx], fresh[idx], nxt[idx]
+                    history = history[idx]
+                    held = [held[r] for r in keep]
+                    n = len(keep)
+                full = decoder.t == room
+        if track:
+            history = torch.cat([history, nxt[:, None]], 1)
+        if not fixed and full:  # the context is full: go on from its second half (positions count from 0 again)
             decoder.release()
-            window = history[:, -max(1, max_len // 2) :]
-            left = cfg.max_new_tokens - min(len(out[row]) for row in alive)
-            # short prompts may leave padding in the window
-            decoder, logits = _prefill(sm, window, window != PAD_ID, min(max_len, window.size(1) + left))
+            texts = [prompts[p] + out[p] for p in held]
+            left = cfg.max_new_tokens - min(len(out[p]) for p in held)
+            ids, valid = _left_pad([t[-window:] for t in texts], device)
+            decoder, logits = _prefill(sm, ids, valid, min(max_len, ids.size(1) + left))
+            room = decoder.max_steps
+            continue
+        logits = decoder.step(nxt)  # one new token per row; the decoder holds the rest
+        if not fixed:
+            continue
+        span = [s + 1 for s in span]
+        # after the step (whatever it computed for them): rows whose context is full go on from its second half,
+        # and finished rows take the next prompts; each is prefilled into its place
+        for r in range(n):
+            if held[r] >= 0 and span[r] > room:
+                text = prompts[held[r]] + out[held[r]]
+                logits[r] = _admit(decoder, r, text[-window:], device)
+                span[r] = min(window, len(text))
+            elif held[r] < 0 and queue:
+                p = held[r] = queue.pop(0)
+                logits[r] = _admit(decoder, r, prompts[p], device)
+                span[r] = len(prompts[p])
+                line[r], count[r], ended[r] = lines_all[p], 0, False
+                if track:  # its text so far: the prompt, right-aligned (<pad>, never chosen, before it)
+                    if history.size(1) < len(prompts[p]):
+                        history = torch.cat([history.new_full((n, len(prompts[p]) - history.size(1)), PAD_ID),
+                                             history], 1)
+                    history[r] = PAD_ID
+                    history[r, history.size(1) - len(prompts[p]):] = to_device(prompts[p], device)
     decoder.release()
     return out
+
+
+def _left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(ids, valid): the prompts left-padded into one (B, T) tensor, and where they are real (None: everywhere)."""
+    T = max(len(p) for p in prompts)
+    ids = to_device([[PAD_ID] * (T - len(p)) + list(p) for p in prompts], device)
+    if all(len(p) == T for p in prompts):
+        return ids, None
+    lengths = to_device([len(p) for p in prompts], device)
+    return ids, torch.arange(T, device=device)[None, :] >= (T - lengths)[:, None]
+
+
+def _admit(decoder, row: int, ids: list[int], device) -> torch.Tensor:
+    """Prefill one text into a fixed-shape decoder's row; returns the logits after its last token."""
+    return decoder.admit_prompts(to_device([row], device), to_device([ids], device))[0]
 
 
 def _prefill(sm: StepModel, ids: torch.Tensor, valid: torch.Tensor, room: int):
@@ -235,9 +317,13 @@ def _fit_prompts(model, prompt_ids: list[list[int]]) -> list[list[int]]:
 
 def _generate(model, tok, texts, prompt_ids, cfg, autocast, stream: IO[str] | None) -> Iterator[str]:
     """Yield the continuation of each sample, in order; batches hold similar prompt lengths, and run in the order
-    of their earliest sample so output can start early. With `stream`, the one sample is written as it grows."""
+    of their earliest sample so output can start early. With `stream`, the one sample is written as it grows. On a
+    fixed-shape decoder (a GPU's) a batch is REFILLS times --batch-size prompts, generated in --batch-size places
+    that the next prompt takes as soon as one finishes."""
     order = sorted(range(len(texts)), key=lambda i: len(prompt_ids[i]))
-    batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+    fixed = model.static
+    size = cfg.batch_size * (REFILLS if fixed else 1)
+    batches = [order[i : i + size] for i in range(0, len(order), size)]
     batches.sort(key=min)
     needs_text = stream is not None or bool(cfg.stop)  # decode after every token, not just at the end
     results: dict[int, str] = {}
@@ -261,7 +347,8 @@ def _generate(model, tok, texts, prompt_ids, cfg, autocast, stream: IO[str] | No
             return stop
 
         with autocast:
-            new = generate_ids(model, [prompt_ids[i] for i in batch], cfg, on_token if needs_text else None, batch)
+            new = generate_ids(model, [prompt_ids[i] for i in batch], cfg, on_token if needs_text else None, batch,
+                               cfg.batch_size if fixed else None, cfg.check_every)
         for j, (i, ids) in enumerate(zip(batch, new)):
             if not needs_text:
                 conts[j].update(ids)

@@ -10,13 +10,27 @@ a line's sample is the same whatever batch, buffer, neighbours or number of proc
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
-from tfcli.specials import BOS_ID, PAD_ID
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = float("-inf")
+
+
+@functools.lru_cache(maxsize=None)
+def never_chosen(device: torch.device, eos: bool = False) -> torch.Tensor:
+    """The ids no decoder ever emits, <pad> and <s> (and </s> with `eos`), as a tensor on `device`, made once: a
+    tensor copied from the host at every step would make every step wait for the GPU."""
+    return torch.tensor([PAD_ID, BOS_ID, EOS_ID] if eos else [PAD_ID, BOS_ID], device=device)
+
+
+def to_device(values: list, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on `device`, copied without waiting for the work queued there (a plain
+    torch.tensor(..., device=...) from the host waits for the GPU's queue to empty)."""
+    return torch.tensor(values).to(device, non_blocking=True)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -71,7 +85,7 @@ def next_token(
 ) -> torch.Tensor:
     """(B,) next ids from (B, V) logits. <pad> and <s> are never chosen. Sampling draws from `uniforms` ((B,), one
     number a row: `line_uniforms`) where given, else from `generator`."""
-    logits = logits.float().index_fill(-1, torch.tensor([PAD_ID, BOS_ID], device=logits.device), NEG_INF)
+    logits = logits.float().index_fill(-1, never_chosen(logits.device), NEG_INF)
     logits = apply_repetition_penalty(logits, previous, repetition_penalty)
     if greedy:
         return logits.argmax(-1)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tfcli.generate.sampling import LineSampling
+from tfcli.generate.sampling import LineSampling, never_chosen, to_device
 from tfcli.generate.step import IncrementalDecoder, keep_order, step_model
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 
@@ -72,7 +72,7 @@ def _longest(sm, src: torch.Tensor, limits: list[int], max_len_a: float, max_len
     return max(max(limits), min(sm.cfg.max_len, max(int(src.size(1) * max_len_a + max_len_b), P)))
 
 
-def _read_every(check_every: int, device: torch.device) -> int:
+def read_every(check_every: int, device: torch.device) -> int:
     """Steps between the search's reads of the device: `check_every`, or by default every step on the CPU (reading
     costs nothing there, and finished sentences leave at once) and every 8 on a GPU (each read stalls the queue)."""
     return check_every or (1 if device.type == "cpu" else 8)
@@ -115,17 +115,14 @@ class _Slots:
 def _admit(sm, decoder, src: torch.Tensor, rows: list[int], sentences: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Encode `sentences` of the batch into the decoder's `rows`; returns both as tensors on the device."""
     device = src.device
-    rows_t, sent_t = torch.tensor(rows, device=device), torch.tensor(sentences, device=device)
+    rows_t, sent_t = to_device(rows, device), to_device(sentences, device)
     decoder.admit(rows_t, *sm.encode(src[sent_t]))
     return rows_t, sent_t
 
 
-_BANNED = {False: torch.tensor([PAD_ID, BOS_ID]), True: torch.tensor([PAD_ID, BOS_ID, EOS_ID])}
-
-
 def banned_tokens(step: int, min_len: int, device) -> torch.Tensor:
     """Ids that may not come at `step` (1-based): <pad> and <s> always, </s> until min_len tokens exist."""
-    return _BANNED[step <= min_len].to(device)
+    return never_chosen(torch.device(device), step <= min_len)
 
 
 def _ban(lprobs: torch.Tensor, at, min_len: int) -> torch.Tensor:
@@ -133,7 +130,7 @@ def _ban(lprobs: torch.Tensor, at, min_len: int) -> torch.Tensor:
     int), or of each row ((R,) tensor)."""
     if isinstance(at, int):
         return lprobs.index_fill_(1, banned_tokens(at, min_len, lprobs.device), float("-inf"))
-    lprobs.index_fill_(1, _BANNED[False].to(lprobs.device), float("-inf"))
+    lprobs.index_fill_(1, never_chosen(lprobs.device), float("-inf"))
     if min_len:
         lprobs[:, EOS_ID].masked_fill_(at <= min_len, float("-inf"))
     return lprobs
@@ -242,7 +239,7 @@ def greedy_decode(
     src: (B, S) right-padded source ids, each ending in </s>.
     """
     B, device = src.size(0), src.device
-    every = _read_every(check_every, device)
+    every = read_every(check_every, device)
     max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
     limits = max_len.tolist()  # (one read)
     sm = step_model(model)
@@ -289,7 +286,7 @@ def greedy_decode(
         done = (end > 0).tolist()  # the one read of the device in `every` steps
         gone = [r for r, d in enumerate(done) if d and (not fixed or slots_.sentence[r] >= 0)]
         if gone:
-            rows = torch.tensor(gone, device=device) if len(gone) < len(done) else slice(None)
+            rows = to_device(gone, device) if len(gone) < len(done) else slice(None)
             out_tok[alive[rows]], out_lp[alive[rows]] = tokens[rows], lps[rows]
             out_end[alive[rows]], out_eos[alive[rows]] = end[rows], eos[rows]
         if fixed:
@@ -306,7 +303,7 @@ def greedy_decode(
         if len(gone) == len(done):
             break
         if gone:
-            keep = torch.tensor(keep_order(len(done), gone), device=device)
+            keep = to_device(keep_order(len(done), gone), device)
             alive, limit, tok, tokens, lps, end, eos = (x[keep] for x in (alive, limit, tok, tokens, lps, end, eos))
             pre = pre[keep] if pre is not None else None
             decoder.select(keep)
@@ -368,7 +365,7 @@ def beam_search(
         raise ValueError(f"nbest must be between 1 and the beam size ({K}), got {nbest}")
     if 2 * K > V - 3:
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
-    every = _read_every(check_every, device)
+    every = read_every(check_every, device)
     max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
     limits = max_len.tolist()  # (one read)
     sm = step_model(model)
@@ -476,7 +473,7 @@ def beam_search(
         if all(gone):
             break
         if any(gone):
-            keep = torch.tensor(keep_order(n, [s for s, g in enumerate(gone) if g]), device=device)
+            keep = to_device(keep_order(n, [s for s, g in enumerate(gone) if g]), device)
             beams = (keep[:, None] * K + torch.arange(K, device=device)).flatten()
             alive, limit, lp_max, floor, full, done, scores = (
                 x[keep] for x in (alive, limit, lp_max, floor, full, done, scores))

@@ -207,7 +207,7 @@ class IncrementalDecoder:
             raise RuntimeError("prefill comes first, with one beam, n rows and at most max_steps positions")
         device = ids.device
         causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-        if valid is None or bool(valid.all()):
+        if valid is None:  # (a `valid` given is used as it is: reading whether it is all True would wait for a GPU)
             pos = torch.arange(T, device=device)
             mask = causal.expand(n, T, T)
         else:
@@ -416,6 +416,28 @@ class StaticDecoder(IncrementalDecoder):
         self.mem_bias.view(n, H, 1, S)[places] = self._source_bias(mem_mask, self.mem_bias.dtype).view(-1, H, 1, S)
         self.history[places] = float("-inf")
         self.offset[places] = self.t
+
+    def admit_prompts(self, places: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Before the next step: language-model prompts `ids` (m, P), left-padded where `valid` is False, take the
+        places `places` (m,) (one beam each), whatever was there; returns the logits after each prompt's last token,
+        (m, V). The prompts are prefilled in one eager pass of their own, and their keys/values copied into the
+        ring slots just before this step's, (t - P .. t - 1) mod max_steps, so that each row's next position is its
+        prompt's length. P must leave room: at most max_steps."""
+        m, P = ids.shape
+        M = self.max_steps
+        if self.K != 1 or P > M:
+            raise RuntimeError("admit_prompts: one beam a row, and prompts of at most max_steps tokens")
+        fresh = IncrementalDecoder(self.sm, m, 1, P, None, None)
+        logits = fresh.prefill(ids, valid)
+        cols = (self.t - P + torch.arange(P, device=ids.device)) % M
+        for new, kv in zip(fresh.kv, self.kv):  # (m, H_kv, P, 2*d_head) -> (n, H_kv, M, 2*d_head) at the ring's cols
+            kv[places[:, None], :, cols] = new.permute(0, 2, 1, 3)
+        fresh.release()
+        self.history[places] = float("-inf")
+        self.history[places[:, None], 0, cols] = fresh.history[:, 0]  # 0 at each prompt's real tokens
+        length = P if valid is None else valid.sum(1)
+        self.offset[places] = self.t - length
+        return logits
 
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
         """As `IncrementalDecoder.select`, but nothing moves: a sentence that leaves keeps its place, unread, and
