@@ -106,21 +106,23 @@ def generate_ids(
         # the context full: every row (shrinking decoder) or one that still generates (fixed shapes)
         full = decoder.t == room if not fixed else [r for r in range(n) if held[r] >= 0 and span[r] == room]
         if since == every or full:
-            # the one read of the device in `every` steps: each row's new ids since the last, then whether it ended
-            state = torch.cat([fresh[:, :since], ended[:, None].long()], 1).tolist()
-            got, stopped = [row[:-1] for row in state], [bool(row[-1]) for row in state]
-            fresh.fill_(-1)
+            # the one read of the device in `every` steps: each row's new ids since the last; a -1 among them
+            # means it has ended (at </s>, or before)
+            got = fresh[:, :since].tolist()
             since = 0
+            stopped = [True] * n
             for r, p in enumerate(held):
                 if p < 0:
                     continue
                 for t in got[r]:
-                    if t >= 0:
-                        out[p].append(t)
-                        if on_token is not None and on_token(p, out[p]):
-                            stopped[r] = True
-                            ended[r] = True
-                            break
+                    if t < 0:
+                        break
+                    out[p].append(t)
+                    if on_token is not None and on_token(p, out[p]):
+                        ended[r] = True
+                        break
+                else:
+                    stopped[r] = len(out[p]) >= cfg.max_new_tokens
             if fixed:
                 done = [r for r, p in enumerate(held) if p >= 0 and stopped[r]]
                 for r in done:
