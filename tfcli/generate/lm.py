@@ -13,6 +13,7 @@ sees "</s> prompt" and an empty prompt generates from the start of a text.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import sys
@@ -89,7 +90,7 @@ def generate_ids(
     ended = torch.zeros(n, dtype=torch.bool, device=device)
     fresh = torch.full((n, every), -1, dtype=torch.long, device=device)
     # on the host: the prompt each row holds (-1: none), the positions it holds, the prompts waiting for a row
-    held, span, queue = list(range(n)), [ids.size(1)] * n, list(range(n, B))
+    held, span, queue = list(range(n)), [ids.size(1)] * n, collections.deque(range(n, B))
     out: list[list[int]] = [[] for _ in range(B)]
     since = 0
     while True:
@@ -163,7 +164,7 @@ def generate_ids(
                 logits[r] = _admit(decoder, r, text[-window:], device)
                 span[r] = min(window, len(text))
             elif held[r] < 0 and queue:
-                p = held[r] = queue.pop(0)
+                p = held[r] = queue.popleft()
                 logits[r] = _admit(decoder, r, prompts[p], device)
                 span[r] = len(prompts[p])
                 line[r], count[r], ended[r] = lines_all[p], 0, False

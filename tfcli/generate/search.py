@@ -17,6 +17,7 @@ Length rules, shared with the slow reference in `tests/reference_search.py`:
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 import torch
@@ -86,7 +87,7 @@ class _Slots:
 
     def __init__(self, n: int, total: int, limits: list[int]):
         self.sentence = list(range(n))  # each row's sentence, -1 once it is done and no other took its place
-        self.queue = list(range(n, total))  # sentences waiting for a row, in order
+        self.queue = collections.deque(range(n, total))  # sentences waiting for a row, in order
         self.limits = limits
         self.deadline = limits[:n]
 
@@ -99,7 +100,7 @@ class _Slots:
         rows, sentences = [], []
         for r, d in enumerate(done):
             if d and self.sentence[r] >= 0:
-                s = self.queue.pop(0) if self.queue else -1
+                s = self.queue.popleft() if self.queue else -1
                 self.sentence[r] = s
                 self.deadline[r] = step + self.limits[s] if s >= 0 else 0
                 if s >= 0:
@@ -129,7 +130,7 @@ def _ban(lprobs: torch.Tensor, at, min_len: int) -> torch.Tensor:
     """Set the banned tokens' log-probs to -inf, in place. `at`: the output position (1-based) of every row (an
     int), or of each row ((R,) tensor)."""
     if isinstance(at, int):
-        return lprobs.index_fill_(1, banned_tokens(at, min_len, lprobs.device), float("-inf"))
+        return lprobs.index_fill_(1, never_chosen(lprobs.device, at <= min_len), float("-inf"))
     lprobs.index_fill_(1, never_chosen(lprobs.device), float("-inf"))
     if min_len:
         lprobs[:, EOS_ID].masked_fill_(at <= min_len, float("-inf"))
@@ -278,7 +279,7 @@ def greedy_decode(
         _write_at(lps, at, lp)
         is_eos = nxt == EOS_ID
         ending = (end == 0) & (is_eos | (limit <= at))
-        end = torch.where(ending, at, end)
+        end = end.masked_fill_(ending, at) if isinstance(at, int) else torch.where(ending, at, end)
         eos |= ending & is_eos
         tok = nxt
         if not (slots_.must_read(step, every) if fixed else step % every == 0 or step == T):
