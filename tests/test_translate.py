@@ -600,3 +600,28 @@ def test_a_file_decodes_with_continuous_batching_in_one_graph_per_source_width(c
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     assert not counters["graph_break"]
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("every", [2, 5])
+def test_continuous_batching_reads_the_device_at_most_once_every_n_steps(every, monkeypatch):
+    """Refilling places happens at the reads the search makes anyway: one read per N steps, one for the length
+    limits, one more at most at the end (the step by which the last sentences begun are done), and one per output
+    tensor."""
+    import math
+
+    model, srcs = random_model(), pad(sources(11, seed=8, max_words=8))
+    steps = StepModel(model, static=True)
+    for search, outputs in ((lambda: beam_search(steps, srcs, beam_size=3, nbest=2, token_scores=True,
+                                                 check_every=every, slots=3), 5),
+                            (lambda: greedy_decode(steps, srcs, check_every=every, slots=3), 4)):
+        want = search()
+        reads, calls = [], []
+        for name in ("tolist", "item", "__bool__", "__int__", "__float__"):
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _o=original, _n=name: reads.append(_n) or _o(t, *a))
+        step = StaticDecoder.step
+        monkeypatch.setattr(StaticDecoder, "step", lambda d, tok: calls.append(1) or step(d, tok))
+        got = search()
+        monkeypatch.undo()
+        assert got == want
+        assert len(reads) <= 1 + math.ceil(len(calls) / every) + 1 + outputs, (len(reads), len(calls))

@@ -80,21 +80,15 @@ def read_every(check_every: int, device: torch.device) -> int:
 
 
 class _Slots:
-    """Which sentence each row of a fixed-shape decoder holds, host side, and when the search must look at the
-    device (continuous batching). A row's sentence is done by its deadline (the step it began at plus its length
-    limit) at the latest; the search reads every `every` steps, and at the last deadline of the rows still busy,
-    so that it never waits past the end."""
+    """Which sentence each row of a fixed-shape decoder holds, host side (continuous batching). A row whose
+    sentence is done runs on unread until the next read, past its length limit if need be: its position and output
+    column stop at the last (their work is never read)."""
 
-    def __init__(self, n: int, total: int, limits: list[int]):
+    def __init__(self, n: int, total: int):
         self.sentence = list(range(n))  # each row's sentence, -1 once it is done and no other took its place
         self.queue = collections.deque(range(n, total))  # sentences waiting for a row, in order
-        self.limits = limits
-        self.deadline = limits[:n]
 
-    def must_read(self, step: int, every: int) -> bool:
-        return step % every == 0 or step == max(self.deadline)
-
-    def turnover(self, done: list[bool], step: int) -> tuple[list[int], list[int]]:
+    def turnover(self, done: list[bool]) -> tuple[list[int], list[int]]:
         """After a read: the rows whose sentence is done give their place to the next sentences of the queue.
         Returns (rows, sentences) taken."""
         rows, sentences = [], []
@@ -102,7 +96,6 @@ class _Slots:
             if d and self.sentence[r] >= 0:
                 s = self.queue.popleft() if self.queue else -1
                 self.sentence[r] = s
-                self.deadline[r] = step + self.limits[s] if s >= 0 else 0
                 if s >= 0:
                     rows.append(r)
                     sentences.append(s)
@@ -259,7 +252,8 @@ def greedy_decode(
     end, eos = out_end[:n].clone(), out_eos[:n].clone()
     alive, limit = torch.arange(n, device=device), max_len[:n].clone()
     began = torch.zeros(n, dtype=torch.long, device=device) if fixed else 0
-    slots_ = _Slots(n, B, limits) if fixed else None
+    slots_ = _Slots(n, B) if fixed else None
+    last = T  # the step by which every sentence begun so far is done
     pre = prefix[:n].clone() if prefix is not None else None
     tok = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
     step = 0
@@ -282,7 +276,7 @@ def greedy_decode(
         end = end.masked_fill_(ending, at) if isinstance(at, int) else torch.where(ending, at, end)
         eos |= ending & is_eos
         tok = nxt
-        if not (slots_.must_read(step, every) if fixed else step % every == 0 or step == T):
+        if step % every and step < last:  # (at `last` every sentence is done)
             continue
         done = (end > 0).tolist()  # the one read of the device in `every` steps
         gone = [r for r, d in enumerate(done) if d and (not fixed or slots_.sentence[r] >= 0)]
@@ -291,10 +285,11 @@ def greedy_decode(
             out_tok[alive[rows]], out_lp[alive[rows]] = tokens[rows], lps[rows]
             out_end[alive[rows]], out_eos[alive[rows]] = end[rows], eos[rows]
         if fixed:
-            new_rows, sentences = slots_.turnover(done, step)
+            new_rows, sentences = slots_.turnover(done)
             if not slots_.busy:
                 break
             if new_rows:  # continuous batching: the next sentences take the finished ones' places
+                last = step + T
                 r, s = _admit(sm, decoder, src, new_rows, sentences)
                 alive[r], limit[r], began[r] = s, max_len[s], step
                 tokens[r], lps[r], end[r], eos[r], tok[r] = 0, 0, 0, False, BOS_ID
@@ -391,7 +386,8 @@ def beam_search(
     full = torch.zeros(n, dtype=torch.bool, device=device)
     done = torch.zeros(n, dtype=torch.bool, device=device)
     began = torch.zeros(n, dtype=torch.long, device=device) if fixed else 0
-    slots_ = _Slots(n, B, limits) if fixed else None
+    slots_ = _Slots(n, B) if fixed else None
+    last = T  # the step by which every sentence begun so far is done
     pre = prefix[:n].clone() if prefix is not None else None
     k = 1  # beams per live sentence: 1 at the first step, K after
     scores = torch.zeros(n, 1, device=device)  # summed log-probs of the live beams, (n, k)
@@ -453,14 +449,15 @@ def beam_search(
             _write_at(lps, at_row, next_lp.flatten())
         scores, k = next_scores, K
         tok = next_tok.flatten()
-        if not (slots_.must_read(step, every) if fixed else step % every == 0 or step == T):
+        if step % every and step < last:  # (at `last` every sentence is done)
             continue
         gone = done.tolist()  # the one read of the device in `every` steps
         if fixed:
-            new_rows, sentences = slots_.turnover(gone, step)
+            new_rows, sentences = slots_.turnover(gone)
             if not slots_.busy:
                 break
             if new_rows:  # continuous batching: the next sentences take the done ones' places, K fresh beams each
+                last = step + T
                 r, s = _admit(sm, decoder, src, new_rows, sentences)
                 alive[r], limit[r], lp_max[r], began[r] = s, max_len[s], lp_max_all[s], step
                 floor[r], full[r], done[r], scores[r] = float("-inf"), False, False, first_beam
