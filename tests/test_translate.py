@@ -625,3 +625,43 @@ def test_continuous_batching_reads_the_device_at_most_once_every_n_steps(every, 
         monkeypatch.undo()
         assert got == want
         assert len(reads) <= 1 + math.ceil(len(calls) / every) + 1 + outputs, (len(reads), len(calls))
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_a_fixed_shape_search_step_traces_into_one_graph(monkeypatch):
+    """On CUDA the whole search step (the decoder's and the search's own work) is captured as one CUDA graph
+    (search._StepGraph), which no read of the device, no host-side value and no new shape may interrupt. Dynamo's
+    tracing checks the same here: the beam and greedy steps a capture would hold trace into one graph without a
+    break, and running them so changes no output."""
+    from tfcli.generate import search
+
+    reports = []
+
+    class Traced:  # in place of _StepGraph: the step that would be captured is traced (and run) by Dynamo
+        def __init__(self, decoder):
+            self.calls = 0
+
+        def __call__(self, step, capture):
+            if capture and self.calls == 1:
+                reports.append(torch._dynamo.explain(step)())
+            else:
+                step()
+            self.calls += capture
+
+    from tfcli.generate.sampling import LineSampling
+
+    model, src = random_model(), pad(sources(9, seed=1, max_words=8))
+    prefix = pad([[6, 7], [], [5], [9, 4, 8], [], [7], [], [4], []], pad_id=-1)
+    runs = (lambda: beam_search(StepModel(model, static=True), src, beam_size=3, nbest=2, token_scores=True,
+                                check_every=3, slots=3),
+            lambda: beam_search(StepModel(model, static=True), src, beam_size=3, prefix=prefix, min_len=3,
+                                check_every=3, slots=3),
+            lambda: greedy_decode(StepModel(model, static=True), src, check_every=3, slots=3),
+            lambda: greedy_decode(StepModel(model, static=True), src, sampling=LineSampling(2.0, 10, 0.9, 3),
+                                  lines=torch.arange(9), prefix=prefix, min_len=3, check_every=3, slots=3))
+    want = [run() for run in runs]
+    torch._dynamo.reset()
+    monkeypatch.setattr(search, "_StepGraph", Traced)
+    assert [run() for run in runs] == want
+    assert [(r.graph_count, r.graph_break_count) for r in reports] == [(1, 0)] * 4
+    torch._dynamo.reset()

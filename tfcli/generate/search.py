@@ -18,6 +18,7 @@ Length rules, shared with the slow reference in `tests/reference_search.py`:
 from __future__ import annotations
 
 import collections
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +107,49 @@ class _Slots:
         return any(s >= 0 for s in self.sentence)
 
 
+class _StepGraph:
+    """A search's step as one CUDA graph, where the decoder has fixed shapes on CUDA (a StaticDecoder with its graph
+    on): the decoder's step and the search's own operations (some sixty small kernels a step) in one launch. The
+    search takes the decoder's graph over: the first step it may capture runs eagerly on a side stream (the warm-up
+    a capture needs: a real step), the next is captured and replayed, and each later one replayed; between steps
+    the host changes the tensors in place only (continuous batching). Elsewhere, or if the capture fails (with a
+    warning), every step runs eagerly."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self.on = bool(getattr(decoder, "use_graph", False))
+        if self.on:
+            decoder.use_graph = False  # its step runs inside the search's graph
+        self.graph, self.warm = None, False
+
+    def __call__(self, step, capture: bool) -> None:
+        """Run `step()` (which reads and writes the same tensors each time when `capture`)."""
+        if not (self.on and capture):
+            step()
+        elif self.graph is not None:
+            self.graph.replay()
+            self.decoder.t += 1  # (what the step does on the host, the graph does not)
+        elif not self.warm:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                step()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.warm = True
+        else:
+            t, graph = self.decoder.t, torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    step()
+            except RuntimeError as e:
+                warnings.warn(f"searching without a CUDA graph (capturing the step failed: {e})", RuntimeWarning, 2)
+                self.on, self.decoder.t = False, t
+                step()
+                return
+            self.graph = graph
+            graph.replay()
+
+
 def _admit(sm, decoder, src: torch.Tensor, rows: list[int], sentences: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Encode `sentences` of the batch into the decoder's `rows`; returns both as tensors on the device."""
     device = src.device
@@ -143,7 +187,13 @@ def _forced_at(prefix: torch.Tensor | None, at, beams: int) -> torch.Tensor | No
     else:
         forced = prefix.gather(1, (at - 1).clamp(max=prefix.size(1) - 1)[:, None]).squeeze(1)
         forced = forced.masked_fill(at > prefix.size(1), -1)
-    return forced.repeat_interleave(beams) if beams > 1 else forced
+    return _per_beam(forced, beams)
+
+
+def _per_beam(x: torch.Tensor, beams: int) -> torch.Tensor:
+    """(n,) per sentence -> (n * beams,) per beam, sentence-major (x.repeat_interleave(beams), without the read of
+    the device that repeat_interleave may make to size its output)."""
+    return x[:, None].expand(-1, beams).reshape(-1) if beams > 1 else x
 
 
 def _write_at(buf: torch.Tensor, at, values: torch.Tensor) -> None:
@@ -256,10 +306,17 @@ def greedy_decode(
     last = T  # the step by which every sentence begun so far is done
     pre = prefix[:n].clone() if prefix is not None else None
     tok = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
-    step = 0
-    while True:
-        step += 1
-        at = step - began if not fixed else (step - began).clamp_(max=T + 1)  # each row's output position
+    now = torch.zeros((), dtype=torch.long, device=device)  # the step, on the device (fixed shapes)
+
+    def advance():
+        """One step: each row's next token and its log-prob, and whether it ends. With fixed shapes everything is
+        read from and written to the same tensors, the step counted on the device, so that it can be a CUDA graph."""
+        nonlocal end, tok
+        if fixed:
+            now.add_(1)
+            at = (now - began).clamp_(max=T + 1)  # each row's output position
+        else:
+            at = step
         forced = _forced_at(pre, at, 1)
         if sampling is None:
             lp, nxt = _best_next(decoder, tok, at, min_len, 1, forced)
@@ -273,9 +330,19 @@ def greedy_decode(
         _write_at(lps, at, lp)
         is_eos = nxt == EOS_ID
         ending = (end == 0) & (is_eos | (limit <= at))
-        end = end.masked_fill_(ending, at) if isinstance(at, int) else torch.where(ending, at, end)
-        eos |= ending & is_eos
-        tok = nxt
+        if fixed:
+            end.copy_(torch.where(ending, at, end))
+            tok.copy_(nxt)
+        else:
+            end = end.masked_fill_(ending, at)
+            tok = nxt
+        eos.logical_or_(ending & is_eos)
+
+    graph = _StepGraph(decoder)
+    step = 0
+    while True:
+        step += 1
+        graph(advance, capture=True)
         if step % every and step < last:  # (at `last` every sentence is done)
             continue
         done = (end > 0).tolist()  # the one read of the device in `every` steps
@@ -395,13 +462,20 @@ def beam_search(
     lps = torch.zeros(n, T + 1, device=device) if token_scores else None  # and their log-probs, if asked for
     tok = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
     first_beam = torch.tensor([0.0] + [float("-inf")] * (K - 1), device=device)  # a sentence that joins later
-    step = 0
-    while True:
-        step += 1
-        n = alive.numel()
-        # each sentence's output position (1-based): the step, or with fixed shapes the step less the one it began at
-        at = step - began if not fixed else (step - began).clamp_(max=T + 1)
-        at_row = at if isinstance(at, int) else at.repeat_interleave(k)
+    now = torch.zeros((), dtype=torch.long, device=device)  # the step, on the device (fixed shapes)
+
+    def advance():
+        """One step: every live beam expanded, the K best continuations kept, what ends merged into the finished
+        hypotheses, and whether each sentence is done. After the first step with fixed shapes, everything is read
+        from and written to the same tensors, the step counted on the device, so that it can be a CUDA graph."""
+        nonlocal scores, tokens, lps, tok, floor, full, done, k
+        in_place = fixed and k == K
+        if fixed:
+            now.add_(1)
+            at = (now - began).clamp_(max=T + 1)  # each sentence's output position (1-based)
+        else:
+            at = step
+        at_row = at if isinstance(at, int) else _per_beam(at, k)
         col = at if isinstance(at, int) else at[:, None]
         # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
         # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
@@ -425,30 +499,47 @@ def beam_search(
         live = ~done
         at_max = limit <= at
         ends = torch.cat([is_eos[:, :K], at_max[:, None].expand(n, K)], 1) & live[:, None]  # (n, 2K)
-        if every > 1 or bool(ends.any()):  # (on the CPU, where reading is cheap, skipped when nothing ends)
+        # (on the CPU, where reading is cheap, skipped when nothing ends)
+        if fixed or every > 1 or bool(ends.any()):
             _keep_finished(
                 (fin_score, fin_step, fin_eos, fin_tok, fin_lp, fin_n), alive, ends, at,
                 torch.cat([cand_scores[:, :K], next_scores], 1) / length_penalty(col, len_penalty),
                 torch.cat([cand_row[:, :K], next_row], 1), torch.cat([cand_tok[:, :K], next_tok], 1),
                 tokens, lps, torch.cat([cand_lp[:, :K], next_lp], 1) if token_scores else None,
             )
-            floor, full = fin_score[alive, nbest - 1], fin_n[alive] >= K
+            new_floor, new_full = fin_score[alive, nbest - 1], fin_n[alive] >= K
+        else:
+            new_floor, new_full = floor, full
         # done: at the max length, or settled (see above)
-        settled = full & (floor >= next_scores[:, 0] / length_penalty(at + 1, len_penalty))
+        settled = new_full & (new_floor >= next_scores[:, 0] / length_penalty(at + 1, len_penalty))
         if len_penalty >= 0:  # (alpha < 0: lp falls as |Y| grows, no bound)
-            settled |= floor >= next_scores[:, 0] / lp_max
-        done = ~live | at_max | settled
+            settled |= new_floor >= next_scores[:, 0] / lp_max
+        new_done = ~live | at_max | settled
 
         decoder.select(None, next_beam)
         rows = next_row.flatten()
-        tokens = tokens.index_select(0, rows)
-        at_row = at if isinstance(at, int) else at.repeat_interleave(K)
-        _write_at(tokens, at_row, next_tok.flatten())
+        at_row = at if isinstance(at, int) else _per_beam(at, K)
+        new_tokens = tokens.index_select(0, rows)
+        _write_at(new_tokens, at_row, next_tok.flatten())
+        new_lps = None
         if token_scores:
-            lps = lps.index_select(0, rows)
-            _write_at(lps, at_row, next_lp.flatten())
-        scores, k = next_scores, K
-        tok = next_tok.flatten()
+            new_lps = lps.index_select(0, rows)
+            _write_at(new_lps, at_row, next_lp.flatten())
+        if in_place:
+            for old, new in ((scores, next_scores), (tokens, new_tokens), (lps, new_lps), (tok, next_tok.flatten()),
+                             (floor, new_floor), (full, new_full), (done, new_done)):
+                if old is not None:
+                    old.copy_(new)
+        else:
+            scores, tokens, lps, tok = next_scores, new_tokens, new_lps, next_tok.flatten()
+            floor, full, done, k = new_floor, new_full, new_done, K
+
+    graph = _StepGraph(decoder)
+    step = 0
+    while True:
+        step += 1
+        n = alive.numel()
+        graph(advance, capture=k == K)
         if step % every and step < last:  # (at `last` every sentence is done)
             continue
         gone = done.tolist()  # the one read of the device in `every` steps

@@ -182,7 +182,8 @@ class IncrementalDecoder:
         """(m, 1, 1, S) source mask -> (m*H_kv, 1, S) attention bias: 0 at real tokens, -inf at padding."""
         m, S = mem_mask.size(0), mem_mask.size(-1)
         bias = torch.zeros(m, 1, S, device=mem_mask.device, dtype=dtype)
-        return bias.masked_fill_(~mem_mask.view(m, 1, S), float("-inf")).repeat_interleave(self.H_kv, dim=0)
+        bias.masked_fill_(~mem_mask.view(m, 1, S), float("-inf"))
+        return bias[:, None].expand(m, self.H_kv, 1, S).reshape(m * self.H_kv, 1, S).clone()  # (a tensor of its own)
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """tok: (n*k,) the last token of each beam (row-major); returns logits (n*k, V) for the next one."""
@@ -352,13 +353,13 @@ class StaticDecoder(IncrementalDecoder):
         """tok: (n*k,) the last token of each live beam; returns their logits (n*k, V)."""
         n, k, K = self.rows.numel(), self.k, self.K
         self.tok.view(-1, K)[self.rows] = tok.view(n, k).expand(n, K) if k == 1 else tok.view(n, K)
-        self.now.fill_(self.t)
         if not self.use_graph:
             self.logits = self._static_step()
         elif self.graph is None:
             self.logits = self._capture()
         else:
             self.graph.replay()
+        self.now.add_(1)  # (counted on the device, so that a search's own graph can hold this step)
         self.t += 1
         return self.logits.view(-1, K, self.logits.size(-1))[self.rows, :k].reshape(n * k, -1)
 
@@ -399,6 +400,7 @@ class StaticDecoder(IncrementalDecoder):
         logits = super().prefill(ids, valid)
         history[:, :, : ids.size(1)] = self.history
         self.history = history
+        self.now.fill_(self.t)
         if self.pad is not None:
             self.offset.copy_(self.pad)
         return logits
