@@ -118,13 +118,19 @@ def main() -> None:
     from tfcli import checkpoint
     from tfcli.data.batching import source_ids
     from tfcli.data.tokenizer import decode_batch, encode_batch
+    from tfcli.errors import TfcliError
     from tfcli.interop.export import export
+    from tfcli.interop.hf import hf_arch
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_translate_speed: no CUDA device; --device cpu --dtype fp32 --limit 40 checks that it runs")
     ckpt = checkpoint.resolve(args.checkpoint)
     meta = checkpoint.read_meta(ckpt)
+    try:  # before anything is loaded: the comparison needs a model a transformers class can hold
+        hf_arch(checkpoint.model_config(meta))
+    except TfcliError as e:
+        sys.exit(f"gpu_translate_speed: {ckpt} cannot be compared with Hugging Face: {e}")
     src_tok, tgt_tok = checkpoint.tokenizer(meta, "src"), checkpoint.tokenizer(meta, "tgt")
     data = Path(args.data) / "multi30k"
     lines = (data / f"test2016.{args.src}").read_text(encoding="utf-8").splitlines()
