@@ -65,6 +65,19 @@ def test_translate_is_strict_by_default_and_replace_keeps_every_line(models, tmp
     assert r.exit_code == 2 and "strict" in r.stderr and "replace" in r.stderr  # a usage error
 
 
+def test_lm_generate_is_strict_by_default_and_replace_keeps_every_prompt(models, tmp_path):
+    _, counter = models
+    src = tmp_path / "prompts.txt"
+    src.write_bytes(BAD)
+    r = cli("lm-generate", "-m", counter, "-i", src, "--greedy", "--max-new-tokens", "2")
+    one_error(r, f"{src}:2: invalid UTF-8 (byte 0xff at column 6)", "--encoding-errors replace")
+    r = cli("lm-generate", "-m", counter, "-i", src, "--greedy", "--max-new-tokens", "2", "--encoding-errors", "replace")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.split("\n")[:-1]
+    assert len(lines) == 4 and lines[0].startswith("cat dog") and lines[1].startswith("moon \ufffd sun")
+    assert "2 line(s) with invalid UTF-8" in r.stderr
+
+
 def test_eval_is_strict_by_default_and_replace_scores_every_line(models, tmp_path):
     copier, _ = models
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"

@@ -9,7 +9,7 @@ import typer
 
 from tfcli.cli.common import (
     config_defaults,
-    Checkpoint, Device, Dtype, OutputFile, Quiet, ShowProgress, Threads, _RUN, _SAMPLE, _config_file,
+    Checkpoint, Device, Dtype, EncodingErrors, OutputFile, Quiet, ShowProgress, Threads, _RUN, _SAMPLE, _config_file,
     app, check_choice, choices_of, refuse_unused, run,
 )
 from tfcli.generate.config import GenerateConfig
@@ -78,6 +78,7 @@ def lm_generate(
     jsonl: bool = typer.Option(
         False, "--jsonl", help="One JSON object a sample, for text that holds newlines (format below)."
     ),
+    encoding_errors: EncodingErrors = None,
     device: Device = None,
     dtype: Dtype = None,
     threads: Threads = None,
@@ -109,13 +110,14 @@ def lm_generate(
     if ignore_eos:
         refuse_unused(ctx, ["min_new_tokens"], "is not used with --ignore-eos (</s> never ends the text)")
     check_choice("--dtype", dtype, choices_of(GenerateConfig, "dtype"))
+    check_choice("--encoding-errors", encoding_errors, choices_of(GenerateConfig, "encoding_errors"))
 
     cfg = run(
         generate_config, config,
         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, ignore_eos=ignore_eos or None,
         greedy=greedy or None, temperature=temperature, top_k=top_k, top_p=top_p,
         repetition_penalty=repetition_penalty, seed=seed, num_samples=num_samples, stop=stop or None,
-        batch_size=batch_size, check_every=check_every, device=device, dtype=dtype, threads=threads, jsonl=jsonl or None,
+        batch_size=batch_size, check_every=check_every, encoding_errors=encoding_errors, device=device, dtype=dtype, threads=threads, jsonl=jsonl or None,
     )
     run(tune_process, cfg.device, cfg.threads)
     run(run_generate, model, prompts or [], input_file, output, cfg, progress)

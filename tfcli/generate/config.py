@@ -90,6 +90,8 @@ class GenerateConfig:
     # the host reads the state from the device every N tokens (0: every token on the CPU, 8 on a GPU; every token
     # with --stop or when streaming one sample)
     check_every: int = 0
+    # prompt input that is not UTF-8: strict (stop, naming file, line and column) or replace (U+FFFD a bad byte)
+    encoding_errors: Literal["strict", "replace"] = "strict"
     device: str = "auto"
     dtype: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
     threads: Optional[int] = None

@@ -30,7 +30,7 @@ from tfcli.generate.sampling import line_uniforms, next_token, to_device
 from tfcli.generate.search import read_every
 from tfcli.generate.step import StepModel, step_model
 from tfcli.generate.translate import open_output
-from tfcli.io import iter_lines, refuse_overwriting_inputs
+from tfcli.io import encoding_errors, iter_lines, refuse_overwriting_inputs
 from tfcli.specials import EOS_ID, PAD_ID, UNK_ID
 
 START_ID = EOS_ID  # what precedes every text in LM training streams
@@ -257,7 +257,8 @@ def lm_generate(
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
     loaded = load(checkpoint, device, "lm", cfg.dtype)
-    texts = read_prompts(prompts, input_file)
+    with encoding_errors(cfg.encoding_errors):
+        texts = read_prompts(prompts, input_file)
     if not texts:
         where = input_file if input_file not in (None, "-") else "stdin"
         warn(f"no prompts: {where} was empty, so nothing was generated (give a PROMPT, or run in a terminal to "
