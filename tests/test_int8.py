@@ -25,7 +25,8 @@ def engines() -> list[str]:
     if device.int8_engines()[:1] == ("fbgemm",):
         out.append("fbgemm")
     onednn = getattr(torch.ops, "onednn", None)
-    if onednn is not None and hasattr(onednn, "qlinear_pointwise") and torch.backends.mkldnn.is_available():
+    if onednn is not None and hasattr(onednn, "qlinear_pointwise") and torch.backends.mkldnn.is_available() \
+            and device.onednn_takes_int8_inputs():
         out.append("onednn")
     return out
 

@@ -627,7 +627,6 @@ def test_continuous_batching_reads_the_device_at_most_once_every_n_steps(every, 
         assert len(reads) <= 1 + math.ceil(len(calls) / every) + 1 + outputs, (len(reads), len(calls))
 
 
-@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 def test_a_fixed_shape_search_step_traces_into_one_graph(monkeypatch):
     """On CUDA the whole search step (the decoder's and the search's own work) is captured as one CUDA graph
     (search._StepGraph), which no read of the device, no host-side value and no new shape may interrupt. Dynamo's

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 
+import functools
+
 import torch
 
 from tfcli.errors import ConfigError, TfcliError
@@ -64,10 +66,24 @@ def int8_engines() -> tuple[str, ...]:
     fbgemm = ("x86" in engines or "fbgemm" in engines) and quantized is not None \
         and hasattr(quantized, "linear_with_input_q_dq_qweight_dq_output_fp32") and hasattr(quantized, "linear_prepack")
     dnn = torch.backends.mkldnn.is_available() and onednn is not None and hasattr(onednn, "qlinear_pointwise") \
-        and hasattr(onednn, "qlinear_prepack")
+        and hasattr(onednn, "qlinear_prepack") and onednn_takes_int8_inputs()
     if fbgemm and dnn and cpu_has_amx():
         return ("fbgemm", "onednn")
     return ("fbgemm",) if fbgemm else ("onednn",) if dnn else ()
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_takes_int8_inputs() -> bool:
+    """Whether this torch's oneDNN int8 linear takes signed int8 inputs, as tfcli.generate.int8 gives it (older
+    torch builds, 2.2 among them, take only uint8): tried once on a 1 x 4 product."""
+    try:
+        w = torch.ops.onednn.qlinear_prepack(torch.ones(2, 4, dtype=torch.int8), None)
+        y = torch.ops.onednn.qlinear_pointwise(torch.ones(1, 4, dtype=torch.int8), 1.0, 0, w, torch.ones(2),
+                                               torch.zeros(2, dtype=torch.long), None, 1.0, 0, torch.float32,
+                                               "none", [], "")
+        return bool(torch.equal(y, torch.full((1, 2), 4.0)))
+    except (RuntimeError, AttributeError):
+        return False
 
 
 def int8_available() -> bool:

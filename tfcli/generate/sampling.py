@@ -10,7 +10,6 @@ a line's sample is the same whatever batch, buffer, neighbours or number of proc
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -20,11 +19,17 @@ from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 NEG_INF = float("-inf")
 
 
-@functools.lru_cache(maxsize=None)
+_NEVER_CHOSEN: dict[tuple[torch.device, bool], torch.Tensor] = {}
+
+
 def never_chosen(device: torch.device, eos: bool = False) -> torch.Tensor:
     """The ids no decoder ever emits, <pad> and <s> (and </s> with `eos`), as a tensor on `device`, made once: a
     tensor copied from the host at every step would make every step wait for the GPU."""
-    return torch.tensor([PAD_ID, BOS_ID, EOS_ID] if eos else [PAD_ID, BOS_ID], device=device)
+    ids = _NEVER_CHOSEN.get((device, eos))
+    if ids is None:
+        ids = _NEVER_CHOSEN[device, eos] = torch.tensor([PAD_ID, BOS_ID, EOS_ID] if eos else [PAD_ID, BOS_ID],
+                                                        device=device)
+    return ids
 
 
 def to_device(values: list, device: torch.device) -> torch.Tensor:
