@@ -130,7 +130,7 @@ def test_label_smoothed_loss_gradient_is_autograds(eps, dtype):
     torch.testing.assert_close(a.grad.float(), b.grad, **tol)
     assert (a.grad[target == PAD_ID] == 0).all()
     # reuse_logits (as the objective calls it): the gradient written over the logits of an intermediate tensor
-    w = torch.eye(V, dtype=dtype).requires_grad_(True)
+    w = torch.eye(V).to(dtype).requires_grad_(True)  # (torch 2.2 has no bf16 eye)
     c = logits.clone().requires_grad_(True)
     label_smoothed_loss(c @ w, target, eps, reuse_logits=True)[0].mul(3.0).backward()
     torch.testing.assert_close(c.grad.float(), b.grad, **tol)
