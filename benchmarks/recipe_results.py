@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -86,12 +87,27 @@ def _bleu(path: Path) -> dict:
     return {name: {"score": s["score"], "signature": d["signatures"][name]} for name, s in scores.items()}
 
 
+def trained_precision(run: Path) -> str | None:
+    """fp32, bf16 or fp16: what the run trained in, from its log's first line (the config's `auto` or `native-bf16`
+    resolves by the machine)."""
+    log = run / "train.log"
+    m = re.search(r"device \S+, (fp32|bf16|fp16), ", log.read_text()) if log.exists() else None
+    return m.group(1) if m else None
+
+
 def record(args) -> dict:
     out = Path(args.out)
     variant = args.train_args.strip()
+    size = args.size
+    precision = trained_precision(out / "run")
+    config = out / "run" / "config.yaml"
+    asked = (yaml.safe_load(config.read_text()) or {}).get("train", {}).get("precision") if config.exists() else None
+    if asked == "native-bf16" and precision == "fp32":
+        size += " (fp32)"  # a CPU without AMX: its own entry, beside the bf16 one of a CPU with AMX
     entry = {
         "recipe": args.recipe, "name": args.name or f"{args.recipe}-{args.pair}",
-        "size": f"{args.size} ({variant})" if variant else args.size,
+        "size": f"{size} ({variant})" if variant else size,
+        "precision": precision,
         "date": time.strftime("%Y-%m-%d %H:%M"), "out": str(out), "hardware": hardware(),
     }
     if (out / "run" / "metrics.jsonl").exists():

@@ -116,3 +116,22 @@ def test_demo_records_its_scores_time_and_machine(tmp_path, monkeypatch):
     assert f"CPU ({entry['hardware']['cpu']})" in text
     assert "1.9 min, BLEU 98.50, chrF2 55.50." in text
     assert text.count("<!-- demo:begin -->") == 1 and text.count("<!-- recipes:end -->") == 1
+
+
+def test_a_cpu_without_amx_records_its_fp32_run_beside_the_bf16_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
+    monkeypatch.setattr(recipe_results, "README", tmp_path / "README.md")
+    args = dict(recipe="multi30k", name=None, pair="de-en", size="cpu-long", checkpoint="ck", ppl=None,
+                train_args="", wall_s=800.0, len_penalty=None, resumed=False)
+    for name, precision, bleu in (("amx", "bf16", 42.0), ("fp32", "fp32", 41.0)):
+        out = tmp_path / name
+        fake_run(out, bleu)
+        (out / "run" / "config.yaml").write_text(yaml.safe_dump({"train": {"precision": "native-bf16"}}))
+        (out / "run" / "train.log").write_text(f"model: encoder-decoder (small), 7.58M parameters; device cpu, "
+                                               f"{precision}, 1 process(es)\n")
+        entry = recipe_results.record(type("A", (), {**args, "out": str(out)}))
+        assert entry["precision"] == precision
+    all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
+    assert all_["multi30k-de-en/cpu-long"]["sacrebleu"]["BLEU"]["score"] == 42.0
+    assert all_["multi30k-de-en/cpu-long (fp32)"]["sacrebleu"]["BLEU"]["score"] == 41.0
+    assert recipe_results.anchor(all_["multi30k-de-en/cpu-long (fp32)"])[1] == "tokenised_bleu_lowercased"
