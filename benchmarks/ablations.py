@@ -37,7 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import cpu_name, gpu_name, write_results
+from common import SHARED_DATA, cpu_name, gpu_name, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -67,7 +67,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--runs", default=str(ROOT / "runs" / "ablations"))
     p.add_argument("--config", default=DEFAULT_CONFIG)
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--data", default=SHARED_DATA)
     p.add_argument("--pair", default="de-en")
     p.add_argument("--out", default=str(RESULTS / "ablations"))
     p.add_argument("--steps", type=int, default=0, help="train every variant this many steps, no time budget")

@@ -7,8 +7,13 @@ beside them, as Python puts a script's directory first on its path."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
+
+# The corpora (../shared/data beside the repository, see its README), or $TFCLI_SHARED_DATA, as the tests read them:
+# set it when running a script from a copy of the repository elsewhere (a git worktree).
+SHARED_DATA = os.environ.get("TFCLI_SHARED_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def cpu_name() -> str:

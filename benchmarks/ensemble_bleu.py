@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from common import cpu_name, write_results
+from common import SHARED_DATA, cpu_name, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -28,7 +28,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", action="append", required=True, help="a model; give it twice or more")
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--data", default=SHARED_DATA)
     p.add_argument("--src", default="de")
     p.add_argument("--tgt", default="en")
     p.add_argument("--beam", type=int, default=5)

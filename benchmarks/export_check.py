@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from common import CT2System, Isolated, TfcliSystem, cpu_name, write_results
+from common import SHARED_DATA, CT2System, Isolated, TfcliSystem, cpu_name, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--data", default=SHARED_DATA)
     p.add_argument("--out", default=str(RESULTS / "export_check"))
     args = p.parse_args()
     import transformers

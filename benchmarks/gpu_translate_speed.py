@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from common import cpu_name, write_results
+from common import SHARED_DATA, cpu_name, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,7 @@ def profile_pass(run, device: torch.device, out: Path) -> Path:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint")
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--data", default=SHARED_DATA)
     p.add_argument("--src", default="de")
     p.add_argument("--tgt", default="en")
     p.add_argument("--device", default="cuda")

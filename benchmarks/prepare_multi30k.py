@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import SHARED_DATA
+
 ROOT = Path(__file__).resolve().parents[1]
 
 def machine() -> dict:
@@ -61,7 +63,7 @@ def children_cpu() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path(os.environ.get("TFCLI_SHARED_DATA", ROOT.parent / "shared" / "data")))
+    ap.add_argument("--data", type=Path, default=Path(SHARED_DATA))
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     d = args.data / "multi30k"

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import Isolated, cpu_name, export_peers, tfcli_for_inference, write_results
+from common import SHARED_DATA, Isolated, cpu_name, export_peers, tfcli_for_inference, write_results
 from tfcli.data.batching import pad, source_ids
 from tfcli.generate.search import beam_search, greedy_decode
 from tfcli.errors import TfcliError
@@ -403,7 +403,7 @@ def main():
     p.add_argument("--peer-checkpoint", default=None,
                    help="trained post-norm de->en checkpoint for the Multi30k side-by-side part")
     p.add_argument("--real-max-len", type=int, default=80, help="most output tokens in the Multi30k side-by-side part")
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--data", default=SHARED_DATA)
     p.add_argument("--out", default=str(RESULTS / "translate_speed"))
     args = p.parse_args()
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]

@@ -78,6 +78,21 @@ def test_lm_generate_is_strict_by_default_and_replace_keeps_every_prompt(models,
     assert "2 line(s) with invalid UTF-8" in r.stderr
 
 
+def test_attention_is_strict_by_default_and_replace_draws_every_sentence(models, tmp_path):
+    copier, _ = models
+    src = tmp_path / "in.txt"
+    src.write_bytes(BAD)
+    out = tmp_path / "pictures"
+    r = cli("attention", "-m", copier, "-i", src, "-o", out, "--no-png")
+    one_error(r, f"{src}:2: invalid UTF-8 (byte 0xff at column 6)", "--encoding-errors replace")
+    assert not out.exists()
+    r = cli("attention", "-m", copier, "-i", src, "-o", out, "--no-png", "--encoding-errors", "replace")
+    assert r.exit_code == 0, r.stderr
+    assert (out / "attention.html").exists() and "2 line(s) with invalid UTF-8" in r.stderr
+    r = cli("attention", "-m", copier, "-i", src, "-o", out, "--encoding-errors", "ignore")
+    assert r.exit_code == 2 and "replace" in r.stderr
+
+
 def test_eval_is_strict_by_default_and_replace_scores_every_line(models, tmp_path):
     copier, _ = models
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"

@@ -70,3 +70,29 @@ def test_a_muon_step_is_the_orthogonalised_nesterov_momentum():
     m = 0.9 * g1 + g2
     want = want - 0.01 * 2.0 * 2 ** 0.5 * newton_schulz(g2 + 0.9 * m)
     torch.testing.assert_close(w.detach(), want, atol=1e-6, rtol=1e-6)
+
+
+def test_a_fused_projection_is_orthogonalised_one_projection_at_a_time():
+    """[q; k; v] (self-attention) and [k; v] (cross-attention) are each one weight; Muon updates each projection's
+    rows as it would the unfused matrix: NS5 of its own block, scaled by its own shape."""
+    cfg = preset("tiny", src_vocab_size=12, tgt_vocab_size=12, n_kv_head=1)
+    model = build_model(cfg)
+    blocks = muon_parameters(model)
+    by_name = {name: blocks[id(p)] for name, p in model.named_parameters() if id(p) in blocks}
+    d, d_kv = cfg.d_model, cfg.d_head  # one key/value head
+    assert by_name["encoder.layers.0.self_attn.qkv_proj.weight"] == (d, d_kv, d_kv)
+    assert by_name["decoder.layers.0.cross_attn.kv_proj.weight"] == (d_kv, d_kv)
+    assert by_name["decoder.layers.0.cross_attn.q_proj.weight"] == (d,)
+    assert by_name["encoder.layers.0.ffn.w1.weight"] == (cfg.d_ff,)
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(12, 4))
+    opt = MuonAdamW([{"params": [w], "muon": True, "weight_decay": 0.1}], lr=0.01, momentum=0.9,
+                    blocks={id(w): (4, 8)})
+    before, g = w.detach().clone(), torch.randn(12, 4)
+    w.grad = g.clone()
+    opt.step()
+    u = g + 0.9 * g
+    for rows, got, old, u_i in zip((4, 8), w.detach().split((4, 8)), before.split((4, 8)), u.split((4, 8))):
+        lr = 0.01 * max(1.0, rows / 4) ** 0.5
+        torch.testing.assert_close(got, old * (1 - lr * 0.1) - lr * newton_schulz(u_i), atol=1e-6, rtol=1e-6)

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from tfcli.cli.common import (
-    Quiet, app, check_choice, fail, info, refuse_unused, run,
+    EncodingErrors, Quiet, app, check_choice, fail, info, refuse_unused, run,
 )
 from tfcli.errors import EXIT_USAGE
 
@@ -46,6 +46,7 @@ def attention(
     png: bool = typer.Option(True, "--png/--no-png", help="Write a PNG per sentence and kind (needs matplotlib)."),
     html: bool = typer.Option(True, "--html/--no-html", help="Write attention.html (self-contained, interactive)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    encoding_errors: EncodingErrors = None,
     quiet: Quiet = False,
 ):
     """Draw a model's attention weights as heatmaps, per layer and head, with the tokens on both axes.
@@ -60,7 +61,7 @@ def attention(
     causal) and cross (target x source). The weights are the model's own, from one teacher-forced forward.
     Sentences come from the arguments, --input FILE, or stdin when it is not a terminal.
     """
-    from tfcli.io import read_lines
+    from tfcli.io import ENCODING_ERRORS, encoding_errors as reading, read_lines
     from tfcli.viz.attention import write_attention
 
     if not png:
@@ -68,12 +69,14 @@ def attention(
     if not png and not html:
         fail("--no-png and --no-html leave nothing to write", EXIT_USAGE)
     check_choice("--kind", list(kinds or []), ("encoder", "self", "cross"))
+    check_choice("--encoding-errors", encoding_errors, ENCODING_ERRORS)
 
     texts = list(sentences or [])
-    if input_file is not None:
-        texts += run(read_lines, input_file)
-    if not texts and input_file is None and not sys.stdin.isatty():
-        texts = run(read_lines, "-")
+    with reading(encoding_errors or "strict"):
+        if input_file is not None:
+            texts += run(read_lines, input_file)
+        if not texts and input_file is None and not sys.stdin.isatty():
+            texts = run(read_lines, "-")
     if not texts:
         fail("no input: give sentences as arguments, --input FILE or on stdin", EXIT_USAGE)
     written = run(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -109,9 +108,11 @@ class Decoder(nn.Module):
         """tgt: (B, T) ids; each position sees itself and those before it (the fused causal kernel). is_causal is a
         constant True, also for T = 1 (one query, one key: the same): a test on T would be a symbolic bool under
         torch.compile's dynamic shapes, which SDPA refuses (a graph break per layer)."""
-        pos = torch.arange(tgt.size(1), device=tgt.device)
-        x = self.embed(tgt, pos, tgt.size(1))
-        rope = functools.partial(self.rope, end=tgt.size(1)) if self.rope is not None else None
+        T = tgt.size(1)
+        pos = torch.arange(T, device=tgt.device)
+        x = self.embed(tgt, pos, T)
+        # (a closure, not functools.partial: Dynamo before torch 2.3 cannot trace a partial of a module)
+        rope = (lambda x, p: self.rope(x, p, T)) if self.rope is not None else None
         for layer in self.layers:
             x = layer(x, None, True, memory, memory_mask, rope, pos, attn_out)
         return self.norm(x)

@@ -4,6 +4,8 @@ Muon (Keller Jordan 2024, as in modded-nanogpt): for each weight matrix W (out x
 layers, momentum with Nesterov's look-ahead, then the update orthogonalised by five Newton-Schulz iterations
 (U S V^T -> about U V^T), scaled by sqrt(max(1, out / in)):
     m = mu m + g;   u = g + mu m;   W -= lr_muon * sqrt(max(1, out/in)) * NS5(u)
+A fused projection ([q; k; v] of self-attention, [k; v] of cross-attention) is orthogonalised one projection at
+a time, as the unfused matrices would be (modded-nanogpt does the same for its stacked q, k, v).
 Embeddings, the output projection, biases and norms keep AdamW. Both updates are plain fp32 torch ops in a fixed
 order, so a resumed run (its moments and momenta saved in the checkpoint) continues bit for bit.
 """
@@ -14,6 +16,8 @@ import math
 
 import torch
 from torch import nn
+
+from tfcli.model.attention import MultiHeadAttention
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic's (a, b, c), chosen for fast convergence on [0, 1]
 
@@ -31,10 +35,18 @@ def newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.T if tall else x
 
 
-def muon_parameters(model: nn.Module) -> set[int]:
-    """ids of the parameters Muon updates: the 2-d weights inside the layers of the encoder and the decoder (not
-    the embeddings, the output projection, biases or norms)."""
-    return {id(p) for name, p in model.named_parameters() if p.dim() == 2 and ".layers." in f".{name}"}
+def muon_parameters(model: nn.Module) -> dict[int, tuple[int, ...]]:
+    """The parameters Muon updates, by id, each with its blocks of rows: the 2-d weights inside the layers of the
+    encoder and the decoder (not the embeddings, the output projection, biases or norms); a fused projection's
+    weight is one block per projection it holds, any other weight one block."""
+    blocks = {id(p): (p.size(0),) for name, p in model.named_parameters() if p.dim() == 2 and ".layers." in f".{name}"}
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            d_kv = module.d_kv
+            fused = (module.kv_proj, (d_kv, d_kv)) if module.cross else (module.qkv_proj, (module.d_model, d_kv, d_kv))
+            if id(fused[0].weight) in blocks:
+                blocks[id(fused[0].weight)] = fused[1]
+    return blocks
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -42,10 +54,13 @@ class MuonAdamW(torch.optim.Optimizer):
     `lr` is what the schedule sets; a Muon group's step is `lr * lr_scale` (the ratio of Muon's peak rate to
     AdamW's)."""
 
-    def __init__(self, groups: list[dict], lr: float, betas=(0.9, 0.98), eps: float = 1e-8, momentum: float = 0.95):
+    def __init__(self, groups: list[dict], lr: float, betas=(0.9, 0.98), eps: float = 1e-8, momentum: float = 0.95,
+                 blocks: dict[int, tuple[int, ...]] | None = None):
+        """`blocks`: the row blocks a Muon parameter is orthogonalised in, by id (muon_parameters); one if absent."""
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=0.0, muon=False, momentum=momentum,
                         lr_scale=1.0)
         super().__init__(groups, defaults)
+        self.blocks = blocks or {}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -64,11 +79,13 @@ class MuonAdamW(torch.optim.Optimizer):
             state["momentum_buffer"] = torch.zeros_like(p)
         buf, mu = state["momentum_buffer"], group["momentum"]
         buf.mul_(mu).add_(p.grad)
-        update = newton_schulz(p.grad.add(buf, alpha=mu))
-        lr = group["lr"] * group["lr_scale"] * math.sqrt(max(1.0, p.size(0) / p.size(1)))
-        if group["weight_decay"]:
-            p.mul_(1 - lr * group["weight_decay"])
-        p.add_(update.to(p.dtype), alpha=-lr)
+        u = p.grad.add(buf, alpha=mu)
+        sizes = self.blocks.get(id(p), (p.size(0),))
+        for rows, w, u_block in zip(sizes, p.split(sizes), u.split(sizes)):  # (views: updated in place)
+            lr = group["lr"] * group["lr_scale"] * math.sqrt(max(1.0, rows / p.size(1)))
+            if group["weight_decay"]:
+                w.mul_(1 - lr * group["weight_decay"])
+            w.add_(newton_schulz(u_block).to(p.dtype), alpha=-lr)
 
     def _adamw(self, p: torch.Tensor, group: dict) -> None:
         state = self.state[p]

@@ -251,7 +251,7 @@ class Trainer:
                 {"params": other, "weight_decay": 0.0},
             ]
             return MuonAdamW(groups, lr=self.cfg.lr, betas=self.cfg.betas, eps=self.cfg.adam_eps,
-                             momentum=self.cfg.muon_momentum)
+                             momentum=self.cfg.muon_momentum, blocks=muon)
         groups = [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
         return torch.optim.AdamW(
             groups, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.adam_eps,
