@@ -443,3 +443,24 @@ def test_the_host_reads_the_device_once_every_n_steps(static, every, monkeypatch
     assert got == [recompute_greedy(model, p, 9) for p in prompts]
     loops = len(steps) + 1  # (the last loop reads, and stops)
     assert reads == ["tolist"] * math.ceil(loops / every), reads
+
+
+def test_a_prompt_that_fills_the_context_slides_as_it_would_alone():
+    """Prompts that generate past max_len (48) are batched by their length only, so that each slides its context
+    when it would alone (a left-padded batch slides every row when its longest prompt fills the context); prompts
+    that never fill it are batched across lengths."""
+    from tfcli.generate.lm import plan_batches
+
+    model = random_lm()
+    some = _prompts(4, seed=6, longest=12)
+    prompts = some + [[START_ID] + p[:0:-1] for p in some]  # each length twice
+    cfg = GenerateConfig(max_new_tokens=60, greedy=True)
+    batches = plan_batches(prompts, 4, 48, cfg.max_new_tokens)
+    assert sorted(i for b in batches for i in b) == list(range(8))
+    assert all(len({len(prompts[i]) for i in b}) == 1 for b in batches) and max(len(b) for b in batches) == 2
+    alone = [generate_ids(no_end(model), [p], cfg)[0] for p in prompts]
+    for b in batches:
+        assert generate_ids(no_end(model), [prompts[i] for i in b], cfg) == [alone[i] for i in b]
+    # short generations never slide: one batch across lengths, in order of the earliest prompt
+    by_length = sorted(range(8), key=lambda i: len(prompts[i]))
+    assert plan_batches(prompts, 4, 48, 10) == sorted([by_length[:4], by_length[4:]], key=min)

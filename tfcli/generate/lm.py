@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import sys
 from typing import IO, Callable, Iterator
@@ -62,7 +63,8 @@ def generate_ids(
     A row gets at most `cfg.max_new_tokens` new ids. When the context reaches the positions the decoder holds
     (the model's max_len at most), generation goes on from the last max_len / 2 tokens, as nanoGPT's sample.py
     crops the context to its block size: the key/value memory is rebuilt from them (one prefill every max_len / 2
-    new tokens, not a full forward pass per token).
+    new tokens, not a full forward pass per token). Prompts prefilled together, left-padded, slide together, when
+    the longest fills the context: for each to slide as it would alone, give prompts of one length (plan_batches).
 
     `on_token(row, new_ids)` is called after each new token of a row; it returns True to stop that row (a stop
     string was reached).
@@ -319,16 +321,32 @@ def _fit_prompts(model, prompt_ids: list[list[int]]) -> list[list[int]]:
     return fitted
 
 
+def plan_batches(prompt_ids: list[list[int]], size: int, max_len: int, max_new_tokens: int) -> list[list[int]]:
+    """Prompt indices in batches of at most `size`, of similar prompt lengths, in the order of their earliest
+    prompt. A prompt that can fill the context (its length + max_new_tokens past max_len) is batched only with
+    prompts of its own length: a left-padded batch slides its context for every row at once, when the longest
+    fills it, so a shorter prompt there would slide earlier than it does alone."""
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+
+    def group(i: int) -> int:
+        n = len(prompt_ids[i])
+        return n if n + max_new_tokens > max_len else -1  # -1: never slides
+
+    batches = []
+    for _, members in itertools.groupby(sorted(order, key=group), key=group):
+        members = list(members)
+        batches += [members[i : i + size] for i in range(0, len(members), size)]
+    return sorted(batches, key=min)
+
+
 def _generate(model, tok, texts, prompt_ids, cfg, autocast, stream: IO[str] | None) -> Iterator[str]:
     """Yield the continuation of each sample, in order; batches hold similar prompt lengths, and run in the order
     of their earliest sample so output can start early. With `stream`, the one sample is written as it grows. On a
     fixed-shape decoder (a GPU's) a batch is REFILLS times --batch-size prompts, generated in --batch-size places
     that the next prompt takes as soon as one finishes."""
-    order = sorted(range(len(texts)), key=lambda i: len(prompt_ids[i]))
     fixed = model.static
-    size = cfg.batch_size * (REFILLS if fixed else 1)
-    batches = [order[i : i + size] for i in range(0, len(order), size)]
-    batches.sort(key=min)
+    batches = plan_batches(prompt_ids, cfg.batch_size * (REFILLS if fixed else 1), model.cfg.max_len,
+                           cfg.max_new_tokens)
     needs_text = stream is not None or bool(cfg.stop)  # decode after every token, not just at the end
     results: dict[int, str] = {}
     early_ends: list[int] = []  # new-token counts of the samples that ended at </s>
