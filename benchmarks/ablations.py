@@ -14,8 +14,9 @@ named.
 
 --set KEY=VALUE (repeatable) adds a setting to every variant; --jobs N trains N variants at once, for a GPU with room
 for several (a config that stops at a step or epoch count, e.g. recipes/multi30k.yaml with --set train.device=cuda:
-concurrency then changes the time, not the result). A config other than the `cpu` recipe's is its own protocol,
-named by the config and a hash of its text (a changed config starts a new protocol).
+concurrency then changes the time, not the result). Every config is its own protocol, named by the config and a
+hash of its text (a changed config starts a new protocol; the `cpu` recipe's runs before QK-norm entered it are
+named `budget` or `N steps` alone).
 
 --steps N: the budget off and N steps for every variant (the cosine schedule ends at step N), so that a row's quality
 does not depend on the machine's speed that day (a wall-clock budget turns the machine's drift into a step count);
@@ -51,6 +52,7 @@ VARIANTS = {
     "swiglu": ["model.activation=swiglu"],
     "relu2": ["model.activation=relu2"],
     "qk_norm": ["model.qk_norm=true"],
+    "no_qk_norm": ["model.qk_norm=false"],  # (QK-norm is in the cpu recipes since 2026-11-26)
     "zero_init_residual": ["model.zero_init_residual=true"],
     # for the GPU-sized recipe (recipes/multi30k.yaml); the variants of its earlier version are in
     # results/gpu_ablations.json, each with its settings and command
@@ -100,6 +102,8 @@ def run_variant(name: str, args) -> dict:
     valid = Path(args.data) / "multi30k"
     protocol = f"{args.steps} steps" if args.steps else ("budget" if args.config == DEFAULT_CONFIG
                                                           else config_protocol(args.config))
+    if args.config == DEFAULT_CONFIG:  # the recipe's config changes as options enter it: its text names the protocol
+        protocol += f", {config_protocol(args.config)}"
     run = Path(args.runs) / (f"{args.pair}-{name}-seed{args.seed}" + (f"-{args.steps}steps" if args.steps else ""))
     fixed = ["train.max_minutes=0", f"train.max_steps={args.steps}"] if args.steps else []
     sets = [a for s in VARIANTS[name] + fixed + args.sets for a in ("--set", s)]
@@ -147,8 +151,9 @@ def write(out: Path, entries: list, args) -> None:
         "number of steps (`--steps`: quality at equal steps; s/step is then the option's cost); valid nll and greedy "
         "BLEU of the last validation (300 sentences for the CPU recipes, all for `multi30k.yaml`), and sacreBLEU of beam 5 (length penalty 1.0) on the whole "
         "valid split; `vs baseline`: against the baseline of the same pair, seed and protocol (a config other than the "
-        "`cpu` recipe's is named with the first 8 hex digits of its text's sha256: its version in git). Written by "
-        "`benchmarks/ablations.py`; test2016 is never read.", "",
+        "`cpu` recipe's, and the `cpu` recipe's since QK-norm entered it, are named with the first 8 hex digits of "
+        "the config text's sha256: its version in git; `budget` and `N steps` alone: `recipes/multi30k-cpu.yaml` "
+        "before QK-norm, git 02a265f). Written by `benchmarks/ablations.py`; test2016 is never read.", "",
         "| pair | protocol | variant | seed | steps | s/step | valid nll | greedy BLEU | beam-5 sacreBLEU | "
         "vs baseline | machine | date |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
