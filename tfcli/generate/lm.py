@@ -326,14 +326,13 @@ def plan_batches(prompt_ids: list[list[int]], size: int, max_len: int, max_new_t
     prompt. A prompt that can fill the context (its length + max_new_tokens past max_len) is batched only with
     prompts of its own length: a left-padded batch slides its context for every row at once, when the longest
     fills it, so a shorter prompt there would slide earlier than it does alone."""
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
-
     def group(i: int) -> int:
         n = len(prompt_ids[i])
         return n if n + max_new_tokens > max_len else -1  # -1: never slides
 
+    order = sorted(range(len(prompt_ids)), key=lambda i: (group(i), len(prompt_ids[i])))
     batches = []
-    for _, members in itertools.groupby(sorted(order, key=group), key=group):
+    for _, members in itertools.groupby(order, key=group):
         members = list(members)
         batches += [members[i : i + size] for i in range(0, len(members), size)]
     return sorted(batches, key=min)

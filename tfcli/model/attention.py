@@ -35,8 +35,10 @@ class MultiHeadAttention(nn.Module):
         if cross:
             self.q_proj = Linear(d_model, d_model, bias=bias)
             self.kv_proj = Linear(d_model, 2 * self.d_kv, bias=bias)
+            self.fused_rows = (self.d_kv, self.d_kv)  # the projections the fused one stacks: [k; v]
         else:
             self.qkv_proj = Linear(d_model, d_model + 2 * self.d_kv, bias=bias)
+            self.fused_rows = (d_model, self.d_kv, self.d_kv)  # [q; k; v]
         self.out_proj = Linear(d_model, d_model, bias=bias)
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
@@ -71,9 +73,9 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         if self.cross:
             q = self._heads(self.q_proj(x))
-            k, v = (self._heads(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
+            k, v = (self._heads(t) for t in self.kv_proj(memory).split(self.fused_rows, dim=-1))
         else:
-            q, k, v = (self._heads(t) for t in self.qkv_proj(x).split([self.d_model, self.d_kv, self.d_kv], dim=-1))
+            q, k, v = (self._heads(t) for t in self.qkv_proj(x).split(self.fused_rows, dim=-1))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:  # self-attention only

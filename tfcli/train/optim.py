@@ -42,10 +42,9 @@ def muon_parameters(model: nn.Module) -> dict[int, tuple[int, ...]]:
     blocks = {id(p): (p.size(0),) for name, p in model.named_parameters() if p.dim() == 2 and ".layers." in f".{name}"}
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):
-            d_kv = module.d_kv
-            fused = (module.kv_proj, (d_kv, d_kv)) if module.cross else (module.qkv_proj, (module.d_model, d_kv, d_kv))
-            if id(fused[0].weight) in blocks:
-                blocks[id(fused[0].weight)] = fused[1]
+            weight = (module.kv_proj if module.cross else module.qkv_proj).weight
+            if id(weight) in blocks:
+                blocks[id(weight)] = module.fused_rows
     return blocks
 
 
