@@ -103,7 +103,7 @@ def record(args) -> dict:
     config = out / "run" / "config.yaml"
     asked = (yaml.safe_load(config.read_text()) or {}).get("train", {}).get("precision") if config.exists() else None
     if asked == "native-bf16" and precision == "fp32":
-        size += " (fp32)"  # a CPU without AMX: its own entry, beside the bf16 one of a CPU with AMX
+        size += " (fp32)"  # a CPU without native bf16: its own entry, beside the bf16 one
     entry = {
         "recipe": args.recipe, "name": args.name or f"{args.recipe}-{args.pair}",
         "size": f"{size} ({variant})" if variant else size,
@@ -120,6 +120,10 @@ def record(args) -> dict:
         entry["recipe_wall_s"] = args.wall_s  # the whole recipe, as timed by its script
     if args.len_penalty is not None:
         entry["len_penalty"] = args.len_penalty  # chosen on the valid split
+    if (out / "valid_len_penalty.tsv").exists():  # the valid scores it was chosen by: beam 5, sacreBLEU
+        entry["valid_sacrebleu_by_len_penalty"] = {
+            f"{float(alpha):g}": float(bleu) for alpha, bleu in (line.split("\t") for line in
+                                                   (out / "valid_len_penalty.tsv").read_text().splitlines())}
     if args.recipe == "demo":
         entry["sacrebleu"] = _bleu(out / "sacrebleu.json")
     if args.recipe == "multi30k":
@@ -152,6 +156,13 @@ def _minutes(s: float) -> str:
 
 def _score(s: dict | None) -> str:
     return f"{s['score']:.2f}" if s else "–"
+
+
+def _valid(e: dict) -> str:
+    """The valid sacreBLEU at the chosen length penalty, where the run recorded its choice."""
+    scores = e.get("valid_sacrebleu_by_len_penalty")
+    chosen = f"{e['len_penalty']:g}" if "len_penalty" in e else None
+    return f"{scores[chosen]:.2f}" if scores and chosen in scores else "–"
 
 
 def _wall(e: dict) -> str:
@@ -187,17 +198,19 @@ def table(all_: dict) -> str:
     if mt:
         lines += ["## Multi30k test2016, beam 5", "",
                   "cpu, cpu-long: the checkpoint with the best validation BLEU; full: the average of the last 5. "
-                  "Length penalty (alpha): chosen on the valid split by the recipe. lc tok. BLEU: tokenised BLEU, "
+                  "Length penalty (alpha): chosen on the valid split by the recipe (valid: its sacreBLEU there, beam 5, "
+                  "where the run recorded it). lc tok. BLEU: tokenised BLEU, "
                   "lowercased (the metric of the small-Transformer tutorial anchor).", "",
-                  "| pair | size | sacreBLEU | chrF2 | tokenised BLEU | lc tok. BLEU | alpha | steps | training | "
+                  "| pair | size | sacreBLEU | chrF2 | tokenised BLEU | lc tok. BLEU | alpha | valid | steps | training | "
                   "whole recipe | machine | date |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         for e in mt:
             t = e.get("training", {})
             lines.append(
                 f"| {e['pair']} | {e['size']} | {e['sacrebleu']['BLEU']['score']:.2f} | "
                 f"{e['sacrebleu'].get('chrF2', {}).get('score', float('nan')):.2f} | {e['tokenised_bleu']['score']:.2f} | "
-                f"{_score(e.get('tokenised_bleu_lowercased'))} | {e.get('len_penalty', 0.6):g} | {t.get('steps', '')} | "
+                f"{_score(e.get('tokenised_bleu_lowercased'))} | {e.get('len_penalty', 0.6):g} | {_valid(e)} | "
+                f"{t.get('steps', '')} | "
                 f"{_minutes(t['wall_s']) if t else ''} | {_wall(e)} | {_machine(e['hardware'])} | {e['date']} |"
             )
         sigs = sorted({s["signature"] for e in mt for s in e["sacrebleu"].values()})

@@ -45,12 +45,15 @@ for avg in "$OUT"/run/checkpoints/avg-last*; do [ -d "$avg" ] && CKPT=$avg; done
 # 2.6 39.42, 3.0 38.96; de-en 1.4 42.41, 1.8 42.09, 2.2 41.68, 2.6 41.28, 3.0 40.88: the best at 1.4-1.8, so the
 # grid reaches down to 1.0 and no longer up to 3.0)
 BEST_ALPHA=1.4 BEST_BLEU=-1
+: > "$OUT/valid_len_penalty.tsv.tmp"
 for alpha in 1.0 1.4 1.8 2.2 2.6; do
   bleu=$(tfcli eval --model "$CKPT" --translate "$D/valid.$SRC" -r "$D/valid.$TGT" --beam-size 5 --len-penalty "$alpha" \
     --metrics bleu --score-only)
   echo "   valid, beam 5, length penalty $alpha: sacreBLEU $bleu" >&2
+  printf '%s\t%s\n' "$alpha" "$bleu" >> "$OUT/valid_len_penalty.tsv.tmp"
   if python3 -c "import sys; sys.exit(not float('$bleu') > float('$BEST_BLEU'))"; then BEST_ALPHA=$alpha BEST_BLEU=$bleu; fi
 done
+mv "$OUT/valid_len_penalty.tsv.tmp" "$OUT/valid_len_penalty.tsv"  # length penalty, valid sacreBLEU: recorded
 echo "$BEST_ALPHA" > "$OUT/len_penalty.txt"
 echo "== translate: test2016 with beam 5 and length penalty $BEST_ALPHA, from $CKPT" >&2
 tfcli translate -m "$CKPT" --beam-size 5 --len-penalty "$BEST_ALPHA" "$D/test2016.$SRC" -o "$OUT/test2016.hyp.$TGT"

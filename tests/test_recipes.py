@@ -70,8 +70,15 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     assert json.loads((out / "result.json").read_text()) == entry
     md = (tmp_path / "results" / "recipes.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| de-en"))
-    assert "| 31.25 | 55.50 | 34.25 | – | 0.6 | 100 | 2.3 min | 13.3 min |" in row  # training, then the whole recipe
+    assert "| 31.25 | 55.50 | 34.25 | – | 0.6 | – | 100 | 2.3 min | 13.3 min |" in row  # training, then the whole recipe
     assert "tok:13a" in md
+    # the valid scores the recipe chose its length penalty by are kept, and the chosen one is shown
+    (out / "valid_len_penalty.tsv").write_text("1.0\t30.5\n1.4\t31.75\n")
+    entry = recipe_results.record(type("A", (), {**vars(args), "len_penalty": 1.4}))
+    assert entry["valid_sacrebleu_by_len_penalty"] == {"1": 30.5, "1.4": 31.75}
+    row = next(line for line in (tmp_path / "results" / "recipes.md").read_text().splitlines()
+               if line.startswith("| de-en"))
+    assert "| 34.25 | – | 1.4 | 31.75 | 100 |" in row
     # a second run of the same recipe replaces its entry; another recipe adds one
     fake_run(tmp_path / "again", 32.0)
     recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "again")}))
@@ -118,7 +125,7 @@ def test_demo_records_its_scores_time_and_machine(tmp_path, monkeypatch):
     assert text.count("<!-- demo:begin -->") == 1 and text.count("<!-- recipes:end -->") == 1
 
 
-def test_a_cpu_without_amx_records_its_fp32_run_beside_the_bf16_one(tmp_path, monkeypatch):
+def test_a_cpu_without_native_bf16_records_its_fp32_run_beside_the_bf16_one(tmp_path, monkeypatch):
     monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
     monkeypatch.setattr(recipe_results, "README", tmp_path / "README.md")
     args = dict(recipe="multi30k", name=None, pair="de-en", size="cpu-long", checkpoint="ck", ppl=None,

@@ -288,19 +288,35 @@ def test_mfu_divides_by_the_peak_of_the_gpu_and_precision():
     assert gpu_peak_flops("NVIDIA GeForce GTX 1080", "bf16") is None  # unknown: no MFU rather than a wrong one
 
 
-def test_native_bf16_is_bf16_on_a_cpu_with_amx_only(monkeypatch):
-    """native-bf16: bf16 on a CPU with AMX tiles, fp32 on another CPU; auto stays fp32 on every CPU (tests and
-    users get the same numbers on every CPU unless they ask)."""
+def test_native_bf16_is_bf16_on_a_cpu_with_native_bf16_products_only(monkeypatch):
+    """native-bf16: bf16 on a CPU whose oneDNN multiplies bf16 natively, fp32 on another CPU; auto stays fp32 on
+    every CPU (tests and users get the same numbers on every CPU unless they ask)."""
     from tfcli.train import trainer
 
     cpu = torch.device("cpu")
-    for amx in (True, False):
-        monkeypatch.setattr(trainer, "cpu_has_amx", lambda amx=amx: amx)
-        assert trainer.train_precision("native-bf16", cpu) == ("bf16" if amx else "fp32")
+    for native in (True, False):
+        monkeypatch.setattr(trainer, "cpu_has_native_bf16", lambda native=native: native)
+        assert trainer.train_precision("native-bf16", cpu) == ("bf16" if native else "fp32")
         assert trainer.train_precision("auto", cpu) == "fp32"
         assert trainer.train_precision("bf16", cpu) == "bf16"
     with pytest.raises(ConfigError, match="fp16 needs a CUDA GPU"):
         trainer.train_precision("fp16", cpu)
+
+
+def test_native_bf16_needs_amx_or_avx512_bf16_within_onednns_isa_setting(monkeypatch):
+    """bf16 counts as native where the CPU has AMX tiles or AVX-512 BF16 and ONEDNN_MAX_CPU_ISA lets oneDNN use
+    them."""
+    from tfcli import torch_compat
+
+    for amx, avx512_bf16 in [(False, False), (False, True), (True, False)]:
+        monkeypatch.setattr(torch_compat, "cpu_has_amx", lambda amx=amx: amx)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda b=avx512_bf16: b, raising=False)
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+        assert torch_compat.cpu_has_native_bf16() == (amx or avx512_bf16)
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+        assert torch_compat.cpu_has_native_bf16() == (amx or avx512_bf16)
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI")
+        assert torch_compat.cpu_has_native_bf16() == amx  # cpu_has_amx reads the setting itself
 
 
 # --- config ---------------------------------------------------------------------------------------------------------

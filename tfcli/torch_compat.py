@@ -30,6 +30,19 @@ def cpu_has_amx() -> bool:
     return bool(check and check())
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN multiplies bf16 matrices natively on this CPU, where bf16 autocast trains faster than fp32:
+    AMX tiles, or AVX-512 BF16 dot products (AMD Zen 4 and later, Intel Cooper Lake); False where ONEDNN_MAX_CPU_ISA
+    keeps oneDNN below both. torch.cpu's checks are private (2.3+): False where they are missing."""
+    if cpu_has_amx():
+        return True
+    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    if isa not in ("ALL", "DEFAULT") and not any(level in isa for level in ("BF16", "FP16", "AMX", "AVX10")):
+        return False
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(check and check())
+
+
 def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The dtype autocast casts to on `device_type` ("cpu" or "cuda") where it is on, else None."""
     if device_type == "cpu":

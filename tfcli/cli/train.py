@@ -114,7 +114,7 @@ def train(
     precision: Optional[str] = typer.Option(
         None, "--precision", rich_help_panel=_HW, help="auto, native-bf16, fp32, bf16 or fp16 (GPU, with "
         "loss scaling) \\[default: auto = bf16 on a GPU that has it, else fp32; native-bf16: also bf16 on a CPU with "
-        "AMX]."
+        "native bf16 products: AMX or AVX-512 BF16]."
     ),
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel=_HW, help="torch.compile."),
     pad_multiple: Optional[int] = typer.Option(

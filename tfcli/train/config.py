@@ -67,8 +67,8 @@ class TrainConfig:
     tensorboard: bool = False  # also write TensorBoard events to RUN/tensorboard (pip install 'tfcli[tensorboard]')
     # hardware
     device: str = "auto"  # auto: cuda (this process's local rank) if available, else cpu
-    # auto: bf16 on a GPU that has it, else fp32; native-bf16: also bf16 on a CPU with AMX tiles (Intel Xeon 4th gen
-    # and later), whose bf16 matrix products are several times faster than fp32 ones
+    # auto: bf16 on a GPU that has it, else fp32; native-bf16: also bf16 on a CPU whose oneDNN multiplies bf16
+    # natively (AMX tiles: Intel Xeon 4th gen and later; AVX-512 BF16: AMD Zen 4 and later), faster than fp32 there
     precision: Literal["auto", "native-bf16", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False  # torch.compile the model
     # batches padded to shape buckets: lengths up to a multiple of this, rows up to what max_tokens allows at that

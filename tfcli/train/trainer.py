@@ -47,7 +47,7 @@ from tfcli.train.loss import Objective, batch_loss
 from tfcli.train.profiling import StepProfiler
 from tfcli.train.schedule import learning_rate
 from tfcli.train.validation import greedy_bleu, valid_loss
-from tfcli.torch_compat import cpu_has_amx, grad_scaler
+from tfcli.torch_compat import cpu_has_native_bf16, grad_scaler
 
 
 
@@ -90,7 +90,7 @@ class StopRequest:
 def train_precision(name: str, device: torch.device) -> str:
     """train.precision resolved for `device`: fp32, bf16 or fp16."""
     if name == "native-bf16" and device.type == "cpu":
-        return "bf16" if cpu_has_amx() else "fp32"
+        return "bf16" if cpu_has_native_bf16() else "fp32"
     if name in ("auto", "native-bf16"):
         cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
         return "bf16" if cuda_bf16 else ("fp16" if device.type == "cuda" else "fp32")
