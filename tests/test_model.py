@@ -2,6 +2,7 @@
 test_step.py)."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -242,6 +243,12 @@ def test_rms_norm_and_the_ffn_activations_are_their_formulas():
         norm.weight.copy_(torch.randn(16))
         want = x / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-5).float() * norm.weight
         torch.testing.assert_close(norm(x), want, atol=1e-5, rtol=1e-5)
+        # a bf16 input (q and k under autocast) with fp32 gains: the fp32 result rounded once to bf16, no warning
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            half = norm(x.bfloat16())
+        assert half.dtype == torch.bfloat16
+        assert torch.equal(half, norm(x.bfloat16().float()).bfloat16())
     gates = {"relu2": lambda a, b: F.relu(a) ** 2, "swiglu": lambda a, b: a * torch.sigmoid(a) * b,
              "geglu": lambda a, b: 0.5 * a * (1 + torch.erf(a / math.sqrt(2))) * b}
     for act, gate in gates.items():

@@ -18,6 +18,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.weight.dtype:  # a bf16/fp16 input under autocast (q and k of QK-norm): computed in the
+            return self(x.to(self.weight.dtype)).to(x.dtype)  # weight's precision, rounded once, as torch would
         if hasattr(F, "rms_norm"):  # torch 2.4+
             return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
