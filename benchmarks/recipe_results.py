@@ -198,11 +198,11 @@ def table(all_: dict) -> str:
     if mt:
         lines += ["## Multi30k test2016, beam 5", "",
                   "cpu, cpu-long: the checkpoint with the best validation BLEU; full: the average of the last 5. "
-                  "Length penalty (alpha): chosen on the valid split by the recipe (valid: its sacreBLEU there, beam 5, "
-                  "where the run recorded it). lc tok. BLEU: tokenised BLEU, "
-                  "lowercased (the metric of the small-Transformer tutorial anchor).", "",
-                  "| pair | size | sacreBLEU | chrF2 | tokenised BLEU | lc tok. BLEU | alpha | valid | steps | training | "
-                  "whole recipe | machine | date |",
+                  "Length penalty (alpha): chosen on the valid split by the recipe (valid: its sacreBLEU there, "
+                  "beam 5, where the run recorded it). lc tok. BLEU: tokenised BLEU, lowercased (the metric of the "
+                  "small-Transformer tutorial anchor).", "",
+                  "| pair | size | sacreBLEU | chrF2 | tokenised BLEU | lc tok. BLEU | alpha | valid | steps | "
+                  "training | whole recipe | machine | date |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         for e in mt:
             t = e.get("training", {})

@@ -70,7 +70,8 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     assert json.loads((out / "result.json").read_text()) == entry
     md = (tmp_path / "results" / "recipes.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| de-en"))
-    assert "| 31.25 | 55.50 | 34.25 | – | 0.6 | – | 100 | 2.3 min | 13.3 min |" in row  # training, then the whole recipe
+    # training, then the whole recipe
+    assert "| 31.25 | 55.50 | 34.25 | – | 0.6 | – | 100 | 2.3 min | 13.3 min |" in row
     assert "tok:13a" in md
     # the valid scores the recipe chose its length penalty by are kept, and the chosen one is shown
     (out / "valid_len_penalty.tsv").write_text("1.0\t30.5\n1.4\t31.75\n")
