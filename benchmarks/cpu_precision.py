@@ -6,8 +6,8 @@ recipe's config, the same seed and the same steps, once per precision per round 
 
 Reported per precision: target tokens/s (the median over rounds of the trainer's own logged rate, steps after
 warmup only), and the training loss at every logged step of the first round (the same batches: the runs differ only
-in arithmetic). native-bf16 is bf16 only on a CPU with native bf16 products (AMX or AVX-512 BF16): the results name the CPU and say which it ran.
-Results: benchmarks/results/cpu_precision.{json,md}.
+in arithmetic). native-bf16 is bf16 only on a CPU with native bf16 products (AMX or AVX-512 BF16): the results
+name the CPU and say which it ran. Results: benchmarks/results/cpu_precision.{json,md} (--out: elsewhere).
 """
 
 from __future__ import annotations

@@ -19,28 +19,30 @@ def grad_scaler(device_type: str, enabled: bool):
     return torch.cuda.amp.GradScaler(enabled=enabled and device_type == "cuda")
 
 
+def _onednn_allows(*levels: str) -> bool:
+    """Whether oneDNN's own ISA setting (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA; unset: all) reaches a level whose
+    name holds one of `levels`, e.g. "AMX" (AVX512_CORE_VNNI keeps it below AMX and AVX-512 BF16)."""
+    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    return isa in ("ALL", "DEFAULT") or any(level in isa for level in levels)
+
+
+def _cpu_has(check: str) -> bool:
+    """torch.cpu's private feature check `check` (2.3+): False where this torch lacks it."""
+    fn = getattr(torch.cpu, check, None)
+    return bool(fn and fn())
+
+
 def cpu_has_amx() -> bool:
     """Whether this CPU has AMX tiles (Intel Xeon 4th gen and later), on which oneDNN runs bf16 and int8 matrix
-    products several times faster than fp32 ones; False where oneDNN is kept below AMX by its own setting
-    (ONEDNN_MAX_CPU_ISA, e.g. AVX512_CORE_VNNI). torch.cpu's check is private (2.3+): False where it is missing."""
-    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
-    if "AMX" not in isa and isa not in ("ALL", "DEFAULT"):
-        return False
-    check = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(check and check())
+    products several times faster than fp32 ones; False where oneDNN's ISA setting keeps it below AMX."""
+    return _onednn_allows("AMX") and _cpu_has("_is_amx_tile_supported")
 
 
 def cpu_has_native_bf16() -> bool:
     """Whether oneDNN multiplies bf16 matrices natively on this CPU, where bf16 autocast trains faster than fp32:
-    AMX tiles, or AVX-512 BF16 dot products (AMD Zen 4 and later, Intel Cooper Lake); False where ONEDNN_MAX_CPU_ISA
-    keeps oneDNN below both. torch.cpu's checks are private (2.3+): False where they are missing."""
-    if cpu_has_amx():
-        return True
-    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
-    if isa not in ("ALL", "DEFAULT") and not any(level in isa for level in ("BF16", "FP16", "AMX", "AVX10")):
-        return False
-    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    return bool(check and check())
+    AMX tiles, or AVX-512 BF16 dot products (AMD Zen 4 and later, Intel Cooper Lake); False where oneDNN's ISA
+    setting keeps it below both."""
+    return cpu_has_amx() or (_onednn_allows("BF16", "FP16", "AMX", "AVX10") and _cpu_has("_is_avx512_bf16_supported"))
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:
