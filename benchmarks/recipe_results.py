@@ -197,7 +197,8 @@ def table(all_: dict) -> str:
     mt = [e for e in all_.values() if e["recipe"] == "multi30k"]
     if mt:
         lines += ["## Multi30k test2016, beam 5", "",
-                  "cpu, cpu-long: the checkpoint with the best validation BLEU; full: the average of the last 5. "
+                  "cpu: the checkpoint with the best validation BLEU; cpu-long: the average of the last 3; full: "
+                  "the average of the last 5 (as each row's checkpoint in recipes.json says). "
                   "Length penalty (alpha): chosen on the valid split by the recipe (valid: its sacreBLEU there, "
                   "beam 5, where the run recorded it). lc tok. BLEU: tokenised BLEU, lowercased (the metric of the "
                   "small-Transformer tutorial anchor).", "",
