@@ -245,9 +245,9 @@ def readme_blocks(all_: dict) -> dict[str, str]:
     rows = ["| recipe | result (test) | published anchor, same metric | whole recipe | machine |",
             "| --- | --- | --- | ---: | --- |"]
     for key, e in all_.items():
-        # a variant (extra training arguments) of more than one model option stays in recipes.md
+        # a variant (extra training arguments) of more than one option stays in recipes.md
         variant = e["size"].split(" (--", 1)[1] if " (--" in e["size"] else None
-        if e["recipe"] == "demo" or (variant and not re.fullmatch(r"set model\.\w+=[\w.]+\)", variant)):
+        if e["recipe"] == "demo" or (variant and not re.fullmatch(r"set (model|train)\.\w+=[\w.]+\)", variant)):
             continue
         t = e.get("training", {})
         if e["recipe"] == "multi30k":

@@ -150,10 +150,12 @@ def test_the_readme_table_shows_one_option_variants_and_leaves_the_rest_to_recip
     monkeypatch.setattr(recipe_results, "README", tmp_path / "README.md")
     args = dict(recipe="multi30k", name=None, pair="de-en", size="cpu", checkpoint="ck", ppl=None, wall_s=800.0,
                 len_penalty=None, resumed=False)
-    for i, extra in enumerate(["", "--set model.qk_norm=false", "--set train.lr=0.002 --set model.qk_norm=true"]):
+    for i, extra in enumerate(["", "--set model.qk_norm=false", "--set train.max_tokens=3000",
+                               "--set train.lr=0.002 --set model.qk_norm=true"]):
         fake_run(tmp_path / str(i), 30.0 + i)
         recipe_results.record(type("A", (), {**args, "out": str(tmp_path / str(i)), "train_args": extra}))
     all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
     table = recipe_results.readme_blocks(all_)["recipes"]
     assert "`cpu`" in table and "`cpu (--set model.qk_norm=false)`" in table and "train.lr" not in table
+    assert "`cpu (--set train.max_tokens=3000)`" in table
     assert "train.lr" in (tmp_path / "results" / "recipes.md").read_text()
