@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/ablations.py PREP --variants baseline,muon [--seed 1] [--runs DIR]
         [--config recipes/multi30k-cpu.yaml] [--data ../shared/data] [--pair de-en] [--steps N]
 
-PREP: a Multi30k prepared directory as recipes/multi30k.sh makes it (joint BPE 8000). Each variant trains with
+PREP: a Multi30k prepared directory as recipes/multi30k.sh makes it (joint BPE 8000); the `bpeN` variants prepare
+their own from the raw text (--data) with another BPE size. Each variant trains with
 `tfcli train PREP --config CONFIG --seed N --set ...` (the recipe's wall-clock budget, so a slower option trains
 fewer steps: what a user of the recipe gets), alone on the machine, one after another; then its valid scores: the
 last validation's nll and greedy BLEU (300 sentences, from RUN/metrics.jsonl) and sacreBLEU of beam 5 (length
@@ -61,7 +62,12 @@ VARIANTS = {
     "lr0.003": ["train.lr=0.003"],
     "lr0.001": ["train.lr=0.001"],
     "tokens1500": ["train.max_tokens=1500"],  # half the batch: twice the updates in the same tokens
+    "bpe4000": [],  # the data, not the config: see BPE_SIZE
+    "bpe2000": [],
 }
+# variants of the prepared data: PREP made again from the raw train and valid text as recipes/multi30k.sh makes it,
+# with this joint BPE size in place of its 8,000 (valid nll then counts other tokens: compare their BLEU)
+BPE_SIZE = {"bpe4000": 4000, "bpe2000": 2000}
 
 
 def main() -> None:
@@ -109,7 +115,8 @@ def run_variant(name: str, args) -> dict:
     run = Path(args.runs) / (f"{args.pair}-{name}-seed{args.seed}" + (f"-{args.steps}steps" if args.steps else ""))
     fixed = ["train.max_minutes=0", f"train.max_steps={args.steps}"] if args.steps else []
     sets = [a for s in VARIANTS[name] + fixed + args.sets for a in ("--set", s)]
-    cmd = [*TFCLI, "train", args.prep, "-o", str(run), "--config", args.config, "--seed", str(args.seed), *sets]
+    prep, prepare = prepared(name, args)
+    cmd = [*TFCLI, "train", prep, "-o", str(run), "--config", args.config, "--seed", str(args.seed), *sets]
     start = time.time()
     load = [round(x, 2) for x in os.getloadavg()]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -123,10 +130,27 @@ def run_variant(name: str, args) -> dict:
          str(valid / f"valid.{tgt}"), "--beam-size", "5", "--len-penalty", "1.0", "--metrics", "bleu",
          "--score-only"], check=True, capture_output=True, text=True).stdout.strip()
     return {"variant": name, "seed": args.seed, "pair": args.pair, "protocol": protocol, "set": VARIANTS[name],
+            **({"bpe_size": BPE_SIZE[name], "prepare": prepare} if prepare else {}),
             "steps": last["step"], "valid_nll": last["nll"], "valid_greedy_bleu_300": last.get("bleu"),
             "valid_beam5_sacrebleu": float(beam), "train_wall_s": round(wall, 1), "jobs": args.jobs,
             "cpu": cpu_name(), "gpu": gpu_name(), "load_average_at_start": load,
             "date": time.strftime("%Y-%m-%d %H:%M"), "command": shlex.join(cmd)}
+
+
+def prepared(name: str, args) -> tuple[str, str | None]:
+    """PREP, or for a data variant its own prepared directory beside the runs (made once, then reused) and the
+    command that makes it."""
+    if name not in BPE_SIZE:
+        return args.prep, None
+    src, tgt = args.pair.split("-")
+    raw = Path(args.data) / "multi30k"
+    prep = str(Path(args.runs) / f"prep-{args.pair}-bpe{BPE_SIZE[name]}")
+    cmd = [*TFCLI, "prepare", "--src", str(raw / f"train.{src}"), "--tgt", str(raw / f"train.{tgt}"),
+           "--valid-src", str(raw / f"valid.{src}"), "--valid-tgt", str(raw / f"valid.{tgt}"), "--tokenizer", "bpe",
+           "--vocab-size", str(BPE_SIZE[name]), "--joint-vocab", "-o", prep]
+    if not (Path(prep) / "meta.json").exists():
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return prep, shlex.join(cmd)
 
 
 def config_protocol(config: str) -> str:
@@ -166,7 +190,8 @@ def write(out: Path, entries: list, args) -> None:
         md.append(f"| {e['pair']} | {key(e)[3]} | {e['variant']} | {e['seed']} | {e['steps']} | "
                   f"{e['train_wall_s'] / e['steps']:.3f} | {e['valid_nll']:.3f} | {e['valid_greedy_bleu_300']:.2f} | "
                   f"{e['valid_beam5_sacrebleu']:.2f} | {delta} | {machine(e)} | {e['date']} |")
-    md += ["", "Commands: " + "; ".join(f"`{e['command']}`" for e in entries), ""]
+    md += ["", "Commands: " + "; ".join((f"`{e['prepare']}` then " if e.get("prepare") else "") + f"`{e['command']}`"
+                                         for e in entries), ""]
     write_results(str(out), {"entries": entries}, "\n".join(md))
 
 

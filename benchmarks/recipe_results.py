@@ -97,7 +97,9 @@ def trained_precision(run: Path) -> str | None:
 
 def record(args) -> dict:
     out = Path(args.out)
-    variant = args.train_args.strip()
+    # a variant of the recipe: another BPE size or seed than its own, extra training arguments
+    variant = " ".join(filter(None, [f"BPE={args.bpe}" if args.bpe else "", f"SEED={args.seed}" if args.seed else "",
+                                     args.train_args.strip()]))
     size = args.size
     precision = trained_precision(out / "run")
     config = out / "run" / "config.yaml"
@@ -245,9 +247,10 @@ def readme_blocks(all_: dict) -> dict[str, str]:
     rows = ["| recipe | result (test) | published anchor, same metric | whole recipe | machine |",
             "| --- | --- | --- | ---: | --- |"]
     for key, e in all_.items():
-        # a variant (extra training arguments) of more than one option stays in recipes.md
-        variant = e["size"].split(" (--", 1)[1] if " (--" in e["size"] else None
-        if e["recipe"] == "demo" or (variant and not re.fullmatch(r"set (model|train)\.\w+=[\w.]+\)", variant)):
+        # a variant of more than one option (another seed, BPE size, training argument) stays in recipes.md
+        variant = re.search(r" \(((?:--|BPE=|SEED=).*)\)$", e["size"])
+        one = r"--set (model|train)\.\w+=[\w.]+|BPE=\d+"
+        if e["recipe"] == "demo" or (variant and not re.fullmatch(one, variant.group(1))):
             continue
         t = e.get("training", {})
         if e["recipe"] == "multi30k":
@@ -303,6 +306,8 @@ def main() -> None:
     r.add_argument("--resumed", action="store_true", help="the recipe resumed a stopped run (--wall-s is then "
                    "only the last part, and is not recorded)")
     r.add_argument("--len-penalty", type=float, help="the length penalty used on test (chosen on valid)")
+    r.add_argument("--bpe", type=int, help="the run's joint BPE size, where it is not the recipe's own")
+    r.add_argument("--seed", type=int, help="the run's seed, where it is not the recipe's own")
     r.add_argument("--train-args", default="", help="extra `tfcli train` arguments the run had (TRAIN_ARGS): such a "
                    "variant is recorded beside the recipe's own figures, not over them")
     sub.add_parser("table")
