@@ -46,6 +46,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 TFCLI = [sys.executable, "-m", "tfcli"]
 DEFAULT_CONFIG = "recipes/multi30k-cpu.yaml"
 
+# variants of the prepared data: PREP made again from the raw train and valid text as recipes/multi30k.sh makes it,
+# with this joint BPE size in place of its 8,000 (valid nll then counts other tokens: compare their BLEU)
+BPE_SIZE = {"bpe4000": 4000, "bpe2000": 2000}
 VARIANTS = {
     "baseline": [],
     "muon": ["train.optimizer=muon"],
@@ -62,12 +65,8 @@ VARIANTS = {
     "lr0.003": ["train.lr=0.003"],
     "lr0.001": ["train.lr=0.001"],
     "tokens1500": ["train.max_tokens=1500"],  # half the batch: twice the updates in the same tokens
-    "bpe4000": [],  # the data, not the config: see BPE_SIZE
-    "bpe2000": [],
+    **{name: [] for name in BPE_SIZE},  # the data, not the config
 }
-# variants of the prepared data: PREP made again from the raw train and valid text as recipes/multi30k.sh makes it,
-# with this joint BPE size in place of its 8,000 (valid nll then counts other tokens: compare their BLEU)
-BPE_SIZE = {"bpe4000": 4000, "bpe2000": 2000}
 
 
 def main() -> None:
