@@ -70,7 +70,8 @@ tfcli eval "$OUT/test2016.hyp.$TGT" -r "$D/test2016.$TGT" --metrics bleu,chrf --
 sacremoses -l "$TGT" -j 1 tokenize < "$OUT/test2016.hyp.$TGT" > "$OUT/test2016.hyp.tok.$TGT"
 sacremoses -l "$TGT" -j 1 tokenize < "$D/test2016.$TGT" > "$OUT/test2016.ref.tok.$TGT"
 tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --json > "$OUT/tokbleu.json"
-# the anchor's metric (bentrevett/pytorch-seq2seq): lowercased tokenised BLEU (its tokens are spaCy's; ours Moses')
+# the anchors' metric: lowercased tokenised BLEU (de->en: bentrevett/pytorch-seq2seq, whose tokens are spaCy's; en->de:
+# fairseq transformer_tiny of Wu et al. 2021, trained and scored on lowercased Moses-tokenised text)
 tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --lowercase \
   --json > "$OUT/tokbleu-lc.json"
 python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT" \
