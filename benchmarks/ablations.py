@@ -17,7 +17,8 @@ named.
 for several (a config that stops at a step or epoch count, e.g. recipes/multi30k.yaml with --set train.device=cuda:
 concurrency then changes the time, not the result). Every config is its own protocol, named by the config and a
 hash of its text (a changed config starts a new protocol; the `cpu` recipe's runs before QK-norm entered it are
-named `budget` or `N steps` alone).
+named `budget` or `N steps` alone; a budgeted run on a CPU without native bf16, where the config asks for it,
+trains in fp32, about half the steps: its protocol says `(fp32)`).
 
 --steps N: the budget off and N steps for every variant (the cosine schedule ends at step N), so that a row's quality
 does not depend on the machine's speed that day (a wall-clock budget turns the machine's drift into a step count);
@@ -39,7 +40,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import SHARED_DATA, cpu_name, gpu_name, write_results
+import yaml
+
+from common import SHARED_DATA, cpu_name, gpu_name, trained_precision, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -128,6 +131,10 @@ def run_variant(name: str, args) -> dict:
     load = [round(x, 2) for x in os.getloadavg()]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     wall = time.time() - start
+    precision = trained_precision(run)
+    asked = (yaml.safe_load(Path(args.config).read_text()) or {}).get("train", {}).get("precision")
+    if asked == "native-bf16" and precision == "fp32" and not args.steps:
+        protocol += " (fp32)"  # a CPU without native bf16 trains half the steps in the budget: a protocol of its own
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in rows if r["split"] == "valid"][-1]
     # the checkpoint the recipe translates with: the average of the last ones where the config makes one, else BEST
@@ -139,7 +146,8 @@ def run_variant(name: str, args) -> dict:
     return {"variant": name, "seed": args.seed, "pair": args.pair, "protocol": protocol, "set": VARIANTS[name],
             **({"bpe_size": BPE_SIZE[name], "prepare": prepare} if prepare else {}),
             "steps": last["step"], "valid_nll": last["nll"], "valid_greedy_bleu_300": last.get("bleu"),
-            "valid_beam5_sacrebleu": float(beam), "train_wall_s": round(wall, 1), "jobs": args.jobs,
+            "valid_beam5_sacrebleu": float(beam), "train_wall_s": round(wall, 1), "precision": precision,
+            "jobs": args.jobs,
             "cpu": cpu_name(), "gpu": gpu_name(), "load_average_at_start": load,
             "date": time.strftime("%Y-%m-%d %H:%M"), "command": shlex.join(cmd)}
 

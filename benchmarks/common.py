@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 from pathlib import Path
 
 # The corpora (../shared/data beside the repository, see its README), or $TFCLI_SHARED_DATA, as the tests read them:
@@ -17,14 +18,29 @@ SHARED_DATA = os.environ.get("TFCLI_SHARED_DATA", str(Path(__file__).resolve().p
 
 
 def cpu_name() -> str:
-    """The CPU model (from /proc/cpuinfo on Linux), else what `platform` knows."""
+    """The CPU model and its widest matrix instructions, e.g. "AMD EPYC (AVX-512 BF16)": a virtual machine's model name
+    ("AMD EPYC") can stand for generations whose speed differs 2x, and bf16 training needs the last two."""
+    model, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    model = model or platform.processor() or platform.machine()
+    isa = next((name for name, flag in (("AMX", "amx_bf16"), ("AVX-512 BF16", "avx512_bf16"),
+                                        ("AVX-512", "avx512f"), ("AVX2", "avx2")) if flag in flags), None)
+    return f"{model} ({isa})" if isa else model
+
+
+def trained_precision(run: Path) -> str | None:
+    """fp32, bf16 or fp16: what a `tfcli train` run trained in, from its log's first lines (the config's `auto` or
+    `native-bf16` resolves by the machine)."""
+    log = Path(run) / "train.log"
+    m = re.search(r"device \S+, (fp32|bf16|fp16), ", log.read_text()) if log.exists() else None
+    return m.group(1) if m else None
 
 
 def gpu_name() -> str | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from common import cpu_name
+from common import cpu_name, trained_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 # TFCLI_RECIPE_RESULTS=DIR: record into DIR/recipes.{json,md} and leave the README alone (benchmarks/gpu_all.sh's
@@ -88,14 +88,6 @@ def _bleu(path: Path) -> dict:
     d = json.loads(path.read_text())
     scores = d["systems"][0]["scores"]
     return {name: {"score": s["score"], "signature": d["signatures"][name]} for name, s in scores.items()}
-
-
-def trained_precision(run: Path) -> str | None:
-    """fp32, bf16 or fp16: what the run trained in, from its log's first line (the config's `auto` or `native-bf16`
-    resolves by the machine)."""
-    log = run / "train.log"
-    m = re.search(r"device \S+, (fp32|bf16|fp16), ", log.read_text()) if log.exists() else None
-    return m.group(1) if m else None
 
 
 def record(args) -> dict:
