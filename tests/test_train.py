@@ -698,14 +698,21 @@ def _lrs(run) -> dict[int, float]:
 
 
 def test_anchored_cosine_continues_from_where_the_run_was():
-    """learning_rate with an anchor (a, lr_a): the same value at a, then a half cosine from lr_a to min_lr at the
-    new total; it never exceeds lr_a."""
+    """learning_rate with an anchor (a, lr_a): lr_a at a, then the same cosine from where it gives lr_a, stretched
+    to reach min_lr at the new total: an end that did not move gives the plain schedule, one twice as far away
+    takes two steps for each of the plain schedule's; it never exceeds lr_a."""
     args = ("cosine", 1e-3, 10)
     at_20 = learning_rate(20, *args, 40, 1e-5)
+    assert learning_rate(20, *args, 40, 1e-5, anchor=(20, at_20)) == at_20
+    for s in range(21, 41):  # the end unchanged: the plain cosine
+        assert learning_rate(s, *args, 40, 1e-5, anchor=(20, at_20)) == pytest.approx(learning_rate(s, *args, 40, 1e-5))
+    for k in range(21):  # the end moved from 40 to 60: 2 steps for each
+        assert learning_rate(20 + 2 * k, *args, 60, 1e-5, anchor=(20, at_20)) == pytest.approx(
+            learning_rate(20 + k, *args, 40, 1e-5))
     lrs = [learning_rate(s, *args, 100, 1e-5, anchor=(20, at_20)) for s in range(20, 101)]
     assert lrs[0] == at_20 and lrs[-1] == pytest.approx(1e-5)
     assert all(b <= a for a, b in zip(lrs, lrs[1:]))
-    assert lrs[1] == pytest.approx(at_20, rel=1e-3)  # no jump at the seam
+    assert at_20 - lrs[1] < at_20 - learning_rate(21, *args, 40, 1e-5)  # stretched: a slower decay, no jump
     assert learning_rate(20, *args, 20, 0.0, anchor=(20, 5e-4)) == 5e-4  # the end at the anchor: flat
     assert learning_rate(50, "inverse_sqrt", 1e-3, 10, 100, anchor=(20, 5e-4)) == learning_rate(50, "inverse_sqrt",
                                                                                                1e-3, 10, 100)
@@ -776,13 +783,48 @@ def test_a_run_that_is_mostly_warmup_is_warned_about(tmp_path, parallel, capsys)
 
 
 def test_time_budget_stops_a_run_that_slows_down(tmp_path, parallel, monkeypatch, capsys):
-    """Planned at 1 s per step, the machine then slows to 3 s per step: the run stops when the budget is spent,
-    validated and saved, short of the planned steps."""
-    FakeClock(monkeypatch, lambda step: 1.0 if step <= 10 else 3.0)
+    """Planned at 1 s per step, the machine slows to 3 s per step after the validation at step 20, the last chance
+    to plan again: the run stops when the budget is spent (step 30, at 60 s), validated and saved, short of the
+    planned 40."""
+    FakeClock(monkeypatch, lambda step: 1.0 if step <= 20 else 3.0)
     result = train(tiny_train_config(parallel, tmp_path / "run", **BUDGET))
-    assert not result.interrupted and 10 < result.step < 40
-    assert "time budget of 1 minutes reached at step" in capsys.readouterr().err
+    assert not result.interrupted and result.step == 30
+    assert "time budget of 1 minutes reached at step 30 of 40 planned" in capsys.readouterr().err
     assert (tmp_path / "run" / "checkpoints" / "LATEST").read_text().strip() == f"step-{result.step:07d}"
+
+
+def test_time_budget_is_planned_again_when_the_speed_changes(tmp_path, parallel, monkeypatch, capsys):
+    """2 minutes, 1 s per step until step 20, then 2 s: planned at step 10 for 90 steps (1.25 s a step with
+    validations), kept at step 20 (the speed held), planned again at step 40 from the 2 s measured since step 20
+    (45 s left after the last validation, 2.25 s a step: 60). The cosine goes on from step 40's learning rate along
+    its own shape to its floor at step 60, where the run ends on its budget (120 s) instead of being cut short; a
+    run resumed from the checkpoint of step 40 ends as the uninterrupted one, bit for bit."""
+    clock = FakeClock(monkeypatch, lambda step: 1.0 if step <= 20 else 2.0)
+    cfg = {**BUDGET, "max_minutes": 2.0, "min_lr": 1e-5}
+    result = train(tiny_train_config(parallel, tmp_path / "run", **cfg))
+    err = capsys.readouterr().err
+    assert result.step == 60 and clock.t - 1000.0 == 120.0
+    assert "90 steps planned" in err and "60 steps planned again at step 40 (was 90; 2.000 s per step" in err
+    assert err.count("planned again") == 1
+    lrs = _lrs(tmp_path / "run")
+    anchor = (40, lrs[40])
+    assert lrs[40] == pytest.approx(learning_rate(40, "cosine", 3e-3, 10, 90, 1e-5))  # the first plan's, up to 40
+    for s in range(45, 61, 5):
+        assert lrs[s] == pytest.approx(learning_rate(s, "cosine", 3e-3, 10, 60, 1e-5, anchor=anchor))
+    assert lrs[60] == pytest.approx(1e-5)
+    assert checkpoint.load(tmp_path / "run")[1]["train"]["max_steps"] == 60
+    # resumed from step 40 (the plan of 60 kept in its checkpoint), on the same clock
+    shutil.copytree(tmp_path / "run", tmp_path / "part")
+    ckpts = tmp_path / "part" / "checkpoints"
+    shutil.rmtree(ckpts / "step-0000060")
+    for name in ("LATEST", "BEST"):
+        (ckpts / name).write_text("step-0000040\n")
+    config = tmp_path / "budget.yaml"
+    config.write_text("train:\n  max_steps: 0\n  max_minutes: 2.0\n")
+    assert run_cli_config(config, {"out": str(tmp_path / "part"), "resume": True}).step == 60
+    a, b = weights(tmp_path / "run"), weights(tmp_path / "part")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _lrs(tmp_path / "part") == lrs
 
 
 def test_time_budget_measures_the_step_time_after_the_first_steps(tmp_path, parallel, monkeypatch):

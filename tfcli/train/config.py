@@ -48,7 +48,8 @@ class TrainConfig:
     max_epochs: int = 20  # passes over the training data (0: no limit)
     # A wall-clock budget for the whole run, validations included (0: none). With max_steps 0, the number of steps
     # is planned at the end of warmup from the speed measured so far (so a cosine schedule ends on time), written
-    # to the log and the config; the run stops at the budget at the latest.
+    # to the log and the config, and planned again at validations if the speed changes; the run stops at the
+    # budget at the latest.
     max_minutes: float = 0.0
     grad_accum: int = 1  # micro-batches per update (per process)
     clip_norm: float = 1.0  # gradient clipping by global norm (0: off)

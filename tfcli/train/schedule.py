@@ -15,8 +15,10 @@ def learning_rate(
       the peak reached at step = warmup: lr = peak * min(step / warmup, sqrt(warmup / step)).
     cosine: linear warmup to the peak, then lr = min + (peak - min) * (1 + cos(pi * progress)) / 2 until total_steps.
     constant: linear warmup to the peak, then flat.
-    anchor (a, lr_a), cosine only: from step a on, the half cosine runs from lr_a (not the peak) down to min at
-      total_steps. A resumed run whose end moved continues this way, so its learning rate never jumps up.
+    anchor (a, lr_a), cosine only: a run whose end moved (resumed with another length, or a time budget planned
+      again) goes on along the same cosine from the point p_a where it gives lr_a, stretched or squeezed to reach
+      min at total_steps: progress = p_a + (1 - p_a) * (step - a) / (total_steps - a). Its learning rate never
+      jumps, and its decay keeps the cosine's shape (a half cosine restarted at a would stall there, flat).
     """
     step = max(step, 1)
     if warmup > 0 and step < warmup:
@@ -28,10 +30,12 @@ def learning_rate(
     if schedule == "cosine":
         if anchor is not None and step >= anchor[0]:
             start, start_lr = anchor
-            if total_steps <= start:
+            if step == start or total_steps <= start or peak <= min_lr:
                 return start_lr
-            progress = min(1.0, (step - start) / (total_steps - start))
-            return min_lr + (start_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+            # lr = min + (peak - min) * (1 + cos(pi * p)) / 2, solved for p at the anchor
+            p_a = math.acos(max(-1.0, min(1.0, 2 * (start_lr - min_lr) / (peak - min_lr) - 1))) / math.pi
+            progress = min(1.0, p_a + (1 - p_a) * (step - start) / (total_steps - start))
+            return min_lr + (peak - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
         if total_steps <= warmup:
             return peak
         progress = min(1.0, (step - warmup) / (total_steps - warmup))

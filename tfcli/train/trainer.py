@@ -181,11 +181,13 @@ class Trainer:
         # (step, lr): where a resumed run whose end moved continues its cosine from, instead of jumping
         self.anchor: tuple[int, float] | None = None
         self.saved_total: int | None = None  # the total steps the resumed run was scheduled for
+        self.planned = False  # max_steps is the time budget's plan (revised at validations)
         self.best: dict | None = None  # {"value", "step", "name"}
         self.bad_validations = 0
         self.last_valid: dict = {}
         if self.resume_from is not None:
             self._load_state(self.resume_from)
+            self.planned = self.planned and bool(cfg.max_minutes and cfg.max_steps)  # a plan this run keeps
 
         self.group_size = self.dist.world_size * cfg.grad_accum
         t0 = time.perf_counter()
@@ -214,6 +216,7 @@ class Trainer:
         self._continue_schedule()
         self.valid_seconds: list[float] = []  # how long each validation + checkpoint took (for the plan)
         self.plan_mark: tuple[float, float, int] | None = None  # (time, validation seconds, step) halfway to plan_at
+        self.replan_mark: tuple[float, float, int] | None = None  # the same at the last validation of a planned run
 
         if self.main:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -355,6 +358,8 @@ class Trainer:
                         self._log_train()
                     done = bool(cfg.max_steps and self.step >= cfg.max_steps)
                     if self.step % cfg.valid_every == 0 or done:
+                        if self.planned and cfg.max_minutes and not done:
+                            self._replan_budget()  # before the checkpoint, which then keeps the new plan
                         early_stopped = self._validate_and_save()
                         saved_step = self.step
                         done = done or early_stopped
@@ -391,30 +396,61 @@ class Trainer:
         Seconds per step are taken from the second half of warmup: the first steps pay one-time costs (allocator,
         kernel selection for new shapes); counted in, they left 4.3 of a 43-minute budget unused."""
         cfg = self.cfg
-        t0, valid_s0, step0 = self.plan_mark or (self.elapsed_at_start, 0.0, self.step_at_start)
+        cfg.max_steps, step_s, one_valid = self._steps_that_fit(
+            self.plan_mark or (self.elapsed_at_start, 0.0, self.step_at_start))
+        self.planned = True
+        self.replan_mark = (self._time(), sum(self.valid_seconds), self.step)
+        self._set_total(cfg.max_steps)
+        self.log.print(
+            f"time budget {cfg.max_minutes:g} min: {cfg.max_steps} steps planned ({step_s:.3f} s per step, "
+            f"{one_valid:.1f} s per validation, measured); --max-steps {cfg.max_steps} without --max-minutes "
+            "repeats this schedule while the speed holds (the plan is revised at validations when it changes)"
+        )
+        self._warn_short()
+
+    def _replan_budget(self) -> None:
+        """At a validation of a planned run: the steps that fit again, from the speed since the last validation. A
+        machine whose speed drifts (a shared host, the clock) would otherwise stop on time with its cosine cut short,
+        or finish early with time unused; the schedule goes on from here to the new end (an anchor), without a jump.
+        The plan moves only by more than 5% of the steps left (and 10 steps), so noise leaves it alone."""
+        cfg = self.cfg
+        mark, self.replan_mark = self.replan_mark, (self._time(), sum(self.valid_seconds), self.step)
+        if mark is None or mark[2] == self.step:
+            return
+        planned, step_s, _ = self._steps_that_fit(mark)
+        left = cfg.max_steps - self.step
+        if abs(planned - cfg.max_steps) < max(10, 0.05 * left):
+            return
+        self.anchor = (self.step, self._lr(self.step))
+        self.log.print(f"time budget {cfg.max_minutes:g} min: {planned} steps planned again at step {self.step} "
+                       f"(was {cfg.max_steps}; {step_s:.3f} s per step since step {mark[2]}); the cosine goes on from "
+                       f"lr {self.anchor[1]:.3g} to the new end")
+        cfg.max_steps = planned
+        self._set_total(planned)
+
+    def _steps_that_fit(self, mark: tuple[float, float, int]) -> tuple[int, float, float]:
+        """(the last step that fits the budget, seconds per step, seconds per validation), the seconds per step
+        measured since `mark` (time, validation seconds then, step)."""
+        cfg = self.cfg
+        t0, valid_s0, step0 = mark
         spent = self._time() - t0
         valid_s = sum(self.valid_seconds) - valid_s0
         steps_done = self.step - step0
         one_valid = sum(self.valid_seconds) / max(len(self.valid_seconds), 1)
-        step_s, one_valid = distributed.all_reduce_sum(
-            [(spent - valid_s) / max(steps_done, 1), one_valid], self.dist, self.device
-        )
-        step_s, one_valid = step_s / self.dist.world_size, one_valid / self.dist.world_size
+        # the mean over processes: each then plans the same step
+        step_s, one_valid, now = (x / self.dist.world_size for x in distributed.all_reduce_sum(
+            [(spent - valid_s) / max(steps_done, 1), one_valid, self._time()], self.dist, self.device
+        ))
         step_s += self.epoch_setup_s / self.steps_per_epoch  # warmup saw no epoch start; later epochs each pay one
-        left = 60 * cfg.max_minutes - self._time() - one_valid  # the last validation comes after the last step
+        left = 60 * cfg.max_minutes - now - one_valid  # the last validation comes after the last step
         more = max(int(left / (step_s + one_valid / cfg.valid_every)), 0)
-        planned = self.step + more // 10 * 10
-        cfg.max_steps = max(planned, self.step + 1)
-        self.total_steps = min(cfg.max_steps, self.total_steps or cfg.max_steps)
+        return max(self.step + more // 10 * 10, self.step + 1), step_s, one_valid
+
+    def _set_total(self, steps: int) -> None:
+        self.total_steps = _total(steps, self.cfg.max_epochs, self.steps_per_epoch)
         self.log.set_total(self.total_steps)
         if self.main:
-            atomic_write_text(self.run_dir / "config.yaml", config_to_yaml(cfg, self.model_cfg))
-        self.log.print(
-            f"time budget {cfg.max_minutes:g} min: {cfg.max_steps} steps planned ({step_s:.3f} s per step, "
-            f"{one_valid:.1f} s per validation, measured); --max-steps {cfg.max_steps} without --max-minutes "
-            "repeats this schedule"
-        )
-        self._warn_short()
+            atomic_write_text(self.run_dir / "config.yaml", config_to_yaml(self.cfg, self.model_cfg))
 
     def _step(self, batches: list[Batch], global_tokens: float) -> None:
         """One update from this process's micro-batches; the loss is normalised by the step's global token count."""
@@ -577,6 +613,7 @@ class Trainer:
                 "world_size": self.dist.world_size, "elapsed": self._time(), "best": self.best,
                 "bad_validations": self.bad_validations, "last_valid": self.last_valid,
                 "total_steps": self.total_steps, "schedule_anchor": list(self.anchor) if self.anchor else None,
+                "budget_planned": self.planned,
             }
             tensors, state = pack_state(self.optimizer, self.scaler, torch_states, cuda_states, counters)
             meta = {
@@ -623,6 +660,7 @@ class Trainer:
         anchor = state.get("schedule_anchor")
         self.anchor = (int(anchor[0]), float(anchor[1])) if anchor else None
         self.saved_total = state.get("total_steps")
+        self.planned = bool(state.get("budget_planned"))
 
     def close(self) -> None:
         self.profiler.close()
