@@ -52,7 +52,10 @@ def test_help_shows_value_types_for_options_and_none_for_flags():
 
 def test_shell_completion_is_offered():
     exe = Path(sys.executable).parent / "tfcli"
-    res = subprocess.run([str(exe), "--show-completion", "bash"], capture_output=True, text=True)
+    # the shell named, not detected from the parent processes (a test runner's parent may be no shell at all):
+    # typer's own switch for that
+    res = subprocess.run([str(exe), "--show-completion", "bash"], capture_output=True, text=True,
+                         env={**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
     assert res.returncode == 0 and "_tfcli_completion" in res.stdout, res.stderr
     res = subprocess.run([str(exe), "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     assert "--install-completion" in res.stdout

@@ -793,6 +793,22 @@ def test_time_budget_stops_a_run_that_slows_down(tmp_path, parallel, monkeypatch
     assert (tmp_path / "run" / "checkpoints" / "LATEST").read_text().strip() == f"step-{result.step:07d}"
 
 
+def test_time_budget_ends_at_a_validation_that_leaves_no_room_for_ten_more_steps(tmp_path, parallel, monkeypatch,
+                                                                                 capsys):
+    """A validation every 10 steps; 1 s per step, then 2 s from step 21: planned for 30 at step 10, 40 at step 20
+    (the speed held, and the first plan's rounding down to tens left 10 steps' time), and at step 30 the 2 s
+    measured leave 5 s, under 10 steps: the run ends there, validated (55 s), instead of starting steps the budget
+    cuts off."""
+    clock = FakeClock(monkeypatch, lambda step: 1.0 if step <= 20 else 2.0)
+    result = train(tiny_train_config(parallel, tmp_path / "run", **{**BUDGET, "valid_every": 10}))
+    err = capsys.readouterr().err
+    assert result.step == 30 and clock.t - 1000.0 == 55.0
+    assert "30 steps planned" in err and "40 steps planned again at step 20" in err
+    assert "no room for 10 more steps at 2.000 s per step since step 20: the run ends at step 30 (of 40" in err
+    assert "minutes reached" not in err
+    assert [r["step"] for r in metrics(tmp_path / "run") if r["split"] == "valid"] == [10, 20, 30]
+
+
 def test_time_budget_is_planned_again_when_the_speed_changes(tmp_path, parallel, monkeypatch, capsys):
     """2 minutes, 1 s per step until step 20, then 2 s: planned at step 10 for 90 steps (1.25 s a step with
     validations), kept at step 20 (the speed held), planned again at step 40 from the 2 s measured since step 20

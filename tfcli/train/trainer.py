@@ -360,6 +360,7 @@ class Trainer:
                     if self.step % cfg.valid_every == 0 or done:
                         if self.planned and cfg.max_minutes and not done:
                             self._replan_budget()  # before the checkpoint, which then keeps the new plan
+                            done = self.step >= cfg.max_steps  # no room left for 10 more steps: the last validation
                         early_stopped = self._validate_and_save()
                         saved_step = self.step
                         done = done or early_stopped
@@ -396,8 +397,9 @@ class Trainer:
         Seconds per step are taken from the second half of warmup: the first steps pay one-time costs (allocator,
         kernel selection for new shapes); counted in, they left 4.3 of a 43-minute budget unused."""
         cfg = self.cfg
-        cfg.max_steps, step_s, one_valid = self._steps_that_fit(
+        planned, step_s, one_valid = self._steps_that_fit(
             self.plan_mark or (self.elapsed_at_start, 0.0, self.step_at_start))
+        cfg.max_steps = max(planned, self.step + 1)
         self.planned = True
         self.replan_mark = (self._time(), sum(self.valid_seconds), self.step)
         self._set_total(cfg.max_steps)
@@ -421,16 +423,21 @@ class Trainer:
         left = cfg.max_steps - self.step
         if abs(planned - cfg.max_steps) < max(10, 0.05 * left):
             return
-        self.anchor = (self.step, self._lr(self.step))
-        self.log.print(f"time budget {cfg.max_minutes:g} min: {planned} steps planned again at step {self.step} "
-                       f"(was {cfg.max_steps}; {step_s:.3f} s per step since step {mark[2]}); the cosine goes on from "
-                       f"lr {self.anchor[1]:.3g} to the new end")
+        measured = f"{step_s:.3f} s per step since step {mark[2]}"
+        if planned <= self.step:
+            self.log.print(f"time budget {cfg.max_minutes:g} min: no room for 10 more steps at {measured}: the run "
+                           f"ends at step {self.step} (of {cfg.max_steps} planned)")
+        else:
+            self.anchor = (self.step, self._lr(self.step))
+            self.log.print(f"time budget {cfg.max_minutes:g} min: {planned} steps planned again at step {self.step} "
+                           f"(was {cfg.max_steps}; {measured}); the cosine goes on from lr {self.anchor[1]:.3g} to "
+                           "the new end")
         cfg.max_steps = planned
         self._set_total(planned)
 
     def _steps_that_fit(self, mark: tuple[float, float, int]) -> tuple[int, float, float]:
-        """(the last step that fits the budget, seconds per step, seconds per validation), the seconds per step
-        measured since `mark` (time, validation seconds then, step)."""
+        """(the last step that fits the budget, in tens of steps from here, seconds per step, seconds per validation),
+        the seconds per step measured since `mark` (time, validation seconds then, step)."""
         cfg = self.cfg
         t0, valid_s0, step0 = mark
         spent = self._time() - t0
@@ -444,7 +451,7 @@ class Trainer:
         step_s += self.epoch_setup_s / self.steps_per_epoch  # warmup saw no epoch start; later epochs each pay one
         left = 60 * cfg.max_minutes - now - one_valid  # the last validation comes after the last step
         more = max(int(left / (step_s + one_valid / cfg.valid_every)), 0)
-        return max(self.step + more // 10 * 10, self.step + 1), step_s, one_valid
+        return self.step + more // 10 * 10, step_s, one_valid
 
     def _set_total(self, steps: int) -> None:
         self.total_steps = _total(steps, self.cfg.max_epochs, self.steps_per_epoch)
