@@ -20,13 +20,14 @@ pytestmark = pytest.mark.skipif(not device.int8_available(), reason="this torch 
 
 
 def engines() -> list[str]:
-    """The engines this torch build has (on a CPU without AMX oneDNN is not chosen, but works)."""
+    """The engines this torch build has that sum exactly (on a CPU without AMX oneDNN is not chosen, but works
+    where it has VNNI; without, its 16-bit pair sums saturate, and it is never used)."""
     out = []
     if device.int8_engines()[:1] == ("fbgemm",):
         out.append("fbgemm")
     onednn = getattr(torch.ops, "onednn", None)
     if onednn is not None and hasattr(onednn, "qlinear_pointwise") and torch.backends.mkldnn.is_available() \
-            and device.onednn_takes_int8_inputs():
+            and device.onednn_int8_exact():
         out.append("onednn")
     return out
 

@@ -60,28 +60,30 @@ def onednn_available() -> bool:
 def int8_engines() -> tuple[str, ...]:
     """The engines --dtype int8 runs its integer products on (tfcli.generate.int8), for few rows first: fbgemm
     (torch's x86/fbgemm quantised linear with a static input scale) and, on a CPU with AMX, oneDNN's int8 linear;
-    oneDNN alone where this torch lacks fbgemm; none where it has neither."""
+    oneDNN alone where this torch lacks fbgemm; oneDNN only where its sums are exact; none where neither serves."""
     engines = torch.backends.quantized.supported_engines
     quantized, onednn = getattr(torch.ops, "quantized", None), getattr(torch.ops, "onednn", None)
     fbgemm = ("x86" in engines or "fbgemm" in engines) and quantized is not None \
         and hasattr(quantized, "linear_with_input_q_dq_qweight_dq_output_fp32") and hasattr(quantized, "linear_prepack")
     dnn = torch.backends.mkldnn.is_available() and onednn is not None and hasattr(onednn, "qlinear_pointwise") \
-        and hasattr(onednn, "qlinear_prepack") and onednn_takes_int8_inputs()
+        and hasattr(onednn, "qlinear_prepack") and onednn_int8_exact()
     if fbgemm and dnn and cpu_has_amx():
         return ("fbgemm", "onednn")
     return ("fbgemm",) if fbgemm else ("onednn",) if dnn else ()
 
 
 @functools.lru_cache(maxsize=None)
-def onednn_takes_int8_inputs() -> bool:
+def onednn_int8_exact() -> bool:
     """Whether this torch's oneDNN int8 linear takes signed int8 inputs, as tfcli.generate.int8 gives it (older
-    torch builds, 2.2 among them, take only uint8): tried once on a 1 x 4 product."""
+    torch builds, 2.2 among them, take only uint8), and sums their products exactly: on an x86 CPU without VNNI
+    or AMX it shifts the inputs to uint8 (+128) and adds pairs of products in 16 bits, which saturate. Tried once
+    on a 1 x 8 product whose exact sums are +-8 * 63 * 127 (pairs of 191 * 127 after the shift: past 2^15)."""
     try:
-        w = torch.ops.onednn.qlinear_prepack(torch.ones(2, 4, dtype=torch.int8), None)
-        y = torch.ops.onednn.qlinear_pointwise(torch.ones(1, 4, dtype=torch.int8), 1.0, 0, w, torch.ones(2),
+        w = torch.ops.onednn.qlinear_prepack(torch.tensor([[127] * 8, [-127] * 8], dtype=torch.int8), None)
+        y = torch.ops.onednn.qlinear_pointwise(torch.full((1, 8), 63, dtype=torch.int8), 1.0, 0, w, torch.ones(2),
                                                torch.zeros(2, dtype=torch.long), None, 1.0, 0, torch.float32,
                                                "none", [], "")
-        return bool(torch.equal(y, torch.full((1, 2), 4.0)))
+        return bool(torch.equal(y, torch.tensor([[8.0 * 63 * 127, -8.0 * 63 * 127]])))
     except (RuntimeError, AttributeError):
         return False
 
