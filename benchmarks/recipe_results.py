@@ -169,7 +169,7 @@ def _wall(e: dict) -> str:
 
 
 def _machine(hw: dict) -> str:
-    return hw.get("gpu") or f"{hw['cpus']}-core CPU ({hw['cpu']})"
+    return hw.get("gpu") or f"{hw['cpus']}-core {hw['cpu']}"
 
 
 def table(all_: dict) -> str:
