@@ -178,7 +178,8 @@ class Trainer:
 
         self.step, self.epoch, self.pos = 0, 0, 0
         self.elapsed = 0.0  # training seconds of earlier runs of this run directory
-        # (step, lr): where a resumed run whose end moved continues its cosine from, instead of jumping
+        # (step, lr): where a run whose end moved (resumed with other limits, or planned again) continues its cosine
+        # from, instead of jumping
         self.anchor: tuple[int, float] | None = None
         self.saved_total: int | None = None  # the total steps the resumed run was scheduled for
         self.planned = False  # max_steps is the time budget's plan (revised at validations)
@@ -393,7 +394,8 @@ class Trainer:
     def _plan_budget(self) -> None:
         """Fix max_steps so that training, its validations and the last one fit cfg.max_minutes, from the seconds
         per step and per validation measured so far (the same figures on every process). Until now the learning
-        rate did not depend on the total (warmup), so `--max-steps N` with the planned N repeats this run.
+        rate did not depend on the total (warmup), so `--max-steps N` with the planned N repeats this run (unless the
+        speed changes and it is planned again: _replan_budget).
         Seconds per step are taken from the second half of warmup: the first steps pay one-time costs (allocator,
         kernel selection for new shapes); counted in, they left 4.3 of a 43-minute budget unused."""
         cfg = self.cfg
