@@ -811,8 +811,9 @@ def test_time_budget_ends_at_a_validation_that_leaves_no_room_for_ten_more_steps
 
 def test_time_budget_is_planned_again_when_the_speed_changes(tmp_path, parallel, monkeypatch, capsys):
     """2 minutes, 1 s per step until step 20, then 2 s: planned at step 10 for 90 steps (1.25 s a step with
-    validations), kept at step 20 (the speed held), planned again at step 40 from the 2 s measured since step 20
-    (45 s left after the last validation, 2.25 s a step: 60). The cosine goes on from step 40's learning rate along
+    validations), kept at step 20 (the speed held), planned again at step 40 from the speed measured since that
+    plan (50 s for 30 steps: 1.667 s; 45 s left after the last validation, 1.917 s a step: 23, so 20 more: 60).
+    The cosine goes on from step 40's learning rate along
     its own shape to its floor at step 60, where the run ends on its budget (120 s) instead of being cut short; a
     run resumed from the checkpoint of step 40 ends as the uninterrupted one, bit for bit."""
     clock = FakeClock(monkeypatch, lambda step: 1.0 if step <= 20 else 2.0)
@@ -820,7 +821,7 @@ def test_time_budget_is_planned_again_when_the_speed_changes(tmp_path, parallel,
     result = train(tiny_train_config(parallel, tmp_path / "run", **cfg))
     err = capsys.readouterr().err
     assert result.step == 60 and clock.t - 1000.0 == 120.0
-    assert "90 steps planned" in err and "60 steps planned again at step 40 (was 90; 2.000 s per step" in err
+    assert "90 steps planned" in err and "60 steps planned again at step 40 (was 90; 1.667 s per step since step 10)" in err
     assert err.count("planned again") == 1
     lrs = _lrs(tmp_path / "run")
     anchor = (40, lrs[40])

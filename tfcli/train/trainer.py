@@ -217,7 +217,7 @@ class Trainer:
         self._continue_schedule()
         self.valid_seconds: list[float] = []  # how long each validation + checkpoint took (for the plan)
         self.plan_mark: tuple[float, float, int] | None = None  # (time, validation seconds, step) halfway to plan_at
-        self.replan_mark: tuple[float, float, int] | None = None  # the same at the last validation of a planned run
+        self.replan_mark: tuple[float, float, int] | None = None  # the same where the budget was last planned
 
         if self.main:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -413,18 +413,21 @@ class Trainer:
         self._warn_short()
 
     def _replan_budget(self) -> None:
-        """At a validation of a planned run: the steps that fit again, from the speed since the last validation. A
-        machine whose speed drifts (a shared host, the clock) would otherwise stop on time with its cosine cut short,
-        or finish early with time unused; the schedule goes on from here to the new end (an anchor), without a jump.
-        The plan moves only by more than 5% of the steps left (and 10 steps), so noise leaves it alone."""
+        """At a validation of a planned run: the steps that fit again, from the speed since the last plan. A machine
+        whose speed drifts (a shared host, the clock) would otherwise stop on time with its cosine cut short, or
+        finish early with time unused; the schedule goes on from here to the new end (an anchor), without a jump.
+        The plan moves only by more than 5% of the steps left (and 10 steps), and its window grows until it does,
+        so that noise between validations (a few percent) leaves it alone."""
         cfg = self.cfg
-        mark, self.replan_mark = self.replan_mark, (self._time(), sum(self.valid_seconds), self.step)
+        mark = self.replan_mark
         if mark is None or mark[2] == self.step:
+            self.replan_mark = (self._time(), sum(self.valid_seconds), self.step)
             return
         planned, step_s, _ = self._steps_that_fit(mark)
         left = cfg.max_steps - self.step
         if abs(planned - cfg.max_steps) < max(10, 0.05 * left):
             return
+        self.replan_mark = (self._time(), sum(self.valid_seconds), self.step)
         measured = f"{step_s:.3f} s per step since step {mark[2]}"
         if planned <= self.step:
             self.log.print(f"time budget {cfg.max_minutes:g} min: no room for 10 more steps at {measured}: the run "
