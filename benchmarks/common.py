@@ -18,8 +18,9 @@ SHARED_DATA = os.environ.get("TFCLI_SHARED_DATA", str(Path(__file__).resolve().p
 
 
 def cpu_name() -> str:
-    """The CPU model and its widest matrix instructions, e.g. "AMD EPYC (AVX-512 BF16)": a virtual machine's model name
-    ("AMD EPYC") can stand for generations whose speed differs 2x, and bf16 training needs the last two."""
+    """The CPU model and its widest matrix instructions (AMX, AVX-512 BF16, AVX-512 or AVX2), e.g. "AMD EPYC (AVX2)":
+    a virtual machine's model name ("AMD EPYC") can stand for generations 2x apart, and bf16 training is native
+    only on the first two."""
     model, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
