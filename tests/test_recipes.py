@@ -126,7 +126,7 @@ def test_demo_records_its_scores_time_and_machine(tmp_path, monkeypatch):
     # the README's demo sentence and recipe table are rewritten from recipes.json, the rest of the README is kept
     text = readme.read_text()
     assert "old figures" not in text and text.startswith("intro\n") and "\nafter\n" in text
-    assert f"CPU ({entry['hardware']['cpu']})" in text
+    assert f"{entry['hardware']['cpus']}-core {entry['hardware']['cpu']}" in text
     assert "1.9 min, BLEU 98.50, chrF2 55.50." in text
     assert text.count("<!-- demo:begin -->") == 1 and text.count("<!-- recipes:end -->") == 1
 
