@@ -671,20 +671,26 @@ def test_time_budget_plans_the_steps_that_fit_and_max_steps_repeats_the_run(tmp_
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _resume_cut_back(run: Path, part: Path, last: int, back_to: int, minutes: float):
+    """A copy of a finished budgeted run as if killed after step `back_to` (its last checkpoint, `last`, gone),
+    resumed as the recipes do: the config that started it, max_steps 0."""
+    shutil.copytree(run, part)
+    ckpts = part / "checkpoints"
+    shutil.rmtree(ckpts / f"step-{last:07d}")
+    for name in ("LATEST", "BEST"):
+        (ckpts / name).write_text(f"step-{back_to:07d}\n")
+    config = part.parent / "budget.yaml"
+    config.write_text(f"train:\n  max_steps: 0\n  max_minutes: {minutes}\n")
+    return run_cli_config(config, {"out": str(part), "resume": True})
+
+
 def test_resuming_a_time_budgeted_run_keeps_its_planned_steps(tmp_path, parallel, monkeypatch, capsys):
     """A budgeted run killed after planning, resumed as the recipes do (the same config file, max_steps: 0), ends
     at the planned step with the weights of the uninterrupted run: the plan is not thrown away."""
     FakeClock(monkeypatch, lambda step: 1.0)
     train(tiny_train_config(parallel, tmp_path / "full", **BUDGET))
-    shutil.copytree(tmp_path / "full", tmp_path / "part")
-    ckpts = tmp_path / "part" / "checkpoints"
-    shutil.rmtree(ckpts / "step-0000040")
-    for name in ("LATEST", "BEST"):
-        (ckpts / name).write_text("step-0000020\n")
-    config = tmp_path / "budget.yaml"
-    config.write_text("train:\n  max_steps: 0\n  max_minutes: 1.0\n")
     capsys.readouterr()
-    result = run_cli_config(config, {"out": str(tmp_path / "part"), "resume": True})
+    result = _resume_cut_back(tmp_path / "full", tmp_path / "part", last=40, back_to=20, minutes=1.0)
     assert result.step == 40
     a, b = weights(tmp_path / "full"), weights(tmp_path / "part")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -831,14 +837,7 @@ def test_time_budget_is_planned_again_when_the_speed_changes(tmp_path, parallel,
     assert lrs[60] == pytest.approx(1e-5)
     assert checkpoint.load(tmp_path / "run")[1]["train"]["max_steps"] == 60
     # resumed from step 40 (the plan of 60 kept in its checkpoint), on the same clock
-    shutil.copytree(tmp_path / "run", tmp_path / "part")
-    ckpts = tmp_path / "part" / "checkpoints"
-    shutil.rmtree(ckpts / "step-0000060")
-    for name in ("LATEST", "BEST"):
-        (ckpts / name).write_text("step-0000040\n")
-    config = tmp_path / "budget.yaml"
-    config.write_text("train:\n  max_steps: 0\n  max_minutes: 2.0\n")
-    assert run_cli_config(config, {"out": str(tmp_path / "part"), "resume": True}).step == 60
+    assert _resume_cut_back(tmp_path / "run", tmp_path / "part", last=60, back_to=40, minutes=2.0).step == 60
     a, b = weights(tmp_path / "run"), weights(tmp_path / "part")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _lrs(tmp_path / "part") == lrs
