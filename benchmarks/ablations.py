@@ -40,9 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import yaml
-
-from common import SHARED_DATA, cpu_name, gpu_name, trained_precision, write_results
+from common import SHARED_DATA, cpu_name, fell_back_to_fp32, gpu_name, trained_precision, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -132,8 +130,7 @@ def run_variant(name: str, args) -> dict:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     wall = time.time() - start
     precision = trained_precision(run)
-    asked = (yaml.safe_load(Path(args.config).read_text()) or {}).get("train", {}).get("precision")
-    if asked == "native-bf16" and precision == "fp32" and not args.steps:
+    if fell_back_to_fp32(run) and not args.steps:
         protocol += " (fp32)"  # a CPU without native bf16 trains half the steps in the budget: a protocol of its own
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in rows if r["split"] == "valid"][-1]

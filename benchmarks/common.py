@@ -44,6 +44,16 @@ def trained_precision(run: Path) -> str | None:
     return m.group(1) if m else None
 
 
+def fell_back_to_fp32(run: Path) -> bool:
+    """Whether a run's config asked for `native-bf16` and the CPU, lacking it, trained in fp32: about half the steps
+    in a time budget, so its results are entries of their own."""
+    import yaml
+
+    config = Path(run) / "config.yaml"
+    asked = (yaml.safe_load(config.read_text()) or {}).get("train", {}).get("precision") if config.exists() else None
+    return asked == "native-bf16" and trained_precision(run) == "fp32"
+
+
 def gpu_name() -> str | None:
     """The first CUDA GPU's name, None without one."""
     import torch

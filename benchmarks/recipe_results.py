@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from common import cpu_name, trained_precision
+from common import cpu_name, fell_back_to_fp32, trained_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 # TFCLI_RECIPE_RESULTS=DIR: record into DIR/recipes.{json,md} and leave the README alone (benchmarks/gpu_all.sh's
@@ -97,9 +97,7 @@ def record(args) -> dict:
                                      args.train_args.strip()]))
     size = args.size
     precision = trained_precision(out / "run")
-    config = out / "run" / "config.yaml"
-    asked = (yaml.safe_load(config.read_text()) or {}).get("train", {}).get("precision") if config.exists() else None
-    if asked == "native-bf16" and precision == "fp32":
+    if fell_back_to_fp32(out / "run"):
         size += " (fp32)"  # a CPU without native bf16: its own entry, beside the bf16 one
     entry = {
         "recipe": args.recipe, "name": args.name or f"{args.recipe}-{args.pair}",
