@@ -47,19 +47,18 @@ tfcli train "$OUT/prep" "${RESUME[@]}" --config "$CONFIG" --seed "$SEED" ${TRAIN
 
 CKPT="$OUT/run"  # its best checkpoint, or the average of the last ones where the config asks for one
 for avg in "$OUT"/run/checkpoints/avg-last*; do [ -d "$avg" ] && CKPT=$avg; done
-# the length penalty is chosen on the valid split (sacreBLEU with beam 5); test2016 is translated once, with it
-# (valid, beam 5, cpu-long, last 3 averaged, since the beam-search fix: en-de 1.4 39.71, 1.8 39.78, 2.2 39.66,
-# 2.6 39.42, 3.0 38.96; de-en 1.4 42.41, 1.8 42.09, 2.2 41.68, 2.6 41.28, 3.0 40.88: the best at 1.4-1.8, so the
-# grid no longer reaches 3.0; the 15-minute de-en model chose 1.0, then the grid's lowest, so it reaches 0.6)
-BEST_ALPHA=1.4 BEST_BLEU=-1
+# the length penalty is chosen on the valid split (sacreBLEU with beam 5): 1.0, 1.4 and 1.8 first, then outward while
+# the best is at an end (recipes/len_penalty.py); test2016 is translated once, with it
 : > "$OUT/valid_len_penalty.tsv.tmp"
-for alpha in 0.6 1.0 1.4 1.8 2.2 2.6; do
+while :; do
+  alpha=$(python3 recipes/len_penalty.py next "$OUT/valid_len_penalty.tsv.tmp")
+  [ -n "$alpha" ] || break
   bleu=$(tfcli eval --model "$CKPT" --translate "$D/valid.$SRC" -r "$D/valid.$TGT" --beam-size 5 --len-penalty "$alpha" \
     --metrics bleu --score-only)
   echo "   valid, beam 5, length penalty $alpha: sacreBLEU $bleu" >&2
   printf '%s\t%s\n' "$alpha" "$bleu" >> "$OUT/valid_len_penalty.tsv.tmp"
-  if python3 -c "import sys; sys.exit(not float('$bleu') > float('$BEST_BLEU'))"; then BEST_ALPHA=$alpha BEST_BLEU=$bleu; fi
 done
+BEST_ALPHA=$(python3 recipes/len_penalty.py best "$OUT/valid_len_penalty.tsv.tmp")
 mv "$OUT/valid_len_penalty.tsv.tmp" "$OUT/valid_len_penalty.tsv"  # length penalty, valid sacreBLEU: recorded
 echo "$BEST_ALPHA" > "$OUT/len_penalty.txt"
 echo "== translate: test2016 with beam 5 and length penalty $BEST_ALPHA, from $CKPT" >&2

@@ -168,3 +168,45 @@ def test_the_readme_table_shows_one_option_variants_and_leaves_the_rest_to_recip
     assert "`cpu (--set train.max_tokens=3000)`" in table and "`cpu (BPE=8000)`" in table
     assert "SEED=2" not in table  # a second seed is a check of the recipe's row, not a recipe
     assert "train.lr" in (tmp_path / "results" / "recipes.md").read_text()
+
+
+sys.path.insert(0, str(ROOT / "recipes"))
+import len_penalty  # noqa: E402
+
+GRID = [round(0.2 + 0.4 * i, 1) for i in range(8)]  # 0.2 ... 3.0: every penalty the walk may reach
+
+
+def walk(curve):
+    scores = {}
+    while (alpha := len_penalty.next_penalty(scores)) is not None:
+        scores[alpha] = curve(alpha)
+    return scores
+
+
+@pytest.mark.parametrize("peak", GRID)
+def test_the_length_penalty_walk_finds_the_full_grids_choice_on_a_single_peaked_curve(peak):
+    curve = lambda a: 40.0 - 3.0 * abs(a - peak) ** 1.5  # noqa: E731
+    scores = walk(curve)
+    assert len_penalty.best(scores) == max(GRID, key=curve) == peak
+    # 1.0, 1.4 and 1.8, then out to the peak and one step past it (where the range allows)
+    lo, hi = GRID.index(min(peak, 1.0)), GRID.index(max(peak, 1.8))
+    assert sorted(scores) == GRID[max(lo - 1, 0) if peak <= 1.0 else lo:hi + 2 if peak >= 1.8 else hi + 1]
+
+
+def test_the_length_penalty_walk_keeps_the_lowest_of_equal_scores_and_stops_between_worse_ones():
+    assert walk(lambda a: 30.0) == {1.0: 30.0, 1.4: 30.0, 1.8: 30.0, 0.6: 30.0, 0.2: 30.0}  # a tie at the low end
+    assert len_penalty.best({1.0: 30.0, 1.4: 31.0, 1.8: 31.0}) == 1.4
+    assert len_penalty.next_penalty({1.0: 30.0, 1.4: 31.0, 1.8: 29.0}) is None
+
+
+def test_the_length_penalty_script_reads_and_answers_in_the_recipes_format(tmp_path):
+    tsv = tmp_path / "valid_len_penalty.tsv.tmp"
+    tsv.write_text("")
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "recipes" / "len_penalty.py"), *a, str(tsv)],  # noqa: E731
+                                    capture_output=True, text=True)
+    assert run("next").stdout == "1\n"
+    assert run("best").returncode == 1 and "holds no scores" in run("best").stderr
+    tsv.write_text("1\t39.10\n1.4\t39.13\n1.8\t39.29\n2.2\t39.41\n")  # as the recipe writes it
+    assert run("next").stdout == "2.6\n"
+    tsv.write_text(tsv.read_text() + "2.6\t38.86\n")
+    assert run("next").stdout == "" and run("best").stdout == "2.2\n"
