@@ -14,7 +14,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "recipes"))
 
+import len_penalty  # noqa: E402
 import recipe_results  # noqa: E402
 
 
@@ -168,10 +170,6 @@ def test_the_readme_table_shows_one_option_variants_and_leaves_the_rest_to_recip
     assert "`cpu (--set train.max_tokens=3000)`" in table and "`cpu (BPE=8000)`" in table
     assert "SEED=2" not in table  # a second seed is a check of the recipe's row, not a recipe
     assert "train.lr" in (tmp_path / "results" / "recipes.md").read_text()
-
-
-sys.path.insert(0, str(ROOT / "recipes"))
-import len_penalty  # noqa: E402
 
 GRID = [round(0.2 + 0.4 * i, 1) for i in range(8)]  # 0.2 ... 3.0: every penalty the walk may reach
 

@@ -366,7 +366,7 @@ class Trainer:
                         saved_step = self.step
                         done = done or early_stopped
                     if self.step == (self.step_at_start + self.plan_at) // 2:
-                        self.plan_mark = (self._time(), sum(self.valid_seconds), self.step)
+                        self.plan_mark = self._mark()
                     if self.step == self.plan_at and not done:
                         if saved_step != self.step:  # time one validation for the plan
                             early_stopped = self._validate_and_save()
@@ -403,7 +403,7 @@ class Trainer:
             self.plan_mark or (self.elapsed_at_start, 0.0, self.step_at_start))
         cfg.max_steps = max(planned, self.step + 1)
         self.planned = True
-        self.replan_mark = (self._time(), sum(self.valid_seconds), self.step)
+        self.replan_mark = self._mark()
         self._set_total(cfg.max_steps)
         self.log.print(
             f"time budget {cfg.max_minutes:g} min: {cfg.max_steps} steps planned ({step_s:.3f} s per step, "
@@ -421,13 +421,13 @@ class Trainer:
         cfg = self.cfg
         mark = self.replan_mark
         if mark is None or mark[2] == self.step:
-            self.replan_mark = (self._time(), sum(self.valid_seconds), self.step)
+            self.replan_mark = self._mark()
             return
         planned, step_s, _ = self._steps_that_fit(mark)
         left = cfg.max_steps - self.step
         if abs(planned - cfg.max_steps) < max(10, 0.05 * left):
             return
-        self.replan_mark = (self._time(), sum(self.valid_seconds), self.step)
+        self.replan_mark = self._mark()
         measured = f"{step_s:.3f} s per step since step {mark[2]}"
         if planned <= self.step:
             self.log.print(f"time budget {cfg.max_minutes:g} min: no room for 10 more steps at {measured}: the run "
@@ -439,6 +439,10 @@ class Trainer:
                            "the new end")
         cfg.max_steps = planned
         self._set_total(planned)
+
+    def _mark(self) -> tuple[float, float, int]:
+        """(time, validation seconds so far, step): where a measurement of the seconds per step starts."""
+        return self._time(), sum(self.valid_seconds), self.step
 
     def _steps_that_fit(self, mark: tuple[float, float, int]) -> tuple[int, float, float]:
         """(the last step that fits the budget, in tens of steps from here, seconds per step, seconds per validation),
