@@ -94,7 +94,7 @@ def record(args) -> dict:
     out = Path(args.out)
     # a variant of the recipe: another BPE size or seed than its own, extra training arguments
     variant = " ".join(filter(None, [f"BPE={args.bpe}" if args.bpe else "", f"SEED={args.seed}" if args.seed else "",
-                                     args.train_args.strip()]))
+                                     "LOWERCASE=1" if args.lowercase else "", args.train_args.strip()]))
     size = args.size
     precision = trained_precision(out / "run")
     if fell_back_to_fp32(out / "run"):
@@ -302,6 +302,7 @@ def main() -> None:
     r.add_argument("--len-penalty", type=float, help="the length penalty used on test (chosen on valid)")
     r.add_argument("--bpe", type=int, help="the run's joint BPE size, where it is not the recipe's own")
     r.add_argument("--seed", type=int, help="the run's seed, where it is not the recipe's own")
+    r.add_argument("--lowercase", action="store_true", help="the run was prepared with --lowercase (so scored)")
     r.add_argument("--train-args", default="", help="extra `tfcli train` arguments the run had (TRAIN_ARGS): such a "
                    "variant is recorded beside the recipe's own figures, not over them")
     sub.add_parser("table")

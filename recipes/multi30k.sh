@@ -10,7 +10,8 @@
 # the machine's measured speed and written to the log, so a faster machine trains longer, a slower one less.
 # OUT defaults to runs/multi30k-SRC-TGT-SIZE. Variants, each recorded under its own name beside the recipe's row:
 # TRAIN_ARGS (extra `tfcli train` arguments, e.g. "--set train.lr=0.001"), SEED (default 1), BPE (the joint BPE size,
-# default 8000).
+# default 8000), LOWERCASE=1 (`prepare --lowercase`: trained on lowercased text, as the en->de anchor was; every score
+# of the variant is then lowercased, its signatures say so).
 # The data comes from $DATA (default ../shared/data), never from the repository. Scores: sacreBLEU (cased,
 # 13a, detokenised; the default signature), chrF2, and tokenised BLEU (both sides Moses-tokenised with sacremoses,
 # then BLEU without further tokenisation, as fairseq reports it), and the same lowercased. OUT/result.json holds the figures, signatures,
@@ -31,13 +32,15 @@ BPE=${BPE:-8000}
 [ "$BPE" = 8000 ] && OTHER_BPE=() || OTHER_BPE=(--bpe "$BPE")
 SEED=${SEED:-1}
 [ "$SEED" = 1 ] && OTHER_SEED=() || OTHER_SEED=(--seed "$SEED")
+LOWERCASE=${LOWERCASE:-0}
+[ "$LOWERCASE" = 1 ] && LC=(--lowercase) || LC=()
 [ -f "$D/train.$SRC" ] && [ -f "$D/train.$TGT" ] || { echo "error: $D/train.$SRC or $D/train.$TGT not found; set DATA" >&2; exit 1; }
 mkdir -p "$OUT"
 
 echo "== prepare: joint BPE ($BPE), memory-mapped ids" >&2
 tfcli prepare --src "$D/train.$SRC" --tgt "$D/train.$TGT" --valid-src "$D/valid.$SRC" --valid-tgt "$D/valid.$TGT" \
   --test-src "$D/test2016.$SRC" --test-tgt "$D/test2016.$TGT" --tokenizer bpe --vocab-size "$BPE" --joint-vocab \
-  -o "$OUT/prep"
+  "${LC[@]}" -o "$OUT/prep"
 
 echo "== train: $CONFIG" >&2
 # a stopped recipe picks up where it was (the resumed run is the uninterrupted one, bit for bit); its whole-recipe
@@ -54,7 +57,7 @@ while :; do
   alpha=$(python3 recipes/len_penalty.py next "$OUT/valid_len_penalty.tsv.tmp")
   [ -n "$alpha" ] || break
   bleu=$(tfcli eval --model "$CKPT" --translate "$D/valid.$SRC" -r "$D/valid.$TGT" --beam-size 5 --len-penalty "$alpha" \
-    --metrics bleu --score-only)
+    --metrics bleu --score-only "${LC[@]}")
   echo "   valid, beam 5, length penalty $alpha: sacreBLEU $bleu" >&2
   printf '%s\t%s\n' "$alpha" "$bleu" >> "$OUT/valid_len_penalty.tsv.tmp"
 done
@@ -65,14 +68,15 @@ echo "== translate: test2016 with beam 5 and length penalty $BEST_ALPHA, from $C
 tfcli translate -m "$CKPT" --beam-size 5 --len-penalty "$BEST_ALPHA" "$D/test2016.$SRC" -o "$OUT/test2016.hyp.$TGT"
 
 echo "== eval" >&2
-tfcli eval "$OUT/test2016.hyp.$TGT" -r "$D/test2016.$TGT" --metrics bleu,chrf --json > "$OUT/sacrebleu.json"
+tfcli eval "$OUT/test2016.hyp.$TGT" -r "$D/test2016.$TGT" --metrics bleu,chrf --json "${LC[@]}" > "$OUT/sacrebleu.json"
 sacremoses -l "$TGT" -j 1 tokenize < "$OUT/test2016.hyp.$TGT" > "$OUT/test2016.hyp.tok.$TGT"
 sacremoses -l "$TGT" -j 1 tokenize < "$D/test2016.$TGT" > "$OUT/test2016.ref.tok.$TGT"
-tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --json > "$OUT/tokbleu.json"
+tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --json "${LC[@]}" \
+  > "$OUT/tokbleu.json"
 # the anchors' metric: lowercased tokenised BLEU (de->en: bentrevett/pytorch-seq2seq, whose tokens are spaCy's; en->de:
 # fairseq transformer_tiny of Wu et al. 2021, trained and scored on lowercased Moses-tokenised text)
 tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --lowercase \
   --json > "$OUT/tokbleu-lc.json"
 python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT" \
-  --train-args "${TRAIN_ARGS:-}" "${OTHER_BPE[@]}" "${OTHER_SEED[@]}" --len-penalty "$BEST_ALPHA" \
+  --train-args "${TRAIN_ARGS:-}" "${OTHER_BPE[@]}" "${OTHER_SEED[@]}" "${LC[@]}" --len-penalty "$BEST_ALPHA" \
   --wall-s "$SECONDS" "${TIMED[@]}"  # the whole recipe's time

@@ -24,6 +24,7 @@ from tfcli.data.tokenizer import (
     decode_batch,
     encode_batch,
     load_tokenizer,
+    lowercases,
     train_tokenizer,
     unk_rate,
 )
@@ -266,6 +267,56 @@ def test_parallel_files_to_prepared_dir(pair, tmp_path):
         if split != "train":
             assert data.text_file(split, "tgt").read_text(encoding="utf-8").splitlines() == lines
     assert data.text_file("train", "src") is None
+
+
+@pytest.mark.parametrize("kind", TOKENIZER_TYPES)
+def test_lowercase_text_and_a_tokenizer_that_lowercases_what_it_encodes(kind, tmp_path):
+    """--lowercase: the prepared ids are what the saved tokenizer makes of the raw, cased text (what translate will
+    feed it), the valid references are lowercased, and decoding gives lowercase text."""
+    files = {}
+    for split, n, seed in (("train", 300, 1), ("valid", 40, 2), ("test", 30, 3)):
+        de, en = parallel(n, seed)
+        de[0], en[0] = "ÜBER DIE STRASSE", "ΟΔΟΣ ΚΑΙ Ἄρτος."  # a capital sigma at a word's end; a composed capital
+        files[split] = write(tmp_path / f"{split}.de", de), write(tmp_path / f"{split}.en", en)
+    cfg = PrepareConfig(out=str(tmp_path / "prep"), src=str(files["train"][0]), tgt=str(files["train"][1]),
+                        valid_src=str(files["valid"][0]), valid_tgt=str(files["valid"][1]),
+                        test_src=str(files["test"][0]), test_tgt=str(files["test"][1]), tokenizer=kind,
+                        vocab_size=300, lowercase=True)
+    data = PreparedData(prepare(cfg))
+    assert data.meta["settings"]["lowercase"] is True
+    for side, i in (("src", 0), ("tgt", 1)):
+        tok = load_tokenizer(data.tokenizer_file(side))
+        assert lowercases(tok)
+        for split in ("train", "valid", "test"):
+            raw = files[split][i].read_text(encoding="utf-8").splitlines()
+            seqs = data.sequences(split, side)
+            ids = [seqs[j].tolist() for j in range(len(raw))]
+            assert ids == encode_batch(tok, raw)
+            lower = [cleaning.LOWERCASE.normalize_str(t) for t in raw]
+            assert lower[0] != raw[0] and decode_batch(tok, ids) == lower
+            if split != "train":
+                assert data.text_file(split, side).read_text(encoding="utf-8").splitlines() == lower
+
+    # a tokenizer reused from it lowercases the new text too; --lowercase beside --tokenizer-from is refused
+    again = PrepareConfig(out=str(tmp_path / "again"), test_src=str(files["test"][0]), test_tgt=str(files["test"][1]),
+                          tokenizer_from=str(data.path))
+    second = PreparedData(prepare(again))
+    assert np.array_equal(second.sequences("test", "tgt").flat, data.sequences("test", "tgt").flat)
+    assert second.text_file("test", "tgt").read_bytes() == data.text_file("test", "tgt").read_bytes()
+    with pytest.raises(ConfigError, match=r"prepare.lowercase \(--lowercase\) is not used"):
+        prepare(PrepareConfig(out=str(tmp_path / "x"), test=str(files["test"][1]), tokenizer_from=str(data.path),
+                              lowercase=True))
+
+
+def test_keeping_case_is_the_default_and_leaves_older_fingerprints_alone(pair, tmp_path):
+    """An option added later, at its default, is not in the settings a prepared directory is fingerprinted by."""
+    data = PreparedData(prepare(pair_cfg(pair, tmp_path / "prep")))
+    assert "lowercase" not in data.meta["settings"]
+    assert not lowercases(load_tokenizer(data.tokenizer_file("src")))
+    result = runner.invoke(app, ["prepare", "--src", str(pair["train.de"]), "--tgt", str(pair["train.en"]),
+                                 "--vocab-size", "200", "--lowercase", "-o", str(tmp_path / "lc")])
+    assert result.exit_code == 0, result.output
+    assert lowercases(load_tokenizer(PreparedData(tmp_path / "lc").tokenizer_file("tgt")))
 
 
 def test_separate_vocabularies(pair, tmp_path):

@@ -64,7 +64,7 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     fake_run(out, 31.25)
     args = type("A", (), dict(recipe="multi30k", out=str(out), name=None, pair="de-en", size="cpu",
                               checkpoint="ck", ppl=None, train_args="", wall_s=800.0,
-                              len_penalty=None, resumed=False, bpe=None, seed=None))
+                              len_penalty=None, resumed=False, bpe=None, seed=None, lowercase=False))
     entry = recipe_results.record(args)
     assert entry["training"]["steps"] == 100 and entry["training"]["wall_s"] == 135.5
     assert entry["training"]["median_tgt_tokens_per_s"] == 1200.0 and entry["training"]["best_valid_loss"] == 3.5
@@ -101,6 +101,9 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
                                          "train_args": "--set train.lr=0.001"}))
     all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
     assert "multi30k-de-en/cpu (BPE=4000 SEED=2 --set train.lr=0.001)" in all_
+    # and text prepared lowercased (every score of it then lowercased too)
+    recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "post"), "lowercase": True}))
+    assert "multi30k-de-en/cpu (LOWERCASE=1)" in json.loads((tmp_path / "results" / "recipes.json").read_text())
     # a resumed recipe's clock saw only its last part: no whole-recipe time is claimed for it
     entry = recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "again"), "resumed": True}))
     assert entry["resumed"] and "recipe_wall_s" not in entry
@@ -118,7 +121,7 @@ def test_demo_records_its_scores_time_and_machine(tmp_path, monkeypatch):
     out = tmp_path / "demo"
     fake_run(out, 98.5)
     args = type("A", (), dict(recipe="demo", out=str(out), name="demo", pair=None, size="cpu", checkpoint="ck",
-                              ppl=None, train_args="", wall_s=114.0, len_penalty=None, resumed=False, bpe=None, seed=None))
+                              ppl=None, train_args="", wall_s=114.0, len_penalty=None, resumed=False, bpe=None, seed=None, lowercase=False))
     entry = recipe_results.record(args)
     assert entry["sacrebleu"]["BLEU"]["score"] == 98.5 and entry["recipe_wall_s"] == 114.0
     assert entry["hardware"]["cpu"] and entry["hardware"]["cpus"]
@@ -137,7 +140,7 @@ def test_a_cpu_without_native_bf16_records_its_fp32_run_beside_the_bf16_one(tmp_
     monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
     monkeypatch.setattr(recipe_results, "README", tmp_path / "README.md")
     args = dict(recipe="multi30k", name=None, pair="de-en", size="cpu-long", checkpoint="ck", ppl=None,
-                train_args="", wall_s=800.0, len_penalty=None, resumed=False, bpe=None, seed=None)
+                train_args="", wall_s=800.0, len_penalty=None, resumed=False, bpe=None, seed=None, lowercase=False)
     for name, precision, bleu in (("amx", "bf16", 42.0), ("fp32", "fp32", 41.0)):
         out = tmp_path / name
         fake_run(out, bleu)
@@ -156,7 +159,7 @@ def test_the_readme_table_shows_one_option_variants_and_leaves_the_rest_to_recip
     monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
     monkeypatch.setattr(recipe_results, "README", tmp_path / "README.md")
     args = dict(recipe="multi30k", name=None, pair="de-en", size="cpu", checkpoint="ck", ppl=None, wall_s=800.0,
-                len_penalty=None, resumed=False, bpe=None, seed=None)
+                len_penalty=None, resumed=False, bpe=None, seed=None, lowercase=False)
     for i, (extra, bpe, seed) in enumerate([("", None, None), ("--set model.qk_norm=false", None, None),
                                             ("--set train.max_tokens=3000", None, None),
                                             ("--set train.lr=0.002 --set model.qk_norm=true", None, None),

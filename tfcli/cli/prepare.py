@@ -93,6 +93,11 @@ def prepare(
         None, "--streaming/--no-streaming", rich_help_panel=_HUB, help="Stream rows instead of caching the dataset first."
     ),
     nfc: Optional[bool] = typer.Option(None, "--nfc/--no-nfc", rich_help_panel=_CLEAN, help="Unicode NFC normalisation."),
+    lowercase: Optional[bool] = typer.Option(
+        None, "--lowercase/--keep-case", rich_help_panel=_CLEAN,
+        help="Lowercase every side (as fairseq's IWSLT'14 example does); the saved tokenizers lowercase "
+        "what they encode, so translate takes cased input and writes lowercase \\[default: keep case].",
+    ),
     strip: Optional[bool] = typer.Option(
         None, "--strip/--no-strip", rich_help_panel=_CLEAN, help="Strip leading/trailing whitespace \\[default: on; never in document mode]."
     ),
@@ -165,7 +170,8 @@ def prepare(
         train=train, valid=valid, test=test, format=fmt, src_field=src_field, tgt_field=tgt_field,
         text_field=text_field, mono_mode=mono_mode, valid_ratio=valid_ratio, dataset=dataset,
         dataset_config=dataset_config, data_files=data_files or None, dataset_splits=dataset_splits or None,
-        streaming=streaming, nfc=nfc, strip=strip, drop_empty=drop_empty, dedupe=dedupe, max_length=max_length, max_ratio=max_ratio,
+        streaming=streaming, nfc=nfc, lowercase=lowercase, strip=strip, drop_empty=drop_empty, dedupe=dedupe,
+        max_length=max_length, max_ratio=max_ratio,
         tokenizer=tokenizer, vocab_size=vocab_size, joint_vocab=joint_vocab,
         tokenizer_from=tokenizer_from, tokenizer_sample=tokenizer_sample, encoding_errors=encoding_errors,
     )

@@ -18,6 +18,11 @@ import unicodedata
 from typing import Sequence
 
 import numpy as np
+from tokenizers import normalizers
+
+# the saved tokenizer's own lowercasing (Rust's per-character lowercase), so that prepared text and text encoded
+# later agree exactly (Python's str.lower differs from it, e.g. on a word-final capital sigma)
+LOWERCASE = normalizers.Lowercase()
 
 COLUMNS = ("input", "empty", "duplicate", "too_long", "ratio", "kept")
 _LINE_BREAKS = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
@@ -36,8 +41,11 @@ def add_input(counts: dict[str, int], n: int) -> None:
     counts["kept"] += n
 
 
-def normalize(texts: Sequence[str], nfc: bool = True, strip: bool = True, one_line: bool = True) -> list[str]:
-    """Unicode NFC, line breaks inside a row turned into spaces (`one_line`), surrounding whitespace stripped.
+def normalize(
+    texts: Sequence[str], nfc: bool = True, strip: bool = True, one_line: bool = True, lowercase: bool = False
+) -> list[str]:
+    """Unicode NFC, lowercased (`lowercase`), line breaks inside a row turned into spaces (`one_line`),
+    surrounding whitespace stripped.
 
     `one_line` keeps the {split}.{side}.txt files aligned with the sequences; document and paragraph modes turn it
     off (their newlines are part of the text).
@@ -46,6 +54,8 @@ def normalize(texts: Sequence[str], nfc: bool = True, strip: bool = True, one_li
     for t in texts:
         if nfc:
             t = unicodedata.normalize("NFC", t)
+        if lowercase:
+            t = LOWERCASE.normalize_str(t)
         if one_line:
             t = _LINE_BREAKS.sub(" ", t)
         if strip:

@@ -41,6 +41,7 @@ class PrepareConfig:
     streaming: bool = False
     # cleaning
     nfc: bool = True
+    lowercase: bool = False  # every side lowercased, and the saved tokenizers lowercase what they encode
     strip: bool = True
     drop_empty: bool = True  # keep them for WikiText-style evaluation (an empty line still counts one </s>)
     dedupe: bool = False

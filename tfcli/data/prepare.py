@@ -18,7 +18,7 @@ import itertools
 import json
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -28,7 +28,8 @@ from tfcli.data.config import PrepareConfig
 from tfcli.data import cleaning, loading
 from tfcli.data.prepared import FORMAT, FORMAT_VERSION, PreparedData, SequenceWriter, new_meta
 from tfcli.data.tokenizer import (
-    SENTENCEPIECE_SUFFIXES, encode_chunks, for_nfc_text, load_tokenizer, save_tokenizer, train_tokenizer,
+    SENTENCEPIECE_SUFFIXES, encode_chunks, for_clean_text, load_tokenizer, lowercases, save_tokenizer,
+    train_tokenizer,
 )
 from tfcli.errors import ConfigError, InputError, TfcliError
 from tfcli.io import atomic_dir, encoding_errors, refuse_overwriting_inputs, run_lock
@@ -121,6 +122,8 @@ def _refuse_unused(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -
     if cfg.tokenizer_from:
         unused += [(name, "trains a tokenizer; --tokenizer-from reuses one")
                    for name in ("tokenizer", "vocab_size", "tokenizer_sample", "joint_vocab")]
+        unused.append(("lowercase", "makes the trained tokenizer lowercase; with --tokenizer-from the text is "
+                                    "lowercased exactly when the reused tokenizer lowercases"))
     if "valid" in sources:
         unused.append(("valid_ratio", "cuts a valid split from train; a valid split is given"))
     if sources and all(s.fmt == "pair" for s in sources.values()):
@@ -188,7 +191,7 @@ def _input_files(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -> 
 
 # Options added after prepared directories existed: left out of the fingerprint at their default, so that a
 # directory prepared before them is still up to date.
-ADDED_LATER = {"tokenizer_sample": 0, "encoding_errors": "strict"}
+ADDED_LATER = {"tokenizer_sample": 0, "encoding_errors": "strict", "lowercase": False}
 
 
 def _settings(cfg: PrepareConfig) -> dict:
@@ -315,7 +318,7 @@ def _clean(cols: list[list[str]], split: str, kind: str, cfg: PrepareConfig, cou
     """One chunk of a split, cleaned (see tfcli/data/cleaning.py); `counts` and `dedupe` carry over between chunks."""
     one_line = kind == "parallel" or cfg.mono_mode == "line"
     strip = cfg.strip and cfg.mono_mode != "document"
-    cols = [cleaning.normalize(c, nfc=cfg.nfc, strip=strip, one_line=one_line) for c in cols]
+    cols = [cleaning.normalize(c, nfc=cfg.nfc, strip=strip, one_line=one_line, lowercase=cfg.lowercase) for c in cols]
     cleaning.add_input(counts, len(cols[0]))
     if cfg.drop_empty:
         cols = cleaning.drop_empty(cols, counts)
@@ -488,6 +491,9 @@ def _prepare(
             log(UP_TO_DATE.format(out=out))
             return out
 
+    if cfg.tokenizer_from:  # a reused tokenizer that lowercases: the prepared text (valid references too) follows it
+        reused = [load_tokenizer(files[f"tokenizer.{side}"]) for side in _sides(kind)]
+        cfg = replace(cfg, lowercase=any(lowercases(tok) for tok in reused))
     rows, labels = _rows(cfg, kind, sources)
     if cfg.valid_ratio:
         _cut_valid(rows, labels, cfg.valid_ratio, cfg.mono_mode)
@@ -573,8 +579,7 @@ def _encode(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, ki
             counts: dict) -> dict:
     """Encode one staged split chunk by chunk (the Rust library uses every core), apply the token-length filters
     to train pairs, and write the ids; returns {side: what meta.json records}."""
-    if cfg.nfc:  # the staged text is NFC already
-        toks = {side: for_nfc_text(tok) for side, tok in toks.items()}
+    toks = {side: for_clean_text(tok, cfg.nfc, cfg.lowercase) for side, tok in toks.items()}  # the staged text is clean
     with contextlib.ExitStack() as stack:
         writers = [stack.enter_context(SequenceWriter(tmp, split, side, vocab[side])) for side in sides]
         for ids in encode_chunks([toks[side] for side in sides], _staged_chunks(tmp, split, sides, CHUNK_ROWS)):
@@ -596,9 +601,10 @@ def _train_tokenizers(cfg: PrepareConfig, kind: str, texts: dict[str, Callable[[
     one per side. Returns ({side: tok}, joint)."""
     if kind == "parallel" and cfg.joint_vocab:
         both = itertools.chain(texts["src"](), texts["tgt"]())
-        tok = train_tokenizer(cfg.tokenizer, both, cfg.vocab_size, nfc=cfg.nfc)
+        tok = train_tokenizer(cfg.tokenizer, both, cfg.vocab_size, nfc=cfg.nfc, lowercase=cfg.lowercase)
         return {"src": tok, "tgt": tok}, True
-    return {side: train_tokenizer(cfg.tokenizer, col(), cfg.vocab_size, nfc=cfg.nfc) for side, col in texts.items()}, False
+    return {side: train_tokenizer(cfg.tokenizer, col(), cfg.vocab_size, nfc=cfg.nfc, lowercase=cfg.lowercase)
+            for side, col in texts.items()}, False
 
 
 def _dropped(counts: dict) -> str:

@@ -43,11 +43,14 @@ TRAIN_WORD_CHARS = 100
 _LONG_WORD = re.compile(r"\S{%d}(?=\S)" % TRAIN_WORD_CHARS)
 
 
-def train_tokenizer(kind: str, texts: Sequence[str], vocab_size: int, nfc: bool = True) -> Tokenizer:
+def train_tokenizer(
+    kind: str, texts: Sequence[str], vocab_size: int, nfc: bool = True, lowercase: bool = False
+) -> Tokenizer:
     """Train a tokenizer of type `kind` on `texts`; `vocab_size` counts the special tokens (ignored for `char`).
 
-    With `nfc` the tokenizer normalises what it encodes to NFC. `texts` are taken as NFC already (prepare's cleaning
-    made them so): the normaliser is attached after training, which spares the Rust library a pass over the corpus.
+    With `nfc` the tokenizer normalises what it encodes to NFC, with `lowercase` it then lowercases it. `texts` are
+    taken as normalised so already (prepare's cleaning made them so): the normaliser is attached after training,
+    which spares the Rust library a pass over the corpus.
     """
     if kind not in TOKENIZER_TYPES:
         raise TfcliError(f"unknown tokenizer type '{kind}' (choose from {', '.join(TOKENIZER_TYPES)})")
@@ -61,10 +64,16 @@ def train_tokenizer(kind: str, texts: Sequence[str], vocab_size: int, nfc: bool 
             raise TfcliError(f"cannot train a {kind} tokenizer with --vocab-size {vocab_size}: {e}") from None
     if kind in ("unigram", "wordpiece"):
         tok = _canonical(tok)
-    if nfc:
-        tok.normalizer = normalizers.NFC()
+    steps = [normalizers.NFC()] * nfc + [normalizers.Lowercase()] * lowercase
+    if steps:
+        tok.normalizer = steps[0] if len(steps) == 1 else normalizers.Sequence(steps)
     tok.encode_special_tokens = True
     return tok
+
+
+def lowercases(tok: Tokenizer) -> bool:
+    """Whether `tok` lowercases what it encodes (`tfcli prepare --lowercase`, or an uncased tokenizer reused)."""
+    return tok.normalizer is not None and tok.normalizer.normalize_str("AÉ") == "aé"
 
 
 def _canonical(tok: Tokenizer) -> Tokenizer:
@@ -196,10 +205,16 @@ def _pieces(texts: Iterable[str]) -> Iterable[str]:
             yield _LONG_WORD.sub(r"\g<0> ", piece) if len(piece) > TRAIN_WORD_CHARS else piece
 
 
-def for_nfc_text(tok: Tokenizer) -> Tokenizer:
-    """`tok` without its NFC step, for texts that are NFC already (prepare's cleaned text): the same ids, less work
-    (NFC is idempotent). Any other normaliser is kept."""
-    if not isinstance(tok.normalizer, normalizers.NFC):
+def for_clean_text(tok: Tokenizer, nfc: bool, lowercase: bool) -> Tokenizer:
+    """`tok` without its normaliser, for texts that prepare's cleaning normalised already (`nfc`: to NFC,
+    `lowercase`: lowercased after that): the same ids, less work. A normaliser with any other step is kept whole."""
+    spec = json.loads(tok.to_str())
+    norm = spec.get("normalizer")
+    if norm is None:
+        return tok
+    steps = norm["normalizers"] if norm["type"] == "Sequence" else [norm]
+    done = ["NFC"] * nfc + ["Lowercase"] * lowercase
+    if [step["type"] for step in steps] not in (done, done[:1], done[1:]):
         return tok
     bare = Tokenizer.from_str(tok.to_str())
     bare.normalizer = None
