@@ -308,6 +308,22 @@ def test_lowercase_text_and_a_tokenizer_that_lowercases_what_it_encodes(kind, tm
                               lowercase=True))
 
 
+def test_the_normaliser_is_dropped_only_where_the_cleaning_did_each_of_its_steps():
+    from tokenizers import normalizers
+
+    from tfcli.data.tokenizer import for_clean_text
+
+    tok = train_tokenizer("bpe", sentences(EN, 50, 1), 100, lowercase=True)  # NFC, then Lowercase
+    assert for_clean_text(tok, nfc=True, lowercase=True).normalizer is None
+    for nfc, lowercase in ((True, False), (False, True), (False, False)):
+        assert for_clean_text(tok, nfc, lowercase).normalizer is not None
+    assert for_clean_text(train_tokenizer("bpe", sentences(EN, 50, 1), 100), True, True).normalizer is None
+    tok.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizers.NFC()])  # another order
+    assert for_clean_text(tok, True, True).normalizer is not None
+    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.StripAccents()])  # another step
+    assert for_clean_text(tok, True, True).normalizer is not None
+
+
 def test_keeping_case_is_the_default_and_leaves_older_fingerprints_alone(pair, tmp_path):
     """An option added later, at its default, is not in the settings a prepared directory is fingerprinted by."""
     data = PreparedData(prepare(pair_cfg(pair, tmp_path / "prep")))

@@ -213,8 +213,9 @@ def for_clean_text(tok: Tokenizer, nfc: bool, lowercase: bool) -> Tokenizer:
     if norm is None:
         return tok
     steps = norm["normalizers"] if norm["type"] == "Sequence" else [norm]
-    done = ["NFC"] * nfc + ["Lowercase"] * lowercase
-    if [step["type"] for step in steps] not in (done, done[:1], done[1:]):
+    types = [step["type"] for step in steps]
+    done = ["NFC"] * nfc + ["Lowercase"] * lowercase  # what the cleaning did, in this order
+    if [t for t in done if t in types] != types:  # a step the cleaning did not do, or another order
         return tok
     bare = Tokenizer.from_str(tok.to_str())
     bare.normalizer = None
