@@ -101,9 +101,16 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
                                          "train_args": "--set train.lr=0.001"}))
     all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
     assert "multi30k-de-en/cpu (BPE=4000 SEED=2 --set train.lr=0.001)" in all_
-    # and text prepared lowercased (every score of it then lowercased too)
-    recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "post"), "lowercase": True}))
-    assert "multi30k-de-en/cpu (LOWERCASE=1)" in json.loads((tmp_path / "results" / "recipes.json").read_text())
+    # and text prepared lowercased: every score of it lowercased too, and the README's table says so
+    fake_run(tmp_path / "lc", 33.0)
+    for name in ("sacrebleu.json", "tokbleu.json"):
+        f = tmp_path / "lc" / name
+        f.write_text(f.read_text().replace("case:mixed", "case:lc").replace('"tok:none"', '"case:lc|tok:none"'))
+    recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "lc"), "lowercase": True}))
+    all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
+    assert all_["multi30k-de-en/cpu (LOWERCASE=1)"]["sacrebleu"]["BLEU"]["score"] == 33.0
+    row = next(r for r in recipe_results.readme_blocks(all_)["recipes"].splitlines() if "LOWERCASE=1" in r)
+    assert "| lowercased: 33.00 sacreBLEU, 36.00 tokenised BLEU |" in row
     # a resumed recipe's clock saw only its last part: no whole-recipe time is claimed for it
     entry = recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "again"), "resumed": True}))
     assert entry["resumed"] and "recipe_wall_s" not in entry
