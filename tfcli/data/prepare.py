@@ -491,9 +491,9 @@ def _prepare(
             log(UP_TO_DATE.format(out=out))
             return out
 
-    if cfg.tokenizer_from:  # a reused tokenizer that lowercases: the prepared text (valid references too) follows it
-        reused = [load_tokenizer(files[f"tokenizer.{side}"]) for side in _sides(kind)]
-        cfg = replace(cfg, lowercase=any(lowercases(tok) for tok in reused))
+    reused = {side: load_tokenizer(files[f"tokenizer.{side}"]) for side in _sides(kind)} if cfg.tokenizer_from else {}
+    if reused:  # a reused tokenizer that lowercases: the prepared text (valid references too) follows it
+        cfg = replace(cfg, lowercase=any(lowercases(tok) for tok in reused.values()))
     rows, labels = _rows(cfg, kind, sources)
     if cfg.valid_ratio:
         _cut_valid(rows, labels, cfg.valid_ratio, cfg.mono_mode)
@@ -518,7 +518,7 @@ def _prepare(
                     raise _UpToDate
 
             if cfg.tokenizer_from:
-                toks = {side: load_tokenizer(files[f"tokenizer.{side}"]) for side in sides}
+                toks = reused
                 joint = kind == "parallel" and inputs[files["tokenizer.src"]] == inputs[files["tokenizer.tgt"]]
                 tokenizer_meta = {"type": "pretrained", "from": cfg.tokenizer_from, "model": type(toks["tgt"].model).__name__}
             else:
