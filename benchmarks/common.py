@@ -89,6 +89,32 @@ def run_tfcli_measured(command: str, args: list[str]) -> tuple[float, int]:
     return seconds, usage.ru_maxrss * 1024  # Linux reports KiB
 
 
+def train_steps(prep: str, config: str, steps: int, warmup: int, out: Path, extra: list[str] = (),
+                launcher: list[str] | None = None) -> tuple[list[dict], dict]:
+    """A short `tfcli train` run with a recipe's config: `steps` steps (`warmup` of them warming up), logged every 25,
+    one validation at the end (loss only). Returns the train rows of its metrics.jsonl and its process's resource
+    use (seconds, minor page faults, peak RSS from wait4()). `launcher`: the Python command that runs the CLI with
+    arguments after it (default: `python -m tfcli`)."""
+    import subprocess
+    import sys
+    import time
+
+    args = [*(launcher or [sys.executable, "-m", "tfcli"]), "train", prep, "-o", str(out), "--config", config,
+            "--set", "train.max_minutes=0", "--set", f"train.max_steps={steps}", "--set", f"train.warmup={warmup}",
+            "--set", f"train.valid_every={steps}", "--set", "train.log_every=25", "--set", "train.valid_bleu=false",
+            "--set", "train.early_stop_metric=loss", "--set", "train.average_last=0", "--seed", "1", *extra]
+    start = time.perf_counter()
+    proc = subprocess.Popen(args, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    err = proc.stderr.read().decode()  # before waiting: a full pipe would block the child
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{err}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    use = {"seconds": time.perf_counter() - start, "minor_faults": usage.ru_minflt, "peak_rss": usage.ru_maxrss * 1024}
+    return [r for r in rows if r["split"] == "train"], use
+
+
 def tfcli_for_inference(model_config: dict, weights: str):
     """A tfcli model from its config (as a dict) and weights saved with safetensors' save_model, run as `tfcli
     translate` and `tfcli lm-generate` run it on the CPU in fp32: its StepModel with packed weights, in a process

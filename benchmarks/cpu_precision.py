@@ -13,16 +13,13 @@ name the CPU and say which it ran. Results: benchmarks/results/cpu_precision.{js
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_name, write_results
+from common import cpu_name, train_steps, trained_precision, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,17 +29,9 @@ PRECISIONS = ("fp32", "native-bf16")
 
 def train(prep: str, config: str, precision: str, steps: int, warmup: int, out: Path) -> list[dict]:
     """The train lines of metrics.jsonl of one `tfcli train` run, and the precision it resolved (from its log)."""
-    args = [sys.executable, "-m", "tfcli", "train", prep, "-o", str(out), "--config", config,
-            "--set", "train.max_minutes=0", "--set", f"train.max_steps={steps}", "--set", f"train.warmup={warmup}",
-            "--set", f"train.valid_every={steps}", "--set", "train.log_every=25", "--set", "train.valid_bleu=false", "--set", "train.early_stop_metric=loss",
-            "--precision", precision, "--seed", "1"]
-    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{res.stderr}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    log = (out / "train.log").read_text()
-    resolved = "bf16" if ", bf16, " in log else "fp32"
-    return [dict(r, resolved=resolved) for r in rows if r["split"] == "train"]
+    rows, _ = train_steps(prep, config, steps, warmup, out, ["--precision", precision])
+    resolved = trained_precision(out)
+    return [dict(r, resolved=resolved) for r in rows]
 
 
 def main() -> None:

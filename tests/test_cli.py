@@ -74,6 +74,26 @@ def test_resume_of_a_finished_run_says_so_and_how_to_extend_it(tmp_path, capsys)
     assert "this run has finished (step 4, max_steps 4)" in err and "--max-steps" in err
 
 
+def test_the_train_command_keeps_freed_memory_and_the_library_does_not(tmp_path, monkeypatch):
+    """`tfcli train` tunes its process's allocator (a training step's logits are reused, not faulted in afresh);
+    the library's train() leaves the process alone."""
+    from helpers import make_parallel_prepared, tiny_train_config
+    from typer.testing import CliRunner
+
+    from tfcli.cli import process
+    from tfcli.train.trainer import train
+
+    calls = []
+    monkeypatch.setattr(process, "keep_freed_memory", lambda: calls.append("tuned") or True)
+    data = make_parallel_prepared(tmp_path / "prep")
+    train(tiny_train_config(data, tmp_path / "lib", max_steps=2, valid_every=2, valid_bleu=False))
+    assert calls == []
+    res = CliRunner().invoke(app, ["train", str(data), "-o", str(tmp_path / "cli"), "--arch", "tiny", "--max-steps",
+                                   "2", "--valid-every", "2", "--no-valid-bleu", "--device", "cpu", "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    assert calls == ["tuned"]
+
+
 def test_train_and_eval_name_the_smoothed_loss_and_the_plain_nll():
     from tfcli.train.log import format_record
 

@@ -1,5 +1,6 @@
-"""What `tfcli translate` and `tfcli lm-generate` do to their own process, which the library never does: the thread
-count the user asked for, and an allocator that keeps freed memory for the next decoding step."""
+"""What the commands do to their own process, which the library never does: `tfcli translate` and `tfcli lm-generate`
+set the thread count the user asked for, and they and `tfcli train` keep freed memory in the allocator for the next
+step."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ def tune_process(device: torch.device | str, threads: int | None) -> None:
 def keep_freed_memory() -> bool:
     """Let glibc keep freed memory for reuse instead of handing it back to the OS at once.
 
-    Decoding allocates tensors of the same sizes every step (logits and log-probs: rows x vocabulary floats, MBs).
-    By default glibc serves blocks above 128 KiB with fresh mmaps and returns them on free, so each step's tensors
-    arrive as new pages that fault on first touch, a visible share of a beam-search step. A 32 MiB
-    mmap threshold (glibc's largest) and no heap trimming below 512 MiB keep them in the heap. Returns False,
-    changing nothing, where the C library is not glibc."""
+    Decoding and training allocate tensors of the same sizes every step (logits and their gradient: rows x
+    vocabulary floats, MBs to hundreds of MBs). By default glibc serves blocks above 128 KiB (at most 32 MiB, as it
+    adapts) with fresh mmaps and unmaps them on free, so each step's tensors arrive as new pages that fault on first
+    touch: a visible share of a beam-search step, and of a training step on the CPU (1,500 tokens x 8,000 words of
+    fp32 logits are 48 MB). An mmap threshold of 1 GiB (32 MiB where glibc refuses more) and no heap trimming below
+    2 GiB keep them in the heap. Returns False, changing nothing, where the C library is not glibc."""
     import ctypes
     import ctypes.util
 
@@ -33,4 +35,5 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 512 << 20))
+    kept = any(mallopt(M_MMAP_THRESHOLD, size) for size in (1 << 30, 32 << 20))
+    return kept and bool(mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1))

@@ -151,6 +151,7 @@ def train(
     Ctrl-C or SIGTERM finishes the step, saves a checkpoint and exits with status 130.
     Prints the best (else the last) checkpoint's path on stdout. "tok/s" counts non-padding target tokens.
     """
+    from tfcli.cli.process import keep_freed_memory
     from tfcli.model.config import PRESETS
     from tfcli.train.trainer import run as run_training
 
@@ -171,6 +172,7 @@ def train(
         device=device, precision=precision, compile=compile_, pad_multiple=pad_multiple, compile_shapes=compile_shapes,
         threads=threads, profile=profile,
     )
+    keep_freed_memory()  # the step's logits and their gradient, reused instead of faulted in afresh each step
     result = run(run_training, config, flags, sets)
     if result.interrupted:
         print(f"interrupted at step {result.step}; saved {result.checkpoint}; continue with: tfcli train -o "
