@@ -19,6 +19,13 @@ def grad_scaler(device_type: str, enabled: bool):
     return torch.cuda.amp.GradScaler(enabled=enabled and device_type == "cuda")
 
 
+def fused_adamw(device_type: str) -> bool:
+    """Whether torch.optim.AdamW(fused=True) runs on this device type: CUDA in every supported torch, the CPU from
+    2.4. Fused, each parameter's update is one kernel instead of a dozen element-wise ops (on a CPU the ops' own
+    overhead dominates for the small tensors of a small model)."""
+    return device_type == "cuda" or (device_type == "cpu" and torch.__version__ >= "2.4")
+
+
 def _onednn_allows(*levels: str) -> bool:
     """Whether oneDNN's own ISA setting (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA; unset: all) reaches a level whose
     name holds one of `levels`, e.g. "AMX" (AVX512_CORE_VNNI keeps it below AMX and AVX-512 BF16)."""

@@ -47,7 +47,7 @@ from tfcli.train.loss import Objective, batch_loss
 from tfcli.train.profiling import StepProfiler
 from tfcli.train.schedule import learning_rate
 from tfcli.train.validation import greedy_bleu, valid_loss
-from tfcli.torch_compat import cpu_has_native_bf16, grad_scaler
+from tfcli.torch_compat import cpu_has_native_bf16, fused_adamw, grad_scaler
 
 
 
@@ -259,7 +259,7 @@ class Trainer:
         groups = [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
         return torch.optim.AdamW(
             groups, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.adam_eps,
-            fused=self.device.type == "cuda" or None,
+            fused=fused_adamw(self.device.type) or None,
         )
 
     def _announce(self, batches: list) -> None:
