@@ -6,10 +6,12 @@ beside them, as Python puts a script's directory first on its path."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import re
+import time
 from pathlib import Path
 
 # The corpora (../shared/data beside the repository, see its README), or $TFCLI_SHARED_DATA, as the tests read them:
@@ -70,48 +72,63 @@ def write_results(out: str | Path, result: dict, markdown: str) -> None:
     print(markdown)
 
 
-def run_tfcli_measured(command: str, args: list[str]) -> tuple[float, int]:
-    """(seconds, peak RSS in bytes) of one `python -m tfcli COMMAND ARGS` process, its RSS from wait4() for that
-    process alone; exits naming the command and its stderr if it fails."""
-    import os
+def run_measured(argv: list[str]):
+    """(seconds, resource usage from wait4() for that process alone) of one command run from the repository root;
+    exits naming the command and its stderr if it fails."""
     import subprocess
-    import sys
     import time
 
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tfcli", command, *args], cwd=Path(__file__).resolve().parents[1],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     err = proc.stderr.read().decode()  # before waiting: a full pipe would block the child
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"tfcli {command} {' '.join(args)} failed:\n{err}")
+        raise SystemExit(f"{' '.join(argv)} failed:\n{err}")
+    return seconds, usage
+
+
+def run_tfcli_measured(command: str, args: list[str]) -> tuple[float, int]:
+    """(seconds, peak RSS in bytes) of one `python -m tfcli COMMAND ARGS` process (run_measured)."""
+    import sys
+
+    seconds, usage = run_measured([sys.executable, "-m", "tfcli", command, *args])
     return seconds, usage.ru_maxrss * 1024  # Linux reports KiB
+
+
+def train_ab_setup(doc: str, steps: int, out: str) -> tuple[argparse.Namespace, dict]:
+    """The arguments and the results header of a side-by-side CPU training benchmark (cpu_precision.py,
+    train_cpu_step.py): a prepared directory, a recipe's config, steps, warmup steps left out of the rate, rounds."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("prep", help="a prepared directory (tfcli prepare)")
+    p.add_argument("--config", default="recipes/multi30k-cpu-long.yaml")
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--warmup", type=int, default=50, help="steps left out of the rate (and the lr warmup)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default=out)
+    args = p.parse_args()
+    res = {"cpu": cpu_name(), "threads": os.cpu_count(), "prep": args.prep, "config": args.config,
+           "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M"),
+           "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    return args, res
 
 
 def train_steps(prep: str, config: str, steps: int, warmup: int, out: Path, extra: list[str] = (),
                 launcher: list[str] | None = None) -> tuple[list[dict], dict]:
     """A short `tfcli train` run with a recipe's config: `steps` steps (`warmup` of them warming up), logged every 25,
     one validation at the end (loss only). Returns the train rows of its metrics.jsonl and its process's resource
-    use (seconds, minor page faults, peak RSS from wait4()). `launcher`: the Python command that runs the CLI with
-    arguments after it (default: `python -m tfcli`)."""
-    import subprocess
+    use (seconds, minor page faults, peak RSS). `launcher`: the Python command that runs the CLI with arguments after
+    it (default: `python -m tfcli`)."""
     import sys
-    import time
 
     args = [*(launcher or [sys.executable, "-m", "tfcli"]), "train", prep, "-o", str(out), "--config", config,
             "--set", "train.max_minutes=0", "--set", f"train.max_steps={steps}", "--set", f"train.warmup={warmup}",
             "--set", f"train.valid_every={steps}", "--set", "train.log_every=25", "--set", "train.valid_bleu=false",
             "--set", "train.early_stop_metric=loss", "--set", "train.average_last=0", "--seed", "1", *extra]
-    start = time.perf_counter()
-    proc = subprocess.Popen(args, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    err = proc.stderr.read().decode()  # before waiting: a full pipe would block the child
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{err}")
+    seconds, usage = run_measured(args)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    use = {"seconds": time.perf_counter() - start, "minor_faults": usage.ru_minflt, "peak_rss": usage.ru_maxrss * 1024}
+    use = {"seconds": seconds, "minor_faults": usage.ru_minflt, "peak_rss": usage.ru_maxrss * 1024}
     return [r for r in rows if r["split"] == "train"], use
 
 

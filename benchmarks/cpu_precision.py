@@ -12,14 +12,12 @@ name the CPU and say which it ran. Results: benchmarks/results/cpu_precision.{js
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-from common import cpu_name, train_steps, trained_precision, write_results
+from common import train_ab_setup, train_steps, trained_precision, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,17 +33,7 @@ def train(prep: str, config: str, precision: str, steps: int, warmup: int, out: 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("prep", help="a prepared directory (tfcli prepare)")
-    p.add_argument("--config", default="recipes/multi30k-cpu-long.yaml")
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--warmup", type=int, default=50, help="steps left out of the rate (and the lr warmup)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--out", default=str(RESULTS / "cpu_precision"))
-    args = p.parse_args()
-    res = {"cpu": cpu_name(), "threads": os.cpu_count(), "prep": args.prep, "config": args.config,
-           "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M"),
-           "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    args, res = train_ab_setup(__doc__, 150, str(RESULTS / "cpu_precision"))
     rates: dict[str, list[float]] = {p: [] for p in PRECISIONS}
     losses: dict[str, dict[int, float]] = {}
     resolved = {}

@@ -19,15 +19,13 @@ is computed: identical; the fused AdamW rounds differently). Results: benchmarks
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import cpu_name, train_steps, trained_precision, write_results
+from common import train_ab_setup, train_steps, trained_precision, write_results
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 # `python -m tfcli` with the named choices declined: everything else is the command as shipped
@@ -42,17 +40,7 @@ VARIANTS = {
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("prep", help="a prepared directory (tfcli prepare)")
-    p.add_argument("--config", default="recipes/multi30k-cpu-long.yaml")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--warmup", type=int, default=50, help="steps left out of the rate (and the lr warmup)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--out", default=str(RESULTS / "train_cpu_step"))
-    args = p.parse_args()
-    res = {"cpu": cpu_name(), "threads": os.cpu_count(), "prep": args.prep, "config": args.config,
-           "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M"),
-           "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    args, res = train_ab_setup(__doc__, 300, str(RESULTS / "train_cpu_step"))
     names = list(VARIANTS)
     rates: dict[str, list[float]] = {v: [] for v in names}
     faults: dict[str, list[int]] = {v: [] for v in names}
