@@ -92,8 +92,8 @@ def _bleu(path: Path) -> dict:
 
 def record(args) -> dict:
     out = Path(args.out)
-    # a variant of the recipe: another BPE size or seed than its own, extra training arguments
-    variant = " ".join(filter(None, [f"BPE={args.bpe}" if args.bpe else "", f"SEED={args.seed}" if args.seed else "",
+    # a variant of the recipe: another vocabulary, BPE size or seed than its own, extra training arguments
+    variant = " ".join(filter(None, [f"VOCAB={args.vocab}" if args.vocab else "", f"BPE={args.bpe}" if args.bpe else "", f"SEED={args.seed}" if args.seed else "",
                                      "LOWERCASE=1" if args.lowercase else "", args.train_args.strip()]))
     size = args.size
     precision = trained_precision(out / "run")
@@ -249,8 +249,8 @@ def readme_blocks(all_: dict) -> dict[str, str]:
             "| --- | --- | --- | ---: | --- |"]
     for key, e in all_.items():
         # a variant of more than one option (another seed, BPE size, training argument) stays in recipes.md
-        variant = re.search(r" \(((?:--|BPE=|SEED=|LOWERCASE=).*)\)$", e["size"])
-        one = r"--set (model|train)\.\w+=[\w.]+|BPE=\d+|LOWERCASE=1"
+        variant = re.search(r" \(((?:--|VOCAB=|BPE=|SEED=|LOWERCASE=).*)\)$", e["size"])
+        one = r"--set (model|train)\.\w+=[\w.]+|VOCAB=\w+|BPE=\d+|LOWERCASE=1"
         if e["recipe"] == "demo" or (variant and not re.fullmatch(one, variant.group(1))):
             continue
         t = e.get("training", {})
@@ -311,7 +311,9 @@ def main() -> None:
     r.add_argument("--resumed", action="store_true", help="the recipe resumed a stopped run (--wall-s is then "
                    "only the last part, and is not recorded)")
     r.add_argument("--len-penalty", type=float, help="the length penalty used on test (chosen on valid)")
-    r.add_argument("--bpe", type=int, help="the run's joint BPE size, where it is not the recipe's own")
+    r.add_argument("--vocab", choices=["joint", "separate"], help="the run's BPE vocabulary (one for both sides or "
+                   "one a side), where it is not the recipe's own")
+    r.add_argument("--bpe", type=int, help="the run's BPE size, where it is not the recipe's own")
     r.add_argument("--seed", type=int, help="the run's seed, where it is not the recipe's own")
     r.add_argument("--lowercase", action="store_true", help="the run was prepared with --lowercase (so scored)")
     r.add_argument("--train-args", default="", help="extra `tfcli train` arguments the run had (TRAIN_ARGS): such a "

@@ -9,8 +9,9 @@
 # x 256, for a GPU). The CPU sizes train on a wall-clock budget (train.max_minutes): the step count is planned from
 # the machine's measured speed and written to the log, so a faster machine trains longer, a slower one less.
 # OUT defaults to runs/multi30k-SRC-TGT-SIZE. Variants, each recorded under its own name beside the recipe's row:
-# TRAIN_ARGS (extra `tfcli train` arguments, e.g. "--set train.lr=0.001"), SEED (default 1), BPE (the joint BPE size,
-# default 8000), LOWERCASE=1 (`prepare --lowercase`: trained on lowercased text, as the en->de anchor was; every score
+# TRAIN_ARGS (extra `tfcli train` arguments, e.g. "--set train.lr=0.001"), SEED (default 1), VOCAB (joint: one BPE
+# vocabulary for both sides, with one embedding table; separate: one a side; default: the size's own, below), BPE
+# (its size; default 8000 joint, 5000 separate), LOWERCASE=1 (`prepare --lowercase`: trained on lowercased text, as the en->de anchor was; every score
 # of the variant is then lowercased, its signatures say so).
 # The data comes from $DATA (default ../shared/data), never from the repository. Scores: sacreBLEU (cased,
 # 13a, detokenised; the default signature), chrF2, and tokenised BLEU (both sides Moses-tokenised with sacremoses,
@@ -24,12 +25,20 @@ SIZE=${3:-cpu}
 OUT=${4:-runs/multi30k-$SRC-$TGT-$SIZE}
 DATA=${DATA:-../shared/data}
 D=$DATA/multi30k
-case $SIZE in cpu) CONFIG=recipes/multi30k-cpu.yaml ;; cpu-long) CONFIG=recipes/multi30k-cpu-long.yaml ;;
-  full) CONFIG=recipes/multi30k.yaml ;;
+# the vocabulary, each size's own: the CPU sizes one BPE of 5,000 a side (the output layer and loss, the step's
+# largest costs at their model size, 5/8 of a joint 8,000's, of which the target side used 4,245: on valid, de-en, the
+# cpu budget, 1.15x the steps and +1.43 beam-5 sacreBLEU; benchmarks/results/ablations.md); full, a joint 8,000
+case $SIZE in cpu) CONFIG=recipes/multi30k-cpu.yaml OWN_VOCAB=separate ;;
+  cpu-long) CONFIG=recipes/multi30k-cpu-long.yaml OWN_VOCAB=separate ;;
+  full) CONFIG=recipes/multi30k.yaml OWN_VOCAB=joint ;;
   *) echo "error: SIZE must be cpu, cpu-long or full, got '$SIZE'" >&2; exit 2 ;; esac
-# the joint BPE size, every size's (4,000 was behind on valid at the cpu budget: benchmarks/results/ablations.md)
-BPE=${BPE:-8000}
-[ "$BPE" = 8000 ] && OTHER_BPE=() || OTHER_BPE=(--bpe "$BPE")
+VOCAB=${VOCAB:-$OWN_VOCAB}
+case $VOCAB in separate) OWN_BPE=5000 ;; joint) OWN_BPE=8000 ;;
+  *) echo "error: VOCAB must be joint or separate, got '$VOCAB'" >&2; exit 2 ;; esac
+[ "$VOCAB" = "$OWN_VOCAB" ] && OTHER_VOCAB=() || OTHER_VOCAB=(--vocab "$VOCAB")
+# the BPE size (a joint 4,000 was behind a joint 8,000 on valid at the cpu budget: benchmarks/results/ablations.md)
+BPE=${BPE:-$OWN_BPE}
+[ "$BPE" = "$OWN_BPE" ] && OTHER_BPE=() || OTHER_BPE=(--bpe "$BPE")
 SEED=${SEED:-1}
 [ "$SEED" = 1 ] && OTHER_SEED=() || OTHER_SEED=(--seed "$SEED")
 LOWERCASE=${LOWERCASE:-0}
@@ -37,9 +46,9 @@ LOWERCASE=${LOWERCASE:-0}
 [ -f "$D/train.$SRC" ] && [ -f "$D/train.$TGT" ] || { echo "error: $D/train.$SRC or $D/train.$TGT not found; set DATA" >&2; exit 1; }
 mkdir -p "$OUT"
 
-echo "== prepare: joint BPE ($BPE), memory-mapped ids" >&2
+echo "== prepare: BPE ($BPE, $VOCAB), memory-mapped ids" >&2
 tfcli prepare --src "$D/train.$SRC" --tgt "$D/train.$TGT" --valid-src "$D/valid.$SRC" --valid-tgt "$D/valid.$TGT" \
-  --test-src "$D/test2016.$SRC" --test-tgt "$D/test2016.$TGT" --tokenizer bpe --vocab-size "$BPE" --joint-vocab \
+  --test-src "$D/test2016.$SRC" --test-tgt "$D/test2016.$TGT" --tokenizer bpe --vocab-size "$BPE" --"$VOCAB"-vocab \
   "${LC[@]}" -o "$OUT/prep"
 
 echo "== train: $CONFIG" >&2
@@ -78,5 +87,5 @@ tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metric
 tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --lowercase \
   --json > "$OUT/tokbleu-lc.json"
 python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT" \
-  --train-args "${TRAIN_ARGS:-}" "${OTHER_BPE[@]}" "${OTHER_SEED[@]}" "${LC[@]}" --len-penalty "$BEST_ALPHA" \
+  --train-args "${TRAIN_ARGS:-}" "${OTHER_VOCAB[@]}" "${OTHER_BPE[@]}" "${OTHER_SEED[@]}" "${LC[@]}" --len-penalty "$BEST_ALPHA" \
   --wall-s "$SECONDS" "${TIMED[@]}"  # the whole recipe's time

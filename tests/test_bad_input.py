@@ -492,6 +492,20 @@ def test_joint_vocabulary_from_prepare_shares_embeddings(prepared, tmp_path):
     assert checkpoint.read_meta(tmp_path / "run")["model"]["share_embeddings"] is True
 
 
+def test_shared_embeddings_over_two_vocabularies_of_one_size_are_refused(tmp_path):
+    # two vocabularies of the same size pass the model's size check: tying them would give unrelated tokens one row
+    src, tgt = corpus(tmp_path)
+    r = cli("prepare", "--src", src, "--tgt", tgt, *PREPARE, "--separate-vocab", "-o", tmp_path / "prep")
+    assert r.exit_code == 0, r.stderr
+    sizes = {side: PreparedData(tmp_path / "prep").vocab_size(side) for side in ("src", "tgt")}
+    assert sizes["src"] == sizes["tgt"]
+    out = tmp_path / "run"
+    failed(cli("train", tmp_path / "prep", "-o", out, "--arch", "tiny", "--max-steps", "1",
+               "--set", "model.share_embeddings=true"),
+           "--separate-vocab", "model.share_embeddings=false", "--joint-vocab")
+    assert not out.exists()
+
+
 # --- interruption -------------------------------------------------------------------------------------------------
 
 TRAIN = ["--arch", "tiny", "--max-tokens", "200", "--lr", "3e-3", "--warmup", "10", "--log-every", "1",

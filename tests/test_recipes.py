@@ -64,7 +64,7 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     fake_run(out, 31.25)
     args = type("A", (), dict(recipe="multi30k", out=str(out), name=None, pair="de-en", size="cpu",
                               checkpoint="ck", ppl=None, train_args="", wall_s=800.0,
-                              len_penalty=None, resumed=False, bpe=None, seed=None, lowercase=False))
+                              len_penalty=None, resumed=False, vocab=None, bpe=None, seed=None, lowercase=False))
     entry = recipe_results.record(args)
     assert entry["training"]["steps"] == 100 and entry["training"]["wall_s"] == 135.5
     assert entry["training"]["median_tgt_tokens_per_s"] == 1200.0 and entry["training"]["best_valid_loss"] == 3.5
@@ -96,11 +96,11 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
     assert all_["multi30k-de-en/cpu"]["sacrebleu"]["BLEU"]["score"] == 32.0
     assert all_["multi30k-de-en/cpu (--set model.norm=post)"]["sacrebleu"]["BLEU"]["score"] == 30.0
-    # so does another BPE size or seed than the recipe's own, named first
-    recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "post"), "bpe": 4000, "seed": 2,
-                                         "train_args": "--set train.lr=0.001"}))
+    # so does another vocabulary, BPE size or seed than the recipe's own, named first
+    recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "post"), "vocab": "joint", "bpe": 4000,
+                                         "seed": 2, "train_args": "--set train.lr=0.001"}))
     all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
-    assert "multi30k-de-en/cpu (BPE=4000 SEED=2 --set train.lr=0.001)" in all_
+    assert "multi30k-de-en/cpu (VOCAB=joint BPE=4000 SEED=2 --set train.lr=0.001)" in all_
     # and text prepared lowercased: every score of it lowercased too, and the README's table says so
     fake_run(tmp_path / "lc", 33.0)
     for name in ("sacrebleu.json", "tokbleu.json"):
@@ -128,7 +128,7 @@ def test_demo_records_its_scores_time_and_machine(tmp_path, monkeypatch):
     out = tmp_path / "demo"
     fake_run(out, 98.5)
     args = type("A", (), dict(recipe="demo", out=str(out), name="demo", pair=None, size="cpu", checkpoint="ck",
-                              ppl=None, train_args="", wall_s=114.0, len_penalty=None, resumed=False, bpe=None, seed=None, lowercase=False))
+                              ppl=None, train_args="", wall_s=114.0, len_penalty=None, resumed=False, vocab=None, bpe=None, seed=None, lowercase=False))
     entry = recipe_results.record(args)
     assert entry["sacrebleu"]["BLEU"]["score"] == 98.5 and entry["recipe_wall_s"] == 114.0
     assert entry["hardware"]["cpu"] and entry["hardware"]["cpus"]
@@ -147,7 +147,7 @@ def test_a_cpu_without_native_bf16_records_its_fp32_run_beside_the_bf16_one(tmp_
     monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
     monkeypatch.setattr(recipe_results, "README", tmp_path / "README.md")
     args = dict(recipe="multi30k", name=None, pair="de-en", size="cpu-long", checkpoint="ck", ppl=None,
-                train_args="", wall_s=800.0, len_penalty=None, resumed=False, bpe=None, seed=None, lowercase=False)
+                train_args="", wall_s=800.0, len_penalty=None, resumed=False, vocab=None, bpe=None, seed=None, lowercase=False)
     for name, precision, bleu in (("amx", "bf16", 42.0), ("fp32", "fp32", 41.0)):
         out = tmp_path / name
         fake_run(out, bleu)
@@ -166,7 +166,7 @@ def test_the_readme_table_shows_one_option_variants_and_leaves_the_rest_to_recip
     monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
     monkeypatch.setattr(recipe_results, "README", tmp_path / "README.md")
     args = dict(recipe="multi30k", name=None, pair="de-en", size="cpu", checkpoint="ck", ppl=None, wall_s=800.0,
-                len_penalty=None, resumed=False, bpe=None, seed=None, lowercase=False)
+                len_penalty=None, resumed=False, vocab=None, bpe=None, seed=None, lowercase=False)
     for i, (extra, bpe, seed) in enumerate([("", None, None), ("--set model.qk_norm=false", None, None),
                                             ("--set train.max_tokens=3000", None, None),
                                             ("--set train.lr=0.002 --set model.qk_norm=true", None, None),

@@ -33,6 +33,11 @@ def run_model_config(cfg: TrainConfig, data, overrides: dict, saved: dict | None
         vocab["src_vocab_size"] = data.vocab_size("src")
         if data.meta.get("joint_vocab") and "share_embeddings" not in overrides:
             overrides = {**overrides, "share_embeddings": True}  # one vocabulary: one embedding table
+        elif not data.meta.get("joint_vocab") and overrides.get("share_embeddings"):
+            # two vocabularies of one size would pass the model's size check and tie unrelated tokens' rows
+            raise ConfigError(f"{data.path}: prepared with one vocabulary a side (--separate-vocab), but "
+                              "model.share_embeddings is true, which needs one joint vocabulary; set "
+                              "model.share_embeddings=false or prepare with --joint-vocab")
     model_cfg = preset(cfg.arch, **{**overrides, **vocab})
     if saved is None:
         return model_cfg
