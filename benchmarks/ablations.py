@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/ablations.py PREP --variants baseline,muon [--seed 1] [--runs DIR]
         [--config recipes/multi30k-cpu.yaml] [--data ../shared/data] [--pair de-en] [--steps N]
 
-PREP: a Multi30k prepared directory as recipes/multi30k.sh makes it (joint BPE 8000); the `bpeN` variants prepare
-their own from the raw text (--data) with another BPE size. Each variant trains with
+PREP: a Multi30k prepared directory (the rows so far: a joint BPE of 8,000, as recipes/multi30k.sh made it before
+its CPU sizes took one BPE of 5,000 a side, `VOCAB=joint` now); the data variants (`bpeN`, `sepN`) prepare their own
+from the raw text (--data). Each variant trains with
 `tfcli train PREP --config CONFIG --seed N --set ...` (the recipe's wall-clock budget, so a slower option trains
 fewer steps: what a user of the recipe gets), alone on the machine, one after another; then its valid scores: the
 last validation's nll and greedy BLEU (300 sentences, from RUN/metrics.jsonl) and sacreBLEU of beam 5 (length
