@@ -11,8 +11,8 @@
 # OUT defaults to runs/multi30k-SRC-TGT-SIZE. Variants, each recorded under its own name beside the recipe's row:
 # TRAIN_ARGS (extra `tfcli train` arguments, e.g. "--set train.lr=0.001"), SEED (default 1), VOCAB (joint: one BPE
 # vocabulary for both sides, with one embedding table; separate: one a side; default: the size's own, below), BPE
-# (its size; default 8000 joint, 5000 separate), LOWERCASE=1 (`prepare --lowercase`: trained on lowercased text, as the en->de anchor was; every score
-# of the variant is then lowercased, its signatures say so).
+# (its size; default 8000 joint, 5000 separate), LOWERCASE=1 (`prepare --lowercase`: trained on lowercased text, as
+# the en->de anchor was; every score of the variant is then lowercased, its signatures say so).
 # The data comes from $DATA (default ../shared/data), never from the repository. Scores: sacreBLEU (cased,
 # 13a, detokenised; the default signature), chrF2, and tokenised BLEU (both sides Moses-tokenised with sacremoses,
 # then BLEU without further tokenisation, as fairseq reports it), and the same lowercased. OUT/result.json holds the figures, signatures,
@@ -25,9 +25,10 @@ SIZE=${3:-cpu}
 OUT=${4:-runs/multi30k-$SRC-$TGT-$SIZE}
 DATA=${DATA:-../shared/data}
 D=$DATA/multi30k
-# the vocabulary, each size's own: the CPU sizes one BPE of 5,000 a side (the output layer and loss, the step's
-# largest costs at their model size, 5/8 of a joint 8,000's, of which the target side used 4,245: on valid, de-en, the
-# cpu budget, 1.15x the steps and +1.43 beam-5 sacreBLEU; benchmarks/results/ablations.md); full, a joint 8,000
+# the vocabulary, each size's own. The CPU sizes: one BPE of 5,000 a side, which makes the output layer and the loss
+# (the largest costs of a step at their model size) 5/8 of a joint 8,000's, of which de->en's target side used only
+# 4,245 tokens; on valid (de-en, the cpu budget, fp32, benchmarks/results/ablations.md) 1.15x the steps and +1.43
+# beam-5 sacreBLEU. full: a joint 8,000.
 case $SIZE in cpu) CONFIG=recipes/multi30k-cpu.yaml OWN_VOCAB=separate ;;
   cpu-long) CONFIG=recipes/multi30k-cpu-long.yaml OWN_VOCAB=separate ;;
   full) CONFIG=recipes/multi30k.yaml OWN_VOCAB=joint ;;
