@@ -250,7 +250,8 @@ def readme_blocks(all_: dict) -> dict[str, str]:
     for key, e in all_.items():
         # a variant of more than one option (another seed, BPE size, training argument) stays in recipes.md
         variant = re.search(r" \(((?:--|VOCAB=|BPE=|SEED=|LOWERCASE=).*)\)$", e["size"])
-        one = r"--set (model|train)\.\w+=[\w.]+|VOCAB=\w+|BPE=\d+|LOWERCASE=1"
+        # (the CPU recipes' earlier vocabulary, VOCAB=joint, counts as no option beside one other: their rows before)
+        one = r"(VOCAB=joint )?(--set (model|train)\.\w+=[\w.]+|BPE=\d+|LOWERCASE=1)|VOCAB=\w+"
         if e["recipe"] == "demo" or (variant and not re.fullmatch(one, variant.group(1))):
             continue
         t = e.get("training", {})

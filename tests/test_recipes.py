@@ -174,8 +174,11 @@ def test_the_readme_table_shows_one_option_variants_and_leaves_the_rest_to_recip
         fake_run(tmp_path / str(i), 30.0 + i)
         recipe_results.record(type("A", (), {**args, "out": str(tmp_path / str(i)), "train_args": extra, "bpe": bpe,
                                              "seed": seed}))
+    fake_run(tmp_path / "joint", 29.0)
+    recipe_results.record(type("A", (), {**args, "out": str(tmp_path / "joint"), "train_args": "", "vocab": "joint"}))
     all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
     table = recipe_results.readme_blocks(all_)["recipes"]
+    assert "`cpu (VOCAB=joint)`" in table  # another vocabulary is one option
     assert "`cpu`" in table and "`cpu (--set model.qk_norm=false)`" in table and "train.lr" not in table
     assert "`cpu (--set train.max_tokens=3000)`" in table and "`cpu (BPE=8000)`" in table
     assert "SEED=2" not in table  # a second seed is a check of the recipe's row, not a recipe
