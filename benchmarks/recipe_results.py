@@ -93,8 +93,9 @@ def _bleu(path: Path) -> dict:
 def record(args) -> dict:
     out = Path(args.out)
     # a variant of the recipe: another vocabulary, BPE size or seed than its own, extra training arguments
-    variant = " ".join(filter(None, [f"VOCAB={args.vocab}" if args.vocab else "", f"BPE={args.bpe}" if args.bpe else "", f"SEED={args.seed}" if args.seed else "",
-                                     "LOWERCASE=1" if args.lowercase else "", args.train_args.strip()]))
+    variant = " ".join(filter(None, [f"VOCAB={args.vocab}" if args.vocab else "", f"BPE={args.bpe}" if args.bpe else "",
+                                     f"SEED={args.seed}" if args.seed else "", "LOWERCASE=1" if args.lowercase else "",
+                                     args.train_args.strip()]))
     size = args.size
     precision = trained_precision(out / "run")
     if fell_back_to_fp32(out / "run"):
@@ -248,7 +249,7 @@ def readme_blocks(all_: dict) -> dict[str, str]:
     rows = ["| recipe | result (test) | published anchor, same metric | whole recipe | machine |",
             "| --- | --- | --- | ---: | --- |"]
     for key, e in all_.items():
-        # a variant of more than one option (another seed, BPE size, training argument) stays in recipes.md
+        # a variant of more than one option (another vocabulary, BPE size, seed, training argument) stays in recipes.md
         variant = re.search(r" \(((?:--|VOCAB=|BPE=|SEED=|LOWERCASE=).*)\)$", e["size"])
         # (the CPU recipes' earlier vocabulary, VOCAB=joint, counts as no option beside one other: their rows before)
         one = r"(VOCAB=joint )?(--set (model|train)\.\w+=[\w.]+|BPE=\d+|LOWERCASE=1)|VOCAB=\w+"

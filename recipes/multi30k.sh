@@ -88,5 +88,5 @@ tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metric
 tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --lowercase \
   --json > "$OUT/tokbleu-lc.json"
 python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT" \
-  --train-args "${TRAIN_ARGS:-}" "${OTHER_VOCAB[@]}" "${OTHER_BPE[@]}" "${OTHER_SEED[@]}" "${LC[@]}" --len-penalty "$BEST_ALPHA" \
-  --wall-s "$SECONDS" "${TIMED[@]}"  # the whole recipe's time
+  --train-args "${TRAIN_ARGS:-}" "${OTHER_VOCAB[@]}" "${OTHER_BPE[@]}" "${OTHER_SEED[@]}" "${LC[@]}" \
+  --len-penalty "$BEST_ALPHA" --wall-s "$SECONDS" "${TIMED[@]}"  # the whole recipe's time
