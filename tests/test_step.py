@@ -379,3 +379,21 @@ def test_the_fixed_shape_step_is_one_graph_per_batch_shape():
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"]
     torch._dynamo.reset()
+
+
+def test_fixed_shape_steps_under_autocast_match_the_shrinking_ones():
+    """Validation during bf16 training decodes the fp32 model under autocast: the fixed-shape decoder writes bf16 keys
+    and values into the cache that keeps the weights' dtype, as the shrinking decoder does."""
+    model, static = model_for(static=True)
+    eager = StepModel(model, static=False)
+    g = torch.Generator().manual_seed(2)
+    src = torch.randint(4, V, (3, 7), generator=g)
+    toks = torch.randint(4, V, (5, 3), generator=g)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = start(static, src, 1, 6), start(eager, src, 1, 6)
+        for tok in [torch.full((3,), BOS_ID), *toks]:
+            torch.testing.assert_close(a.step(tok).float(), b.step(tok).float(), atol=3e-2, rtol=3e-2)
+            a.select(None, torch.zeros(3, 1, dtype=torch.long))
+            b.select(None, torch.zeros(3, 1, dtype=torch.long))
+        a.release()
+        b.release()

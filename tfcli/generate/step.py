@@ -256,7 +256,9 @@ class IncrementalDecoder:
             if isinstance(start, int):
                 kv.view(n, H_kv, -1, 2, dh)[:, :, start : start + r] = new_kv.permute(0, 3, 1, 2, 4)
             else:
-                kv.view(n, H_kv, -1, 2, dh).index_copy_(2, start, new_kv.permute(0, 3, 1, 2, 4))
+                # (under autocast new_kv is bf16 while the cache keeps the weights' dtype: the slice above casts, this
+                # does not)
+                kv.view(n, H_kv, -1, 2, dh).index_copy_(2, start, new_kv.permute(0, 3, 1, 2, 4).to(kv.dtype))
             keys = kv[:, :, :L, :dh].reshape(n * H_kv, L, dh)
             values = kv[:, :, :L, dh:].reshape(n * H_kv, L, dh)
             x = layer.norm_self_out(layer.self_out(self._attend(q, keys.transpose(1, 2), values, self_bias), x))
