@@ -63,13 +63,18 @@ def gpu_name() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
-def write_results(out: str | Path, result: dict, markdown: str) -> None:
-    """OUT.json and OUT.md (OUT is a path without suffix), and the Markdown on stdout."""
+def write_results(out: str | Path, result: dict, markdown: str, quiet: bool = False) -> None:
+    """OUT.json and OUT.md (OUT is a path without suffix), each written whole (temp + rename: a run killed at a time
+    limit leaves the last complete version), and the Markdown on stdout unless `quiet`."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown)
-    print(markdown)
+    texts = {out.with_suffix(".json"): json.dumps(result, indent=2) + "\n", out.with_suffix(".md"): markdown}
+    for path, text in texts.items():
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    if not quiet:
+        print(markdown)
 
 
 def run_measured(argv: list[str]):

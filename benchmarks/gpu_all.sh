@@ -22,7 +22,8 @@
 #                Stage times seen on an H100 (2026-11-24): check 39 s on a fresh machine, tests 88 s, shakespeare
 #                177 s, mfu about 160 s (gpt2-small) + 300 s (base), de-en 405 s, decode 108 s, en-de about as de-en;
 #                on an H200 (2026-11-26): tests 160 s (beside a sweep), sweep 353 s (4 variants), de-en 351 s
-#                (60 epochs at 8k tokens), decode 79 s. A session's device time (15 minutes lately) fits two or
+#                (60 epochs at 8k tokens), decode 79 s; (2026-11-27) de-en 302 s and en-de 318 s trained at once
+#                (100 epochs), decode 78 s, tests 91 s. A session's device time (15 minutes lately) fits two or
 #                three calls: run two chains side by side (below) and call again at once while the machine is warm
 #                (decode needs de-en's model: the same call, or DECODE_RUN on a warm machine).
 #                With BUDGET_S a call's last stage is cut rather than the call lost.

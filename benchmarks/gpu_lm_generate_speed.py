@@ -7,12 +7,13 @@ For each preset, a randomly initialised tfcli decoder-only model of its shapes (
 checkpoint and exported with `tfcli export --to hf` (a GPT-2 model, as a user's export is). Both continue the same
 prompts (--prompt-len tokens, the first </s> as `tfcli lm-generate` starts them, equal lengths: no padding) for
 exactly --new-tokens new tokens (</s> never chosen: tfcli `ignore_eos`, HF min_new_tokens = max_new_tokens; <pad>
-and <s>, which tfcli never picks, suppressed in HF), greedy and top-k sampling (--top-k, temperature 1), --prompts
-rows at each batch size, in --dtype (tfcli: `tfcli.generate.loader.load`, which decodes from a copy of the weights in
+and <s>, which tfcli never picks, suppressed in HF), greedy and top-k sampling (--top-k, temperature 1), --batches
+batches at each batch size (so batch 1 does not take 32 times batch 32's time), in --dtype (tfcli: `tfcli.generate.loader.load`, which decodes from a copy of the weights in
 that dtype on a GPU, as `tfcli lm-generate --dtype` does; HF: its weights cast). New tokens/s: rows x N / time of
 the generation calls (prompts included), the best of --repeats after an untimed pass, CUDA synchronised; for greedy,
 the share of rows identical to tfcli's. tfcli also runs with eager steps (no CUDA graph: `StepModel.static =
-False`), to show what the graph gains. Results: benchmarks/results/gpu_lm_generate_speed.{json,md}.
+False`), to show what the graph gains. Results: benchmarks/results/gpu_lm_generate_speed.{json,md}, rewritten after
+each case, so a run stopped at a time limit keeps the cases it finished (the file says how many of how many).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def main() -> None:
     p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
-    p.add_argument("--prompts", type=int, default=32, help="rows generated per measurement, in batches")
+    p.add_argument("--batches", type=int, default=8, help="batches generated per measurement")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--top-k", type=int, default=40)
@@ -80,13 +81,23 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_lm_generate_speed: no CUDA device; --device cpu --dtype fp32 --quick checks that it runs")
     if args.quick:
-        args.presets, args.vocab, args.prompts, args.new_tokens, args.repeats = ["lm-tiny"], 100, 4, 8, 1
+        args.presets, args.vocab, args.batches, args.new_tokens, args.repeats = ["lm-tiny"], 100, 2, 8, 1
         args.batch_sizes = [1, 4]
     vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(args.vocab - len(SPECIAL_TOKENS))]
     g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(len(SPECIAL_TOKENS), args.vocab, (args.prompts, args.prompt_len), generator=g)
-    prompts[:, 0] = START_ID
-    runs = []
+    all_prompts = torch.randint(len(SPECIAL_TOKENS), args.vocab, (args.batches * max(args.batch_sizes),
+                                                                 args.prompt_len), generator=g)
+    all_prompts[:, 0] = START_ID
+    import transformers
+
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    res = {"device": gpu or f"CPU ({cpu_name()})", "dtype": args.dtype, "vocab": args.vocab,
+           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "batches": args.batches,
+           "repeats": args.repeats, "torch": torch.__version__, "transformers": transformers.__version__,
+           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "runs": [],
+           "cases": len(args.presets) * 2 * len(args.batch_sizes), "check_only": args.quick or device.type != "cuda"}
+    out = Path(args.out) if not res["check_only"] or args.out != str(RESULTS / "gpu_lm_generate_speed") else (
+        Path(tempfile.mkdtemp()) / "gpu_lm_generate_speed")
     for name in args.presets:
         torch.manual_seed(0)
         model = build_model(preset(name, tgt_vocab_size=args.vocab, dropout=0.0)).eval()
@@ -97,9 +108,11 @@ def main() -> None:
             loaded = load(str(Path(tmp) / "ckpt"), device, "lm", args.dtype)
             eager = load(str(Path(tmp) / "ckpt"), device, "lm", args.dtype)
             eager.steps.static = False  # steps op by op, no CUDA graph: what the graph gains
-            hf = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=DTYPES[args.dtype]).to(device).eval()
+            hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=DTYPES[args.dtype]).to(device).eval()
         for top_k in (0, args.top_k):
             for bs in args.batch_sizes:
+                prompts = all_prompts[: args.batches * bs]
+
                 def tfcli_run(steps=loaded.steps):
                     gen_cfg = GenerateConfig(max_new_tokens=args.new_tokens, ignore_eos=True, greedy=top_k == 0,
                                              top_k=top_k, device=args.device, seed=1)
@@ -135,21 +148,19 @@ def main() -> None:
                                        if top_k == 0 else None)}
                 print(f"{name}, {row['search']}, batch {bs}: tfcli {row['tfcli_tok_per_s']:,.0f} tok/s, HF "
                       f"{row['hf_tok_per_s']:,.0f} tok/s ({row['tfcli_over_hf']:.2f}x)", file=sys.stderr)
-                runs.append(row)
+                res["runs"].append(row)
+                write(out, res, args)
 
-    import transformers
 
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    res = {"device": gpu or f"CPU ({cpu_name()})", "dtype": args.dtype, "vocab": args.vocab,
-           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "rows": args.prompts,
-           "repeats": args.repeats, "torch": torch.__version__, "transformers": transformers.__version__,
-           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "runs": runs,
-           "check_only": args.quick or device.type != "cuda"}
+def write(out: Path, res: dict, args) -> None:
+    runs, partial = res["runs"], len(res["runs"]) < res["cases"]
     md = [
         f"# Language-model generation on {res['device']}: tfcli and Hugging Face generate", "",
         *(["**A check that the script runs (a CPU or --quick), not a measurement.**", ""] if res["check_only"] else []),
+        *([f"**{len(runs)} of the {res['cases']} cases: the run stopped (or is still running) before the rest.**", ""]
+          if partial else []),
         f"Random models of each preset's shapes, vocabulary {args.vocab}, exported to GPT-2 by `tfcli export`; "
-        f"{args.prompts} prompts of {args.prompt_len} tokens, exactly {args.new_tokens} new tokens each; {args.dtype}; "
+        f"{args.batches} batches of prompts of {args.prompt_len} tokens at each batch size, exactly {args.new_tokens} new tokens each; {args.dtype}; "
         f"best of {args.repeats} after an untimed pass; torch {res['torch']}, transformers {res['transformers']}; "
         f"{res['date']}. Written by `benchmarks/gpu_lm_generate_speed.py` (its docstring says what is timed).", "",
         "| model | params | search | batch | tfcli tok/s | HF tok/s | tfcli / HF | same output (greedy) | "
@@ -160,9 +171,7 @@ def main() -> None:
           f"{same(r)} | {r['eager_tok_per_s']:,.0f} | {r['tfcli_over_eager']:.2f}x | "
           f"{100 * r['same_as_eager']:.0f}% |" for r in runs], "",
     ]
-    out = Path(args.out) if not res["check_only"] or args.out != str(RESULTS / "gpu_lm_generate_speed") else (
-        Path(tempfile.mkdtemp()) / "gpu_lm_generate_speed")
-    write_results(out, res, "\n".join(md))
+    write_results(out, res, "\n".join(md), quiet=partial)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ def main() -> None:
     eager.loaded.steps.static = False
     with tempfile.TemporaryDirectory() as tmp:
         export(ckpt, "hf", Path(tmp) / "hf")
-        hf = AutoModelForSeq2SeqLM.from_pretrained(Path(tmp) / "hf", torch_dtype=DTYPES[args.dtype]).to(device).eval()
+        hf = AutoModelForSeq2SeqLM.from_pretrained(Path(tmp) / "hf", dtype=DTYPES[args.dtype]).to(device).eval()
     src_ids = [source_ids(ids) for ids in encode_batch(src_tok, lines)]
 
     def tokens(hyps: list[str]) -> int:  # what a system generated, </s> included
