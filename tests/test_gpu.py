@@ -66,6 +66,21 @@ def test_mixed_precision_follows_fp32(tmp_path, parallel, device, precision):
     assert low[30] < 0.8 * low[1]  # it learns
 
 
+@pytest.mark.parametrize(
+    "device,precision",
+    [("cpu", "bf16"), pytest.param("cuda", "bf16", marks=needs_cuda), pytest.param("cuda", "fp16", marks=needs_cuda)],
+)
+def test_validation_bleu_decodes_under_mixed_precision(tmp_path, parallel, device, precision):
+    """Validation's greedy decoding of the fp32 model under autocast (on CUDA: the fixed-shape decoder, whose cache
+    keeps the weights' dtype) runs and is scored at each validation."""
+    cfg = tiny_train_config(parallel, tmp_path / "run", device=device, precision=precision, max_steps=8,
+                            valid_every=4, log_every=4, valid_bleu=True, bleu_max_sentences=16)
+    train(cfg, {"d_model": 64, "d_ff": 128})
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    bleu = [r["bleu"] for r in lines if r["split"] == "valid"]
+    assert len(bleu) == 2 and all(0.0 <= b <= 100.0 for b in bleu)
+
+
 @pytest.mark.parametrize("device", [CUDA])
 def test_compiled_training_follows_eager(tmp_path, parallel, device):
     """torch.compile of the model and its loss: the same losses as eager within float rounding of fused kernels
