@@ -69,6 +69,7 @@ VARIANTS = {
     # results/gpu_ablations.json, each with its settings and command
     "layers4": ["model.n_encoder_layers=4", "model.n_decoder_layers=4"],
     "dropout0.4": ["model.dropout=0.4"],
+    "attn_dropout0.1": ["model.attn_dropout=0.1"],
     "lr0.003": ["train.lr=0.003"],
     "lr0.001": ["train.lr=0.001"],
     "tokens1500": ["train.max_tokens=1500"],  # half the batch: twice the updates in the same tokens

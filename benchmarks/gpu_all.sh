@@ -12,8 +12,9 @@
 #                    bucket against dynamic-shape graphs the buckets share)
 #       de-en en-de  recipes/multi30k.sh SRC TGT full (test2016 read once, at the end)
 #       shakespeare  recipes/shakespeare.sh full
-#       sweep        benchmarks/ablations.py on recipes/multi30k.yaml (de-en, valid only): SWEEP="baseline,..."
-#                    variants, SWEEP_JOBS (4) trained at once on the one GPU, into results/gpu_ablations.{json,md}
+#       sweep        benchmarks/ablations.py on recipes/multi30k.yaml (PAIR, default de-en; valid only):
+#                    SWEEP="baseline,..." variants, SWEEP_JOBS (4) trained at once on the one GPU, into
+#                    results/gpu_ablations.{json,md}
 #       decode       benchmarks/gpu_translate_speed.py: tfcli vs HF generate, beam 5 and greedy, batch 64 and 256,
 #                    bf16, on the de-en model that stage de-en trained (DECODE_RUN: another de-en run; one HF can
 #                    represent: no QK-norm), and tfcli with eager steps (no CUDA graph, the device read every step)
@@ -107,13 +108,14 @@ mfu() {
 multi30k() { recipes/multi30k.sh "$1" "$2" full "$ROOT/.gpu/runs/multi30k-$1-$2-full"; }
 shakespeare() { recipes/shakespeare.sh full "$ROOT/.gpu/runs/shakespeare-char-full"; }
 sweep() {  # recipe choices for multi30k.yaml on valid (benchmarks/ablations.py), several runs at once on one GPU
-  local prep=$ROOT/.gpu/runs/sweep-de-en-prep d=$DATA/multi30k extra=(--set train.device=$DEVICE)
+  local pair=${PAIR:-de-en} d=$DATA/multi30k extra=(--set train.device=$DEVICE) prep src tgt
+  prep=$ROOT/.gpu/runs/sweep-$pair-prep src=${pair%-*} tgt=${pair#*-}
   [ "$DEVICE" = cpu ] && extra+=(--set train.max_steps=4 --set train.max_epochs=0 --set train.valid_every=2
                                  --out "$ROOT/.gpu/toy-results/gpu_ablations")
-  [ -d "$prep" ] || tfcli prepare --src "$d/train.de" --tgt "$d/train.en" --valid-src "$d/valid.de" \
-    --valid-tgt "$d/valid.en" --tokenizer bpe --vocab-size 8000 --joint-vocab -o "$prep"
-  python3 benchmarks/ablations.py "$prep" --config recipes/multi30k.yaml --data "$DATA" --pair de-en \
-    --variants "${SWEEP:-baseline,layers4,dropout0.4,lr0.003}" --jobs "${SWEEP_JOBS:-4}" \
+  [ -d "$prep" ] || tfcli prepare --src "$d/train.$src" --tgt "$d/train.$tgt" --valid-src "$d/valid.$src" \
+    --valid-tgt "$d/valid.$tgt" --tokenizer bpe --vocab-size 8000 --joint-vocab -o "$prep"
+  python3 benchmarks/ablations.py "$prep" --config recipes/multi30k.yaml --data "$DATA" --pair "$pair" \
+    --variants "${SWEEP:-baseline,sep5000,dropout0.4,attn_dropout0.1}" --jobs "${SWEEP_JOBS:-4}" \
     --runs "$ROOT/.gpu/runs/sweep" --out benchmarks/results/gpu_ablations "${extra[@]}"
 }
 decode() {
