@@ -8,10 +8,11 @@ checkpoint and exported with `tfcli export --to hf` (a GPT-2 model, as a user's 
 prompts (--prompt-len tokens, the first </s> as `tfcli lm-generate` starts them, equal lengths: no padding) for
 exactly --new-tokens new tokens (</s> never chosen: tfcli `ignore_eos`, HF min_new_tokens = max_new_tokens; <pad>
 and <s>, which tfcli never picks, suppressed in HF), greedy and top-k sampling (--top-k, temperature 1), --batches
-batches at each batch size (so batch 1 does not take 32 times batch 32's time), in --dtype (tfcli: `tfcli.generate.loader.load`, which decodes from a copy of the weights in
-that dtype on a GPU, as `tfcli lm-generate --dtype` does; HF: its weights cast). New tokens/s: rows x N / time of
-the generation calls (prompts included), the best of --repeats after an untimed pass, CUDA synchronised; for greedy,
-the share of rows identical to tfcli's. tfcli also runs with eager steps (no CUDA graph: `StepModel.static =
+batches at each batch size (so that batch 1 does not take 32 times batch 32's time), in --dtype (tfcli:
+`tfcli.generate.loader.load`, which decodes from a copy of the weights in that dtype on a GPU, as `tfcli
+lm-generate --dtype` does; HF: its weights cast). New tokens/s: rows x N / time of the generation calls (prompts
+included), the best of --repeats after an untimed pass, CUDA synchronised; for greedy, the share of rows identical
+to tfcli's. tfcli also runs with eager steps (no CUDA graph: `StepModel.static =
 False`), to show what the graph gains. Results: benchmarks/results/gpu_lm_generate_speed.{json,md}, rewritten after
 each case, so a run stopped at a time limit keeps the cases it finished (the file says how many of how many).
 """
@@ -160,7 +161,8 @@ def write(out: Path, res: dict, args) -> None:
         *([f"**{len(runs)} of the {res['cases']} cases: the run stopped (or is still running) before the rest.**", ""]
           if partial else []),
         f"Random models of each preset's shapes, vocabulary {args.vocab}, exported to GPT-2 by `tfcli export`; "
-        f"{args.batches} batches of prompts of {args.prompt_len} tokens at each batch size, exactly {args.new_tokens} new tokens each; {args.dtype}; "
+        f"{args.batches} batches of prompts of {args.prompt_len} tokens at each batch size, exactly "
+        f"{args.new_tokens} new tokens each; {args.dtype}; "
         f"best of {args.repeats} after an untimed pass; torch {res['torch']}, transformers {res['transformers']}; "
         f"{res['date']}. Written by `benchmarks/gpu_lm_generate_speed.py` (its docstring says what is timed).", "",
         "| model | params | search | batch | tfcli tok/s | HF tok/s | tfcli / HF | same output (greedy) | "
