@@ -66,13 +66,11 @@ def gpu_name() -> str | None:
 def write_results(out: str | Path, result: dict, markdown: str, quiet: bool = False) -> None:
     """OUT.json and OUT.md (OUT is a path without suffix), each written whole (temp + rename: a run killed at a time
     limit leaves the last complete version), and the Markdown on stdout unless `quiet`."""
+    from tfcli.io import atomic_write_text
+
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    texts = {out.with_suffix(".json"): json.dumps(result, indent=2) + "\n", out.with_suffix(".md"): markdown}
-    for path, text in texts.items():
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+    atomic_write_text(out.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out.with_suffix(".md"), markdown)
     if not quiet:
         print(markdown)
 
