@@ -41,6 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import yaml
 from common import SHARED_DATA, cpu_name, fell_back_to_fp32, gpu_name, trained_precision, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,8 +173,10 @@ def prepared(name: str, args) -> tuple[str, str | None]:
 
 
 def config_protocol(config: str) -> str:
-    """Another config's runs compare only with runs of the same text: its name and a hash of its content."""
-    return f"{Path(config).stem} ({hashlib.sha256(Path(config).read_bytes()).hexdigest()[:8]})"
+    """Another config's runs compare only with runs of the same settings: its name and a hash of its content (the
+    parsed YAML, so that a comment changes nothing)."""
+    content = json.dumps(yaml.safe_load(Path(config).read_text(encoding="utf-8")), sort_keys=True)
+    return f"{Path(config).stem} ({hashlib.sha256(content.encode()).hexdigest()[:8]})"
 
 
 def key(e: dict) -> tuple:
@@ -196,7 +199,7 @@ def write(out: Path, entries: list, args) -> None:
         "BLEU of the last validation (300 sentences for the CPU recipes, all for `multi30k.yaml`), and sacreBLEU of beam 5 (length penalty 1.0) on the whole "
         "valid split; `vs baseline`: against the baseline of the same pair, seed and protocol (a config other than the "
         "`cpu` recipe's, and the `cpu` recipe's since QK-norm entered it, are named with the first 8 hex digits of "
-        "the config text's sha256: its version in git; `budget` and `N steps` alone: `recipes/multi30k-cpu.yaml` "
+        "the sha256 of its settings (the config text's before 2026-11-28): its version in git; `budget` and `N steps` alone: `recipes/multi30k-cpu.yaml` "
         "before QK-norm, git 02a265f). Written by `benchmarks/ablations.py`; test2016 is never read.", "",
         "| pair | protocol | variant | seed | steps | s/step | valid nll | greedy BLEU | beam-5 sacreBLEU | "
         "vs baseline | machine | date |",

@@ -9,7 +9,8 @@ The recipes (recipes/*.sh) call `record` as their last step. It reads the run di
 config.yaml) and the score files the recipe wrote, adds the hardware, writes OUT/result.json, and merges that entry
 into benchmarks/results/recipes.json under "NAME/SIZE" (an entry is replaced only by a new run of the same recipe).
 Every figure comes from those files; nothing is typed in by hand. The recipe table (docs/recipes.md) and the README's
-demo sentence are rewritten from recipes.json at the same time (between their <!-- recipes:... --> and <!-- demo:... --> markers).
+demo sentence and table of the recipes as they ship are rewritten from recipes.json at the same time (between their
+<!-- recipes:... -->, <!-- demo:... --> and <!-- current:... --> markers).
 """
 
 from __future__ import annotations
@@ -244,37 +245,51 @@ def _lowercased(e: dict) -> bool:
     return "case:lc" in e["sacrebleu"]["BLEU"]["signature"]
 
 
+# the sizes the recipes ship with (an entry of one of these, or of it " (fp32)", is the recipe as it is today: the
+# rows of an earlier config are renamed by their differences from the current one)
+SHIPPED = re.compile(r"(cpu|cpu-long|full)( \(fp32\))?")
+
+
+def _row(e: dict) -> str:
+    """One recipe table row: what ran, its test result, the anchor, the whole recipe's time, the machine."""
+    t = e.get("training", {})
+    if e["recipe"] == "multi30k" and _lowercased(e):  # trained on lowercased text: every score is lowercased
+        ours = (f"lowercased: {e['sacrebleu']['BLEU']['score']:.2f} sacreBLEU, {e['tokenised_bleu']['score']:.2f} "
+                "tokenised BLEU")
+        what = f"Multi30k {e['pair'].replace('-', '->')}, `{e['size']}`, {t.get('steps', '?')} steps"
+    elif e["recipe"] == "multi30k":
+        ours = (f"{e['sacrebleu']['BLEU']['score']:.2f} sacreBLEU, {e['tokenised_bleu']['score']:.2f} tokenised BLEU"
+                + (f", {e['tokenised_bleu_lowercased']['score']:.2f} lowercased tokenised"
+                   if e.get("tokenised_bleu_lowercased") else ""))
+        what = f"Multi30k {e['pair'].replace('-', '->')}, `{e['size']}`, {t.get('steps', '?')} steps"
+    else:
+        p = e.get("perplexity") or {}
+        ours = f"valid loss {t['best_valid_loss']:.3f}" if t.get("best_valid_loss") is not None else ""
+        if p.get("word_ppl"):
+            ours += f"; {p['split']} perplexity {p['word_ppl']:.0f} per word"
+        what = f"{e['name']}, `{e['size']}`, {t.get('steps', '?')} steps"
+    anchor_text = anchor(e)[0] or "–"
+    time_ = _wall(e) if e.get("recipe_wall_s") is not None else f"(training {_minutes(t['wall_s'])})" if t else ""
+    return f"| {what} | {ours} | {anchor_text} | {time_} | {_machine(e['hardware'])}, {e['date'][:10]} |"
+
+
 def readme_blocks(all_: dict) -> dict[str, str]:
-    """The README's recipe table and demo sentence, from recipes.json."""
-    rows = ["| recipe | result (test) | published anchor, same metric | whole recipe | machine |",
+    """The blocks the documents hold, from recipes.json: `current` (README: each recipe as it ships, its latest
+    run), `recipes` (docs/recipes.md: those and their one-option variants) and `demo` (README: the demo sentence)."""
+    head = ["| recipe | result (test) | published anchor, same metric | whole recipe | machine |",
             "| --- | --- | --- | ---: | --- |"]
-    for key, e in all_.items():
+    rows = []
+    for e in all_.values():
         # a variant of more than one option (another vocabulary, BPE size, seed, training argument) stays in recipes.md
         variant = re.search(r" \(((?:--|VOCAB=|BPE=|SEED=|LOWERCASE=).*)\)$", e["size"])
         # (the CPU recipes' earlier vocabulary, VOCAB=joint, counts as no option beside one other: their rows before)
         one = r"(VOCAB=joint )?(--set (model|train)\.\w+=[\w.]+|BPE=\d+|LOWERCASE=1)|VOCAB=\w+"
         if e["recipe"] == "demo" or (variant and not re.fullmatch(one, variant.group(1))):
             continue
-        t = e.get("training", {})
-        if e["recipe"] == "multi30k" and _lowercased(e):  # trained on lowercased text: every score is lowercased
-            ours = (f"lowercased: {e['sacrebleu']['BLEU']['score']:.2f} sacreBLEU, {e['tokenised_bleu']['score']:.2f} "
-                    "tokenised BLEU")
-            what = f"Multi30k {e['pair'].replace('-', '->')}, `{e['size']}`, {t.get('steps', '?')} steps"
-        elif e["recipe"] == "multi30k":
-            ours = (f"{e['sacrebleu']['BLEU']['score']:.2f} sacreBLEU, {e['tokenised_bleu']['score']:.2f} tokenised BLEU"
-                    + (f", {e['tokenised_bleu_lowercased']['score']:.2f} lowercased tokenised"
-                       if e.get("tokenised_bleu_lowercased") else ""))
-            what = f"Multi30k {e['pair'].replace('-', '->')}, `{e['size']}`, {t.get('steps', '?')} steps"
-        else:
-            p = e.get("perplexity") or {}
-            ours = f"valid loss {t['best_valid_loss']:.3f}" if t.get("best_valid_loss") is not None else ""
-            if p.get("word_ppl"):
-                ours += f"; {p['split']} perplexity {p['word_ppl']:.0f} per word"
-            what = f"{e['name']}, `{e['size']}`, {t.get('steps', '?')} steps"
-        anchor_text = anchor(e)[0] or "–"
-        time_ = _wall(e) if e.get("recipe_wall_s") is not None else f"(training {_minutes(t['wall_s'])})" if t else ""
-        rows.append(f"| {what} | {ours} | {anchor_text} | {time_} | {_machine(e['hardware'])}, {e['date'][:10]} |")
-    blocks = {"recipes": "\n".join(rows)}
+        rows.append(_row(e))
+    shipped = sorted((e for e in all_.values() if e["recipe"] != "demo" and SHIPPED.fullmatch(e["size"])),
+                     key=lambda e: (e["recipe"] != "multi30k", e["name"], e["size"]))
+    blocks = {"recipes": "\n".join(head + rows), "current": "\n".join(head + [_row(e) for e in shipped])}
     demo = all_.get("demo/cpu")
     if demo:
         blocks["demo"] = (f"Measured on {_machine(demo['hardware'])}, {demo['date'][:10]}: "
@@ -285,7 +300,8 @@ def readme_blocks(all_: dict) -> dict[str, str]:
 
 def update_readme(all_: dict, path: Path | None = None) -> None:
     """Replace the text between <!-- NAME:begin --> and <!-- NAME:end --> by each block, in the README (the demo
-    sentence) and in docs/recipes.md beside it (the recipe table): each document holds the markers of its blocks."""
+    sentence, the shipped recipes' table) and in docs/recipes.md beside it (the recipe table with its variants): each
+    document holds the markers of its blocks."""
     for doc in [path] if path else [README, README.parent / "docs" / "recipes.md"]:
         if not doc.exists():
             continue
