@@ -253,15 +253,15 @@ SHIPPED = re.compile(r"(cpu|cpu-long|full)( \(fp32\))?")
 def _row(e: dict) -> str:
     """One recipe table row: what ran, its test result, the anchor, the whole recipe's time, the machine."""
     t = e.get("training", {})
-    if e["recipe"] == "multi30k" and _lowercased(e):  # trained on lowercased text: every score is lowercased
-        ours = (f"lowercased: {e['sacrebleu']['BLEU']['score']:.2f} sacreBLEU, {e['tokenised_bleu']['score']:.2f} "
-                "tokenised BLEU")
+    if e["recipe"] == "multi30k":
         what = f"Multi30k {e['pair'].replace('-', '->')}, `{e['size']}`, {t.get('steps', '?')} steps"
-    elif e["recipe"] == "multi30k":
-        ours = (f"{e['sacrebleu']['BLEU']['score']:.2f} sacreBLEU, {e['tokenised_bleu']['score']:.2f} tokenised BLEU"
-                + (f", {e['tokenised_bleu_lowercased']['score']:.2f} lowercased tokenised"
-                   if e.get("tokenised_bleu_lowercased") else ""))
-        what = f"Multi30k {e['pair'].replace('-', '->')}, `{e['size']}`, {t.get('steps', '?')} steps"
+        bleu, tok = e["sacrebleu"]["BLEU"]["score"], e["tokenised_bleu"]["score"]
+        if _lowercased(e):  # trained on lowercased text: every score is lowercased
+            ours = f"lowercased: {bleu:.2f} sacreBLEU, {tok:.2f} tokenised BLEU"
+        else:
+            lc = e.get("tokenised_bleu_lowercased")
+            ours = f"{bleu:.2f} sacreBLEU, {tok:.2f} tokenised BLEU"
+            ours += f", {lc['score']:.2f} lowercased tokenised" if lc else ""
     else:
         p = e.get("perplexity") or {}
         ours = f"valid loss {t['best_valid_loss']:.3f}" if t.get("best_valid_loss") is not None else ""
