@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from common import cpu_name, fell_back_to_fp32, trained_precision
+from tfcli.io import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 # TFCLI_RECIPE_RESULTS=DIR: record into DIR/recipes.{json,md} and leave the README alone (benchmarks/gpu_all.sh's
@@ -131,18 +132,17 @@ def record(args) -> dict:
             entry["tokenised_bleu_lowercased"] = _bleu(out / "tokbleu-lc.json")["BLEU"]
     if args.ppl:
         entry["perplexity"] = json.loads(Path(args.ppl).read_text())
-    (out / "result.json").write_text(json.dumps(entry, indent=2) + "\n")
+    atomic_write_text(out / "result.json", json.dumps(entry, indent=2) + "\n")
     merge(entry)
     return entry
 
 
 def merge(entry: dict) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     path = RESULTS.with_suffix(".json")
     all_ = json.loads(path.read_text()) if path.exists() else {}
     all_[f"{entry['name']}/{entry['size']}"] = entry
-    path.write_text(json.dumps(dict(sorted(all_.items())), indent=2) + "\n")
-    RESULTS.with_suffix(".md").write_text(table(all_))
+    atomic_write_text(path, json.dumps(dict(sorted(all_.items())), indent=2) + "\n")
+    atomic_write_text(RESULTS.with_suffix(".md"), table(all_))
     if not RESULTS_DIR:
         update_readme(all_)
 
@@ -311,7 +311,7 @@ def update_readme(all_: dict, path: Path | None = None) -> None:
             if begin in text and end in text:
                 head, rest = text.split(begin, 1)
                 text = head + begin + "\n" + block + "\n" + end + rest.split(end, 1)[1]
-        doc.write_text(text, encoding="utf-8")
+        atomic_write_text(doc, text)
 
 
 def main() -> None:
@@ -343,7 +343,7 @@ def main() -> None:
         print(json.dumps({k: e[k] for k in ("name", "size")} | {"result": str(Path(args.out) / "result.json")}))
     else:
         all_ = json.loads(RESULTS.with_suffix(".json").read_text())
-        RESULTS.with_suffix(".md").write_text(table(all_))
+        atomic_write_text(RESULTS.with_suffix(".md"), table(all_))
         update_readme(all_)
     sys.exit(0)
 
