@@ -6,7 +6,7 @@ table is written into the model, so tfcli's interleaved sin/cos layout is kept a
 (`rotary_dim=0`, halves rotated: `rotary_interleave=False`), ReLU/GELU, gated FFNs (SwiGLU, GeGLU: `ffn_glu`),
 LayerNorm or RMSNorm (`rms_norm`), scaled or unscaled embeddings, shared or separate embeddings, tied or separate
 output projection, with or without biases, QK-norm (language models). ReLU^2 has no CTranslate2 activation, and
-its translation models have no QK-norm: both refused.
+its translation models' cross-attention has no per-head QK-norm: both refused.
 
 CTranslate2 reads token strings: the vocabularies are the tokenizers' tokens in id order, and the tokenizer files
 are copied beside the model. A source gets </s> appended by CTranslate2 (`add_source_eos`), as tfcli does; the
@@ -113,8 +113,9 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
         raise TfcliError(f"--to ctranslate2: model.activation {cfg.activation} is not supported (CTranslate2 has no "
                          "such activation, nor has --to hf); a model to export trains with relu, gelu, swiglu or geglu")
     if cfg.qk_norm and cfg.kind == "seq2seq":
-        raise TfcliError("--to ctranslate2: model.qk_norm true is not supported for translation models (CTranslate2 "
-                         "has QK-norm for decoder-only models only); train without it to export")
+        # its spec takes qk_norm, but its cross-attention normalises each query over the whole width, not per head
+        raise TfcliError("--to ctranslate2: model.qk_norm true is not supported for translation models (CTranslate2's "
+                         "cross-attention has no per-head QK-norm); train with --set model.qk_norm=false to export")
     pre = cfg.norm == "pre"
     options = dict(pre_norm=pre, activation=activation, ffn_glu=cfg.activation in GATED, rms_norm=cfg.rms_norm)
     if cfg.n_kv_head is not None:  # grouped-query attention; [q; k; v] fused as CTranslate2 reads them
