@@ -63,14 +63,41 @@ def gpu_name() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+ROOT = Path(__file__).resolve().parents[1]
+# an absolute path of one machine (a POSIX path under a top-level folder, or a Windows drive's)
+_MACHINE_PATH = re.compile(r"(?<![\w.~-])(?:/(?:work|tmp|home|root|mnt|data|opt|srv|scratch|Users|private|var)"
+                           r"|[A-Za-z]:\\)[^\s\"'`|),;\]]*")
+
+
+def portable(text: str, root: Path | str = ROOT) -> str:
+    """`text` without the absolute paths of the machine that wrote it: the repository's own paths relative to it,
+    the corpora's as `../shared/...`, anything else (a run or checkpoint directory) by its last three names."""
+    shared = str(Path(SHARED_DATA).parent)
+
+    def short(m: re.Match) -> str:
+        path = m.group(0)
+        for prefix, to in ((str(root) + "/", ""), (shared + "/", "../shared/"), (shared, "../shared")):
+            if path.startswith(prefix):
+                return to + path[len(prefix):]
+        if "/shared/" in path:
+            return "../shared/" + path.split("/shared/", 1)[1]
+        parts = [p for p in re.split(r"[/\\]", path) if p][1:]  # (without the top folder, a drive, a user's)
+        if path[1:].startswith(("home/", "Users/")) or path[1:3] == ":\\" and parts[:1] == ["Users"]:
+            parts = parts[1:]
+        return "/".join(parts[-3:])
+
+    return _MACHINE_PATH.sub(short, text)
+
+
 def write_results(out: str | Path, result: dict, markdown: str, quiet: bool = False) -> None:
     """OUT.json and OUT.md (OUT is a path without suffix), each written whole (temp + rename: a run killed at a time
-    limit leaves the last complete version), and the Markdown on stdout unless `quiet`."""
+    limit leaves the last complete version), without this machine's paths (`portable`), and the Markdown on stdout
+    unless `quiet`."""
     from tfcli.io import atomic_write_text
 
     out = Path(out)
-    atomic_write_text(out.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
-    atomic_write_text(out.with_suffix(".md"), markdown)
+    atomic_write_text(out.with_suffix(".json"), portable(json.dumps(result, indent=2)) + "\n")
+    atomic_write_text(out.with_suffix(".md"), portable(markdown))
     if not quiet:
         print(markdown)
 

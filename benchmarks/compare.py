@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from common import write_results
+
 
 def rows(report: dict) -> dict[tuple, dict]:
     """{(batch size, decoding): {"tfcli": throughput, "hf": throughput, "unit": ...}} from either benchmark's JSON."""
@@ -64,8 +66,7 @@ def main() -> None:
                      f"{r['tfcli_ratio']:.3f} | {r['hf_ratio']:.3f} |")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_results(out, result, "\n".join(lines) + "\n", quiet=True)
     print("\n".join(lines))
 
 

@@ -43,6 +43,8 @@ def hf_logit_difference(ckpt: str, hf_dir: Path, lines: list[str], hyps: list[st
     from transformers import AutoModelForSeq2SeqLM
 
     from tfcli import checkpoint
+
+    from tfcli import checkpoint_meta
     from tfcli.data.batching import pad, source_ids
     from tfcli.data.tokenizer import encode_batch
     from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
@@ -65,7 +67,7 @@ def hf_logit_difference(ckpt: str, hf_dir: Path, lines: list[str], hyps: list[st
 
 def import_is_exact(ckpt: str, hf_dir: Path, tmp: Path) -> bool:
     from tfcli import checkpoint
-    from tfcli.interop.hf import import_model
+    from tfcli.interop.hf_import import import_model
 
     import_model(hf_dir, tmp / "imported")
     a, _ = checkpoint.load(ckpt)
@@ -83,8 +85,8 @@ def check(ckpt: str, args, tmp: Path) -> dict:
     data = Path(args.data) / "multi30k"
     lines = (data / "test2016.de").read_text(encoding="utf-8").splitlines()
     refs = (data / "test2016.en").read_text(encoding="utf-8").splitlines()
-    cfg = checkpoint.model_config(checkpoint.read_meta(ckpt))
-    out = {"checkpoint": str(checkpoint.resolve(ckpt)), "norm": cfg.norm, "sentences": len(lines)}
+    cfg = checkpoint_meta.model_config(checkpoint_meta.read_meta(ckpt))
+    out = {"checkpoint": str(checkpoint_meta.resolve(ckpt)), "norm": cfg.norm, "sentences": len(lines)}
     dirs = {"fp32": tmp / "ct2", "int8": tmp / "ct2-int8", "hf": tmp / "hf"}
     t = time.perf_counter()
     export(ckpt, "ctranslate2", dirs["fp32"])

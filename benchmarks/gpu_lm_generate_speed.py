@@ -82,7 +82,7 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_lm_generate_speed: no CUDA device; --device cpu --dtype fp32 --quick checks that it runs")
     if args.quick:
-        args.presets, args.vocab, args.batches, args.new_tokens, args.repeats = ["lm-tiny"], 100, 2, 8, 1
+        args.presets, args.vocab, args.batches, args.new_tokens, args.repeats = ["lm-toy"], 100, 2, 8, 1
         args.batch_sizes = [1, 4]
     vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(args.vocab - len(SPECIAL_TOKENS))]
     g = torch.Generator().manual_seed(0)

@@ -69,9 +69,9 @@ CASES = {
 CASES["base-dynamic"] = {**CASES["base"], "train_args": ["--compile-shapes", "dynamic"]}
 # --quick: tiny presets and data, a few steps; only shows that every stage runs
 QUICK = {
-    "gpt2-small": dict(arch="lm-tiny", words=20_000, lexicon=2000, vocab=300, max_len=64, max_tokens=256,
+    "gpt2-small": dict(arch="lm-toy", words=20_000, lexicon=2000, vocab=300, max_len=64, max_tokens=256,
                        grad_accum=2, steps=6, log_every=2, skip=2, profile=(6, 6)),
-    "base": dict(arch="tiny", pairs=800, lexicon=2000, vocab=300, max_len=64, max_tokens=256, steps=6, log_every=2,
+    "base": dict(arch="toy", pairs=800, lexicon=2000, vocab=300, max_len=64, max_tokens=256, steps=6, log_every=2,
                  skip=2, profile=(6, 6)),
 }
 QUICK["base-dynamic"] = QUICK["base"]

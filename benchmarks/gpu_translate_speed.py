@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from common import SHARED_DATA, cpu_name, write_results
+from common import SHARED_DATA, cpu_name, portable, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,7 +92,7 @@ def profile_pass(run, device: torch.device, out: Path) -> Path:
     tables = [op_table(ops, "self_cpu_time_total")] + ([op_table(ops, "self_cuda_time_total")] if cuda else [])
     out.parent.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{out.name}_profile.txt"
-    path.write_text("\n\n".join(tables) + "\n", encoding="utf-8")
+    path.write_text(portable("\n\n".join(tables)) + "\n", encoding="utf-8")
     return path
 
 
@@ -116,6 +116,7 @@ def main() -> None:
 
     import tfcli
     from tfcli import checkpoint
+    from tfcli import checkpoint_meta
     from tfcli.data.batching import source_ids
     from tfcli.data.tokenizer import decode_batch, encode_batch
     from tfcli.errors import TfcliError
@@ -125,10 +126,10 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_translate_speed: no CUDA device; --device cpu --dtype fp32 --limit 40 checks that it runs")
-    ckpt = checkpoint.resolve(args.checkpoint)
-    meta = checkpoint.read_meta(ckpt)
+    ckpt = checkpoint_meta.resolve(args.checkpoint)
+    meta = checkpoint_meta.read_meta(ckpt)
     try:  # before anything is loaded: the comparison needs a model a transformers class can hold
-        hf_arch(checkpoint.model_config(meta))
+        hf_arch(checkpoint_meta.model_config(meta))
     except TfcliError as e:
         sys.exit(f"gpu_translate_speed: {ckpt} cannot be compared with Hugging Face: {e}")
     src_tok, tgt_tok = checkpoint.tokenizer(meta, "src"), checkpoint.tokenizer(meta, "tgt")

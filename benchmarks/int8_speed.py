@@ -59,7 +59,7 @@ def main() -> None:
     args = p.parse_args()
     import sacrebleu
 
-    from tfcli import checkpoint
+    from tfcli import checkpoint_meta
     from tfcli.interop.export import export
 
     data = Path(args.data) / "multi30k"
@@ -67,7 +67,7 @@ def main() -> None:
     refs = (data / "test2016.en").read_text(encoding="utf-8").splitlines()
     res = {"command": shlex.join([".venv/bin/python", "benchmarks/int8_speed.py", *sys.argv[1:]]),
            "cpu": cpu_name(), "threads": args.threads, "batch": args.batch, "beam": 5, "repeats": args.repeats,
-           "checkpoint": str(checkpoint.resolve(args.checkpoint)), "sentences": len(lines),
+           "checkpoint": str(checkpoint_meta.resolve(args.checkpoint)), "sentences": len(lines),
            "date": time.strftime("%Y-%m-%d %H:%M"), "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory() as tmp:
         export(args.checkpoint, "ctranslate2", Path(tmp) / "fp32")

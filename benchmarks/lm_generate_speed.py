@@ -356,7 +356,7 @@ def main():
     p.add_argument("--top-k", type=int, default=40, help="top-k for the sampling runs")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a tiny check run (lm-tiny shapes, a few rows, one repeat)")
+    p.add_argument("--quick", action="store_true", help="a tiny check run (lm-toy shapes, a few rows, one repeat)")
     p.add_argument("--out", default=None, help="results path without suffix (default: benchmarks/results/"
                    "lm_generate_speed; with --quick a temporary directory)")
     p.add_argument("--probe", choices=("tfcli", "hf", "ct2"), help=argparse.SUPPRESS)  # memory subprocess
@@ -365,7 +365,7 @@ def main():
     if args.probe:
         return probe(args)
     if args.quick:
-        args.preset, args.vocab, args.batch_sizes, args.prompts = "lm-tiny", 500, "1,4", 4
+        args.preset, args.vocab, args.batch_sizes, args.prompts = "lm-toy", 500, "1,4", 4
         args.prompt_len, args.new_tokens, args.repeats = 8, 8, 1
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if args.out is None:

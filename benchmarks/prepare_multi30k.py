@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import SHARED_DATA
+from common import SHARED_DATA, portable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,7 +126,7 @@ def main() -> None:
     }
     res_dir = ROOT / "benchmarks" / "results"
     res_dir.mkdir(parents=True, exist_ok=True)
-    (res_dir / "prepare_multi30k.json").write_text(json.dumps(result, indent=2) + "\n")
+    (res_dir / "prepare_multi30k.json").write_text(portable(json.dumps(result, indent=2)) + "\n")
     m = result["machine"]
     md = f"""# `tfcli prepare` on Multi30k de-en
 
@@ -150,7 +150,7 @@ Pairs kept: {', '.join(f'{k} {v:,}' for k, v in result['pairs'].items())}; token
 {', '.join(f'{k} {v:,}' for k, v in result['tokens'].items())}.
 Written by `benchmarks/prepare_multi30k.py`.
 """
-    (res_dir / "prepare_multi30k.md").write_text(md)
+    (res_dir / "prepare_multi30k.md").write_text(portable(md))
     print(md)
 
 

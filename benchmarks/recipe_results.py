@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from common import cpu_name, fell_back_to_fp32, trained_precision
+from common import cpu_name, fell_back_to_fp32, portable, trained_precision
 from tfcli.io import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +112,8 @@ def record(args) -> dict:
         entry["training"] = training(out / "run")
     if args.checkpoint:
         entry["checkpoint"] = args.checkpoint
+    if getattr(args, "load_before", None) is not None:
+        entry["load_before"] = args.load_before  # other processes' load when the recipe started
     if args.resumed:
         entry["resumed"] = True  # the script's clock saw only the last part; training time comes from the run
     elif args.wall_s is not None:
@@ -141,8 +143,8 @@ def merge(entry: dict) -> None:
     path = RESULTS.with_suffix(".json")
     all_ = json.loads(path.read_text()) if path.exists() else {}
     all_[f"{entry['name']}/{entry['size']}"] = entry
-    atomic_write_text(path, json.dumps(dict(sorted(all_.items())), indent=2) + "\n")
-    atomic_write_text(RESULTS.with_suffix(".md"), table(all_))
+    atomic_write_text(path, portable(json.dumps(dict(sorted(all_.items())), indent=2)) + "\n")
+    atomic_write_text(RESULTS.with_suffix(".md"), portable(table(all_)))
     if not RESULTS_DIR:
         update_readme(all_)
 
@@ -273,6 +275,23 @@ def _row(e: dict) -> str:
     return f"| {what} | {ours} | {anchor_text} | {time_} | {_machine(e['hardware'])}, {e['date'][:10]} |"
 
 
+def _line(e: dict) -> str:
+    """One shipped recipe in a line: its test result, steps, the whole recipe's time, the machine."""
+    t = e.get("training", {})
+    if e["recipe"] == "multi30k":
+        what = f"Multi30k {e['pair'].replace('-', '->')} `{e['size']}`"
+        lc = e.get("tokenised_bleu_lowercased")
+        ours = f"{e['sacrebleu']['BLEU']['score']:.2f} sacreBLEU" + (
+            f", {lc['score']:.2f} lowercased tokenised BLEU" if lc and not _lowercased(e) else "") + " on test2016"
+    else:
+        what = f"{e['name']} `{e['size']}`"
+        p = e.get("perplexity") or {}
+        ours = f"valid loss {t['best_valid_loss']:.3f}" if t.get("best_valid_loss") is not None else ""
+        ours += f"; {p['split']} perplexity {p['word_ppl']:.0f} per word" if p.get("word_ppl") else ""
+    time_ = _wall(e) if e.get("recipe_wall_s") is not None else f"training {_minutes(t['wall_s'])}" if t else ""
+    return f"- {what}: {ours} ({t.get('steps', '?')} steps, {time_}; {_machine(e['hardware'])}, {e['date'][:10]})"
+
+
 def readme_blocks(all_: dict) -> dict[str, str]:
     """The blocks the documents hold, from recipes.json: `current` (README: each recipe as it ships, its latest
     run), `recipes` (docs/recipes.md: those and their one-option variants) and `demo` (README: the demo sentence)."""
@@ -287,12 +306,19 @@ def readme_blocks(all_: dict) -> dict[str, str]:
         if e["recipe"] == "demo" or (variant and not re.fullmatch(one, variant.group(1))):
             continue
         rows.append(_row(e))
-    shipped = sorted((e for e in all_.values() if e["recipe"] != "demo" and SHIPPED.fullmatch(e["size"])),
-                     key=lambda e: (e["recipe"] != "multi30k", e["name"], e["size"]))
-    blocks = {"recipes": "\n".join(head + rows), "current": "\n".join(head + [_row(e) for e in shipped])}
+    # README: one line per shipped recipe, its latest run (in fp32 or in bf16, whichever CPU ran it last)
+    latest: dict[tuple, dict] = {}
+    for e in all_.values():
+        if e["recipe"] != "demo" and SHIPPED.fullmatch(e["size"]):
+            key = (e["recipe"] != "multi30k", e["name"], e["size"].removesuffix(" (fp32)"))
+            if key not in latest or e["date"] > latest[key]["date"]:
+                latest[key] = e
+    blocks = {"recipes": "\n".join(head + rows), "current": "\n".join(_line(latest[k]) for k in sorted(latest))}
     demo = all_.get("demo/cpu")
     if demo:
-        blocks["demo"] = (f"Measured on {_machine(demo['hardware'])}, {demo['date'][:10]}: "
+        load = demo.get("load_before")
+        state = "" if load is None else (", idle" if load < 0.5 else f", beside other work (load {load:.1f})")
+        blocks["demo"] = (f"Measured on {_machine(demo['hardware'])}{state}, {demo['date'][:10]}: "
                           f"{_minutes(demo['recipe_wall_s'])}, BLEU {demo['sacrebleu']['BLEU']['score']:.2f}, "
                           f"chrF2 {demo['sacrebleu']['chrF2']['score']:.2f}.")
     return blocks
@@ -326,6 +352,8 @@ def main() -> None:
     r.add_argument("--checkpoint")
     r.add_argument("--ppl", help="a `tfcli eval --model ... --json` output")
     r.add_argument("--wall-s", type=float, help="seconds the whole recipe took (its script times itself)")
+    r.add_argument("--load-before", type=float, help="the 1-minute load average before the recipe started (its "
+                   "script reads /proc/loadavg): whether the machine was idle")
     r.add_argument("--resumed", action="store_true", help="the recipe resumed a stopped run (--wall-s is then "
                    "only the last part, and is not recorded)")
     r.add_argument("--len-penalty", type=float, help="the length penalty used on test (chosen on valid)")
@@ -343,7 +371,7 @@ def main() -> None:
         print(json.dumps({k: e[k] for k in ("name", "size")} | {"result": str(Path(args.out) / "result.json")}))
     else:
         all_ = json.loads(RESULTS.with_suffix(".json").read_text())
-        atomic_write_text(RESULTS.with_suffix(".md"), table(all_))
+        atomic_write_text(RESULTS.with_suffix(".md"), portable(table(all_)))
         update_readme(all_)
     sys.exit(0)
 

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import portable
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
@@ -291,7 +293,7 @@ def main() -> int:
     results.mkdir(parents=True, exist_ok=True)
     status = None if args.summary_only else run_benchmarks(args, results)
     peers = results / "peers.md"
-    peers.write_text(summary(results, status, args.quick))
+    peers.write_text(portable(summary(results, status, args.quick)))
     print(peers.read_text())
     print(f"written: {peers}", file=sys.stderr)
     return 1 if status and any(s.startswith("failed") for s in status.values()) else 0

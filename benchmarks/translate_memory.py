@@ -32,7 +32,7 @@ def tiny_checkpoint(workdir: Path) -> Path:
         (workdir / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     run_tfcli_measured("prepare", ["--src", str(workdir / "train.src"), "--tgt", str(workdir / "train.tgt"),
                                    "--valid-ratio", "0.05", "-o", str(workdir / "prep")])
-    run_tfcli_measured("train", [str(workdir / "prep"), "-o", str(workdir / "run"), "--arch", "tiny",
+    run_tfcli_measured("train", [str(workdir / "prep"), "-o", str(workdir / "run"), "--arch", "toy",
                                  "--set", "model.d_model=64", "--set", "model.d_ff=128", "--max-steps", "300",
                                  "--valid-every", "300", "--no-valid-bleu", "--device", "cpu"])
     return workdir / "run"

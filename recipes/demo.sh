@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-demo}
 D=data/numbers
+LOAD_BEFORE=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "")  # other work on the machine as the demo starts
 mkdir -p "$OUT"
 
 echo "== prepare: clean, train a joint BPE tokenizer, write memory-mapped ids" >&2
@@ -27,4 +28,5 @@ tfcli eval "$OUT/test.hyp.fr" -r $D/test.fr --metrics bleu,chrf --json > "$OUT/s
 paste -d'\n' <(head -3 $D/test.en | sed 's/^/src: /') <(head -3 "$OUT/test.hyp.fr" | sed 's/^/hyp: /') \
   <(head -3 $D/test.fr | sed 's/^/ref: /') >&2
 # the figures, with the machine and the wall time of all of the above, into benchmarks/results/recipes.{json,md}
-python3 benchmarks/recipe_results.py record demo "$OUT" --name demo --size cpu --checkpoint "$CKPT" --wall-s "$SECONDS" >&2
+python3 benchmarks/recipe_results.py record demo "$OUT" --name demo --size cpu --checkpoint "$CKPT" --wall-s "$SECONDS" \
+  ${LOAD_BEFORE:+--load-before "$LOAD_BEFORE"} >&2

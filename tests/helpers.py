@@ -117,7 +117,7 @@ def tiny_train_config(data: Path | str, out: Path | str, **overrides):
     from tfcli.train.config import TrainConfig
 
     fields = dict(
-        data=str(data), out=str(out), arch="tiny", max_tokens=512, lr=3e-3, warmup=20, max_steps=150, max_epochs=0,
+        data=str(data), out=str(out), arch="toy", max_tokens=512, lr=3e-3, warmup=20, max_steps=150, max_epochs=0,
         log_every=25, valid_every=75, label_smoothing=0.0, clip_norm=1.0, device="cpu", tensorboard=False,
         bleu_max_sentences=20, threads=1,  # one thread: the test machine's cores are shared
     )
@@ -131,8 +131,8 @@ def train_tiny_checkpoint(
     """Prepare a synthetic task under `tmp` and train a tiny model on it; returns the run directory
     (`tfcli.checkpoint.resolve(run)` gives its best checkpoint). A few seconds on a CPU.
 
-    kind "parallel": the `tiny` encoder-decoder (d_model 64) on a copy (default) or reverse task; kind "mono":
-    `lm-tiny` on the counting task. How far it learns differs between CPUs (other float kernels), so tests use it for
+    kind "parallel": the `toy` encoder-decoder (d_model 64) on a copy (default) or reverse task; kind "mono":
+    `lm-toy` on the counting task. How far it learns differs between CPUs (other float kernels), so tests use it for
     what the trainer writes, never for what the model outputs (for that: copy_model, successor_lm below).
     """
     from tfcli.train.trainer import train as run_train
@@ -146,7 +146,7 @@ def train_tiny_checkpoint(
     else:
         data = make_mono_prepared(tmp / "prep-lm")
         train = {"max_len": 32, **train}
-        cfg = tiny_train_config(data, tmp / "run-lm", arch="lm-tiny", max_steps=steps, valid_every=steps, **train)
+        cfg = tiny_train_config(data, tmp / "run-lm", arch="lm-toy", max_steps=steps, valid_every=steps, **train)
         overrides = dict(model or {})
     run_train(cfg, overrides)
     return Path(cfg.out)
@@ -204,7 +204,7 @@ def copy_model(n_words: int = 20, max_len: int = 32, n_layers: int = 2, logit_sc
     d_head = D // 2
     assert d_head >= P and d_head >= V
     cfg = preset(
-        "tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=D, n_head=2, d_ff=16, n_encoder_layers=n_layers,
+        "toy", src_vocab_size=V, tgt_vocab_size=V, d_model=D, n_head=2, d_ff=16, n_encoder_layers=n_layers,
         n_decoder_layers=n_layers, positions="learned", max_len=P, scale_embedding=False, share_embeddings=True,
         tie_output=False, norm="pre", dropout=0.0,
     )
@@ -246,7 +246,7 @@ def successor_lm(vocab: list[str], successor: dict[int, int], max_len: int = 48,
     V = len(vocab)
     D = V + V % 2 + 2
     D += (-D) % 4
-    cfg = preset("lm-tiny", tgt_vocab_size=V, d_model=D, n_head=4, d_ff=16, max_len=max_len, tie_output=False)
+    cfg = preset("lm-toy", tgt_vocab_size=V, d_model=D, n_head=4, d_ff=16, max_len=max_len, tie_output=False)
     model = build_model(cfg).eval()
     _blank(model)
     with torch.no_grad():
@@ -289,7 +289,7 @@ def random_translator(seed: int):
 
     torch.manual_seed(seed)
     v = len(SPECIAL_TOKENS) + len(WORDS)
-    return build_model(preset("tiny", src_vocab_size=v, tgt_vocab_size=v, d_model=64, d_ff=128, max_len=32)).eval()
+    return build_model(preset("toy", src_vocab_size=v, tgt_vocab_size=v, d_model=64, d_ff=128, max_len=32)).eval()
 
 
 def save_random_translator(d: Path, seed: int) -> Path:

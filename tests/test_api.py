@@ -38,12 +38,18 @@ def test_nbest_are_sorted_with_their_scores(copier):
 
 def test_options_are_checked(copier):
     translator = tfcli.load(str(copier), device="cpu")
-    with pytest.raises(ConfigError, match="beam"):
+    # an impossible value is named as the method's argument, never as the command line's flag
+    with pytest.raises(ConfigError, match=r"^translate\(\): beam_size must be at least 1$"):
         translator.translate(TEXTS, beam_size=0)
     with pytest.raises(TypeError, match="no_such_option"):
         translator.translate(TEXTS, no_such_option=1)
-    with pytest.raises(ConfigError, match="--check-every must not be negative"):
+    with pytest.raises(ConfigError, match=r"^translate\(\): check_every must not be negative"):
         translator.translate(TEXTS, check_every=-1)
+    with pytest.raises(ConfigError, match=r"^translate\(\): beam_size: expected an integer, got 'a'$"):
+        translator.translate(TEXTS, beam_size="a")
+    with pytest.raises(ConfigError) as e:
+        translator.translate(TEXTS, sampling=True, topp=2.0)
+    assert "topp in (0, 1]" in str(e.value) and "--" not in str(e.value)
 
 
 def test_generate_continues_the_prompts(counter):

@@ -74,3 +74,30 @@ def test_the_library_reads_no_tfcli_variable_but_its_test_hook():
             continue  # the command line's own: TFCLI_DEBUG
         names = set(re.findall(r"TFCLI_[A-Z_]+", path.read_text(encoding="utf-8")))
         assert names <= {"TFCLI_FAIL_AT"}, (path, names)
+
+
+def test_no_library_function_is_longer_than_80_lines():
+    """Each function of the library reads in one sitting: at most 80 lines of body (docstring excluded); a longer
+    one is several steps that want names of their own."""
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+                if body and node.end_lineno - body[0].lineno + 1 > 80:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}")
+    assert not long, long
+
+
+def test_benchmark_results_hold_current_figures_without_machine_paths():
+    """benchmarks/results holds each benchmark's current figure, the one README and docs cite: no folders of
+    before/after snapshots (a comparison goes in the commit message), and no absolute path of the machine that
+    wrote it (benchmarks/common.portable, which write_results applies)."""
+    results = PACKAGE.parent / "benchmarks" / "results"
+    machine_path = re.compile(r"(?<![\w.~-])/(work|tmp|home|root|mnt|opt|srv|scratch|Users)/")
+    for path in results.iterdir():
+        assert path.is_file(), f"{path}: a folder in benchmarks/results"
+        assert not re.search(r"_(before|after|compare)\d*\.", path.name), f"{path}: a before/after snapshot"
+        text = path.read_text(encoding="utf-8")
+        found = machine_path.search(text)
+        assert found is None, f"{path}: a machine path at {text[found.start():found.start() + 60]!r}"

@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 
 from helpers import make_parallel_prepared, train_tiny_checkpoint, word_tokenizer
 from tfcli import checkpoint
+from tfcli import checkpoint_meta
 from tfcli.cli import app
 from tfcli.config import to_dict
 from tfcli.data.prepared import PreparedData
@@ -118,7 +119,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ckpt(run_dir):
-    return checkpoint.resolve(run_dir)
+    return checkpoint_meta.resolve(run_dir)
 
 
 @pytest.fixture
@@ -341,9 +342,9 @@ def test_text_file_as_checkpoint(ckpt_copy, tmp_path):
 @pytest.mark.parametrize("change", ["d_model", "layers"])
 def test_weights_of_another_architecture(change, ckpt_copy):
     """config.json of this model, weights of another one: a shape mismatch, or missing/unexpected tensors."""
-    cfg = checkpoint.model_config(checkpoint.read_meta(ckpt_copy))
+    cfg = checkpoint_meta.model_config(checkpoint_meta.read_meta(ckpt_copy))
     other = {"d_model": 32, "d_ff": 64} if change == "d_model" else {"n_encoder_layers": 1}
-    model = build_model(preset("tiny", **{**to_dict(cfg), **other}))
+    model = build_model(preset("toy", **{**to_dict(cfg), **other}))
     save_model(model, str(ckpt_copy / "model.safetensors"))
     failed(cli("translate", "-m", ckpt_copy, input=b"w1\n"),
            f"{ckpt_copy / 'model.safetensors'}: does not match the model in config.json")
@@ -363,7 +364,7 @@ def lm_ckpt(tmp_path):
     """An (untrained) language model checkpoint with a word-level tokenizer over w0..w19."""
     tok = word_tokenizer([f"w{i}" for i in range(20)])
     tok.save(str(tmp_path / "tok.json"))
-    cfg = preset("lm-tiny", tgt_vocab_size=tok.get_vocab_size(), max_len=32)
+    cfg = preset("lm-toy", tgt_vocab_size=tok.get_vocab_size(), max_len=32)
     return checkpoint.save(tmp_path / "lm", build_model(cfg).eval(), {"model": to_dict(cfg)},
                            {"tgt": tmp_path / "tok.json"})
 
@@ -461,7 +462,7 @@ def test_config_errors_are_one_clear_line(case, parallel, tmp_path):
         args += ["--set", item]
     out = tmp_path / "out"
     if command == "train":
-        args = ["train", parallel, "-o", out, "--arch", "tiny", "--max-steps", "1", *args]
+        args = ["train", parallel, "-o", out, "--arch", "toy", "--max-steps", "1", *args]
     elif command == "prepare":
         src, tgt = corpus(tmp_path, 20)
         args = ["prepare", "--src", src, "--tgt", tgt, "-o", out, *args]
@@ -472,24 +473,24 @@ def test_config_errors_are_one_clear_line(case, parallel, tmp_path):
 
 
 def test_average_last_above_the_checkpoints_written_averages_what_there_is(parallel, tmp_path):
-    flags = dict(data=str(parallel), out=str(tmp_path / "run"), arch="tiny", max_tokens=200, max_steps=4,
+    flags = dict(data=str(parallel), out=str(tmp_path / "run"), arch="toy", max_tokens=200, max_steps=4,
                  max_epochs=0, valid_every=2, valid_bleu=False, average_last=5, device="cpu", threads=1,
                  tensorboard=False)
     result = run_train_config(None, flags)
     assert result.step == 4
     ckpts = tmp_path / "run" / "checkpoints"
     assert (ckpts / "avg-last2").is_dir() and not (ckpts / "avg-last5").exists()
-    assert checkpoint.read_meta(ckpts / "avg-last2")["averaged_from"] == [
+    assert checkpoint_meta.read_meta(ckpts / "avg-last2")["averaged_from"] == [
         str(ckpts / "step-0000002"), str(ckpts / "step-0000004")]
 
 
 def test_joint_vocabulary_from_prepare_shares_embeddings(prepared, tmp_path):
     prep, _ = prepared
     assert PreparedData(prep).meta["joint_vocab"] is True
-    flags = dict(data=str(prep), out=str(tmp_path / "run"), arch="tiny", max_tokens=200, max_steps=1,
+    flags = dict(data=str(prep), out=str(tmp_path / "run"), arch="toy", max_tokens=200, max_steps=1,
                  max_epochs=0, valid_every=1, valid_bleu=False, device="cpu", threads=1, tensorboard=False)
     run_train_config(None, flags)
-    assert checkpoint.read_meta(tmp_path / "run")["model"]["share_embeddings"] is True
+    assert checkpoint_meta.read_meta(tmp_path / "run")["model"]["share_embeddings"] is True
 
 
 def test_shared_embeddings_over_two_vocabularies_of_one_size_are_refused(tmp_path):
@@ -500,7 +501,7 @@ def test_shared_embeddings_over_two_vocabularies_of_one_size_are_refused(tmp_pat
     sizes = {side: PreparedData(tmp_path / "prep").vocab_size(side) for side in ("src", "tgt")}
     assert sizes["src"] == sizes["tgt"]
     out = tmp_path / "run"
-    failed(cli("train", tmp_path / "prep", "-o", out, "--arch", "tiny", "--max-steps", "1",
+    failed(cli("train", tmp_path / "prep", "-o", out, "--arch", "toy", "--max-steps", "1",
                "--set", "model.share_embeddings=true"),
            "--separate-vocab", "model.share_embeddings=false", "--joint-vocab")
     assert not out.exists()
@@ -508,7 +509,7 @@ def test_shared_embeddings_over_two_vocabularies_of_one_size_are_refused(tmp_pat
 
 # --- interruption -------------------------------------------------------------------------------------------------
 
-TRAIN = ["--arch", "tiny", "--max-tokens", "200", "--lr", "3e-3", "--warmup", "10", "--log-every", "1",
+TRAIN = ["--arch", "toy", "--max-tokens", "200", "--lr", "3e-3", "--warmup", "10", "--log-every", "1",
          "--no-valid-bleu", "--max-epochs", "0", "--device", "cpu", "--threads", "1", "--set", "model.dropout=0.1",
          "--set", "train.tensorboard=false"]
 
@@ -565,7 +566,7 @@ def test_train_kill_9_leaves_a_complete_latest_checkpoint_and_resume_equals_an_u
     code, out, err = tfcli_run("train", "-o", run, "--resume", "--max-steps", target, "--threads", "1")
     assert code == 0, err
     assert leftovers(run / "checkpoints") == [] and not list((run / "checkpoints").glob(".step-*"))
-    flags = dict(data=str(parallel), out=str(tmp_path / "full"), arch="tiny", max_tokens=200, lr=3e-3, warmup=10,
+    flags = dict(data=str(parallel), out=str(tmp_path / "full"), arch="toy", max_tokens=200, lr=3e-3, warmup=10,
                  log_every=1, valid_every=2, valid_bleu=False, max_epochs=0, device="cpu", threads=1,
                  max_steps=target, tensorboard=False)
     run_train_config(None, flags, ["model.dropout=0.1"])
@@ -820,7 +821,7 @@ def test_unexpected_errors_are_one_line_too(tmp_path, monkeypatch):
 def test_os_errors_name_the_file(parallel, tmp_path):
     """An OSError no reader turned into a message (a file where the run directory's parent should be)."""
     (tmp_path / "file").write_text("not a directory\n")
-    r = cli("train", parallel, "-o", tmp_path / "file" / "run", "--arch", "tiny", "--max-steps", "1", "--threads", "1")
+    r = cli("train", parallel, "-o", tmp_path / "file" / "run", "--arch", "toy", "--max-steps", "1", "--threads", "1")
     failed(r, f"{tmp_path / 'file' / 'run'}", "Not a directory")
 
 
@@ -841,3 +842,20 @@ def test_error_with_brackets_on_a_terminal(tmp_path, monkeypatch):
     text = re.sub(r"\x1b\[[0-9;]*m", "", buf.getvalue())
     assert text == (f"error: {weird}:1: invalid UTF-8 (byte 0xff at column 1); convert the file to UTF-8 (or read it "
                     "with --encoding-errors replace)\n")
+
+
+def test_a_prepared_directory_given_as_the_model_says_what_it_is_and_what_to_pass(parallel, tmp_path):
+    r = cli("translate", "-m", parallel, input="a b\n")
+    failed(r, str(parallel), "a prepared directory", "tfcli train", "-m RUN")
+    (tmp_path / "empty-run" / "checkpoints").mkdir(parents=True)
+    failed(cli("translate", "-m", tmp_path / "empty-run", input="a b\n"), "a run directory without a saved checkpoint")
+
+
+def test_import_of_a_config_nested_too_deep_to_read_is_bad_input(tmp_path):
+    """A config.json nested 100,000 deep makes Python's JSON reader give up (RecursionError): one line naming the
+    file, exit 1, nothing written."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    failed(cli("import", hf, "-o", tmp_path / "out"), str(hf / "config.json"), "unreadable")
+    assert not (tmp_path / "out").exists()

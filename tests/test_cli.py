@@ -50,6 +50,22 @@ def test_help_shows_value_types_for_options_and_none_for_flags():
     assert "<int>" in row
 
 
+def test_no_help_text_loses_brackets_to_markup():
+    """Help is rendered as rich markup, where `[word]` is a style and vanishes (`pip install 'tfcli[tensorboard]'`
+    showed as 'tfcli'): every bracket a help text means literally is escaped (\\[), and the extra shows."""
+    import re
+
+    from typer.testing import CliRunner
+
+    markup = re.compile(r"(?<!\\)\[[a-z/#@][^\]]*\]")
+    for name, cmd in _commands().items():
+        texts = [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
+        for text in texts:
+            assert not markup.search(text), (name, markup.search(text).group(0), text)
+    res = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "250"})
+    assert "tfcli[tensorboard]" in res.output
+
+
 def test_shell_completion_is_offered():
     exe = Path(sys.executable).parent / "tfcli"
     # the shell named, not detected from the parent processes (a test runner's parent may be no shell at all):
@@ -88,7 +104,7 @@ def test_the_train_command_keeps_freed_memory_and_the_library_does_not(tmp_path,
     data = make_parallel_prepared(tmp_path / "prep")
     train(tiny_train_config(data, tmp_path / "lib", max_steps=2, valid_every=2, valid_bleu=False))
     assert calls == []
-    res = CliRunner().invoke(app, ["train", str(data), "-o", str(tmp_path / "cli"), "--arch", "tiny", "--max-steps",
+    res = CliRunner().invoke(app, ["train", str(data), "-o", str(tmp_path / "cli"), "--arch", "toy", "--max-steps",
                                    "2", "--valid-every", "2", "--no-valid-bleu", "--device", "cpu", "--threads", "1"])
     assert res.exit_code == 0, res.output
     assert calls == ["tuned"]

@@ -283,9 +283,9 @@ def tiny_checkpoint(path: Path, prep: Path, kind: str, max_len=64) -> Path:
     data = PreparedData(prep)
     V = data.vocab_size("tgt")
     if kind == "lm":
-        cfg = preset("lm-tiny", tgt_vocab_size=V, max_len=max_len)
+        cfg = preset("lm-toy", tgt_vocab_size=V, max_len=max_len)
     else:
-        cfg = preset("tiny", src_vocab_size=V, tgt_vocab_size=V, max_len=max_len)
+        cfg = preset("toy", src_vocab_size=V, tgt_vocab_size=V, max_len=max_len)
     torch.manual_seed(1)
     model = build_model(cfg)
     for p in model.parameters():  # larger than the init, so that the predictions are far from uniform

@@ -52,7 +52,7 @@ def test_train_and_prepare_refuse_a_directory_another_live_process_writes(tmp_pa
             (tmp_path / f".{name}.lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
                                                                "command": "x", "since": "now"}))
         runner = CliRunner()
-        res = runner.invoke(app, ["train", str(data), "-o", str(tmp_path / "run"), "--arch", "tiny", "--max-steps", "2"])
+        res = runner.invoke(app, ["train", str(data), "-o", str(tmp_path / "run"), "--arch", "toy", "--max-steps", "2"])
         assert res.exit_code == 1 and "in use by another tfcli" in res.output
         assert not (tmp_path / "run").exists()  # nothing written
         (tmp_path / "a.txt").write_text("w1 w2\nw3\n")
@@ -148,7 +148,7 @@ def test_training_interrupted_at_any_write_keeps_a_whole_checkpoint_and_resumes(
 
     data = make_parallel_prepared(tmp_path / "prep")
     run = tmp_path / "run"
-    args = ["train", data, "-o", run, "--arch", "tiny", "--max-steps", "4", "--valid-every", "2", "--no-valid-bleu",
+    args = ["train", data, "-o", run, "--arch", "toy", "--max-steps", "4", "--valid-every", "2", "--no-valid-bleu",
             "--threads", "1", "--set", "train.tensorboard=false"]
     for n in range(1, 40):
         shutil.rmtree(run, ignore_errors=True)
@@ -218,7 +218,7 @@ def test_a_file_size_limit_stops_training_with_one_line_keeps_the_checkpoint_and
     from tfcli import checkpoint
 
     data = make_parallel_prepared(tmp_path / "prep")
-    base = [sys.executable, "-m", "tfcli", "train", str(data), "--arch", "tiny", "--valid-every", "2",
+    base = [sys.executable, "-m", "tfcli", "train", str(data), "--arch", "toy", "--valid-every", "2",
             "--no-valid-bleu", "--threads", "1", "--set", "train.tensorboard=false", "--set", "train.schedule=constant"]
 
     def train(out, steps, *more, limit=None):
@@ -249,7 +249,7 @@ def test_a_file_size_limit_stops_training_with_one_line_keeps_the_checkpoint_and
 
 # --- kill -9 at seeded moments: every output whole or absent, the command runs again, training resumes exactly ----
 
-KILLS = 10  # seeded moments per command
+KILLS = 4  # seeded moments per command, one in each quarter of its run
 
 
 def _kill_at(args: list, seconds: float, **kw) -> bool:
@@ -266,7 +266,8 @@ def _kill_at(args: list, seconds: float, **kw) -> bool:
 
 
 def _moments(args: list, seed: int) -> list[float]:
-    """KILLS moments spread over one uninterrupted run of `args` (timed here), drawn with `seed`."""
+    """KILLS moments over one uninterrupted run of `args` (timed here), one drawn (with `seed`) in each of KILLS
+    equal parts of it after its first 0.3 s: start-up, work and the final writes are each hit."""
     import random
     import time
 
@@ -274,7 +275,8 @@ def _moments(args: list, seed: int) -> list[float]:
     subprocess.run([sys.executable, "-m", "tfcli", *map(str, args)], cwd=ROOT, check=True, capture_output=True)
     total = time.perf_counter() - start
     rng = random.Random(seed)
-    return sorted(rng.uniform(0.3, total) for _ in range(KILLS))
+    part = (total - 0.3) / KILLS
+    return [rng.uniform(0.3 + i * part, 0.3 + (i + 1) * part) for i in range(KILLS)]
 
 
 def _temp_entries(directory: Path) -> list[str]:
@@ -304,7 +306,7 @@ def test_kill_9_during_training_then_resume_gives_the_uninterrupted_weights(tmp_
     from tfcli import checkpoint
 
     data = make_parallel_prepared(tmp_path / "prep", n_train=400)
-    common = ["--arch", "tiny", "--max-steps", "24", "--valid-every", "4", "--no-valid-bleu", "--threads", "1",
+    common = ["--arch", "toy", "--max-steps", "24", "--valid-every", "4", "--no-valid-bleu", "--threads", "1",
               "--set", "train.tensorboard=false", "--max-tokens", "256"]
     whole = tmp_path / "whole"
     moments = _moments(["train", data, "-o", whole, *common], seed=2)
@@ -341,13 +343,13 @@ def test_kill_9_during_translate_average_and_export(tmp_path):
         out.write_text("old\n")
         _kill_at(translate, at)
         assert out.read_text() in ("old\n", "\n".join(lines) + "\n")  # the old file or the whole new one
-        assert subprocess.run([sys.executable, "-m", "tfcli", *map(str, translate)], cwd=ROOT).returncode == 0
-        assert out.read_text() == "\n".join(lines) + "\n"
+    assert subprocess.run([sys.executable, "-m", "tfcli", *map(str, translate)], cwd=ROOT).returncode == 0
+    assert out.read_text() == "\n".join(lines) + "\n"  # after the last kill, the command runs again
     assert [p for p in _temp_entries(tmp_path)] == []
 
     run = tmp_path / "run"  # a run with four checkpoints to average
     data = make_parallel_prepared(tmp_path / "prep")
-    subprocess.run([sys.executable, "-m", "tfcli", "train", data, "-o", run, "--arch", "tiny", "--max-steps", "8",
+    subprocess.run([sys.executable, "-m", "tfcli", "train", data, "-o", run, "--arch", "toy", "--max-steps", "8",
                     "--valid-every", "2", "--no-valid-bleu", "--threads", "1", "--set", "train.tensorboard=false",
                     "--keep-last", "4"], cwd=ROOT, check=True, capture_output=True)
     avg = tmp_path / "avg"
@@ -385,7 +387,7 @@ def test_a_prepared_directory_changed_after_prepare_and_a_checkpoint_without_its
     half.tofile(data / "train.src.idx")
     with open(data / "train.src.bin", "r+b") as f:
         f.truncate(int(half[-1]) * 2)  # uint16 ids
-    r = CliRunner().invoke(app, ["train", str(data), "-o", str(tmp_path / "run"), "--arch", "tiny", "--max-steps", "2"])
+    r = CliRunner().invoke(app, ["train", str(data), "-o", str(tmp_path / "run"), "--arch", "toy", "--max-steps", "2"])
     assert r.exit_code == 1 and "train.src.idx" in r.stderr and "changed after prepare" in r.stderr, r.output
     assert not (tmp_path / "run" / "checkpoints").exists()
 

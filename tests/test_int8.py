@@ -182,3 +182,121 @@ def test_onednns_isa_setting_keeps_amx_out(monkeypatch):
     assert cpu_has_amx() is False
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_amx")
     assert cpu_has_amx() == has
+
+
+# --- the row kernels' cache: what is loaded is what this user built ----------------------------------------------
+
+needs_cc = pytest.mark.skipif(not __import__("shutil").which("cc") and not __import__("shutil").which("gcc"),
+                              reason="no C compiler")
+
+
+def _build_fresh(monkeypatch, cache):
+    """int8._kernels run afresh (not its per-process cache) with `cache` as XDG_CACHE_HOME: (library, warnings)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lib = int8._kernels.__wrapped__()
+    return lib, [str(w.message) for w in caught]
+
+
+def _library(cache):
+    return next((cache / "tfcli").glob("int8_rows-*.so"))
+
+
+def _put(path, data: bytes) -> None:
+    """`path` holds `data`, as a new file (the old one may be mapped in this process: it must not change)."""
+    import os
+
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _compile(tmp_path, name: str, code: str):
+    import subprocess
+
+    src = tmp_path / f"{name}.c"
+    src.write_text(code)
+    out = tmp_path / f"{name}.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(out)], check=True)
+    return out
+
+
+@needs_cc
+def test_two_processes_starting_together_build_the_kernels_once(tmp_path):
+    """torchrun starts its processes together: the first builds under a lock, the others load what it built."""
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "builds.log"
+    cc = tmp_path / "cc"
+    cc.write_text(f"#!/bin/sh\necho build >> {log}\nsleep 1\nexec gcc \"$@\"\n")
+    cc.chmod(0o755)
+    env = {**os.environ, "CC": str(cc), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    code = "from tfcli.generate import int8; assert int8._kernels() is not None"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(3)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    assert log.read_text().count("build") == 1
+
+
+@needs_cc
+def test_a_killed_builds_leftovers_are_removed_by_the_next_build(monkeypatch, tmp_path):
+    cache = tmp_path / "cache"
+    lib, _ = _build_fresh(monkeypatch, cache)
+    path = _library(cache)
+    stale = path.with_name(f".{path.name}.tmp-99999")
+    stale.write_bytes(b"half a library")
+    path.unlink()  # (a build that was killed before it installed anything)
+    lib, caught = _build_fresh(monkeypatch, cache)
+    assert lib is not None and not caught and not stale.exists() and path.exists()
+    assert [p.name for p in (cache / "tfcli").iterdir() if ".tmp-" in p.name] == []
+
+
+@needs_cc
+def test_a_truncated_or_corrupt_library_is_built_again(monkeypatch, tmp_path):
+    cache = tmp_path / "cache"
+    _build_fresh(monkeypatch, cache)
+    path = _library(cache)
+    good = path.read_bytes()
+    for bad in (good[: len(good) // 2], b"\x7fELF garbage" * 100):
+        _put(path, bad)
+        lib, caught = _build_fresh(monkeypatch, cache)
+        assert lib is not None and not caught and path.read_bytes() == good
+
+
+@needs_cc
+def test_a_library_that_loads_but_lacks_a_function_is_built_again(monkeypatch, tmp_path):
+    """A library with the right record but without the kernels' functions (an older or foreign build): built
+    again, never an AttributeError at the first call."""
+    import hashlib
+
+    cache = tmp_path / "cache"
+    _build_fresh(monkeypatch, cache)
+    path = _library(cache)
+    other = _compile(tmp_path, "other", "int something_else(void) { return 1; }\n")
+    _put(path, other.read_bytes())
+    path.with_name(path.name + ".sha256").write_text(hashlib.sha256(other.read_bytes()).hexdigest() + "\n")
+    lib, caught = _build_fresh(monkeypatch, cache)
+    assert lib is not None and not caught and hasattr(lib, "quantize_rows") and hasattr(lib, "dequantize_rows")
+
+
+@needs_cc
+def test_a_planted_library_is_never_loaded(monkeypatch, tmp_path):
+    """A library that is not the one built (its hash differs from the record), or in a cache folder that others
+    may write, is not loaded: its code (here, a constructor that leaves a file) never runs."""
+    cache = tmp_path / "cache"
+    _build_fresh(monkeypatch, cache)
+    path = _library(cache)
+    marker = tmp_path / "planted-code-ran"
+    planted = _compile(tmp_path, "planted", "#include <stdio.h>\n"
+                       f'__attribute__((constructor)) static void run(void) {{ fopen("{marker}", "w"); }}\n'
+                       "void quantize_rows(void) {}\nvoid dequantize_rows(void) {}\n")
+    _put(path, planted.read_bytes())  # the record still holds the built library's hash
+    lib, caught = _build_fresh(monkeypatch, cache)
+    assert lib is not None and not marker.exists() and not caught  # built again, the planted file replaced
+    # a cache folder that others may write: nothing there is loaded, and the torch fallback runs, with a warning
+    _put(path, planted.read_bytes())
+    (cache / "tfcli").chmod(0o777)
+    lib, caught = _build_fresh(monkeypatch, cache)
+    assert lib is None and not marker.exists() and len(caught) == 1 and "not private" in caught[0]

@@ -20,9 +20,10 @@ import torch
 
 from helpers import copy_model, make_mono_prepared, make_parallel_prepared, save_model, save_word_tokenizer, tiny_train_config
 from tfcli import checkpoint
+from tfcli import checkpoint_meta
 from tfcli.errors import ConfigError, TfcliError
 from tfcli.interop.export import export
-from tfcli.interop.hf import import_model
+from tfcli.interop.hf_import import import_model
 from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, EOS_ID
 from tfcli.model.transformer import build_model
@@ -34,7 +35,7 @@ def random_model(kind: str = "seq2seq", **fields):
     """A randomly initialised tiny model (biases and norms randomised too, so that no mapping hides behind 0/1)."""
     V = 4 + len(WORDS)
     base = dict(src_vocab_size=V, tgt_vocab_size=V) if kind == "seq2seq" else dict(tgt_vocab_size=V)
-    cfg = preset("tiny" if kind == "seq2seq" else "lm-tiny", **{**base, **fields})
+    cfg = preset("toy" if kind == "seq2seq" else "lm-toy", **{**base, **fields})
     model = build_model(cfg).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -201,7 +202,7 @@ def test_hf_export_computes_the_same_logits_and_imports_back_exactly(tmp_path, v
     assert back.cfg == model.cfg
     a, b = model.state_dict(), back.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert checkpoint.tokenizer(meta, "tgt").get_vocab() == checkpoint.tokenizer(checkpoint.read_meta(ckpt), "tgt").get_vocab()
+    assert checkpoint.tokenizer(meta, "tgt").get_vocab() == checkpoint.tokenizer(checkpoint_meta.read_meta(ckpt), "tgt").get_vocab()
 
 
 def _marian_like_dir(tmp_path: Path) -> tuple[Path, object, list[str]]:
@@ -291,6 +292,16 @@ def tfcli(*args):
     return subprocess.run([sys.executable, "-m", "tfcli", *map(str, args)], capture_output=True, text=True)
 
 
+def tfcli_here(*args):
+    """`tfcli ARGS` in this process (click's runner): (exit status, stderr)."""
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    return r.exit_code, r.stderr
+
+
 def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
     pytest.importorskip("transformers")
     ckpt = save(tmp_path, random_model("lm", positions="rope"))
@@ -332,9 +343,9 @@ def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
     cases.append((("import", tmp_path / "pickled", "-o", tmp_path / "out"), "pytorch_model.bin is a pickle"))
     before = sorted(p.name for p in tmp_path.iterdir())
     for args, message in cases:
-        r = tfcli(*args)
-        assert r.returncode == (2 if "unknown; choose" in message else 1), (args, r.stderr)  # a bad flag: usage
-        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        code, stderr = tfcli_here(*args)
+        assert code == (2 if "unknown; choose" in message else 1), (args, stderr)  # a bad flag: usage
+        assert message in stderr and len(stderr.strip().splitlines()) == 1, (args, stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, no temp directory left behind
 
 
@@ -402,7 +413,7 @@ def test_import_converts_marian_sentencepiece_vocabularies_as_marian_tokenizes(t
                                     decoder_ffn_dim=16, pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1)
     transformers.MarianMTModel(cfg).save_pretrained(d)
     import_model(d, tmp_path / "ckpt")
-    meta = checkpoint.read_meta(tmp_path / "ckpt")
+    meta = checkpoint_meta.read_meta(tmp_path / "ckpt")
     theirs = transformers.MarianTokenizer(str(d / "source.spm"), str(d / "target.spm"), str(d / "vocab.json"))
     tok = checkpoint.tokenizer(meta, "src")
     new_id = {h: i for i, h in enumerate([V - 1, V - 1, 0, 1] + [i for i in range(V) if i not in (V - 1, 0, 1)])}

@@ -125,7 +125,7 @@ def recompute_greedy(model, prompt, n):
 
 def random_lm(positions="learned"):
     torch.manual_seed(0)
-    return build_model(preset("lm-tiny", tgt_vocab_size=V, positions=positions, max_len=48)).eval()
+    return build_model(preset("lm-toy", tgt_vocab_size=V, positions=positions, max_len=48)).eval()
 
 
 class Calls:

@@ -19,11 +19,11 @@ V = 40
 
 
 def seq2seq(**kw):
-    return build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, **kw)).eval()
+    return build_model(preset("toy", src_vocab_size=V, tgt_vocab_size=V, **kw)).eval()
 
 
 def lm(**kw):
-    return build_model(preset("lm-tiny", tgt_vocab_size=V, **kw)).eval()
+    return build_model(preset("lm-toy", tgt_vocab_size=V, **kw)).eval()
 
 
 def reference_attention(mha: MultiHeadAttention, x, mask=None, causal=False):
@@ -120,11 +120,11 @@ def test_tied_and_shared_embeddings():
 
 def test_config_rejects_impossible_shapes():
     with pytest.raises(ConfigError, match="divisible"):
-        preset("tiny", d_model=30, n_head=4, src_vocab_size=V, tgt_vocab_size=V)
+        preset("toy", d_model=30, n_head=4, src_vocab_size=V, tgt_vocab_size=V)
     with pytest.raises(ConfigError, match="unknown architecture"):
         preset("huge")
     with pytest.raises(ConfigError, match="joint vocabulary"):
-        preset("tiny", src_vocab_size=10, tgt_vocab_size=20, share_embeddings=True)
+        preset("toy", src_vocab_size=10, tgt_vocab_size=20, share_embeddings=True)
 
 
 def test_presets_have_paper_shapes():
@@ -150,7 +150,7 @@ def test_every_parameter_learns_and_a_small_step_lowers_the_loss(norm, modern):
     non-zero gradient, and one small Adam step lowers the loss on the same batch (Adam's first step moves every
     weight against the sign of its gradient, so the loss falls by about lr * sum|g| to first order)."""
     torch.manual_seed(0)
-    m = build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=64, d_ff=128, norm=norm, **modern)).train()
+    m = build_model(preset("toy", src_vocab_size=V, tgt_vocab_size=V, d_model=64, d_ff=128, norm=norm, **modern)).train()
     g = torch.Generator().manual_seed(0)
     src, tgt_in, tgt_out = _copy_reverse_batch(64, 6, g)
 
@@ -179,9 +179,9 @@ def test_the_forward_compiles_into_one_graph_for_every_shape(kind):
 
     V = 40
     if kind == "seq2seq":
-        model = build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V)).eval()
+        model = build_model(preset("toy", src_vocab_size=V, tgt_vocab_size=V)).eval()
     else:
-        model = build_model(preset("lm-tiny", tgt_vocab_size=V, positions="rope")).eval()
+        model = build_model(preset("lm-toy", tgt_vocab_size=V, positions="rope")).eval()
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, backend="eager", dynamic=True)
@@ -252,7 +252,7 @@ def test_rms_norm_and_the_ffn_activations_are_their_formulas():
     gates = {"relu2": lambda a, b: F.relu(a) ** 2, "swiglu": lambda a, b: a * torch.sigmoid(a) * b,
              "geglu": lambda a, b: 0.5 * a * (1 + torch.erf(a / math.sqrt(2))) * b}
     for act, gate in gates.items():
-        ffn = FeedForward(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=16, d_ff=24, activation=act))
+        ffn = FeedForward(preset("toy", src_vocab_size=V, tgt_vocab_size=V, d_model=16, d_ff=24, activation=act))
         assert (ffn.w3 is not None) == (act != "relu2")
         with torch.no_grad():
             a = x @ ffn.w1.weight.T + ffn.w1.bias
@@ -263,19 +263,19 @@ def test_rms_norm_and_the_ffn_activations_are_their_formulas():
 
 def test_the_modern_options_default_to_the_2017_model():
     """rms_norm and the activation default to LayerNorm and ReLU: a default model's parameters are today's."""
-    cfg = preset("tiny", src_vocab_size=V, tgt_vocab_size=V)
+    cfg = preset("toy", src_vocab_size=V, tgt_vocab_size=V)
     assert cfg.rms_norm is False and cfg.activation == "relu"
     names = set(build_model(cfg).state_dict())
     assert not any(".w3." in n for n in names)
     assert {n for n in names if "norm" in n and n.endswith(".bias")}  # LayerNorms have a bias
-    modern = set(build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, rms_norm=True, activation="swiglu")).state_dict())
+    modern = set(build_model(preset("toy", src_vocab_size=V, tgt_vocab_size=V, rms_norm=True, activation="swiglu")).state_dict())
     assert not {n for n in modern if "norm" in n and n.endswith(".bias")} and any(".w3." in n for n in modern)
 
 
 def test_zero_init_residual_starts_each_block_as_the_identity():
     """With zero_init_residual the attention-out and FFN-out weights start at zero (biases are zero anyway): a
     pre-norm LM's output is then the final norm of its embeddings, whatever the rest of its weights."""
-    cfg = preset("lm-tiny", tgt_vocab_size=V, zero_init_residual=True, positions="learned")
+    cfg = preset("lm-toy", tgt_vocab_size=V, zero_init_residual=True, positions="learned")
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     zeroed = [n for n, p in model.named_parameters() if n.endswith(("out_proj.weight", "w2.weight"))]
@@ -343,7 +343,7 @@ def test_grouped_query_attention_shares_each_key_value_head_among_its_query_head
 def test_n_kv_head_sizes_the_key_value_projections_and_must_divide_n_head():
     """n_kv_head = n_head is plain multi-head attention, the same parameters as leaving it unset; other values
     narrow k and v only; one that does not divide n_head is refused by name."""
-    shapes = {n: {k: tuple(p.shape) for k, p in build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V,
+    shapes = {n: {k: tuple(p.shape) for k, p in build_model(preset("toy", src_vocab_size=V, tgt_vocab_size=V,
                                                                          n_kv_head=n)).named_parameters()}
               for n in (None, 4, 1)}
     assert shapes[None] == shapes[4]
@@ -351,4 +351,26 @@ def test_n_kv_head_sizes_the_key_value_projections_and_must_divide_n_head():
     assert shapes[1]["decoder.layers.0.cross_attn.kv_proj.weight"] == (2 * 8, 32)
     for bad in (3, 0, 8):
         with pytest.raises(ConfigError, match="n_kv_head"):
-            preset("tiny", n_kv_head=bad)
+            preset("toy", n_kv_head=bad)
+
+
+def test_the_presets_table_in_the_training_docs_is_the_presets():
+    """docs/training.md's table of presets (shapes and parameter counts) is computed from PRESETS, row by row."""
+    import re
+    from pathlib import Path
+
+    from tfcli.model.config import PRESETS
+    from tfcli.model.transformer import count_parameters
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    rows = {m.group(1): m.group(2).split(" | ") for m in re.finditer(r"^\| `([\w-]+)` \| (.*) \|$", text, re.M)}
+    assert set(rows) == set(PRESETS)
+    for name, (kind, layers, d_model, ffn, heads, params, bare, _) in rows.items():
+        cfg = preset(name, src_vocab_size=8000, tgt_vocab_size=8000)
+        model = build_model(cfg)
+        embeddings = sum(p.numel() for n, p in model.named_parameters() if ".embed." in f".{n}")
+        total = count_parameters(model)
+        want_layers = f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers}" if cfg.kind == "seq2seq" else f"{cfg.n_decoder_layers}"
+        assert (kind == "encoder-decoder") == (cfg.kind == "seq2seq"), name
+        assert [layers, d_model, ffn, heads] == [want_layers, str(cfg.d_model), str(cfg.d_ff), str(cfg.n_head)], name
+        assert [params, bare] == [f"{total / 1e6:.2f}M", f"{(total - embeddings) / 1e6:.2f}M"], name

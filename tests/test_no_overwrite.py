@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers import WORDS, save_copier, train_tiny_checkpoint
-from tfcli import checkpoint
+from tfcli import checkpoint_meta
 from tfcli.cli import app
 from tfcli.errors import TfcliError
 from tfcli.io import refuse_overwriting_inputs
@@ -134,7 +134,7 @@ def test_eval_keeps_its_translations_elsewhere_than_its_inputs(copier_dir, work)
 
 def test_export_and_import_never_write_over_their_source(run_with_three, work, tmp_path):
     pytest.importorskip("transformers")
-    ckpt = Path(shutil.copytree(checkpoint.resolve(run_with_three), tmp_path / "ckpt"))
+    ckpt = Path(shutil.copytree(checkpoint_meta.resolve(run_with_three), tmp_path / "ckpt"))
     before = tree(ckpt)
     for name in spellings(ckpt, work):
         refused(cli("export", ckpt, "--to", "hf", "-o", name), "is an input")

@@ -29,7 +29,7 @@ def test_newton_schulz_flattens_the_singular_values_and_keeps_the_singular_vecto
 
 
 def test_muon_takes_the_layers_matrices_and_leaves_the_rest_to_adamw():
-    model = build_model(preset("tiny", src_vocab_size=12, tgt_vocab_size=12, tie_output=False, activation="swiglu"))
+    model = build_model(preset("toy", src_vocab_size=12, tgt_vocab_size=12, tie_output=False, activation="swiglu"))
     muon = muon_parameters(model)
     names = {name for name, p in model.named_parameters() if id(p) in muon}
     assert names and all(".layers." in f".{n}" and n.endswith("weight") for n in names)
@@ -75,7 +75,7 @@ def test_a_muon_step_is_the_orthogonalised_nesterov_momentum():
 def test_a_fused_projection_is_orthogonalised_one_projection_at_a_time():
     """[q; k; v] (self-attention) and [k; v] (cross-attention) are each one weight; Muon updates each projection's
     rows as it would the unfused matrix: NS5 of its own block, scaled by its own shape."""
-    cfg = preset("tiny", src_vocab_size=12, tgt_vocab_size=12, n_kv_head=1)
+    cfg = preset("toy", src_vocab_size=12, tgt_vocab_size=12, n_kv_head=1)
     model = build_model(cfg)
     blocks = muon_parameters(model)
     by_name = {name: blocks[id(p)] for name, p in model.named_parameters() if id(p) in blocks}

@@ -98,8 +98,9 @@ def test_record_reads_the_run_and_scores_into_the_table(tmp_path, monkeypatch):
     assert all_["multi30k-de-en/cpu (--set model.norm=post)"]["sacrebleu"]["BLEU"]["score"] == 30.0
     # the README's table of the recipes as they ship: their own entries, no variant
     blocks = recipe_results.readme_blocks(all_)
-    shipped = blocks["current"].splitlines()[2:]
+    shipped = blocks["current"].splitlines()  # one line per shipped recipe
     assert len(shipped) == 2 and all("`cpu`" in r for r in shipped) and "norm=post" in blocks["recipes"]
+    assert shipped[0].startswith("- Multi30k de->en `cpu`: 32.00 sacreBLEU")
     # so does another vocabulary, BPE size or seed than the recipe's own, named first
     recipe_results.record(type("A", (), {**vars(args), "out": str(tmp_path / "post"), "vocab": "joint", "bpe": 4000,
                                          "seed": 2, "train_args": "--set train.lr=0.001"}))

@@ -22,7 +22,7 @@ def model_for(packed=False, static=False, **overrides):
     if packed and not onednn_available():
         pytest.skip("oneDNN is not available in this torch build")
     torch.manual_seed(0)
-    cfg = preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_head=4, **overrides)
+    cfg = preset("toy", src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_head=4, **overrides)
     model = build_model(cfg).eval()
     return model, StepModel(model, pack=packed, static=static)
 
@@ -217,7 +217,7 @@ def test_packed_and_int8_encoders_match_the_models_own(mode, norm, modern):
 
 def lm_for(static=False, **overrides):
     torch.manual_seed(0)
-    model = build_model(preset("lm-tiny", tgt_vocab_size=V, d_model=32, n_head=4, **overrides)).eval()
+    model = build_model(preset("lm-toy", tgt_vocab_size=V, d_model=32, n_head=4, **overrides)).eval()
     return model, StepModel(model, static=static)
 
 

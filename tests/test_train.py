@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from helpers import make_mono_prepared, make_parallel_prepared, tiny_train_config, train_tiny_checkpoint
 from tfcli import checkpoint
+from tfcli import checkpoint_meta
 from tfcli.data.batching import lm_stream
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
@@ -138,6 +139,83 @@ def test_label_smoothed_loss_gradient_is_autograds(eps, dtype):
         torch.testing.assert_close(w.grad, logits.T @ b.grad, rtol=1e-4, atol=1e-4)
 
 
+def _rdrop_batch(kind: str, dropout: float = 0.3):
+    """A random toy model with dropout, and a padded batch (src, inputs, targets) for it (src None for an LM)."""
+    V = 23
+    cfg = preset("toy" if kind == "seq2seq" else "lm-toy", src_vocab_size=V, tgt_vocab_size=V, dropout=dropout)
+    torch.manual_seed(3)
+    model = build_model(cfg).train()
+    g = torch.Generator().manual_seed(4)
+    src = torch.randint(4, V, (3, 6), generator=g) if kind == "seq2seq" else None
+    targets = torch.randint(4, V, (3, 7), generator=g)
+    targets[1, 5:] = PAD_ID
+    targets[2, 3:] = PAD_ID
+    inputs = torch.cat([torch.full((3, 1), 1), targets[:, :-1]], 1).masked_fill(targets == PAD_ID, PAD_ID)
+    return model, src, inputs, targets
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
+def test_rdrop_is_its_formula_with_its_gradient(kind):
+    """train.rdrop = alpha: the batch twice through the model (one forward of both copies, each its own dropout
+    masks), the mean of the two passes' label-smoothed cross-entropies plus alpha / 2 times the symmetric KL of
+    their output distributions, over the real target tokens; the loss and every parameter's gradient against that
+    formula written with PyTorch's own cross-entropy and KL, under the same dropout draws."""
+    from tfcli.train.loss import Objective
+
+    model, src, inputs, targets = _rdrop_batch(kind)
+    eps, alpha = 0.1, 2.5
+
+    def formula():
+        doubled = torch.cat([inputs, inputs])
+        h = model.features(doubled) if src is None else model.features(torch.cat([src, src]), doubled)
+        z1, z2 = model.lm_head(h).flatten(0, 1).chunk(2)
+        t = targets.flatten()
+        ce = [F.cross_entropy(z, t, ignore_index=PAD_ID, label_smoothing=eps, reduction="sum") for z in (z1, z2)]
+        real = t != PAD_ID
+        lp1, lp2 = z1[real].log_softmax(-1), z2[real].log_softmax(-1)
+        kl = (F.kl_div(lp2, lp1, log_target=True, reduction="sum") + F.kl_div(lp1, lp2, log_target=True,
+                                                                               reduction="sum"))
+        nll = sum(F.cross_entropy(z.detach(), t, ignore_index=PAD_ID, reduction="sum") for z in (z1, z2)) / 2
+        kls.append(kl.item())
+        return (ce[0] + ce[1]) / 2 + alpha * kl / 2, nll
+
+    results, kls = [], []
+    for f in (lambda: Objective(model, eps, alpha)(src, inputs, targets), formula):
+        model.zero_grad()
+        torch.manual_seed(7)  # the same dropout masks
+        loss, nll = f()
+        loss.backward()
+        results.append((loss.detach(), nll, [p.grad.clone() for p in model.parameters()]))
+    (loss, nll, grads), (want, want_nll, want_grads) = results
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, want_nll, rtol=1e-5, atol=1e-5)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    assert kls[0] > 0.01  # two dropout masks: the passes' distributions differ, and the KL term counts
+
+
+def test_rdrop_off_is_the_plain_loss_and_without_dropout_changes_nothing():
+    """rdrop 0 runs the batch once: the loss is the plain one bit for bit. With dropout off both passes are one, so
+    R-Drop's loss is the plain loss (the KL is 0); in eval mode (validation) it is the plain loss too."""
+    from tfcli.train.loss import Objective
+
+    model, src, inputs, targets = _rdrop_batch("seq2seq")
+    torch.manual_seed(7)
+    plain = Objective(model, 0.1)(src, inputs, targets)
+    torch.manual_seed(7)
+    off = Objective(model, 0.1, 0.0)(src, inputs, targets)
+    assert all(torch.equal(a, b) for a, b in zip(plain, off))
+    model.eval()
+    with torch.no_grad():
+        plain = Objective(model, 0.1)(src, inputs, targets)
+        assert all(torch.equal(a, b) for a, b in zip(Objective(model, 0.1, 3.0)(src, inputs, targets), plain))
+        model, src, inputs, targets = _rdrop_batch("seq2seq", dropout=0.0)
+        rdrop = Objective(model, 0.1, 3.0)(src, inputs, targets)
+        plain = Objective(model, 0.1)(src, inputs, targets)
+        torch.testing.assert_close(rdrop[0], plain[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rdrop[1], plain[1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("bias", [False, True])
 def test_fused_projection_and_loss_is_the_plain_loss_and_gradient(eps, bias):
@@ -187,7 +265,7 @@ def test_fused_loss_follows_autocast_and_trains_tied_weights():
 
     torch.manual_seed(0)
     V = 30
-    model = build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, tie_output=True))
+    model = build_model(preset("toy", src_vocab_size=V, tgt_vocab_size=V, tie_output=True))
     src, inputs = torch.randint(4, V, (3, 7)), torch.randint(4, V, (3, 6))
     targets = torch.randint(4, V, (3, 6))
     targets[1, 4:] = PAD_ID
@@ -213,19 +291,19 @@ def test_fused_loss_follows_autocast_and_trains_tied_weights():
     torch.testing.assert_close(got, want.float(), rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("arch", ["tiny", "lm-tiny"])
+@pytest.mark.parametrize("arch", ["toy", "lm-toy"])
 def test_objective_equals_the_loss_of_the_full_logits(arch):
     """On the CPU the objective drops padding rows before the output projection; the loss must not change."""
     from tfcli.train.loss import Objective
 
     torch.manual_seed(0)
     V = 30
-    model = build_model(preset(arch, src_vocab_size=0 if arch == "lm-tiny" else V, tgt_vocab_size=V)).eval()
+    model = build_model(preset(arch, src_vocab_size=0 if arch == "lm-toy" else V, tgt_vocab_size=V)).eval()
     src = torch.randint(4, V, (3, 7))
     src[1, 4:] = PAD_ID
     inputs, targets = torch.randint(4, V, (3, 6)), torch.randint(4, V, (3, 6))
     targets[0, 3:] = PAD_ID
-    if arch == "lm-tiny":
+    if arch == "lm-toy":
         src, logits = None, model(inputs)
     else:
         logits = model(src, inputs)
@@ -264,11 +342,11 @@ def test_lm_stream_blocks(mono):
     assert data.batches(0)[0].tolist() == train_blocks[0].tolist() != data.batches(1)[0].tolist()
 
 
-@pytest.mark.parametrize("arch,fields", [("tiny", {}), ("lm-tiny", {}), ("tiny", dict(n_kv_head=2, activation="swiglu")),
-                                         ("lm-tiny", dict(n_kv_head=1))])
+@pytest.mark.parametrize("arch,fields", [("toy", {}), ("lm-toy", {}), ("toy", dict(n_kv_head=2, activation="swiglu")),
+                                         ("lm-toy", dict(n_kv_head=1))])
 def test_flops_count_every_matmul_weight(arch, fields):
     """6N: N must be the weights multiplied per token; compare with the model's own Linear layers."""
-    cfg = preset(arch, src_vocab_size=0 if arch == "lm-tiny" else 50, tgt_vocab_size=50, **fields)
+    cfg = preset(arch, src_vocab_size=0 if arch == "lm-toy" else 50, tgt_vocab_size=50, **fields)
     model = build_model(cfg)
     per_src, per_tgt = matmul_params(cfg)
     linears = {n: m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
@@ -353,10 +431,10 @@ def test_impossible_model_and_wrong_data_kind_are_clear_errors_and_write_nothing
     out = tmp_path / "run"
     with pytest.raises(ConfigError, match=r"d_model \(30\) must be divisible by n_head \(4\)"):
         train(tiny_train_config(parallel, out), {"d_model": 30})
-    with pytest.raises(ConfigError, match="monolingual.*is an encoder-decoder.*lm-tiny"):
-        train(tiny_train_config(mono, out, arch="tiny"))
-    with pytest.raises(ConfigError, match="parallel.*decoder-only.*tiny"):
-        train(tiny_train_config(parallel, out, arch="lm-tiny"))
+    with pytest.raises(ConfigError, match="monolingual.*is an encoder-decoder.*lm-toy"):
+        train(tiny_train_config(mono, out, arch="toy"))
+    with pytest.raises(ConfigError, match="parallel.*decoder-only.*toy"):
+        train(tiny_train_config(parallel, out, arch="lm-toy"))
     with pytest.raises(ConfigError, match="unknown architecture preset 'huge'"):
         train(tiny_train_config(parallel, out, arch="huge"))
     with pytest.raises(TfcliError, match="not a prepared directory"):
@@ -393,13 +471,13 @@ def test_translation_run_layout_metrics_and_checkpoint(tmp_path):
     assert valid_lines[0]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyp.read_text().splitlines(), [refs]).score)
     # the checkpoint stands alone: config, tokenizers, weights
     model, meta = checkpoint.load(run)
-    assert meta["step"] == 300 and meta["data"]["kind"] == "parallel" and meta["train"]["arch"] == "tiny"
+    assert meta["step"] == 300 and meta["data"]["kind"] == "parallel" and meta["train"]["arch"] == "toy"
     assert meta["model"]["share_embeddings"] is True  # joint vocabulary
-    assert checkpoint.tokenizer_path(meta, "src").exists() and checkpoint.tokenizer_path(meta, "tgt").exists()
+    assert checkpoint_meta.tokenizer_path(meta, "src").exists() and checkpoint_meta.tokenizer_path(meta, "tgt").exists()
 
 
 def test_lm_training_logs_and_checkpoints(tmp_path, mono):
-    cfg = tiny_train_config(mono, tmp_path / "run", arch="lm-tiny", max_len=16, max_steps=30, log_every=10,
+    cfg = tiny_train_config(mono, tmp_path / "run", arch="lm-toy", max_len=16, max_steps=30, log_every=10,
                             valid_every=15, schedule="constant", warmup=5)
     result = train(cfg)
     assert result.step == 30 and not result.interrupted
@@ -422,7 +500,7 @@ def test_keep_last_best_and_early_stopping(tmp_path, parallel):
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
     assert ckpts == ["step-0000002", "step-0000006"]  # the best and the last one
     assert (tmp_path / "run" / "checkpoints" / "BEST").read_text().strip() == "step-0000002"
-    assert checkpoint.resolve(tmp_path / "run").name == "step-0000002"
+    assert checkpoint_meta.resolve(tmp_path / "run").name == "step-0000002"
 
 
 def test_refuses_to_overwrite_a_run_and_resume_needs_one(tmp_path, parallel):
@@ -442,12 +520,13 @@ RESUME = dict(max_steps=14, valid_every=5, log_every=1, grad_accum=2, max_tokens
               valid_bleu=False)
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_resume_reaches_the_same_weights_as_an_uninterrupted_run(tmp_path, parallel, optimizer):
-    model = {"dropout": 0.1}  # dropout on: the RNG state must round-trip too
-    full = tiny_train_config(parallel, tmp_path / "full", **RESUME, optimizer=optimizer)
+@pytest.mark.parametrize("optimizer,rdrop", [("adamw", 0.0), ("muon", 0.0), ("adamw", 1.0)])
+def test_resume_reaches_the_same_weights_as_an_uninterrupted_run(tmp_path, parallel, optimizer, rdrop):
+    model = {"dropout": 0.1}  # dropout on: the RNG state must round-trip too (R-Drop draws two masks a step)
+    full = tiny_train_config(parallel, tmp_path / "full", **RESUME, optimizer=optimizer, rdrop=rdrop)
     train(full, model)
-    part = tiny_train_config(parallel, tmp_path / "part", **{**RESUME, "max_steps": 8}, optimizer=optimizer)
+    part = tiny_train_config(parallel, tmp_path / "part", **{**RESUME, "max_steps": 8}, optimizer=optimizer,
+                             rdrop=rdrop)
     train(part, model)
     # continue with a longer max_steps, as a user would; everything else comes from the saved run
     result = run_cli_config(None, {"out": str(tmp_path / "part"), "resume": True, "max_steps": 14})
@@ -477,7 +556,7 @@ def test_resume_rejects_a_changed_architecture_and_corrupt_checkpoints(tmp_path,
     flags = {"out": str(tmp_path / "run"), "resume": True, "max_steps": 4}
     with pytest.raises(ConfigError, match="architecture cannot change.*d_ff: 64 -> 128"):
         run_cli_config(None, flags, ["model.d_ff=128"])
-    with pytest.raises(ConfigError, match="--arch tiny; it cannot change to small"):
+    with pytest.raises(ConfigError, match="--arch toy; it cannot change to small"):
         run_cli_config(None, {**flags, "arch": "small"})
     ckpt = _latest(tmp_path / "run")
     files = {p.name: p.read_bytes() for p in ckpt.iterdir()}
@@ -503,7 +582,7 @@ def _cli(*args, **kw):
 @pytest.mark.slow
 def test_sigint_saves_a_checkpoint_exits_130_and_resumes_exactly(tmp_path, parallel):
     run = tmp_path / "run"
-    common = ["--arch", "tiny", "--max-tokens", "200", "--lr", "3e-3", "--warmup", "10", "--log-every", "1",
+    common = ["--arch", "toy", "--max-tokens", "200", "--lr", "3e-3", "--warmup", "10", "--log-every", "1",
               "--valid-every", "1000", "--no-valid-bleu", "--max-epochs", "0", "--device", "cpu", "--threads", "1",
               "--set", "model.dropout=0.1", "--set", "train.tensorboard=false"]
     proc = _cli("train", str(parallel), "-o", str(run), "--max-steps", "5000", *common)
@@ -524,7 +603,7 @@ def test_sigint_saves_a_checkpoint_exits_130_and_resumes_exactly(tmp_path, paral
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert out.strip() == str(run / "checkpoints" / f"step-{target:07d}")
-    flags = dict(data=str(parallel), out=str(tmp_path / "full"), arch="tiny", max_tokens=200, lr=3e-3, warmup=10,
+    flags = dict(data=str(parallel), out=str(tmp_path / "full"), arch="toy", max_tokens=200, lr=3e-3, warmup=10,
                  log_every=1, valid_every=1000, valid_bleu=False, max_epochs=0, device="cpu", threads=1,
                  max_steps=target, tensorboard=False)
     run_cli_config(None, flags, ["model.dropout=0.1"])
@@ -538,7 +617,7 @@ def test_sigint_saves_a_checkpoint_exits_130_and_resumes_exactly(tmp_path, paral
 @pytest.mark.slow
 def test_two_gloo_processes_match_one_process_with_twice_the_batch(tmp_path, parallel):
     """torchrun with 2 CPU processes (each its share of every step's batches) vs 1 process accumulating both."""
-    common = dict(arch="tiny", max_tokens=200, lr=3e-3, warmup=5, log_every=1, valid_every=4, valid_bleu=False,
+    common = dict(arch="toy", max_tokens=200, lr=3e-3, warmup=5, log_every=1, valid_every=4, valid_bleu=False,
                   max_epochs=0, max_steps=8, device="cpu", label_smoothing=0.1, tensorboard=False)
     run_cli_config(None, {**common, "data": str(parallel), "out": str(tmp_path / "one"), "grad_accum": 2})
     args = [f"--{k.replace('_', '-')}={v}" for k, v in common.items() if not isinstance(v, bool)]
@@ -609,8 +688,8 @@ def test_cli_errors_are_one_line_and_nothing_is_written(tmp_path, mono):
     (tmp_path / "bad.yaml").write_text("train:\n  max_tokenz: 10\n")
     cases = {
         "train.max_tokenz: unknown config key (did you mean 'max_tokens'?)": ["--config", str(tmp_path / "bad.yaml")],
-        "holds monolingual (language-model) data, but --arch tiny": ["--arch", "tiny"],
-        "d_model (32) must be divisible by n_head (5)": ["--arch", "lm-tiny", "--set", "model.n_head=5"],
+        "holds monolingual (language-model) data, but --arch toy": ["--arch", "toy"],
+        "d_model (32) must be divisible by n_head (5)": ["--arch", "lm-toy", "--set", "model.n_head=5"],
     }
     for message, args in cases.items():
         result = CliRunner().invoke(app, ["train", str(mono), "-o", str(tmp_path / "run"), *args])
@@ -937,12 +1016,12 @@ def test_shape_buckets_pad_batches_to_few_shapes_without_changing_the_loss(paral
         plain = ParallelData(prep, "train", 30, max_tokens=100, max_sentences=0, seed=3)
         padded = ParallelData(prep, "train", 30, max_tokens=100, max_sentences=0, seed=3, pad_multiple=8)
         V = prep.vocab_size("tgt")
-        model = build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V, d_model=32, d_ff=64, dropout=0.0))
+        model = build_model(preset("toy", src_vocab_size=V, tgt_vocab_size=V, d_model=32, d_ff=64, dropout=0.0))
     else:
         prep = PreparedData(mono)
         plain = StreamData(prep, "valid", 13, max_tokens=64, max_sentences=0, seed=1)
         padded = StreamData(prep, "valid", 13, max_tokens=64, max_sentences=0, seed=1, pad_multiple=8)
-        model = build_model(preset("lm-tiny", tgt_vocab_size=prep.vocab_size("tgt"), d_model=32, d_ff=64, dropout=0.0))
+        model = build_model(preset("lm-toy", tgt_vocab_size=prep.vocab_size("tgt"), d_model=32, d_ff=64, dropout=0.0))
     objective = Objective(model, 0.1)
     shapes = set()
     batches = padded.batches(0, shuffle=kind == "parallel")
@@ -1008,3 +1087,17 @@ def test_compiled_training_builds_one_graph_per_bucket_and_none_after_the_first_
     assert dynamic and set(dynamic) == {0} and len(dynamic) < len(static)
     log = (tmp_path / "static" / "train.log").read_text()
     assert "padding" in log or "pad" in log
+
+
+def test_without_a_terminal_training_says_it_is_alive_between_log_lines(tmp_path, capsys, monkeypatch):
+    """`make demo`, a log file, a pipe: no progress bar, so a short `step N/T` line comes whenever no other line
+    has for PROGRESS_EVERY_S (10 s; 0 here: after every step)."""
+    from helpers import make_parallel_prepared, tiny_train_config
+    from tfcli.train import log
+    from tfcli.train.trainer import train
+
+    monkeypatch.setattr(log, "PROGRESS_EVERY_S", 0.0)
+    data = make_parallel_prepared(tmp_path / "prep", n_train=50)
+    train(tiny_train_config(data, tmp_path / "run", max_steps=3, valid_every=3, log_every=100, valid_bleu=False))
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if line.startswith("step ") and "|" not in line] == ["step 1/3", "step 2/3", "step 3/3"]

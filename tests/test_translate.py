@@ -14,7 +14,8 @@ from tfcli.cli import app
 from tfcli.data.batching import pad, source_ids
 from reference_search import assert_same_nbest, reference_beam_search, reference_greedy
 from tfcli.device import int8_available, onednn_available
-from tfcli.generate.step import IncrementalDecoder, StaticDecoder, StepModel, keep_order
+from tfcli.generate.schedule import keep_order
+from tfcli.generate.step import IncrementalDecoder, StaticDecoder, StepModel
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty, top_k
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import Translator, translate
@@ -39,7 +40,7 @@ def copier_model(copier):
 
 def random_model():
     torch.manual_seed(1)
-    return build_model(preset("tiny", src_vocab_size=V, tgt_vocab_size=V)).eval()
+    return build_model(preset("toy", src_vocab_size=V, tgt_vocab_size=V)).eval()
 
 
 def sources(n, seed=0, max_words=10):
@@ -629,14 +630,14 @@ def test_continuous_batching_reads_the_device_at_most_once_every_n_steps(every, 
 
 def test_a_fixed_shape_search_step_traces_into_one_graph(monkeypatch):
     """On CUDA the whole search step (the decoder's and the search's own work) is captured as one CUDA graph
-    (search._StepGraph), which no read of the device, no host-side value and no new shape may interrupt. Dynamo's
+    (schedule.StepGraph, from search_graph), which no read of the device, no host-side value and no new shape may interrupt. Dynamo's
     tracing checks the same here: the beam and greedy steps a capture would hold trace into one graph without a
     break, and running them so changes no output."""
     from tfcli.generate import search
 
     reports = []
 
-    class Traced:  # in place of _StepGraph: the step that would be captured is traced (and run) by Dynamo
+    class Traced:  # in place of the StepGraph: the step that would be captured is traced (and run) by Dynamo
         def __init__(self, decoder):
             self.calls = 0
 
@@ -660,7 +661,27 @@ def test_a_fixed_shape_search_step_traces_into_one_graph(monkeypatch):
                                   lines=torch.arange(9), prefix=prefix, min_len=3, check_every=3, slots=3))
     want = [run() for run in runs]
     torch._dynamo.reset()
-    monkeypatch.setattr(search, "_StepGraph", Traced)
+    monkeypatch.setattr(search, "search_graph", Traced)
     assert [run() for run in runs] == want
     assert [(r.graph_count, r.graph_break_count) for r in reports] == [(1, 0)] * 4
     torch._dynamo.reset()
+
+
+def test_many_empty_translations_are_said_once_with_the_flag_that_forbids_them(tmp_path):
+    """A model whose best output is </s> at once gives empty lines: said once on stderr, with --min-len; with
+    --min-len 1 the outputs have words and nothing is said."""
+    from helpers import WORDS, copy_model, save_model, save_word_tokenizer
+    from tfcli.specials import EOS_ID
+
+    model = copy_model(n_words=len(WORDS), max_len=32)
+    V = 4 + len(WORDS)
+    with torch.no_grad():
+        model.parts().lm_head.weight[EOS_ID, V : V + 32] += 100.0  # </s> first at every position
+    ckpt = save_model(tmp_path / "eos", model, save_word_tokenizer(tmp_path / "tok", WORDS))
+    text = " ".join(WORDS[:3]) + "\n" + WORDS[4] + "\n\n"
+    r = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "--device", "cpu"], input=text)
+    assert r.exit_code == 0 and r.stdout == "\n\n\n"
+    warnings = [line for line in r.stderr.splitlines() if "empty" in line]
+    assert len(warnings) == 1 and "2 of 2 translation(s) are empty" in warnings[0] and "--min-len 1" in warnings[0]
+    r = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "--device", "cpu", "--min-len", "1"], input=text)
+    assert r.exit_code == 0 and all(r.stdout.splitlines()[:2]) and "empty" not in r.stderr

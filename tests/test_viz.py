@@ -49,10 +49,10 @@ def make_checkpoint(tmp_path: Path, kind: str) -> Path:
     tok.save(str(tok_file))
     V = tok.get_vocab_size()
     if kind == "seq2seq":
-        cfg = preset("tiny", src_vocab_size=V, tgt_vocab_size=V)
+        cfg = preset("toy", src_vocab_size=V, tgt_vocab_size=V)
         files = {"src": tok_file, "tgt": tok_file}
     else:
-        cfg = preset("lm-tiny", tgt_vocab_size=V)
+        cfg = preset("lm-toy", tgt_vocab_size=V)
         files = {"tgt": tok_file}
     torch.manual_seed(0)
     return checkpoint.save(tmp_path / f"ckpt-{kind}", build_model(cfg), {"model": to_dict(cfg), "step": 7}, files)

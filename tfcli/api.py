@@ -62,6 +62,21 @@ def _check_options(method: str, options: dict, allowed: tuple[str, ...]) -> None
         raise TypeError(f"{method}() got an unexpected option {name!r}: {why}")
 
 
+def _configured(method: str, make):
+    """`make()`'s config, validated; its errors name the method's arguments (`beam_size`), not the command line's
+    flags (`--beam-size`), which the messages are written with."""
+    import re
+
+    try:
+        cfg = make()
+        cfg.validate()
+        return cfg
+    except ConfigError as e:
+        text = re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_"), str(e))
+        text = re.sub(r"^(translate|generate|eval)(\.(\w+))?: ", lambda m: f"{m.group(3)}: " if m.group(3) else "", text)
+        raise ConfigError(f"{method}(): {text}") from None
+
+
 def _texts(value, name: str) -> list[str]:
     """A list of strings, checked: one string (which would be iterated character by character), None, bytes or
     other objects as items are a TypeError that says what to pass."""
@@ -118,8 +133,8 @@ class Translator:
             prefixes = _texts(prefixes, "prefixes")
             if len(prefixes) != len(texts):
                 raise ConfigError(f"prefixes: {len(prefixes)} for {len(texts)} texts; give one a text ('' for none)")
-        cfg = override(TranslateConfig(device=str(self.device), dtype=self.dtype), "translate", nbest=n, **options)
-        cfg.validate()
+        cfg = _configured("translate", lambda: override(TranslateConfig(device=str(self.device), dtype=self.dtype),
+                                                        "translate", nbest=n, **options))
         lines = Lines(self.loaded, cfg, self.device)
         out = []
         items = (("<text>", i + 1, text, prefixes[i] if prefixes else "") for i, text in enumerate(texts))
@@ -149,8 +164,8 @@ class Generator:
             options["stop"] = [options["stop"]]
         elif options.get("stop") is not None:
             options["stop"] = _texts(options["stop"], "stop")
-        cfg = override(GenerateConfig(device=str(self.device), dtype=self.dtype), "generate", **options)
-        cfg.validate()
+        cfg = _configured("generate", lambda: override(GenerateConfig(device=str(self.device), dtype=self.dtype),
+                                                       "generate", **options))
         return list(continuations(self.loaded, prompts, cfg, self.device))
 
 
@@ -215,8 +230,7 @@ def score(hypotheses: list[str], references: list[str] | list[list[str]], metric
     if isinstance(metrics, str):
         metrics = [m.strip() for m in metrics.split(",") if m.strip()]
     metrics = _texts(metrics, "metrics")
-    cfg = override(MetricsConfig(), "eval", metrics=[m.lower() for m in metrics], **options)
-    cfg.validate()
+    cfg = _configured("score", lambda: override(MetricsConfig(), "eval", metrics=[m.lower() for m in metrics], **options))
     refs = {f"reference set {i + 1}": [r.rstrip() for r in ref] for i, ref in enumerate(sets)}
     report = score_systems({"hypotheses": [h.rstrip() for h in hypotheses]}, refs, cfg)
     return {name: Score(s.score, report.signatures[name], s) for name, s in report.systems[0].scores.items()}

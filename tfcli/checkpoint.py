@@ -13,9 +13,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_model
 
 import tfcli
-from tfcli.checkpoint_meta import (  # noqa: F401  the format's names, so that one module serves callers
-    CONFIG, FORMAT, FORMAT_VERSION, WEIGHTS, input_paths, model_config, read_meta, resolve, tokenizer_path,
-)
+from tfcli.checkpoint_meta import CONFIG, FORMAT, FORMAT_VERSION, WEIGHTS, model_config, read_meta, resolve, tokenizer_path
 from tfcli.data.tokenizer import load_tokenizer
 from tfcli.errors import CheckpointError
 from tfcli.io import atomic_dir, atomic_write_text, fault_point, space_needed

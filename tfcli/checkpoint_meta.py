@@ -51,6 +51,12 @@ def resolve(path: os.PathLike | str) -> Path:
         p = ckpts / pointer
         if p.exists():
             return ckpts / p.read_text().strip()
+    if (path / "meta.json").is_file() and list(path.glob("*.src.bin")) + list(path.glob("*.tgt.bin")):
+        raise CheckpointError(f"{path}: a prepared directory (tfcli prepare's output), not a model; train one on it "
+                              f"(tfcli train {path} -o RUN) and pass the run directory (-m RUN)")
+    if (path / "checkpoints").is_dir():
+        raise CheckpointError(f"{path}: a run directory without a saved checkpoint yet (no checkpoints/BEST or "
+                              "LATEST); train it (on) with tfcli train --resume, or pass another run")
     raise CheckpointError(f"{path}: not a checkpoint (no {CONFIG}) and not a run directory with checkpoints")
 
 
@@ -69,7 +75,7 @@ def read_meta(path: os.PathLike | str) -> dict:
     d = resolve(path)
     try:
         meta = json.loads((d / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # (JSONDecodeError is a ValueError)
         raise CheckpointError(f"{d / CONFIG}: unreadable or corrupt ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{d / CONFIG}: not a tfcli checkpoint config")

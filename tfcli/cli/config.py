@@ -7,8 +7,9 @@ from typing import List, Optional
 import typer
 
 from tfcli.cli.common import (
-    Quiet, app, check_choice, run,
+    Quiet, app, check_choice, fail, run,
 )
+from tfcli.errors import EXIT_USAGE
 from tfcli.generate.config import GenerateConfig, TranslateConfig
 from tfcli.train.config import TrainConfig
 
@@ -28,9 +29,11 @@ def config_(
     tfcli config --arch lm-cpu         a language model's shapes
     tfcli config translate generate    the decoding sections (tfcli translate / lm-generate -c FILE)
     """
-    from tfcli.model.config import PRESETS
+    from tfcli.model.config import PRESETS, RENAMED, renamed_message
 
     check_choice("SECTION", list(sections or []), list(CONFIG_SECTIONS))
+    if arch in RENAMED:
+        fail(renamed_message(arch), EXIT_USAGE)
     check_choice("--arch", arch, list(PRESETS))
 
     print(run(defaults_yaml, sections or ["model", "train"], arch), end="")

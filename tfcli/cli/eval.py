@@ -11,7 +11,7 @@ import typer
 
 from tfcli.cli.common import (
     config_defaults,
-    BeamSize, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, Quiet, app,
+    BeamSize, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, Quiet, Threads, app,
     check_choice, choices_of, fail, refuse_unused, run,
 )
 from tfcli.errors import EXIT_USAGE
@@ -90,6 +90,7 @@ def eval_(
     ),
     max_tokens: int = typer.Option(4096, "--max-tokens", rich_help_panel=_MODEL, help="Tokens per batch."),
     device: str = typer.Option("auto", "--device", rich_help_panel=_MODEL, help="auto, cpu, cuda or cuda:N."),
+    threads: Threads = None,
     translate_src: Optional[str] = typer.Option(
         None, "--translate", metavar="SRC", rich_help_panel=_TR,
         help="Translate SRC ('-' = stdin) with --model (as `tfcli translate` does), then score against -r REF.",
@@ -128,50 +129,31 @@ def eval_(
     Language models score the split as one stream (</s> line </s> line ...) in windows of the model's context.
     Word perplexity = exp(total NLL / words), words = whitespace words + one </s> per line (WikiText's count).
     """
-    from rich.console import Console
-
     if translate_src is not None and model is None:
         fail("--translate needs --model CKPT", EXIT_USAGE)
     if output is not None and translate_src is None:
         fail("-o/--output keeps the translations of --translate; scores go to stdout", EXIT_USAGE)
     check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
     check_choice("--encoding-errors", encoding_errors, choices_of(TranslateConfig, "encoding_errors"))
-    text_scoring = ["metrics", "tokenize", "lowercase", "ter_case_sensitive", "chrf_word_order", "paired_bs",
-                    "paired_ar", "baseline", "n_samples", "score_only", "encoding_errors"]
-    decoding = ["beam_size", "greedy", "len_penalty", "max_len_a", "max_len_b", "batch_size", "dtype"]
-    perplexity = ["split", "words", "window", "stride"]
     if model is not None and translate_src is None:
         if hypotheses or refs:
             fail("--model scores a prepared --data split; it takes no hypothesis or reference files", EXIT_USAGE)
         if data is None:
             fail("--model needs --data PREP (a prepared directory) to score", EXIT_USAGE)
-        refuse_unused(ctx, text_scoring + decoding + ["width"], "is not used by perplexity scoring (--model --data): "
+        refuse_unused(ctx, _TEXT_SCORING + _DECODING + ["width"], "is not used by perplexity scoring (--model --data): "
                       "it applies to text scoring or --translate; perplexity is computed in fp32")
-        from tfcli.evaluate.perplexity import evaluate_checkpoint
-
-        cfg = PerplexityConfig(split, max_tokens, window, stride, words, device)
-        result = run(evaluate_checkpoint, model, data, cfg)
-        print(json.dumps(result.to_json(), indent=2) if json_out else result.format())
-        return
+        return _perplexity(model, data, PerplexityConfig(split, max_tokens, window, stride, words, device), threads,
+                           json_out)
     if data is not None:
         fail("--data needs --model CKPT" if model is None else "--data and --translate exclude each other", EXIT_USAGE)
-    refuse_unused(ctx, perplexity, "is for perplexity (--model CKPT --data PREP)")
+    refuse_unused(ctx, _PERPLEXITY, "is for perplexity (--model CKPT --data PREP)")
     if translate_src is None:
-        refuse_unused(ctx, decoding + ["max_tokens", "device"], "is for --translate (or perplexity); scoring text "
-                      "files decodes nothing")
+        refuse_unused(ctx, _DECODING + ["max_tokens", "device", "threads"], "is for --translate (or perplexity); "
+                      "scoring text files decodes nothing")
     elif greedy and beam_size not in (None, 1):
         refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
     if translate_src is not None and (hypotheses or baseline or paired_bs or paired_ar):
         fail("--translate scores one system, the model's translations; it takes no HYP files", EXIT_USAGE)
-
-    from tfcli.config import from_dict
-    from tfcli.evaluate.metrics import (
-        TOKENIZERS, format_single, render_table, score_files, to_json,
-    )
-
-    check_choice("--metrics", [m.strip().lower() for m in metrics.split(",") if m.strip()], METRIC_NAMES)
-    check_choice("--tokenize", tokenize, TOKENIZERS)
-
     if paired_bs and paired_ar:
         fail("--paired-bs and --paired-ar exclude each other", EXIT_USAGE)
     if score_only and (len(hypotheses or []) + (baseline is not None) > 1):
@@ -182,33 +164,71 @@ def eval_(
         hypotheses = ["-"]
     if not refs:
         fail("no reference: pass -r REF", EXIT_USAGE)
-    fields = dict(
-        metrics=[m.strip().lower() for m in metrics.split(",") if m.strip()],
-        tokenize=tokenize,
-        lowercase=lowercase,
-        ter_case_sensitive=ter_case_sensitive,
-        chrf_word_order=chrf_word_order,
-        paired="bs" if paired_bs else "ar" if paired_ar else "none",
-        n_samples=n_samples,
-    )
-    cfg = run(from_dict, MetricsConfig, fields, "eval")
+    cfg = _metrics_config(metrics, tokenize, lowercase, ter_case_sensitive, chrf_word_order,
+                          "bs" if paired_bs else "ar" if paired_ar else "none", n_samples)
     from tfcli.io import refuse_overwriting_inputs
 
     # the scores go to stdout: not into one of the files being scored (`>> ref.en`)
     run(refuse_overwriting_inputs, ["-"], [*(hypotheses or []), *refs, baseline, translate_src],
         "send the scores elsewhere")
     if translate_src is not None:
-        from tfcli.evaluate.translate_score import translate_and_score
-        from tfcli.generate.config import translate_config
-
-        decoding = run(
-            translate_config, None, beam_size=1 if greedy else beam_size, len_penalty=len_penalty,
-            max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens, device=device,
-            dtype=dtype, encoding_errors=encoding_errors,
-        )
-        report = run(translate_and_score, model, translate_src, refs, cfg, decoding, output)
+        decoding = dict(beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
+                        max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens, device=device, dtype=dtype,
+                        encoding_errors=encoding_errors, threads=threads)
+        report = _translate_and_score(model, translate_src, refs, cfg, decoding, output)
     else:
+        from tfcli.evaluate.metrics import score_files
+
         report = run(score_files, hypotheses or [], refs, cfg, baseline, encoding_errors or "strict")
+    _print_report(report, json_out, width, score_only)
+
+
+_TEXT_SCORING = ["metrics", "tokenize", "lowercase", "ter_case_sensitive", "chrf_word_order", "paired_bs", "paired_ar",
+                 "baseline", "n_samples", "score_only", "encoding_errors"]
+_DECODING = ["beam_size", "greedy", "len_penalty", "max_len_a", "max_len_b", "batch_size", "dtype"]
+_PERPLEXITY = ["split", "words", "window", "stride"]
+
+
+def _perplexity(model: str, data: Path, cfg: PerplexityConfig, threads: int | None, json_out: bool) -> None:
+    """--model CKPT --data PREP: teacher-forced loss and perplexity of a prepared split."""
+    from tfcli.cli.process import tune_process
+    from tfcli.evaluate.perplexity import evaluate_checkpoint
+
+    run(tune_process, cfg.device, threads)
+    result = run(evaluate_checkpoint, model, data, cfg)
+    print(json.dumps(result.to_json(), indent=2) if json_out else result.format())
+
+
+def _metrics_config(metrics: str, tokenize: str, lowercase: bool, ter_case_sensitive: bool, chrf_word_order: int,
+                    paired: str, n_samples: int) -> MetricsConfig:
+    from tfcli.config import from_dict
+    from tfcli.evaluate.metrics import TOKENIZERS
+
+    names = [m.strip().lower() for m in metrics.split(",") if m.strip()]
+    check_choice("--metrics", names, METRIC_NAMES)
+    check_choice("--tokenize", tokenize, TOKENIZERS)
+    fields = dict(metrics=names, tokenize=tokenize, lowercase=lowercase, ter_case_sensitive=ter_case_sensitive,
+                  chrf_word_order=chrf_word_order, paired=paired, n_samples=n_samples)
+    return run(from_dict, MetricsConfig, fields, "eval")
+
+
+def _translate_and_score(model: str, src: str, refs: list[str], cfg: MetricsConfig, decoding: dict,
+                         output: str | None):
+    """--model CKPT --translate SRC -r REF: translate as `tfcli translate` does, then score."""
+    from tfcli.cli.process import tune_process
+    from tfcli.evaluate.translate_score import translate_and_score
+    from tfcli.generate.config import translate_config
+
+    translate_cfg = run(translate_config, None, **decoding)
+    run(tune_process, translate_cfg.device, translate_cfg.threads)
+    return run(translate_and_score, model, src, refs, cfg, translate_cfg, output)
+
+
+def _print_report(report, json_out: bool, width: int, score_only: bool) -> None:
+    from rich.console import Console
+
+    from tfcli.evaluate.metrics import format_single, render_table, to_json
+
     if json_out:
         print(json.dumps(to_json(report), indent=2, ensure_ascii=False))
     elif len(report.systems) == 1:

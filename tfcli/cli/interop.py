@@ -63,7 +63,7 @@ def import_(
     Weights are read from safetensors only (never a pickle), the tokenizer from tokenizer.json. The vocabulary is
     reordered so that tfcli's special tokens have their fixed ids; the model computes the same distribution.
     """
-    from tfcli.interop.hf import import_model
+    from tfcli.interop.hf_import import import_model
 
     info = run(import_model, source, output, force)
     vocab = ", ".join(f"{side} {n}" for side, n in info["vocab"].items())

@@ -10,9 +10,9 @@ import typer
 
 from tfcli.cli.common import (
     config_defaults,
-    Quiet, _set_level, app, check_choice, choices_of, refuse_unused, run,
+    Quiet, _set_level, app, check_choice, choices_of, fail, refuse_unused, run,
 )
-from tfcli.errors import EXIT_INTERRUPTED
+from tfcli.errors import EXIT_INTERRUPTED, EXIT_USAGE
 from tfcli.train.config import TrainConfig
 
 
@@ -36,8 +36,8 @@ def train(
         help="Set any option, e.g. --set model.dropout=0.3 --set train.warmup=800 (repeat).",
     ),
     arch: Optional[str] = typer.Option(
-        None, "--arch", "-a", help="Architecture preset: tiny, small, base, big (translation); lm-tiny, lm-cpu, "
-        "baby-gpt, gpt2-small (language model)."
+        None, "--arch", "-a", help="Architecture preset: toy, small, base, big (translation); lm-toy, lm-cpu, "
+        "baby-gpt, gpt2-small (language model). Their shapes: docs/training.md."
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in RUN from its latest checkpoint."),
     init_from: Optional[str] = typer.Option(
@@ -108,7 +108,7 @@ def train(
     ),
     tensorboard: Optional[bool] = typer.Option(
         None, "--tensorboard/--no-tensorboard", rich_help_panel=_VAL,
-        help="Also write TensorBoard events to RUN/tensorboard (pip install 'tfcli[tensorboard]').",
+        help="Also write TensorBoard events to RUN/tensorboard (pip install 'tfcli\\[tensorboard]').",
     ),
     device: Optional[str] = typer.Option(None, "--device", rich_help_panel=_HW, help="auto, cpu, cuda, cuda:N."),
     precision: Optional[str] = typer.Option(
@@ -152,9 +152,11 @@ def train(
     Prints the best (else the last) checkpoint's path on stdout. "tok/s" counts non-padding target tokens.
     """
     from tfcli.cli.process import keep_freed_memory
-    from tfcli.model.config import PRESETS
+    from tfcli.model.config import PRESETS, RENAMED, renamed_message
     from tfcli.train.trainer import run as run_training
 
+    if arch in RENAMED:
+        fail(renamed_message(arch), EXIT_USAGE)
     check_choice("--arch", arch, list(PRESETS))
     if init_from:
         refuse_unused(ctx, ["arch"], "is not used with --init-from: the architecture is the checkpoint's")

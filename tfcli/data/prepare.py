@@ -523,38 +523,15 @@ def _prepare(
                 tokenizer_meta = {"type": "pretrained", "from": cfg.tokenizer_from, "model": type(toks["tgt"].model).__name__}
             else:
                 progress(f"training {cfg.tokenizer} tokenizer")
-
-                def train_texts(i: int, side: str) -> Iterable[str]:
-                    return (row[i] for row in sample.rows) if sample else _staged(tmp, "train", side)
-
-                texts = {side: functools.partial(train_texts, i, side) for i, side in enumerate(sides)}
-                toks, joint = _train_tokenizers(cfg, kind, texts)
-                tokenizer_meta = {"type": cfg.tokenizer, "vocab_size": cfg.vocab_size}
-                if sample is not None:
-                    tokenizer_meta["sample"] = len(sample.rows)
+                toks, joint, tokenizer_meta = _train_on_staged(tmp, cfg, kind, sides, sample)
             vocab = {side: toks[side].get_vocab_size() for side in sides}
-
             splits_meta = {}
             for split in report:
                 progress(f"encoding {split}")
-                splits_meta[split] = _encode(tmp, split, sides, toks, vocab, kind, cfg, report[split])
-                if not splits_meta[split][sides[0]]["count"]:
-                    raise InputError(labels[split], None, f"no {split} rows left after cleaning ({_dropped(report[split])})")
-                if split != "train":
-                    for side in sides:
-                        _write_text(tmp, split, side, mode)
-                for side in sides:
-                    _stage_path(tmp, split, side).unlink()
-
+                splits_meta[split] = _encode_staged(tmp, split, sides, toks, vocab, kind, cfg, report[split],
+                                                    labels[split], mode)
             progress("writing")
-            tokenizer_files = {side: f"tokenizer.{side}.json" for side in sides}
-            for side, name in tokenizer_files.items():
-                source = files.get(f"tokenizer.{side}", "")
-                if cfg.tokenizer_from and not source.endswith(SENTENCEPIECE_SUFFIXES):
-                    # the very same bytes, so that eval can tell it is the checkpoint's tokenizer
-                    shutil.copyfile(source, tmp / name)
-                else:
-                    save_tokenizer(toks[side], tmp / name)
+            tokenizer_files = _save_tokenizers(tmp, sides, toks, files, cfg)
             extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {}
             meta = new_meta(
                 kind,
@@ -573,6 +550,48 @@ def _prepare(
     except _UpToDate:
         log(UP_TO_DATE.format(out=out))
     return out
+
+
+def _train_on_staged(tmp: Path, cfg: PrepareConfig, kind: str, sides: list[str], sample) -> tuple[dict, bool, dict]:
+    """(tokenizers, whether joint, what meta.json records of them), trained on the staged train split (or on
+    `sample`, a _Sample of its rows)."""
+    def train_texts(i: int, side: str) -> Iterable[str]:
+        return (row[i] for row in sample.rows) if sample else _staged(tmp, "train", side)
+
+    texts = {side: functools.partial(train_texts, i, side) for i, side in enumerate(sides)}
+    toks, joint = _train_tokenizers(cfg, kind, texts)
+    tokenizer_meta = {"type": cfg.tokenizer, "vocab_size": cfg.vocab_size}
+    if sample is not None:
+        tokenizer_meta["sample"] = len(sample.rows)
+    return toks, joint, tokenizer_meta
+
+
+def _encode_staged(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, kind: str, cfg: PrepareConfig,
+                   counts: dict, label: str, mode: str) -> dict:
+    """Encode one staged split (`_encode`), write the text of a split other than train, and drop its staged copy;
+    returns what meta.json records of it."""
+    meta = _encode(tmp, split, sides, toks, vocab, kind, cfg, counts)
+    if not meta[sides[0]]["count"]:
+        raise InputError(label, None, f"no {split} rows left after cleaning ({_dropped(counts)})")
+    if split != "train":
+        for side in sides:
+            _write_text(tmp, split, side, mode)
+    for side in sides:
+        _stage_path(tmp, split, side).unlink()
+    return meta
+
+
+def _save_tokenizers(tmp: Path, sides: list[str], toks: dict, files: dict, cfg: PrepareConfig) -> dict[str, str]:
+    """Write each side's tokenizer.json; returns {side: file name}."""
+    tokenizer_files = {side: f"tokenizer.{side}.json" for side in sides}
+    for side, name in tokenizer_files.items():
+        source = files.get(f"tokenizer.{side}", "")
+        if cfg.tokenizer_from and not source.endswith(SENTENCEPIECE_SUFFIXES):
+            # the very same bytes, so that eval can tell it is the checkpoint's tokenizer
+            shutil.copyfile(source, tmp / name)
+        else:
+            save_tokenizer(toks[side], tmp / name)
+    return tokenizer_files
 
 
 def _encode(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, kind: str, cfg: PrepareConfig,

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from tfcli import checkpoint
+
+from tfcli import checkpoint_meta
 from tfcli.data.batching import collate_seq2seq, lm_stream, token_batches
 from tfcli.data.prepared import PreparedData, Sequences
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
@@ -116,7 +118,7 @@ def check_tokenizers(meta: dict, data: PreparedData, sides: list[str]) -> None:
 
     for side in sides:
         checkpoint.tokenizer(meta, side)  # exists, and fits the model
-        ckpt_file = checkpoint.tokenizer_path(meta, side)
+        ckpt_file = checkpoint_meta.tokenizer_path(meta, side)
         if side not in data.meta.get("tokenizers", {}):
             raise TfcliError(f"{data.path}: has no {side} tokenizer; was it prepared for another kind of model?")
         data_file = data.tokenizer_file(side)
@@ -216,8 +218,8 @@ def evaluate_checkpoint(ckpt, data_dir, cfg: PerplexityConfig) -> PerplexityResu
     cfg.validate()
     device = resolve_device(cfg.device)
     data = PreparedData(data_dir)
-    meta = checkpoint.read_meta(ckpt)
-    kind = checkpoint.model_config(meta).kind
+    meta = checkpoint_meta.read_meta(ckpt)
+    kind = checkpoint_meta.model_config(meta).kind
     if kind == "seq2seq" and data.kind != "parallel":
         raise TfcliError(f"{data.path}: monolingual data, but {meta['dir']} is a translation model; it needs parallel data")
     sides = ["src", "tgt"] if kind == "seq2seq" else ["tgt"]

@@ -27,7 +27,7 @@ def translate_and_score(
     if decoding.tabular or decoding.raw:
         raise ConfigError("--nbest, --scores and --raw make output that is not plain translations; BLEU needs text")
     if output is not None:
-        from tfcli.checkpoint import input_paths
+        from tfcli.checkpoint_meta import input_paths
 
         refuse_overwriting_inputs([output], [source, *references, *input_paths(ckpt)], "choose another -o")
     with encoding_errors(decoding.encoding_errors):  # the references and the source alike

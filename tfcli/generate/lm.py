@@ -13,7 +13,6 @@ sees "</s> prompt" and an empty prompt generates from the start of a text.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import json
@@ -28,7 +27,7 @@ from tfcli.generate.config import GenerateConfig
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load
 from tfcli.generate.sampling import line_uniforms, next_token, to_device
-from tfcli.generate.search import read_every
+from tfcli.generate.schedule import Schedule, read_every
 from tfcli.generate.step import StepModel, step_model
 from tfcli.generate.translate import open_output
 from tfcli.io import encoding_errors, iter_lines, refuse_overwriting_inputs
@@ -56,9 +55,9 @@ def generate_ids(
 
     The first `slots` prompts (None: all) are prefilled together, left-padded. What a step decides stays on the
     device (each row's new tokens, how many, whether it has ended); the host reads it every `check_every` steps
-    (0: every step on the CPU, every 8 on a GPU; with `on_token`, every step), to stop, and to let finished rows
-    leave or, with a fixed-shape decoder (a GPU's), to give their places to the next prompts, each prefilled into
-    its place (continuous batching). A row that ended between two reads runs on unread.
+    (`schedule.read_every`; with `on_token`, every step), to stop, and to let finished rows leave or, with a
+    fixed-shape decoder (a GPU's), to give their places to the next prompts, each prefilled into its place
+    (continuous batching). A row that ended between two reads runs on unread.
 
     A row gets at most `cfg.max_new_tokens` new ids. When the context reaches the positions the decoder holds
     (the model's max_len at most), generation goes on from the last max_len / 2 tokens, as nanoGPT's sample.py
@@ -76,108 +75,145 @@ def generate_ids(
     if n < B and not sm.static:
         raise ValueError("generating in fewer slots than prompts needs the fixed-shape decoder (StepModel(static=True))")
     every = 1 if on_token is not None else read_every(check_every, device)
-    max_len, window = sm.cfg.max_len, max(1, sm.cfg.max_len // 2)
-    T = max(len(p) for p in prompts)
-    ids, valid = _left_pad(prompts[:n], device)
-    decoder, logits = _prefill(sm, ids, valid, min(max_len, T + cfg.max_new_tokens))
-    fixed, room = decoder.fixed, decoder.max_steps
-    track = cfg.repetition_penalty != 1.0  # the penalty reads each row's text so far
-    history = ids if track else ids[:, :0]
-    seed = cfg.seed if cfg.seed is not None or cfg.greedy else int(torch.randint(0, 2**62, ()))
-    lines_all = rows if rows is not None else list(range(B))
-    # per decoder row, on the device: its prompt's index in the input, how many new ids it has, whether it has ended,
-    # and the ids of the steps since the last read (-1: none: </s>, or it had ended)
-    line = to_device(lines_all[:n], device)
-    count = torch.zeros(n, dtype=torch.long, device=device)
-    ended = torch.zeros(n, dtype=torch.bool, device=device)
-    fresh = torch.full((n, every), -1, dtype=torch.long, device=device)
-    # on the host: the prompt each row holds (-1: none), the positions it holds, the prompts waiting for a row
-    held, span, queue = list(range(n)), [ids.size(1)] * n, collections.deque(range(n, B))
-    out: list[list[int]] = [[] for _ in range(B)]
-    since = 0
-    while True:
+    # (no horizon: a row ends at --max-new-tokens, </s> or a stop string, all read on the host)
+    sched = Schedule(B, n, sm.static, every, 2**62, device)
+    search = _Continue(sm, sched, prompts, cfg, on_token, rows if rows is not None else list(range(B)), every)
+    sched.run(search)
+    search.decoder.release()
+    return search.out
+
+
+class _Continue:
+    """Language-model generation as a `schedule.Search`. Per decoder row, on the device: its prompt's index in the
+    input (`line`), how many new ids it has, whether it has ended, the ids of the steps since the last read (-1:
+    none: </s>, or it had ended), and with a repetition penalty its text so far; on the host, the positions it
+    holds. A step is the decoder's (on the last token chosen), then the next token's choice."""
+
+    def __init__(self, sm, sched: Schedule, prompts, cfg: GenerateConfig, on_token, lines: list[int], every: int):
+        self.sm, self.sched, self.prompts, self.cfg, self.on_token, self.lines = sm, sched, prompts, cfg, on_token, lines
+        n, device = len(sched.held), sched.item.device
+        self.device, self.window = device, max(1, sm.cfg.max_len // 2)
+        ids, valid = _left_pad(prompts[:n], device)
+        T = max(len(p) for p in prompts)
+        self.decoder, self.logits = _prefill(sm, ids, valid, min(sm.cfg.max_len, T + cfg.max_new_tokens))
+        self.fixed, self.room = self.decoder.fixed, self.decoder.max_steps
+        self.track = cfg.repetition_penalty != 1.0  # the penalty reads each row's text so far
+        self.history = ids if self.track else ids[:, :0]
+        self.seed = cfg.seed if cfg.seed is not None or cfg.greedy else int(torch.randint(0, 2**62, ()))
+        self.line = to_device(lines[:n], device)
+        self.count = torch.zeros(n, dtype=torch.long, device=device)
+        self.ended = torch.zeros(n, dtype=torch.bool, device=device)
+        self.fresh = torch.full((n, every), -1, dtype=torch.long, device=device)
+        self.span = [ids.size(1)] * n
+        self.out: list[list[int]] = [[] for _ in prompts]
+        self.since = 0  # steps since the last read
+        self.nxt: torch.Tensor | None = None  # the tokens chosen last, which the next step feeds
+        self.pending: dict[int, int] = {}  # fixed shapes: row -> the prompt that takes it after the next step
+
+    def capturable(self) -> bool:
+        return False  # (the decoder replays its own step: sampling here reads the host's counters)
+
+    def advance(self, at) -> None:
+        if self.nxt is not None:
+            if self.track:
+                self.history = torch.cat([self.history, self.nxt[:, None]], 1)
+            if not self.fixed and self.decoder.t == self.room:
+                self._slide_all()
+            else:
+                self.logits = self.decoder.step(self.nxt)  # one new token per row; the decoder holds the rest
+                if self.fixed:
+                    self._after_fixed_step()
+        cfg, logits = self.cfg, self.logits
         if cfg.ignore_eos or cfg.min_new_tokens:  # </s> is not allowed yet (or ever)
             logits = logits.clone()
-            logits[:, EOS_ID].masked_fill_((count < cfg.min_new_tokens) | cfg.ignore_eos, float("-inf"))
-        nxt = next_token(logits, history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty,
-                         uniforms=None if cfg.greedy else line_uniforms(seed, line, count + 1))
-        new = ~ended & (nxt != EOS_ID)
-        fresh[:, since] = torch.where(new, nxt, -1)
-        count += new
-        ended |= ~new | (count >= cfg.max_new_tokens)
-        since += 1
-        # the context full: every row (shrinking decoder) or one that still generates (fixed shapes)
-        full = decoder.t == room if not fixed else [r for r in range(n) if held[r] >= 0 and span[r] == room]
-        if since == every or full:
-            # the one read of the device in `every` steps: each row's new ids since the last; a -1 among them
-            # means it has ended (at </s>, or before)
-            got = fresh[:, :since].tolist()
-            since = 0
-            stopped = [True] * n
-            for r, p in enumerate(held):
-                if p < 0:
-                    continue
-                for t in got[r]:
-                    if t < 0:
-                        break
-                    out[p].append(t)
-                    if on_token is not None and on_token(p, out[p]):
-                        ended[r] = True
-                        break
-                else:
-                    stopped[r] = len(out[p]) >= cfg.max_new_tokens
-            if fixed:
-                done = [r for r, p in enumerate(held) if p >= 0 and stopped[r]]
-                for r in done:
-                    held[r] = -1
-                if all(p < 0 for p in held) and not queue:
+            logits[:, EOS_ID].masked_fill_((self.count < cfg.min_new_tokens) | cfg.ignore_eos, float("-inf"))
+        uniforms = None if cfg.greedy else line_uniforms(self.seed, self.line, self.count + 1)
+        nxt = next_token(logits, self.history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p,
+                         cfg.repetition_penalty, uniforms=uniforms)
+        new = ~self.ended & (nxt != EOS_ID)
+        self.fresh[:, self.since] = torch.where(new, nxt, -1)
+        self.count += new
+        self.ended |= ~new | (self.count >= cfg.max_new_tokens)
+        self.since += 1
+        self.nxt = nxt
+
+    def must_read(self) -> bool:
+        """The context is full: every row (shrinking decoder) or one that still generates (fixed shapes)."""
+        if not self.fixed:
+            return self.decoder.t == self.room
+        return any(p >= 0 and s == self.room for p, s in zip(self.sched.held, self.span))
+
+    def read(self) -> list[bool]:
+        """Each row's new ids since the last read (a -1 among them: it has ended, at </s> or before), appended to
+        its prompt's output; whether it has stopped."""
+        got = self.fresh[:, : self.since].tolist()
+        self.since = 0
+        stopped = [True] * len(got)
+        for r, p in enumerate(self.sched.held):
+            if p < 0:
+                continue
+            for t in got[r]:
+                if t < 0:
+                    break
+                self.out[p].append(t)
+                if self.on_token is not None and self.on_token(p, self.out[p]):
+                    self.ended[r] = True
                     break
             else:
-                keep = [r for r in range(n) if not stopped[r]]
-                if not keep:
-                    break
-                if len(keep) < n:
-                    idx = to_device(keep, device)
-                    decoder.select(idx)
-                    line, count, ended, fresh, nxt = line[idx], count[idx], ended[idx], fresh[idx], nxt[idx]
-                    history = history[idx]
-                    held = [held[r] for r in keep]
-                    n = len(keep)
-                full = decoder.t == room
-        if track:
-            history = torch.cat([history, nxt[:, None]], 1)
-        if not fixed and full:  # the context is full: go on from its second half (positions count from 0 again)
-            decoder.release()
-            texts = [prompts[p] + out[p] for p in held]
-            left = cfg.max_new_tokens - min(len(out[p]) for p in held)
-            ids, valid = _left_pad([t[-window:] for t in texts], device)
-            decoder, logits = _prefill(sm, ids, valid, min(max_len, ids.size(1) + left))
-            room = decoder.max_steps
-            continue
-        logits = decoder.step(nxt)  # one new token per row; the decoder holds the rest
-        if not fixed:
-            continue
-        span = [s + 1 for s in span]
-        # after the step (whatever it computed for them): rows whose context is full go on from its second half,
-        # and finished rows take the next prompts; each is prefilled into its place
-        for r in range(n):
-            if held[r] >= 0 and span[r] > room:
-                text = prompts[held[r]] + out[held[r]]
-                logits[r] = _admit(decoder, r, text[-window:], device)
-                span[r] = min(window, len(text))
-            elif held[r] < 0 and queue:
-                p = held[r] = queue.popleft()
-                logits[r] = _admit(decoder, r, prompts[p], device)
-                span[r] = len(prompts[p])
-                line[r], count[r], ended[r] = lines_all[p], 0, False
-                if track:  # its text so far: the prompt, right-aligned (<pad>, never chosen, before it)
-                    if history.size(1) < len(prompts[p]):
-                        history = torch.cat([history.new_full((n, len(prompts[p]) - history.size(1)), PAD_ID),
-                                             history], 1)
-                    history[r] = PAD_ID
-                    history[r, history.size(1) - len(prompts[p]):] = to_device(prompts[p], device)
-    decoder.release()
-    return out
+                stopped[r] = len(self.out[p]) >= self.cfg.max_new_tokens
+        return stopped
+
+    def retire(self, rows: list[int]) -> None:
+        pass
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.decoder.select(rows)
+        self.line, self.count, self.ended, self.fresh = (x[rows] for x in (self.line, self.count, self.ended, self.fresh))
+        self.nxt, self.history = self.nxt[rows], self.history[rows]
+
+    def admit(self, rows: torch.Tensor, items: torch.Tensor, placed: list[tuple[int, int]]) -> None:
+        """Fixed shapes: the prompts take their rows after the next step (which runs on the old rows' last tokens,
+        unread), each prefilled into its place."""
+        self.pending.update(placed)
+
+    def _slide_all(self) -> None:
+        """A shrinking decoder whose context is full goes on from each text's second half (positions count from 0
+        again): a new decoder, prefilled with those halves."""
+        self.decoder.release()
+        held = self.sched.held
+        texts = [self.prompts[p] + self.out[p] for p in held]
+        left = self.cfg.max_new_tokens - min(len(self.out[p]) for p in held)
+        ids, valid = _left_pad([t[-self.window :] for t in texts], self.device)
+        self.decoder, self.logits = _prefill(self.sm, ids, valid, min(self.sm.cfg.max_len, ids.size(1) + left))
+        self.room = self.decoder.max_steps
+
+    def _after_fixed_step(self) -> None:
+        """After the step (whatever it computed for them): rows whose context is full go on from its second half,
+        and rows taken by new prompts start them; each is prefilled into its place."""
+        self.span = [s + 1 for s in self.span]
+        held, logits = self.sched.held, self.logits
+        for r, p in enumerate(held):
+            if r in self.pending:
+                p = self.pending.pop(r)
+                logits[r] = _admit(self.decoder, r, self.prompts[p], self.device)
+                self.span[r] = len(self.prompts[p])
+                self.line[r], self.count[r], self.ended[r] = self.lines[p], 0, False
+                if self.track:
+                    self._track_prompt(r, self.prompts[p])
+            elif p >= 0 and self.span[r] > self.room:
+                text = self.prompts[p] + self.out[p]
+                logits[r] = _admit(self.decoder, r, text[-self.window :], self.device)
+                self.span[r] = min(self.window, len(text))
+
+    def _track_prompt(self, r: int, prompt: list[int]) -> None:
+        """Row r's text so far: the prompt, right-aligned (<pad>, never chosen, before it)."""
+        history = self.history
+        if history.size(1) < len(prompt):
+            history = torch.cat([history.new_full((history.size(0), len(prompt) - history.size(1)), PAD_ID),
+                                 history], 1)
+        history[r] = PAD_ID
+        history[r, history.size(1) - len(prompt):] = to_device(prompt, self.device)
+        self.history = history
 
 
 def _left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -253,7 +289,7 @@ def lm_generate(
 
     Returns the number of samples written.
     """
-    from tfcli.checkpoint import input_paths
+    from tfcli.checkpoint_meta import input_paths
 
     refuse_overwriting_inputs([output or "-"], [input_file, *input_paths(checkpoint)], "choose another -o")
     device = resolve_device(cfg.device)

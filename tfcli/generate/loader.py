@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from tfcli import checkpoint
+
+from tfcli import checkpoint_meta
 from tfcli.device import DTYPES
 from tfcli.errors import CheckpointError
 from tfcli.generate.step import StepModel
@@ -34,8 +36,8 @@ def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32",
     """Load a checkpoint and its tokenizers, ready for inference; `kind` ("seq2seq" or "lm") is the one expected,
     None for either. config.json is read once. The process is left as it was (threads, allocator, random stream).
     `half`: decode from a bf16/fp16 copy of the weights (default: `half_weights`); the returned `model` stays fp32."""
-    meta = checkpoint.read_meta(path)
-    cfg = checkpoint.model_config(meta)
+    meta = checkpoint_meta.read_meta(path)
+    cfg = checkpoint_meta.model_config(meta)
     if kind is not None and cfg.kind != kind:
         want = "a translation (seq2seq)" if kind == "seq2seq" else "a language model (lm)"
         hint = "tfcli lm-generate" if cfg.kind == "lm" else "tfcli translate"

@@ -17,14 +17,13 @@ Length rules, shared with the slow reference in `tests/reference_search.py`:
 
 from __future__ import annotations
 
-import collections
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from tfcli.generate.sampling import LineSampling, never_chosen, to_device
-from tfcli.generate.step import IncrementalDecoder, keep_order, step_model
+from tfcli.generate.schedule import Schedule, read_every, search_graph
+from tfcli.generate.step import IncrementalDecoder, step_model
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -73,89 +72,6 @@ def _longest(sm, src: torch.Tensor, limits: list[int], max_len_a: float, max_len
     P = prefix.size(1) + 1 if prefix is not None else 1
     return max(max(limits), min(sm.cfg.max_len, max(int(src.size(1) * max_len_a + max_len_b), P)))
 
-
-def read_every(check_every: int, device: torch.device) -> int:
-    """Steps between the search's reads of the device: `check_every`, or by default every step on the CPU (reading
-    costs nothing there, and finished sentences leave at once) and every 8 on a GPU (each read stalls the queue)."""
-    return check_every or (1 if device.type == "cpu" else 8)
-
-
-class _Slots:
-    """Which sentence each row of a fixed-shape decoder holds, host side (continuous batching). A row whose
-    sentence is done runs on unread until the next read, past its length limit if need be: its position and output
-    column stop at the last (their work is never read)."""
-
-    def __init__(self, n: int, total: int):
-        self.sentence = list(range(n))  # each row's sentence, -1 once it is done and no other took its place
-        self.queue = collections.deque(range(n, total))  # sentences waiting for a row, in order
-
-    def turnover(self, done: list[bool]) -> tuple[list[int], list[int]]:
-        """After a read: the rows whose sentence is done give their place to the next sentences of the queue.
-        Returns (rows, sentences) taken."""
-        rows, sentences = [], []
-        for r, d in enumerate(done):
-            if d and self.sentence[r] >= 0:
-                s = self.queue.popleft() if self.queue else -1
-                self.sentence[r] = s
-                if s >= 0:
-                    rows.append(r)
-                    sentences.append(s)
-        return rows, sentences
-
-    @property
-    def busy(self) -> bool:
-        return any(s >= 0 for s in self.sentence)
-
-
-class _StepGraph:
-    """A search's step as one CUDA graph, where the decoder has fixed shapes on CUDA (a StaticDecoder with its graph
-    on): the decoder's step and the search's own operations (some sixty small kernels a step) in one launch. The
-    search takes the decoder's graph over: the first step it may capture runs eagerly on a side stream (the warm-up
-    a capture needs: a real step), the next is captured and replayed, and each later one replayed; between steps
-    the host changes the tensors in place only (continuous batching). Elsewhere, or if the capture fails (with a
-    warning), every step runs eagerly."""
-
-    def __init__(self, decoder):
-        self.decoder = decoder
-        self.on = bool(getattr(decoder, "use_graph", False))
-        if self.on:
-            decoder.use_graph = False  # its step runs inside the search's graph
-        self.graph, self.warm = None, False
-
-    def __call__(self, step, capture: bool) -> None:
-        """Run `step()` (which reads and writes the same tensors each time when `capture`)."""
-        if not (self.on and capture):
-            step()
-        elif self.graph is not None:
-            self.graph.replay()
-            self.decoder.t += 1  # (what the step does on the host, the graph does not)
-        elif not self.warm:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                step()
-            torch.cuda.current_stream().wait_stream(stream)
-            self.warm = True
-        else:
-            t, graph = self.decoder.t, torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph):
-                    step()
-            except RuntimeError as e:
-                warnings.warn(f"searching without a CUDA graph (capturing the step failed: {e})", RuntimeWarning, 2)
-                self.on, self.decoder.t = False, t
-                step()
-                return
-            self.graph = graph
-            graph.replay()
-
-
-def _admit(sm, decoder, src: torch.Tensor, rows: list[int], sentences: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encode `sentences` of the batch into the decoder's `rows`; returns both as tensors on the device."""
-    device = src.device
-    rows_t, sent_t = to_device(rows, device), to_device(sentences, device)
-    decoder.admit(rows_t, *sm.encode(src[sent_t]))
-    return rows_t, sent_t
 
 
 def banned_tokens(step: int, min_len: int, device) -> torch.Tensor:
@@ -263,6 +179,135 @@ def top_k(x: torch.Tensor, k: int, width: int = 64) -> tuple[torch.Tensor, torch
     return values, best.gather(1, torch.div(j, width, rounding_mode="floor")) * width + j % width
 
 
+
+
+class _SourceSearch:
+    """What greedy and beam search share as `schedule.Search`es: the source of each item, its length limit and
+    target prefix, and the decoder's rows of `beams` beams each. Subclasses keep their per-row tensors in
+    `per_row` (one row per item) and `per_beam` (`beams` rows per item): rows that leave take those with them."""
+
+    per_row: tuple[str, ...] = ("limit", "pre")
+    per_beam: tuple[str, ...] = ()
+
+    def __init__(self, sm, decoder, sched: Schedule, src, max_len, prefix, beams: int):
+        n = sched.item.numel()
+        self.sm, self.decoder, self.sched, self.src, self.max_len, self.prefix = sm, decoder, sched, src, max_len, prefix
+        self.beams, self.device = beams, src.device
+        self.limit = max_len[:n].clone()  # each row's length limit
+        self.pre = prefix[:n].clone() if prefix is not None else None  # and its target prefix
+
+    def capturable(self) -> bool:
+        return True
+
+    def must_read(self) -> bool:
+        return False
+
+    def retire(self, rows: list[int]) -> None:
+        pass
+
+    def admit(self, rows: torch.Tensor, items: torch.Tensor, placed=None) -> None:
+        """Encode the items' sources into the decoder's `rows`; their own state is the subclass's to reset."""
+        self.decoder.admit(rows, *self.sm.encode(self.src[items]))
+        self.limit[rows] = self.max_len[items]
+        if self.pre is not None:
+            self.pre[rows] = self.prefix[items]
+
+    def keep(self, rows: torch.Tensor) -> None:
+        beams = self._beams(rows)
+        for names, index in ((self.per_row, rows), (self.per_beam, beams)):
+            for name in names:
+                x = getattr(self, name)
+                if x is not None:
+                    setattr(self, name, x[index])
+        self.decoder.select(rows)
+
+    def _beams(self, rows: torch.Tensor) -> torch.Tensor:
+        """The beam rows of decoder rows `rows`."""
+        K = self.beams
+        return (rows[:, None] * K + torch.arange(K, device=rows.device)).flatten() if K > 1 else rows
+
+
+def _decode(make, model, src: torch.Tensor, beam_size: int, max_len_a: float, max_len_b: int,
+            prefix: torch.Tensor | None, check_every: int, slots: int | None):
+    """Set up the decoder and the schedule for a batch, build the search (`make(sm, decoder, schedule, max_len,
+    T)`), run it to the end, and return it."""
+    every = read_every(check_every, src.device)
+    max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
+    sm = step_model(model)
+    T = _longest(sm, src, max_len.tolist(), max_len_a, max_len_b, prefix)  # (one read)
+    decoder, n = _start(sm, src, beam_size, T, slots)
+    sched = Schedule(src.size(0), n, decoder.fixed, every, T, src.device)
+    search = make(sm, decoder, sched, max_len, T)
+    sched.run(search, search_graph(decoder))
+    decoder.release()
+    return search
+
+
+class _Greedy(_SourceSearch):
+    """Greedy decoding (or sampling): per row its tokens, their log-probs, the step it ended at (0: not yet) and
+    whether with </s>; per item the same, copied when its row ends. (Token buffers have one more column, which an
+    ended fixed-shape row running on past its limit writes.)"""
+
+    per_row = ("limit", "pre", "tok", "tokens", "lps", "end", "eos")
+
+    def __init__(self, sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines):
+        super().__init__(sm, decoder, sched, src, max_len, prefix, 1)
+        B, n, device = src.size(0), sched.item.numel(), src.device
+        self.min_len, self.sampling, self.lines = min_len, sampling, lines
+        self.out_tok = torch.zeros(B, T + 1, dtype=torch.long, device=device)
+        self.out_lp = torch.zeros(B, T + 1, device=device)
+        self.out_end = torch.zeros(B, dtype=torch.long, device=device)
+        self.out_eos = torch.zeros(B, dtype=torch.bool, device=device)
+        self.tokens, self.lps = self.out_tok[:n].clone(), self.out_lp[:n].clone()
+        self.end, self.eos = self.out_end[:n].clone(), self.out_eos[:n].clone()
+        self.tok = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
+
+    def advance(self, at) -> None:
+        """Each row's next token and its log-prob, and whether it ends. With fixed shapes everything is read from
+        and written to the same tensors, so that the step can be a CUDA graph."""
+        forced = _forced_at(self.pre, at, 1)
+        if self.sampling is None:
+            lp, nxt = _best_next(self.decoder, self.tok, at, self.min_len, 1, forced)
+        else:
+            lprobs = _ban(self.decoder.step(self.tok).float().log_softmax(-1), at, self.min_len)
+            nxt = self.sampling.choose(lprobs, self.lines[self.sched.item], at)
+            if forced is not None:
+                nxt = torch.where(forced >= 0, forced, nxt)
+            lp = lprobs.gather(1, nxt[:, None]).squeeze(1)
+        _write_at(self.tokens, at, nxt)
+        _write_at(self.lps, at, lp)
+        is_eos = nxt == EOS_ID
+        ending = (self.end == 0) & (is_eos | (self.limit <= at))
+        if self.sched.fixed:
+            self.end.copy_(torch.where(ending, at, self.end))
+            self.tok.copy_(nxt)
+        else:
+            self.end.masked_fill_(ending, at)
+            self.tok = nxt
+        self.eos.logical_or_(ending & is_eos)
+
+    def read(self) -> list[bool]:
+        return (self.end > 0).tolist()
+
+    def retire(self, rows: list[int]) -> None:
+        index = to_device(rows, self.device) if len(rows) < self.end.numel() else slice(None)
+        items = self.sched.item[index]
+        self.out_tok[items], self.out_lp[items] = self.tokens[index], self.lps[index]
+        self.out_end[items], self.out_eos[items] = self.end[index], self.eos[index]
+
+    def admit(self, rows: torch.Tensor, items: torch.Tensor, placed=None) -> None:
+        super().admit(rows, items)
+        self.tokens[rows], self.lps[rows], self.end[rows], self.eos[rows], self.tok[rows] = 0, 0, 0, False, BOS_ID
+
+    def hypotheses(self, len_penalty: float) -> list[Hypothesis]:
+        out = []
+        for e, ended_eos, toks, scores in zip(*_to_lists(self.out_end, self.out_eos, self.out_tok, self.out_lp)):
+            scores = scores[:e]
+            out.append(Hypothesis(toks[: e - 1 if ended_eos else e], sum(scores) / length_penalty(e, len_penalty),
+                                  scores))
+        return out
+
+
 @torch.inference_mode()
 def greedy_decode(
     model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0,
@@ -275,112 +320,152 @@ def greedy_decode(
     (B, P) target ids each output must start with (-1 past a row's prefix), scored as the model scores them.
 
     Everything a step decides stays on the device (each row's tokens, log-probs, and the step it ended at); the
-    host reads it every `check_every` steps (0: every step on the CPU, every 8 on a GPU, where each read stalls
-    the queue of launched work), to stop, to let the finished rows leave, or with a fixed-shape decoder to give
-    their places to the next sentences (`slots` rows at once; None: all). A row that ended between two reads runs
-    on until the next one, unread: its output is what it was when it ended.
+    host reads it every `check_every` steps (`schedule.read_every`), to stop, to let the finished rows leave, or
+    with a fixed-shape decoder to give their places to the next sentences (`slots` rows at once; None: all). A row
+    that ended between two reads runs on until the next one, unread: its output is what it was when it ended.
 
     src: (B, S) right-padded source ids, each ending in </s>.
     """
-    B, device = src.size(0), src.device
-    every = read_every(check_every, device)
-    max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
-    limits = max_len.tolist()  # (one read)
-    sm = step_model(model)
-    T = _longest(sm, src, limits, max_len_a, max_len_b, prefix)
-    decoder, n = _start(sm, src, 1, T, slots)
-    fixed = decoder.fixed
-    # per input row, filled as rows finish: tokens (one more column, which a finished fixed-shape row running on
-    # past its limit writes), their log-probs, the step it ended at, whether with </s>
-    out_tok = torch.zeros(B, T + 1, dtype=torch.long, device=device)
-    out_lp = torch.zeros(B, T + 1, device=device)
-    out_end = torch.zeros(B, dtype=torch.long, device=device)
-    out_eos = torch.zeros(B, dtype=torch.bool, device=device)
-    # per decoder row: the same while it decodes (end 0: not yet), its input row, its length limit, the step it
-    # began at (fixed shapes: rows begin whenever a place frees; otherwise all at 0)
-    tokens, lps = out_tok[:n].clone(), out_lp[:n].clone()
-    end, eos = out_end[:n].clone(), out_eos[:n].clone()
-    alive, limit = torch.arange(n, device=device), max_len[:n].clone()
-    began = torch.zeros(n, dtype=torch.long, device=device) if fixed else 0
-    slots_ = _Slots(n, B) if fixed else None
-    last = T  # the step by which every sentence begun so far is done
-    pre = prefix[:n].clone() if prefix is not None else None
-    tok = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
-    now = torch.zeros((), dtype=torch.long, device=device)  # the step, on the device (fixed shapes)
+    def make(sm, decoder, sched, max_len, T):
+        return _Greedy(sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines)
 
-    def advance():
-        """One step: each row's next token and its log-prob, and whether it ends. With fixed shapes everything is
-        read from and written to the same tensors, the step counted on the device, so that it can be a CUDA graph."""
-        nonlocal end, tok
-        if fixed:
-            now.add_(1)
-            at = (now - began).clamp_(max=T + 1)  # each row's output position
-        else:
-            at = step
-        forced = _forced_at(pre, at, 1)
-        if sampling is None:
-            lp, nxt = _best_next(decoder, tok, at, min_len, 1, forced)
-        else:
-            lprobs = _ban(decoder.step(tok).float().log_softmax(-1), at, min_len)
-            nxt = sampling.choose(lprobs, lines[alive], at)
-            if forced is not None:
-                nxt = torch.where(forced >= 0, forced, nxt)
-            lp = lprobs.gather(1, nxt[:, None]).squeeze(1)
-        _write_at(tokens, at, nxt)
-        _write_at(lps, at, lp)
-        is_eos = nxt == EOS_ID
-        ending = (end == 0) & (is_eos | (limit <= at))
-        if fixed:
-            end.copy_(torch.where(ending, at, end))
-            tok.copy_(nxt)
-        else:
-            end = end.masked_fill_(ending, at)
-            tok = nxt
-        eos.logical_or_(ending & is_eos)
-
-    graph = _StepGraph(decoder)
-    step = 0
-    while True:
-        step += 1
-        graph(advance, capture=True)
-        if step % every and step < last:  # (at `last` every sentence is done)
-            continue
-        done = (end > 0).tolist()  # the one read of the device in `every` steps
-        gone = [r for r, d in enumerate(done) if d and (not fixed or slots_.sentence[r] >= 0)]
-        if gone:
-            rows = to_device(gone, device) if len(gone) < len(done) else slice(None)
-            out_tok[alive[rows]], out_lp[alive[rows]] = tokens[rows], lps[rows]
-            out_end[alive[rows]], out_eos[alive[rows]] = end[rows], eos[rows]
-        if fixed:
-            new_rows, sentences = slots_.turnover(done)
-            if not slots_.busy:
-                break
-            if new_rows:  # continuous batching: the next sentences take the finished ones' places
-                last = step + T
-                r, s = _admit(sm, decoder, src, new_rows, sentences)
-                alive[r], limit[r], began[r] = s, max_len[s], step
-                tokens[r], lps[r], end[r], eos[r], tok[r] = 0, 0, 0, False, BOS_ID
-                if pre is not None:
-                    pre[r] = prefix[s]
-            continue
-        if len(gone) == len(done):
-            break
-        if gone:
-            keep = to_device(keep_order(len(done), gone), device)
-            alive, limit, tok, tokens, lps, end, eos = (x[keep] for x in (alive, limit, tok, tokens, lps, end, eos))
-            pre = pre[keep] if pre is not None else None
-            decoder.select(keep)
-    decoder.release()
-    out = []
-    for e, ended_eos, toks, scores in zip(*_to_lists(out_end, out_eos, out_tok, out_lp)):
-        scores = scores[:e]
-        out.append(Hypothesis(toks[: e - 1 if ended_eos else e], sum(scores) / length_penalty(e, len_penalty), scores))
-    return out
+    return _decode(make, model, src, 1, max_len_a, max_len_b, prefix, check_every, slots).hypotheses(len_penalty)
 
 
 def greedy_search(model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10) -> list[list[int]]:
     """Greedy decoding, just the output ids (without </s>) per source row."""
     return [h.tokens for h in greedy_decode(model, src, max_len_a, max_len_b)]
+
+
+class _Beam(_SourceSearch):
+    """Beam search's state. Per input item: its K best finished hypotheses (score, the step it ended at: 0 for
+    none, ended with </s>, tokens, per-token log-probs), how many ended in all. Per row (a live sentence): its length
+    limit, the largest length penalty it can get, the nbest-th best finished score and whether K have ended (copies
+    of fin_*, kept where the step reads them), whether it is done, and the summed log-probs of its k beams. Per beam:
+    its last token, its tokens so far and their log-probs. Rows are sentence-major: row s * k + j is beam j of live
+    sentence s. (Token buffers have one more column, which a done sentence running on past its limit in a
+    fixed-shape decoder writes.)"""
+
+    per_row = ("limit", "pre", "lp_max", "floor", "full", "done", "scores")
+    per_beam = ("tok", "tokens", "lps")
+
+    def __init__(self, sm, decoder, sched, src, max_len, T, prefix, K, nbest, len_penalty, min_len, token_scores):
+        super().__init__(sm, decoder, sched, src, max_len, prefix, K)
+        B, n, device = src.size(0), sched.item.numel(), src.device
+        self.K, self.nbest, self.len_penalty, self.min_len = K, nbest, len_penalty, min_len
+        self.fin_score = torch.full((B, K), float("-inf"), device=device)
+        self.fin_step = torch.zeros(B, K, dtype=torch.long, device=device)
+        self.fin_eos = torch.zeros(B, K, dtype=torch.bool, device=device)
+        self.fin_tok = torch.zeros(B, K, T + 1, dtype=torch.long, device=device)
+        self.fin_lp = torch.zeros(B, K, T + 1, device=device) if token_scores else None
+        self.fin_n = torch.zeros(B, dtype=torch.long, device=device)
+        self.lp_max_all = length_penalty(max_len.float() + 1, len_penalty)
+        self.lp_max = self.lp_max_all[:n].clone()
+        self.floor = torch.full((n,), float("-inf"), device=device)
+        self.full = torch.zeros(n, dtype=torch.bool, device=device)
+        self.done = torch.zeros(n, dtype=torch.bool, device=device)
+        self.k = 1  # beams per live sentence: 1 at the first step, K after
+        self.scores = torch.zeros(n, 1, device=device)  # (n, k)
+        self.tokens = torch.zeros(n, T + 1, dtype=torch.long, device=device)  # (n * k, T + 1)
+        self.lps = torch.zeros(n, T + 1, device=device) if token_scores else None
+        self.tok = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
+        self.first_beam = torch.tensor([0.0] + [float("-inf")] * (K - 1), device=device)  # a sentence that joins later
+
+    def capturable(self) -> bool:
+        return self.k == self.K
+
+    def advance(self, at) -> None:
+        """One step: every live beam expanded, the K best continuations kept, what ends merged into the finished
+        hypotheses, and whether each sentence is done. After the first step with fixed shapes, everything is read
+        from and written to the same tensors, so that it can be a CUDA graph."""
+        K, k, n, lp_alpha = self.K, self.k, self.scores.size(0), self.len_penalty
+        device, token_scores = self.device, self.lps is not None
+        at_row = at if isinstance(at, int) else _per_beam(at, k)
+        col = at if isinstance(at, int) else at[:, None]
+        # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
+        # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
+        # no topk runs over, all k * V pairs.
+        top_lp, top_tok = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K,
+                                     _forced_at(self.pre, at, k))  # (n * k, 2K)
+        top_lp = top_lp.view(n, k * 2 * K)
+        cand = (self.scores.unsqueeze(2) + top_lp.view(n, k, 2 * K)).view(n, k * 2 * K)
+        cand_scores, cand_idx = cand.topk(2 * K, dim=1)  # sorted, best first
+        cand_beam = torch.div(cand_idx, 2 * K, rounding_mode="floor")
+        cand_tok = top_tok.view(n, k * 2 * K).gather(1, cand_idx)
+        cand_row = cand_beam + (torch.arange(n, device=device) * k)[:, None]  # the beam's row in `tokens` / cache
+        is_eos = cand_tok == EOS_ID
+        # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
+        next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
+        next_beam, next_tok, next_row = cand_beam.gather(1, pick), cand_tok.gather(1, pick), cand_row.gather(1, pick)
+        cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
+        next_lp = cand_lp.gather(1, pick) if token_scores else None
+
+        # what ends now, in a sentence not done yet: </s> among its first K candidates, and at its max length its K
+        # continuing beams
+        live = ~self.done
+        at_max = self.limit <= at
+        ends = torch.cat([is_eos[:, :K], at_max[:, None].expand(n, K)], 1) & live[:, None]  # (n, 2K)
+        # (on the CPU, where reading is cheap, skipped when nothing ends)
+        if self.sched.fixed or self.sched.every > 1 or bool(ends.any()):
+            item = self.sched.item
+            _keep_finished(
+                (self.fin_score, self.fin_step, self.fin_eos, self.fin_tok, self.fin_lp, self.fin_n), item, ends, at,
+                torch.cat([cand_scores[:, :K], next_scores], 1) / length_penalty(col, lp_alpha),
+                torch.cat([cand_row[:, :K], next_row], 1), torch.cat([cand_tok[:, :K], next_tok], 1),
+                self.tokens, self.lps, torch.cat([cand_lp[:, :K], next_lp], 1) if token_scores else None,
+            )
+            new_floor, new_full = self.fin_score[item, self.nbest - 1], self.fin_n[item] >= K
+        else:
+            new_floor, new_full = self.floor, self.full
+        # done: at the max length, or settled (see beam_search)
+        settled = new_full & (new_floor >= next_scores[:, 0] / length_penalty(at + 1, lp_alpha))
+        if lp_alpha >= 0:  # (alpha < 0: lp falls as |Y| grows, no bound)
+            settled |= new_floor >= next_scores[:, 0] / self.lp_max
+        new_done = ~live | at_max | settled
+
+        self.decoder.select(None, next_beam)
+        rows = next_row.flatten()
+        at_row = at if isinstance(at, int) else _per_beam(at, K)
+        new_tokens = self.tokens.index_select(0, rows)
+        _write_at(new_tokens, at_row, next_tok.flatten())
+        new_lps = None
+        if token_scores:
+            new_lps = self.lps.index_select(0, rows)
+            _write_at(new_lps, at_row, next_lp.flatten())
+        new = dict(scores=next_scores, tokens=new_tokens, lps=new_lps, tok=next_tok.flatten(), floor=new_floor,
+                   full=new_full, done=new_done)
+        if self.sched.fixed and k == K:  # in place: the same tensors at every step
+            for name, value in new.items():
+                if value is not None:
+                    getattr(self, name).copy_(value)
+        else:
+            for name, value in new.items():
+                setattr(self, name, value)
+            self.k = K
+
+    def read(self) -> list[bool]:
+        return self.done.tolist()
+
+    def admit(self, rows: torch.Tensor, items: torch.Tensor, placed=None) -> None:
+        """K fresh beams a new sentence, all but the first at -inf."""
+        super().admit(rows, items)
+        self.lp_max[rows] = self.lp_max_all[items]
+        self.floor[rows], self.full[rows], self.done[rows], self.scores[rows] = float("-inf"), False, False, \
+            self.first_beam
+        beams = self._beams(rows)
+        self.tokens[beams], self.tok[beams] = 0, BOS_ID
+        if self.lps is not None:
+            self.lps[beams] = 0
+
+    def hypotheses(self) -> list[list[Hypothesis]]:
+        out = []
+        token_scores = self.fin_lp is not None
+        host = _to_lists(self.fin_score, self.fin_step, self.fin_eos, self.fin_tok,
+                         *((self.fin_lp,) if token_scores else ()))
+        for score, ended, eos, toks, *lp in zip(*host):
+            out.append([Hypothesis(toks[j][: ended[j] - eos[j]], score[j], lp[0][j][: ended[j]] if lp else None)
+                        for j in range(self.nbest)])
+        return out
 
 
 @torch.inference_mode()
@@ -415,168 +500,21 @@ def beam_search(
 
     All of it stays on the device: each sentence's K best finished hypotheses so far (best first; equal scores in
     the order they ended), how many ended, and whether it is done. The host reads the device every `check_every`
-    steps (0: every step on the CPU, every 8 on a GPU), to stop, and to let the done sentences leave the batch or,
-    with a fixed-shape decoder, give their places to the next sentences (`slots` sentences at once; None: all):
-    continuous batching. A sentence done between two reads runs on unread, and nothing it does is kept. Rows are
-    sentence-major: row s * k + j is beam j of live sentence s. The first step runs one row per sentence; a
-    sentence that joins later starts with K beams, all but the first at -inf.
+    steps (`schedule.read_every`), to stop, and to let the done sentences leave the batch or, with a fixed-shape
+    decoder, give their places to the next sentences (`slots` sentences at once; None: all): continuous batching.
+    A sentence done between two reads runs on unread, and nothing it does is kept. The first step runs one row per
+    sentence; a sentence that joins later starts with K beams, all but the first at -inf.
     """
-    K = beam_size
-    B, device = src.size(0), src.device
-    V = model.cfg.tgt_vocab_size
+    K, V = beam_size, model.cfg.tgt_vocab_size
     if not 1 <= nbest <= K:
         raise ValueError(f"nbest must be between 1 and the beam size ({K}), got {nbest}")
     if 2 * K > V - 3:
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
-    every = read_every(check_every, device)
-    max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
-    limits = max_len.tolist()  # (one read)
-    sm = step_model(model)
-    T = _longest(sm, src, limits, max_len_a, max_len_b, prefix)
-    decoder, n = _start(sm, src, K, T, slots)
-    fixed = decoder.fixed
-    # per input row: its K best finished hypotheses (score, the step it ended at: 0 for none, ended with </s>,
-    # tokens, per-token log-probs), how many ended in all, and whether the sentence is done. (Token buffers have
-    # one more column, which a done sentence running on past its limit in a fixed-shape decoder writes.)
-    fin_score = torch.full((B, K), float("-inf"), device=device)
-    fin_step = torch.zeros(B, K, dtype=torch.long, device=device)
-    fin_eos = torch.zeros(B, K, dtype=torch.bool, device=device)
-    fin_tok = torch.zeros(B, K, T + 1, dtype=torch.long, device=device)
-    fin_lp = torch.zeros(B, K, T + 1, device=device) if token_scores else None
-    fin_n = torch.zeros(B, dtype=torch.long, device=device)
-    # per live sentence: its input row, its length limit, the largest length penalty it can get, the nbest-th best
-    # finished score and whether K have ended (copies of fin_*, kept where the step reads them), whether it is done,
-    # the step it began at (fixed shapes: sentences begin whenever a place frees; otherwise all at 0)
-    lp_max_all = length_penalty(max_len.float() + 1, len_penalty)
-    alive, limit, lp_max = torch.arange(n, device=device), max_len[:n].clone(), lp_max_all[:n].clone()
-    floor = torch.full((n,), float("-inf"), device=device)
-    full = torch.zeros(n, dtype=torch.bool, device=device)
-    done = torch.zeros(n, dtype=torch.bool, device=device)
-    began = torch.zeros(n, dtype=torch.long, device=device) if fixed else 0
-    slots_ = _Slots(n, B) if fixed else None
-    last = T  # the step by which every sentence begun so far is done
-    pre = prefix[:n].clone() if prefix is not None else None
-    k = 1  # beams per live sentence: 1 at the first step, K after
-    scores = torch.zeros(n, 1, device=device)  # summed log-probs of the live beams, (n, k)
-    tokens = torch.zeros(n, T + 1, dtype=torch.long, device=device)  # (n * k, T + 1): each live beam's tokens so far
-    lps = torch.zeros(n, T + 1, device=device) if token_scores else None  # and their log-probs, if asked for
-    tok = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
-    first_beam = torch.tensor([0.0] + [float("-inf")] * (K - 1), device=device)  # a sentence that joins later
-    now = torch.zeros((), dtype=torch.long, device=device)  # the step, on the device (fixed shapes)
 
-    def advance():
-        """One step: every live beam expanded, the K best continuations kept, what ends merged into the finished
-        hypotheses, and whether each sentence is done. After the first step with fixed shapes, everything is read
-        from and written to the same tensors, the step counted on the device, so that it can be a CUDA graph."""
-        nonlocal scores, tokens, lps, tok, floor, full, done, k
-        in_place = fixed and k == K
-        if fixed:
-            now.add_(1)
-            at = (now - began).clamp_(max=T + 1)  # each sentence's output position (1-based)
-        else:
-            at = step
-        at_row = at if isinstance(at, int) else _per_beam(at, k)
-        col = at if isinstance(at, int) else at[:, None]
-        # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
-        # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
-        # no topk runs over, all k * V pairs.
-        top_lp, top_tok = _best_next(decoder, tok, at_row, min_len, 2 * K, _forced_at(pre, at, k))  # (n * k, 2K)
-        top_lp = top_lp.view(n, k * 2 * K)
-        cand = (scores.unsqueeze(2) + top_lp.view(n, k, 2 * K)).view(n, k * 2 * K)
-        cand_scores, cand_idx = cand.topk(2 * K, dim=1)  # sorted, best first
-        cand_beam = torch.div(cand_idx, 2 * K, rounding_mode="floor")
-        cand_tok = top_tok.view(n, k * 2 * K).gather(1, cand_idx)
-        cand_row = cand_beam + (torch.arange(n, device=device) * k)[:, None]  # the beam's row in `tokens` / cache
-        is_eos = cand_tok == EOS_ID
-        # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
-        next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
-        next_beam, next_tok, next_row = cand_beam.gather(1, pick), cand_tok.gather(1, pick), cand_row.gather(1, pick)
-        cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
-        next_lp = cand_lp.gather(1, pick) if token_scores else None
+    def make(sm, decoder, sched, max_len, T):
+        return _Beam(sm, decoder, sched, src, max_len, T, prefix, K, nbest, len_penalty, min_len, token_scores)
 
-        # what ends now, in a sentence not done yet: </s> among its first K candidates, and at its max length its K
-        # continuing beams
-        live = ~done
-        at_max = limit <= at
-        ends = torch.cat([is_eos[:, :K], at_max[:, None].expand(n, K)], 1) & live[:, None]  # (n, 2K)
-        # (on the CPU, where reading is cheap, skipped when nothing ends)
-        if fixed or every > 1 or bool(ends.any()):
-            _keep_finished(
-                (fin_score, fin_step, fin_eos, fin_tok, fin_lp, fin_n), alive, ends, at,
-                torch.cat([cand_scores[:, :K], next_scores], 1) / length_penalty(col, len_penalty),
-                torch.cat([cand_row[:, :K], next_row], 1), torch.cat([cand_tok[:, :K], next_tok], 1),
-                tokens, lps, torch.cat([cand_lp[:, :K], next_lp], 1) if token_scores else None,
-            )
-            new_floor, new_full = fin_score[alive, nbest - 1], fin_n[alive] >= K
-        else:
-            new_floor, new_full = floor, full
-        # done: at the max length, or settled (see above)
-        settled = new_full & (new_floor >= next_scores[:, 0] / length_penalty(at + 1, len_penalty))
-        if len_penalty >= 0:  # (alpha < 0: lp falls as |Y| grows, no bound)
-            settled |= new_floor >= next_scores[:, 0] / lp_max
-        new_done = ~live | at_max | settled
-
-        decoder.select(None, next_beam)
-        rows = next_row.flatten()
-        at_row = at if isinstance(at, int) else _per_beam(at, K)
-        new_tokens = tokens.index_select(0, rows)
-        _write_at(new_tokens, at_row, next_tok.flatten())
-        new_lps = None
-        if token_scores:
-            new_lps = lps.index_select(0, rows)
-            _write_at(new_lps, at_row, next_lp.flatten())
-        if in_place:
-            for old, new in ((scores, next_scores), (tokens, new_tokens), (lps, new_lps), (tok, next_tok.flatten()),
-                             (floor, new_floor), (full, new_full), (done, new_done)):
-                if old is not None:
-                    old.copy_(new)
-        else:
-            scores, tokens, lps, tok = next_scores, new_tokens, new_lps, next_tok.flatten()
-            floor, full, done, k = new_floor, new_full, new_done, K
-
-    graph = _StepGraph(decoder)
-    step = 0
-    while True:
-        step += 1
-        n = alive.numel()
-        graph(advance, capture=k == K)
-        if step % every and step < last:  # (at `last` every sentence is done)
-            continue
-        gone = done.tolist()  # the one read of the device in `every` steps
-        if fixed:
-            new_rows, sentences = slots_.turnover(gone)
-            if not slots_.busy:
-                break
-            if new_rows:  # continuous batching: the next sentences take the done ones' places, K fresh beams each
-                last = step + T
-                r, s = _admit(sm, decoder, src, new_rows, sentences)
-                alive[r], limit[r], lp_max[r], began[r] = s, max_len[s], lp_max_all[s], step
-                floor[r], full[r], done[r], scores[r] = float("-inf"), False, False, first_beam
-                beams = (r[:, None] * K + torch.arange(K, device=device)).flatten()
-                tokens[beams], tok[beams] = 0, BOS_ID
-                if token_scores:
-                    lps[beams] = 0
-                if pre is not None:
-                    pre[r] = prefix[s]
-            continue
-        if all(gone):
-            break
-        if any(gone):
-            keep = to_device(keep_order(n, [s for s, g in enumerate(gone) if g]), device)
-            beams = (keep[:, None] * K + torch.arange(K, device=device)).flatten()
-            alive, limit, lp_max, floor, full, done, scores = (
-                x[keep] for x in (alive, limit, lp_max, floor, full, done, scores))
-            tok, tokens = tok[beams], tokens[beams]
-            lps = lps[beams] if token_scores else None
-            pre = pre[keep] if pre is not None else None
-            decoder.select(keep)
-    decoder.release()
-    out = []
-    host = _to_lists(fin_score, fin_step, fin_eos, fin_tok, *((fin_lp,) if token_scores else ()))
-    for score, ended, eos, toks, *lp in zip(*host):
-        out.append([Hypothesis(toks[j][: ended[j] - eos[j]], score[j], lp[0][j][: ended[j]] if lp else None)
-                    for j in range(nbest)])
-    return out
+    return _decode(make, model, src, K, max_len_a, max_len_b, prefix, check_every, slots).hypotheses()
 
 
 def _keep_finished(fin, alive, ends, at, score, row, last, tokens, lps, last_lp) -> None:

@@ -37,6 +37,7 @@ from torch import nn
 
 from tfcli.device import onednn_available
 from tfcli.generate.int8 import Int8Linear
+from tfcli.generate.schedule import StepGraph
 from tfcli.model.layers import ACTIVATIONS, Sublayers, gate_activation
 from tfcli.model.norm import RMSNorm
 
@@ -297,8 +298,8 @@ class IncrementalDecoder:
             if self.pad is not None:
                 self.pad = self.pad.index_select(0, keep)
             # rows leave in place: only the kept rows that change places are copied, and of the self-attention
-            # memory only the written slots (those past them are written before they are read). `keep_order`
-            # makes that the few rows that fill the places of those that left.
+            # memory only the written slots (those past them are written before they are read).
+            # `schedule.keep_order` makes that the few rows that fill the places of those that left.
             dst = (keep != torch.arange(n, device=keep.device)).nonzero().flatten()
             src = keep[dst]
             used = self.t * self.K
@@ -324,9 +325,9 @@ class StaticDecoder(IncrementalDecoder):
     over all max_steps * K key/value slots under the history mask (-inf where a beam does not look). The slots are
     a ring: step t writes slots (t mod max_steps) * K + j, so a sentence that joins at step t0 writes its position
     p at step t0 + p, and an admitted sentence starts with a history of nothing. Each row's position, t less the
-    step it began at (its `offset`), and the step itself are read from tensors on the device. On CUDA the first
-    step captures the step as a CUDA graph and each later step replays it: one launch instead of one per
-    operation, which on a GPU is where a small model's step spends its time. Elsewhere (and in tests) the same
+    step it began at (its `offset`), and the step itself are read from tensors on the device. On CUDA the step is
+    captured once as a CUDA graph (`schedule.StepGraph`, after one eager warm-up step) and replayed: one launch
+    instead of one per operation, which on a GPU is where a small model's step spends its time. Elsewhere (and in tests) the same
     fixed-shape step runs eagerly. Language-model prompts are prefilled as `IncrementalDecoder` does (once,
     eagerly); a row's offset is then its left padding.
 
@@ -347,20 +348,14 @@ class StaticDecoder(IncrementalDecoder):
         for kv in self.kv:  # every slot is in view (masked until written): each must hold a number
             kv.zero_()
         self.logits: torch.Tensor | None = None
-        self.graph = None
-        # (under autocast, whose weight casts a captured graph would cache, the step runs eagerly)
-        self.use_graph = device.type == "cuda" and not torch.is_autocast_enabled()
+        # on CUDA the step as a CUDA graph (under autocast, whose weight casts a captured graph would cache, eagerly)
+        self.graph = StepGraph(device.type == "cuda" and not torch.is_autocast_enabled())
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """tok: (n*k,) the last token of each live beam; returns their logits (n*k, V)."""
         n, k, K = self.rows.numel(), self.k, self.K
         self.tok.view(-1, K)[self.rows] = tok.view(n, k).expand(n, K) if k == 1 else tok.view(n, K)
-        if not self.use_graph:
-            self.logits = self._static_step()
-        elif self.graph is None:
-            self.logits = self._capture()
-        else:
-            self.graph.replay()
+        self.graph(self._logits)
         self.now.add_(1)  # (counted on the device, so that a search's own graph can hold this step)
         self.t += 1
         return self.logits.view(-1, K, self.logits.size(-1))[self.rows, :k].reshape(n * k, -1)
@@ -374,26 +369,8 @@ class StaticDecoder(IncrementalDecoder):
         x = self._embed(self.tok, pos.reshape(-1))
         return self._layers(x, slots, K, self.history.size(2), self._head_bias(self.history), pos)
 
-    def _capture(self) -> torch.Tensor:
-        """Run the first step on a side stream (CUDA graphs need one eager run first), then capture it; the step's
-        writes are idempotent, so running it twice is running it once. Where capture fails (an operation a graph
-        cannot hold, in some torch or driver version), the batch goes on eagerly with the same step, and says so."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            logits = self._static_step()
-        torch.cuda.current_stream().wait_stream(stream)
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                logits = self._static_step()
-        except RuntimeError as e:
-            warnings.warn(f"decoding without a CUDA graph (capturing the step failed: {e})", RuntimeWarning, 2)
-            self.use_graph = False
-            return logits
-        self.graph = graph
-        self.graph.replay()
-        return logits
+    def _logits(self) -> None:
+        self.logits = self._static_step()
 
     def prefill(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """As `IncrementalDecoder.prefill` (eagerly); the prompts' history mask then fills the first of all the
@@ -455,7 +432,7 @@ class StaticDecoder(IncrementalDecoder):
             self.k = k
 
     def release(self) -> None:
-        self.graph = self.logits = None
+        self.graph.graph = self.logits = None
         super().release()
 
 
@@ -464,16 +441,6 @@ def _move_rows(x: torch.Tensor, n: int, n_new: int, dst: torch.Tensor, src: torc
     rows = x.view(n, -1, *x.shape[1:])
     rows[dst] = rows[src]
     return rows[:n_new].flatten(0, 1)
-
-
-def keep_order(n: int, gone) -> list[int]:
-    """The rows to keep when the rows `gone` leave a batch of n, in the order that moves fewest (for
-    `IncrementalDecoder.select`): a kept row below the new count stays where it is, and the kept rows past it fill
-    the places of those that left."""
-    gone = set(gone)
-    n_new = n - len(gone)
-    tail = [s for s in range(n_new, n) if s not in gone]
-    return [tail.pop() if s in gone else s for s in range(n_new)]
 
 
 class _Layer:

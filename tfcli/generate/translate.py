@@ -35,6 +35,7 @@ from tfcli.io import (
 )
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
+EMPTY_WARN_RATE = 0.05  # warn when at least this share of the decoded lines (and one at least) come out empty
 
 
 class Translator:
@@ -49,9 +50,10 @@ class Translator:
             raise TfcliError(f"--alignment-layer {cfg.alignment_layer}: the model's decoder has {n_layers} layers")
         self.alignment_layer = cfg.alignment_layer or default_layer(n_layers)
         self.precision = precision(device, cfg.dtype, loaded.steps.half)
-        self.warned_unk = False
+        self.warned_unk = self.warned_empty = False
         self.fixed = loaded.steps.static  # fixed-shape decoding (a GPU's): continuous batching
         self.index = 0  # 0-based index of the next input line, across chunks and files
+        self.decoded = self.empty = 0  # lines decoded, and of those the ones whose best output is empty
 
     def run(self, items: Iterable[tuple[str, int, str]]) -> Iterator[str]:
         """Yield the output for each input line, in input order (several lines for --nbest)."""
@@ -78,6 +80,15 @@ class Translator:
                 chunk = []
         if chunk:
             yield from self._chunk(chunk)
+        self._check_empty()
+
+    def _check_empty(self) -> None:
+        """A weak model's search may end every hypothesis at </s> at once: empty lines, and no word said. Say so,
+        once, with the flag that forbids it."""
+        if self.empty and self.empty >= EMPTY_WARN_RATE * self.decoded and not self.warned_empty:
+            warn(f"{self.empty} of {self.decoded} translation(s) are empty (the model's best output ended at </s> "
+                 "at once: an undertrained model?); --min-len 1 forbids an empty output")
+            self.warned_empty = True
 
     def _chunk(self, chunk: list[tuple]) -> Iterator[tuple[int, list[Hypothesis]]]:
         first = self.index
@@ -116,6 +127,8 @@ class Translator:
                                    width, slots)
                 for j, h in zip(batch.tolist(), hyps):
                     results[todo[j]] = h
+                self.decoded += len(hyps)
+                self.empty += sum(not h[0].tokens and not prefixes[todo[j]] for j, h in zip(batch.tolist(), hyps))
                 while done in results:
                     yield first + done, results.pop(done)
                     done += 1
@@ -250,7 +263,7 @@ def translate(
     `resume`, the file is translated in parts (tfcli/generate/shards.py): the count is then this process's.
     `prefix_file`: one target prefix a line of the input (an empty line: none); each output starts with it.
     Several checkpoints decode as an ensemble (tfcli/generate/ensemble.py)."""
-    from tfcli.checkpoint import input_paths
+    from tfcli.checkpoint_meta import input_paths
 
     hint = "choose another --output-dir or a --suffix" if output_dir is not None else "choose another -o"
     jobs = [(inputs, output)] if output_dir is None else [

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import tfcli
 from tfcli import checkpoint
+from tfcli import checkpoint_meta
 from tfcli.errors import TfcliError
-from tfcli.interop import ct2, hf
+from tfcli.interop import ct2, hf, hf_export
 from tfcli.io import atomic_dir, refuse_overwriting_inputs
 
 TARGETS = ("ctranslate2", "hf")
@@ -26,14 +27,14 @@ def export(path: str | Path, to: str, out: str | Path, quantization: str | None 
     if quantization is not None and quantization not in ct2.QUANTIZATIONS:
         raise TfcliError(f"--quantization {quantization}: choose from {', '.join(ct2.QUANTIZATIONS)}")
     out = Path(out)
-    refuse_overwriting_inputs([out], checkpoint.input_paths(path), "choose another -o")
+    refuse_overwriting_inputs([out], checkpoint_meta.input_paths(path), "choose another -o")
     if out.exists():
         raise TfcliError(f"{out}: already exists; remove it or choose another -o")
     model, meta = checkpoint.load(path)
-    cfg = checkpoint.model_config(meta)
+    cfg = checkpoint_meta.model_config(meta)
     sides = ("src", "tgt") if cfg.kind == "seq2seq" else ("tgt",)
     toks = {side: checkpoint.tokenizer(meta, side) for side in sides}  # checked against the model
-    files = {side: checkpoint.tokenizer_path(meta, side) for side in sides}
+    files = {side: checkpoint_meta.tokenizer_path(meta, side) for side in sides}
     if to == "hf":
         arch = hf.hf_arch(cfg)
         hf._transformers()
@@ -47,7 +48,7 @@ def export(path: str | Path, to: str, out: str | Path, quantization: str | None 
                 for side, f in files.items():
                     shutil.copyfile(f, tmp / f"tokenizer.{side}.json")
             else:
-                arch = hf.save_hf(model, cfg, files, tmp)
+                arch = hf_export.save_hf(model, cfg, files, tmp)
             info = {"exported_by": f"tfcli {tfcli.__version__}", "from": meta["dir"], "to": to, "class": arch,
                     "quantization": quantization, "kind": cfg.kind}
             (tmp / "tfcli_export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

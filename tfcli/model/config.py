@@ -79,10 +79,12 @@ class ModelConfig:
             )
 
 
-# Presets fix the shapes; vocab sizes come from the prepared data.
+# Presets fix the shapes; vocab sizes come from the prepared data. Their table (layers, widths, parameters, what
+# each is for) is in docs/training.md, checked against these by the tests. No name here means another shape in
+# fairseq: its `transformer_tiny` (4+4 x 128) is what recipes/multi30k-cpu.yaml trains.
 PRESETS: dict[str, dict] = {
-    # for tests: trains in seconds on a CPU
-    "tiny": dict(d_model=32, n_head=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0),
+    # for tests and smoke runs: trains in seconds on a CPU
+    "toy": dict(d_model=32, n_head=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0),
     # Multi30k-sized: 6+6 layers, d_model 256 (about 10M parameters plus embeddings)
     "small": dict(d_model=256, n_head=4, n_encoder_layers=6, n_decoder_layers=6, d_ff=1024, dropout=0.1),
     # the 2017 paper's base model
@@ -90,18 +92,29 @@ PRESETS: dict[str, dict] = {
     # the 2017 paper's big model
     "big": dict(d_model=1024, n_head=16, n_encoder_layers=6, n_decoder_layers=6, d_ff=4096, dropout=0.3),
     # decoder-only: nanoGPT's shapes
-    "lm-tiny": dict(kind="lm", d_model=32, n_head=4, n_decoder_layers=2, d_ff=128, dropout=0.0, max_len=256),
+    "lm-toy": dict(kind="lm", d_model=32, n_head=4, n_decoder_layers=2, d_ff=128, dropout=0.0, max_len=256),
     "lm-cpu": dict(kind="lm", d_model=128, n_head=4, n_decoder_layers=4, d_ff=512, dropout=0.0, max_len=64),
     "baby-gpt": dict(kind="lm", d_model=384, n_head=6, n_decoder_layers=6, d_ff=1536, dropout=0.2, max_len=256),
     "gpt2-small": dict(kind="lm", d_model=768, n_head=12, n_decoder_layers=12, d_ff=3072, dropout=0.0, max_len=1024),
 }
+# names a preset had before: a run saved with one resumes under the new name; given anew, it is refused with the new
+# name (`tiny` read as fairseq's transformer_tiny by those who know fairseq)
+RENAMED = {"tiny": "toy", "lm-tiny": "lm-toy"}
 _LM_DEFAULTS = dict(
     n_encoder_layers=0, activation="gelu", positions="learned", scale_embedding=False, norm="pre", tie_output=True
 )
 
 
+def renamed_message(name: str) -> str:
+    """What a preset's earlier name is now called."""
+    return (f"--arch {name} is now {RENAMED[name]} (2+2 layers x 32, for tests); fairseq's transformer_tiny shape "
+            "(4+4 x 128) is recipes/multi30k-cpu.yaml's model: section")
+
+
 def preset(name: str, **overrides) -> ModelConfig:
     """A `ModelConfig` for a named preset, with field overrides."""
+    if name in RENAMED:
+        raise ConfigError(renamed_message(name))
     if name not in PRESETS:
         raise ConfigError(f"unknown architecture preset '{name}'; choose from: {', '.join(PRESETS)}")
     fields = dict(PRESETS[name])

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 from tfcli import checkpoint
+
+from tfcli import checkpoint_meta
 from tfcli.errors import CheckpointError, TfcliError
 from tfcli.io import refuse_overwriting_inputs
 from tfcli.train.checkpoints import CHECKPOINTS, step_dirs
@@ -46,11 +48,11 @@ def average_checkpoints(
 ) -> Path:
     """Average the last `k` checkpoints of run directory `source` (or the checkpoint directories in a list) into a
     new weights-only checkpoint `out` (config and tokenizers from the newest)."""
-    dirs = [checkpoint.resolve(d) for d in source] if isinstance(source, list) else last_checkpoints(source, k)
+    dirs = [checkpoint_meta.resolve(d) for d in source] if isinstance(source, list) else last_checkpoints(source, k)
     if len(dirs) < 1:
         raise TfcliError("nothing to average")
     out = Path(out)
-    inputs = [p for d in dirs for p in checkpoint.input_paths(d)]
+    inputs = [p for d in dirs for p in checkpoint_meta.input_paths(d)]
     refuse_overwriting_inputs([out], inputs, "choose another --output")
     if out.exists() and not overwrite:
         raise TfcliError(f"{out}: already exists (pass --force to replace it)")
@@ -59,7 +61,7 @@ def average_checkpoints(
     model = meta = None
     for d in dirs:
         model, meta = checkpoint.load(d, "cpu")
-        cfg = checkpoint.model_config(meta)
+        cfg = checkpoint_meta.model_config(meta)
         if first_cfg is None:
             first_cfg = cfg
         elif cfg != first_cfg:
@@ -70,7 +72,7 @@ def average_checkpoints(
     state = model.state_dict()
     for name, value in total.items():
         state[name].copy_((value / len(dirs)).to(state[name].dtype))
-    tokenizers = {side: checkpoint.tokenizer_path(meta, side) for side in meta.get("tokenizers", {})}
+    tokenizers = {side: checkpoint_meta.tokenizer_path(meta, side) for side in meta.get("tokenizers", {})}
     meta = {k: v for k, v in meta.items() if k not in ("dir", "tokenizers", "format", "format_version", "tfcli_version")}
     meta["averaged_from"] = [str(d) for d in dirs]
     checkpoint.save(out, model, meta, tokenizers)

@@ -14,7 +14,7 @@ from typing import Literal
 
 from tfcli.config import from_dict, load_config_file, parse_overrides, to_dict
 from tfcli.errors import ConfigError
-from tfcli.model.config import ModelConfig, model_config_fields
+from tfcli.model.config import RENAMED, ModelConfig, model_config_fields
 
 SECTIONS = ("train", "model")
 PLAN_MIN_STEPS = 10  # a time budget is planned from at least this many measured steps
@@ -54,6 +54,9 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per update (per process)
     clip_norm: float = 1.0  # gradient clipping by global norm (0: off)
     label_smoothing: float = 0.1
+    # R-Drop (Liang et al. 2021): each batch through the model twice (two dropout masks), the loss plus alpha times
+    # the symmetric KL between the two output distributions (0: off, the loss as it is without it, bit for bit)
+    rdrop: float = 0.0
     seed: int = 1
     # logging, validation, checkpoints
     log_every: int = 100  # steps between metrics lines
@@ -103,6 +106,8 @@ class TrainConfig:
             raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {self.betas}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        if self.rdrop < 0:
+            raise ConfigError(f"train.rdrop: R-Drop's alpha must not be negative, got {self.rdrop} (0: off)")
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ConfigError(f"train.bpe_dropout: must be in [0, 1), got {self.bpe_dropout}")
         if self.max_len == 1:
@@ -183,7 +188,10 @@ def train_settings(
 
 def resolve_train_config(given: dict, saved: dict | None = None) -> TrainConfig:
     """`given` (train_settings) over the defaults, or on resume over `saved["train"]` (the checkpoint's config.json)."""
-    cfg = from_dict(TrainConfig, {**(saved["train"] if saved else {}), **given}, "train")
+    old = dict(saved["train"]) if saved else {}
+    if old.get("arch") in RENAMED:  # a run saved under a preset's earlier name
+        old["arch"] = RENAMED[old["arch"]]
+    cfg = from_dict(TrainConfig, {**old, **given}, "train")
     if saved:
         _resume_limits(cfg, saved["train"], given)
     return cfg

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -20,6 +21,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tfcli.console import quiet_enabled
 from tfcli.io import atomic_write_text
+
+PROGRESS_EVERY_S = 10.0  # without a progress bar (stderr not a terminal): a progress line at least this often
 
 
 def ppl(nll: float) -> float:
@@ -69,6 +72,7 @@ class MetricsLog:
         self.file = None
         self.text_log = None
         self.quiet = quiet_enabled()
+        self.total_steps, self.last_line = total_steps, time.monotonic()
         if not enabled:
             return
         # what the console shows, kept beside the metrics (appended to on --resume)
@@ -99,17 +103,25 @@ class MetricsLog:
             return
         if console and (warning or not self.quiet):
             self.console.print(text, markup=False)
+            self.last_line = time.monotonic()
         if self.text_log is not None:
             self.text_log.write(text + "\n")
             self.text_log.flush()
 
     def set_total(self, total_steps: int) -> None:
+        self.total_steps = total_steps
         if self.progress is not None:
             self.progress.update(self.task, total=total_steps or None)
 
     def advance(self, step: int) -> None:
+        """The step just done: on the progress bar, or without one (a log file, a pipe, `make demo`) a line when
+        none has come for PROGRESS_EVERY_S, so that a slow run still shows it is alive."""
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
+        elif self.enabled and not self.quiet and time.monotonic() - self.last_line >= PROGRESS_EVERY_S:
+            of = f"/{self.total_steps}" if self.total_steps else ""
+            self.console.print(f"step {step}{of}", markup=False)
+            self.last_line = time.monotonic()
 
     def write(self, record: dict) -> None:
         if not self.enabled:

@@ -1,4 +1,5 @@
-"""The training objective: label-smoothed cross-entropy over the real (non-padding) target tokens."""
+"""The training objective: label-smoothed cross-entropy over the real (non-padding) target tokens, and with R-Drop
+the symmetric KL between two passes' output distributions."""
 
 from __future__ import annotations
 
@@ -159,13 +160,16 @@ class Objective(nn.Module):
     (linear_label_smoothed_loss).
     """
 
-    def __init__(self, model: nn.Module, smoothing: float):
+    def __init__(self, model: nn.Module, smoothing: float, rdrop: float = 0.0):
         super().__init__()
         self.model = model
         self.smoothing = smoothing
+        self.rdrop = rdrop
 
     def forward(self, src: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor):
         m = self.model
+        if self.rdrop and m.training:  # (validation: the plain loss)
+            return self._rdrop(src, inputs, targets)
         h = m.features(inputs) if src is None else m.features(src, inputs)
         if h.device.type != "cpu":
             return linear_label_smoothed_loss(h, m.lm_head.weight, m.lm_head.bias, targets, self.smoothing)
@@ -173,6 +177,29 @@ class Objective(nn.Module):
             real = targets != PAD_ID
             h, targets = h[real], targets[real]
         return label_smoothed_loss(m.lm_head(h), targets, self.smoothing, reuse_logits=True)
+
+
+    def _rdrop(self, src: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor):
+        """R-Drop (Liang et al. 2021), as fairseq's implementation: the batch twice in one forward (each copy its
+        own dropout masks), then over the real target tokens
+            loss = (CE_1 + CE_2) / 2 + alpha * (KL(P_1 || P_2) + KL(P_2 || P_1)) / 2
+        with CE the label-smoothed cross-entropy of each pass (summed, as without R-Drop; the halves keep the loss
+        per token on the scale it has without it) and P_i the model's own distributions (unsmoothed). Returns
+        (that loss, the mean of the two passes' nll), both sums over the tokens of one copy. The (tokens x
+        vocabulary) logits of both passes are held (autograd through the KL)."""
+        m = self.model
+        doubled = torch.cat([inputs, inputs])
+        h = m.features(doubled) if src is None else m.features(torch.cat([src, src]), doubled)
+        real = targets != PAD_ID
+        h1, h2 = h.chunk(2)
+        z1, z2 = m.lm_head(h1[real]).float(), m.lm_head(h2[real]).float()
+        t = targets[real]
+        loss1, nll1 = label_smoothed_loss(z1, t, self.smoothing)
+        loss2, nll2 = label_smoothed_loss(z2, t, self.smoothing)
+        lp1, lp2 = z1.log_softmax(-1), z2.log_softmax(-1)
+        # KL(P1 || P2) + KL(P2 || P1) = sum_v (p1 - p2) (log p1 - log p2), per token
+        kl = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum()
+        return (loss1 + loss2) / 2 + self.rdrop * kl / 2, (nll1 + nll2) / 2
 
 
 def batch_loss(objective: Objective, batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ import json
 from tfcli import checkpoint_meta
 from tfcli.config import to_dict
 from tfcli.errors import ConfigError
-from tfcli.model.config import PRESETS, ModelConfig, preset
+from tfcli.model.config import PRESETS, RENAMED, ModelConfig, preset
 from tfcli.train.config import TrainConfig, differences
 
 
@@ -43,6 +43,7 @@ def run_model_config(cfg: TrainConfig, data, overrides: dict, saved: dict | None
         return model_cfg
     old = checkpoint_meta.model_config(saved)
     old_arch = saved.get("train", {}).get("arch")
+    old_arch = RENAMED.get(old_arch, old_arch)
     if old_arch != cfg.arch:
         raise ConfigError(f"--resume: the run was trained with --arch {old_arch}; it cannot change to {cfg.arch}")
     wanted = checkpoint_meta.model_config({**saved, "model": {**to_dict(old), **overrides}})

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from tfcli import checkpoint
+
+from tfcli import checkpoint_meta
 from tfcli.config import to_dict
 from tfcli.data.prepared import PreparedData
 from tfcli.console import verbose_enabled
@@ -35,6 +37,7 @@ from tfcli.io import atomic_write_text, run_lock
 from tfcli.model.transformer import build_model, count_parameters
 from tfcli import distributed
 from tfcli.train.checkpoints import CHECKPOINTS, pack_state, prune, restore_state, resume_point, step_dirs, step_name
+from tfcli.train.budget import Budget
 from tfcli.train.config import (
     PLAN_MIN_STEPS, TrainConfig, config_to_yaml, resolve_train_config, train_settings,
 )
@@ -104,6 +107,17 @@ class Trainer:
         self.cfg = cfg
         self.dist, self.device = distributed.setup(cfg.device)
         self.main = self.dist.is_main
+        saved = self._open_run(saved)
+        self._setup_hardware(model_overrides, saved)
+        self._setup_data()
+        self._setup_model()
+        self._setup_state()
+        first_epoch = self._setup_schedule(saved)
+        self._open_outputs(first_epoch)
+
+    def _open_run(self, saved: dict | None) -> dict | None:
+        """The run directory, and where a resumed run continues from; returns the saved metadata to resume with."""
+        cfg = self.cfg
         if not cfg.data:
             raise ConfigError("train.data: no prepared directory given (tfcli train DATA ...)")
         if not cfg.out:
@@ -112,11 +126,15 @@ class Trainer:
         self.ckpt_dir = self.run_dir / CHECKPOINTS
         self.resume_from = resume_point(self.run_dir) if cfg.resume else None
         if saved is None and self.resume_from is not None:
-            saved = checkpoint.read_meta(self.resume_from)
+            saved = checkpoint_meta.read_meta(self.resume_from)
         if not cfg.resume and (self.ckpt_dir / "LATEST").exists():
             raise TfcliError(f"{self.run_dir}: already holds a training run; pass --resume to continue it, "
                              "or choose another --out")
+        return saved
 
+    def _setup_hardware(self, model_overrides: dict | None, saved: dict | None) -> None:
+        """The prepared data's metadata, the model's config, the precision and the GPU's peak."""
+        cfg = self.cfg
         if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("train.tensorboard: the tensorboard package is not installed: pip install "
                               "'tfcli[tensorboard]' (or train without --tensorboard)")
@@ -132,8 +150,8 @@ class Trainer:
             self.gpu_name = torch.cuda.get_device_name(self.device)
             self.peak_flops = cfg.peak_flops or gpu_peak_flops(self.gpu_name, self.precision)
 
-        # data
-        mc = self.model_cfg
+    def _setup_data(self) -> None:
+        cfg, mc = self.cfg, self.model_cfg
         self.max_len = cfg.max_len or mc.max_len
         if self.max_len > mc.max_len and mc.positions == "learned":
             raise ConfigError(f"train.max_len ({self.max_len}) is longer than the model's learned positions "
@@ -154,14 +172,16 @@ class Trainer:
         if mc.kind == "lm" and cfg.early_stop_metric == "bleu":
             raise ConfigError("train.early_stop_metric: 'bleu' is for translation; use loss or ppl for a language model")
 
-        # model, optimizer, state
+    def _setup_model(self) -> None:
+        """The model (new, resumed or initialised from a checkpoint), its optimizer, and the wrapped objective."""
+        cfg = self.cfg
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
         if self.resume_from is not None:
             self.raw, _ = checkpoint.load(self.resume_from, self.device)
         else:
-            self.raw = build_model(mc).to(self.device)
+            self.raw = build_model(self.model_cfg).to(self.device)
             if cfg.init_from:
                 start, _ = checkpoint.load(cfg.init_from, self.device)
                 self.raw.load_state_dict(start.state_dict())
@@ -170,12 +190,14 @@ class Trainer:
         self.optimizer = self._optimizer()
         self.scaler = grad_scaler(self.device.type, enabled=self.precision == "fp16")
         # DDP and torch.compile wrap the model together with its loss
-        self.objective = Objective(self.raw, cfg.label_smoothing)
+        self.objective = Objective(self.raw, cfg.label_smoothing, cfg.rdrop)
         # with shape buckets, one static graph per bucket, or symbolic graphs the buckets share (compile_shapes)
         dynamic = True if cfg.compile_shapes == "dynamic" else (False if self.pad_multiple > 1 else None)
         self.model = torch.compile(self.objective, dynamic=dynamic) if cfg.compile else self.objective
         self.model = distributed.wrap(self.model, self.dist, self.device)
 
+    def _setup_state(self) -> None:
+        """The counters a checkpoint keeps: fresh, or a resumed run's."""
         self.step, self.epoch, self.pos = 0, 0, 0
         self.elapsed = 0.0  # training seconds of earlier runs of this run directory
         # (step, lr): where a run whose end moved (resumed with other limits, or planned again) continues its cosine
@@ -188,12 +210,16 @@ class Trainer:
         self.last_valid: dict = {}
         if self.resume_from is not None:
             self._load_state(self.resume_from)
-            self.planned = self.planned and bool(cfg.max_minutes and cfg.max_steps)  # a plan this run keeps
+            self.planned = self.planned and bool(self.cfg.max_minutes and self.cfg.max_steps)  # a plan this run keeps
 
+    def _setup_schedule(self, saved: dict | None) -> list:
+        """The steps per epoch, the run's length and its learning-rate schedule, and the time budget's plan;
+        returns the first epoch's batches."""
+        cfg = self.cfg
         self.group_size = self.dist.world_size * cfg.grad_accum
         t0 = time.perf_counter()
         first_epoch = self.train_data.batches(self.epoch)
-        self.epoch_setup_s = time.perf_counter() - t0  # each epoch's batch list (and BPE-dropout's re-cut), for the plan
+        epoch_setup_s = time.perf_counter() - t0  # each epoch's batch list (and BPE-dropout's re-cut), for the plan
         if not first_epoch:
             raise TfcliError(f"{cfg.data}: the training data is too small for one batch "
                              f"(a language model needs more than --max-len {self.max_len} tokens)")
@@ -212,21 +238,23 @@ class Trainer:
             raise ConfigError(f"train.max_minutes: the run has trained {self.elapsed / 60:.1f} minutes already, and "
                               f"max_minutes counts the whole run; give more than that, or --max-steps N")
         # the step that plans the budget: the end of warmup, or (a resumed run re-planned) a few steps from here
-        self.plan_at = max(cfg.warmup, self.step + PLAN_MIN_STEPS if self.resume_from else 0) \
+        plan_at = max(cfg.warmup, self.step + PLAN_MIN_STEPS if self.resume_from else 0) \
             if cfg.max_minutes and not cfg.max_steps else 0
+        self.budget = Budget(cfg.max_minutes, cfg.valid_every, plan_at, epoch_setup_s / self.steps_per_epoch,
+                             self._time, self._mean)
         self._continue_schedule()
-        self.valid_seconds: list[float] = []  # how long each validation + checkpoint took (for the plan)
-        self.plan_mark: tuple[float, float, int] | None = None  # (time, validation seconds, step) halfway to plan_at
-        self.replan_mark: tuple[float, float, int] | None = None  # the same where the budget was last planned
+        return first_epoch
 
+    def _open_outputs(self, first_epoch: list) -> None:
+        """The run directory's checkpoints folder, config.yaml and logs; the run's summary on the console."""
         if self.main:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             for junk in self.ckpt_dir.glob(".step-*"):  # temp dirs of a save that was killed
                 shutil.rmtree(junk, ignore_errors=True)
-            atomic_write_text(self.run_dir / "config.yaml", config_to_yaml(cfg, mc))
-        self.log = MetricsLog(self.run_dir, self.main, self.step if self.resume_from else None, cfg.tensorboard,
+            atomic_write_text(self.run_dir / "config.yaml", config_to_yaml(self.cfg, self.model_cfg))
+        self.log = MetricsLog(self.run_dir, self.main, self.step if self.resume_from else None, self.cfg.tensorboard,
                               self.total_steps)
-        self.profiler = StepProfiler(cfg.profile, self.run_dir, self.device, self.main)
+        self.profiler = StepProfiler(self.cfg.profile, self.run_dir, self.device, self.main)
         self._announce(first_epoch)
         self._warn_short()
         self._reset_interval()
@@ -309,8 +337,8 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         cfg = self.cfg
-        interrupted = early_stopped = False
-        saved_step = self.step if self.resume_from is not None else -1
+        self.interrupted = self.early_stopped = False
+        self.saved_step = self.step if self.resume_from is not None else -1
         with StopRequest(self.log) as stop:
             done = bool(cfg.max_steps and self.step >= cfg.max_steps)
             if self.resume_from is not None and (done or (cfg.max_epochs and self.epoch >= cfg.max_epochs)):
@@ -324,86 +352,88 @@ class Trainer:
                     if len(group) < self.group_size:  # the epoch's remainder (a different one each epoch)
                         self.pos = len(batches)
                         continue
-                    mine = [self.train_data.collate(b) for b in distributed.shard(group, self.dist)]
-                    over = bool(cfg.max_minutes) and self._time() >= 60 * cfg.max_minutes
-                    tokens, stops, overs = distributed.all_reduce_sum(
-                        [sum(b.tgt_tokens for b in mine), float(stop.requested), float(over)], self.dist, self.device
-                    )
-                    if stops:
-                        interrupted = done = True
-                        break
-                    if overs:
-                        self.log.print(f"time budget of {cfg.max_minutes:g} minutes reached at step {self.step}"
-                                       + (f" of {cfg.max_steps} planned" if cfg.max_steps else "")
-                                       + ("; to train on, resume with a larger --max-minutes (the whole run's) or "
-                                          "--max-steps N" if self.step == self.step_at_start else ""))
-                        done = True
-                        break
-                    try:
-                        self.profiler.before(self.step + 1)
-                        self._step(mine, tokens)
-                    except Exception as e:
-                        if not out_of_memory(e):
-                            raise
-                        raise TfcliError(
-                            f"out of memory at step {self.step + 1} (a batch of {int(tokens)} target tokens): lower "
-                            f"--max-tokens (now {cfg.max_tokens}) or --max-len; {self._resume_hint()}"
-                        ) from None
-                    self.pos += len(group)
-                    self.step += 1
-                    self.log.advance(self.step)
-                    profile = self.profiler.after(self.step)
-                    if profile is not None:
-                        self.log.print(f"profile of steps {cfg.profile}: {profile}/ops.txt, {profile}/trace.json")
-                    if self.step % cfg.log_every == 0:
-                        self._log_train()
-                    done = bool(cfg.max_steps and self.step >= cfg.max_steps)
-                    if self.step % cfg.valid_every == 0 or done:
-                        if self.planned and cfg.max_minutes and not done:
-                            self._replan_budget()  # before the checkpoint, which then keeps the new plan
-                            done = self.step >= cfg.max_steps  # no room left for 10 more steps: the last validation
-                        early_stopped = self._validate_and_save()
-                        saved_step = self.step
-                        done = done or early_stopped
-                    if self.step == (self.step_at_start + self.plan_at) // 2:
-                        self.plan_mark = self._mark()
-                    if self.step == self.plan_at and not done:
-                        if saved_step != self.step:  # time one validation for the plan
-                            early_stopped = self._validate_and_save()
-                            saved_step = self.step
-                            done = early_stopped
-                        self._plan_budget()
+                    done = self._train_group(group, stop.requested)
                     if done:
                         break
                 else:
                     self.epoch += 1
                     self.pos = 0
-            if saved_step != self.step:  # an interrupt, or the last epoch ended between validations
-                if interrupted:
+            if self.saved_step != self.step:  # an interrupt, or the last epoch ended between validations
+                if self.interrupted:
                     self._save(is_best=False)
                 else:
-                    early_stopped = self._validate_and_save()
+                    self.early_stopped = self._validate_and_save()
         self.log.close()
         last = self.ckpt_dir / step_name(self.step)
         best = self.ckpt_dir / self.best["name"] if self.best else None
-        if self.main and cfg.average_last and not interrupted:
+        if self.main and cfg.average_last and not self.interrupted:
             self._average(cfg.average_last)
         distributed.barrier(self.dist)
-        return TrainResult(self.run_dir, self.step, last, best, interrupted, early_stopped)
+        return TrainResult(self.run_dir, self.step, last, best, self.interrupted, self.early_stopped)
+
+    def _train_group(self, group: list, stop_requested: bool) -> bool:
+        """One step on the batches `group` (this process's share of them), then its logging, validation and
+        checkpoint, and the time budget's plan; returns True when training is done (limits, early stopping, an
+        interrupt on any process, the time budget)."""
+        cfg = self.cfg
+        mine = [self.train_data.collate(b) for b in distributed.shard(group, self.dist)]
+        over = bool(cfg.max_minutes) and self._time() >= 60 * cfg.max_minutes
+        tokens, stops, overs = distributed.all_reduce_sum(
+            [sum(b.tgt_tokens for b in mine), float(stop_requested), float(over)], self.dist, self.device
+        )
+        if stops:
+            self.interrupted = True
+            return True
+        if overs:
+            self.log.print(f"time budget of {cfg.max_minutes:g} minutes reached at step {self.step}"
+                           + (f" of {cfg.max_steps} planned" if cfg.max_steps else "")
+                           + ("; to train on, resume with a larger --max-minutes (the whole run's) or "
+                              "--max-steps N" if self.step == self.step_at_start else ""))
+            return True
+        try:
+            self.profiler.before(self.step + 1)
+            self._step(mine, tokens)
+        except Exception as e:
+            if not out_of_memory(e):
+                raise
+            raise TfcliError(
+                f"out of memory at step {self.step + 1} (a batch of {int(tokens)} target tokens): lower "
+                f"--max-tokens (now {cfg.max_tokens}) or --max-len; {self._resume_hint()}"
+            ) from None
+        self.pos += len(group)
+        self.step += 1
+        self.log.advance(self.step)
+        profile = self.profiler.after(self.step)
+        if profile is not None:
+            self.log.print(f"profile of steps {cfg.profile}: {profile}/ops.txt, {profile}/trace.json")
+        if self.step % cfg.log_every == 0:
+            self._log_train()
+        done = bool(cfg.max_steps and self.step >= cfg.max_steps)
+        if self.step % cfg.valid_every == 0 or done:
+            if self.planned and cfg.max_minutes and not done:
+                self._replan_budget()  # before the checkpoint, which then keeps the new plan
+                done = self.step >= cfg.max_steps  # no room left for 10 more steps: the last validation
+            self.early_stopped = self._validate_and_save()
+            self.saved_step = self.step
+            done = done or self.early_stopped
+        if self.step == (self.step_at_start + self.budget.plan_at) // 2:
+            self.budget.start_measuring(self.step)
+        if self.step == self.budget.plan_at and not done:
+            if self.saved_step != self.step:  # time one validation for the plan
+                self.early_stopped = self._validate_and_save()
+                self.saved_step = self.step
+                done = self.early_stopped
+            self._plan_budget()
+        return done
 
     def _plan_budget(self) -> None:
-        """Fix max_steps so that training, its validations and the last one fit cfg.max_minutes, from the seconds
-        per step and per validation measured so far (the same figures on every process). Until now the learning
-        rate did not depend on the total (warmup), so `--max-steps N` with the planned N repeats this run (unless the
-        speed changes and it is planned again: _replan_budget).
-        Seconds per step are taken from the second half of warmup: the first steps pay one-time costs (allocator,
-        kernel selection for new shapes); counted in, they left 4.3 of a 43-minute budget unused."""
+        """Fix max_steps so that training, its validations and the last one fit cfg.max_minutes (`Budget.plan`).
+        Until now the learning rate did not depend on the total (warmup), so `--max-steps N` with the planned N
+        repeats this run (unless the speed changes and it is planned again: _replan_budget)."""
         cfg = self.cfg
-        planned, step_s, one_valid = self._steps_that_fit(
-            self.plan_mark or (self.elapsed_at_start, 0.0, self.step_at_start))
+        planned, step_s, one_valid = self.budget.plan(self.step, self.elapsed_at_start, self.step_at_start)
         cfg.max_steps = max(planned, self.step + 1)
         self.planned = True
-        self.replan_mark = self._mark()
         self._set_total(cfg.max_steps)
         self.log.print(
             f"time budget {cfg.max_minutes:g} min: {cfg.max_steps} steps planned ({step_s:.3f} s per step, "
@@ -413,22 +443,14 @@ class Trainer:
         self._warn_short()
 
     def _replan_budget(self) -> None:
-        """At a validation of a planned run: the steps that fit again, from the speed since the last plan. A machine
-        whose speed drifts (a shared host, the clock) would otherwise stop on time with its cosine cut short, or
-        finish early with time unused; the schedule goes on from here to the new end (an anchor), without a jump.
-        The plan moves only by more than 5% of the steps left (and 10 steps), and its window grows until it does,
-        so that noise between validations (a few percent) leaves it alone."""
+        """At a validation of a planned run: the steps that fit again, when the speed has changed
+        (`Budget.replan`); the schedule goes on from here to the new end (an anchor), without a jump."""
         cfg = self.cfg
-        mark = self.replan_mark
-        if mark is None or mark[2] == self.step:
-            self.replan_mark = self._mark()
+        moved = self.budget.replan(self.step, cfg.max_steps)
+        if moved is None:
             return
-        planned, step_s, _ = self._steps_that_fit(mark)
-        left = cfg.max_steps - self.step
-        if abs(planned - cfg.max_steps) < max(10, 0.05 * left):
-            return
-        self.replan_mark = self._mark()
-        measured = f"{step_s:.3f} s per step since step {mark[2]}"
+        planned, step_s, since = moved
+        measured = f"{step_s:.3f} s per step since step {since}"
         if planned <= self.step:
             self.log.print(f"time budget {cfg.max_minutes:g} min: no room for 10 more steps at {measured}: the run "
                            f"ends at step {self.step} (of {cfg.max_steps} planned)")
@@ -440,27 +462,9 @@ class Trainer:
         cfg.max_steps = planned
         self._set_total(planned)
 
-    def _mark(self) -> tuple[float, float, int]:
-        """(time, validation seconds so far, step): where a measurement of the seconds per step starts."""
-        return self._time(), sum(self.valid_seconds), self.step
-
-    def _steps_that_fit(self, mark: tuple[float, float, int]) -> tuple[int, float, float]:
-        """(the last step that fits the budget, in tens of steps from here, seconds per step, seconds per validation),
-        the seconds per step measured since `mark` (time, validation seconds then, step)."""
-        cfg = self.cfg
-        t0, valid_s0, step0 = mark
-        spent = self._time() - t0
-        valid_s = sum(self.valid_seconds) - valid_s0
-        steps_done = self.step - step0
-        one_valid = sum(self.valid_seconds) / max(len(self.valid_seconds), 1)
-        # the mean over processes: each then plans the same step
-        step_s, one_valid, now = (x / self.dist.world_size for x in distributed.all_reduce_sum(
-            [(spent - valid_s) / max(steps_done, 1), one_valid, self._time()], self.dist, self.device
-        ))
-        step_s += self.epoch_setup_s / self.steps_per_epoch  # warmup saw no epoch start; later epochs each pay one
-        left = 60 * cfg.max_minutes - now - one_valid  # the last validation comes after the last step
-        more = max(int(left / (step_s + one_valid / cfg.valid_every)), 0)
-        return self.step + more // 10 * 10, step_s, one_valid
+    def _mean(self, values: list[float]) -> list[float]:
+        """The mean of each value over the processes (the same figures on every process)."""
+        return [x / self.dist.world_size for x in distributed.all_reduce_sum(values, self.dist, self.device)]
 
     def _set_total(self, steps: int) -> None:
         self.total_steps = _total(steps, self.cfg.max_epochs, self.steps_per_epoch)
@@ -597,7 +601,7 @@ class Trainer:
                                f"(best {self.best['value']:.4g} at step {self.best['step']})")
         self._save(is_best)
         self.excluded += time.perf_counter() - t0
-        self.valid_seconds.append(time.perf_counter() - t0)
+        self.budget.valid_seconds.append(time.perf_counter() - t0)
         return stop
 
     def validate(self) -> dict:
@@ -738,7 +742,7 @@ def run(config_file: str | Path | None, flags: dict, sets: list[str] | None = No
         run_dir = Path(cfg.out)
         if not (run_dir / CHECKPOINTS / "LATEST").exists() and (run_dir / "config.yaml").is_file():
             return _restart(run_dir, given, model_overrides)
-        saved = checkpoint.read_meta(resume_point(cfg.out))
+        saved = checkpoint_meta.read_meta(resume_point(cfg.out))
         cfg = resolve_train_config(given, saved)
     return train(cfg, model_overrides, saved)
 

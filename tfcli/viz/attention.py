@@ -28,6 +28,8 @@ import numpy as np
 import torch
 
 from tfcli import checkpoint
+
+from tfcli import checkpoint_meta
 from tfcli.data.batching import pad, source_ids
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.errors import TfcliError
@@ -384,7 +386,7 @@ def write_attention(
             for i in range(1, len(samples) + 1) for kind in kinds} if png else {}
     page = out / "attention.html"
     refuse_overwriting_inputs([*pngs.values(), page if html_page else None],
-                              [*checkpoint.input_paths(ckpt), *sources], "choose another -o")
+                              [*checkpoint_meta.input_paths(ckpt), *sources], "choose another -o")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

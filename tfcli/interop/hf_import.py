@@ -1,0 +1,432 @@
+"""`tfcli import`: a `transformers` Marian, Pegasus or GPT-2 directory as a tfcli checkpoint, checked before
+anything is written (the mapping: `hf`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from tfcli.config import to_dict
+from tfcli.data.vocab import reorder_vocabulary, vocab_list
+from tfcli.errors import TfcliError
+from tfcli.interop.hf import ABSENT_LOGIT, LAYER_NORM_EPS, _linear_bias, _pairs, from_hf_state
+from tfcli.io import refuse_overwriting_inputs
+from tfcli.model.config import ModelConfig
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
+
+SUPPORTED = {"marian": "marian", "pegasus": "pegasus", "gpt2": "gpt2"}
+_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+_OPENED = ("config.json", "tokenizer.json", "target_tokenizer.json", "source.spm", "target.spm", "vocab.json")
+
+
+def _refuse_special_files(hf_dir: Path) -> None:
+    """Every file import may open must be a regular file: opening a FIFO blocks (until a writer comes, and signals
+    wait with it), and a device (/dev/zero, /dev/urandom) reads forever."""
+    import stat
+
+    if not hf_dir.is_dir():
+        raise TfcliError(f"{hf_dir}: not a directory")
+    for path in [*(hf_dir / n for n in _OPENED), *hf_dir.glob("model*.safetensors")]:
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise TfcliError(f"{path}: cannot read: {e.strerror or e}") from None
+        if not stat.S_ISREG(mode):
+            raise TfcliError(f"{path}: not a regular file (a pipe, device or directory); refusing to open it")
+
+
+def _read_config(hf_dir: Path) -> dict:
+    path = hf_dir / "config.json"
+    if not path.is_file():
+        raise TfcliError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise TfcliError(f"{path}: unreadable ({e})") from None
+    if not isinstance(config, dict):
+        raise TfcliError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
+# the integer sizes each architecture's config.json must give, and the optional ones
+_SIZES = {
+    "gpt2": (("n_embd", "n_head", "n_layer", "n_positions", "vocab_size"), ("n_inner",)),
+    "seq2seq": (("d_model", "encoder_attention_heads", "decoder_attention_heads", "encoder_layers", "decoder_layers",
+                 "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size"), ("decoder_vocab_size", "max_position_embeddings")),
+}
+_RATES = {"gpt2": ("resid_pdrop", "attn_pdrop", "embd_pdrop"), "seq2seq": ("dropout", "attention_dropout")}
+
+
+def _check_config(config: dict, arch: str, hf_dir: Path) -> None:
+    """The keys tfcli reads, with the right types and possible values, checked before anything is allocated; an
+    error names the key."""
+    where = f"{hf_dir / 'config.json'}"
+    kind = "gpt2" if arch == "gpt2" else "seq2seq"
+    required, optional = _SIZES[kind]
+    for key in required + optional:
+        value = config.get(key)
+        if value is None and key in optional:
+            continue
+        if key not in config:
+            raise TfcliError(f"{where}: no '{key}', which a {arch} config holds")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TfcliError(f"{where}: {key} is {value!r}; expected a positive integer")
+    for key in _RATES[kind]:
+        value = config.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise TfcliError(f"{where}: {key} is {value!r}; expected a probability in [0, 1)")
+    eps = config.get("layer_norm_epsilon", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        raise TfcliError(f"{where}: layer_norm_epsilon is {eps!r}; expected a small positive number")
+    d, heads = ("n_embd", "n_head") if kind == "gpt2" else ("d_model", "encoder_attention_heads")
+    if config[d] % config[heads]:
+        raise TfcliError(f"{where}: {d} {config[d]} is not divisible by {heads} {config[heads]}")
+
+
+_FLOATS = ("F16", "BF16", "F32", "F64")
+
+
+def _weight_headers(hf_dir: Path) -> dict[str, tuple[str, tuple[int, ...], Path]]:
+    """name -> (dtype, shape, file) of every tensor in the safetensors files, from their headers alone; integer or
+    boolean tensors are refused (weights are floating point)."""
+    from safetensors import safe_open
+
+    files = sorted(hf_dir.glob("model*.safetensors"))
+    if not files:
+        pickled = [p.name for p in hf_dir.glob("*.bin")]
+        hint = f" ({pickled[0]} is a pickle, which tfcli never loads: re-save with safe_serialization)" if pickled else ""
+        raise TfcliError(f"{hf_dir}: no model.safetensors{hint}")
+    out: dict[str, tuple[str, tuple[int, ...], Path]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    part = st.get_slice(name)
+                    out[name] = (part.get_dtype(), tuple(part.get_shape()), f)
+        except Exception as e:  # SafetensorError and OSError alike
+            raise TfcliError(f"{f}: unreadable safetensors file ({e})") from None
+    for name, (dtype, _, f) in out.items():
+        if dtype not in _FLOATS:
+            raise TfcliError(f"{f}: tensor {name} is {dtype}; model weights are floating point")
+    return out
+
+
+def _layer_count(headers: dict, prefix: str) -> int:
+    """How many layers the weights hold under `prefix` (e.g. transformer.h.): the distinct layer numbers."""
+    return len({name[len(prefix):].split(".", 1)[0] for name in headers if name.startswith(prefix)})
+
+
+def _check_sizes(config: dict, arch: str, headers: dict, hf_dir: Path) -> None:
+    """The config's sizes against the weights' own: layer counts, embedding rows and width. Past this, every size
+    the model is built with is one the weights file holds, however large the config claims."""
+    where = f"{hf_dir / 'config.json'}"
+    if arch == "gpt2":
+        layers = {"n_layer": _layer_count(headers, "transformer.h.")}
+        embedding, rows, width = "transformer.wte.weight", "vocab_size", "n_embd"
+    else:
+        layers = {"encoder_layers": _layer_count(headers, "model.encoder.layers."),
+                  "decoder_layers": _layer_count(headers, "model.decoder.layers.")}
+        embedding = next((n for n in ("model.shared.weight", "model.encoder.embed_tokens.weight") if n in headers),
+                         "model.shared.weight")
+        rows, width = "vocab_size", "d_model"
+    if embedding not in headers:
+        raise TfcliError(f"{hf_dir}: the weights lack {embedding}: not a {arch} model (model_type "
+                         f"'{config.get('model_type')}' in config.json)?")
+    for key, found in layers.items():
+        if config[key] != found:
+            raise TfcliError(f"{where}: {key} is {config[key]}, but the weights hold {found} layers")
+    shape = headers[embedding][1]
+    if len(shape) != 2 or (shape[0], shape[1]) != (config[rows], config[width]):
+        raise TfcliError(f"{where}: {rows} {config[rows]} and {width} {config[width]}, but {embedding} is "
+                         f"{'x'.join(map(str, shape))}")
+
+
+# tensors a transformers file may hold that tfcli computes itself: GPT-2's causal-mask buffers, the sinusoidal
+# position tables of Marian and Pegasus
+_DERIVED = (".attn.bias", ".attn.masked_bias", "embed_positions.weight")
+
+
+def _check_weights(headers: dict, cfg: ModelConfig, arch: str, hf_dir: Path) -> None:
+    """Every tensor maps onto the model of the config with its exact shape, and none is left over, checked on
+    torch's meta device: nothing is allocated before the weights are known to fit."""
+    from tfcli.model.transformer import build_model
+
+    meta = {name: torch.empty(shape, device="meta") for name, (_, shape, _) in headers.items()}
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}
+        state = from_hf_state(meta, cfg, arch) if arch == "gpt2" else _seq2seq_state(meta, cfg, arch)
+    for name, value in state.items():
+        if name in expected and tuple(value.shape) != expected[name]:
+            raise TfcliError(f"{hf_dir}: a weight for tfcli's {name} has shape {'x'.join(map(str, value.shape))}, "
+                             f"the config.json's sizes give {'x'.join(map(str, expected[name]))}")
+    missing = sorted(set(expected) - set(state) - {"lm_head.bias"})
+    if missing:
+        raise TfcliError(f"{hf_dir}: the weights give nothing for tfcli's {missing[0]}")
+    used = {h for _, _, h, _ in _pairs(cfg, arch)} | {"final_logits_bias", "lm_head.weight", "model.shared.weight",
+                                                       "model.encoder.embed_tokens.weight",
+                                                       "model.decoder.embed_tokens.weight"}
+    unused = sorted(n for n in headers if n not in used and not n.endswith(_DERIVED))
+    if unused:
+        more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+        raise TfcliError(f"{headers[unused[0]][2]}: tensor {unused[0]}{more} is not part of a {arch} model of this "
+                         "config.json; refusing to drop weights")
+
+
+def _arch_of(config: dict, hf_dir: Path) -> str:
+    kind = config.get("model_type")
+    if kind in SUPPORTED:
+        return SUPPORTED[kind]
+    if kind is None:
+        if config.get("format") == "tfcli-checkpoint":
+            what = "is a tfcli checkpoint already (use it as it is: tfcli translate -m DIR)"
+        elif (hf_dir / "model.bin").exists():
+            what = "is a CTranslate2 model directory (tfcli exports to CTranslate2, and imports transformers models)"
+        else:
+            what = "is not a transformers model directory (its config.json has no model_type)"
+        raise TfcliError(f"{hf_dir}: {what}; tfcli import takes a Hugging Face transformers directory "
+                         f"(save_pretrained) of model_type {', '.join(SUPPORTED)}")
+    why = {"m2m_100": " (its sinusoidal table is fairseq's, with other frequencies and positions offset by the "
+                      "padding id, which no tfcli option reproduces)"}.get(kind, "")
+    raise TfcliError(f"{hf_dir}: model_type '{kind}' cannot be imported{why}; supported: "
+                     f"{', '.join(SUPPORTED)}")
+
+
+def model_config_from_hf(config: dict, arch: str, hf_dir: Path) -> ModelConfig:
+    """tfcli's ModelConfig for an HF config (vocabulary sizes as HF has them; biases assumed present)."""
+    def need(cond: bool, what: str):
+        if not cond:
+            raise TfcliError(f"{hf_dir}/config.json: {what}, which tfcli models cannot express")
+
+    act = config.get("activation_function", "gelu_new" if arch == "gpt2" else "relu")
+    need(act in _ACTIVATIONS, f"activation_function '{act}'")
+    if arch == "gpt2":
+        need(config.get("scale_attn_weights", True), "scale_attn_weights false")
+        need(not config.get("scale_attn_by_inverse_layer_idx", False), "scale_attn_by_inverse_layer_idx")
+        d = config["n_embd"]
+        return ModelConfig(
+            kind="lm", tgt_vocab_size=config["vocab_size"], d_model=d, n_head=config["n_head"], n_encoder_layers=0,
+            n_decoder_layers=config["n_layer"], d_ff=config.get("n_inner") or 4 * d, dropout=config.get("resid_pdrop", 0.0),
+            attn_dropout=config.get("attn_pdrop", 0.0), activation=_ACTIVATIONS[act], norm="pre", positions="learned",
+            max_len=config["n_positions"], scale_embedding=False, tie_output=config.get("tie_word_embeddings", True),
+            layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+        )
+    need(config["encoder_attention_heads"] == config["decoder_attention_heads"], "different encoder/decoder heads")
+    need(config["encoder_ffn_dim"] == config["decoder_ffn_dim"], "different encoder/decoder FFN sizes")
+    share = True if arch == "pegasus" else config.get("share_encoder_decoder_embeddings", True)
+    src_v = config["vocab_size"]
+    return ModelConfig(
+        kind="seq2seq", src_vocab_size=src_v, tgt_vocab_size=src_v if share else config.get("decoder_vocab_size") or src_v,
+        d_model=config["d_model"], n_head=config["encoder_attention_heads"], n_encoder_layers=config["encoder_layers"],
+        n_decoder_layers=config["decoder_layers"], d_ff=config["encoder_ffn_dim"], dropout=config.get("dropout", 0.1),
+        attn_dropout=config.get("attention_dropout", 0.0), activation=_ACTIVATIONS[act],
+        norm="post" if arch == "marian" else "pre", positions="sinusoidal",
+        max_len=config.get("max_position_embeddings", 1024), scale_embedding=config.get("scale_embedding", False),
+        share_embeddings=share, tie_output=config.get("tie_word_embeddings", True), output_bias=True,
+        layer_norm_eps=LAYER_NORM_EPS,
+    )
+
+
+def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(hf_dir.glob("model*.safetensors")):  # (their headers were checked: _weight_headers)
+        try:
+            out.update(load_file(str(f)))
+        except Exception as e:  # SafetensorError and OSError alike
+            raise TfcliError(f"{f}: unreadable safetensors file ({e})") from None
+    return out
+
+
+def _tokenizers(hf_dir: Path) -> tuple[tuple[Path, dict], tuple[Path, dict]]:
+    """((path, tokenizer.json data) of the source, of the target): tokenizer.json for both (and
+    target_tokenizer.json for the target where tfcli's export wrote one), else Marian's source.spm/target.spm with
+    vocab.json, converted (tfcli/data/spm.py)."""
+    def read(path: Path) -> dict:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise TfcliError(f"{path}: unreadable tokenizer ({e})") from None
+
+    src = hf_dir / "tokenizer.json"
+    if src.is_file():
+        tgt = hf_dir / "target_tokenizer.json"
+        tgt = tgt if tgt.is_file() else src
+        return (src, read(src)), (tgt, read(tgt))
+    spm_src, spm_tgt, vocab = hf_dir / "source.spm", hf_dir / "target.spm", hf_dir / "vocab.json"
+    if spm_src.is_file() and vocab.is_file():
+        from tfcli.data.spm import marian_tokenizer
+
+        pieces = read(vocab)
+        spm_tgt = spm_tgt if spm_tgt.is_file() else spm_src
+        return (spm_src, marian_tokenizer(spm_src, pieces)), (spm_tgt, marian_tokenizer(spm_tgt, pieces))
+    raise TfcliError(f"{hf_dir}: no tokenizer.json (nor Marian's source.spm and vocab.json)")
+
+
+# special role -> the HF config key naming its id (the decoder start is tfcli's <s>)
+def _special_ids(config: dict, tok: dict, arch: str) -> dict[int, int | None]:
+    unk = None
+    model = tok.get("model", {})
+    vocab = vocab_list(tok)
+    unk_token = model.get("unk_token") or ("<unk>" if "<unk>" in vocab else None)
+    if model.get("type") == "Unigram" and model.get("unk_id") is not None:
+        unk = model["unk_id"]
+    elif unk_token in vocab:
+        unk = vocab.index(unk_token)
+    start = config.get("decoder_start_token_id") if arch != "gpt2" else config.get("bos_token_id")
+    return {PAD_ID: config.get("pad_token_id"), BOS_ID: start, EOS_ID: config.get("eos_token_id"), UNK_ID: unk}
+
+
+def _rows(w: torch.Tensor, order: list[int]) -> torch.Tensor:
+    idx = torch.tensor([max(h, 0) for h in order])
+    out = w[idx].clone()
+    out[torch.tensor([h < 0 for h in order])] = 0.0
+    return out
+
+
+def _output_bias(b: torch.Tensor | None, order: list[int]) -> torch.Tensor:
+    """HF's output bias in tfcli's order; a row the model lacks, or a second copy of a row (Marian's decoder start
+    is its <pad>), gets ABSENT_LOGIT, so the softmax over the model's own tokens is unchanged."""
+    out = torch.full((len(order),), ABSENT_LOGIT)
+    seen = set()
+    first = [EOS_ID, UNK_ID, *range(len(SPECIAL_TOKENS), len(order)), PAD_ID, BOS_ID]  # never-output ones last
+    for i in first:
+        h = order[i]
+        if h >= 0 and h not in seen:
+            out[i] = b[h] if b is not None else 0.0
+            seen.add(h)
+    return out
+
+
+def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> dict:
+    """`tfcli import`: a local `transformers` Marian, Pegasus or GPT-2 directory (or a hub name, for users online)
+    -> a tfcli checkpoint directory that translate/lm-generate/eval/attention use. Returns a summary."""
+    import dataclasses
+    import tempfile
+
+    from tfcli import checkpoint
+    from tfcli.data.tokenizer import load_tokenizer
+    from tfcli.model.transformer import build_model
+
+    hf_dir = _local(hf_dir)
+    out = Path(out)
+    refuse_overwriting_inputs([out], [hf_dir], "choose another -o")
+    if out.exists() and not force:
+        raise TfcliError(f"{out}: already exists; pass --force to replace it, or choose another -o")
+    _refuse_special_files(hf_dir)
+    config = _read_config(hf_dir)
+    arch = _arch_of(config, hf_dir)
+    _check_config(config, arch, hf_dir)
+    headers = _weight_headers(hf_dir)  # names, dtypes and shapes, read before any tensor is
+    _check_sizes(config, arch, headers, hf_dir)
+    cfg = model_config_from_hf(config, arch, hf_dir)
+    cfg_in = dataclasses.replace(cfg, bias=True)
+    _check_weights(headers, cfg_in, arch, hf_dir)  # every tensor used, every shape right, on the meta device
+    weights = _read_weights(hf_dir)
+    state = from_hf_state(weights, cfg_in, arch) if arch == "gpt2" else _seq2seq_state(weights, cfg_in, arch)
+    src, tgt = _tokenizers(hf_dir)
+    sides = {"tgt": tgt} if cfg.kind == "lm" else {"src": src, "tgt": tgt}
+    for side, (path, data) in sides.items():
+        rows = cfg.src_vocab_size if side == "src" else cfg.tgt_vocab_size
+        if len(vocab_list(data)) > rows:
+            raise TfcliError(f"{path}: {len(vocab_list(data))} tokens, more than the {rows} embedding rows of the "
+                             "model's config.json; this tokenizer does not belong to these weights")
+    toks, orders = {}, {}
+    for side, (path, data) in sides.items():
+        toks[side], orders[side] = reorder_vocabulary(data, _special_ids(config, data, arch), path)
+    if cfg.kind == "seq2seq" and cfg.share_embeddings and orders["src"] != orders["tgt"]:
+        raise TfcliError(f"{hf_dir}: shared embeddings, but the source and target tokenizers number tokens differently")
+
+    # rows follow their tokens into tfcli's order
+    tgt_order = orders["tgt"]
+    hf_bias = state.pop("lm_head.bias", None)
+    if cfg.kind == "seq2seq":
+        state["encoder.embed.tok.weight"] = _rows(state["encoder.embed.tok.weight"], orders["src"])
+        if not cfg.share_embeddings:
+            state["decoder.embed.tok.weight"] = _rows(state["decoder.embed.tok.weight"], tgt_order)
+        else:
+            state["decoder.embed.tok.weight"] = state["encoder.embed.tok.weight"]
+    else:
+        state["decoder.embed.tok.weight"] = _rows(state["decoder.embed.tok.weight"], tgt_order)
+    state["lm_head.weight"] = (state["decoder.embed.tok.weight"] if cfg.tie_output
+                               else _rows(state["lm_head.weight"], tgt_order))
+    bias = _output_bias(hf_bias, tgt_order)
+    linear_biases = [k for k in state if _linear_bias(k)]
+    cfg = dataclasses.replace(
+        cfg, src_vocab_size=len(orders["src"]) if "src" in orders else 0, tgt_vocab_size=len(tgt_order),
+        bias=any(bool(state[k].any()) for k in linear_biases), output_bias=bool(bias.any()),
+    )
+    if "tfcli_model" in config:  # a tfcli export: its own config, which the weights must fit
+        cfg = _saved_config(config["tfcli_model"], cfg, hf_dir)
+    if cfg.output_bias:
+        state["lm_head.bias"] = bias
+    if not cfg.bias:
+        for k in linear_biases:
+            del state[k]
+    model = build_model(cfg)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise TfcliError(f"{hf_dir}: the weights do not fit a {arch} model of its config.json "
+                         f"({str(e).strip().splitlines()[-1].strip()})") from None
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for side, data in toks.items():
+            files[side] = Path(tmp) / f"tokenizer.{side}.json"
+            files[side].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+            load_tokenizer(files[side])  # tfcli's own check of the specials
+        meta = {"model": to_dict(cfg), "step": 0, "imported_from": {"path": str(hf_dir), "model_type": arch}}
+        checkpoint.save(out, model, meta, files)  # a new directory, or (force) one swapped in whole
+    return {"arch": arch, "kind": cfg.kind, "parameters": sum(p.numel() for p in model.parameters()),
+            "vocab": {side: len(o) for side, o in orders.items()}}
+
+
+def _saved_config(saved: dict, derived: ModelConfig, hf_dir: Path) -> ModelConfig:
+    from tfcli.config import from_dict
+
+    try:
+        cfg = from_dict(ModelConfig, saved, "tfcli_model")
+    except Exception as e:
+        raise TfcliError(f"{hf_dir}/config.json: bad tfcli_model entry ({e})") from None
+    shape = ("kind", "src_vocab_size", "tgt_vocab_size", "d_model", "n_head", "n_encoder_layers", "n_decoder_layers",
+             "d_ff", "norm", "share_embeddings", "tie_output")
+    differ = [k for k in shape if getattr(cfg, k) != getattr(derived, k)]
+    if differ:
+        raise TfcliError(f"{hf_dir}/config.json: its tfcli_model entry does not match the model ({differ[0]})")
+    return cfg
+
+
+def _seq2seq_state(weights: dict, cfg: ModelConfig, arch: str) -> dict:
+    """from_hf_state for Marian/Pegasus, where final_logits_bias is the output bias (zeros if absent)."""
+    if "final_logits_bias" not in weights:
+        weights = {**weights, "final_logits_bias": torch.zeros(1, cfg.tgt_vocab_size)}
+    if "model.shared.weight" not in weights and cfg.share_embeddings:
+        weights = {**weights, "model.shared.weight": weights["model.encoder.embed_tokens.weight"]}
+    if not cfg.tie_output and "lm_head.weight" not in weights:
+        raise TfcliError("the Hugging Face weights lack lm_head.weight (tie_word_embeddings is false)")
+    return from_hf_state(weights, cfg, arch)
+
+
+def _local(name: str | Path) -> Path:
+    """A local directory, or a hub name downloaded with huggingface_hub (for users online)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    if "/" in str(name) and not str(name).startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors", "*.spm", "*.model"]))
+        except ImportError:
+            raise TfcliError(f"{name}: not a local directory, and huggingface_hub is not installed") from None
+        except Exception as e:
+            raise TfcliError(f"{name}: not a local directory, and the hub download failed ({type(e).__name__})") from None
+    raise TfcliError(f"{name}: no such directory")
