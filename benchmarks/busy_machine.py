@@ -2,7 +2,7 @@
 single-threaded processes, and a two-stage `tfcli translate | tfcli translate` pipeline, each a whole process, for
 this checkout and an earlier commit (the "before"), side by side in one run.
 
-    .venv/bin/python benchmarks/busy_machine.py [--before COMMIT] [--steps 30] [--lines 400] [--repeats 1]
+    .venv/bin/python benchmarks/busy_machine.py [--before COMMIT] [--steps 30] [--lines 1000] [--repeats 1]
         [--out benchmarks/results/busy_machine]
 
 The data is the demo corpus (data/numbers, English -> French number words): prepared once, a checkpoint trained
@@ -17,6 +17,7 @@ set in the environment: each version chooses its threads as it does for users (O
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def main() -> None:
     p.add_argument("--before", default="HEAD", help="the commit to compare with (default: the last commit)")
     p.add_argument("--steps", type=int, default=30, help="training steps timed")
     p.add_argument("--train-steps", type=int, default=200, help="steps of the checkpoint that translates")
-    p.add_argument("--lines", type=int, default=400)
+    p.add_argument("--lines", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=1, help="runs of each case (the best is kept)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "busy_machine"))
     args = p.parse_args()
@@ -87,14 +88,14 @@ def main() -> None:
     src.write_text("\n".join((lines * (args.lines // len(lines) + 1))[: args.lines]) + "\n", encoding="utf-8")
     ckpt = str(work / "model")
 
-    def cases(tree: Path):
-        run = [0]
+    runs = itertools.count()
 
+    def cases(tree: Path):
         def train():
-            run[0] += 1
-            return tfcli(tree, "train", str(work / "prep"), "-o", str(work / f"t{run[0]}"), "--config",
+            return tfcli(tree, "train", str(work / "prep"), "-o", str(work / f"train-{next(runs)}"), "--config",
                          "recipes/demo.yaml", "--max-steps", str(args.steps), "--valid-every", str(10 * args.steps),
-                         "--keep-last", "1", "--no-valid-bleu", "-q")
+                         "--keep-last", "1", "--no-valid-bleu", "--set", "train.early_stop_metric=loss",
+                         "--set", "train.average_last=0", "-q")
 
         translate = tfcli(tree, "translate", "-m", ckpt, "--beam-size", "5", str(src), "-q")
         pipe = (" ".join(map(_quote, translate)) + " | "

@@ -112,8 +112,8 @@ def record(args) -> dict:
         entry["training"] = training(out / "run")
     if args.checkpoint:
         entry["checkpoint"] = args.checkpoint
-    if getattr(args, "load_before", None) is not None:
-        entry["load_before"] = args.load_before  # other processes' load when the recipe started
+    if getattr(args, "busy_cores", None) is not None:
+        entry["busy_cores_before"] = args.busy_cores  # other work's cores when the recipe started
     if args.resumed:
         entry["resumed"] = True  # the script's clock saw only the last part; training time comes from the run
     elif args.wall_s is not None:
@@ -316,8 +316,8 @@ def readme_blocks(all_: dict) -> dict[str, str]:
     blocks = {"recipes": "\n".join(head + rows), "current": "\n".join(_line(latest[k]) for k in sorted(latest))}
     demo = all_.get("demo/cpu")
     if demo:
-        load = demo.get("load_before")
-        state = "" if load is None else (", idle" if load < 0.5 else f", beside other work (load {load:.1f})")
+        busy = demo.get("busy_cores_before")
+        state = "" if busy is None else (", idle" if busy < 0.25 else f", beside other work ({busy:.1f} cores busy)")
         blocks["demo"] = (f"Measured on {_machine(demo['hardware'])}{state}, {demo['date'][:10]}: "
                           f"{_minutes(demo['recipe_wall_s'])}, BLEU {demo['sacrebleu']['BLEU']['score']:.2f}, "
                           f"chrF2 {demo['sacrebleu']['chrF2']['score']:.2f}.")
@@ -352,8 +352,8 @@ def main() -> None:
     r.add_argument("--checkpoint")
     r.add_argument("--ppl", help="a `tfcli eval --model ... --json` output")
     r.add_argument("--wall-s", type=float, help="seconds the whole recipe took (its script times itself)")
-    r.add_argument("--load-before", type=float, help="the 1-minute load average before the recipe started (its "
-                   "script reads /proc/loadavg): whether the machine was idle")
+    r.add_argument("--busy-cores", type=float, help="the cores other work kept busy as the recipe started (its "
+                   "script measures them: tfcli.cli.process.busy_cores): whether the machine was idle")
     r.add_argument("--resumed", action="store_true", help="the recipe resumed a stopped run (--wall-s is then "
                    "only the last part, and is not recorded)")
     r.add_argument("--len-penalty", type=float, help="the length penalty used on test (chosen on valid)")

@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-demo}
 D=data/numbers
-LOAD_BEFORE=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "")  # other work on the machine as the demo starts
+# other work on the machine as the demo starts: the cores it kept busy over a second (as tfcli chooses its threads)
+BUSY=$(python3 -c "from tfcli.cli.process import busy_cores; print(f'{busy_cores(1.0):.2f}')" 2>/dev/null || echo "")
 mkdir -p "$OUT"
 
 echo "== prepare: clean, train a joint BPE tokenizer, write memory-mapped ids" >&2
@@ -15,6 +16,7 @@ tfcli prepare --src $D/train.en --tgt $D/train.fr --valid-src $D/valid.en --vali
   --test-src $D/test.en --test-tgt $D/test.fr --tokenizer bpe --vocab-size 1000 --joint-vocab -o "$OUT/prep"
 
 echo "== train: a 3+3-layer Transformer (recipes/demo.yaml)" >&2
+rm -rf "$OUT/run"  # the demo's own last run: each demo trains afresh
 tfcli train "$OUT/prep" -o "$OUT/run" --config recipes/demo.yaml --seed 1 ${DEMO_TRAIN_ARGS:-} >/dev/null
 
 echo "== translate: the 500 test sentences with beam 5, from the averaged checkpoint" >&2
@@ -29,4 +31,4 @@ paste -d'\n' <(head -3 $D/test.en | sed 's/^/src: /') <(head -3 "$OUT/test.hyp.f
   <(head -3 $D/test.fr | sed 's/^/ref: /') >&2
 # the figures, with the machine and the wall time of all of the above, into benchmarks/results/recipes.{json,md}
 python3 benchmarks/recipe_results.py record demo "$OUT" --name demo --size cpu --checkpoint "$CKPT" --wall-s "$SECONDS" \
-  ${LOAD_BEFORE:+--load-before "$LOAD_BEFORE"} >&2
+  ${BUSY:+--busy-cores "$BUSY"} >&2
