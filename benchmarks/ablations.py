@@ -66,6 +66,11 @@ VARIANTS = {
     "qk_norm": ["model.qk_norm=true"],
     "no_qk_norm": ["model.qk_norm=false"],  # (QK-norm is in the cpu recipes since 2026-11-26)
     "zero_init_residual": ["model.zero_init_residual=true"],
+    # R-Drop (issue 61): alpha 1 and 5 (the paper's IWSLT de-en value), and alpha 5 with the cpu-long recipe's
+    # dropout raised, since R-Drop regularises through dropout's two masks; a step costs about two plain ones
+    "rdrop1": ["train.rdrop=1"],
+    "rdrop5": ["train.rdrop=5"],
+    "rdrop5-dropout0.3": ["train.rdrop=5", "model.dropout=0.3"],
     # for the GPU-sized recipe (recipes/multi30k.yaml); the variants of its earlier version are in
     # results/gpu_ablations.json, each with its settings and command
     "layers4": ["model.n_encoder_layers=4", "model.n_decoder_layers=4"],

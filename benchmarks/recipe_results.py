@@ -279,7 +279,8 @@ def _line(e: dict) -> str:
     """One shipped recipe in a line: its test result, steps, the whole recipe's time, the machine."""
     t = e.get("training", {})
     if e["recipe"] == "multi30k":
-        what = f"Multi30k {e['pair'].replace('-', '->')} `{e['size']}`"
+        student = " distilled student" if e["name"] != f"multi30k-{e['pair']}" else ""
+        what = f"Multi30k {e['pair'].replace('-', '->')}{student} `{e['size']}`"
         lc = e.get("tokenised_bleu_lowercased")
         ours = f"{e['sacrebleu']['BLEU']['score']:.2f} sacreBLEU" + (
             f", {lc['score']:.2f} lowercased tokenised BLEU" if lc and not _lowercased(e) else "") + " on test2016"

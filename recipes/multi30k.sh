@@ -13,6 +13,9 @@
 # vocabulary for both sides, with one embedding table; separate: one a side; default: the size's own, below), BPE
 # (its size; default 8000 joint, 5000 separate), LOWERCASE=1 (`prepare --lowercase`: trained on lowercased text, as
 # the en->de anchor was; every score of the variant is then lowercased, its signatures say so).
+# For recipes/distill.sh: DISTILLED (a file of target sentences line-aligned with train.SRC, trained on in place of
+# train.TGT; with ORIGINAL=1 beside it), CONFIG (another config than the size's) and NAME (the name the figures are
+# recorded under; default multi30k-SRC-TGT).
 # The data comes from $DATA (default ../shared/data), never from the repository. Scores: sacreBLEU (cased,
 # 13a, detokenised; the default signature), chrF2, and tokenised BLEU (both sides Moses-tokenised with sacremoses,
 # then BLEU without further tokenisation, as fairseq reports it), and the same lowercased. OUT/result.json holds the figures, signatures,
@@ -29,10 +32,11 @@ D=$DATA/multi30k
 # (the largest costs of a step at their model size) 5/8 of a joint 8,000's, of which de->en's target side used only
 # 4,245 tokens; on valid (de-en, the cpu budget, fp32, benchmarks/results/ablations.md) 1.15x the steps and +1.43
 # beam-5 sacreBLEU. full: a joint 8,000.
-case $SIZE in cpu) CONFIG=recipes/multi30k-cpu.yaml OWN_VOCAB=separate ;;
-  cpu-long) CONFIG=recipes/multi30k-cpu-long.yaml OWN_VOCAB=separate ;;
-  full) CONFIG=recipes/multi30k.yaml OWN_VOCAB=joint ;;
+case $SIZE in cpu) SIZE_CONFIG=recipes/multi30k-cpu.yaml OWN_VOCAB=separate ;;
+  cpu-long) SIZE_CONFIG=recipes/multi30k-cpu-long.yaml OWN_VOCAB=separate ;;
+  full) SIZE_CONFIG=recipes/multi30k.yaml OWN_VOCAB=joint ;;
   *) echo "error: SIZE must be cpu, cpu-long or full, got '$SIZE'" >&2; exit 2 ;; esac
+CONFIG=${CONFIG:-$SIZE_CONFIG}
 VOCAB=${VOCAB:-$OWN_VOCAB}
 case $VOCAB in separate) OWN_BPE=5000 ;; joint) OWN_BPE=8000 ;;
   *) echo "error: VOCAB must be joint or separate, got '$VOCAB'" >&2; exit 2 ;; esac
@@ -46,9 +50,17 @@ LOWERCASE=${LOWERCASE:-0}
 [ "$LOWERCASE" = 1 ] && LC=(--lowercase) || LC=()
 [ -f "$D/train.$SRC" ] && [ -f "$D/train.$TGT" ] || { echo "error: $D/train.$SRC or $D/train.$TGT not found; set DATA" >&2; exit 1; }
 mkdir -p "$OUT"
+TRAIN_SRC=$D/train.$SRC TRAIN_TGT=$D/train.$TGT
+if [ -n "${DISTILLED:-}" ]; then  # a student: the teacher's translations (beside the references with ORIGINAL=1)
+  TRAIN_TGT=$DISTILLED
+  if [ "${ORIGINAL:-0}" = 1 ]; then
+    cat "$D/train.$SRC" "$D/train.$SRC" > "$OUT/train.$SRC" && cat "$D/train.$TGT" "$DISTILLED" > "$OUT/train.$TGT"
+    TRAIN_SRC=$OUT/train.$SRC TRAIN_TGT=$OUT/train.$TGT
+  fi
+fi
 
 echo "== prepare: BPE ($BPE, $VOCAB), memory-mapped ids" >&2
-tfcli prepare --src "$D/train.$SRC" --tgt "$D/train.$TGT" --valid-src "$D/valid.$SRC" --valid-tgt "$D/valid.$TGT" \
+tfcli prepare --src "$TRAIN_SRC" --tgt "$TRAIN_TGT" --valid-src "$D/valid.$SRC" --valid-tgt "$D/valid.$TGT" \
   --test-src "$D/test2016.$SRC" --test-tgt "$D/test2016.$TGT" --tokenizer bpe --vocab-size "$BPE" --"$VOCAB"-vocab \
   "${LC[@]}" -o "$OUT/prep"
 
@@ -88,5 +100,6 @@ tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metric
 tfcli eval "$OUT/test2016.hyp.tok.$TGT" -r "$OUT/test2016.ref.tok.$TGT" --metrics bleu --tokenize none --lowercase \
   --json > "$OUT/tokbleu-lc.json"
 python3 benchmarks/recipe_results.py record multi30k "$OUT" --pair "$SRC-$TGT" --size "$SIZE" --checkpoint "$CKPT" \
+  ${NAME:+--name "$NAME"} \
   --train-args "${TRAIN_ARGS:-}" "${OTHER_VOCAB[@]}" "${OTHER_BPE[@]}" "${OTHER_SEED[@]}" "${LC[@]}" \
   --len-penalty "$BEST_ALPHA" --wall-s "$SECONDS" "${TIMED[@]}"  # the whole recipe's time

@@ -32,7 +32,7 @@ def test_recipe_rejects_an_unknown_size(script, args):
 
 
 @pytest.mark.parametrize("script, args", [("multi30k.sh", ["de", "en", "cpu"]), ("shakespeare.sh", ["cpu"]),
-                                          ("wikitext2.sh", [])])
+                                          ("wikitext2.sh", []), ("distill.sh", ["de", "en", "cpu-long"])])
 def test_recipe_without_data_says_where_it_looked(script, args, tmp_path):
     r = run_script(script, *args, str(tmp_path / "out"), env={"DATA": str(tmp_path)})
     assert r.returncode == 1 and str(tmp_path) in r.stderr and "set DATA" in r.stderr
@@ -226,3 +226,13 @@ def test_the_length_penalty_script_reads_and_answers_in_the_recipes_format(tmp_p
     assert run("next").stdout == "2.6\n"
     tsv.write_text(tsv.read_text() + "2.6\t38.86\n")
     assert run("next").stdout == "" and run("best").stdout == "2.2\n"
+
+
+def test_every_recipe_script_parses():
+    """`bash -n` on each recipe: a quoting slip (an apostrophe inside ${VAR:-...}) otherwise shows only when a
+    45-minute run reaches that line."""
+    import subprocess
+
+    for script in sorted((ROOT / "recipes").glob("*.sh")):
+        r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert r.returncode == 0, (script.name, r.stderr)

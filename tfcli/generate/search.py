@@ -2,12 +2,12 @@
 
 Both run the encoder once per sentence, feed the decoder one new token per beam and step through
 `step.IncrementalDecoder` (its key/value memory holds the rest, the cross-attention keys/values of the source are
-computed once per sentence, and reordering beams copies no keys/values). What a step decides stays on the device;
-the host reads it every `check_every` steps, to stop, and to let finished sentences leave the batch (on the CPU, at
-once, so no compute is spent on them) or, with a fixed-shape decoder (`step.StaticDecoder`, a GPU's), to give their
-places to the next sentences: continuous batching, so that a batch stays full to the end of a file instead of
-shrinking to a tail of small steps. A sentence's output does not depend on which place it takes or when. Neither
-ever emits <pad> or <s>.
+computed once per sentence, and reordering beams copies no keys/values). Each is a `schedule.Search` under the one
+`schedule.Schedule`: what a step decides stays on the device; the host reads it every `check_every` steps, to stop,
+and to let finished sentences leave the batch (on the CPU, at once, so no compute is spent on them) or, with a
+fixed-shape decoder (`step.StaticDecoder`, a GPU's), to give their places to the next sentences: continuous
+batching, so that a batch stays full to the end of a file instead of shrinking to a tail of small steps. A
+sentence's output does not depend on which place it takes or when. Neither ever emits <pad> or <s>.
 
 Length rules, shared with the slow reference in `tests/reference_search.py`:
   - a sentence may have at most max_len = a * src_len + b output tokens (src_len counts </s>; capped at the model's
