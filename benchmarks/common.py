@@ -7,6 +7,7 @@ beside them, as Python puts a script's directory first on its path."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -162,23 +163,6 @@ def train_steps(prep: str, config: str, steps: int, warmup: int, out: Path, extr
     return [r for r in rows if r["split"] == "train"], use
 
 
-def tfcli_for_inference(model_config: dict, weights: str):
-    """A tfcli model from its config (as a dict) and weights saved with safetensors' save_model, run as `tfcli
-    translate` and `tfcli lm-generate` run it on the CPU in fp32: its StepModel with packed weights, in a process
-    tuned as they tune theirs (tfcli.cli.process.tune_process)."""
-    from safetensors.torch import load_model
-
-    from tfcli.cli.process import tune_process
-    from tfcli.generate.step import StepModel
-    from tfcli.model.config import ModelConfig
-    from tfcli.model.transformer import build_model
-
-    model = build_model(ModelConfig(**model_config)).eval()
-    load_model(model, weights, strict=False)  # tied weights are stored once
-    tune_process("cpu", None)
-    return StepModel(model, pack=True)
-
-
 class Isolated:
     """A benchmark runner in a process of its own: `run(*args)` returns (seconds, output), timed in that process.
 
@@ -254,8 +238,7 @@ def export_peers(model, vocab: list[str], directory: Path, ct2: bool = True) -> 
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from tfcli import checkpoint
-    from tfcli.config import to_dict
-    from tfcli.interop.export import export
+    from tfcli.interop import export
 
     directory = Path(directory)
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
@@ -263,7 +246,7 @@ def export_peers(model, vocab: list[str], directory: Path, ct2: bool = True) -> 
     tok.add_special_tokens(vocab[:4])
     tok.save(str(directory / "words.json"))
     sides = ("src", "tgt") if model.cfg.kind == "seq2seq" else ("tgt",)
-    ckpt = checkpoint.save(directory / "ckpt", model, {"model": to_dict(model.cfg)},
+    ckpt = checkpoint.save(directory / "ckpt", model, {"model": dataclasses.asdict(model.cfg)},
                            {side: directory / "words.json" for side in sides})
     export(ckpt, "hf", directory / "hf")
     if not ct2:
@@ -280,8 +263,8 @@ class TfcliSystem:
     on pre-split batches of lines."""
 
     def __init__(self, ckpt: str, threads: int, dtype: str = "fp32"):
-        from tfcli.api import load
-        from tfcli.cli.process import tune_process
+        from tfcli import load
+        from tfcli.runtime import tune_process
 
         tune_process("cpu", threads)  # threads and the allocator, as `tfcli translate` sets them
         self.translator = load(ckpt, device="cpu", dtype=dtype)
@@ -297,14 +280,14 @@ class CT2System:
     def __init__(self, directory: str, threads: int):
         import ctranslate2
 
-        from tfcli.data.tokenizer import load_tokenizer
+        from tfcli.data import load_tokenizer
 
         self.translator = ctranslate2.Translator(directory, device="cpu", intra_threads=threads, inter_threads=1)
         self.src = load_tokenizer(Path(directory) / "tokenizer.src.json")
         self.tgt = load_tokenizer(Path(directory) / "tokenizer.tgt.json")
 
     def run(self, lines: list[str], beam: int, batch: int) -> list[str]:
-        from tfcli.data.tokenizer import decode_batch
+        from tfcli.data import decode_batch
 
         encodings = self.src.encode_batch(lines, add_special_tokens=False)
         out = []

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 # the unpadded variant: the same command with tfcli.model.linear.CPU_BF16_ROWS = 1 (a multiple of 1: no padding)
 LAUNCH = {
-    "padded to 64 rows": "from tfcli.cli import main; main()",
-    "unpadded": "import tfcli.model.linear as m; m.CPU_BF16_ROWS = 1; from tfcli.cli import main; main()",
+    "padded to 64 rows": "import runpy; runpy.run_module('tfcli', run_name='__main__')",
+    "unpadded": "import tfcli.model.linear as m; m.CPU_BF16_ROWS = 1; import runpy; runpy.run_module('tfcli', run_name='__main__')",
 }
 
 

@@ -45,8 +45,8 @@ def hf_logit_difference(ckpt: str, hf_dir: Path, lines: list[str], hyps: list[st
     from tfcli import checkpoint
 
     from tfcli import checkpoint_meta
-    from tfcli.data.batching import pad, source_ids
-    from tfcli.data.tokenizer import encode_batch
+    from tfcli.data import pad, source_ids
+    from tfcli.data import encode_batch
     from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 
     model, meta = checkpoint.load(ckpt)
@@ -67,7 +67,7 @@ def hf_logit_difference(ckpt: str, hf_dir: Path, lines: list[str], hyps: list[st
 
 def import_is_exact(ckpt: str, hf_dir: Path, tmp: Path) -> bool:
     from tfcli import checkpoint
-    from tfcli.interop.hf_import import import_model
+    from tfcli.interop import import_model
 
     import_model(hf_dir, tmp / "imported")
     a, _ = checkpoint.load(ckpt)
@@ -80,7 +80,7 @@ def check(ckpt: str, args, tmp: Path) -> dict:
     import sacrebleu
 
     from tfcli import checkpoint
-    from tfcli.interop.export import export
+    from tfcli.interop import export
 
     data = Path(args.data) / "multi30k"
     lines = (data / "test2016.de").read_text(encoding="utf-8").splitlines()

@@ -9,10 +9,10 @@ prompts (--prompt-len tokens, the first </s> as `tfcli lm-generate` starts them,
 exactly --new-tokens new tokens (</s> never chosen: tfcli `ignore_eos`, HF min_new_tokens = max_new_tokens; <pad>
 and <s>, which tfcli never picks, suppressed in HF), greedy and top-k sampling (--top-k, temperature 1), --batches
 batches at each batch size (so that batch 1 does not take 32 times batch 32's time), in --dtype (tfcli:
-`tfcli.generate.loader.load`, which decodes from a copy of the weights in that dtype on a GPU, as `tfcli
-lm-generate --dtype` does; HF: its weights cast). New tokens/s: rows x N / time of the generation calls (prompts
+the Python API, `tfcli.load(CKPT, device, dtype).generate`, all prompts in one call of --batch-size rows at a time,
+as `tfcli lm-generate --dtype` runs; HF: its weights cast, batch by batch). New tokens/s: rows x N / time of the generation calls (prompts
 included), the best of --repeats after an untimed pass, CUDA synchronised; for greedy, the share of rows identical
-to tfcli's. tfcli also runs with eager steps (no CUDA graph: `StepModel.static =
+to tfcli's. tfcli also runs with eager steps (no CUDA graph: the loaded model's `steps.static =
 False`), to show what the graph gains. Results: benchmarks/results/gpu_lm_generate_speed.{json,md}, rewritten after
 each case, so a run stopped at a time limit keeps the cases it finished (the file says how many of how many).
 """
@@ -32,6 +32,7 @@ from common import cpu_name, export_peers, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def best_time(fn, repeats: int, device: torch.device):
@@ -70,12 +71,8 @@ def main() -> None:
     args = p.parse_args()
     from transformers import AutoModelForCausalLM
 
-    from tfcli.generate.config import GenerateConfig
-    from tfcli.generate.lm import START_ID, generate_ids
-    from tfcli.device import DTYPES
-    from tfcli.generate.loader import load
-    from tfcli.model.config import preset
-    from tfcli.model.transformer import build_model
+    import tfcli
+    from tfcli.model import build_model, preset
     from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 
     device = torch.device(args.device)
@@ -85,10 +82,11 @@ def main() -> None:
         args.presets, args.vocab, args.batches, args.new_tokens, args.repeats = ["lm-toy"], 100, 2, 8, 1
         args.batch_sizes = [1, 4]
     vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(args.vocab - len(SPECIAL_TOKENS))]
+    index = {t: i for i, t in enumerate(vocab)}
     g = torch.Generator().manual_seed(0)
     all_prompts = torch.randint(len(SPECIAL_TOKENS), args.vocab, (args.batches * max(args.batch_sizes),
                                                                  args.prompt_len), generator=g)
-    all_prompts[:, 0] = START_ID
+    all_prompts[:, 0] = EOS_ID  # what `tfcli lm-generate` starts every prompt with
     import transformers
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -106,20 +104,21 @@ def main() -> None:
             sys.exit(f"--prompt-len + --new-tokens must fit {name}'s max_len ({model.cfg.max_len})")
         with tempfile.TemporaryDirectory() as tmp:
             hf_dir, _ = export_peers(model, vocab, Path(tmp), ct2=False)
-            loaded = load(str(Path(tmp) / "ckpt"), device, "lm", args.dtype)
-            eager = load(str(Path(tmp) / "ckpt"), device, "lm", args.dtype)
-            eager.steps.static = False  # steps op by op, no CUDA graph: what the graph gains
+            generator = tfcli.load(str(Path(tmp) / "ckpt"), device=args.device, dtype=args.dtype)
+            eager = tfcli.load(str(Path(tmp) / "ckpt"), device=args.device, dtype=args.dtype)
+            eager.loaded.steps.static = False  # steps op by op, no CUDA graph: what the graph gains
             hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=DTYPES[args.dtype]).to(device).eval()
         for top_k in (0, args.top_k):
             for bs in args.batch_sizes:
                 prompts = all_prompts[: args.batches * bs]
 
-                def tfcli_run(steps=loaded.steps):
-                    gen_cfg = GenerateConfig(max_new_tokens=args.new_tokens, ignore_eos=True, greedy=top_k == 0,
-                                             top_k=top_k, device=args.device, seed=1)
-                    return [row for j in range(0, len(prompts), bs)
-                            for row in generate_ids(steps, prompts[j : j + bs].tolist(), gen_cfg,
-                                                    rows=list(range(j, min(j + bs, len(prompts)))))]
+                texts = [" ".join(vocab[t] for t in row[1:]) for row in prompts.tolist()]  # the API adds </s>
+                search = dict(top_k=top_k) if top_k else dict(greedy=True)
+
+                def tfcli_run(who=generator):
+                    out = who.generate(texts, max_new_tokens=args.new_tokens, ignore_eos=True, seed=1,
+                                       batch_size=bs, **search)
+                    return [[index[t] for t in text.split()] for text in out]
 
                 def hf_run():
                     sample = dict(do_sample=True, top_k=top_k, top_p=1.0, temperature=1.0) if top_k else dict(
@@ -136,7 +135,7 @@ def main() -> None:
                     return out
 
                 t_tfcli, out_tfcli = best_time(tfcli_run, args.repeats, device)
-                t_eager, out_eager = best_time(lambda: tfcli_run(eager.steps), args.repeats, device)
+                t_eager, out_eager = best_time(lambda: tfcli_run(eager), args.repeats, device)
                 t_hf, out_hf = best_time(hf_run, args.repeats, device)
                 tokens = len(prompts) * args.new_tokens
                 row = {"preset": name, "params": sum(p.numel() for p in model.parameters()), "batch_size": bs,

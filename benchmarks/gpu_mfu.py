@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from common import cpu_name, write_results
-from tfcli.train.flops import gpu_peak_flops
+from tfcli.train import gpu_peak_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -81,7 +82,7 @@ def hf_translate(model, ids: list[list[int]], beam: int, batch_size: int, max_le
 
 def profile_pass(run, device: torch.device, out: Path) -> Path:
     """One untimed pass under torch.profiler; its op tables (host time, device time) beside the results."""
-    from tfcli.train.profiling import new_profiler, op_table
+    from tfcli.train import new_profiler, op_table
 
     cuda = device.type == "cuda"
     with new_profiler(cuda) as prof:
@@ -115,21 +116,19 @@ def main() -> None:
     from transformers import AutoModelForSeq2SeqLM
 
     import tfcli
-    from tfcli import checkpoint
-    from tfcli import checkpoint_meta
-    from tfcli.data.batching import source_ids
-    from tfcli.data.tokenizer import decode_batch, encode_batch
+    from tfcli import checkpoint, checkpoint_meta
+    from tfcli.data import decode_batch, encode_batch, source_ids
     from tfcli.errors import TfcliError
-    from tfcli.interop.export import export
-    from tfcli.interop.hf import hf_arch
+    from tfcli.interop import export
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_translate_speed: no CUDA device; --device cpu --dtype fp32 --limit 40 checks that it runs")
     ckpt = checkpoint_meta.resolve(args.checkpoint)
     meta = checkpoint_meta.read_meta(ckpt)
+    hf_dir = Path(tempfile.mkdtemp()) / "hf"
     try:  # before anything is loaded: the comparison needs a model a transformers class can hold
-        hf_arch(checkpoint_meta.model_config(meta))
+        export(ckpt, "hf", hf_dir)
     except TfcliError as e:
         sys.exit(f"gpu_translate_speed: {ckpt} cannot be compared with Hugging Face: {e}")
     src_tok, tgt_tok = checkpoint.tokenizer(meta, "src"), checkpoint.tokenizer(meta, "tgt")
@@ -142,9 +141,8 @@ def main() -> None:
     translator = tfcli.load(str(ckpt), device=args.device, dtype=args.dtype)
     eager = tfcli.load(str(ckpt), device=args.device, dtype=args.dtype)
     eager.loaded.steps.static = False
-    with tempfile.TemporaryDirectory() as tmp:
-        export(ckpt, "hf", Path(tmp) / "hf")
-        hf = AutoModelForSeq2SeqLM.from_pretrained(Path(tmp) / "hf", dtype=DTYPES[args.dtype]).to(device).eval()
+    hf = AutoModelForSeq2SeqLM.from_pretrained(hf_dir, dtype=DTYPES[args.dtype]).to(device).eval()
+    shutil.rmtree(hf_dir.parent)
     src_ids = [source_ids(ids) for ids in encode_batch(src_tok, lines)]
 
     def tokens(hyps: list[str]) -> int:  # what a system generated, </s> included

@@ -60,7 +60,7 @@ def main() -> None:
     import sacrebleu
 
     from tfcli import checkpoint_meta
-    from tfcli.interop.export import export
+    from tfcli.interop import export
 
     data = Path(args.data) / "multi30k"
     lines = (data / "test2016.de").read_text(encoding="utf-8").splitlines()

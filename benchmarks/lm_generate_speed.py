@@ -10,11 +10,11 @@ max |logit difference| against tfcli, HF and CT2 both, must stay below 1e-3 (rec
 
 All three continue the same prompts (--prompt-len tokens, starting with </s> as `tfcli lm-generate` prompts do, equal
 lengths so there is no padding) for a FORCED number of new tokens N (--new-tokens), so they do the same work:
-</s> (the end token) is banned for all three (tfcli: the benchmark masks its logit in the output layer, the
-only way to stop generate_ids from ending a row; HF: min_new_tokens = max_new_tokens = N; CT2: min_length =
-max_length = N), and <pad> and <s>, which tfcli's sampler never picks, are suppressed in HF and CT2 too (HF
-suppress_tokens, CT2 suppress_sequences), so greedy decoding can agree token for token. tfcli runs as `tfcli
-lm-generate` does on the CPU in fp32 (`generate_ids` on a StepModel: pre-packed oneDNN linear weights); HF runs its default
+</s> (the end token) is banned for all three (tfcli: `ignore_eos`; HF: min_new_tokens = max_new_tokens = N; CT2:
+min_length = max_length = N), and <pad> and <s>, which tfcli's sampler never picks, are suppressed in HF and CT2 too
+(HF suppress_tokens, CT2 suppress_sequences), so greedy decoding can agree token for token. tfcli runs through its
+Python API (`tfcli.load(...).generate`, the prompts as words of the word-level vocabulary) in a process tuned as
+`tfcli lm-generate` tunes its own (tfcli.runtime), on the CPU in fp32; HF runs its default
 path (`generate`, its default attention implementation and cache); CT2 a `Generator` with the prompt forwarded at
 once (include_prompt_in_result=False). Greedy and top-k sampling (--top-k, temperature 1) at each of --batch-sizes;
 every measurement generates for the same --prompts rows (in batches of that size).
@@ -32,7 +32,6 @@ that everything runs and writes to a temporary directory unless --out is given.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -47,17 +46,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import Isolated, cpu_name, export_peers, tfcli_for_inference, write_results
-from tfcli.generate.config import GenerateConfig
-from tfcli.generate.lm import START_ID, generate_ids
-from tfcli.model.config import preset
+from common import Isolated, cpu_name, export_peers, write_results
+from tfcli.model import build_model, count_parameters, preset
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
-from tfcli.model.transformer import build_model, count_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 SUPPRESSED = [PAD_ID, BOS_ID]  # tfcli's sampler never picks these (tfcli/generate/sampling.py)
+START_ID = EOS_ID  # what precedes every prompt in `tfcli lm-generate`
 
 
 # --- the same function -----------------------------------------------------------------------------------------
@@ -78,30 +75,31 @@ def check_same_function(model, gpt2, ct2_generator, n=4, length=20) -> dict:
     return diff
 
 
-def ban_eos(steps) -> None:
-    """Mask </s> in the output layer, so that generate_ids (which ends a row at </s>) generates exactly N tokens."""
-    head = steps.lm_head  # the StepModel's (packed) output layer
-    eos = torch.tensor([EOS_ID])
-
-    def forward(x):
-        return head(x).index_fill_(-1, eos, float("-inf"))
-
-    steps.lm_head = forward
-
-
 # --- the three generators --------------------------------------------------------------------------------------
 # run(prompts, n, top_k, seed) -> list of new-id lists; prompts: (B, P) int64 tensor; top_k 0 means greedy.
 
 
 class TfcliRunner:
+    """`tfcli lm-generate` through the Python API, in a process tuned as the command tunes its own (tfcli.runtime):
+    the prompts' ids after </s> as words of the checkpoint's word-level vocabulary (common.export_peers), which the
+    API starts with </s> itself; </s> banned (ignore_eos), so each row gets exactly N tokens."""
+
     name = "tfcli"
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, ckpt: str, vocab: list[str]):
+        import tfcli
+        from tfcli.runtime import tune_process
+
+        tune_process("cpu")
+        self.generator = tfcli.load(ckpt, device="cpu")
+        self.vocab, self.index = vocab, {t: i for i, t in enumerate(vocab)}
 
     def run(self, prompts, n, top_k, seed):
-        cfg = GenerateConfig(max_new_tokens=n, greedy=top_k == 0, top_k=top_k, device="cpu", seed=seed)
-        return generate_ids(self.model, prompts.tolist(), cfg)
+        texts = [" ".join(self.vocab[t] for t in row[1:]) for row in prompts.tolist()]
+        search = dict(top_k=top_k) if top_k else dict(greedy=True)
+        out = self.generator.generate(texts, max_new_tokens=n, ignore_eos=True, seed=seed, batch_size=len(texts),
+                                      **search)
+        return [[self.index[t] for t in text.split()] for text in out]
 
 
 class HFRunner:
@@ -178,16 +176,12 @@ def maxrss_mib() -> float:
 
 
 def make_runner(system: str, directory: str, threads: int):
-    """One system's runner from the files saved in `directory` (probe.json, the tfcli weights, the HF and CT2
-    copies): the timing processes and the memory probe build it alike. tfcli is prepared as `tfcli lm-generate`
-    prepares it (common.tfcli_for_inference)."""
+    """One system's runner from the files saved in `directory` (probe.json, the tfcli checkpoint, the HF and CT2
+    copies): the timing processes and the memory probe build it alike."""
     d = Path(directory)
     meta = json.loads((d / "probe.json").read_text())
     if system == "tfcli":
-        cfg = dataclasses.asdict(preset(meta["preset"], **meta["overrides"]))
-        model = tfcli_for_inference(cfg, str(d / "tfcli.safetensors"))
-        ban_eos(model)
-        return TfcliRunner(model)
+        return TfcliRunner(str(d / "ckpt"), meta["vocab"])
     if system == "hf":
         from transformers import GPT2LMHeadModel
 
@@ -201,7 +195,7 @@ def probe(args) -> None:
     torch.set_num_threads(args.threads)
     d = Path(args.probe_dir)
     if args.probe == "tfcli":
-        from safetensors.torch import load_model
+        from tfcli import load  # noqa: F401  (the API and torch)
     elif args.probe == "hf":
         from transformers import GPT2LMHeadModel
     else:
@@ -228,12 +222,9 @@ def _vm_hwm_mib() -> float | None:
     return None
 
 
-def measure_memory(args, directory: Path, model, cfg_overrides: dict, vocab: list[str]) -> dict:
-    from safetensors.torch import save_model
-
-    save_model(model, str(directory / "tfcli.safetensors"))
+def measure_memory(args, directory: Path, vocab: list[str]) -> dict:
     bs = max(args.batch_sizes)
-    meta = {"preset": args.preset, "overrides": cfg_overrides, "vocab": vocab, "batch_size": bs,
+    meta = {"vocab": vocab, "batch_size": bs,
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens}
     (directory / "probe.json").write_text(json.dumps(meta))
     out = {"batch_size": bs, "decoding": "greedy", "new_tokens_per_row": args.new_tokens}
@@ -278,7 +269,7 @@ def benchmark(args, tmp: Path) -> dict:
 
     gpt2 = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     diff = check_same_function(model, gpt2, CT2Runner(ct2_dir, vocab, args.threads).generator)
-    memory = measure_memory(args, tmp, model, overrides, vocab)  # also saves what make_runner reads
+    memory = measure_memory(args, tmp, vocab)  # also saves what make_runner reads
     # each system in a process of its own, one at a time (benchmarks/common.py, Isolated, says why)
     runners = [Isolated(s, make_runner, s, str(tmp), args.threads, threads=args.threads)
                for s in ("tfcli", "hf", "ct2")]

@@ -70,7 +70,7 @@ def main() -> None:
     if not d.is_dir():
         sys.exit(f"{d}: not found (pass --data DIR holding multi30k/)")
 
-    from tfcli.data.tokenizer import encode_batch, load_tokenizer
+    from tfcli.data import encode_batch, load_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
     out = work / "m30k"

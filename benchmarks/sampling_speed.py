@@ -42,7 +42,7 @@ def main() -> None:
     args = p.parse_args()
 
     import tfcli
-    from tfcli.cli.process import tune_process
+    from tfcli.runtime import tune_process
 
     src = Path(args.data) / "multi30k" / "test2016.de"
     if not src.exists():

@@ -30,9 +30,9 @@ from common import train_ab_setup, train_steps, trained_precision, write_results
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 # `python -m tfcli` with the named choices declined: everything else is the command as shipped
-NO_ALLOCATOR = "import tfcli.cli.process as p; p.keep_freed_memory = lambda: False; "
+NO_ALLOCATOR = "import tfcli.runtime as p; p.keep_freed_memory = lambda: False; "
 UNFUSED = "import tfcli.train.trainer as t; t.fused_adamw = lambda device_type: device_type == 'cuda'; "
-RUN_CLI = "import sys; from tfcli.cli import main; sys.argv[0] = 'tfcli'; main()"
+RUN_CLI = "import runpy, sys; sys.argv[0] = 'tfcli'; runpy.run_module('tfcli', run_name='__main__')"
 # name: (launcher, extra arguments)
 VARIANTS = {
     "neither": ([sys.executable, "-c", NO_ALLOCATOR + UNFUSED + RUN_CLI], []),

@@ -37,12 +37,12 @@ import torch
 import torch.nn.functional as F
 
 from common import cpu_name, write_results
-from tfcli.data.batching import collate_seq2seq, token_batches
-from tfcli.model.config import preset
+from tfcli.data import collate_seq2seq, token_batches
+from tfcli.model import preset
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
-from tfcli.model.transformer import build_model, count_parameters
-from tfcli.train.data import Batch
-from tfcli.train.loss import Objective
+from tfcli.model import build_model, count_parameters
+from tfcli.train import Batch
+from tfcli.train import Objective
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,8 +67,8 @@ def synthetic_batches(n: int, vocab: int, max_tokens: int, seed: int) -> list[Ba
 def real_batches(prep: str, n: int, max_tokens: int, seed: int, skip: int = 0) -> tuple[list[Batch], int]:
     """n batches of a prepared parallel directory (e.g. Multi30k with a joint vocabulary), exactly as `tfcli train`
     batches its first epoch (after `skip` batches); returns them and the vocabulary size."""
-    from tfcli.data.prepared import PreparedData
-    from tfcli.train.data import ParallelData
+    from tfcli.data import PreparedData
+    from tfcli.train import ParallelData
 
     prepared = PreparedData(prep)
     if prepared.kind != "parallel" or prepared.vocab_size("src") != prepared.vocab_size("tgt"):

@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +50,13 @@ def input_file(n: int, workdir: Path) -> Path:
     return path
 
 
+def default_buffer_size() -> int:
+    """`tfcli translate`'s --buffer-size default, as its --help states it."""
+    help_text = subprocess.run([sys.executable, "-m", "tfcli", "translate", "--help"], capture_output=True, text=True,
+                               env={**os.environ, "COLUMNS": "300"}, check=True).stdout
+    return int(re.search(r"--buffer-size .*?\[default: (\d+)\]", help_text).group(1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -67,9 +77,7 @@ def main() -> None:
                          "peak_rss_mb": round(rss / 2**20)})
             print(rows[-1], flush=True)
 
-    from tfcli.generate.config import TranslateConfig
-
-    buffer = TranslateConfig().buffer_size
+    buffer = default_buffer_size()
     first, last = rows[0], rows[-1]
     result = {
         "benchmark": "translate_memory", "machine": f"{os.cpu_count()}-core CPU ({cpu_name()})",

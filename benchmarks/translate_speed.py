@@ -8,12 +8,13 @@
     export is (checked: the same logits as tfcli, recorded). All three decode the same source batches with the same
     beam size, batch size and threads, and a FORCED output length (no </s> before L tokens, stop at L), so they do the same
     work: tfcli min_len = max_len = L, HF min_new_tokens = max_new_tokens = L, CT2 min/max_decoding_length = L.
-    tfcli runs as `tfcli translate` does on the CPU in fp32 (linear layers with pre-packed oneDNN weights); HF runs
-    its default eager path. Each system runs in a process of its own, one at a time (sharing a process with
+    tfcli runs through its Python API (`tfcli.load(...).translate`, word-level text in, `raw` tokens out) in a
+    process tuned as `tfcli translate` tunes its own (tfcli.runtime), on the CPU in fp32; HF runs its default eager
+    path. Each system runs in a process of its own, one at a time (sharing a process with
     CTranslate2's OpenMP runtime slows torch 2-3x: benchmarks/common.py, Isolated). Compared at each of
     --batch-sizes, for beam search and greedy decoding.
 (2) Real: the 1,000 Multi30k test2016 German sentences, translated by a trained checkpoint (--checkpoint) through the
-    whole `tfcli translate` path (tokenise, batch, search, detokenise), greedy and beam, at the first --batch-sizes,
+    Python API (tokenise, batch, search, detokenise, as `tfcli translate`), greedy and beam, at the first --batch-sizes,
     with BLEU as a sanity check; skipped, saying why, when the data or the checkpoint is missing. tfcli only (the
     peers run in part (3)).
 (3) Real, side by side: a trained checkpoint (--peer-checkpoint; one that `tfcli export --to hf` accepts: post-norm
@@ -27,7 +28,6 @@ shared). Results: benchmarks/results/translate_speed.{json,md}.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shlex
 import sys
@@ -38,13 +38,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import SHARED_DATA, Isolated, cpu_name, export_peers, tfcli_for_inference, write_results
-from tfcli.data.batching import pad, source_ids
-from tfcli.generate.search import beam_search, greedy_decode
+from common import SHARED_DATA, Isolated, cpu_name, export_peers, write_results
+from tfcli.data import pad, source_ids
 from tfcli.errors import TfcliError
-from tfcli.model.config import preset
+from tfcli.model import build_model, preset
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
-from tfcli.model.transformer import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,23 +74,28 @@ def check_same_function(model, marian, n=4, length=12) -> float:
 
 
 class TfcliRunner:
+    """`tfcli translate` through the Python API, in a process tuned as the command tunes its own (tfcli.runtime):
+    token ids in and out as words of the checkpoint's word-level vocabulary (common.export_peers), `raw` output."""
+
     name = "tfcli"
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, ckpt: str, vocab: list[str]):
+        import tfcli
+        from tfcli.runtime import tune_process
+
+        tune_process("cpu")
+        self.translator = tfcli.load(ckpt, device="cpu")
+        self.vocab, self.index = vocab, {t: i for i, t in enumerate(vocab)}
 
     def run(self, batches, beam, length, alpha, forced=True):
         """Forced: exactly `length` tokens each; else up to `length` tokens, stopping at </s>."""
-        min_len = length if forced else 0
         out = []
         for batch in batches:
-            src = pad([source_ids(s) for s in batch])
-            if beam == 1:
-                hyps = greedy_decode(self.model, src, 0, length, min_len=min_len, len_penalty=alpha)
-                out += [h.tokens for h in hyps]
-            else:
-                hyps = beam_search(self.model, src, beam, alpha, 0, length, min_len=min_len)
-                out += [h[0].tokens for h in hyps]
+            texts = [" ".join(self.vocab[t] for t in s) for s in batch]
+            hyps = self.translator.translate(
+                texts, beam_size=beam, len_penalty=alpha, min_len=length if forced else 0, max_len_a=0.0,
+                max_len_b=length, batch_size=len(batch), max_tokens=len(batch) * (max(map(len, batch)) + 1), raw=True)
+            out += [[self.index[t] for t in h.split()] for h in hyps]
         return out
 
 
@@ -139,25 +142,15 @@ class CT2Runner:
         return [[self.index[t] for t in r.hypotheses[0]] for r in res]
 
 
-def tfcli_runner(cfg: dict, weights: str) -> TfcliRunner:
-    """In the runner's own process: the model prepared as `tfcli translate` prepares it (common.tfcli_for_inference)."""
-    return TfcliRunner(tfcli_for_inference(cfg, weights))
-
-
 def hf_runner(directory: str) -> HFRunner:
     from transformers import AutoModelForSeq2SeqLM
 
     return HFRunner(AutoModelForSeq2SeqLM.from_pretrained(directory).eval())
 
 
-def start_runners(model, hf_dir: Path, ct2_dir: Path, vocab: list[str], threads: int, tmp: Path) -> list:
+def start_runners(ckpt: Path, hf_dir: Path, ct2_dir: Path, vocab: list[str], threads: int) -> list:
     """tfcli, HF and CT2, each in a process of its own (benchmarks/common.py: Isolated says why)."""
-    from safetensors.torch import save_model
-
-    weights = tmp / "tfcli.safetensors"
-    save_model(model, str(weights))
-    cfg = dataclasses.asdict(model.cfg)
-    return [Isolated("tfcli", tfcli_runner, cfg, str(weights), threads=threads),
+    return [Isolated("tfcli", TfcliRunner, str(ckpt), vocab, threads=threads),
             Isolated("hf", hf_runner, str(hf_dir), threads=threads),
             Isolated("ct2", CT2Runner, str(ct2_dir), vocab, threads, threads=threads)]
 
@@ -212,7 +205,7 @@ def synthetic(args, tmp: Path) -> dict:
     rng = np.random.default_rng(0)
     lengths = rng.integers(args.src_len - 5, args.src_len + 6, size=args.sentences)
     sents = sorted(([int(t) for t in rng.integers(4, args.vocab, size=n)] for n in lengths), key=len)
-    runners = start_runners(model, hf_dir, ct2_dir, vocab, args.threads, tmp)
+    runners = start_runners(tmp / "ckpt", hf_dir, ct2_dir, vocab, args.threads)
     out = {"model": "small-shaped random seq2seq, post-norm, 6+6 x 256, ffn 1024, 4 heads, vocab %d" % args.vocab,
            "max_logit_difference_tfcli_vs_marian": diff, "sentences": len(sents),
            "mean_src_len_with_eos": float(np.mean([len(s) + 1 for s in sents])), "runs": []}
@@ -234,25 +227,20 @@ def real(args) -> dict:
         return {"skipped": f"{data} not found"}
     if not args.checkpoint:
         return {"skipped": "no trained checkpoint given (--checkpoint CKPT)"}
-    from tfcli import checkpoint as ckpt_mod
-    from tfcli.cli.process import tune_process
-    from tfcli.generate.loader import load
-    from tfcli.generate.config import TranslateConfig
-    from tfcli.generate.translate import Translator
-    from tfcli.io import read_inputs
+    import tfcli
+    from tfcli import checkpoint_meta
+    from tfcli.runtime import tune_process
 
-    device = torch.device("cpu")
-    tune_process(device, None)  # as `tfcli translate` does
-    loaded = load(args.checkpoint, device, "seq2seq")
-    n = sum(1 for _ in open(data, encoding="utf-8"))
-    out = {"checkpoint": str(ckpt_mod.resolve(args.checkpoint)), "data": str(data), "sentences": n}
+    tune_process("cpu")  # as `tfcli translate` does
+    translator = tfcli.load(args.checkpoint, device="cpu")
+    lines = data.read_text(encoding="utf-8").splitlines()
+    n = len(lines)
+    out = {"checkpoint": str(checkpoint_meta.resolve(args.checkpoint)), "data": str(data), "sentences": n}
     ref = Path(args.data) / "multi30k" / "test2016.en"
     for beam in (args.beam, 1):
-        cfg = TranslateConfig(beam_size=beam, batch_size=args.batch_sizes[0], device="cpu")
         best, hyps = float("inf"), []
         for _ in range(args.repeats):
-            tr = Translator(loaded, cfg, device)
-            dt, hyps = timed(lambda: list(tr.run(read_inputs([str(data)]))))
+            dt, hyps = timed(lambda: translator.translate(lines, beam_size=beam, batch_size=args.batch_sizes[0]))
             best = min(best, dt)
         entry = {"sent_per_s": n / best, "best_s": best}
         if ref.exists():
@@ -276,9 +264,9 @@ def real_peers(args, tmp: Path) -> dict:
     import sacrebleu
 
     from tfcli import checkpoint as ckpt_mod
-    from tfcli.data.tokenizer import decode_batch, encode_batch
-
-    from tfcli.interop.export import export
+    from tfcli import checkpoint_meta
+    from tfcli.data import decode_batch, encode_batch
+    from tfcli.interop import export
 
     model, meta = ckpt_mod.load(args.peer_checkpoint)
     cfg = model.cfg
@@ -297,8 +285,8 @@ def real_peers(args, tmp: Path) -> dict:
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     bs = args.batch_sizes[0]
     batches = [[ids[i] for i in order[j : j + bs]] for j in range(0, len(order), bs)]
-    runners = start_runners(model, hf_dir, ct2_dir, vocab, args.threads, tmp)
-    out = {"checkpoint": str(ckpt_mod.resolve(args.peer_checkpoint)), "sentences": len(lines), "batch_size": bs,
+    runners = start_runners(Path(args.peer_checkpoint), hf_dir, ct2_dir, vocab, args.threads)
+    out = {"checkpoint": str(checkpoint_meta.resolve(args.peer_checkpoint)), "sentences": len(lines), "batch_size": bs,
            "max_logit_difference_tfcli_vs_marian": diff, "alpha": 0.0, "max_output_len": args.real_max_len}
     for beam in (args.beam, 1):
         print(f"real (peers): beam {beam} ...", file=sys.stderr, flush=True)

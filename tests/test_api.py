@@ -66,7 +66,7 @@ def test_generate_continues_the_prompts(counter):
 def test_loading_leaves_the_process_and_the_model_as_they_were(copier, monkeypatch):
     """No thread count or allocator change; the model keeps its parameters (the checkpoint's values, trainable) after
     loading and translating."""
-    from tfcli.cli import process
+    from tfcli import runtime as process
 
     def forbidden():
         raise AssertionError("the allocator was tuned")

@@ -101,3 +101,74 @@ def test_benchmark_results_hold_current_figures_without_machine_paths():
         text = path.read_text(encoding="utf-8")
         found = machine_path.search(text)
         assert found is None, f"{path}: a machine path at {text[found.start():found.start() + 60]!r}"
+
+
+# What tools beside the library (benchmarks/) may import: the Python API, and the named entry points below, each
+# handed out by its package (docs/architecture.md, "Entry points"); the rest of the library may change shape freely.
+ENTRY_POINTS = {
+    "tfcli": {"load", "score", "Translator", "Generator", "Translation", "Score"},
+    "tfcli.runtime": {"tune_process", "keep_freed_memory"},
+    "tfcli.model": {"ModelConfig", "preset", "build_model", "count_parameters"},
+    "tfcli.checkpoint": {"save", "load", "tokenizer"},
+    "tfcli.checkpoint_meta": {"resolve", "read_meta", "model_config"},
+    "tfcli.interop": {"export", "import_model"},
+    "tfcli.data": {"load_tokenizer", "encode_batch", "decode_batch", "source_ids", "pad", "token_batches",
+                   "collate_seq2seq", "PreparedData"},
+    "tfcli.train": {"Objective", "Batch", "ParallelData", "new_profiler", "op_table", "gpu_peak_flops"},
+    "tfcli.specials": {"BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "SPECIAL_TOKENS"},
+    "tfcli.errors": {"TfcliError"},
+    "tfcli.io": {"atomic_write_text"},
+}
+# switches a benchmark flips in a process of its own (`python -c "import tfcli.x as m; m.NAME = ...; <the command>"`)
+# to measure what the choice behind each buys
+SWITCHES = {
+    "tfcli.runtime": {"keep_freed_memory"},
+    "tfcli.train.trainer": {"fused_adamw"},
+    "tfcli.model.linear": {"CPU_BF16_ROWS"},
+}
+
+
+def _uses(path: Path) -> set[tuple[str, str | None]]:
+    """(module, name) for each tfcli name a file imports, (module, None) for a module imported whole. In code run in
+    a subprocess (`python -c "import tfcli.x as m; m.NAME = ..."`), (module, NAME) for each switch it flips."""
+    source = path.read_text(encoding="utf-8")
+    trees = [ast.parse(source)]
+    found = set()
+    for code in re.findall(r'"((?:import|from) [\w.]+[ ,;][^"]*tfcli[^"]*)"', source):
+        try:
+            tree = ast.parse(code.replace("; ", "\n"))
+        except SyntaxError:  # words, not code
+            continue
+        switched = {a.asname: a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names if a.asname}
+        found.update((switched[n.value.id], n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                     and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name) and n.value.id in switched)
+        trees.append(ast.Module([n for n in tree.body if not (isinstance(n, ast.Import) and n.names[0].asname)], []))
+    for node in (n for tree in trees for n in ast.walk(tree)):
+        if isinstance(node, ast.Import):
+            found.update((a.name, None) for a in node.names if a.name.split(".")[0] == "tfcli")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tfcli":
+            for a in node.names:  # `from tfcli import checkpoint` imports a module whole
+                whole = node.module == "tfcli" and f"tfcli.{a.name}" in ENTRY_POINTS
+                found.add((f"tfcli.{a.name}", None) if whole else (node.module, a.name))
+    return found
+
+
+def test_benchmarks_use_only_the_api_and_the_named_entry_points():
+    """The benchmarks are users: they measure what the API and the entry points give, so that the library's inside
+    changes without them (and they never import the command line's modules)."""
+    benchmarks = PACKAGE.parent / "benchmarks"
+    wrong = []
+    for path in sorted(benchmarks.glob("*.py")):
+        for module, name in _uses(path):
+            allowed = ENTRY_POINTS.get(module, set()) | SWITCHES.get(module, set())
+            if not allowed or (name is not None and name not in allowed) or (name is None and module in SWITCHES):
+                wrong.append(f"{path.name}: {module}" + (f".{name}" if name else ""))
+    assert not wrong, wrong
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    for module, names in ENTRY_POINTS.items():  # each is there and documented
+        loaded = __import__(module, fromlist=["_"])
+        assert all(hasattr(loaded, n) for n in names) and f"`{module}`" in doc, module
+        assert all(f"`{n}`" in doc for n in names), module
+    for module, names in SWITCHES.items():
+        loaded = __import__(module, fromlist=["_"])
+        assert all(hasattr(loaded, n) and f"`{module}.{n}`" in doc for n in names), module

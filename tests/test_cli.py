@@ -96,7 +96,7 @@ def test_the_train_command_keeps_freed_memory_and_the_library_does_not(tmp_path,
     from helpers import make_parallel_prepared, tiny_train_config
     from typer.testing import CliRunner
 
-    from tfcli.cli import process
+    from tfcli import runtime as process
     from tfcli.train.trainer import train
 
     calls = []

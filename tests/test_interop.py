@@ -22,7 +22,7 @@ from helpers import copy_model, make_mono_prepared, make_parallel_prepared, save
 from tfcli import checkpoint
 from tfcli import checkpoint_meta
 from tfcli.errors import ConfigError, TfcliError
-from tfcli.interop.export import export
+from tfcli.interop.exporter import export
 from tfcli.interop.hf_import import import_model
 from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, EOS_ID

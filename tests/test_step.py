@@ -302,7 +302,7 @@ def test_lm_prefill_without_padding_is_the_full_forward():
 
 HEAP_PROBE = """
 import ctypes, ctypes.util, sys
-from tfcli.cli.process import keep_freed_memory
+from tfcli.runtime import keep_freed_memory
 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 

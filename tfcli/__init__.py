@@ -10,10 +10,17 @@ _API = ("load", "score", "Translator", "Generator", "Translation", "Score")
 __all__ = ["__version__", *_API]
 
 
-def __getattr__(name: str):
-    """The API on first use, so that `import tfcli` (and the command line's start) does not import torch."""
-    if name in _API:
-        from tfcli import api
+def lazy(package: str, names: dict[str, str]):
+    """A package's `__getattr__` that imports each of `names` (name -> module in the package) on first use, so that
+    importing the package stays cheap (the command line's start does not import torch)."""
+    import importlib
 
-        return getattr(api, name)
-    raise AttributeError(f"module 'tfcli' has no attribute {name!r}")
+    def __getattr__(name: str):
+        if name in names:
+            return getattr(importlib.import_module(f"{package}.{names[name]}"), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+__getattr__ = lazy("tfcli", dict.fromkeys(_API, "api"))

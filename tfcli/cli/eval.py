@@ -191,7 +191,7 @@ _PERPLEXITY = ["split", "words", "window", "stride"]
 
 def _perplexity(model: str, data: Path, cfg: PerplexityConfig, threads: int | None, json_out: bool) -> None:
     """--model CKPT --data PREP: teacher-forced loss and perplexity of a prepared split."""
-    from tfcli.cli.process import tune_process
+    from tfcli.runtime import tune_process
     from tfcli.evaluate.perplexity import evaluate_checkpoint
 
     run(tune_process, cfg.device, threads)
@@ -215,7 +215,7 @@ def _metrics_config(metrics: str, tokenize: str, lowercase: bool, ter_case_sensi
 def _translate_and_score(model: str, src: str, refs: list[str], cfg: MetricsConfig, decoding: dict,
                          output: str | None):
     """--model CKPT --translate SRC -r REF: translate as `tfcli translate` does, then score."""
-    from tfcli.cli.process import tune_process
+    from tfcli.runtime import tune_process
     from tfcli.evaluate.translate_score import translate_and_score
     from tfcli.generate.config import translate_config
 

@@ -101,7 +101,7 @@ def lm_generate(
         {"index": PROMPT_INDEX, "sample": SAMPLE_INDEX, "prompt": "...", "continuation": "..."}
     both indices 0-based, in the same order.
     """
-    from tfcli.cli.process import tune_process
+    from tfcli.runtime import tune_process
     from tfcli.generate.config import generate_config
     from tfcli.generate.lm import lm_generate as run_generate
 

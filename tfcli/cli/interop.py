@@ -38,7 +38,7 @@ def export_(
     option. The directory is written whole or not at all.
     """
     from tfcli.interop.ct2 import QUANTIZATIONS
-    from tfcli.interop.export import TARGETS, export
+    from tfcli.interop.exporter import TARGETS, export
 
     check_choice("--to", to, TARGETS)
     check_choice("--quantization", quantization, QUANTIZATIONS)

@@ -151,7 +151,7 @@ def train(
     Ctrl-C or SIGTERM finishes the step, saves a checkpoint and exits with status 130.
     Prints the best (else the last) checkpoint's path on stdout. "tok/s" counts non-padding target tokens.
     """
-    from tfcli.cli.process import keep_freed_memory
+    from tfcli.runtime import keep_freed_memory
     from tfcli.model.config import PRESETS, RENAMED, renamed_message
     from tfcli.train.trainer import run as run_training
 

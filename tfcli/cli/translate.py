@@ -136,7 +136,7 @@ def translate(
     (0-based, whitespace-separated words; subword tokens with --raw), each output token aligned to the source token
     that the cross-attention of --alignment-layer (heads averaged) weighs most.
     """
-    from tfcli.cli.process import tune_process
+    from tfcli.runtime import tune_process
     from tfcli.generate.config import translate_config
     from tfcli.generate.translate import translate as run_translate
 
