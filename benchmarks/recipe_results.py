@@ -139,6 +139,36 @@ def record(args) -> dict:
     return entry
 
 
+def record_distill(args) -> dict:
+    """recipes/distill.sh's run as one entry: its teacher's and student's recorded runs (OUT/teacher,
+    OUT/student*/result.json, which `record` wrote), the speed benchmark's figures, and the whole run's time."""
+    out = Path(args.out)
+    sides = {"teacher": out / "teacher", "student": out / f"student{args.tag}"}
+    entry = {"recipe": "distill", "name": f"distill{args.tag}-{args.pair}", "size": args.size,
+             "pair": args.pair, "date": time.strftime("%Y-%m-%d %H:%M"), "hardware": hardware()}
+    for who, run in sides.items():
+        e = json.loads((run / "result.json").read_text())
+        model = e["training"]["config"]["model"]
+        entry[who] = {
+            "recipes_key": f"{e['name']}/{e['size']}", "steps": e["training"]["steps"],
+            "layers": f"{model['n_encoder_layers']}+{model['n_decoder_layers']} x {model['d_model']}",
+            "parameters": _parameters(model), "len_penalty": e.get("len_penalty"),
+            "valid_sacrebleu": max((e.get("valid_sacrebleu_by_len_penalty") or {"": None}).values()),
+            "test_sacrebleu": e["sacrebleu"]["BLEU"]["score"], "recipe_wall_s": e.get("recipe_wall_s"),
+        }
+    speed = json.loads(Path(args.speed).read_text())
+    entry["speed"] = {k: speed[k] for k in ("sent_per_s", "bleu", "batch", "threads", "cpu", "date")}
+    entry["whole_wall_s"] = args.wall_s  # teacher, translation of train, student and the speed benchmark
+    merge(entry)
+    return entry
+
+
+def _parameters(model: dict) -> int:
+    from tfcli.model import ModelConfig, build_model, count_parameters
+
+    return count_parameters(build_model(ModelConfig(**model)))
+
+
 def merge(entry: dict) -> None:
     path = RESULTS.with_suffix(".json")
     all_ = json.loads(path.read_text()) if path.exists() else {}
@@ -210,7 +240,7 @@ def table(all_: dict) -> str:
         for e in mt:
             t = e.get("training", {})
             lines.append(
-                f"| {e['pair']} | {e['size']} | {e['sacrebleu']['BLEU']['score']:.2f} | "
+                f"| {e['pair']}{_student(e)} | {e['size']} | {e['sacrebleu']['BLEU']['score']:.2f} | "
                 f"{e['sacrebleu'].get('chrF2', {}).get('score', float('nan')):.2f} | {e['tokenised_bleu']['score']:.2f} | "
                 f"{_score(e.get('tokenised_bleu_lowercased'))} | {e.get('len_penalty', 0.6):g} | {_valid(e)} | "
                 f"{t.get('steps', '')} | "
@@ -220,6 +250,9 @@ def table(all_: dict) -> str:
         lines += ["", "Signatures: " + "; ".join(f"`{s}`" for s in sigs),
                   "Tokenised BLEU: hypotheses and references Moses-tokenised (sacremoses), then BLEU with "
                   f"`{mt[0]['tokenised_bleu']['signature']}`.", ""]
+    distilled = [e for e in all_.values() if e["recipe"] == "distill"]
+    if distilled:
+        lines += ["## Distillation (recipes/distill.sh)", "", *distill_table(distilled), ""]
     lm = [e for e in all_.values() if e["recipe"] == "lm"]
     if lm:
         lines += ["## Language models", "",
@@ -252,11 +285,16 @@ def _lowercased(e: dict) -> bool:
 SHIPPED = re.compile(r"(cpu|cpu-long|full)( \(fp32\))?")
 
 
+def _student(e: dict) -> str:
+    """What sets a Multi30k run apart from the recipe's own: a distilled student (recipes/distill.sh names it)."""
+    return " distilled student" if e["name"].startswith("multi30k-distill") else ""
+
+
 def _row(e: dict) -> str:
     """One recipe table row: what ran, its test result, the anchor, the whole recipe's time, the machine."""
     t = e.get("training", {})
     if e["recipe"] == "multi30k":
-        what = f"Multi30k {e['pair'].replace('-', '->')}, `{e['size']}`, {t.get('steps', '?')} steps"
+        what = f"Multi30k {e['pair'].replace('-', '->')}{_student(e)}, `{e['size']}`, {t.get('steps', '?')} steps"
         bleu, tok = e["sacrebleu"]["BLEU"]["score"], e["tokenised_bleu"]["score"]
         if _lowercased(e):  # trained on lowercased text: every score is lowercased
             ours = f"lowercased: {bleu:.2f} sacreBLEU, {tok:.2f} tokenised BLEU"
@@ -279,8 +317,7 @@ def _line(e: dict) -> str:
     """One shipped recipe in a line: its test result, steps, the whole recipe's time, the machine."""
     t = e.get("training", {})
     if e["recipe"] == "multi30k":
-        student = " distilled student" if e["name"] != f"multi30k-{e['pair']}" else ""
-        what = f"Multi30k {e['pair'].replace('-', '->')}{student} `{e['size']}`"
+        what = f"Multi30k {e['pair'].replace('-', '->')}{_student(e)} `{e['size']}`"
         lc = e.get("tokenised_bleu_lowercased")
         ours = f"{e['sacrebleu']['BLEU']['score']:.2f} sacreBLEU" + (
             f", {lc['score']:.2f} lowercased tokenised BLEU" if lc and not _lowercased(e) else "") + " on test2016"
@@ -291,6 +328,29 @@ def _line(e: dict) -> str:
         ours += f"; {p['split']} perplexity {p['word_ppl']:.0f} per word" if p.get("word_ppl") else ""
     time_ = _wall(e) if e.get("recipe_wall_s") is not None else f"training {_minutes(t['wall_s'])}" if t else ""
     return f"- {what}: {ours} ({t.get('steps', '?')} steps, {time_}; {_machine(e['hardware'])}, {e['date'][:10]})"
+
+
+def distill_table(entries: list[dict]) -> list[str]:
+    """Teacher against student: BLEU on valid (the length penalty each chose) and test2016 (sacreBLEU, beam 5), the
+    speed of each at batch 64 in int8 (beam 5), the student's speed over the teacher's in CTranslate2 int8."""
+    rows = ["| pair | budget | teacher | student | valid: teacher / student | test2016: teacher / student "
+            "(student - teacher) | beam 5 int8 sent/s: teacher / student | student / teacher in CT2 int8 | "
+            "whole run | machine |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | ---: | --- |"]
+    for e in entries:
+        t, st, sp = e["teacher"], e["student"], e["speed"]["sent_per_s"]
+        fast = {who: sp[f"{who} int8 / beam 5"] for who in ("teacher", "student")}
+        ct2 = sp.get("teacher CT2 int8 / beam 5")
+        over_ct2 = f"{fast['student'] / ct2:.2f}x" if ct2 else "–"
+        rows.append(
+            f"| {e['pair'].replace('-', '->')} | `{e['size']}` | {t['layers']}, {t['parameters'] / 1e6:.2f}M, "
+            f"{t['steps']} steps | {st['layers']}, {st['parameters'] / 1e6:.2f}M, {st['steps']} steps | "
+            f"{t['valid_sacrebleu']:.2f} / {st['valid_sacrebleu']:.2f} | {t['test_sacrebleu']:.2f} / "
+            f"{st['test_sacrebleu']:.2f} ({st['test_sacrebleu'] - t['test_sacrebleu']:+.2f}) | "
+            f"{fast['teacher']:.0f} / {fast['student']:.0f} ({fast['student'] / fast['teacher']:.2f}x) | "
+            f"{over_ct2} | {_minutes(e['whole_wall_s'])} | "
+            f"{_machine(e['hardware'])}, {e['date'][:10]} |")
+    return rows
 
 
 def readme_blocks(all_: dict) -> dict[str, str]:
@@ -304,17 +364,18 @@ def readme_blocks(all_: dict) -> dict[str, str]:
         variant = re.search(r" \(((?:--|VOCAB=|BPE=|SEED=|LOWERCASE=).*)\)$", e["size"])
         # (the CPU recipes' earlier vocabulary, VOCAB=joint, counts as no option beside one other: their rows before)
         one = r"(VOCAB=joint )?(--set (model|train)\.\w+=[\w.]+|BPE=\d+|LOWERCASE=1)|VOCAB=\w+"
-        if e["recipe"] == "demo" or (variant and not re.fullmatch(one, variant.group(1))):
+        if e["recipe"] in ("demo", "distill") or (variant and not re.fullmatch(one, variant.group(1))):
             continue
         rows.append(_row(e))
     # README: one line per shipped recipe, its latest run (in fp32 or in bf16, whichever CPU ran it last)
     latest: dict[tuple, dict] = {}
     for e in all_.values():
-        if e["recipe"] != "demo" and SHIPPED.fullmatch(e["size"]):
+        if e["recipe"] not in ("demo", "distill") and SHIPPED.fullmatch(e["size"]):
             key = (e["recipe"] != "multi30k", e["name"], e["size"].removesuffix(" (fp32)"))
             if key not in latest or e["date"] > latest[key]["date"]:
                 latest[key] = e
-    blocks = {"recipes": "\n".join(head + rows), "current": "\n".join(_line(latest[k]) for k in sorted(latest))}
+    blocks = {"recipes": "\n".join(head + rows), "current": "\n".join(_line(latest[k]) for k in sorted(latest)),
+              "distill": "\n".join(distill_table([e for e in all_.values() if e["recipe"] == "distill"]))}
     demo = all_.get("demo/cpu")
     if demo:
         busy = demo.get("busy_cores_before")
@@ -365,11 +426,21 @@ def main() -> None:
     r.add_argument("--lowercase", action="store_true", help="the run was prepared with --lowercase (so scored)")
     r.add_argument("--train-args", default="", help="extra `tfcli train` arguments the run had (TRAIN_ARGS): such a "
                    "variant is recorded beside the recipe's own figures, not over them")
+    d = sub.add_parser("distill", help="recipes/distill.sh's run (OUT) as one entry, after its parts are recorded")
+    d.add_argument("out")
+    d.add_argument("--pair", required=True)
+    d.add_argument("--size", required=True, help="the budget (cpu, cpu-long, full) and its TRAIN_ARGS")
+    d.add_argument("--tag", default="", help="the student's variant (-teacher-size, -orig), as distill.sh names it")
+    d.add_argument("--speed", required=True, help="benchmarks/distill_speed.py's JSON for this run")
+    d.add_argument("--wall-s", type=float, required=True, help="seconds the whole run took")
     sub.add_parser("table")
     args = p.parse_args()
     if args.cmd == "record":
         e = record(args)
         print(json.dumps({k: e[k] for k in ("name", "size")} | {"result": str(Path(args.out) / "result.json")}))
+    elif args.cmd == "distill":
+        e = record_distill(args)
+        print(json.dumps({k: e[k] for k in ("name", "size")}))
     else:
         all_ = json.loads(RESULTS.with_suffix(".json").read_text())
         atomic_write_text(RESULTS.with_suffix(".md"), portable(table(all_)))

@@ -13,7 +13,9 @@
 #    the teacher's own config, a student of its size); ORIGINAL=1 trains on the original pairs beside the distilled
 #    ones. Its figures are recorded as multi30k-distill[-teacher-size][-orig]-SRC-TGT in benchmarks/results/recipes.*.
 # 4. Speed: benchmarks/distill_speed.py, the teacher and the student side by side in one run (sentences/s, beam 5
-#    and greedy, fp32 and int8, batch 64, and CTranslate2 int8 of the teacher where it exports).
+#    and greedy, fp32 and int8, batch 64, and CTranslate2 int8 of the teacher where it exports); then the run is
+#    recorded as one entry (benchmarks/recipe_results.py distill: the table in docs/recipes.md), with its whole time
+#    (a resumed run's counts from its restart).
 # Other variables pass on to recipes/multi30k.sh (DATA, SEED, VOCAB, BPE, TRAIN_ARGS for both runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +60,9 @@ if [ -z "${TEACHERS:-}" ]; then
   echo "== speed: teacher and student, side by side" >&2
   STUDENT_CKPT="$OUT/student$TAG/run"
   for avg in "$OUT/student$TAG"/run/checkpoints/avg-last*; do [ -d "$avg" ] && STUDENT_CKPT=$avg; done
-  python3 benchmarks/distill_speed.py "$CKPT" "$STUDENT_CKPT" --pair "$SRC-$TGT" --data "$DATA" \
-    --out "${SPEED_OUT:-benchmarks/results/distill_speed-$SRC-$TGT$TAG}"
+  SPEED=${SPEED_OUT:-benchmarks/results/distill_speed-$SRC-$TGT$TAG}
+  python3 benchmarks/distill_speed.py "$CKPT" "$STUDENT_CKPT" --pair "$SRC-$TGT" --data "$DATA" --out "$SPEED"
+  echo "== record: the teacher against the student (benchmarks/results/recipes.*, docs/recipes.md)" >&2
+  python3 benchmarks/recipe_results.py distill "$OUT" --pair "$SRC-$TGT" --tag "$TAG" --speed "$SPEED.json" \
+    --size "$SIZE${TRAIN_ARGS:+ ($TRAIN_ARGS)}" --wall-s "$SECONDS"
 fi

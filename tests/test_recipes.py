@@ -236,3 +236,41 @@ def test_every_recipe_script_parses():
     for script in sorted((ROOT / "recipes").glob("*.sh")):
         r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert r.returncode == 0, (script.name, r.stderr)
+
+
+def test_a_distillation_run_is_recorded_as_teacher_against_student(tmp_path, monkeypatch):
+    """recipes/distill.sh's run: its two recorded runs, the speed benchmark's figures and its time as one entry,
+    shown in recipes.md and in docs/recipes.md's distill block (never among the recipes as they ship)."""
+    monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
+    monkeypatch.setattr(recipe_results, "README", tmp_path / "README.md")
+    doc = tmp_path / "recipes-doc.md"
+    doc.write_text("before\n<!-- distill:begin -->\n<!-- distill:end -->\nafter\n")
+    args = dict(recipe="multi30k", name=None, pair="de-en", size="cpu", checkpoint="ck", ppl=None, train_args="",
+                wall_s=800.0, len_penalty=1.0, resumed=False, vocab=None, bpe=None, seed=None, lowercase=False)
+    shapes = {"teacher": (4, 36.0), "student": (1, 35.5)}
+    for who, (layers, bleu) in shapes.items():
+        out = tmp_path / "d" / who
+        fake_run(out, bleu)
+        model = {"kind": "seq2seq", "src_vocab_size": 50, "tgt_vocab_size": 50, "d_model": 16, "n_head": 2,
+                 "n_encoder_layers": 2, "n_decoder_layers": layers, "d_ff": 32}
+        (out / "run" / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": 100}, "model": model}))
+        (out / "valid_len_penalty.tsv").write_text(f"1.0\t{bleu + 1}\n")
+        recipe_results.record(type("A", (), {**args, "out": str(out),
+                                             "name": "multi30k-de-en" if who == "teacher" else "multi30k-distill-de-en"}))
+    speed = {"sent_per_s": {"teacher int8 / beam 5": 100.0, "student int8 / beam 5": 250.0,
+                            "teacher CT2 int8 / beam 5": 50.0}, "bleu": {}, "batch": 64, "threads": 2, "cpu": "x",
+             "date": "d"}
+    (tmp_path / "speed.json").write_text(json.dumps(speed))
+    d = type("A", (), dict(out=str(tmp_path / "d"), pair="de-en", size="cpu", tag="", speed=str(tmp_path / "speed.json"),
+                           wall_s=1800.0))
+    entry = recipe_results.record_distill(d)
+    assert entry["teacher"]["layers"] == "2+4 x 16" and entry["student"]["layers"] == "2+1 x 16"
+    assert entry["teacher"]["parameters"] > entry["student"]["parameters"] > 0
+    assert entry["student"]["valid_sacrebleu"] == 36.5 and entry["student"]["test_sacrebleu"] == 35.5
+    row = "| 37.00 / 36.50 | 36.00 / 35.50 (-0.50) | 100 / 250 (2.50x) | 5.00x | 30.0 min |"
+    assert row in (tmp_path / "results" / "recipes.md").read_text()
+    all_ = json.loads((tmp_path / "results" / "recipes.json").read_text())
+    recipe_results.update_readme(all_, doc)
+    assert row in doc.read_text() and doc.read_text().endswith("<!-- distill:end -->\nafter\n")
+    assert sorted(all_) == ["distill-de-en/cpu", "multi30k-de-en/cpu", "multi30k-distill-de-en/cpu"]  # each kept
+    assert "| de->en |" not in recipe_results.readme_blocks(all_)["current"]
