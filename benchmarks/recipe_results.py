@@ -253,6 +253,8 @@ def table(all_: dict) -> str:
     distilled = [e for e in all_.values() if e["recipe"] == "distill"]
     if distilled:
         lines += ["## Distillation (recipes/distill.sh)", "", *distill_table(distilled), ""]
+    if multilingual_table(all_):
+        lines += ["## One model for several directions (recipes/multi30k-multi.sh)", "", *multilingual_table(all_), ""]
     lm = [e for e in all_.values() if e["recipe"] == "lm"]
     if lm:
         lines += ["## Language models", "",
@@ -286,8 +288,13 @@ SHIPPED = re.compile(r"(cpu|cpu-long|full)( \(fp32\))?")
 
 
 def _student(e: dict) -> str:
-    """What sets a Multi30k run apart from the recipe's own: a distilled student (recipes/distill.sh names it)."""
-    return " distilled student" if e["name"].startswith("multi30k-distill") else ""
+    """What sets a Multi30k run apart from the recipe's own: a distilled student (recipes/distill.sh names it), or
+    one multilingual model's direction (recipes/multi30k-multi.sh; -zs: its zero-shot run)."""
+    if e["name"].startswith("multi30k-distill"):
+        return " distilled student"
+    if e["name"].startswith("multi30k-multi"):
+        return " one multilingual model" + (" (zero-shot run)" if e["name"].startswith("multi30k-multi-zs") else "")
+    return ""
 
 
 def _row(e: dict) -> str:
@@ -353,6 +360,30 @@ def distill_table(entries: list[dict]) -> list[str]:
     return rows
 
 
+def multilingual_table(all_: dict) -> list[str]:
+    """Each direction of a multilingual run (recipes/multi30k-multi.sh) beside the bilingual recipe of its budget
+    (its latest run of the same size, where there is one): test2016 sacreBLEU, beam 5."""
+    multi = [e for e in all_.values() if e["recipe"] == "multi30k" and e["name"].startswith("multi30k-multi")]
+    if not multi:
+        return []
+    rows = ["| direction | run | valid | test2016 | bilingual recipe, same budget | multilingual - bilingual | steps | "
+            "whole run | machine |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for e in sorted(multi, key=lambda e: (e["name"].startswith("multi30k-multi-zs"), e["size"], e["pair"])):
+        budget = e["size"].split(" ")[0]
+        bilingual = [b for b in all_.values() if b["recipe"] == "multi30k" and b["name"] == f"multi30k-{e['pair']}"
+                     and b["size"].removesuffix(" (fp32)") == budget]
+        ours = e["sacrebleu"]["BLEU"]["score"]
+        b = max(bilingual, key=lambda b: b["date"]) if bilingual else None
+        theirs = f"{b['sacrebleu']['BLEU']['score']:.2f}" if b else "–"
+        diff = f"{ours - b['sacrebleu']['BLEU']['score']:+.2f}" if b else "–"
+        zero = e["name"].startswith("multi30k-multi-zs") and not e.get("valid_sacrebleu_by_len_penalty")
+        run = f"`{e['size']}`" + (", zero-shot" if zero else "")
+        rows.append(f"| {e['pair'].replace('-', '->')} | {run} | {_valid(e)} | {ours:.2f} | {theirs} | {diff} | "
+                    f"{e.get('training', {}).get('steps', '')} | {_wall(e)} | {_machine(e['hardware'])}, "
+                    f"{e['date'][:10]} |")
+    return rows
+
+
 def readme_blocks(all_: dict) -> dict[str, str]:
     """The blocks the documents hold, from recipes.json: `current` (README: each recipe as it ships, its latest
     run), `recipes` (docs/recipes.md: those and their one-option variants) and `demo` (README: the demo sentence)."""
@@ -375,7 +406,8 @@ def readme_blocks(all_: dict) -> dict[str, str]:
             if key not in latest or e["date"] > latest[key]["date"]:
                 latest[key] = e
     blocks = {"recipes": "\n".join(head + rows), "current": "\n".join(_line(latest[k]) for k in sorted(latest)),
-              "distill": "\n".join(distill_table([e for e in all_.values() if e["recipe"] == "distill"]))}
+              "distill": "\n".join(distill_table([e for e in all_.values() if e["recipe"] == "distill"])),
+              "multilingual": "\n".join(multilingual_table(all_))}
     demo = all_.get("demo/cpu")
     if demo:
         busy = demo.get("busy_cores_before")

@@ -274,3 +274,29 @@ def test_a_distillation_run_is_recorded_as_teacher_against_student(tmp_path, mon
     assert row in doc.read_text() and doc.read_text().endswith("<!-- distill:end -->\nafter\n")
     assert sorted(all_) == ["distill-de-en/cpu", "multi30k-de-en/cpu", "multi30k-distill-de-en/cpu"]  # each kept
     assert "| de->en |" not in recipe_results.readme_blocks(all_)["current"]
+
+
+def test_a_multilingual_run_is_recorded_per_direction_beside_the_bilingual_recipe(tmp_path, monkeypatch):
+    """recipes/multi30k-multi.sh records one row per direction; the multilingual table sets each beside the
+    bilingual recipe of the same budget (its latest run), and a zero-shot direction says so."""
+    monkeypatch.setattr(recipe_results, "RESULTS", tmp_path / "results" / "recipes")
+    monkeypatch.setattr(recipe_results, "README", tmp_path / "README.md")
+    doc = tmp_path / "recipes-doc.md"
+    doc.write_text("<!-- multilingual:begin -->\n<!-- multilingual:end -->\n")
+    args = dict(recipe="multi30k", size="cpu-long", checkpoint="ck", ppl=None, train_args="", wall_s=2700.0,
+                len_penalty=1.0, resumed=False, vocab=None, bpe=None, seed=None, lowercase=False)
+    runs = [("multi30k-de-en", "de-en", 40.0, True), ("multi30k-multi-de-en", "de-en", 39.2, True),
+            ("multi30k-multi-en-fr", "en-fr", 50.0, True), ("multi30k-multi-zs-de-fr", "de-fr", 20.5, False)]
+    for name, pair, bleu, valid in runs:
+        out = tmp_path / name
+        fake_run(out, bleu)
+        if valid:
+            (out / "valid_len_penalty.tsv").write_text(f"1.0\t{bleu + 1}\n")
+        recipe_results.record(type("A", (), {**args, "out": str(out), "name": name, "pair": pair}))
+    rows = recipe_results.multilingual_table(json.loads((tmp_path / "results" / "recipes.json").read_text()))
+    assert rows[2].startswith("| de->en | `cpu-long` | 40.20 | 39.20 | 40.00 | -0.80 |")
+    assert rows[3].startswith("| en->fr | `cpu-long` | 51.00 | 50.00 | – | – |")  # no bilingual run of it
+    assert rows[4].startswith("| de->fr | `cpu-long`, zero-shot | – | 20.50 |")
+    recipe_results.update_readme(json.loads((tmp_path / "results" / "recipes.json").read_text()), doc)
+    assert rows[2] in doc.read_text()
+    assert "one multilingual model" in (tmp_path / "results" / "recipes.md").read_text()

@@ -108,8 +108,9 @@ class Translator:
         """The best translation of each text. `options`: beam_size (5; 1 is greedy), len_penalty, max_len_a,
         max_len_b, min_len, batch_size, max_tokens, buffer_size, check_every, raw (subword tokens instead of text); or
         sampling=True with temperature, topk, topp and seed: one draw a text, keyed by the seed and its index;
-        prefixes: one target prefix a text ('' for none), which its translation starts with."""
-        _check_options("translate", options, _TRANSLATE + ("prefixes",))
+        prefixes: one target prefix a text ('' for none), which its translation starts with; tgt_lang: a
+        multilingual model's target language, one for all texts or a list of one a text."""
+        _check_options("translate", options, _TRANSLATE + ("prefixes", "tgt_lang"))
         return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), 1, options)]
 
     def translate_nbest(self, texts: list[str], n: int = 1, **options) -> list[list[Translation]]:
@@ -117,7 +118,7 @@ class Translator:
         log-probs; `alignment=True` word alignments from the cross-attention of decoder layer `alignment_layer`,
         1-based, by default the penultimate). An empty text gives one empty translation with score 0. Other
         `options` as for `translate`."""
-        _check_options("translate_nbest", options, _TRANSLATE + _NBEST_ONLY + ("prefixes",))
+        _check_options("translate_nbest", options, _TRANSLATE + _NBEST_ONLY + ("prefixes", "tgt_lang"))
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"n: expected an int, got {type(n).__name__}")
         return self._nbest(_texts(texts, "texts"), n, options)
@@ -133,11 +134,20 @@ class Translator:
             prefixes = _texts(prefixes, "prefixes")
             if len(prefixes) != len(texts):
                 raise ConfigError(f"prefixes: {len(prefixes)} for {len(texts)} texts; give one a text ('' for none)")
+        langs = options.pop("tgt_lang", None)
+        if langs is not None and not isinstance(langs, str):
+            langs = _texts(langs, "tgt_lang")
+            if len(langs) != len(texts):
+                raise ConfigError(f"tgt_lang: {len(langs)} languages for {len(texts)} texts; give one, or one a text")
+        elif langs is not None:
+            options["tgt_lang"] = langs
+            langs = None
         cfg = _configured("translate", lambda: override(TranslateConfig(device=str(self.device), dtype=self.dtype),
                                                         "translate", nbest=n, **options))
         lines = Lines(self.loaded, cfg, self.device)
         out = []
-        items = (("<text>", i + 1, text, prefixes[i] if prefixes else "") for i, text in enumerate(texts))
+        items = (("<text>", i + 1, text, prefixes[i] if prefixes else "", langs[i] if langs else None)
+                 for i, text in enumerate(texts))
         for _, hyps in lines.hypotheses(items):
             out.append([Translation(t, h.score, h.token_scores if cfg.scores else None, h.alignment)
                         for h, t in zip(hyps, lines.texts(hyps))])

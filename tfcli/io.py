@@ -366,6 +366,33 @@ def with_prefixes(items: Iterable, prefixes: list[str], name: str) -> Iterator:
         raise TfcliError(f"{name}: {len(prefixes)} prefixes for {i} input lines; give one a line")
 
 
+JSONL_INPUT_FIELDS = ("text", "tgt_lang", "prefix")
+
+
+def jsonl_items(items: Iterable) -> Iterator:
+    """read_inputs items whose lines are JSON objects {"text": ..., "tgt_lang": ..., "prefix": ...} (the last two
+    optional) as (file name, line number, text, prefix, target language); a blank line is an empty text. A line
+    that is not such an object is an InputError naming it."""
+    for item in items:
+        if item is None or not item[2].strip():
+            yield item if item is None else (*item[:2], "", "", None)
+            continue
+        name, lineno, line = item
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(name, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise InputError(name, lineno, 'expected an object with a "text" string, e.g. {"text": "Ein Hund.", '
+                                           '"tgt_lang": "fr"}')
+        for key, value in row.items():
+            if key not in JSONL_INPUT_FIELDS:
+                raise InputError(name, lineno, f'unknown field "{key}" (the fields: {", ".join(JSONL_INPUT_FIELDS)})')
+            if value is not None and not isinstance(value, str):
+                raise InputError(name, lineno, f'field "{key}" is {type(value).__name__}, expected a string')
+        yield name, lineno, row["text"], row.get("prefix") or "", row.get("tgt_lang")
+
+
 def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False, pauses: bool = False) -> Iterator[str | None]:
     """Yield decoded lines of a text file (or `-` for stdin), raising `InputError` with file:line on bad bytes.
 

@@ -98,6 +98,9 @@ def eval_(
     output: Optional[str] = typer.Option(
         None, "--output", "-o", metavar="FILE", rich_help_panel=_TR, help="Also keep the translations in FILE."
     ),
+    tgt_lang: Optional[str] = typer.Option(
+        None, "--tgt-lang", metavar="LANG", rich_help_panel=_TR, help="A multilingual model's target language."
+    ),
     beam_size: BeamSize = None,
     greedy: Greedy = False,
     len_penalty: LenPenalty = None,
@@ -174,7 +177,7 @@ def eval_(
     if translate_src is not None:
         decoding = dict(beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
                         max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens, device=device, dtype=dtype,
-                        encoding_errors=encoding_errors, threads=threads)
+                        encoding_errors=encoding_errors, threads=threads, tgt_lang=tgt_lang)
         report = _translate_and_score(model, translate_src, refs, cfg, decoding, output)
     else:
         from tfcli.evaluate.metrics import score_files
@@ -185,7 +188,7 @@ def eval_(
 
 _TEXT_SCORING = ["metrics", "tokenize", "lowercase", "ter_case_sensitive", "chrf_word_order", "paired_bs", "paired_ar",
                  "baseline", "n_samples", "score_only", "encoding_errors"]
-_DECODING = ["beam_size", "greedy", "len_penalty", "max_len_a", "max_len_b", "batch_size", "dtype"]
+_DECODING = ["beam_size", "greedy", "len_penalty", "max_len_a", "max_len_b", "batch_size", "dtype", "tgt_lang"]
 _PERPLEXITY = ["split", "words", "window", "stride"]
 
 

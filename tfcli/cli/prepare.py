@@ -16,8 +16,9 @@ from tfcli.console import quiet_enabled
 from tfcli.data.config import PrepareConfig
 
 
-_PAR, _ONE, _HUB, _CLEAN, _TOK = (
+_PAR, _MULTI, _ONE, _HUB, _CLEAN, _TOK = (
     "Parallel text (two aligned files per split)",
+    "Several directions, one multilingual model (files PREFIX.LANG)",
     "One file per split (TSV, JSONL, monolingual text)",
     "Datasets (datasets.load_dataset)",
     "Cleaning",
@@ -41,6 +42,19 @@ def prepare(
     valid_tgt: Optional[str] = typer.Option(None, "--valid-tgt", metavar="FILE", rich_help_panel=_PAR, help="Validation target text."),
     test_src: Optional[str] = typer.Option(None, "--test-src", metavar="FILE", rich_help_panel=_PAR, help="Test source text."),
     test_tgt: Optional[str] = typer.Option(None, "--test-tgt", metavar="FILE", rich_help_panel=_PAR, help="Test target text."),
+    lang_pairs: Optional[str] = typer.Option(
+        None, "--lang-pairs", metavar="SRC-TGT,...", rich_help_panel=_MULTI,
+        help="Directions for one model, e.g. de-en,en-de,en-fr: each source gets its target language's tag >>fr<< "
+        "(translate --tgt-lang fr); files PREFIX.SRC and PREFIX.TGT, or fairseq's PREFIX.SRC-TGT.LANG.",
+    ),
+    train_prefix: Optional[str] = typer.Option(
+        None, "--train-prefix", metavar="PREFIX", rich_help_panel=_MULTI, help="Training files, e.g. data/train (data/train.de, ...)."
+    ),
+    valid_prefix: Optional[str] = typer.Option(
+        None, "--valid-prefix", metavar="PREFIX", rich_help_panel=_MULTI,
+        help="Validation files: one valid split per direction, each scored during training.",
+    ),
+    test_prefix: Optional[str] = typer.Option(None, "--test-prefix", metavar="PREFIX", rich_help_panel=_MULTI, help="Test files."),
     train: Optional[str] = typer.Option(
         None, "--train", metavar="FILE", rich_help_panel=_ONE,
         help="Training data in one file: .tsv (SRC<TAB>TGT), .jsonl (fields below) or text (a language model's).",
@@ -147,6 +161,7 @@ def prepare(
     tfcli prepare --src train.de --tgt train.en --valid-src valid.de --valid-tgt valid.en -o prep/
     tfcli prepare --train pairs.tsv --valid dev.tsv --tokenizer unigram -o prep/
     tfcli prepare --train input.txt --mono-mode document --tokenizer char --valid-ratio 0.1 -o prep/
+    tfcli prepare --lang-pairs de-en,en-de,en-fr,fr-en --train-prefix d/train --valid-prefix d/valid -o prep/
 
     Filters: empty rows (every split); duplicates, --max-length and --max-ratio (train only).
     A table of the rows each filter dropped, per split, goes to stderr.
@@ -167,6 +182,8 @@ def prepare(
     cfg = run(
         prepare_config, config,
         out=out, src=src, tgt=tgt, valid_src=valid_src, valid_tgt=valid_tgt, test_src=test_src, test_tgt=test_tgt,
+        lang_pairs=[lang_pairs] if lang_pairs else None, train_prefix=train_prefix, valid_prefix=valid_prefix,
+        test_prefix=test_prefix,
         train=train, valid=valid, test=test, format=fmt, src_field=src_field, tgt_field=tgt_field,
         text_field=text_field, mono_mode=mono_mode, valid_ratio=valid_ratio, dataset=dataset,
         dataset_config=dataset_config, data_files=data_files or None, dataset_splits=dataset_splits or None,

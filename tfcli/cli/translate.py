@@ -30,6 +30,15 @@ def translate(
         help="Checkpoint or run directory; repeat for an ensemble (the models' probabilities averaged).",
     ),
     output: OutputFile = None,
+    tgt_lang: Optional[str] = typer.Option(
+        None, "--tgt-lang", metavar="LANG",
+        help="A multilingual model's target language (its >>LANG<< tag goes first in every line); required for one.",
+    ),
+    input_format: Optional[str] = typer.Option(
+        None, "--input-format", metavar="FORMAT", rich_help_panel=_FMT,
+        help='text, or jsonl: each line {"text": ..., "tgt_lang": ..., "prefix": ...} (the last two optional: '
+        "the line's own target language and prefix) \[default: text].",
+    ),
     output_dir: Optional[str] = typer.Option(
         None, "--output-dir", metavar="DIR", show_default=False,
         help="One output per input file: DIR/NAME + --suffix (written atomically each).",
@@ -118,6 +127,7 @@ def translate(
     tfcli translate -m en-de/ mono.en --sampling --topk 10 --seed 3 -o synthetic.de   # back-translation
     tfcli translate -m run/ test.de --prefix starts.en       # each output continues its line of starts.en
     tfcli translate -m run-a/ -m run-b/ test.de              # an ensemble: the probabilities averaged
+    tfcli translate -m multi/ --tgt-lang fr test.de          # a multilingual model (prepare --lang-pairs)
     tfcli translate -m run/ a.de b.de --output-dir hyp/ --suffix .en    -> hyp/a.de.en, hyp/b.de.en
     torchrun --nproc_per_node 4 $(which tfcli) translate -m run/ big.de -o big.en
 
@@ -153,6 +163,7 @@ def translate(
     if greedy and beam_size not in (None, 1):
         refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
     check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
+    check_choice("--input-format", input_format, choices_of(TranslateConfig, "input_format"))
     check_choice("--encoding-errors", encoding_errors, choices_of(TranslateConfig, "encoding_errors"))
     cfg = run(
         translate_config, config,
@@ -161,7 +172,7 @@ def translate(
         sampling=sampling or None, temperature=temperature, topk=topk, topp=topp, seed=seed,
         alignment_layer=alignment_layer, batch_size=batch_size,
         max_tokens=max_tokens, check_every=check_every, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
-        threads=threads, encoding_errors=encoding_errors,
+        threads=threads, encoding_errors=encoding_errors, tgt_lang=tgt_lang, input_format=input_format,
     )
     if output_dir is not None and output is not None:
         fail("-o FILE and --output-dir DIR exclude each other", EXIT_USAGE)

@@ -23,6 +23,12 @@ class PrepareConfig:
     valid_tgt: Optional[str] = None
     test_src: Optional[str] = None
     test_tgt: Optional[str] = None
+    # several directions into one directory (a multilingual model): each split's files PREFIX.LANG, or fairseq's
+    # PREFIX.SRC-TGT.LANG; each source starts with its target language's tag, >>xx<< (tfcli/data/languages.py)
+    lang_pairs: list[str] = field(default_factory=list)  # de-en, en-fr, ... (a comma list on the command line)
+    train_prefix: Optional[str] = None
+    valid_prefix: Optional[str] = None
+    test_prefix: Optional[str] = None
     # one file per split: TSV (parallel), JSONL (parallel with src_field/tgt_field, else monolingual), or text
     train: Optional[str] = None
     valid: Optional[str] = None
@@ -69,6 +75,10 @@ class PrepareConfig:
             raise ConfigError(f"prepare.tokenizer_sample: must be >= 0 (0 = all rows), got {self.tokenizer_sample}")
         if not self.text_field:
             raise ConfigError("prepare.text_field: must not be empty")
+        if self.lang_pairs:
+            from tfcli.data.languages import parse_directions
+
+            self.lang_pairs = parse_directions(self.lang_pairs, "prepare.lang_pairs")
 
 
 def prepare_config(path: os.PathLike | str | None = None, **flags) -> PrepareConfig:

@@ -26,6 +26,7 @@ from tfcli import checkpoint_meta
 from tfcli.config import to_dict
 from tfcli.data.config import PrepareConfig
 from tfcli.data import cleaning, loading
+from tfcli.data.languages import tag, target_languages
 from tfcli.data.prepared import FORMAT, FORMAT_VERSION, PreparedData, SequenceWriter, new_meta
 from tfcli.data.tokenizer import (
     SENTENCEPIECE_SUFFIXES, encode_chunks, for_clean_text, load_tokenizer, lowercases, save_tokenizer,
@@ -38,7 +39,7 @@ SPLITS = ("train", "valid", "test")
 # Options that name input files: their content enters the fingerprint through "inputs", not "settings".
 PATH_OPTIONS = (
     "out", "src", "tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "train", "valid", "test", "data_files",
-    "tokenizer_from",
+    "tokenizer_from", "train_prefix", "valid_prefix", "test_prefix",
 )
 
 
@@ -53,7 +54,44 @@ class _Source:
     paths: tuple[str, ...]
 
 
+def base_split(split: str) -> str:
+    """train, valid or test: a multilingual directory's splits are one per direction, named train.de-en ..."""
+    return split.split(".", 1)[0]
+
+
+def _direction_files(prefix: str, direction: str) -> tuple[str, str]:
+    """The aligned files of one direction: fairseq's PREFIX.SRC-TGT.LANG (either order of the pair), else the
+    multi-way PREFIX.LANG (Multi30k's train.de, train.en, train.fr)."""
+    src, tgt = direction.split("-")
+    tried = [(f"{prefix}.{pair}.{src}", f"{prefix}.{pair}.{tgt}") for pair in (direction, f"{tgt}-{src}")]
+    tried.append((f"{prefix}.{src}", f"{prefix}.{tgt}"))
+    for s, t in tried:
+        if Path(s).is_file() and Path(t).is_file():
+            return s, t
+    raise ConfigError(f"{direction}: no files for it under {prefix} (looked for "
+                      f"{', '.join(' and '.join(Path(p).name for p in pair) for pair in tried)})")
+
+
+def _multilingual_sources(cfg: PrepareConfig) -> dict[str, _Source]:
+    prefixes = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}
+    if not cfg.lang_pairs:
+        raise ConfigError("--train-prefix/--valid-prefix/--test-prefix read one file per language: give the "
+                          "directions with --lang-pairs, e.g. de-en,en-de")
+    others = [name for name in ("src", "tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "train", "valid",
+                                "test", "dataset") if getattr(cfg, name) is not None]
+    if others:
+        raise ConfigError(f"--lang-pairs reads its files from --train-prefix/--valid-prefix/--test-prefix; drop "
+                          f"--{others[0].replace('_', '-')}")
+    if cfg.valid_ratio:
+        raise ConfigError("--valid-ratio: a multilingual directory takes its valid split per direction from "
+                          "--valid-prefix")
+    return {f"{split}.{d}": _Source("pair", _direction_files(prefix, d))
+            for split, prefix in prefixes.items() if prefix is not None for d in cfg.lang_pairs}
+
+
 def _split_sources(cfg: PrepareConfig) -> dict[str, _Source]:
+    if cfg.lang_pairs or cfg.train_prefix or cfg.valid_prefix or cfg.test_prefix:
+        return _multilingual_sources(cfg)
     pairs = {"train": (cfg.src, cfg.tgt), "valid": (cfg.valid_src, cfg.valid_tgt), "test": (cfg.test_src, cfg.test_tgt)}
     singles = {"train": cfg.train, "valid": cfg.valid, "test": cfg.test}
     sources = {}
@@ -93,8 +131,9 @@ def _plan(cfg: PrepareConfig) -> tuple[str, dict[str, _Source]]:
     else:
         if cfg.data_files or cfg.dataset_splits or cfg.dataset_config or cfg.streaming:
             raise ConfigError("--data-files/--dataset-split/--dataset-config/--streaming need --dataset NAME")
-        if "train" not in sources and not (cfg.tokenizer_from and sources):
-            raise ConfigError("no training data: give --src/--tgt (aligned files), --train FILE, or --dataset NAME")
+        if not any(base_split(s) == "train" for s in sources) and not (cfg.tokenizer_from and sources):
+            raise ConfigError("no training data: give --src/--tgt (aligned files), --train FILE, --dataset NAME, or "
+                              "--lang-pairs with --train-prefix")
         kinds = {split: _kind_of(s.fmt, cfg) for split, s in sources.items()}
         first, kind = next(iter(kinds.items()))
         for split, k in kinds.items():
@@ -191,7 +230,7 @@ def _input_files(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -> 
 
 # Options added after prepared directories existed: left out of the fingerprint at their default, so that a
 # directory prepared before them is still up to date.
-ADDED_LATER = {"tokenizer_sample": 0, "encoding_errors": "strict", "lowercase": False}
+ADDED_LATER = {"tokenizer_sample": 0, "encoding_errors": "strict", "lowercase": False, "lang_pairs": []}
 
 
 def _settings(cfg: PrepareConfig) -> dict:
@@ -314,7 +353,7 @@ def _chunks(rows: Iterable[Row], size: int) -> Iterator[list[list[str]]]:
         yield [list(col) for col in zip(*chunk)]
 
 
-def _clean(cols: list[list[str]], split: str, kind: str, cfg: PrepareConfig, counts: dict, dedupe) -> list[list[str]]:
+def _clean(cols: list[list[str]], kind: str, cfg: PrepareConfig, counts: dict, dedupe) -> list[list[str]]:
     """One chunk of a split, cleaned (see tfcli/data/cleaning.py); `counts` and `dedupe` carry over between chunks."""
     one_line = kind == "parallel" or cfg.mono_mode == "line"
     strip = cfg.strip and cfg.mono_mode != "document"
@@ -322,7 +361,7 @@ def _clean(cols: list[list[str]], split: str, kind: str, cfg: PrepareConfig, cou
     cleaning.add_input(counts, len(cols[0]))
     if cfg.drop_empty:
         cols = cleaning.drop_empty(cols, counts)
-    if split == "train" and dedupe is not None:
+    if dedupe is not None:
         cols = dedupe(cols, counts)
     return cols
 
@@ -342,7 +381,7 @@ def _stage(tmp: Path, split: str, rows: Rows, sides: list[str], kind: str, cfg: 
     """Read, clean and stage one split; returns its cleaning counts. `hasher` sees every row as read (a hub
     dataset's fingerprint); `sample` every row kept."""
     counts = cleaning.new_counts()
-    dedupe = cleaning.Deduper() if split == "train" and cfg.dedupe else None
+    dedupe = cleaning.Deduper() if base_split(split) == "train" and cfg.dedupe else None
     files = [open(_stage_path(tmp, split, side), "w", encoding="utf-8", newline="") for side in sides]
     try:
         for cols in _chunks(rows(), CHUNK_ROWS):
@@ -350,7 +389,7 @@ def _stage(tmp: Path, split: str, rows: Rows, sides: list[str], kind: str, cfg: 
                 for row in zip(*cols):
                     hasher.update("\t".join(row).encode("utf-8", "surrogatepass") + b"\n")
             _check_nul(cols, label, counts["input"])
-            cols = _clean(cols, split, kind, cfg, counts, dedupe)
+            cols = _clean(cols, kind, cfg, counts, dedupe)
             for f, col in zip(files, cols):
                 for text in col:
                     f.write(text)
@@ -448,6 +487,7 @@ def prepare(
 ) -> Path:
     """Build the prepared directory `cfg.out` and return its path (see `_prepare`); a second prepare of the same
     directory while this one runs is refused (io.run_lock)."""
+    cfg.validate()  # (a config built in code: its lang_pairs from "de-en,en-de" to a list)
     with encoding_errors(cfg.encoding_errors):
         if not cfg.out:
             return _prepare(cfg, force, progress, log)  # (its own error: no output directory)
@@ -503,11 +543,11 @@ def _prepare(
         with atomic_dir(out, overwrite=state == "replace") as tmp:
             report = {}
             sample = _Sample(cfg.tokenizer_sample) if cfg.tokenizer_sample and not cfg.tokenizer_from else None
-            for split in [s for s in SPLITS if s in rows]:
+            for split in sorted(rows, key=lambda s: SPLITS.index(base_split(s))):  # directions in the given order
                 progress(f"reading and cleaning {split}")
                 hasher = hashlib.sha256() if hub_only else None
                 report[split] = _stage(tmp, split, rows[split], sides, kind, cfg, labels[split], hasher,
-                                       sample if split == "train" else None)
+                                       sample if base_split(split) == "train" else None)
                 if not report[split]["kept"]:
                     raise InputError(labels[split], None, f"no {split} rows left after cleaning ({_dropped(report[split])})")
                 if hasher is not None:
@@ -517,22 +557,18 @@ def _prepare(
                 if _existing_state(out, fingerprint, settings, inputs, force) == "same":
                     raise _UpToDate
 
-            if cfg.tokenizer_from:
-                toks = reused
-                joint = kind == "parallel" and inputs[files["tokenizer.src"]] == inputs[files["tokenizer.tgt"]]
-                tokenizer_meta = {"type": "pretrained", "from": cfg.tokenizer_from, "model": type(toks["tgt"].model).__name__}
-            else:
-                progress(f"training {cfg.tokenizer} tokenizer")
-                toks, joint, tokenizer_meta = _train_on_staged(tmp, cfg, kind, sides, sample)
+            toks, joint, tokenizer_meta, tagged = _tokenizers(tmp, cfg, kind, reused, files, inputs, report, sample,
+                                                              progress)
             vocab = {side: toks[side].get_vocab_size() for side in sides}
             splits_meta = {}
             for split in report:
                 progress(f"encoding {split}")
+                direction = split.split(".", 1)[1] if "." in split else None
                 splits_meta[split] = _encode_staged(tmp, split, sides, toks, vocab, kind, cfg, report[split],
-                                                    labels[split], mode)
+                                                    labels[split], mode, direction)
             progress("writing")
-            tokenizer_files = _save_tokenizers(tmp, sides, toks, files, cfg)
-            extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {}
+            tokenizer_files = _save_tokenizers(tmp, sides, toks, files, cfg, tagged)
+            extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {"directions": cfg.lang_pairs} if cfg.lang_pairs else {}
             meta = new_meta(
                 kind,
                 fingerprint=fingerprint,
@@ -552,11 +588,29 @@ def _prepare(
     return out
 
 
-def _train_on_staged(tmp: Path, cfg: PrepareConfig, kind: str, sides: list[str], sample) -> tuple[dict, bool, dict]:
-    """(tokenizers, whether joint, what meta.json records of them), trained on the staged train split (or on
-    `sample`, a _Sample of its rows)."""
+def _tokenizers(tmp: Path, cfg: PrepareConfig, kind: str, reused: dict, files: dict, inputs: dict, report: dict,
+                sample, progress) -> tuple[dict, bool, dict, set[str]]:
+    """(tokenizers, whether joint, what meta.json records of them, the sides given language tags): the reused ones,
+    or trained on the staged train split(s); a multilingual directory's tags added."""
+    if cfg.tokenizer_from:
+        toks = reused
+        joint = kind == "parallel" and inputs[files["tokenizer.src"]] == inputs[files["tokenizer.tgt"]]
+        tokenizer_meta = {"type": "pretrained", "from": cfg.tokenizer_from, "model": type(toks["tgt"].model).__name__}
+    else:
+        progress(f"training {cfg.tokenizer} tokenizer")
+        train_splits = [s for s in report if base_split(s) == "train"]
+        toks, joint, tokenizer_meta = _train_on_staged(tmp, cfg, kind, _sides(kind), train_splits, sample)
+    return toks, joint, tokenizer_meta, _add_tags(toks, joint, cfg.lang_pairs)
+
+
+def _train_on_staged(tmp: Path, cfg: PrepareConfig, kind: str, sides: list[str], train_splits: list[str],
+                     sample) -> tuple[dict, bool, dict]:
+    """(tokenizers, whether joint, what meta.json records of them), trained on the staged train split(s) (or on
+    `sample`, a _Sample of their rows)."""
     def train_texts(i: int, side: str) -> Iterable[str]:
-        return (row[i] for row in sample.rows) if sample else _staged(tmp, "train", side)
+        if sample:
+            return (row[i] for row in sample.rows)
+        return itertools.chain.from_iterable(_staged(tmp, split, side) for split in train_splits)
 
     texts = {side: functools.partial(train_texts, i, side) for i, side in enumerate(sides)}
     toks, joint = _train_tokenizers(cfg, kind, texts)
@@ -567,13 +621,16 @@ def _train_on_staged(tmp: Path, cfg: PrepareConfig, kind: str, sides: list[str],
 
 
 def _encode_staged(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, kind: str, cfg: PrepareConfig,
-                   counts: dict, label: str, mode: str) -> dict:
-    """Encode one staged split (`_encode`), write the text of a split other than train, and drop its staged copy;
-    returns what meta.json records of it."""
-    meta = _encode(tmp, split, sides, toks, vocab, kind, cfg, counts)
+                   counts: dict, label: str, mode: str, direction: str | None) -> dict:
+    """Encode one staged split (`_encode`; a direction's sources start with its target language's tag), write the
+    text of a split other than train, and drop its staged copy; returns what meta.json records of it."""
+    first = None
+    if direction is not None:
+        first = toks["src"].token_to_id(tag(direction.split("-")[1]))
+    meta = _encode(tmp, split, sides, toks, vocab, kind, cfg, counts, first)
     if not meta[sides[0]]["count"]:
         raise InputError(label, None, f"no {split} rows left after cleaning ({_dropped(counts)})")
-    if split != "train":
+    if base_split(split) != "train":
         for side in sides:
             _write_text(tmp, split, side, mode)
     for side in sides:
@@ -581,12 +638,13 @@ def _encode_staged(tmp: Path, split: str, sides: list[str], toks: dict, vocab: d
     return meta
 
 
-def _save_tokenizers(tmp: Path, sides: list[str], toks: dict, files: dict, cfg: PrepareConfig) -> dict[str, str]:
-    """Write each side's tokenizer.json; returns {side: file name}."""
+def _save_tokenizers(tmp: Path, sides: list[str], toks: dict, files: dict, cfg: PrepareConfig,
+                     tagged: set[str]) -> dict[str, str]:
+    """Write each side's tokenizer.json; returns {side: file name}. `tagged`: the sides given language tags."""
     tokenizer_files = {side: f"tokenizer.{side}.json" for side in sides}
     for side, name in tokenizer_files.items():
         source = files.get(f"tokenizer.{side}", "")
-        if cfg.tokenizer_from and not source.endswith(SENTENCEPIECE_SUFFIXES):
+        if cfg.tokenizer_from and not source.endswith(SENTENCEPIECE_SUFFIXES) and side not in tagged:
             # the very same bytes, so that eval can tell it is the checkpoint's tokenizer
             shutil.copyfile(source, tmp / name)
         else:
@@ -595,20 +653,39 @@ def _save_tokenizers(tmp: Path, sides: list[str], toks: dict, files: dict, cfg: 
 
 
 def _encode(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, kind: str, cfg: PrepareConfig,
-            counts: dict) -> dict:
+            counts: dict, first: int | None = None) -> dict:
     """Encode one staged split chunk by chunk (the Rust library uses every core), apply the token-length filters
-    to train pairs, and write the ids; returns {side: what meta.json records}."""
+    to train pairs, and write the ids, each source after `first` (a language tag) where given; returns
+    {side: what meta.json records}."""
     toks = {side: for_clean_text(tok, cfg.nfc, cfg.lowercase) for side, tok in toks.items()}  # the staged text is clean
     with contextlib.ExitStack() as stack:
         writers = [stack.enter_context(SequenceWriter(tmp, split, side, vocab[side])) for side in sides]
         for ids in encode_chunks([toks[side] for side in sides], _staged_chunks(tmp, split, sides, CHUNK_ROWS)):
-            if kind == "parallel" and split == "train":
+            if kind == "parallel" and base_split(split) == "train":
                 keep = cleaning.length_filter(ids[0], ids[1], counts, cfg.max_length, cfg.max_ratio)
                 if len(keep) < len(ids[0]):
                     ids = [[seqs[i] for i in keep] for seqs in ids]
+            if first is not None:
+                ids[0] = [[first, *seq] for seq in ids[0]]
             for w, seqs in zip(writers, ids):
                 w.append(seqs)
         return {side: w.close() for side, w in zip(sides, writers)}
+
+
+def _add_tags(toks: dict, joint: bool, directions: list[str]) -> set[str]:
+    """Each target language's tag (>>fr<<) added to the source vocabulary as a special token, after the trained
+    pieces (a reused tokenizer that has it keeps its id); the target's too where the vocabulary is joint. Returns
+    the sides whose tokenizer changed."""
+    if not directions:
+        return set()
+    tags = [tag(lang) for lang in target_languages(directions)]
+    changed = set()
+    for side in ("src", "tgt") if joint else ("src",):
+        missing = [t for t in tags if toks[side].token_to_id(t) is None]
+        if missing:
+            toks[side].add_special_tokens(missing)
+            changed.add(side)
+    return changed
 
 
 def _sides(kind: str) -> list[str]:

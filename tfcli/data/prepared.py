@@ -10,7 +10,9 @@
       {split}.{side}.idx         int64 offsets, count + 1 of them: sequence i is bin[idx[i]:idx[i+1]]
       {split}.{side}.txt         the cleaned text (valid/test only), e.g. references for BLEU during training
 
-Sides are `src` and `tgt` for parallel data; a language model's monolingual data uses `tgt` alone.
+Sides are `src` and `tgt` for parallel data; a language model's monolingual data uses `tgt` alone. A multilingual
+directory (`prepare --lang-pairs`) has one split per direction, `train.de-en`, `valid.de-en`, ..., meta.json lists
+the directions, and each source starts with its target language's tag (tfcli/data/languages.py).
 """
 
 from __future__ import annotations
@@ -125,6 +127,17 @@ class PreparedData:
     @property
     def splits(self) -> list[str]:
         return list(self.meta["splits"])
+
+    @property
+    def directions(self) -> list[str]:
+        """A multilingual directory's directions (de-en, ...), each split one per direction; [] for one pair."""
+        return list(self.meta.get("directions", []))
+
+    def split_names(self, split: str) -> list[str]:
+        """The stored splits that make up `split`: itself, or one per direction (train.de-en, ...) that it has."""
+        if split in self.meta["splits"] or not self.directions:
+            return [split]
+        return [f"{split}.{d}" for d in self.directions if f"{split}.{d}" in self.meta["splits"]] or [split]
 
     def vocab_size(self, side: str) -> int:
         return int(self.meta["vocab"][side])

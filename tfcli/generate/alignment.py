@@ -61,8 +61,11 @@ def word_pairs(pairs) -> list[tuple[int, int]]:
 
 
 def word_alignment(src_tok, tgt_tok, src_ids: list[int], hyp: list[int], aligned: list[int],
-                   raw: bool) -> list[tuple[int, int]]:
-    """The word pairs from `aligned` (the source position of each token of `hyp`), in target order."""
-    src_words = word_of_token(src_tok, [t for t in src_ids if t not in (EOS_ID, PAD_ID)], raw)
+                   raw: bool, lead: int = 0) -> list[tuple[int, int]]:
+    """The word pairs from `aligned` (the source position of each token of `hyp`), in target order. `lead`: tokens
+    in front of the line's own (a multilingual model's language tag), part of no word."""
+    src = [t for t in src_ids if t not in (EOS_ID, PAD_ID)][lead:]
+    src_words = word_of_token(src_tok, src, raw)
     tgt_words = word_of_token(tgt_tok, hyp, raw)
-    return word_pairs((src_words[s], tgt_words[t]) for t, s in enumerate(aligned) if s < len(src_words))
+    return word_pairs((src_words[s - lead], tgt_words[t]) for t, s in enumerate(aligned)
+                      if lead <= s < lead + len(src_words))

@@ -32,6 +32,11 @@ class TranslateConfig:
     seed: int = 1
     alignment: bool = False  # add word alignments (Pharaoh "i-j") from the cross-attention, after a tab
     alignment_layer: int = 0  # the decoder layer (1-based) whose cross-attention aligns; 0: the penultimate
+    # a multilingual model: the language to translate into (its tag >>xx<< goes first in every source line)
+    tgt_lang: Optional[str] = None
+    # jsonl: each input line a JSON object {"text": ..., "tgt_lang": ..., "prefix": ...}, the last two optional (a
+    # line's own target language and prefix)
+    input_format: Literal["text", "jsonl"] = "text"
     batch_size: int = 64  # sentences per batch, at most
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length

@@ -22,7 +22,7 @@ from tfcli import checkpoint_meta, distributed
 from tfcli.console import Progress
 from tfcli.errors import TfcliError
 from tfcli.generate.config import TranslateConfig
-from tfcli.io import atomic_open, atomic_write_json, read_inputs, with_prefixes
+from tfcli.io import atomic_open, atomic_write_json, jsonl_items, read_inputs, with_prefixes
 
 # settings that do not change a line's translation (batch composition, speed, where it runs)
 _NOT_IN_OUTPUT = {"batch_size", "max_tokens", "buffer_size", "device", "threads", "part_lines"}
@@ -50,6 +50,8 @@ def translate_in_parts(checkpoints: list[str], inputs: list[str], output: str, c
         translator = make_translator(device)
         done = 0
         lines = _lines(inputs)
+        if cfg.input_format == "jsonl":
+            lines = jsonl_items(lines)
         if prefixes is not None:
             lines = with_prefixes(lines, prefixes, prefix_file)
         n_parts = 0

@@ -20,6 +20,7 @@ import torch
 
 from tfcli import distributed
 from tfcli.data.batching import pad, source_ids, token_batches, width_groups
+from tfcli.data.languages import language_tags, tag_id
 from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
 from tfcli.generate.config import TranslateConfig
 from tfcli.console import Progress, warn
@@ -31,7 +32,7 @@ from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import TfcliError
 from tfcli.io import (
-    atomic_open, encoding_errors, read_inputs, read_lines, refuse_overwriting_inputs, with_prefixes,
+    atomic_open, encoding_errors, jsonl_items, read_inputs, read_lines, refuse_overwriting_inputs, with_prefixes,
 )
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
@@ -49,6 +50,9 @@ class Translator:
         if cfg.alignment_layer > n_layers:
             raise TfcliError(f"--alignment-layer {cfg.alignment_layer}: the model's decoder has {n_layers} layers")
         self.alignment_layer = cfg.alignment_layer or default_layer(n_layers)
+        self.tags = language_tags(self.src_tok)  # a multilingual model's {language: tag id}
+        if cfg.tgt_lang is not None:
+            tag_id(self.tags, cfg.tgt_lang, "--tgt-lang")
         self.precision = precision(device, cfg.dtype, loaded.steps.half)
         self.warned_unk = self.warned_empty = False
         self.fixed = loaded.steps.static  # fixed-shape decoding (a GPU's): continuous batching
@@ -62,7 +66,8 @@ class Translator:
 
     def hypotheses(self, items: Iterable[tuple | None]) -> Iterator[tuple[int, list[Hypothesis]]]:
         """Yield (0-based line index, hypotheses best first) for each input line, in input order. An item is
-        (file name, line number, text), or with a fourth field the line's target prefix (`with_prefixes`). A None
+        (file name, line number, text), or with a fourth field the line's target prefix (`with_prefixes`) and a
+        fifth its target language (`jsonl_items`; None: --tgt-lang's). A None
         item means that input has paused (read_inputs): what has arrived is translated now, not when the buffer
         fills."""
         tty = sys.stdin.isatty()
@@ -103,6 +108,12 @@ class Translator:
                 results[i] = [Hypothesis([], 0.0, [], [] if self.cfg.alignment else None)]
         ids = encode_batch(self.src_tok, [chunk[i][2] for i in todo])
         self._check_unknowns(ids)
+        for k, i in enumerate(todo):  # a multilingual model: the line's target-language tag first
+            name, lineno, *rest = chunk[i]
+            lang = rest[2] if len(rest) > 2 and rest[2] is not None else self.cfg.tgt_lang
+            lead = tag_id(self.tags, lang, f"{name}:{lineno}")
+            if lead is not None:
+                ids[k] = [lead, *ids[k]]
         targets = encode_batch(self.tgt_tok, [prefixes[i] for i in todo]) if any(prefixes) else None
         src = []
         for i, seq in zip(todo, ids):
@@ -175,7 +186,8 @@ class Translator:
         flat = [h for hs in hyps for h in hs]
         aligned = token_alignments(self.steps.model, src[rows], [h.tokens for h in flat], self.alignment_layer)
         for row, h, positions in zip(rows, flat, aligned):
-            h.alignment = word_alignment(self.src_tok, self.tgt_tok, batch[row], h.tokens, positions, self.cfg.raw)
+            h.alignment = word_alignment(self.src_tok, self.tgt_tok, batch[row], h.tokens, positions, self.cfg.raw,
+                                         lead=1 if self.tags else 0)
 
     def texts(self, hyps: list[Hypothesis]) -> list[str]:
         """The hypotheses as output text: detokenised (or subword tokens with `raw`), one line each."""
@@ -274,6 +286,8 @@ def translate(
     refuse_overwriting_inputs([out or "-" for _, out in jobs], sources, hint)
     prefixes = None
     if prefix_file is not None:
+        if cfg.input_format == "jsonl":
+            raise TfcliError("--prefix: JSONL input gives each line's prefix in its \"prefix\" field; drop --prefix")
         if output_dir is not None:
             raise TfcliError("--prefix holds one line per input line of one output: use -o FILE, not --output-dir")
         with encoding_errors(cfg.encoding_errors):
@@ -303,6 +317,8 @@ def translate(
             translator.index = 0  # --nbest line numbers count within each output
             with open_output(out_path) as out:
                 items = read_inputs(files, pauses=True)
+                if cfg.input_format == "jsonl":
+                    items = jsonl_items(items)
                 if prefixes is not None:
                     items = with_prefixes(items, prefixes, prefix_file)
                 for text in translator.run(items):

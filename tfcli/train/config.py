@@ -32,6 +32,9 @@ class TrainConfig:
     max_sentences: int = 0  # at most this many sentences per batch (0: no limit)
     max_len: int = 0  # seq2seq: longer sentences are truncated; LM: the block length (0: the model's max_len)
     bpe_dropout: float = 0.0  # BPE-dropout: training sentences re-cut with each merge skipped with probability P
+    # a multilingual directory: each epoch draws direction d's rows in proportion to n_d^(1/T) (repeating rows where
+    # that is more than it has), so that small pairs count for more than their share; 1: every row once
+    lang_temperature: float = 5.0
     # optimisation
     lr: float = 5e-4  # peak learning rate
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
@@ -108,6 +111,8 @@ class TrainConfig:
             raise ConfigError(f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
         if self.rdrop < 0:
             raise ConfigError(f"train.rdrop: R-Drop's alpha must not be negative, got {self.rdrop} (0: off)")
+        if self.lang_temperature <= 0:
+            raise ConfigError(f"train.lang_temperature: must be positive, got {self.lang_temperature} (1: every row once)")
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ConfigError(f"train.bpe_dropout: must be in [0, 1), got {self.bpe_dropout}")
         if self.max_len == 1:

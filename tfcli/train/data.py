@@ -63,20 +63,42 @@ def to_bucket(batch: Batch, rows: int, length: int) -> Batch:
     return dataclasses.replace(batch, src=src, inputs=inputs, targets=targets, slots=slots)
 
 
+class Joined:
+    """Several splits' sequences of one side as one (a multilingual directory's directions, one after another)."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self.starts = np.cumsum([0] + [len(p) for p in parts])
+        self.lengths = np.concatenate([p.lengths for p in parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.parts[k][i - int(self.starts[k])]
+
+
 class ParallelData:
     """Sentence pairs, batched by tokens in length buckets. With `pad_multiple` > 1 every batch is padded to a
     shape bucket (`to_bucket`): its lengths up to a multiple of pad_multiple (at most max_len), its rows up to what
-    max_tokens allows at that length."""
+    max_tokens allows at that length. Several splits (a multilingual directory's directions) are read as one, each
+    epoch drawing from them by `temperature` (`epoch_rows`)."""
 
     kind = "seq2seq"
 
-    def __init__(self, prepared: PreparedData, split: str, max_len: int, max_tokens: int, max_sentences: int, seed: int,
-                 bpe_dropout: float = 0.0, pad_multiple: int = 1):
-        self.src = prepared.sequences(split, "src")
-        self.tgt = prepared.sequences(split, "tgt")
+    def __init__(self, prepared: PreparedData, split: str | list[str], max_len: int, max_tokens: int,
+                 max_sentences: int, seed: int, bpe_dropout: float = 0.0, pad_multiple: int = 1,
+                 temperature: float = 1.0):
+        splits = [split] if isinstance(split, str) else list(split)
+        parts = {side: [prepared.sequences(s, side) for s in splits] for side in ("src", "tgt")}
+        self.src, self.tgt = (p[0] if len(p) == 1 else Joined(p) for p in parts.values())
+        self.counts = np.array([len(p) for p in parts["src"]])
         if len(self.src) != len(self.tgt):
-            raise TfcliError(f"{prepared.path}: split '{split}' has {len(self.src)} source but {len(self.tgt)} target "
-                             "sentences; the prepared directory is corrupt")
+            raise TfcliError(f"{prepared.path}: split '{', '.join(splits)}' has {len(self.src)} source but "
+                             f"{len(self.tgt)} target sentences; the prepared directory is corrupt")
+        self.temperature = temperature
+        self.tagged = bool(prepared.directions)  # each source starts with a language tag
         self.max_len, self.max_tokens, self.max_sentences, self.seed = max_len, max_tokens, max_sentences, seed
         self.pad_multiple = pad_multiple
         # lengths as batched: source x.. </s>, target <s> y.. (or y.. </s>), both cut at max_len
@@ -103,13 +125,34 @@ class ParallelData:
         tok, dropout = self.dropout[side]
         seqs = self.src if side == "src" else self.tgt
         cut = []
+        keep = 1 if self.tagged and side == "src" else 0  # the language tag stays as it is
         for i in range(len(seqs)):
             ids = [int(t) for t in seqs[i]]
             if UNK_ID not in ids:
                 rng = np.random.default_rng([self.seed, epoch, i, side == "tgt"])
-                ids = dropout.encode(tok.decode(ids, skip_special_tokens=False), rng)
+                ids = ids[:keep] + dropout.encode(tok.decode(ids[keep:], skip_special_tokens=False), rng)
             cut.append(ids)
         return cut
+
+    def epoch_rows(self, epoch: int) -> np.ndarray | None:
+        """The rows epoch `epoch` trains on, or None for every row once. With several splits (directions) of n_d
+        rows and temperature T, direction d gets N * p_d of the epoch's N = sum(n_d) rows, p_d proportional to
+        n_d^(1/T): whole passes over its rows in a seeded order, then a seeded part of one more (a function of
+        (seed, epoch), so that a resumed run sees the same)."""
+        n = self.counts
+        if len(n) < 2 or self.temperature == 1:
+            return None
+        p = n ** (1 / self.temperature)
+        want = np.maximum(np.round(p / p.sum() * n.sum()).astype(np.int64), 1)
+        if (want == n).all():  # balanced directions: every row once, as without sampling
+            return None
+        rng = np.random.default_rng([self.seed, epoch, 1])
+        starts = np.cumsum([0, *n[:-1]])
+        picks = []
+        for start, count, m in zip(starts, n, want):
+            whole, rest = divmod(int(m), int(count))
+            picks += [start + rng.permutation(count) for _ in range(whole)] + [start + rng.permutation(count)[:rest]]
+        return np.concatenate(picks)
 
     def batches(self, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
         src_len, tgt_len = self.src_len, self.tgt_len
@@ -121,7 +164,11 @@ class ParallelData:
         lengths = np.maximum(src_len, tgt_len)
         if self.pad_multiple > 1:  # batched at their bucket's length, so that a batch fits its bucket's rows
             lengths = np.minimum(round_up(lengths, self.pad_multiple), self.max_len)
-        return token_batches(lengths, self.max_tokens, self.max_sentences or None, shuffle, self.seed, epoch)
+        rows = self.epoch_rows(epoch) if shuffle else None
+        if rows is None:
+            return token_batches(lengths, self.max_tokens, self.max_sentences or None, shuffle, self.seed, epoch)
+        return [rows[b] for b in token_batches(lengths[rows], self.max_tokens, self.max_sentences or None, shuffle,
+                                               self.seed, epoch)]
 
     def collate(self, idx: np.ndarray) -> Batch:
         if self.cut is not None:

@@ -6,7 +6,8 @@ metrics.jsonl keys (other tools, e.g. `tfcli plot`, read them):
   train        loss (label-smoothed, per target token), nll (plain cross-entropy per target token), ppl, lr,
                src_tokens_per_s, tgt_tokens_per_s (non-padding tokens; 0 source tokens for a language model),
                padding_fraction, grad_norm, and on a GPU mfu and max_mem_gib (peak allocated GPU memory so far)
-  valid        loss, nll, ppl, and bleu for translation
+  valid        loss, nll, ppl, and bleu for translation; a multilingual model's per direction under "directions"
+               ({"de-en": {loss, nll, ppl, bleu}, ...}), the others their mean
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ def format_record(r: dict) -> str:
         return " | ".join(parts)
     parts = [f"step {r['step']}", "valid", f"loss {r['loss']:.3f}", f"nll {r['nll']:.3f}", f"ppl {r['ppl']:.2f}"]
     if r.get("bleu") is not None:
-        parts.append(f"BLEU {r['bleu']:.2f}")
+        parts.append(f"BLEU {r['bleu']:.2f}" + (" (mean)" if "directions" in r else ""))
     if r.get("best"):
         parts.append("(best)")
+    for name, m in r.get("directions", {}).items():  # a multilingual model's directions
+        parts.append(f"{name} nll {m['nll']:.3f}" + (f" BLEU {m['bleu']:.2f}" if m.get("bleu") is not None else ""))
     return " | ".join(parts)
 
 
@@ -134,7 +137,8 @@ class MetricsLog:
                     + (f" src tok/s {_si(record['src_tokens_per_s'])}" if record["src_tokens_per_s"] else ""))
             self.progress.update(self.task, info=info)
         if self.tb is not None:
-            for key, value in record.items():
+            scalars = {**record, **{f"{d}/{k}": v for d, m in record.get("directions", {}).items() for k, v in m.items()}}
+            for key, value in scalars.items():
                 if key not in ("step", "epoch", "time", "split") and isinstance(value, (int, float)):
                     self.tb.add_scalar(f"{record['split']}/{key}", value, record["step"])
 

@@ -160,14 +160,20 @@ class Trainer:
         if cfg.bpe_dropout and mc.kind != "seq2seq":
             raise ConfigError("train.bpe_dropout: re-cuts translation pairs; a language model's stream is not re-cut")
         extra = {"bpe_dropout": cfg.bpe_dropout} if cfg.bpe_dropout else {}
+        if mc.kind == "seq2seq":
+            extra["temperature"] = cfg.lang_temperature
         self.pad_multiple = cfg.pad_multiple or (8 if cfg.compile else 1)
-        self.train_data = Data(self.prepared, "train", self.max_len, cfg.max_tokens, cfg.max_sentences, cfg.seed,
-                               pad_multiple=self.pad_multiple, **extra)
-        self.valid_data = None
-        if cfg.valid_split in self.prepared.splits:
-            self.valid_data = Data(self.prepared, cfg.valid_split, self.max_len, cfg.max_tokens, cfg.max_sentences,
-                                   cfg.seed, pad_multiple=self.pad_multiple)
-        elif cfg.patience:
+        train = self.prepared.split_names("train")
+        self.train_data = Data(self.prepared, train if len(train) > 1 else train[0], self.max_len, cfg.max_tokens,
+                               cfg.max_sentences, cfg.seed, pad_multiple=self.pad_multiple, **extra)
+        # {name: (split, data)}: the valid split, or a multilingual directory's one per direction, each reported
+        self.valid_data = {}
+        for split in self.prepared.split_names(cfg.valid_split):
+            if split in self.prepared.splits:
+                name = split.split(".", 1)[1] if split != cfg.valid_split else split
+                self.valid_data[name] = (split, Data(self.prepared, split, self.max_len, cfg.max_tokens,
+                                                     cfg.max_sentences, cfg.seed, pad_multiple=self.pad_multiple))
+        if not self.valid_data and cfg.patience:
             raise ConfigError(f"train.patience: early stopping needs a '{cfg.valid_split}' split in {cfg.data}")
         if mc.kind == "lm" and cfg.early_stop_metric == "bleu":
             raise ConfigError("train.early_stop_metric: 'bleu' is for translation; use loss or ppl for a language model")
@@ -581,7 +587,7 @@ class Trainer:
         """Validate, checkpoint, and decide on early stopping (the same decision on every rank)."""
         t0 = time.perf_counter()
         is_best, stop = False, False
-        if self.valid_data is not None:
+        if self.valid_data:
             metrics = self.validate()
             name = self.cfg.early_stop_metric
             value = metrics[name]
@@ -605,18 +611,26 @@ class Trainer:
         return stop
 
     def validate(self) -> dict:
-        """Valid loss/ppl over the whole valid split (sharded over ranks), and greedy BLEU for translation."""
+        """Valid loss/ppl over the whole valid split (sharded over ranks), and greedy BLEU for translation. A
+        multilingual directory's directions are each validated (under "directions"), the metrics their mean."""
         self.raw.eval()
-        metrics = valid_loss(self.objective, self.valid_data, self.dist, self.device, self.autocast)
+        per = {name: self._validate_split(split, data) for name, (split, data) in self.valid_data.items()}
+        self.raw.train()
+        if len(per) == 1:
+            return next(iter(per.values()))
+        mean = {key: sum(m[key] for m in per.values()) / len(per) for key in next(iter(per.values())) if key != "ppl"}
+        return {**mean, "ppl": ppl(mean["nll"]), "directions": per}
+
+    def _validate_split(self, split: str, data) -> dict:
+        metrics = valid_loss(self.objective, data, self.dist, self.device, self.autocast)
         if self.model_cfg.kind == "seq2seq" and self.cfg.valid_bleu:
-            cfg, data = self.cfg, self.valid_data
+            cfg = self.cfg
             n = len(data) if not cfg.bleu_max_sentences else min(len(data), cfg.bleu_max_sentences)
             bleu = greedy_bleu(
-                self.raw, data, self.prepared, cfg.valid_split, n, cfg.max_tokens, cfg.max_sentences, self.max_len,
+                self.raw, data, self.prepared, split, n, cfg.max_tokens, cfg.max_sentences, self.max_len,
                 self.device, self.autocast,
             ) if self.main else 0.0
             metrics["bleu"] = distributed.all_reduce_sum([bleu], self.dist, self.device)[0]
-        self.raw.train()
         return metrics
 
     def _save(self, is_best: bool) -> None:

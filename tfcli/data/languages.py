@@ -1,0 +1,78 @@
+"""Target-language tags of a multilingual model, Marian's (OPUS-MT's) convention: `>>fr<<` as the first source
+token tells one model which language to translate into.
+
+The tag goes on the source side, not (as M2M-100 does) as a forced first target token: the model and the search are
+those of a bilingual model, a target prefix stays free for the user's own, and both exports need nothing new (a
+CTranslate2 model and a MarianMT model read it as the first source token, as OPUS-MT's multilingual models do, so
+an imported OPUS-MT model's tags work as tfcli's). prepare adds the tags to the source vocabulary as special tokens
+(never split, never read from the text: `tfcli translate --tgt-lang fr` puts the tag's id in front of the encoded
+line). Torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tfcli.errors import ConfigError
+
+_CODE = r"[A-Za-z][A-Za-z0-9_-]{0,15}"  # fr, pt_BR, zho_Hans
+_TAG = re.compile(r">>(" + _CODE + r")<<")
+
+
+def tag(lang: str) -> str:
+    return f">>{lang}<<"
+
+
+def check_code(lang: str, what: str) -> str:
+    if not re.fullmatch(_CODE, lang or ""):
+        raise ConfigError(f"{what}: '{lang}' is not a language code (letters, digits, '_' or '-', from a letter: "
+                          "de, pt_BR)")
+    return lang
+
+
+def parse_directions(spec: str | list[str], what: str = "--lang-pairs") -> list[str]:
+    """['de-en', 'en-fr'] from 'de-en,en-fr' (or a list of such), each SRC-TGT, without repeats."""
+    items = spec.split(",") if isinstance(spec, str) else [x for s in spec for x in str(s).split(",")]
+    directions = []
+    for item in (x.strip() for x in items):
+        src, sep, tgt = item.partition("-") if item.count("-") == 1 else ("", "", "")
+        if not sep:
+            raise ConfigError(f"{what}: '{item}' is not a language pair: write SRC-TGT, e.g. de-en (codes with '_' "
+                              "where they need more, pt_BR-en)")
+        check_code(src, what)
+        check_code(tgt, what)
+        if src == tgt:
+            raise ConfigError(f"{what}: '{item}' translates a language into itself")
+        if item in directions:
+            raise ConfigError(f"{what}: '{item}' is given twice")
+        directions.append(item)
+    if not directions:
+        raise ConfigError(f"{what}: no language pair given")
+    return directions
+
+
+def target_languages(directions: list[str]) -> list[str]:
+    """The languages the directions translate into, sorted: the tags a model of them needs (their ids do not depend
+    on the order the pairs were given in)."""
+    return sorted({d.split("-")[1] for d in directions})
+
+
+def language_tags(tok) -> dict[str, int]:
+    """{language: tag id} of a tokenizer's vocabulary (ours, or an imported OPUS-MT model's): empty for a
+    bilingual model."""
+    return {m.group(1): i for t, i in tok.get_vocab(with_added_tokens=True).items() if (m := _TAG.fullmatch(t))}
+
+
+def tag_id(tags: dict[str, int], lang: str | None, where: str) -> int | None:
+    """The id to put in front of a source line for `lang`; a one-line error where the model cannot have it."""
+    if not tags:
+        if lang:
+            raise ConfigError(f"{where}: target language '{lang}' given, but the model translates into one language "
+                              "only (its source vocabulary has no >>xx<< tags); drop --tgt-lang")
+        return None
+    if not lang:
+        raise ConfigError(f"{where}: the model is multilingual: give the target language with --tgt-lang "
+                          f"({', '.join(sorted(tags))})")
+    if lang not in tags:
+        raise ConfigError(f"{where}: the model does not translate into '{lang}' (it knows: {', '.join(sorted(tags))})")
+    return tags[lang]
