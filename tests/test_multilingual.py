@@ -170,6 +170,36 @@ def test_training_validates_each_direction_and_stops_on_their_mean(corpus, tmp_p
     assert len({m["nll"] for m in per.values()}) == len(per)  # each scored on its own split
 
 
+def test_a_resumed_multilingual_run_draws_what_an_uninterrupted_one_draws(corpus, tmp_path):
+    """Sampling by temperature across epochs (a small direction repeated): resumed at step 8 of 14, the same
+    weights as the run that did not stop."""
+    from safetensors.torch import load_file
+
+    from tfcli.train.trainer import run as run_train, train
+
+    d = tmp_path / "files"
+    d.mkdir()
+    for lang in LANGS:
+        (d / f"train.{lang}").write_text("".join((corpus / f"train.{lang}").read_text().splitlines(True)[:10]))
+    for lang in ("de", "en"):
+        (d / f"train.de-en.{lang}").write_text((corpus / f"train.{lang}").read_text()[:1500])
+    prep = PreparedData(prepare(PrepareConfig(out=str(tmp_path / "p"), lang_pairs=["de-en,en-fr"],
+                                              train_prefix=str(d / "train"), vocab_size=100)))
+    opts = dict(max_steps=14, valid_every=5, log_every=1, max_tokens=120, lang_temperature=3.0, valid_bleu=False)
+    train(tiny_train_config(prep.path, tmp_path / "full", **opts), {"dropout": 0.1})
+    train(tiny_train_config(prep.path, tmp_path / "part", **{**opts, "max_steps": 8}), {"dropout": 0.1})
+    assert run_train(None, {"out": str(tmp_path / "part"), "resume": True, "max_steps": 14}).step == 14
+    epochs = {json.loads(x)["epoch"] for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()}
+    assert len(epochs) > 2  # several epochs, each its own draw
+
+    def last(run):
+        ckpts = run / "checkpoints"
+        return load_file(str(ckpts / (ckpts / "LATEST").read_text().strip() / "model.safetensors"))
+
+    a, b = last(tmp_path / "full"), last(tmp_path / "part")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 # --- translating with a tag ---------------------------------------------------------------------------------------
 
 TAGGED = WORDS[:14] + [tag("de"), tag("fr")]
