@@ -11,6 +11,7 @@ from tfcli import checkpoint
 
 from tfcli import checkpoint_meta
 from tfcli.device import DTYPES
+from tfcli.data.languages import language_tags
 from tfcli.errors import CheckpointError
 from tfcli.generate.step import StepModel
 from tfcli.model.config import ModelConfig
@@ -24,6 +25,7 @@ class Loaded:
     src_tok: object | None  # tokenizers.Tokenizer; None for a language model
     tgt_tok: object
     steps: StepModel  # its decoder arranged for decoding (fp32 on the CPU: weights packed for oneDNN; or int8)
+    tags: dict  # a multilingual model's {target language: its tag's source id} (tfcli/data/languages.py); {}
 
 
 def half_weights(device: torch.device, dtype: str) -> bool:
@@ -48,7 +50,8 @@ def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32",
         half = half_weights(device, dtype)
     decoding = copy.deepcopy(model).to(DTYPES[dtype]) if half else model
     steps = StepModel(decoding, pack=dtype == "fp32", int8=dtype == "int8")
-    return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps)
+    tags = language_tags(toks["src"]) if "src" in toks else {}
+    return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps, tags)
 
 
 def load_ensemble(paths: list[str], device: torch.device, dtype: str = "fp32", half: bool | None = None) -> Loaded:
@@ -66,4 +69,4 @@ def load_ensemble(paths: list[str], device: torch.device, dtype: str = "fp32", h
                 raise CheckpointError(f"{path}: its {side} tokenizer is not the one of {paths[0]}; the models of "
                                       "an ensemble must share their tokenizers (prepare with --tokenizer-from)")
     steps = EnsembleStepModel([m.steps for m in members])
-    return Loaded(first.model, first.cfg, first.meta, first.src_tok, first.tgt_tok, steps)
+    return Loaded(first.model, first.cfg, first.meta, first.src_tok, first.tgt_tok, steps, first.tags)

@@ -20,7 +20,7 @@ import torch
 
 from tfcli import distributed
 from tfcli.data.batching import pad, source_ids, token_batches, width_groups
-from tfcli.data.languages import language_tags, tag_id
+from tfcli.data.languages import tag_id
 from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
 from tfcli.generate.config import TranslateConfig
 from tfcli.console import Progress, warn
@@ -50,7 +50,7 @@ class Translator:
         if cfg.alignment_layer > n_layers:
             raise TfcliError(f"--alignment-layer {cfg.alignment_layer}: the model's decoder has {n_layers} layers")
         self.alignment_layer = cfg.alignment_layer or default_layer(n_layers)
-        self.tags = language_tags(self.src_tok)  # a multilingual model's {language: tag id}
+        self.tags = loaded.tags  # a multilingual model's {language: tag id}
         if cfg.tgt_lang is not None:
             tag_id(self.tags, cfg.tgt_lang, "--tgt-lang")
         self.precision = precision(device, cfg.dtype, loaded.steps.half)
