@@ -20,7 +20,7 @@ ZERO_SHOT=${ZERO_SHOT:-}
 OUT=${2:-runs/multi30k-multi-$SIZE${ZERO_SHOT:+-zs}}
 DATA=${DATA:-../shared/data}
 D=$DATA/multi30k
-case $SIZE in cpu) CONFIG=recipes/multi30k-cpu.yaml MINUTES=${MINUTES:-12} ;;
+case $SIZE in cpu) CONFIG=recipes/multi30k-cpu.yaml MINUTES=${MINUTES:-10} ;;
   cpu-long) CONFIG=recipes/multi30k-cpu-long.yaml MINUTES=${MINUTES:-39} ;;
   full) CONFIG=recipes/multi30k.yaml MINUTES=${MINUTES:-0} ;;
   *) echo "error: SIZE must be cpu, cpu-long or full, got '$SIZE'" >&2; exit 2 ;; esac
