@@ -407,3 +407,14 @@ def test_import_keeps_an_opus_mt_models_language_tokens(tmp_path):
     for word in WORDS[:5] + ["</s>"]:
         assert float(ours[ours_tok.token_to_id(word)]) == pytest.approx(float(theirs[vocab.index(word)]), abs=1e-4)
     assert len(tfcli.load(tmp_path / "ckpt").translate(["cat dog"], tgt_lang="fra", beam_size=1)) == 1
+
+
+def test_attention_pictures_take_the_target_language(tag_copier, tmp_path):
+    from tfcli.viz.attention import collect
+    from tfcli import checkpoint
+
+    model, meta = checkpoint.load(tag_copier)
+    (sample,) = collect(model, meta, ["cat dog"], tgt_lang="fr")
+    assert sample.tokens["src"][0] == ">>fr<<" and sample.target_text.startswith(">>fr<< cat dog")
+    with pytest.raises(ConfigError, match="give the target language"):
+        collect(model, meta, ["cat dog"])

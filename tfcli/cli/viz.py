@@ -31,6 +31,9 @@ def attention(
         help="Translation: the target to attend with, one per sentence (repeat) \\[default: the model's greedy "
         "translation].",
     ),
+    tgt_lang: Optional[str] = typer.Option(
+        None, "--tgt-lang", metavar="LANG", help="A multilingual translation model's target language."
+    ),
     generate: int = typer.Option(
         0, "--generate", "--max-new-tokens", "-n", metavar="N",
         help="Language model: continue the prompt greedily by up to N tokens.",
@@ -81,7 +84,7 @@ def attention(
         fail("no input: give sentences as arguments, --input FILE or on stdin", EXIT_USAGE)
     written = run(
         write_attention, model, texts, output, targets or None, generate, kinds, layers, png, html, device,
-        [input_file] if input_file else [],
+        [input_file] if input_file else [], tgt_lang,
     )
     for path in written:
         info(f"wrote {path}")

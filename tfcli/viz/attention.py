@@ -31,6 +31,7 @@ from tfcli import checkpoint
 
 from tfcli import checkpoint_meta
 from tfcli.data.batching import pad, source_ids
+from tfcli.data.languages import language_tags, tag_id
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.errors import TfcliError
 from tfcli.generate.config import GenerateConfig
@@ -99,8 +100,10 @@ def collect(
     texts: Sequence[str],
     targets: Sequence[str] | None = None,
     generate: int = 0,
+    tgt_lang: str | None = None,
 ) -> list[AttentionSample]:
-    """Attention of `model` on each text: a source sentence (translation) or a prompt (language model)."""
+    """Attention of `model` on each text: a source sentence (translation) or a prompt (language model);
+    `tgt_lang`: a multilingual model's target language (its tag first in each source, as translate puts it)."""
     if not texts:
         raise TfcliError("no input sentences: give them as arguments or with --input FILE")
     if len(texts) > MAX_SENTENCES:
@@ -110,7 +113,9 @@ def collect(
             raise TfcliError(
                 "--generate is for language models; a translation model's target is --target or its greedy translation"
             )
-        return _collect_seq2seq(model, meta, texts, targets)
+        return _collect_seq2seq(model, meta, texts, targets, tgt_lang)
+    if tgt_lang:
+        raise TfcliError("--tgt-lang is for multilingual translation models")
     if targets:
         raise TfcliError(
             "--target is for translation models; a language model attends over its prompt (--generate N continues it)"
@@ -118,11 +123,13 @@ def collect(
     return _collect_lm(model, meta, texts, generate)
 
 
-def _collect_seq2seq(model, meta, texts, targets) -> list[AttentionSample]:
+def _collect_seq2seq(model, meta, texts, targets, tgt_lang) -> list[AttentionSample]:
     cfg = model.cfg
     device = next(model.parameters()).device
     src_tok, tgt_tok = checkpoint_tokenizer(meta, "src"), checkpoint_tokenizer(meta, "tgt")
-    src_seqs = [source_ids(ids, cfg.max_len) for ids in encode_batch(src_tok, texts)]
+    lead = tag_id(language_tags(src_tok), tgt_lang, "--tgt-lang")
+    src_seqs = [source_ids(([lead] if lead is not None else []) + ids, cfg.max_len)
+                for ids in encode_batch(src_tok, texts)]
     src = pad(src_seqs).to(device)
     if targets is None:
         tgt_seqs = greedy_search(model, src)
@@ -355,6 +362,7 @@ def write_attention(
     html_page: bool = True,
     device: str = "auto",
     sources: Sequence[os.PathLike | str] = (),
+    tgt_lang: str | None = None,
 ) -> list[Path]:
     """Load a checkpoint, collect attention for `texts`, write PNGs and/or the HTML page into out_dir. `sources`:
     files the texts were read from (never written over). Without matplotlib only the HTML page is written."""
@@ -376,7 +384,7 @@ def write_attention(
             raise TfcliError(f"--kind {kind}: this {what} model has {', '.join(available)}")
     n_layers = {"encoder": model.cfg.n_encoder_layers}
     picked = {k: parse_layers(layers, n_layers.get(k, model.cfg.n_decoder_layers)) for k in kinds}
-    samples = collect(model, meta, texts, targets, generate)
+    samples = collect(model, meta, texts, targets, generate, tgt_lang)
     for s in samples:
         s.maps = {k: s.maps[k] for k in kinds}
 
