@@ -257,6 +257,37 @@ def successor_lm(vocab: list[str], successor: dict[int, int], max_len: int = 48,
     return model
 
 
+def marian_like_dir(d: Path, words: list[str]) -> tuple[Path, object, list[str]]:
+    """A Marian model as Opus-MT ships them, saved in `d` with a tokenizer.json over `words`: </s>=0, <unk>=1,
+    `words`, <pad> last and the decoder start, an output bias. Returns (d, the transformers model, its vocabulary)."""
+    import pytest
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = ["</s>", "<unk>"] + list(words) + ["<pad>"]
+    V = len(vocab)
+    cfg = transformers.MarianConfig(
+        vocab_size=V, decoder_vocab_size=V, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1, scale_embedding=True,
+    )
+    torch.manual_seed(3)
+    hf = transformers.MarianMTModel(cfg).eval()
+    with torch.no_grad():
+        hf.final_logits_bias.normal_()
+        for name, p in hf.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    hf.save_pretrained(d)
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["</s>", "<unk>", "<pad>"])
+    tok.save(str(d / "tokenizer.json"))
+    return d, hf, vocab
+
+
 def save_word_tokenizer(path, words: list[str]) -> Path:
     """A word-level tokenizer file whose ids are SPECIAL_TOKENS (0-3) then `words` in order; decoding joins words
     with spaces."""

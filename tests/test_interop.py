@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import copy_model, make_mono_prepared, make_parallel_prepared, save_model, save_word_tokenizer, tiny_train_config
+from helpers import (
+    copy_model, make_mono_prepared, make_parallel_prepared, marian_like_dir, save_model, save_word_tokenizer,
+    tiny_train_config,
+)
 from tfcli import checkpoint
 from tfcli import checkpoint_meta
 from tfcli.errors import ConfigError, TfcliError
@@ -206,31 +209,7 @@ def test_hf_export_computes_the_same_logits_and_imports_back_exactly(tmp_path, v
 
 
 def _marian_like_dir(tmp_path: Path) -> tuple[Path, object, list[str]]:
-    """A Marian model as Opus-MT ships them: </s>=0, <unk>=1, <pad> last and the decoder start, an output bias."""
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = ["</s>", "<unk>"] + WORDS + ["<pad>"]
-    V = len(vocab)
-    cfg = transformers.MarianConfig(
-        vocab_size=V, decoder_vocab_size=V, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-        pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1, scale_embedding=True,
-    )
-    torch.manual_seed(3)
-    hf = transformers.MarianMTModel(cfg).eval()
-    with torch.no_grad():
-        hf.final_logits_bias.normal_()
-        for name, p in hf.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.1)
-    d = tmp_path / "opus-like"
-    hf.save_pretrained(d)
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(["</s>", "<unk>", "<pad>"])
-    tok.save(str(d / "tokenizer.json"))
-    return d, hf, vocab
+    return marian_like_dir(tmp_path / "opus-like", WORDS)
 
 
 def test_import_reorders_a_foreign_vocabulary_and_keeps_the_distribution(tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import WORDS, copy_model, save_model, tiny_train_config
+from helpers import WORDS, copy_model, marian_like_dir, save_model, tiny_train_config
 from tfcli.data.config import PrepareConfig
 from tfcli.data.languages import language_tags, parse_directions, tag
 from tfcli.data.prepare import prepare
@@ -373,27 +373,12 @@ def test_prepared_tags_are_split_from_text_by_the_hf_tokenizer_only(corpus, tmp_
 def test_import_keeps_an_opus_mt_models_language_tokens(tmp_path):
     """A multilingual OPUS-MT-like Marian directory (its tags plain entries of vocab.json): imported, --tgt-lang
     finds its tags, and the model scores a tagged source as Marian does."""
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     import tfcli
     from tfcli import checkpoint
     from tfcli.interop.hf_import import import_model
 
-    vocab = ["</s>", "<unk>", ">>fra<<", ">>deu<<"] + WORDS + ["<pad>"]
+    d, hf, vocab = marian_like_dir(tmp_path / "opus-mul", [">>fra<<", ">>deu<<"] + WORDS)
     V = len(vocab)
-    cfg = transformers.MarianConfig(vocab_size=V, decoder_vocab_size=V, d_model=16, encoder_layers=1, decoder_layers=1,
-                                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
-                                    decoder_ffn_dim=16, max_position_embeddings=64, pad_token_id=V - 1,
-                                    eos_token_id=0, decoder_start_token_id=V - 1)
-    torch.manual_seed(5)
-    hf = transformers.MarianMTModel(cfg).eval()
-    d = tmp_path / "opus-mul"
-    hf.save_pretrained(d)
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(["</s>", "<unk>", "<pad>"])
-    tok.save(str(d / "tokenizer.json"))
     import_model(d, tmp_path / "ckpt")
     model, meta = checkpoint.load(tmp_path / "ckpt")
     ours_tok = checkpoint.tokenizer(meta, "src")
