@@ -168,8 +168,17 @@ class IncrementalDecoder:
         self.kv = list(self._workspace[: n_layers * size].view(n_layers, *shape).unbind(0))
         for kv in self.kv:  # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
             kv[:, :, :beam_size].zero_()
+        self._cache_views()
 
     fixed = False  # rows leave the batch (`select`); no new row joins it
+
+    def _cache_views(self) -> None:
+        """Per layer, views of its key/value memory as a step reads and writes it (made once, not at every step):
+        by slot (n, H_kv, slots, 2, d_head), the keys transposed (n*H_kv, d_head, slots) and the values
+        (n*H_kv, slots, d_head)."""
+        n, H_kv, dh = self.n, self.H_kv, self.dh
+        self.cache = [(kv.view(n, H_kv, -1, 2, dh), kv[..., :dh].reshape(n * H_kv, -1, dh).transpose(1, 2),
+                       kv[..., dh:].reshape(n * H_kv, -1, dh)) for kv in self.kv]
 
     def _cross_kv(self, layer, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's cross-attention keys, transposed, (m*H_kv, d_head, S), and values (m*H_kv, S, d_head) of
@@ -242,7 +251,7 @@ class IncrementalDecoder:
         n, H, H_kv, dh = self.n, self.H, self.H_kv, self.dh
         D = H * dh
         rope = self.sm.rope
-        for i, (layer, kv) in enumerate(zip(self.sm.layers, self.kv)):
+        for i, (layer, (slots, keys_t, values)) in enumerate(zip(self.sm.layers, self.cache)):
             # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this row's slots
             qkv = layer.qkv(layer.norm_self_in(x))
             q = layer.q_norm(qkv[:, :D].view(n, r, H, dh))
@@ -255,14 +264,11 @@ class IncrementalDecoder:
                 new_k = rope(new_kv[:, :, 0].transpose(1, 2), pos, self.max_steps).transpose(1, 2)
                 new_kv = torch.stack([new_k, new_kv[:, :, 1]], dim=2)
             if isinstance(start, int):
-                kv.view(n, H_kv, -1, 2, dh)[:, :, start : start + r] = new_kv.permute(0, 3, 1, 2, 4)
+                slots.narrow(2, start, r).copy_(new_kv.permute(0, 3, 1, 2, 4))
             else:
-                # (under autocast new_kv is bf16 while the cache keeps the weights' dtype: the slice above casts, this
-                # does not)
-                kv.view(n, H_kv, -1, 2, dh).index_copy_(2, start, new_kv.permute(0, 3, 1, 2, 4).to(kv.dtype))
-            keys = kv[:, :, :L, :dh].reshape(n * H_kv, L, dh)
-            values = kv[:, :, :L, dh:].reshape(n * H_kv, L, dh)
-            x = layer.norm_self_out(layer.self_out(self._attend(q, keys.transpose(1, 2), values, self_bias), x))
+                # (under autocast new_kv is bf16 while the cache keeps the weights' dtype: copy_ casts, this does not)
+                slots.index_copy_(2, start, new_kv.permute(0, 3, 1, 2, 4).to(slots.dtype))
+            x = layer.norm_self_out(layer.self_out(self._attend(q, keys_t[..., :L], values[:, :L], self_bias), x))
             if self.mem_kv is not None:  # cross-attention to the source
                 mem_kt, mem_v = self.mem_kv[i]
                 q = layer.cross_q_norm(layer.cross_q(layer.norm_cross_in(x)).view(n, r, H, dh))
@@ -277,9 +283,12 @@ class IncrementalDecoder:
         """q: (n, r, H, d_head); keys_t (n*H_kv, d_head, L), values (n*H_kv, L, d_head); bias broadcastable to
         (n*H_kv, g*r, L), the g query heads of a key/value head stacked. -> (n*r, d_model)"""
         n, r, H, dh = q.shape
-        q = q.transpose(1, 2).reshape(n * self.H_kv, H // self.H_kv * r, dh)
-        scores = torch.baddbmm(bias, q, keys_t, alpha=self.scale)
+        if r > 1:
+            q = q.transpose(1, 2)
+        scores = torch.baddbmm(bias, q.reshape(n * self.H_kv, H // self.H_kv * r, dh), keys_t, alpha=self.scale)
         y = torch.bmm(scores.softmax(-1), values)
+        if r == 1:  # (one query a row: the heads are already in place)
+            return y.view(n, H * dh)
         return y.view(n, H, r, dh).transpose(1, 2).reshape(n * r, H * dh)
 
     def release(self) -> None:
@@ -287,7 +296,7 @@ class IncrementalDecoder:
         if self._workspace is not None:
             self.sm._return_workspace(self._workspace)
             self._workspace = None
-        self.kv = []
+        self.kv, self.cache = [], []
 
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
         """Before the next step: keep the rows `keep` (indices, or None for all), then let beam j of each row
@@ -306,10 +315,11 @@ class IncrementalDecoder:
             for b in self.kv:
                 b[dst, :, :used] = b[src, :, :used]
             self.kv = [b[:n] for b in self.kv]
+            self.n = n
+            self._cache_views()
             if self.mem_kv is not None:
                 self.mem_kv = [tuple(_move_rows(m, n_old, n, dst, src) for m in kv) for kv in self.mem_kv]
                 self.mem_bias = _move_rows(self.mem_bias, n_old, n, dst, src)
-            self.n = n
         if parent is not None:
             self.history = self.history.gather(1, parent[:, :, None].expand(-1, -1, self.history.size(2)))
             self.k = parent.size(1)
