@@ -23,7 +23,8 @@ SHARED_DATA = os.environ.get("TFCLI_SHARED_DATA", str(Path(__file__).resolve().p
 def cpu_name() -> str:
     """The CPU model and its widest matrix instructions (AMX, AVX-512 BF16, AVX-512 or AVX2), e.g. "AMD EPYC (AVX2)":
     a virtual machine's model name ("AMD EPYC") can stand for generations 2x apart, and bf16 training is native
-    only on the first two."""
+    only on the first two. Settings that hold torch, oneDNN or CTranslate2 below the CPU's instructions (to measure
+    as an older CPU runs) are named after it."""
     model, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -36,6 +37,9 @@ def cpu_name() -> str:
     model = model or platform.processor() or platform.machine()
     isa = next((name for name, flag in (("AMX", "amx_bf16"), ("AVX-512 BF16", "avx512_bf16"),
                                         ("AVX-512", "avx512f"), ("AVX2", "avx2")) if flag in flags), None)
+    caps = [f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "CT2_FORCE_CPU_ISA")
+            if os.environ.get(k)]
+    isa = "; ".join(filter(None, [isa, f"held to {', '.join(caps)}" if caps else None]))
     return f"{model} ({isa})" if isa else model
 
 

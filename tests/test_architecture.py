@@ -125,6 +125,7 @@ SWITCHES = {
     "tfcli.runtime": {"keep_freed_memory"},
     "tfcli.train.trainer": {"fused_adamw"},
     "tfcli.model.linear": {"CPU_BF16_ROWS"},
+    "tfcli.generate.native": {"fp32_kernel"},
 }
 
 

@@ -13,7 +13,7 @@ import torch
 import tfcli
 from helpers import WORDS, save_random_translator
 from tfcli import device
-from tfcli.generate import int8
+from tfcli.generate import int8, native
 from tfcli.generate.int8 import LEVELS, Int8Linear, dequantize_rows, quantize_rows
 
 pytestmark = pytest.mark.skipif(not device.int8_available(), reason="this torch build has no int8 linear layers")
@@ -119,7 +119,7 @@ def test_engines_follow_the_cpu(monkeypatch):
 
 
 def test_the_compiled_row_kernels_give_the_torch_fallbacks_results(monkeypatch):
-    if int8._kernels() is None:
+    if native.library() is None:
         pytest.skip("the row kernels could not be built here (no C compiler)")
     torch.manual_seed(2)
     x = torch.randn(37, 300) * torch.rand(37, 1) * 3
@@ -129,7 +129,7 @@ def test_the_compiled_row_kernels_give_the_torch_fallbacks_results(monkeypatch):
     compiled = [quantize_rows(x, as_int8=True), quantize_rows(x, as_int8=False)]
     out = [dequantize_rows(y.clone(), compiled[0][1], bias, residual, relu) for relu in (False, True)]
     out.append(dequantize_rows(y.clone(), compiled[0][1], None, None, False))
-    monkeypatch.setattr(int8, "_kernels", lambda: None)
+    monkeypatch.setattr(native, "library", lambda: None)
     fallback = [quantize_rows(x, as_int8=True), quantize_rows(x, as_int8=False)]
     assert compiled[0][0].dtype == torch.int8 and compiled[1][0].dtype == torch.float32
     for (q, s), (q_ref, s_ref) in zip(compiled, fallback):
@@ -143,11 +143,11 @@ def test_without_a_compiler_int8_warns_once_and_runs_on_torch_ops(monkeypatch, t
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr("shutil.which", lambda name: None)
-    int8._kernels.cache_clear()
+    native.library.cache_clear()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            assert int8._kernels() is None and int8._kernels() is None
+            assert native.library() is None and native.library() is None
         assert len(caught) == 1 and "no C compiler" in str(caught[0].message)
         torch.manual_seed(0)
         lin = torch.nn.Linear(64, 48)
@@ -155,7 +155,7 @@ def test_without_a_compiler_int8_warns_once_and_runs_on_torch_ops(monkeypatch, t
         with torch.inference_mode():
             assert torch.equal(Int8Linear(lin)(x), oracle(lin, x))
     finally:
-        int8._kernels.cache_clear()
+        native.library.cache_clear()
 
 
 def test_an_int8_translation_is_the_same_at_every_batch_size_and_order(tmp_path):
@@ -191,16 +191,16 @@ needs_cc = pytest.mark.skipif(not __import__("shutil").which("cc") and not __imp
 
 
 def _build_fresh(monkeypatch, cache):
-    """int8._kernels run afresh (not its per-process cache) with `cache` as XDG_CACHE_HOME: (library, warnings)."""
+    """native.library run afresh (not its per-process cache) with `cache` as XDG_CACHE_HOME: (library, warnings)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        lib = int8._kernels.__wrapped__()
+        lib = native.library.__wrapped__()
     return lib, [str(w.message) for w in caught]
 
 
 def _library(cache):
-    return next((cache / "tfcli").glob("int8_rows-*.so"))
+    return next((cache / "tfcli").glob("rows-*.so"))
 
 
 def _put(path, data: bytes) -> None:
@@ -234,7 +234,7 @@ def test_two_processes_starting_together_build_the_kernels_once(tmp_path):
     cc.write_text(f"#!/bin/sh\necho build >> {log}\nsleep 1\nexec gcc \"$@\"\n")
     cc.chmod(0o755)
     env = {**os.environ, "CC": str(cc), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    code = "from tfcli.generate import int8; assert int8._kernels() is not None"
+    code = "from tfcli.generate import native; assert native.library() is not None"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(3)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     assert log.read_text().count("build") == 1

@@ -397,3 +397,69 @@ def test_fixed_shape_steps_under_autocast_match_the_shrinking_ones():
             b.select(None, torch.zeros(3, 1, dtype=torch.long))
         a.release()
         b.release()
+
+
+# --- the decoder's fp32 linear layers on rows.c's kernel (tfcli.generate.native) ---------------------------------
+
+def row_kernel():
+    from tfcli.generate import native
+
+    if native.fp32_kernel() is None:
+        pytest.skip("no fp32 row kernel here (no C compiler, no AVX-512, or ATEN_CPU_CAPABILITY below it)")
+    return native
+
+
+@pytest.mark.parametrize("n_in, n_out, bias", [(256, 100, True), (37, 64, False), (64, 33, True)])
+def test_the_row_kernel_is_a_linear_layer_whose_rows_do_not_depend_on_each_other(n_in, n_out, bias):
+    """RowLinear computes x W^T + b (+ residual, then ReLU), and a row's result is the same bit for bit whatever the
+    number of rows (1 to 41: every mix of its 8-, 4-, 2- and 1-row tiles)."""
+    native = row_kernel()
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(n_in, n_out, bias=bias)
+    x, res = torch.randn(41, n_in), torch.randn(n_out, 41).T  # a strided residual
+    with torch.inference_mode():
+        for relu, r in ((False, None), (True, res)):
+            f = native.RowLinear(lin, relu=relu)
+            want = lin(x) if r is None else lin(x) + r
+            full = f(x, r) if r is not None else f(x)
+            torch.testing.assert_close(full, want.relu() if relu else want, atol=1e-5, rtol=1e-5)
+            for m in range(1, 41):
+                part = f(x[:m], r[:m]) if r is not None else f(x[:m])
+                assert torch.equal(part, full[:m]), m
+        assert f(x[:0]).shape == (0, n_out)
+
+
+def test_the_row_kernel_follows_torchs_cpu_capability(monkeypatch):
+    native = row_kernel()
+    lib = native.library()
+    assert native.fp32_kernel() == lib.linear_rows
+    for capability in ("AVX2", "DEFAULT"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        assert native.fp32_kernel() is None
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_decoder_steps_on_the_row_kernel_and_on_onednn_match_the_full_forward(norm, monkeypatch):
+    """With the row kernel the decoder's layers run on it (the encoder and the output layer stay on oneDNN); without
+    it (no compiler) all run on oneDNN. Either way a step's logits are the model's full forward's."""
+    from tfcli.generate import native
+
+    model, _ = model_for(packed=True, norm=norm)
+    available = native.fp32_kernel() is not None
+    sms = [StepModel(model, pack=True)]
+    monkeypatch.setattr(native, "fp32_kernel", lambda: None)
+    sms.append(StepModel(model, pack=True))
+    assert sms[0].rows == available and not sms[1].rows
+    src = torch.randint(4, V, (2, 7))
+    prefix = [5, 9, 11]
+    with torch.inference_mode():
+        for sm in sms:
+            dec = start(sm, src, 1, 4)
+            tok = torch.full((2,), BOS_ID)
+            for i in range(len(prefix) + 1):
+                logits = dec.step(tok)
+                for row in range(2):
+                    torch.testing.assert_close(logits[row], full_logits(model, src[row], prefix[:i]), atol=1e-4,
+                                               rtol=1e-4)
+                if i < len(prefix):
+                    tok = torch.full((2,), prefix[i])

@@ -37,7 +37,7 @@ def translate(
     input_format: Optional[str] = typer.Option(
         None, "--input-format", metavar="FORMAT", rich_help_panel=_FMT,
         help='text, or jsonl: each line {"text": ..., "tgt_lang": ..., "prefix": ...} (the last two optional: '
-        "the line's own target language and prefix) \[default: text].",
+        r"the line's own target language and prefix) \[default: text].",
     ),
     output_dir: Optional[str] = typer.Option(
         None, "--output-dir", metavar="DIR", show_default=False,

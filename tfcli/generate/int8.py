@@ -11,28 +11,20 @@ Two engines run the integer product: fbgemm (cheap to set up: few rows) and, on 
 win on many rows). Both return the exact sum as a float times w_j (exact while K * 63 * 127 < 2^24, i.e. K <= 2,097;
 beyond that one engine serves every call), so which engine served a call changes nothing.
 
-Quantising the rows and applying s_r, b (and a residual or ReLU) are one pass each in a small C file
-(int8_rows.c), built once per machine with the system's C compiler into the user's cache; without a compiler the
-same operations run as torch ops, a little slower, with the same results bit for bit.
+Quantising the rows and applying s_r, b (and a residual or ReLU) are one pass each in a small C file (rows.c, built
+once per machine with the system's C compiler: tfcli.generate.native); without a compiler the same operations run as
+torch ops, a little slower, with the same results bit for bit.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
 import warnings
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from tfcli.device import int8_engines
+from tfcli.generate import native
 
 LEVELS = 63  # |q| <= 63: 7 bits
 # on a CPU with AMX, calls with at least this many rows go to oneDNN, fewer to fbgemm
@@ -91,7 +83,7 @@ class Int8Linear:
 def quantize_rows(x: torch.Tensor, as_int8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, s) for contiguous 2-d fp32 x: s (rows, 1) = max(max |x_r|, 1e-30) / LEVELS, q = round(x / s), int8 or
     integer-valued fp32."""
-    lib = _kernels()
+    lib = native.library()
     if lib is None:
         s = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30).div_(LEVELS)
         q = (x / s).round_()
@@ -107,7 +99,7 @@ def quantize_rows(x: torch.Tensor, as_int8: bool) -> tuple[torch.Tensor, torch.T
 def dequantize_rows(y: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                     relu: bool) -> torch.Tensor:
     """In place on contiguous y: y * s, then + bias, then + residual, then ReLU where asked."""
-    lib = _kernels()
+    lib = native.library()
     if lib is None:
         y.mul_(s)
         if bias is not None:
@@ -122,118 +114,3 @@ def dequantize_rows(y: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None,
                         None if residual is None else residual.data_ptr(),
                         0 if residual is None else residual.stride(0), int(relu))
     return y
-
-
-_SOURCE = Path(__file__).with_name("int8_rows.c")
-
-
-_SYMBOLS = ("quantize_rows", "dequantize_rows")
-
-
-class _Untrusted(OSError):
-    """A cache folder or library that another user could have written."""
-
-
-@functools.cache
-def _kernels():
-    """int8_rows.c as a loaded library, built on first use into ~/.cache/tfcli (or $XDG_CACHE_HOME/tfcli), keyed
-    by the source and the compiler; None, with one warning, where it cannot be built (no C compiler) or the cache is
-    not the user's own: the torch fallback then runs, with the same results.
-
-    Loading a library runs its code, so it is loaded only from a folder of the user's that nobody else may write,
-    owned by the user, with the SHA-256 recorded when it was built beside it; anything else (a truncated or corrupt
-    file, one planted by another user, one that lacks a function) is built again. Processes that start together
-    build it once (a lock in the cache), and a build that was killed leaves no file behind for long (the next build
-    removes it)."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return None
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        warnings.warn("int8: no C compiler found (cc/gcc): rows are quantised with torch ops, a little slower")
-        return None
-    flags = ["-O3", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
-    key = hashlib.sha256(_SOURCE.read_bytes() + compiler.encode() + " ".join(flags).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfcli"
-    path = cache / f"int8_rows-{key}.so"
-    try:
-        cache.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _check_private(cache)
-        with _locked(cache / f".int8_rows-{key}.lock"):
-            lib = _load_checked(path)
-            if lib is None:
-                lib = _build(compiler, flags, path)
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = e.stderr.decode(errors="replace").strip().splitlines()[-1:] if getattr(e, "stderr", None) else [e]
-        warnings.warn(f"int8: could not build or load {_SOURCE.name} ({detail[0] if detail else e}): rows are "
-                      "quantised with torch ops, a little slower")
-        return None
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.quantize_rows.argtypes = [p, i64, i64, i64, ctypes.c_float, p, p, p]
-    lib.quantize_rows.restype = None
-    lib.dequantize_rows.argtypes = [p, i64, i64, p, p, p, i64, ctypes.c_int]
-    lib.dequantize_rows.restype = None
-    return lib
-
-
-def _check_private(path: Path) -> None:
-    """`path` is the user's own and nobody else may write it (else _Untrusted)."""
-    st = os.stat(path)
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise _Untrusted(f"{path} is not private to this user (owner {st.st_uid}, mode {st.st_mode & 0o777:o})")
-
-
-@contextlib.contextmanager
-def _locked(lock: Path):
-    """An exclusive lock on `lock` (created), held while the block runs: one process builds, the others wait."""
-    import fcntl
-
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # (closing releases the lock)
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _load_checked(path: Path):
-    """The library at `path` if it is the one this user built (owner, mode, the recorded SHA-256) and has the
-    functions; None otherwise."""
-    record = path.with_name(path.name + ".sha256")
-    try:
-        for f in (path, record):
-            _check_private(f)
-        if record.read_text().strip() != _digest(path):
-            return None
-        lib = ctypes.CDLL(str(path))
-    except OSError:  # (missing, another's, or not a loadable library)
-        return None
-    return lib if all(hasattr(lib, name) for name in _SYMBOLS) else None
-
-
-def _build(compiler: str, flags: list[str], path: Path):
-    """Compile int8_rows.c to a temporary file, load and check it, record its SHA-256, and move it to `path`; a
-    killed build's temporary files (the lock is held: no other build runs) are removed first."""
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):
-        stale.unlink(missing_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        subprocess.run([compiler, *flags, str(_SOURCE), "-o", str(tmp), "-lm"], check=True, capture_output=True,
-                       timeout=120)
-        os.chmod(tmp, 0o700)
-        lib = ctypes.CDLL(str(tmp))  # (loaded under its own name: a bad library loaded before at `path` stays apart)
-        missing = [name for name in _SYMBOLS if not hasattr(lib, name)]
-        if missing:
-            raise OSError(f"the built library lacks {', '.join(missing)}")
-        record = path.with_name(path.name + ".sha256")
-        record_tmp = record.with_name(f".{record.name}.tmp-{os.getpid()}")
-        record_tmp.write_text(_digest(tmp) + "\n")
-        os.chmod(record_tmp, 0o600)
-        os.replace(record_tmp, record)
-        os.replace(tmp, path)
-        return lib
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -15,7 +15,9 @@ the first step of beam search). Arranged for inference speed:
   holds H_kv heads.
 - With `pack=True` on the CPU in fp32, linear layers use weights pre-packed for oneDNN, held here beside the
   model's own (which stay as they are), and run with the ReLU/GELU and the residual addition fused into the layer
-  before them. Where torch lacks those private ops, plain `F.linear` does the same work.
+  before them. Where torch lacks those private ops, plain `F.linear` does the same work. The decoder's layers, which
+  a step calls with few rows, run instead on a small C kernel where it is built (`tfcli.generate.native.RowLinear`:
+  about half oneDNN's time a call on few rows); the encoder and the output layer stay on oneDNN.
 - With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8: weights
   quantised once, one scale per output row; activations at each call, one scale per row (tfcli.generate.int8), so
   that a row's result never depends on the other rows.
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.device import onednn_available
+from tfcli.generate import native
 from tfcli.generate.int8 import Int8Linear
 from tfcli.generate.schedule import StepGraph
 from tfcli.model.layers import ACTIVATIONS, Sublayers, gate_activation
@@ -65,9 +68,11 @@ class StepModel:
         self.half = weight.dtype in (torch.bfloat16, torch.float16)
         self.packed = not int8 and pack and weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
         mode = "int8" if int8 else "packed" if self.packed else "plain"
+        # the decoder's layers, run on few rows a step: rows.c's kernel where it is built (tfcli.generate.native)
+        self.rows = self.packed and native.fp32_kernel() is not None
         decoder = parts.decoder
         self.embed, self.rope = decoder.embed, decoder.rope
-        self.layers = [_Layer(layer, mode) for layer in decoder.layers]
+        self.layers = [_Layer(layer, "rows" if self.rows else mode) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
         self.lm_head = _linear(parts.lm_head, mode)
         self.encoder = parts.encoder
@@ -501,8 +506,8 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
     """x -> act(x W^T + b), or with `residual` (x, r) -> x W^T + b + r, for 2-d x.
 
     mode "packed": the weights reordered for oneDNN once (a plain GEMM re-packs them on every call; a decoding step
-    calls each layer with few rows, so that is a large share of its work), and each layer one fused call. "int8":
-    see `tfcli.generate.int8`. "plain": F.linear."""
+    calls each layer with few rows, so that is a large share of its work), and each layer one fused call. "rows":
+    `tfcli.generate.native.RowLinear`. "int8": see `tfcli.generate.int8`. "plain": F.linear."""
     if mode == "packed":
         weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 64)
         bias = module.bias.detach() if module.bias is not None else None
@@ -515,8 +520,8 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
             return lambda x: f(linear(x, weight, bias, "none", [], ""))
         attr, algorithm = _ONEDNN_ACTIVATIONS[act]
         return lambda x: linear(x, weight, bias, attr, [], algorithm)
-    if mode == "int8":
-        linear = Int8Linear(module, relu=act == "relu")  # the residual and a ReLU applied in its last pass
+    if mode in ("int8", "rows"):  # the residual and a ReLU applied in their last pass
+        linear = (Int8Linear if mode == "int8" else native.RowLinear)(module, relu=act == "relu")
         if residual or act in (None, "relu"):
             return linear
         f = ACTIVATIONS[act]

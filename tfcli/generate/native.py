@@ -1,0 +1,194 @@
+"""The C kernels of CPU decoding (rows.c): built once per machine with the system's C compiler into the user's cache
+and called through ctypes on tensors' memory (plain C, no torch headers). Each has a torch fallback, used where no
+compiler is found.
+
+- int8's row quantisation and dequantisation (tfcli.generate.int8), bit for bit its torch fallback.
+- `RowLinear`: fp32 linear layers of the decoder's steps, y = x W^T + b (+ a residual, then a ReLU). Each output is
+  one fused multiply-add chain over the input from the bias, the same whatever the number of rows, so a row's result
+  depends on that row alone (a sentence's translation on that sentence alone), as with oneDNN's pre-packed weights
+  (the fallback, and what the encoder and the output layer run). It works on tiles of up to 8 rows x 32 outputs
+  held in AVX-512 registers, split over torch's OpenMP threads: on the few rows of a small batch's step it takes
+  about half of oneDNN's time a call (benchmarks/results/step_profile.md), and about as long on many rows. AVX-512
+  only: with AVX2's 16 registers the tiles that fit lost to oneDNN on many rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+NB = 32  # outputs a tile (rows.c); weights are padded to a multiple of it
+
+
+class RowLinear:
+    """`module` (nn.Linear, fp32) on the CPU as rows.c's linear_rows: `self(x)` for 2-d fp32 x, or
+    `self(x, residual)` = x W^T + b + residual; with `relu`, max(0, .) last. Only where `fp32_kernel()` is not
+    None."""
+
+    def __init__(self, module: nn.Linear, relu: bool = False):
+        self.kernel = fp32_kernel()
+        if self.kernel is None:
+            raise RuntimeError("the fp32 row kernel is not available here (see tfcli.generate.native.fp32_kernel)")
+        w = module.weight.detach().float()
+        self.N, self.K = w.shape
+        self.Np = -(-self.N // NB) * NB
+        # W in column blocks of NB outputs, each K x NB (rows.c reads a block's weights in order), zero past N
+        padded = torch.zeros(self.Np, self.K)
+        padded[: self.N] = w
+        self.wt = padded.view(self.Np // NB, NB, self.K).transpose(1, 2).contiguous()
+        self.bias = None
+        if module.bias is not None:
+            self.bias = torch.zeros(self.Np)
+            self.bias[: self.N] = module.bias.detach().float()
+        self.relu = int(relu)
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        x = x.contiguous()
+        M = x.size(0)
+        y = torch.empty(M, self.N)
+        if residual is not None and residual.stride(1) != 1:
+            residual = residual.contiguous()
+        if M:
+            self.kernel(x.data_ptr(), self.wt.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
+                        None if residual is None else residual.data_ptr(),
+                        0 if residual is None else residual.stride(0), self.relu, y.data_ptr(), M, self.K, self.N)
+        return y
+
+
+def fp32_kernel():
+    """rows.c's linear_rows, or None where it does not run: no C library (no compiler), a CPU without AVX-512, or
+    torch's own CPU kernels held below it (ATEN_CPU_CAPABILITY=avx2 or default: the same cap holds here)."""
+    lib = library()
+    if lib is None or not lib.linear_rows_supported() or torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return None
+    return lib.linear_rows
+
+
+_SOURCE = Path(__file__).with_name("rows.c")
+
+
+_SYMBOLS = ("quantize_rows", "dequantize_rows", "linear_rows", "linear_rows_supported")
+
+
+class _Untrusted(OSError):
+    """A cache folder or library that another user could have written."""
+
+
+@functools.cache
+def library():
+    """rows.c as a loaded library, built on first use into ~/.cache/tfcli (or $XDG_CACHE_HOME/tfcli), keyed by the
+    source and the compiler; None, with one warning, where it cannot be built (no C compiler) or the cache is not
+    the user's own: int8's torch fallback then runs (the same results) and fp32 linear layers run on oneDNN.
+
+    Loading a library runs its code, so it is loaded only from a folder of the user's that nobody else may write,
+    owned by the user, with the SHA-256 recorded when it was built beside it; anything else (a truncated or corrupt
+    file, one planted by another user, one that lacks a function) is built again. Processes that start together
+    build it once (a lock in the cache), and a build that was killed leaves no file behind for long (the next build
+    removes it)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        warnings.warn("tfcli: no C compiler found (cc/gcc): decoding on the CPU runs without its C kernels, a "
+                      "little slower")
+        return None
+    flags = ["-O3", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
+    key = hashlib.sha256(_SOURCE.read_bytes() + compiler.encode() + " ".join(flags).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfcli"
+    path = cache / f"rows-{key}.so"
+    try:
+        cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _check_private(cache)
+        with _locked(cache / f".rows-{key}.lock"):
+            lib = _load_checked(path)
+            if lib is None:
+                lib = _build(compiler, flags, path)
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = e.stderr.decode(errors="replace").strip().splitlines()[-1:] if getattr(e, "stderr", None) else [e]
+        warnings.warn(f"tfcli: could not build or load {_SOURCE.name} ({detail[0] if detail else e}): decoding "
+                      "on the CPU runs without its C kernels, a little slower")
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.quantize_rows.argtypes = [p, i64, i64, i64, ctypes.c_float, p, p, p]
+    lib.quantize_rows.restype = None
+    lib.dequantize_rows.argtypes = [p, i64, i64, p, p, p, i64, ctypes.c_int]
+    lib.dequantize_rows.restype = None
+    lib.linear_rows.argtypes = [p, p, p, p, i64, ctypes.c_int, p, i64, i64, i64]
+    lib.linear_rows.restype = None
+    lib.linear_rows_supported.argtypes, lib.linear_rows_supported.restype = [], ctypes.c_int
+    return lib
+
+
+def _check_private(path: Path) -> None:
+    """`path` is the user's own and nobody else may write it (else _Untrusted)."""
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise _Untrusted(f"{path} is not private to this user (owner {st.st_uid}, mode {st.st_mode & 0o777:o})")
+
+
+@contextlib.contextmanager
+def _locked(lock: Path):
+    """An exclusive lock on `lock` (created), held while the block runs: one process builds, the others wait."""
+    import fcntl
+
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing releases the lock)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _load_checked(path: Path):
+    """The library at `path` if it is the one this user built (owner, mode, the recorded SHA-256) and has the
+    functions; None otherwise."""
+    record = path.with_name(path.name + ".sha256")
+    try:
+        for f in (path, record):
+            _check_private(f)
+        if record.read_text().strip() != _digest(path):
+            return None
+        lib = ctypes.CDLL(str(path))
+    except OSError:  # (missing, another's, or not a loadable library)
+        return None
+    return lib if all(hasattr(lib, name) for name in _SYMBOLS) else None
+
+
+def _build(compiler: str, flags: list[str], path: Path):
+    """Compile rows.c to a temporary file, load and check it, record its SHA-256, and move it to `path`; a
+    killed build's temporary files (the lock is held: no other build runs) are removed first."""
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):
+        stale.unlink(missing_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        subprocess.run([compiler, *flags, str(_SOURCE), "-o", str(tmp), "-lm"], check=True, capture_output=True,
+                       timeout=120)
+        os.chmod(tmp, 0o700)
+        lib = ctypes.CDLL(str(tmp))  # (loaded under its own name: a bad library loaded before at `path` stays apart)
+        missing = [name for name in _SYMBOLS if not hasattr(lib, name)]
+        if missing:
+            raise OSError(f"the built library lacks {', '.join(missing)}")
+        record = path.with_name(path.name + ".sha256")
+        record_tmp = record.with_name(f".{record.name}.tmp-{os.getpid()}")
+        record_tmp.write_text(_digest(tmp) + "\n")
+        os.chmod(record_tmp, 0o600)
+        os.replace(record_tmp, record)
+        os.replace(tmp, path)
+        return lib
+    finally:
+        tmp.unlink(missing_ok=True)
