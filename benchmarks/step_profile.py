@@ -145,7 +145,10 @@ def markdown(res: dict) -> str:
              f"Command: `.venv/bin/python benchmarks/step_profile.py --threads {res['threads']}`", "",
              f"Machine: {res['cpu']}, torch {res['torch']}, {res['threads']} threads. Measured {res['date']}. "
              f"Model: the synthetic 6+6 x 256 of translate_speed.py (vocabulary 8000, fp32), forced {OUT_LEN}-token "
-             "outputs, through `tfcli.load(...).translate`.", ""]
+             "outputs, through `tfcli.load(...).translate`. Each section is a process of its own, minutes from the "
+             "others on a shared machine: its milliseconds a step are for reading where the time goes, not for "
+             "comparing sections (an A/B belongs in interleaved runs); the operator counts do not move. The time in "
+             "linear layers counts torch's operators only: tfcli's C kernel, called through ctypes, is not one.", ""]
     for cap, r in res["runs"].items():
         lines += [f"## {cap} (ATen kernels: {r['isa']}{', oneDNN held to AVX2' if cap == 'avx2' else ''})", "",
                   "| batch | beam | ms / step | sent/s | ops / step | from Python | time in linear layers | "

@@ -7,9 +7,9 @@ compiler is found.
   one fused multiply-add chain over the input from the bias, the same whatever the number of rows, so a row's result
   depends on that row alone (a sentence's translation on that sentence alone), as with oneDNN's pre-packed weights
   (the fallback, and what the encoder and the output layer run). It works on tiles of up to 8 rows x 32 outputs
-  held in AVX-512 registers, split over torch's OpenMP threads: on the few rows of a small batch's step it takes
-  about half of oneDNN's time a call (benchmarks/results/step_profile.md), and about as long on many rows. AVX-512
-  only: with AVX2's 16 registers the tiles that fit lost to oneDNN on many rows.
+  held in AVX-512 registers, split over torch's OpenMP threads: on the few rows of a small batch's step it takes a
+  third to a half of oneDNN's time a call, and about as long on many rows (docs/performance.md). AVX-512 only: with
+  AVX2's 16 registers the tiles that fit lost to oneDNN on many rows.
 """
 
 from __future__ import annotations
