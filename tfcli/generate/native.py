@@ -42,14 +42,14 @@ class RowLinear:
             raise RuntimeError("the fp32 row kernel is not available here (see tfcli.generate.native.fp32_kernel)")
         w = module.weight.detach().float()
         self.N, self.K = w.shape
-        self.Np = -(-self.N // NB) * NB
+        Np = -(-self.N // NB) * NB
         # W in column blocks of NB outputs, each K x NB (rows.c reads a block's weights in order), zero past N
-        padded = torch.zeros(self.Np, self.K)
+        padded = torch.zeros(Np, self.K)
         padded[: self.N] = w
-        self.wt = padded.view(self.Np // NB, NB, self.K).transpose(1, 2).contiguous()
+        self.wt = padded.view(Np // NB, NB, self.K).transpose(1, 2).contiguous()
         self.bias = None
         if module.bias is not None:
-            self.bias = torch.zeros(self.Np)
+            self.bias = torch.zeros(Np)
             self.bias[: self.N] = module.bias.detach().float()
         self.relu = int(relu)
 

@@ -17,7 +17,7 @@ the first step of beam search). Arranged for inference speed:
   model's own (which stay as they are), and run with the ReLU/GELU and the residual addition fused into the layer
   before them. Where torch lacks those private ops, plain `F.linear` does the same work. The decoder's layers, which
   a step calls with few rows, run instead on a small C kernel where it is built (`tfcli.generate.native.RowLinear`:
-  about half oneDNN's time a call on few rows); the encoder and the output layer stay on oneDNN.
+  a third to a half of oneDNN's time a call on few rows); the encoder and the output layer stay on oneDNN.
 - With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8: weights
   quantised once, one scale per output row; activations at each call, one scale per row (tfcli.generate.int8), so
   that a row's result never depends on the other rows.
