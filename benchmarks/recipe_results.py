@@ -158,7 +158,8 @@ def record_distill(args) -> dict:
         }
     speed = json.loads(Path(args.speed).read_text())
     entry["speed"] = {k: speed[k] for k in ("sent_per_s", "bleu", "batch", "threads", "cpu", "date")}
-    entry["whole_wall_s"] = args.wall_s  # teacher, translation of train, student and the speed benchmark
+    # teacher, translation of train, student and the speed benchmark; a teacher trained earlier adds its recipe's time
+    entry["whole_wall_s"] = args.wall_s + (entry["teacher"]["recipe_wall_s"] if args.add_teacher_time else 0)
     merge(entry)
     return entry
 
@@ -462,6 +463,8 @@ def main() -> None:
     d.add_argument("out")
     d.add_argument("--pair", required=True)
     d.add_argument("--size", required=True, help="the budget (cpu, cpu-long, full) and its TRAIN_ARGS")
+    d.add_argument("--add-teacher-time", action="store_true",
+                   help="the teacher was trained before this run: add its recipe's time to the whole run's")
     d.add_argument("--tag", default="", help="the student's variant (-teacher-size, -orig), as distill.sh names it")
     d.add_argument("--speed", required=True, help="benchmarks/distill_speed.py's JSON for this run")
     d.add_argument("--wall-s", type=float, required=True, help="seconds the whole run took")

@@ -15,7 +15,7 @@
 # 4. Speed: benchmarks/distill_speed.py, the teacher and the student side by side in one run (sentences/s, beam 5
 #    and greedy, fp32 and int8, batch 64, and CTranslate2 int8 of the teacher where it exports); then the run is
 #    recorded as one entry (benchmarks/recipe_results.py distill: the table in docs/recipes.md), with its whole time
-#    (a resumed run's counts from its restart).
+#    (a resumed run's counts from its restart; a teacher found in OUT/teacher adds the time its recipe recorded).
 # Other variables pass on to recipes/multi30k.sh (DATA, SEED, VOCAB, BPE, TRAIN_ARGS for both runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,9 @@ if [ -n "${TEACHERS:-}" ]; then
   MODELS=() && for t in $TEACHERS; do MODELS+=(-m "$t"); done
   ALPHA=1.0
 else
+  TEACHER_TRAINED=0
   if [ ! -f "$OUT/teacher/result.json" ]; then
+    TEACHER_TRAINED=1
     echo "== teacher: recipes/multi30k.sh $SRC $TGT $SIZE" >&2
     recipes/multi30k.sh "$SRC" "$TGT" "$SIZE" "$OUT/teacher"
   fi
@@ -64,5 +66,6 @@ if [ -z "${TEACHERS:-}" ]; then
   python3 benchmarks/distill_speed.py "$CKPT" "$STUDENT_CKPT" --pair "$SRC-$TGT" --data "$DATA" --out "$SPEED"
   echo "== record: the teacher against the student (benchmarks/results/recipes.*, docs/recipes.md)" >&2
   python3 benchmarks/recipe_results.py distill "$OUT" --pair "$SRC-$TGT" --tag "$TAG" --speed "$SPEED.json" \
-    --size "$SIZE${TRAIN_ARGS:+ ($TRAIN_ARGS)}" --wall-s "$SECONDS"
+    --size "$SIZE${TRAIN_ARGS:+ ($TRAIN_ARGS)}" --wall-s "$SECONDS" \
+    $([ "$TEACHER_TRAINED" = 1 ] || echo --add-teacher-time)
 fi
