@@ -261,9 +261,11 @@ def test_a_distillation_run_is_recorded_as_teacher_against_student(tmp_path, mon
                             "teacher CT2 int8 / beam 5": 50.0}, "bleu": {}, "batch": 64, "threads": 2, "cpu": "x",
              "date": "d"}
     (tmp_path / "speed.json").write_text(json.dumps(speed))
-    d = type("A", (), dict(out=str(tmp_path / "d"), pair="de-en", size="cpu", tag="", speed=str(tmp_path / "speed.json"),
-                           wall_s=1800.0))
-    entry = recipe_results.record_distill(d)
+    d = dict(out=str(tmp_path / "d"), pair="de-en", size="cpu", tag="", speed=str(tmp_path / "speed.json"),
+             wall_s=1800.0)
+    # a teacher trained before the run (found in OUT/teacher) adds the time its recipe recorded
+    assert recipe_results.record_distill(type("A", (), {**d, "add_teacher_time": True}))["whole_wall_s"] == 2600.0
+    entry = recipe_results.record_distill(type("A", (), {**d, "add_teacher_time": False}))
     assert entry["teacher"]["layers"] == "2+4 x 16" and entry["student"]["layers"] == "2+1 x 16"
     assert entry["teacher"]["parameters"] > entry["student"]["parameters"] > 0
     assert entry["student"]["valid_sacrebleu"] == 36.5 and entry["student"]["test_sacrebleu"] == 35.5
@@ -273,7 +275,8 @@ def test_a_distillation_run_is_recorded_as_teacher_against_student(tmp_path, mon
     recipe_results.update_readme(all_, doc)
     assert row in doc.read_text() and doc.read_text().endswith("<!-- distill:end -->\nafter\n")
     assert sorted(all_) == ["distill-de-en/cpu", "multi30k-de-en/cpu", "multi30k-distill-de-en/cpu"]  # each kept
-    assert "| de->en |" not in recipe_results.readme_blocks(all_)["current"]
+    current = recipe_results.readme_blocks(all_)["current"]
+    assert "Multi30k de->en `cpu`" in current and "student" not in current
 
 
 def test_a_multilingual_run_is_recorded_per_direction_beside_the_bilingual_recipe(tmp_path, monkeypatch):
