@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tfcli.device import int8_available, onednn_available
 from tfcli.generate.step import StaticDecoder, StepModel
 from tfcli.model.config import preset
-from tfcli.specials import BOS_ID, PAD_ID
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 from tfcli.model.transformer import build_model
 
 V = 40
@@ -401,19 +402,24 @@ def test_fixed_shape_steps_under_autocast_match_the_shrinking_ones():
 
 # --- the decoder's fp32 linear layers on rows.c's kernel (tfcli.generate.native) ---------------------------------
 
-def row_kernel():
+def row_kernel(version="linear_rows_avx2"):
+    """tfcli.generate.native, where rows.c's `version` runs on this CPU (linear_rows: AVX-512; linear_rows_avx2)."""
     from tfcli.generate import native
 
-    if native.fp32_kernel() is None:
-        pytest.skip("no fp32 row kernel here (no C compiler, no AVX-512, or ATEN_CPU_CAPABILITY below it)")
+    lib = native.library()
+    if lib is None or lib.linear_rows_supported() < (2 if version == "linear_rows" else 1):
+        pytest.skip(f"rows.c's {version} does not run here (no C compiler, or the CPU lacks its instructions)")
     return native
 
 
-@pytest.mark.parametrize("n_in, n_out, bias", [(256, 100, True), (37, 64, False), (64, 33, True)])
-def test_the_row_kernel_is_a_linear_layer_whose_rows_do_not_depend_on_each_other(n_in, n_out, bias):
+@pytest.mark.parametrize("version", ["linear_rows", "linear_rows_avx2"])
+@pytest.mark.parametrize("n_in, n_out, bias", [(256, 100, True), (37, 64, False), (64, 33, True), (96, 200, True)])
+def test_the_row_kernel_is_a_linear_layer_whose_rows_do_not_depend_on_each_other(n_in, n_out, bias, version,
+                                                                                monkeypatch):
     """RowLinear computes x W^T + b (+ residual, then ReLU), and a row's result is the same bit for bit whatever the
-    number of rows (1 to 41: every mix of its 8-, 4-, 2- and 1-row tiles)."""
-    native = row_kernel()
+    number of rows (1 to 41: every mix of each version's row tiles)."""
+    native = row_kernel(version)
+    monkeypatch.setattr(native, "fp32_kernel", lambda: getattr(native.library(), version))
     torch.manual_seed(1)
     lin = torch.nn.Linear(n_in, n_out, bias=bias)
     x, res = torch.randn(41, n_in), torch.randn(n_out, 41).T  # a strided residual
@@ -429,13 +435,30 @@ def test_the_row_kernel_is_a_linear_layer_whose_rows_do_not_depend_on_each_other
         assert f(x[:0]).shape == (0, n_out)
 
 
+def test_the_row_kernels_avx512_and_avx2_versions_give_the_same_bits(monkeypatch):
+    """Each output is the same chain of fused multiply-adds in both versions, so a model decodes the same on an
+    AVX-512 CPU and on an AVX2 one."""
+    native = row_kernel("linear_rows")
+    torch.manual_seed(2)
+    lin = torch.nn.Linear(72, 130)
+    x, res = torch.randn(23, 72), torch.randn(23, 130)
+    outs = []
+    with torch.inference_mode():
+        for version in ("linear_rows", "linear_rows_avx2"):
+            monkeypatch.setattr(native, "fp32_kernel", lambda: getattr(native.library(), version))
+            outs.append([native.RowLinear(lin)(x[:m]) for m in (1, 5, 23)] + [native.RowLinear(lin, relu=True)(x, res)])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
 def test_the_row_kernel_follows_torchs_cpu_capability(monkeypatch):
     native = row_kernel()
     lib = native.library()
-    assert native.fp32_kernel() == lib.linear_rows
-    for capability in ("AVX2", "DEFAULT"):
+    want = {"AVX512": lib.linear_rows if lib.linear_rows_supported() == 2 else lib.linear_rows_avx2,
+            "AVX2": lib.linear_rows_avx2, "DEFAULT": None}
+    for capability, kernel in want.items():
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-        assert native.fp32_kernel() is None
+        assert native.fp32_kernel() == kernel, capability
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
@@ -463,3 +486,34 @@ def test_decoder_steps_on_the_row_kernel_and_on_onednn_match_the_full_forward(no
                                                rtol=1e-4)
                 if i < len(prefix):
                     tok = torch.full((2,), prefix[i])
+
+
+@pytest.mark.parametrize("n_kv_head", [None, 2])
+def test_the_attention_kernel_gives_a_row_the_same_bits_alone_and_beside_wider_rows(n_kv_head, monkeypatch):
+    """rows.c's attend_rows: a sentence's step logits are the same bit for bit alone and in a batch with a longer
+    source (its own padded) and other beams, and close to torch's attention (the kernel off). The decoders read
+    the same encoder output (the encoder's own batch invariance is not what is tested here)."""
+    from tfcli.generate import native
+
+    if native.attention_kernel() is None:
+        pytest.skip("no attention kernel here (no C compiler, no AVX2, or ATEN_CPU_CAPABILITY=default)")
+    model, sm = model_for(packed=True, n_kv_head=n_kv_head)
+    assert sm.attend_rows is not None
+    monkeypatch.setattr(native, "fp32_kernel", lambda: None)
+    torch_sm = StepModel(model, pack=True)
+    assert torch_sm.attend_rows is None
+    with torch.inference_mode():
+        short, short_mask = sm.encode(torch.randint(4, V, (1, 5)))
+        wide, wide_mask = sm.encode(torch.randint(4, V, (2, 9)))
+        padded = torch.cat([short, torch.randn(1, 4, short.size(2))], 1)  # (what padding holds is never read)
+        both = torch.cat([padded, wide]), torch.cat([F.pad(short_mask, (0, 4)), wide_mask])
+        runs = [sm.start(1, 2, 4, short, short_mask), sm.start(3, 2, 4, *both),
+                torch_sm.start(1, 2, 4, short, short_mask)]
+        tok = {1: torch.full((1,), BOS_ID), 3: torch.full((3,), BOS_ID)}
+        for t in range(3):
+            alone, batch, ref = (dec.step(tok[dec.n]) for dec in runs)
+            assert torch.equal(alone, batch[: alone.size(0)])
+            torch.testing.assert_close(alone, ref, atol=1e-4, rtol=1e-4)
+            for dec in runs:  # two beams a row from the first step on, the second following the first
+                dec.select(None, torch.tensor([[0, 0]] * dec.n) if t == 0 else torch.tensor([[1, 0]] * dec.n))
+            tok = {1: torch.tensor([5, 6]), 3: torch.tensor([5, 6, 7, 8, 9, 10])}

@@ -6,10 +6,12 @@ compiler is found.
 - `RowLinear`: fp32 linear layers of the decoder's steps, y = x W^T + b (+ a residual, then a ReLU). Each output is
   one fused multiply-add chain over the input from the bias, the same whatever the number of rows, so a row's result
   depends on that row alone (a sentence's translation on that sentence alone), as with oneDNN's pre-packed weights
-  (the fallback, and what the encoder and the output layer run). It works on tiles of up to 8 rows x 32 outputs
-  held in AVX-512 registers, split over torch's OpenMP threads: on the few rows of a small batch's step it takes a
-  third to a half of oneDNN's time a call, and about as long on many rows (docs/performance.md). AVX-512 only: with
-  AVX2's 16 registers the tiles that fit lost to oneDNN on many rows.
+  (the fallback, and what the encoder and the output layer run). Two versions, the same results bit for bit: tiles
+  of up to 8 rows x 32 outputs held in AVX-512's registers, or of 6 rows x 16 outputs in AVX2's (the last few rows
+  in tiles as wide as the registers allow), split over torch's OpenMP threads. On the few rows of a small batch's
+  step a call takes a fraction of oneDNN's time, and about as long on many rows (docs/performance.md).
+- `attention_kernel()`: a decoding step's attention, every row and head in one call (rows.c's attend_rows), where
+  torch would launch seven small operators per layer; a row's result depends on that row alone.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-NB = 32  # outputs a tile (rows.c); weights are padded to a multiple of it
+NB = 32  # outputs a column block of the weights (rows.c)
+PAD = 64  # weights are padded with zeros to a multiple of this many outputs (the widest tile, rows.c)
 
 
 class RowLinear:
@@ -42,7 +45,7 @@ class RowLinear:
             raise RuntimeError("the fp32 row kernel is not available here (see tfcli.generate.native.fp32_kernel)")
         w = module.weight.detach().float()
         self.N, self.K = w.shape
-        Np = -(-self.N // NB) * NB
+        Np = -(-self.N // PAD) * PAD
         # W in column blocks of NB outputs, each K x NB (rows.c reads a block's weights in order), zero past N
         padded = torch.zeros(Np, self.K)
         padded[: self.N] = w
@@ -67,18 +70,31 @@ class RowLinear:
 
 
 def fp32_kernel():
-    """rows.c's linear_rows, or None where it does not run: no C library (no compiler), a CPU without AVX-512, or
-    torch's own CPU kernels held below it (ATEN_CPU_CAPABILITY=avx2 or default: the same cap holds here)."""
+    """rows.c's linear_rows for this CPU (its AVX-512 or its AVX2 version: the same results), or None where neither
+    runs: no C library (no compiler), a CPU without AVX2 and FMA, or torch's own CPU kernels held to plain x86-64
+    (ATEN_CPU_CAPABILITY=default; held to avx2, the AVX2 version runs, as on a CPU without AVX-512)."""
     lib = library()
-    if lib is None or not lib.linear_rows_supported() or torch.backends.cpu.get_cpu_capability() != "AVX512":
+    if lib is None:
         return None
-    return lib.linear_rows
+    level, capability = lib.linear_rows_supported(), torch.backends.cpu.get_cpu_capability()
+    if level == 2 and capability == "AVX512":
+        return lib.linear_rows
+    if level >= 1 and capability in ("AVX2", "AVX512"):
+        return lib.linear_rows_avx2
+    return None
+
+
+def attention_kernel():
+    """rows.c's attend_rows (tfcli.generate.step's fp32 attention on the CPU), where the fp32 row kernel runs (the
+    same conditions: `fp32_kernel`); None elsewhere."""
+    return None if fp32_kernel() is None else library().attend_rows
 
 
 _SOURCE = Path(__file__).with_name("rows.c")
 
 
-_SYMBOLS = ("quantize_rows", "dequantize_rows", "linear_rows", "linear_rows_supported")
+_SYMBOLS = ("quantize_rows", "dequantize_rows", "linear_rows", "linear_rows_avx2", "linear_rows_supported",
+            "attend_rows")
 
 
 class _Untrusted(OSError):
@@ -124,9 +140,13 @@ def library():
     lib.quantize_rows.restype = None
     lib.dequantize_rows.argtypes = [p, i64, i64, p, p, p, i64, ctypes.c_int]
     lib.dequantize_rows.restype = None
-    lib.linear_rows.argtypes = [p, p, p, p, i64, ctypes.c_int, p, i64, i64, i64]
-    lib.linear_rows.restype = None
+    for linear in (lib.linear_rows, lib.linear_rows_avx2):
+        linear.argtypes = [p, p, p, p, i64, ctypes.c_int, p, i64, i64, i64]
+        linear.restype = None
     lib.linear_rows_supported.argtypes, lib.linear_rows_supported.restype = [], ctypes.c_int
+    lib.attend_rows.argtypes = [p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, p, i64, i64, i64, i64, i64, i64, i64,
+                                i64, i64, ctypes.c_float, p]
+    lib.attend_rows.restype = None
     return lib
 
 

@@ -16,8 +16,11 @@ the first step of beam search). Arranged for inference speed:
 - With `pack=True` on the CPU in fp32, linear layers use weights pre-packed for oneDNN, held here beside the
   model's own (which stay as they are), and run with the ReLU/GELU and the residual addition fused into the layer
   before them. Where torch lacks those private ops, plain `F.linear` does the same work. The decoder's layers, which
-  a step calls with few rows, run instead on a small C kernel where it is built (`tfcli.generate.native.RowLinear`:
-  a third to a half of oneDNN's time a call on few rows); the encoder and the output layer stay on oneDNN.
+  a step calls with few rows, run instead on a small C kernel where it is built (`tfcli.generate.native.RowLinear`,
+  AVX-512 or AVX2: a fifth to a half of oneDNN's time a call on few rows); the encoder and the output layer stay
+  on oneDNN.
+- On the CPU in fp32 a step's attention (self and source) is one C call a layer for all rows and heads where it is
+  built (`tfcli.generate.native.attention_kernel`), instead of seven small torch operators.
 - With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8: weights
   quantised once, one scale per output row; activations at each call, one scale per row (tfcli.generate.int8), so
   that a row's result never depends on the other rows.
@@ -43,6 +46,7 @@ from tfcli.generate.int8 import Int8Linear
 from tfcli.generate.schedule import StepGraph
 from tfcli.model.layers import ACTIVATIONS, Sublayers, gate_activation
 from tfcli.model.norm import RMSNorm
+from tfcli.torch_compat import cpu_autocast_dtype
 
 # oneDNN's fused linear + activation: (attr, algorithm)
 _ONEDNN_ACTIVATIONS = {
@@ -70,6 +74,9 @@ class StepModel:
         mode = "int8" if int8 else "packed" if self.packed else "plain"
         # the decoder's layers, run on few rows a step: rows.c's kernel where it is built (tfcli.generate.native)
         self.rows = self.packed and native.fp32_kernel() is not None
+        # the step's attention in one C call a layer (fp32 on the CPU, head sizes of a multiple of 8)
+        fp32_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32 and not self.static
+        self.attend_rows = native.attention_kernel() if fp32_cpu and model.cfg.d_head % 8 == 0 else None
         decoder = parts.decoder
         self.embed, self.rope = decoder.embed, decoder.rope
         self.layers = [_Layer(layer, "rows" if self.rows else mode) for layer in decoder.layers]
@@ -190,7 +197,8 @@ class IncrementalDecoder:
         the encoder output `memory` (m, S, d_model)."""
         m, S = memory.shape[:2]
         k, v = layer.cross_kv(memory.reshape(m * S, -1)).view(m, S, 2, self.H_kv, self.dh).unbind(2)
-        kt = layer.cross_k_norm(k).permute(0, 2, 3, 1).reshape(m * self.H_kv, self.dh, S)
+        # (contiguous whatever m: rows.c's attend_rows reads source keys in one layout, d_head-major)
+        kt = layer.cross_k_norm(k).permute(0, 2, 3, 1).reshape(m * self.H_kv, self.dh, S).contiguous()
         return kt, v.transpose(1, 2).reshape(m * self.H_kv, S, self.dh)
 
     def _source_bias(self, mem_mask: torch.Tensor, dtype) -> torch.Tensor:
@@ -208,10 +216,9 @@ class IncrementalDecoder:
         # this position's slots: beam j writes slot t*K + j and sees it (and, through `history`, its ancestors')
         self.history = torch.cat([self.history, self.own[k].expand(n, k, K)], dim=2)
         L = (t + 1) * K
-        self_bias = self._head_bias(self.history)
         pos = None if self.pad is None else (t - self.pad)[:, None].expand(n, k)
         x = self._embed(tok, t if pos is None else pos.reshape(-1))
-        logits = self._layers(x, t * K, k, L, self_bias, self.steps[t : t + 1] if pos is None else pos)
+        logits = self._layers(x, t * K, k, L, self.history, self.steps[t : t + 1] if pos is None else pos)
         self.t += 1
         return logits
 
@@ -234,8 +241,7 @@ class IncrementalDecoder:
         bias = torch.zeros(mask.shape, device=device, dtype=self.history.dtype).masked_fill_(~mask, float("-inf"))
         self.history = bias[:, -1:, :]  # what the next position sees: every real token
         x = self._embed(ids.reshape(-1), pos.reshape(-1) if pos.dim() == 2 else pos.repeat(n))
-        self_bias = self._head_bias(bias)
-        logits = self._layers(x, 0, T, T, self_bias, pos, last_only=True)
+        logits = self._layers(x, 0, T, T, bias, pos, last_only=True)
         self.t = T
         return logits
 
@@ -251,11 +257,15 @@ class IncrementalDecoder:
 
     def _layers(self, x, start, r: int, L: int, self_bias, pos, last_only: bool = False) -> torch.Tensor:
         """x: (n*r, d_model), r new positions (or beams) per row written from slot `start` (an int, or a (r,) tensor
-        of slots on the device: `StaticDecoder`); L slots in view. `pos`: their positions for RoPE, (r,) or (n, r).
-        Returns the logits (n*r, V), or (n, V) of each row's last position with `last_only`."""
+        of slots on the device: `StaticDecoder`); L slots in view, `self_bias` (n, r, L) what each sees (0, or
+        -inf). `pos`: their positions for RoPE, (r,) or (n, r). Returns the logits (n*r, V), or (n, V) of each row's
+        last position with `last_only`."""
         n, H, H_kv, dh = self.n, self.H, self.H_kv, self.dh
         D = H * dh
         rope = self.sm.rope
+        c = self.sm.attend_rows is not None and cpu_autocast_dtype() is None  # fp32 activations: attend_rows
+        if not c:
+            self_bias = self._head_bias(self_bias)
         for i, (layer, (slots, keys_t, values)) in enumerate(zip(self.sm.layers, self.cache)):
             # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this row's slots
             qkv = layer.qkv(layer.norm_self_in(x))
@@ -273,24 +283,39 @@ class IncrementalDecoder:
             else:
                 # (under autocast new_kv is bf16 while the cache keeps the weights' dtype: copy_ casts, this does not)
                 slots.index_copy_(2, start, new_kv.permute(0, 3, 1, 2, 4).to(slots.dtype))
-            x = layer.norm_self_out(layer.self_out(self._attend(q, keys_t[..., :L], values[:, :L], self_bias), x))
+            x = layer.norm_self_out(layer.self_out(self._attend(q, keys_t, values, self_bias, L, c), x))
             if self.mem_kv is not None:  # cross-attention to the source
                 mem_kt, mem_v = self.mem_kv[i]
                 q = layer.cross_q_norm(layer.cross_q(layer.norm_cross_in(x)).view(n, r, H, dh))
-                x = layer.norm_cross_out(layer.cross_out(self._attend(q, mem_kt, mem_v, self.mem_bias), x))
+                y = self._attend(q, mem_kt, mem_v, self.mem_bias, mem_v.size(1), c)
+                x = layer.norm_cross_out(layer.cross_out(y, x))
             # position-wise FFN
             x = layer.norm_ffn_out(layer.w2(layer.ffn_hidden(layer.norm_ffn_in(x)), x))
         if last_only:
             x = x.view(n, r, -1)[:, -1]
         return self.sm.lm_head(self.sm.final_norm(x))
 
-    def _attend(self, q, keys_t, values, bias) -> torch.Tensor:
-        """q: (n, r, H, d_head); keys_t (n*H_kv, d_head, L), values (n*H_kv, L, d_head); bias broadcastable to
-        (n*H_kv, g*r, L), the g query heads of a key/value head stacked. -> (n*r, d_model)"""
+    def _attend(self, q, keys_t, values, bias, L: int, c: bool) -> torch.Tensor:
+        """q: (n, r, H, d_head); keys_t (n*H_kv, d_head, >= L), values (n*H_kv, >= L, d_head), of which the first L
+        slots are in view; bias what each query sees: (n, r, L) per row on rows.c's attend_rows (`c`), else
+        broadcastable to (n*H_kv, g*r, L), the g query heads of a key/value head stacked (self-attention:
+        `_head_bias`); or (n*H_kv, 1, L) per key/value head (the source). -> (n*r, d_model)"""
         n, r, H, dh = q.shape
+        H_kv = self.H_kv
+        if c:
+            y = torch.empty(n * r, H * dh)
+            per_row = bias.size(0) != n * H_kv  # (the same indexing either way when H_kv is 1)
+            self.sm.attend_rows(
+                q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), keys_t.data_ptr(), keys_t.stride(0),
+                keys_t.stride(2), keys_t.stride(1), values.data_ptr(), values.stride(0), values.stride(1),
+                bias.data_ptr(), H_kv if per_row else 1, bias.stride(0), bias.stride(1) if bias.size(1) > 1 else 0,
+                n, H_kv, H // H_kv, r, L, dh, self.scale, y.data_ptr())
+            return y
+        if values.size(1) != L:
+            keys_t, values = keys_t[..., :L], values[:, :L]
         if r > 1:
             q = q.transpose(1, 2)
-        scores = torch.baddbmm(bias, q.reshape(n * self.H_kv, H // self.H_kv * r, dh), keys_t, alpha=self.scale)
+        scores = torch.baddbmm(bias, q.reshape(n * H_kv, H // H_kv * r, dh), keys_t, alpha=self.scale)
         y = torch.bmm(scores.softmax(-1), values)
         if r == 1:  # (one query a row: the heads are already in place)
             return y.view(n, H * dh)
@@ -382,7 +407,7 @@ class StaticDecoder(IncrementalDecoder):
         self.history.index_copy_(2, slots, self.own[K].expand(n, K, K))
         pos = (self.now - self.offset).clamp_(max=M - 1)[:, None].expand(n, K)
         x = self._embed(self.tok, pos.reshape(-1))
-        return self._layers(x, slots, K, self.history.size(2), self._head_bias(self.history), pos)
+        return self._layers(x, slots, K, self.history.size(2), self.history, pos)
 
     def _logits(self) -> None:
         self.logits = self._static_step()
