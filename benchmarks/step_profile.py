@@ -5,8 +5,9 @@
 The synthetic model of benchmarks/translate_speed.py (6+6 x 256, FFN 1024, 4 heads, vocabulary 8000, post-norm, fp32),
 loaded through the public API (`tfcli.load(...).translate`) and decoding forced-length outputs (20 tokens) at each
 (batch, beam) case, twice: on the CPU as it is, and capped at AVX2 (ATEN_CPU_CAPABILITY=avx2,
-ONEDNN_MAX_CPU_ISA=AVX2), each in a process of its own; on an AVX-512 CPU a third time with the decoder's layers on
-oneDNN instead of tfcli's C kernel (the switch `tfcli.generate.native.fp32_kernel`), to measure what the kernel buys. Per case: milliseconds a step (best of 5 runs, the encoder
+ONEDNN_MAX_CPU_ISA=AVX2), each in a process of its own, and each again without tfcli's C kernels (the switch
+`tfcli.generate.native.fp32_kernel`: the decoder's layers on oneDNN, the attention in torch operators), to measure
+what the kernels buy. Per case: milliseconds a step (best of 5 runs, the encoder
 included), the operators a step runs (all of them, and those called from Python), and the share of the profiled
 time in the linear layers. Then the linear layers alone: each of the decoder's weight shapes at 1, 4, 20 and 320
 rows, the microseconds a call through oneDNN's pre-packed weights (the encoder's and the output layer's, and the
@@ -33,10 +34,11 @@ OUT_LEN = 20
 SHAPES = ((768, 256), (256, 256), (1024, 256), (256, 1024), (8000, 256))  # (out, in): qkv, d x d, w1, w2, output
 ROWS = (1, 4, 20, 320)
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-# the same child with the decoder's layers on oneDNN: tfcli's C kernel switched off
+# the same child without tfcli's C kernels (the decoder's layers on oneDNN, the attention in torch operators)
 NO_KERNEL = ("import tfcli.generate.native as m; m.fp32_kernel = lambda: None; import runpy, sys; "
              "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
-RUNS = {"native": ({}, []), "native, the decoder's layers on oneDNN": ({}, ["-c", NO_KERNEL]), "avx2": (AVX2, [])}
+RUNS = {"native": ({}, []), "native, without tfcli's C kernels": ({}, ["-c", NO_KERNEL]), "avx2": (AVX2, []),
+        "avx2, without tfcli's C kernels": (AVX2, ["-c", NO_KERNEL])}
 
 
 def _translator(tmp: Path):
@@ -150,7 +152,7 @@ def markdown(res: dict) -> str:
              "comparing sections (an A/B belongs in interleaved runs); the operator counts do not move. The time in "
              "linear layers counts torch's operators only: tfcli's C kernel, called through ctypes, is not one.", ""]
     for cap, r in res["runs"].items():
-        lines += [f"## {cap} (ATen kernels: {r['isa']}{', oneDNN held to AVX2' if cap == 'avx2' else ''})", "",
+        lines += [f"## {cap} (ATen kernels: {r['isa']}{', oneDNN held to AVX2' if cap.startswith('avx2') else ''})", "",
                   "| batch | beam | ms / step | sent/s | ops / step | from Python | time in linear layers | "
                   "most called from Python (a step) |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for s in r["steps"]:
@@ -188,8 +190,8 @@ def main():
         if proc.returncode:
             sys.exit(f"step_profile: the {name} run failed: {proc.stderr.strip().splitlines()[-1:]}")
         runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
-        if switch and runs[name]["isa"] != "AVX512":
-            del runs[name]  # (the kernel runs only on AVX-512: without it this is the native run again)
+        if switch and runs[name]["isa"] not in ("AVX512", "AVX2"):
+            del runs[name]  # (the kernels need AVX2: without them this is the run before again)
     first = next(iter(runs.values()))
     res = {"cpu": first["cpu"], "torch": first["torch"], "threads": first["threads"],
            "date": time.strftime("%Y-%m-%d %H:%M"), "runs": runs}
