@@ -435,6 +435,29 @@ def test_the_row_kernel_is_a_linear_layer_whose_rows_do_not_depend_on_each_other
         assert f(x[:0]).shape == (0, n_out)
 
 
+@pytest.mark.parametrize("version", ["linear_rows", "linear_rows_avx2"])
+@pytest.mark.parametrize("norm_input", [True, False])
+def test_the_row_kernel_norms_its_input_or_its_output_rows_in_the_same_call(norm_input, version, monkeypatch):
+    """RowLinear with a LayerNorm: W LN(x) + b (a pre-norm sublayer's first layer) or LN(x W^T + b + residual) (a
+    post-norm sublayer's last), close to torch's, and a row's result the same bit for bit at any row count."""
+    native = row_kernel(version)
+    monkeypatch.setattr(native, "fp32_kernel", lambda: getattr(native.library(), version))
+    torch.manual_seed(3)
+    lin, x, res = torch.nn.Linear(40, 72), torch.randn(29, 40) * 3 + 1, torch.randn(29, 72)
+    norm = torch.nn.LayerNorm(40 if norm_input else 72)
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    f = native.RowLinear(lin, norm=norm, norm_input=norm_input)
+    with torch.inference_mode():
+        want = lin(norm(x)) if norm_input else norm(lin(x) + res)
+        full = f(x) if norm_input else f(x, res)
+        torch.testing.assert_close(full, want, atol=1e-5, rtol=1e-5)
+        for m in range(1, 29):
+            assert torch.equal(f(x[:m]) if norm_input else f(x[:m], res[:m]), full[:m]), m
+    with pytest.raises(ValueError, match="cannot norm"):
+        native.RowLinear(lin, norm=torch.nn.LayerNorm(72), norm_input=True)
+
+
 def test_the_row_kernels_avx512_and_avx2_versions_give_the_same_bits(monkeypatch):
     """Each output is the same chain of fused multiply-adds in both versions, so a model decodes the same on an
     AVX-512 CPU and on an AVX2 one."""
@@ -488,27 +511,28 @@ def test_decoder_steps_on_the_row_kernel_and_on_onednn_match_the_full_forward(no
                     tok = torch.full((2,), prefix[i])
 
 
-@pytest.mark.parametrize("n_kv_head", [None, 2])
-def test_the_attention_kernel_gives_a_row_the_same_bits_alone_and_beside_wider_rows(n_kv_head, monkeypatch):
-    """rows.c's attend_rows: a sentence's step logits are the same bit for bit alone and in a batch with a longer
-    source (its own padded) and other beams, and close to torch's attention (the kernel off). The decoders read
-    the same encoder output (the encoder's own batch invariance is not what is tested here)."""
+@pytest.mark.parametrize("overrides", [dict(), dict(n_kv_head=2), dict(qk_norm=True, norm="post")])
+def test_the_attention_kernel_gives_a_sentence_the_same_bits_alone_and_beside_longer_ones(overrides, monkeypatch):
+    """rows.c's attend_rows, in the encoder and in the decoder's steps: a sentence's encoder output and step logits
+    are the same bit for bit alone and in a batch with longer sources (its own padded) and other beams, and close
+    to torch's attention (the kernels off)."""
     from tfcli.generate import native
 
     if native.attention_kernel() is None:
         pytest.skip("no attention kernel here (no C compiler, no AVX2, or ATEN_CPU_CAPABILITY=default)")
-    model, sm = model_for(packed=True, n_kv_head=n_kv_head)
+    model, sm = model_for(packed=True, **overrides)
     assert sm.attend_rows is not None
     monkeypatch.setattr(native, "fp32_kernel", lambda: None)
     torch_sm = StepModel(model, pack=True)
     assert torch_sm.attend_rows is None
+    short, wide = torch.randint(4, V, (1, 5)), torch.randint(4, V, (2, 9))
+    short[0, -1] = wide[:, -1] = EOS_ID
+    both = torch.cat([F.pad(short, (0, 4), value=PAD_ID), wide])
     with torch.inference_mode():
-        short, short_mask = sm.encode(torch.randint(4, V, (1, 5)))
-        wide, wide_mask = sm.encode(torch.randint(4, V, (2, 9)))
-        padded = torch.cat([short, torch.randn(1, 4, short.size(2))], 1)  # (what padding holds is never read)
-        both = torch.cat([padded, wide]), torch.cat([F.pad(short_mask, (0, 4)), wide_mask])
-        runs = [sm.start(1, 2, 4, short, short_mask), sm.start(3, 2, 4, *both),
-                torch_sm.start(1, 2, 4, short, short_mask)]
+        alone, batch = sm.encode(short)[0], sm.encode(both)[0]
+        assert torch.equal(alone[0], batch[0, :5])
+        torch.testing.assert_close(alone, torch_sm.encode(short)[0], atol=1e-5, rtol=1e-5)
+        runs = [start(sm, short, 2, 4), start(sm, both, 2, 4), start(torch_sm, short, 2, 4)]
         tok = {1: torch.full((1,), BOS_ID), 3: torch.full((3,), BOS_ID)}
         for t in range(3):
             alone, batch, ref = (dec.step(tok[dec.n]) for dec in runs)

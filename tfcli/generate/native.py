@@ -10,8 +10,8 @@ compiler is found.
   of up to 8 rows x 32 outputs held in AVX-512's registers, or of 6 rows x 16 outputs in AVX2's (the last few rows
   in tiles as wide as the registers allow), split over torch's OpenMP threads. On the few rows of a small batch's
   step a call takes a fraction of oneDNN's time, and about as long on many rows (docs/performance.md).
-- `attention_kernel()`: a decoding step's attention, every row and head in one call (rows.c's attend_rows), where
-  torch would launch seven small operators per layer; a row's result depends on that row alone.
+- `attention_kernel()`: attention, every row and head in one call (rows.c's attend_rows: a decoding step's, where
+  torch would launch seven small operators a layer, and the encoder's); a row's result depends on that row alone.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ PAD = 64  # weights are padded with zeros to a multiple of this many outputs (th
 
 class RowLinear:
     """`module` (nn.Linear, fp32) on the CPU as rows.c's linear_rows: `self(x)` for 2-d fp32 x, or
-    `self(x, residual)` = x W^T + b + residual; with `relu`, max(0, .) last. Only where `fp32_kernel()` is not
-    None."""
+    `self(x, residual)` = x W^T + b + residual; with `relu`, max(0, .) next. With `norm` (an nn.LayerNorm) the
+    layer norms its input rows first (`norm_input`: a pre-norm sublayer's first layer) or its output rows last (a
+    post-norm sublayer's last, after the residual), in the same call. Only where `fp32_kernel()` is not None."""
 
-    def __init__(self, module: nn.Linear, relu: bool = False):
+    def __init__(self, module: nn.Linear, relu: bool = False, norm: nn.LayerNorm | None = None,
+                 norm_input: bool = False):
         self.kernel = fp32_kernel()
         if self.kernel is None:
             raise RuntimeError("the fp32 row kernel is not available here (see tfcli.generate.native.fp32_kernel)")
@@ -55,6 +57,15 @@ class RowLinear:
             self.bias = torch.zeros(Np)
             self.bias[: self.N] = module.bias.detach().float()
         self.relu = int(relu)
+        self.norm, self.ln, self.eps = 0, None, 0.0  # rows.c: norm 1 on the input, 2 on the output
+        self._xn = torch.empty(0)  # the normed input rows (scratch)
+        if norm is not None:
+            n = self.K if norm_input else self.N
+            if tuple(norm.normalized_shape) != (n,):
+                raise ValueError(f"a LayerNorm over {tuple(norm.normalized_shape)} cannot norm rows of {n}")
+            weight = norm.weight.detach().float() if norm.weight is not None else torch.ones(n)
+            bias = norm.bias.detach().float() if norm.bias is not None else torch.zeros(n)
+            self.norm, self.ln, self.eps = 1 if norm_input else 2, torch.cat([weight, bias]), norm.eps
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
@@ -62,10 +73,13 @@ class RowLinear:
         y = torch.empty(M, self.N)
         if residual is not None and residual.stride(1) != 1:
             residual = residual.contiguous()
+        if self.norm == 1 and self._xn.numel() < M * self.K:
+            self._xn = torch.empty(M * self.K)
         if M:
             self.kernel(x.data_ptr(), self.wt.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
                         None if residual is None else residual.data_ptr(),
-                        0 if residual is None else residual.stride(0), self.relu, y.data_ptr(), M, self.K, self.N)
+                        0 if residual is None else residual.stride(0), self.relu, y.data_ptr(), M, self.K, self.N,
+                        None if self.ln is None else self.ln.data_ptr(), self.norm, self.eps, self._xn.data_ptr())
         return y
 
 
@@ -85,8 +99,8 @@ def fp32_kernel():
 
 
 def attention_kernel():
-    """rows.c's attend_rows (tfcli.generate.step's fp32 attention on the CPU), where the fp32 row kernel runs (the
-    same conditions: `fp32_kernel`); None elsewhere."""
+    """rows.c's attend_rows (tfcli.generate.step's fp32 attention on the CPU, the encoder's and the decoder's), where
+    the fp32 row kernel runs (the same conditions: `fp32_kernel`); None elsewhere."""
     return None if fp32_kernel() is None else library().attend_rows
 
 
@@ -141,11 +155,11 @@ def library():
     lib.dequantize_rows.argtypes = [p, i64, i64, p, p, p, i64, ctypes.c_int]
     lib.dequantize_rows.restype = None
     for linear in (lib.linear_rows, lib.linear_rows_avx2):
-        linear.argtypes = [p, p, p, p, i64, ctypes.c_int, p, i64, i64, i64]
+        linear.argtypes = [p, p, p, p, i64, ctypes.c_int, p, i64, i64, i64, p, ctypes.c_int, ctypes.c_float, p]
         linear.restype = None
     lib.linear_rows_supported.argtypes, lib.linear_rows_supported.restype = [], ctypes.c_int
-    lib.attend_rows.argtypes = [p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, p, i64, i64, i64, i64, i64, i64, i64,
-                                i64, i64, ctypes.c_float, p]
+    lib.attend_rows.argtypes = [p, i64, i64, i64, p, i64, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64,
+                                i64, i64, i64, i64, i64, i64, ctypes.c_float, p]
     lib.attend_rows.restype = None
     return lib
 

@@ -2,9 +2,10 @@
  * (plain C, no torch headers) and called through ctypes on tensors' memory. The int8 helpers each do in one pass over
  * a row what torch does in several; their results are bit for bit those of the torch fallback in int8.py (the same
  * IEEE operations in the same order; compiled with -ffp-contract=off, never -ffast-math), and their loops are compiled
- * for AVX-512, AVX2 and plain x86-64, the best one picked at load (GCC target_clones). The fp32 linear layers at the
- * end have an AVX-512 and an AVX2 version, the same results bit for bit; the caller asks linear_rows_supported which
- * runs here. */
+ * for AVX-512, AVX2 and plain x86-64, the best one picked at load (GCC target_clones). The fp32 linear layers
+ * after them have an AVX-512 and an AVX2 version, the same results bit for bit, and the attention one, for AVX2 (run
+ * by AVX-512 CPUs too); the caller asks linear_rows_supported which runs here. Each computes a row's result in an
+ * order that the number of rows and the batch's width never change. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -73,112 +74,40 @@ CLONES void dequantize_rows(float *y, int64_t rows, int64_t cols, const float *s
  * may be null), then max(y, 0) when relu. wt is W in column blocks of 32 outputs (block c: K x 32, row k holding
  * input k's weights for outputs 32c..32c+31), zero past N up to a multiple of 64 outputs, b padded likewise (may be
  * null). Each output is one chain of fused multiply-adds over k = 0..K-1 starting from its bias, whatever tile it
- * falls in and whichever version runs, so a row's result is the same for any M, on AVX-512 and AVX2 alike. The tiles
- * are split over the OpenMP threads, column blocks outer so that a block of W is reused by the row blocks after it.
- * fmaf is explicit: the file is compiled with -ffp-contract=off.
+ * falls in and whichever version runs, so a row's result is the same for any M, on AVX-512 and AVX2 alike.
  *
- * AVX-512: tiles of 8 rows x 32 outputs in 16 of its 32 registers, then for the last M % 8 rows one tile of each
- * smaller power of two. */
-#define TILE(R, W)                                                                                                     \
-    static inline __attribute__((always_inline)) void tile_##R##_##W(                                                  \
+ * A tile is R rows x V vectors of outputs, its R*V accumulators in registers: AVX-512 (32 registers of 16 floats)
+ * tiles of 8 rows x 32 outputs, AVX2 (16 registers of 8) tiles of 6 rows x 16, so that a step of k loads the
+ * tile's weights once for all its rows and a column block's weights stay in the L1 cache while every row tile runs
+ * over them; the last M % 8 (or M % 6) rows are one tile as wide as the accumulators allow, so that a step's few
+ * rows still have enough independent chains to fill the FMA units. The tiles are split over the OpenMP threads,
+ * column units outer. The accumulators are read at constant indices only (else GCC keeps them on the stack). */
+typedef void (*tile_fn)(const float *, int64_t, const float *, const float *, const float *, int64_t, int, float *,
+                        int64_t, int64_t, int);
+
+#define TILE(ISA, TARGET, VEC, LANES, LOAD, ZERO, BCAST, FMA, STORE, R, V)                                            \
+    static __attribute__((target(TARGET))) void tile_##ISA##_##R(                                                     \
         const float *restrict x, int64_t K, const float *restrict wt, const float *restrict b,                        \
         const float *restrict res, int64_t ldr, int relu, float *restrict y, int64_t ldy, int64_t j0, int nj) {        \
-        float acc[R][W];                                                                                               \
-        for (int r = 0; r < R; r++)                                                                                    \
-            for (int j = 0; j < W; j++) acc[r][j] = b ? b[j0 + j] : 0.0f;                                              \
-        const float *w = wt + j0 * K; /* the column block's K x W weights, one after the other */                    \
-        for (int64_t k = 0; k < K; k++, w += W)                                                                        \
-            for (int r = 0; r < R; r++) {                                                                              \
-                const float xv = x[r * K + k];                                                                         \
-                _Pragma("omp simd") for (int j = 0; j < W; j++) acc[r][j] = __builtin_fmaf(xv, w[j], acc[r][j]);      \
-            }                                                                                                          \
-        for (int r = 0; r < R; r++) {                                                                                  \
-            if (res)                                                                                                   \
-                for (int j = 0; j < nj; j++) acc[r][j] = acc[r][j] + res[r * ldr + j0 + j];                            \
-            if (relu)                                                                                                  \
-                for (int j = 0; j < W; j++) acc[r][j] = acc[r][j] > 0.0f ? acc[r][j] : 0.0f;                          \
-            memcpy(y + r * ldy + j0, acc[r], sizeof(float) * nj);                                                      \
-        }                                                                                                              \
-    }
-TILE(8, 32)
-TILE(4, 32)
-TILE(2, 32)
-TILE(1, 32)
-
-/* row block i of M rows in blocks of 8, then one of each smaller power of two that M % 8 needs -> (first row, rows) */
-static inline __attribute__((always_inline)) void row_block(int64_t M, int64_t i, int64_t *r0, int *R) {
-    int64_t full = M / 8;
-    *r0 = i < full ? i * 8 : full * 8;
-    *R = 8;
-    if (i < full) return;
-    int rest = (int)(M % 8);
-    for (int size = 4; size >= 1; size /= 2)
-        if (rest & size) {
-            if (i == full) {
-                *R = size;
-                return;
-            }
-            *r0 += size;
-            i--;
-        }
-}
-
-/* AVX-512 */
-__attribute__((target("avx512f,avx512vl,avx2,fma"))) void linear_rows(const float *x, const float *wt, const float *b,
-                                                                        const float *res, int64_t ldr, int relu,
-                                                                        float *y, int64_t M, int64_t K,
-                                                                        int64_t N) {
-    const int W = 32;
-    int64_t blocks = M / 8 + __builtin_popcount((unsigned)(M % 8)), cols = (N + W - 1) / W;
-#pragma omp parallel for schedule(static) if (M * N * K >= 2 * PARALLEL_MIN)
-    for (int64_t t = 0; t < blocks * cols; t++) {
-        int64_t r0, j0 = t / blocks * W;
-        int R;
-        row_block(M, t % blocks, &r0, &R);
-        int nj = N - j0 < W ? (int)(N - j0) : W;
-        const float *xr = x + r0 * K, *rr = res ? res + r0 * ldr : 0;
-        float *yr = y + r0 * N;
-        float part[8 * 32]; /* the last column block, when N is not a multiple of W: its rows in full */
-        float *out = nj < W ? part - j0 : yr;
-        int64_t ldo = nj < W ? W : N;
-        switch (R) {
-        case 8: tile_8_32(xr, K, wt, b, rr, ldr, relu, out, ldo, j0, nj); break;
-        case 4: tile_4_32(xr, K, wt, b, rr, ldr, relu, out, ldo, j0, nj); break;
-        case 2: tile_2_32(xr, K, wt, b, rr, ldr, relu, out, ldo, j0, nj); break;
-        default: tile_1_32(xr, K, wt, b, rr, ldr, relu, out, ldo, j0, nj);
-        }
-        if (nj < W)
-            for (int r = 0; r < R; r++) memcpy(yr + r * N + j0, part + r * W, sizeof(float) * nj);
-    }
-}
-
-/* AVX2 (16 registers): tiles of 6 rows x 16 outputs (12 accumulators; a step of k loads two vectors of weights
- * and broadcasts six inputs, so that a column block's half, K x 64 bytes, stays in the L1 cache while every row tile
- * runs over it), and for the last M % 6 rows one tile as wide as 12 accumulators allow (1 row: 64 outputs, 2: 32,
- * 3: 32, 4: 16, 5: 16), so that a step's few rows still have enough independent chains to fill the FMA units. */
-#define TILE2(R, V)                                                                                                    \
-    static inline __attribute__((always_inline, target("avx2,fma"))) void tile2_##R##_##V(                            \
-        const float *restrict x, int64_t K, const float *restrict wt, const float *restrict b,                        \
-        const float *restrict res, int64_t ldr, int relu, float *restrict y, int64_t ldy, int64_t j0, int nj) {        \
-        __m256 acc[R][V];                                                                                              \
-        const float *w[V]; /* vector v: outputs j0 + 8v.., in column block (j0 + 8v) / 32 */                          \
-        for (int v = 0; v < V; v++) {                                                                                  \
-            int64_t j = j0 + 8 * v;                                                                                    \
+        VEC acc[R][V];                                                                                                 \
+        const float *w[V]; /* vector v: outputs j0 + LANES*v.., in column block (j0 + LANES*v) / 32 */                \
+        _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) {                                                          \
+            int64_t j = j0 + LANES * v;                                                                                \
             w[v] = wt + j / 32 * 32 * K + j % 32;                                                                      \
-            __m256 bv = b ? _mm256_loadu_ps(b + j) : _mm256_setzero_ps();                                              \
-            for (int r = 0; r < R; r++) acc[r][v] = bv;                                                                \
+            VEC bv = b ? LOAD(b + j) : ZERO();                                                                         \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r][v] = bv;                                        \
         }                                                                                                              \
         for (int64_t k = 0; k < K; k++) {                                                                              \
-            __m256 wv[V];                                                                                              \
-            _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) wv[v] = _mm256_loadu_ps(w[v] + 32 * k);                \
+            VEC wv[V];                                                                                                 \
+            _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) wv[v] = LOAD(w[v] + 32 * k);                           \
             _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                      \
-                const __m256 xv = _mm256_broadcast_ss(x + r * K + k);                                                  \
-                _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) acc[r][v] = _mm256_fmadd_ps(xv, wv[v], acc[r][v]); \
+                const VEC xv = BCAST(x + r * K + k);                                                                   \
+                _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) acc[r][v] = FMA(xv, wv[v], acc[r][v]);             \
             }                                                                                                          \
         }                                                                                                              \
-        float out[R][8 * V];                                                                                           \
+        float out[R][LANES * V];                                                                                       \
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                            \
-            _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) _mm256_storeu_ps(out[r] + 8 * v, acc[r][v]);          \
+            _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) STORE(out[r] + LANES * v, acc[r][v]);                  \
         for (int r = 0; r < R; r++) {                                                                                  \
             if (res)                                                                                                   \
                 for (int j = 0; j < nj; j++) out[r][j] = out[r][j] + res[r * ldr + j0 + j];                            \
@@ -187,75 +116,139 @@ __attribute__((target("avx512f,avx512vl,avx2,fma"))) void linear_rows(const floa
             memcpy(y + r * ldy + j0, out[r], sizeof(float) * nj);                                                      \
         }                                                                                                              \
     }
-TILE2(6, 2)
-TILE2(5, 2)
-TILE2(4, 2)
-TILE2(3, 4)
-TILE2(2, 4)
-TILE2(1, 8)
+#define TILE512(R, V)                                                                                                  \
+    TILE(avx512, "avx512f,avx2,fma", __m512, 16, _mm512_loadu_ps, _mm512_setzero_ps, _mm512_set1_ps_from,            \
+         _mm512_fmadd_ps, _mm512_storeu_ps, R, V)
+#define TILE256(R, V)                                                                                                  \
+    TILE(avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_setzero_ps, _mm256_broadcast_ss, _mm256_fmadd_ps,      \
+         _mm256_storeu_ps, R, V)
+#define _mm512_set1_ps_from(p) _mm512_set1_ps(*(p))
+TILE512(1, 4)
+TILE512(2, 4)
+TILE512(3, 4)
+TILE512(4, 4)
+TILE512(5, 2)
+TILE512(6, 2)
+TILE512(7, 2)
+TILE512(8, 2)
+TILE256(1, 8)
+TILE256(2, 4)
+TILE256(3, 4)
+TILE256(4, 2)
+TILE256(5, 2)
+TILE256(6, 2)
 
-__attribute__((target("avx2,fma"))) void linear_rows_avx2(const float *x, const float *wt, const float *b,
-                                                        const float *res, int64_t ldr, int relu, float *y, int64_t M,
-                                                        int64_t K, int64_t N) {
-    static const int width[6] = {0, 64, 32, 32, 16, 16}; /* the last tile's outputs, by its rows */
-    const int64_t Np = (N + 63) / 64 * 64, full = M / 6, u6 = Np / 16;
-    const int rest = (int)(M % 6), wr = width[rest];
-    const int64_t items = full * u6 + (rest ? Np / wr : 0);
-#pragma omp parallel for schedule(static) if (M * N * K >= 2 * PARALLEL_MIN)
-    for (int64_t t = 0; t < items; t++) {
-        int64_t r0, j0;
-        int R;
-        if (t < full * u6) { /* a 6-row tile: column units outer */
-            j0 = t / full * 16;
-            r0 = t % full * 6;
-            R = 6;
-        } else {
-            j0 = (t - full * u6) * wr;
-            r0 = full * 6;
-            R = rest;
+/* by a tile's rows R (index R): its function and its outputs (a multiple of 16 that divides 64) */
+static const tile_fn TILES_AVX512[9] = {0, tile_avx512_1, tile_avx512_2, tile_avx512_3, tile_avx512_4,
+                                        tile_avx512_5, tile_avx512_6, tile_avx512_7, tile_avx512_8};
+static const int WIDTH_AVX512[9] = {0, 64, 64, 64, 64, 32, 32, 32, 32};
+static const tile_fn TILES_AVX2[7] = {0, tile_avx2_1, tile_avx2_2, tile_avx2_3, tile_avx2_4, tile_avx2_5, tile_avx2_6};
+static const int WIDTH_AVX2[7] = {0, 64, 32, 32, 16, 16, 16};
+
+/* LayerNorm of one row of n: y = (x - mean) / sqrt(var + eps) * w + b, w and b at ln and ln + n; the sums in eight
+ * lanes (element j in lane j % 8), the lanes added in a fixed order */
+static void norm_row(const float *x, float *y, int64_t n, const float *ln, float eps) {
+    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < n; j++) lane[j % 8] += x[j];
+    const float mean = (((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]))) / n;
+    for (int l = 0; l < 8; l++) lane[l] = 0;
+    for (int64_t j = 0; j < n; j++) lane[j % 8] += (x[j] - mean) * (x[j] - mean);
+    const float var = (((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]))) / n;
+    const float rstd = 1.0f / sqrtf(var + eps);
+    for (int64_t j = 0; j < n; j++) y[j] = (x[j] - mean) * rstd * ln[j] + ln[n + j];
+}
+
+/* M rows as tiles of RF rows, then the last M % RF rows as one tile; with a LayerNorm (ln: its weight then its
+ * bias) on each input row first (norm 1: a pre-norm layer's, into xn, M x K) or on each output row last (norm 2: a
+ * post-norm layer's, after the residual) */
+static void linear_tiles(const tile_fn *tile, const int *width, int RF, const float *x, const float *wt,
+                         const float *b, const float *res, int64_t ldr, int relu, float *y, int64_t M, int64_t K,
+                         int64_t N, const float *ln, int norm, float eps, float *xn) {
+    const int64_t Np = (N + 63) / 64 * 64, full = M / RF, units = Np / width[RF];
+    const int rest = (int)(M % RF);
+    const int64_t items = full * units + (rest ? Np / width[rest] : 0);
+    const float *xt = norm == 1 ? xn : x; /* what the tiles read */
+#pragma omp parallel if (M * N * K >= 2 * PARALLEL_MIN)
+    {
+        if (norm == 1) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < M; r++) norm_row(x + r * K, xn + r * K, K, ln, eps);
         }
-        if (j0 >= N) continue;
-        int nj = N - j0 < 64 ? (int)(N - j0) : 64;
-        const float *xr = x + r0 * K, *rr = res ? res + r0 * ldr : 0;
-        float *yr = y + r0 * N;
-        switch (R) {
-        case 6: tile2_6_2(xr, K, wt, b, rr, ldr, relu, yr, N, j0, nj < 16 ? nj : 16); break;
-        case 5: tile2_5_2(xr, K, wt, b, rr, ldr, relu, yr, N, j0, nj < 16 ? nj : 16); break;
-        case 4: tile2_4_2(xr, K, wt, b, rr, ldr, relu, yr, N, j0, nj < 16 ? nj : 16); break;
-        case 3: tile2_3_4(xr, K, wt, b, rr, ldr, relu, yr, N, j0, nj < 32 ? nj : 32); break;
-        case 2: tile2_2_4(xr, K, wt, b, rr, ldr, relu, yr, N, j0, nj < 32 ? nj : 32); break;
-        default: tile2_1_8(xr, K, wt, b, rr, ldr, relu, yr, N, j0, nj);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < items; t++) {
+            const int R = t < full * units ? RF : rest;
+            const int64_t r0 = R == RF ? t % full * RF : full * RF;
+            const int64_t j0 = R == RF ? t / full * width[RF] : (t - full * units) * width[rest];
+            if (j0 >= N) continue;
+            const int nj = N - j0 < width[R] ? (int)(N - j0) : width[R];
+            tile[R](xt + r0 * K, K, wt, b, res ? res + r0 * ldr : 0, ldr, relu, y + r0 * N, N, j0, nj);
+        }
+        if (norm == 2) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < M; r++) norm_row(y + r * N, y + r * N, N, ln, eps);
         }
     }
 }
 
-/* A decoding step's attention (tfcli.generate.step), every row and head in one call. Row i of n has r queries a
- * head (its beams, or its new positions); the H = H_kv * g query heads share H_kv key/value heads, g each. For row
- * i, key/value head h, query head a = h*g + c (c < g) and query j < r:
+void linear_rows(const float *x, const float *wt, const float *b, const float *res, int64_t ldr, int relu, float *y,
+                 int64_t M, int64_t K, int64_t N, const float *ln, int norm, float eps, float *xn) {
+    linear_tiles(TILES_AVX512, WIDTH_AVX512, 8, x, wt, b, res, ldr, relu, y, M, K, N, ln, norm, eps, xn);
+}
+
+void linear_rows_avx2(const float *x, const float *wt, const float *b, const float *res, int64_t ldr, int relu,
+                      float *y, int64_t M, int64_t K, int64_t N, const float *ln, int norm, float eps, float *xn) {
+    linear_tiles(TILES_AVX2, WIDTH_AVX2, 6, x, wt, b, res, ldr, relu, y, M, K, N, ln, norm, eps, xn);
+}
+
+/* e^x for eight floats (AVX2): Cephes' expf (range reduction by ln 2 in two parts, a degree-6 polynomial), within
+ * two ulp; exactly 0 below -87 (so at -inf: the masked slots of a softmax). */
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 exp8(__m256 x) {
+    const __m256 low = _mm256_set1_ps(-87.0f);
+    const __m256 zero = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, low), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 q = _mm256_set1_ps(1.9875691500e-4f);
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.3981999507e-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.3334519073e-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.1665795894e-2f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.6666665459e-1f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5.0000001201e-1f));
+    q = _mm256_fmadd_ps(q, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(zero, _mm256_mul_ps(q, _mm256_castsi256_ps(e)));
+}
+
+/* Attention on the CPU (tfcli.generate.step: a decoding step's, and the encoder's), every row and head in one call.
+ * Row i of n has r queries a head (its beams, or its positions); the H = H_kv * g query heads share H_kv key/value
+ * heads, g each. For row i, key/value head h, query head a = h*g + c (c < g) and query j < r:
  *   y[i*r + j, a*dh : (a+1)*dh] = sum_s p_s v[i, h, s],   p = softmax_s(alpha * q[i, j, a] . k[i, h, s] + bias_s)
- * over the L slots s. q element d at q + i*qn + j*qr + a*qh + d; keys at k + (i*H_kv + h)*kb + s*ks + d*kd,
- * transposed when ks == 1 (the source's), else by slot with kd == 1 (the step's own); values at v + (i*H_kv + h)*vb
- * + s*vs + d; bias_s at bias + (i*H_kv + h) / bdiv * bb + j*bj + s. A slot's dot product is one fixed order over d
- * for each layout (by slot: eight lanes of fmaf chains, then their sum in a fixed order; transposed: one chain a
- * slot), so the caller keeps each attention's keys in one layout; the softmax and the sum over slots run over s in
- * order, and a slot with bias -inf (padding, or a slot a beam does not see) gives p_s = 0 exactly and is skipped:
- * so a row's result depends on that row alone, not on its batch's width or neighbours. dh a multiple of 8; y is
- * (n*r) x (H*dh), contiguous. One version, for AVX2 and FMA (AVX-512 CPUs run it too): the same results on both. */
+ * over the L slots s. q element d at q + i*qn + j*qr + a*qh + d; keys at k + i*kn + h*kh + s*ks + d*kd, transposed
+ * when ks == 1 (a decoder's source keys), else by slot with kd == 1; values at v + i*vn + h*vh + s*vs + d; bias_s
+ * at bias + i*bn + h*bh + j*bj + s. A slot's dot product is one fixed order over d for each layout (by slot: eight
+ * lanes of fmaf chains, then their sum in a fixed order; transposed: one chain a slot), so the caller keeps each
+ * attention's keys in one layout; the softmax and the sum over slots run over s in order, and a slot with bias -inf
+ * (padding, or a slot a beam does not see) gives p_s = 0 exactly and is skipped: so a row's result depends on that
+ * row alone, not on its batch's width or neighbours. dh a multiple of 8; y is (n*r) x (H*dh), contiguous. One
+ * version, for AVX2 and FMA (AVX-512 CPUs run it too): the same results on both. */
 __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn, int64_t qr, int64_t qh, const float *k,
-                                                   int64_t kb, int64_t ks, int64_t kd, const float *v, int64_t vb,
-                                                   int64_t vs, const float *bias, int64_t bdiv, int64_t bb, int64_t bj,
-                                                   int64_t n, int64_t H_kv, int64_t g, int64_t r, int64_t L,
-                                                   int64_t dh, float alpha, float *y) {
+                                                   int64_t kn, int64_t kh, int64_t ks, int64_t kd, const float *v,
+                                                   int64_t vn, int64_t vh, int64_t vs, const float *bias, int64_t bn,
+                                                   int64_t bh, int64_t bj, int64_t n, int64_t H_kv, int64_t g,
+                                                   int64_t r, int64_t L, int64_t dh, float alpha, float *y) {
     const int64_t H = H_kv * g;
 #pragma omp parallel for schedule(static) if (n * H * r * L * dh >= 4 * PARALLEL_MIN)
     for (int64_t t = 0; t < n * H_kv * g * r; t++) {
-        const int64_t j = t % r, c = t / r % g, h = t / (r * g) % H_kv, i = t / (r * g * H_kv), b = i * H_kv + h;
-        const float *qv = q + i * qn + j * qr + (h * g + c) * qh, *kh = k + b * kb, *vh = v + b * vb;
-        const float *bs = bias + b / bdiv * bb + j * bj;
+        const int64_t j = t % r, c = t / r % g, h = t / (r * g) % H_kv, i = t / (r * g * H_kv);
+        const float *qv = q + i * qn + j * qr + (h * g + c) * qh;
+        const float *kh_ = k + i * kn + h * kh, *vh_ = v + i * vn + h * vh;
+        const float *bs = bias + i * bn + h * bh + j * bj;
         float p[L > 0 ? L : 1];
         if (ks != 1) {
             for (int64_t s = 0; s < L; s++) {
-                const float *ksv = kh + s * ks;
+                const float *ksv = kh_ + s * ks;
                 float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
                 for (int64_t d0 = 0; d0 < dh; d0 += 8)
 #pragma omp simd
@@ -269,39 +262,51 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
                 float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
                 for (int64_t d = 0; d < dh; d++)
 #pragma omp simd
-                    for (int l = 0; l < 8; l++) lane[l] = __builtin_fmaf(qv[d], kh[d * kd + (s0 + l) * ks], lane[l]);
+                    for (int l = 0; l < 8; l++) lane[l] = __builtin_fmaf(qv[d], kh_[d * kd + (s0 + l) * ks], lane[l]);
                 for (int l = 0; l < 8; l++) p[s0 + l] = alpha * lane[l] + bs[s0 + l];
             }
             for (int64_t s = s0; s < L; s++) {
                 float dot = 0;
-                for (int64_t d = 0; d < dh; d++) dot = __builtin_fmaf(qv[d], kh[d * kd + s * ks], dot);
+                for (int64_t d = 0; d < dh; d++) dot = __builtin_fmaf(qv[d], kh_[d * kd + s * ks], dot);
                 p[s] = alpha * dot + bs[s];
             }
         }
-        float m = -INFINITY, sum = 0;
+        float m = -INFINITY;
         for (int64_t s = 0; s < L; s++) m = p[s] > m ? p[s] : m;
-        for (int64_t s = 0; s < L; s++) {
-            p[s] = expf(p[s] - m);
-            sum += p[s];
+        /* p_s = e^(p_s - m), eight slots at a time (the last block filled with -inf: zeros), summed in eight lanes
+         * (slot s in lane s % 8, so that zeros past a row's slots change no lane), the lanes in a fixed order */
+        __m256 lanes = _mm256_setzero_ps();
+        const __m256 mv = _mm256_set1_ps(m);
+        for (int64_t s0 = 0; s0 < L; s0 += 8) {
+            float block[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+            const int nb = L - s0 < 8 ? (int)(L - s0) : 8;
+            memcpy(block, p + s0, sizeof(float) * nb);
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(block), mv));
+            lanes = _mm256_add_ps(lanes, e);
+            _mm256_storeu_ps(block, e);
+            memcpy(p + s0, block, sizeof(float) * nb);
         }
+        float lane[8];
+        _mm256_storeu_ps(lane, lanes);
+        const float sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
         float *out = y + (i * r + j) * H * dh + (h * g + c) * dh;
         for (int64_t d = 0; d < dh; d++) out[d] = 0;
         for (int64_t s = 0; s < L; s++) {
             if (p[s] == 0) continue;
-            const float w = p[s] / sum, *vsv = vh + s * vs;
+            const float w = p[s] / sum, *vsv = vh_ + s * vs;
 #pragma omp simd
             for (int64_t d = 0; d < dh; d++) out[d] = __builtin_fmaf(w, vsv[d], out[d]);
         }
     }
 }
 
-/* which version of linear_rows this CPU runs: 2 AVX-512 (F, VL and FMA: linear_rows), 1 AVX2 and FMA
+/* which version of linear_rows this CPU runs: 2 AVX-512 (F and FMA: linear_rows), 1 AVX2 and FMA
  * (linear_rows_avx2), 0 neither */
 int linear_rows_supported(void) {
 #if defined(__GNUC__) && defined(__x86_64__)
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") ? 2 : 1;
+    return __builtin_cpu_supports("avx512f") ? 2 : 1;
 #else
     return 0;
 #endif

@@ -19,8 +19,10 @@ the first step of beam search). Arranged for inference speed:
   a step calls with few rows, run instead on a small C kernel where it is built (`tfcli.generate.native.RowLinear`,
   AVX-512 or AVX2: a fifth to a half of oneDNN's time a call on few rows); the encoder and the output layer stay
   on oneDNN.
-- On the CPU in fp32 a step's attention (self and source) is one C call a layer for all rows and heads where it is
-  built (`tfcli.generate.native.attention_kernel`), instead of seven small torch operators.
+- On the CPU in fp32 the attention (a step's, to itself and to the source, and the encoder's) is one C call a layer
+  for all rows and heads where it is built (`tfcli.generate.native.attention_kernel`), instead of seven small torch
+  operators; its sums run in an order that no batch's shape changes, so a sentence's encoder output and logits are
+  the same alone and in any batch.
 - With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8: weights
   quantised once, one scale per output row; activations at each call, one scale per row (tfcli.generate.int8), so
   that a row's result never depends on the other rows.
@@ -98,14 +100,24 @@ class StepModel:
         n, S = src.shape
         D, H, H_kv, dh = self.cfg.d_model, self.cfg.n_head, self.cfg.kv_heads, self.cfg.d_head
         x = self.encoder.embed(src, torch.arange(S, device=src.device), S).reshape(n * S, -1)
+        c = self.attend_rows is not None and cpu_autocast_dtype() is None  # fp32: rows.c's attend_rows
+        if c:  # (n, S): 0 at real tokens, -inf at padding
+            bias = torch.zeros(n, S).masked_fill_(~mask.view(n, S), float("-inf"))
         for layer in self.encoder_layers:
-            # softmax(Q K^T / sqrt(d_head) + mask) V, all heads at once: q (n, H_kv, g*S, d_head), the g query heads
-            # of each key/value head stacked; k, v (n, H_kv, S, d_head)
             qkv = layer.qkv(layer.norm_self_in(x))
-            q = layer.q_norm(qkv[:, :D].view(n, S, H, dh)).transpose(1, 2).reshape(n, H_kv, -1, dh)
-            k, v = qkv[:, D:].view(n, S, 2, H_kv, dh).permute(2, 0, 3, 1, 4)
-            y = F.scaled_dot_product_attention(q, layer.k_norm(k), v, attn_mask=mask)
-            y = y.view(n, H, S, dh).transpose(1, 2).reshape(n * S, D)
+            if c:  # each row's queries against its keys, its padding masked, whatever the batch's width
+                q = layer.q_norm(qkv[:, :D].view(n, S, H, dh))
+                k, v = qkv[:, D:].view(n, S, 2, H_kv, dh).unbind(2)
+                k = layer.k_norm(k)
+                y = _attend_rows(self.attend_rows, q, k, (k.stride(0), k.stride(2), k.stride(1), 1), v,
+                                 (v.stride(0), v.stride(2), v.stride(1)), bias, (S, 0, 0), H_kv, S, dh**-0.5)
+            else:
+                # softmax(Q K^T / sqrt(d_head) + mask) V, all heads at once: q (n, H_kv, g*S, d_head), the g query
+                # heads of each key/value head stacked; k, v (n, H_kv, S, d_head)
+                q = layer.q_norm(qkv[:, :D].view(n, S, H, dh)).transpose(1, 2).reshape(n, H_kv, -1, dh)
+                k, v = qkv[:, D:].view(n, S, 2, H_kv, dh).permute(2, 0, 3, 1, 4)
+                y = F.scaled_dot_product_attention(q, layer.k_norm(k), v, attn_mask=mask)
+                y = y.view(n, H, S, dh).transpose(1, 2).reshape(n * S, D)
             x = layer.norm_self_out(layer.self_out(y, x))
             x = layer.norm_ffn_out(layer.w2(layer.ffn_hidden(layer.norm_ffn_in(x)), x))
         return self.encoder_norm(x).view(n, S, -1), mask
@@ -302,15 +314,14 @@ class IncrementalDecoder:
         `_head_bias`); or (n*H_kv, 1, L) per key/value head (the source). -> (n*r, d_model)"""
         n, r, H, dh = q.shape
         H_kv = self.H_kv
-        if c:
-            y = torch.empty(n * r, H * dh)
-            per_row = bias.size(0) != n * H_kv  # (the same indexing either way when H_kv is 1)
-            self.sm.attend_rows(
-                q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), keys_t.data_ptr(), keys_t.stride(0),
-                keys_t.stride(2), keys_t.stride(1), values.data_ptr(), values.stride(0), values.stride(1),
-                bias.data_ptr(), H_kv if per_row else 1, bias.stride(0), bias.stride(1) if bias.size(1) > 1 else 0,
-                n, H_kv, H // H_kv, r, L, dh, self.scale, y.data_ptr())
-            return y
+        if c:  # (keys and values: the first dimension is (row, key/value head) merged)
+            kg, vg = keys_t.stride(0), values.stride(0)
+            head = bias.size(0) == n * H_kv  # a bias per key/value head (the same indexing when H_kv is 1)
+            return _attend_rows(
+                self.sm.attend_rows, q, keys_t, (H_kv * kg, kg, keys_t.stride(2), keys_t.stride(1)), values,
+                (H_kv * vg, vg, values.stride(1)), bias,
+                (H_kv * bias.stride(0) if head else bias.stride(0), bias.stride(0) if head else 0,
+                 bias.stride(1) if bias.size(1) > 1 else 0), H_kv, L, self.scale)
         if values.size(1) != L:
             keys_t, values = keys_t[..., :L], values[:, :L]
         if r > 1:
@@ -476,6 +487,17 @@ class StaticDecoder(IncrementalDecoder):
         super().release()
 
 
+def _attend_rows(kernel, q, k, k_strides, v, v_strides, bias, bias_strides, H_kv: int, L: int, scale: float):
+    """rows.c's attend_rows: q (n, r, H, d_head), d_head contiguous; keys at `k_strides` (row, key/value head, slot,
+    d), values at `v_strides` (row, key/value head, slot; d contiguous), the bias at `bias_strides` (row, key/value
+    head, query; slots contiguous), L slots. -> (n*r, H*d_head)"""
+    n, r, H, dh = q.shape
+    y = torch.empty(n * r, H * dh)
+    kernel(q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), k.data_ptr(), *k_strides, v.data_ptr(), *v_strides,
+           bias.data_ptr(), *bias_strides, n, H_kv, H // H_kv, r, L, dh, scale, y.data_ptr())
+    return y
+
+
 def _move_rows(x: torch.Tensor, n: int, n_new: int, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """Of a (n*H, ...) tensor seen as n rows: copy rows `src` to `dst`, then keep the first n_new."""
     rows = x.view(n, -1, *x.shape[1:])
@@ -489,33 +511,39 @@ class _Layer:
 
     def __init__(self, layer: Sublayers, mode: str):
         pre = layer.pre_norm
-        same = _identity
-        # pre-norm: x + f(LN(x)); post-norm: LN(x + f(x))
-        norm = _norm(layer.self_norm)
-        self.norm_self_in, self.norm_self_out = (norm, same) if pre else (same, norm)
-        norm = _norm(layer.ffn_norm)
-        self.norm_ffn_in, self.norm_ffn_out = (norm, same) if pre else (same, norm)
-        self.qkv = _linear(layer.qkv, mode)
+        self.norm_self_in, self.norm_self_out, first, last = _placed(layer.self_norm, pre, mode)
+        self.qkv = _linear(layer.qkv, mode, norm_in=first)
         self.q_norm, self.k_norm = layer.q_norm or _identity, layer.k_norm or _identity
         self.cross_q_norm, self.cross_k_norm = layer.cross_q_norm or _identity, layer.cross_k_norm or _identity
-        self.self_out = _linear(layer.self_out, mode, residual=True)
+        self.self_out = _linear(layer.self_out, mode, residual=True, norm_out=last)
         if layer.cross_q is not None:
-            norm = _norm(layer.cross_norm)
-            self.norm_cross_in, self.norm_cross_out = (norm, same) if pre else (same, norm)
-            self.cross_q = _linear(layer.cross_q, mode)
+            self.norm_cross_in, self.norm_cross_out, first, last = _placed(layer.cross_norm, pre, mode)
+            self.cross_q = _linear(layer.cross_q, mode, norm_in=first)
             self.cross_kv = _linear(layer.cross_kv, mode)
-            self.cross_out = _linear(layer.cross_out, mode, residual=True)
-        w1 = _linear(layer.w1, mode, act=gate_activation(layer.activation))
+            self.cross_out = _linear(layer.cross_out, mode, residual=True, norm_out=last)
+        gated = layer.w3 is not None  # (two layers read the normed input: it is normed once, apart)
+        self.norm_ffn_in, self.norm_ffn_out, first, last = _placed(layer.ffn_norm, pre, mode, gated)
+        w1 = _linear(layer.w1, mode, act=gate_activation(layer.activation), norm_in=first)
         if layer.w3 is None:
             self.ffn_hidden = w1
         else:  # gated: act(w1 x) * w3 x
             w3 = _linear(layer.w3, mode)
             self.ffn_hidden = lambda x: w1(x).mul_(w3(x))
-        self.w2 = _linear(layer.w2, mode, residual=True)
+        self.w2 = _linear(layer.w2, mode, residual=True, norm_out=last)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def _placed(module: nn.Module, pre: bool, mode: str, gated: bool = False):
+    """A sublayer's norm -> (before, after, first, last): what a step calls on the sublayer's input and on its output
+    (pre-norm: x + f(LN(x)); post-norm: LN(x + f(x))), and the LayerNorm its first linear layer runs on its input
+    or its last on its output in the same call (mode "rows": native.RowLinear; None elsewhere)."""
+    norm = _norm(module)
+    if mode != "rows" or type(module) is not nn.LayerNorm or (pre and gated):
+        return (norm, _identity, None, None) if pre else (_identity, norm, None, None)
+    return (_identity, _identity, module, None) if pre else (_identity, _identity, None, module)
 
 
 def _norm(module: nn.Module):
@@ -527,8 +555,10 @@ def _norm(module: nn.Module):
     return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
 
 
-def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool = False):
-    """x -> act(x W^T + b), or with `residual` (x, r) -> x W^T + b + r, for 2-d x.
+def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool = False,
+            norm_in: nn.LayerNorm | None = None, norm_out: nn.LayerNorm | None = None):
+    """x -> act(x W^T + b), or with `residual` (x, r) -> x W^T + b + r, for 2-d x; in mode "rows" with `norm_in`
+    x normed first, with `norm_out` the result normed last.
 
     mode "packed": the weights reordered for oneDNN once (a plain GEMM re-packs them on every call; a decoding step
     calls each layer with few rows, so that is a large share of its work), and each layer one fused call. "rows":
@@ -546,7 +576,11 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
         attr, algorithm = _ONEDNN_ACTIVATIONS[act]
         return lambda x: linear(x, weight, bias, attr, [], algorithm)
     if mode in ("int8", "rows"):  # the residual and a ReLU applied in their last pass
-        linear = (Int8Linear if mode == "int8" else native.RowLinear)(module, relu=act == "relu")
+        if mode == "int8":
+            linear = Int8Linear(module, relu=act == "relu")
+        else:
+            norm = norm_in if norm_in is not None else norm_out
+            linear = native.RowLinear(module, relu=act == "relu", norm=norm, norm_input=norm_in is not None)
         if residual or act in (None, "relu"):
             return linear
         f = ACTIVATIONS[act]
