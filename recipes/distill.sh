@@ -7,7 +7,8 @@
 # 1. The teacher: recipes/multi30k.sh SRC TGT SIZE OUT/teacher (skipped when OUT/teacher has its result). TEACHERS
 #    ("RUN_OR_CKPT ...", quoted, sharing one vocabulary) decodes those instead, as an ensemble.
 # 2. The training source translated by the teacher(s): beam 5, the teacher's length penalty (chosen on valid; 1.0 for
-#    TEACHERS); TEACHER_DTYPE=int8 decodes in int8.
+#    TEACHERS); TEACHER_DTYPE=int8 decodes in int8. Kept in OUT for the next student (remove it after changing
+#    TEACHERS or TEACHER_DTYPE).
 # 3. The student: recipes/multi30k.sh on those translations (valid and test keep the real references), with STUDENT's
 #    config (default recipes/multi30k-student.yaml, 4+1 layers: the teacher's width, one decoder layer; STUDENT=teacher:
 #    the teacher's own config, a student of its size); ORIGINAL=1 trains on the original pairs beside the distilled
@@ -49,10 +50,13 @@ else
   ALPHA=$(cat "$OUT/teacher/len_penalty.txt")
 fi
 
-echo "== distil: train.$SRC translated by the teacher (beam 5, length penalty $ALPHA)" >&2
-# (an interrupted run resumes: translate --resume keeps the parts it finished)
-tfcli translate "${MODELS[@]}" --beam-size 5 --len-penalty "$ALPHA" --dtype "${TEACHER_DTYPE:-fp32}" --resume \
-  "$D/train.$SRC" -o "$OUT/train.distilled.$TGT"
+# (an interrupted run resumes: translate --resume keeps the parts it finished, and a finished file, written
+# atomically, is kept: another student of the same teacher trains on it)
+if [ ! -f "$OUT/train.distilled.$TGT" ]; then
+  echo "== distil: train.$SRC translated by the teacher (beam 5, length penalty $ALPHA)" >&2
+  tfcli translate "${MODELS[@]}" --beam-size 5 --len-penalty "$ALPHA" --dtype "${TEACHER_DTYPE:-fp32}" --resume \
+    "$D/train.$SRC" -o "$OUT/train.distilled.$TGT"
+fi
 
 echo "== student: ${STUDENT_CONFIG:-the config of the teacher} on the distilled pairs" >&2
 DISTILLED="$OUT/train.distilled.$TGT" CONFIG="$STUDENT_CONFIG" NAME="multi30k-distill$TAG-$SRC-$TGT" \
