@@ -541,3 +541,67 @@ def test_the_attention_kernel_gives_a_sentence_the_same_bits_alone_and_beside_lo
             for dec in runs:  # two beams a row from the first step on, the second following the first
                 dec.select(None, torch.tensor([[0, 0]] * dec.n) if t == 0 else torch.tensor([[1, 0]] * dec.n))
             tok = {1: torch.tensor([5, 6]), 3: torch.tensor([5, 6, 7, 8, 9, 10])}
+
+
+@pytest.mark.parametrize("kind, overrides", [
+    ("seq2seq", dict(norm="pre")), ("seq2seq", dict(norm="post", n_kv_head=2)), ("seq2seq", dict(qk_norm=True)),
+    ("seq2seq", dict(n_kv_head=1, qk_norm=True, norm="post")), ("lm", dict(activation="relu")),
+    ("lm", dict(activation="relu", positions="sinusoidal", norm="post", n_kv_head=2))])
+def test_a_steps_layers_in_one_c_call_are_its_kernels_one_call_at_a_time(kind, overrides):
+    """rows.c's decode_layers runs what the step would run through RowLinear and attend_rows one call at a time, so
+    the logits are the same bit for bit, through beams reordered, rows leaving and (language models) left-padded
+    prompts; with QK-norm (its RMSNorm in C, torch's otherwise) close, and the same alone and in a batch."""
+    from tfcli.generate import native
+
+    if native.layers_kernel() is None:
+        pytest.skip("no C kernels here (no C compiler, no AVX2, or ATEN_CPU_CAPABILITY=default)")
+    if not onednn_available():
+        pytest.skip("oneDNN is not available in this torch build")
+    torch.manual_seed(0)
+    vocab = dict(src_vocab_size=V, tgt_vocab_size=V) if kind == "seq2seq" else dict(tgt_vocab_size=V)
+    model = build_model(preset("toy" if kind == "seq2seq" else "lm-toy", d_model=32, n_head=4, **vocab,
+                               **overrides)).eval()
+    fused, ops = StepModel(model, pack=True), StepModel(model, pack=True)
+    assert fused.layer_args is not None
+    ops.layer_args = None
+    exact = not overrides.get("qk_norm")
+    g = torch.Generator().manual_seed(4)
+    K = 2
+    with torch.inference_mode():
+        if kind == "seq2seq":
+            src = torch.randint(4, V, (3, 6), generator=g)
+            src[1, 3:] = PAD_ID
+            decs = [start(sm, src, K, 6) for sm in (fused, ops)] + [start(fused, src[2:], K, 6)]
+            logits = [dec.step(torch.full((dec.n,), BOS_ID)) for dec in decs]
+        else:
+            ids = torch.randint(4, V, (3, 5), generator=g)
+            ids[0, :2] = PAD_ID
+            decs = [sm.start(n, 1, 9) for sm, n in ((fused, 3), (ops, 3), (fused, 1))]
+            logits = [dec.prefill(ids[-dec.n:], ids[-dec.n:] != PAD_ID) for dec in decs]
+            K = 1
+        for t in range(4):  # (the last row, alone in the third decoder, gets the same parents and tokens)
+            a, b, alone = logits
+            assert torch.equal(a, b) if exact else torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+            assert torch.equal(alone, a[-alone.size(0):])
+            parent = torch.randint(0, K if t else 1, (3, K), generator=g)  # (at first one beam a row)
+            for dec in decs:
+                keep = torch.tensor([0, 2]) if t == 1 and dec.n == 3 else None
+                dec.select(keep, parent[-(dec.n if keep is None else 2):] if K > 1 else None)
+            tok = torch.randint(4, V, (decs[0].n * K,), generator=g)
+            logits = [dec.step(tok[-dec.n * K:]) for dec in decs]
+        for dec in decs:
+            dec.release()
+
+
+def test_the_one_call_layers_run_only_where_every_layer_is_on_the_kernels():
+    from tfcli.generate import native
+
+    if native.layers_kernel() is None or not onednn_available():
+        pytest.skip("no C kernels here")
+    for overrides, fused in ((dict(), True), (dict(activation="gelu"), False), (dict(rms_norm=True), False),
+                             (dict(activation="swiglu"), False)):
+        _, sm = model_for(packed=True, **overrides)
+        assert (sm.layer_args is not None) == fused, overrides
+    lm = build_model(preset("lm-toy", tgt_vocab_size=V, d_model=32, n_head=4, positions="rope")).eval()
+    assert StepModel(lm, pack=True).layer_args is None
+    assert StepModel(model_for()[0]).layer_args is None  # (unpacked: no row kernel)

@@ -12,6 +12,8 @@ compiler is found.
   step a call takes a fraction of oneDNN's time, and about as long on many rows (docs/performance.md).
 - `attention_kernel()`: attention, every row and head in one call (rows.c's attend_rows: a decoding step's, where
   torch would launch seven small operators a layer, and the encoder's); a row's result depends on that row alone.
+- `layers_kernel()`: a decoder's layers for one step in one call (rows.c's decode_layers: the same row kernel and
+  attention, in the same order, so the same bits), described by `LayerArgs`; tfcli.generate.step says when it runs.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class RowLinear:
             self.bias[: self.N] = module.bias.detach().float()
         self.relu = int(relu)
         self.norm, self.ln, self.eps = 0, None, 0.0  # rows.c: norm 1 on the input, 2 on the output
-        self._xn = torch.empty(0)  # the normed input rows (scratch)
+        self._xn = torch.empty(0)  # the normed input rows (scratch, with norm 1)
         if norm is not None:
             n = self.K if norm_input else self.N
             if tuple(norm.normalized_shape) != (n,):
@@ -79,8 +81,34 @@ class RowLinear:
             self.kernel(x.data_ptr(), self.wt.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
                         None if residual is None else residual.data_ptr(),
                         0 if residual is None else residual.stride(0), self.relu, y.data_ptr(), M, self.K, self.N,
-                        None if self.ln is None else self.ln.data_ptr(), self.norm, self.eps, self._xn.data_ptr())
+                        None if self.ln is None else self.ln.data_ptr(), self.norm, self.eps,
+                        self._xn.data_ptr() if self.norm == 1 else None)
         return y
+
+    def args(self) -> "LinearArgs":
+        """This layer as rows.c's decode_layers reads it (pointers into this object's tensors: keep it alive)."""
+        return LinearArgs(self.wt.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
+                          None if self.ln is None else self.ln.data_ptr(), self.K, self.N, self.relu, self.norm,
+                          self.eps)
+
+
+_p, _i64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class LinearArgs(ctypes.Structure):
+    """rows.c's linear_t: a RowLinear's weights, bias and folded LayerNorm (`RowLinear.args`)."""
+
+    _fields_ = [("wt", _p), ("b", _p), ("ln", _p), ("K", _i64), ("N", _i64), ("relu", ctypes.c_int32),
+                ("norm", ctypes.c_int32), ("eps", ctypes.c_float)]
+
+
+class LayerArgs(ctypes.Structure):
+    """rows.c's layer_t: one decoder layer for decode_layers: its RowLinears, QK-norm's RMSNorm gains (or None), and
+    the batch's memory (set by the decoder: self-attention keys | values, the source's keys and values)."""
+
+    _fields_ = [("qkv", LinearArgs), ("self_out", LinearArgs), ("cross_q", LinearArgs), ("cross_out", LinearArgs),
+                ("w1", LinearArgs), ("w2", LinearArgs), ("q_norm", _p), ("k_norm", _p), ("cross_q_norm", _p),
+                ("qk_eps", ctypes.c_float), ("kv", _p), ("mem_kt", _p), ("mem_v", _p)]
 
 
 def fp32_kernel():
@@ -104,11 +132,20 @@ def attention_kernel():
     return None if fp32_kernel() is None else library().attend_rows
 
 
+def layers_kernel():
+    """rows.c's decode_layers (a decoder's layers for one step, described by `LayerArgs`) in the version of the row
+    kernel that runs here (`fp32_kernel`); None where none does."""
+    kernel, lib = fp32_kernel(), library()
+    if kernel is None:
+        return None
+    return lib.decode_layers if kernel is lib.linear_rows else lib.decode_layers_avx2
+
+
 _SOURCE = Path(__file__).with_name("rows.c")
 
 
 _SYMBOLS = ("quantize_rows", "dequantize_rows", "linear_rows", "linear_rows_avx2", "linear_rows_supported",
-            "attend_rows")
+            "attend_rows", "decode_layers", "decode_layers_avx2")
 
 
 class _Untrusted(OSError):
@@ -161,6 +198,10 @@ def library():
     lib.attend_rows.argtypes = [p, i64, i64, i64, p, i64, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64,
                                 i64, i64, i64, i64, i64, i64, ctypes.c_float, p]
     lib.attend_rows.restype = None
+    for layers in (lib.decode_layers, lib.decode_layers_avx2):
+        layers.argtypes = [ctypes.POINTER(LayerArgs), i64, p, p, i64, i64, i64, i64, i64, i64, i64, i64, p, i64,
+                           i64, p, i64, ctypes.c_float]
+        layers.restype = None
     return lib
 
 

@@ -145,17 +145,29 @@ static const int WIDTH_AVX512[9] = {0, 64, 64, 64, 64, 32, 32, 32, 32};
 static const tile_fn TILES_AVX2[7] = {0, tile_avx2_1, tile_avx2_2, tile_avx2_3, tile_avx2_4, tile_avx2_5, tile_avx2_6};
 static const int WIDTH_AVX2[7] = {0, 64, 32, 32, 16, 16, 16};
 
+/* the sum of eight lanes in a fixed order (the lanes of a sum split by j % 8) */
+static inline float sum8(const float lane[8]) {
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 /* LayerNorm of one row of n: y = (x - mean) / sqrt(var + eps) * w + b, w and b at ln and ln + n; the sums in eight
  * lanes (element j in lane j % 8), the lanes added in a fixed order */
 static void norm_row(const float *x, float *y, int64_t n, const float *ln, float eps) {
     float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t j = 0; j < n; j++) lane[j % 8] += x[j];
-    const float mean = (((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]))) / n;
+    const float mean = sum8(lane) / n;
     for (int l = 0; l < 8; l++) lane[l] = 0;
     for (int64_t j = 0; j < n; j++) lane[j % 8] += (x[j] - mean) * (x[j] - mean);
-    const float var = (((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]))) / n;
-    const float rstd = 1.0f / sqrtf(var + eps);
+    const float rstd = 1.0f / sqrtf(sum8(lane) / n + eps);
     for (int64_t j = 0; j < n; j++) y[j] = (x[j] - mean) * rstd * ln[j] + ln[n + j];
+}
+
+/* RMSNorm of one row of n, in place: x = x / sqrt(mean(x^2) + eps) * w (QK-norm's, on a head's query or key) */
+static void rms_row(float *x, int64_t n, const float *w, float eps) {
+    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < n; j++) lane[j % 8] += x[j] * x[j];
+    const float rstd = 1.0f / sqrtf(sum8(lane) / n + eps);
+    for (int64_t j = 0; j < n; j++) x[j] = x[j] * rstd * w[j];
 }
 
 /* M rows as tiles of RF rows, then the last M % RF rows as one tile; with a LayerNorm (ln: its weight then its
@@ -253,8 +265,7 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
                 for (int64_t d0 = 0; d0 < dh; d0 += 8)
 #pragma omp simd
                     for (int l = 0; l < 8; l++) lane[l] = __builtin_fmaf(qv[d0 + l], ksv[d0 + l], lane[l]);
-                float dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-                p[s] = alpha * dot + bs[s];
+                p[s] = alpha * sum8(lane) + bs[s];
             }
         } else {
             int64_t s0 = 0;
@@ -288,7 +299,7 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
         }
         float lane[8];
         _mm256_storeu_ps(lane, lanes);
-        const float sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        const float sum = sum8(lane);
         float *out = y + (i * r + j) * H * dh + (h * g + c) * dh;
         for (int64_t d = 0; d < dh; d++) out[d] = 0;
         for (int64_t s = 0; s < L; s++) {
@@ -299,6 +310,89 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
         }
     }
 }
+
+/* A decoder's layers for one step (tfcli.generate.step: IncrementalDecoder), all in one call: what the step runs
+ * through RowLinear and attend_rows one call at a time (the same functions in the same order, so the same bits),
+ * without a Python-level operator between them. A linear layer as RowLinear holds it (its LayerNorm folded in): */
+typedef struct {
+    const float *wt, *b, *ln; /* the weights in column blocks, the bias (or null), LayerNorm weight | bias (or null) */
+    int64_t K, N;
+    int32_t relu, norm; /* norm: 0 none, 1 on the input rows, 2 on the output rows */
+    float eps;
+} linear_t;
+
+/* One layer: its linear layers (cross_q and cross_out unused without a source), QK-norm's RMSNorm gains (d_head
+ * each; null without it), and the batch's memory: self-attention keys | values (n, H_kv, slots, 2*d_head), the
+ * source keys transposed (n, H_kv, d_head, S) and values (n, H_kv, S, d_head), each row at its stride. */
+typedef struct {
+    linear_t qkv, self_out, cross_q, cross_out, w1, w2;
+    const float *q_norm, *k_norm, *cross_q_norm;
+    float qk_eps;
+    float *kv;
+    const float *mem_kt, *mem_v; /* null: no source (a language model) */
+} layer_t;
+
+static void linear_call(const tile_fn *tile, const int *width, int RF, const linear_t *f, const float *x,
+                        const float *res, float *y, int64_t M, float *xn) {
+    linear_tiles(tile, width, RF, x, f->wt, f->b, res, f->N, f->relu, y, M, f->K, f->N, f->ln, f->norm, f->eps, xn);
+}
+
+/* x (M x D, M = n*r: r new positions or beams a row) -> the last layer's output, in place. The r positions are
+ * written at slots start..start+r-1 of the self-attention memory and attend to its first L slots under bias
+ * (row i, query j, slot s at bias + i*bn + j*bj + s: 0 or -inf), and to the source's S slots under mem_bias
+ * ((n, H_kv, S): 0 or -inf). work: M x (3*D + D + 2*D_kv + d_ff) floats of scratch. */
+static void layers_run(const tile_fn *tile, const int *width, int RF, const layer_t *layers, int64_t n_layers,
+                       float *x, float *work, int64_t n, int64_t r, int64_t H, int64_t H_kv, int64_t dh,
+                       int64_t slots, int64_t start, int64_t L, const float *bias, int64_t bn, int64_t bj,
+                       const float *mem_bias, int64_t S, float scale) {
+    const int64_t M = n * r, D = H * dh, Dkv = H_kv * dh, Nq = D + 2 * Dkv, g = H / H_kv, F = layers[0].w1.N;
+    const int64_t kn = H_kv * slots * 2 * dh, kh = slots * 2 * dh; /* the self-attention memory's strides */
+    float *cur = x, *nxt = work, *qkv = work + M * D, *att = qkv + M * Nq, *hid = att + M * D, *xn = hid + M * F;
+    float *swap;
+    for (int64_t l = 0; l < n_layers; l++) {
+        const layer_t *ly = layers + l;
+        linear_call(tile, width, RF, &ly->qkv, cur, 0, qkv, M, xn);
+        for (int64_t m = 0; m < M; m++) {
+            float *row = qkv + m * Nq;
+            if (ly->q_norm)
+                for (int64_t a = 0; a < H; a++) rms_row(row + a * dh, dh, ly->q_norm, ly->qk_eps);
+            if (ly->k_norm)
+                for (int64_t h = 0; h < H_kv; h++) rms_row(row + D + h * dh, dh, ly->k_norm, ly->qk_eps);
+            for (int64_t h = 0; h < H_kv; h++) { /* position m % r of row m / r: key | value at its slot */
+                float *slot = ly->kv + m / r * kn + h * kh + (start + m % r) * 2 * dh;
+                memcpy(slot, row + D + h * dh, sizeof(float) * dh);
+                memcpy(slot + dh, row + D + Dkv + h * dh, sizeof(float) * dh);
+            }
+        }
+        attend_rows(qkv, r * Nq, Nq, dh, ly->kv, kn, kh, 2 * dh, 1, ly->kv + dh, kn, kh, 2 * dh, bias, bn, 0, bj, n,
+                    H_kv, g, r, L, dh, scale, att);
+        linear_call(tile, width, RF, &ly->self_out, att, cur, nxt, M, xn);
+        swap = cur, cur = nxt, nxt = swap;
+        if (ly->mem_kt) {
+            linear_call(tile, width, RF, &ly->cross_q, cur, 0, qkv, M, xn);
+            if (ly->cross_q_norm)
+                for (int64_t a = 0; a < M * H; a++) rms_row(qkv + a * dh, dh, ly->cross_q_norm, ly->qk_eps);
+            attend_rows(qkv, r * D, D, dh, ly->mem_kt, H_kv * dh * S, dh * S, 1, S, ly->mem_v, H_kv * S * dh, S * dh,
+                        dh, mem_bias, H_kv * S, S, 0, n, H_kv, g, r, S, dh, scale, att);
+            linear_call(tile, width, RF, &ly->cross_out, att, cur, nxt, M, xn);
+            swap = cur, cur = nxt, nxt = swap;
+        }
+        linear_call(tile, width, RF, &ly->w1, cur, 0, hid, M, xn);
+        linear_call(tile, width, RF, &ly->w2, hid, cur, nxt, M, xn);
+        swap = cur, cur = nxt, nxt = swap;
+    }
+    if (cur != x) memcpy(x, cur, sizeof(float) * M * D);
+}
+
+#define LAYERS_ARGS                                                                                                    \
+    const layer_t *layers, int64_t n_layers, float *x, float *work, int64_t n, int64_t r, int64_t H, int64_t H_kv,    \
+        int64_t dh, int64_t slots, int64_t start, int64_t L, const float *bias, int64_t bn, int64_t bj,               \
+        const float *mem_bias, int64_t S, float scale
+#define LAYERS_PASS layers, n_layers, x, work, n, r, H, H_kv, dh, slots, start, L, bias, bn, bj, mem_bias, S, scale
+
+void decode_layers(LAYERS_ARGS) { layers_run(TILES_AVX512, WIDTH_AVX512, 8, LAYERS_PASS); }
+
+void decode_layers_avx2(LAYERS_ARGS) { layers_run(TILES_AVX2, WIDTH_AVX2, 6, LAYERS_PASS); }
 
 /* which version of linear_rows this CPU runs: 2 AVX-512 (F and FMA: linear_rows), 1 AVX2 and FMA
  * (linear_rows_avx2), 0 neither */

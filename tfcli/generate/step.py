@@ -22,7 +22,9 @@ the first step of beam search). Arranged for inference speed:
 - On the CPU in fp32 the attention (a step's, to itself and to the source, and the encoder's) is one C call a layer
   for all rows and heads where it is built (`tfcli.generate.native.attention_kernel`), instead of seven small torch
   operators; its sums run in an order that no batch's shape changes, so a sentence's encoder output and logits are
-  the same alone and in any batch.
+  the same alone and in any batch. Where every layer runs on those kernels (LayerNorm, a ReLU FFN, no RoPE), a
+  step's layers are one C call (`tfcli.generate.native.layers_kernel`: the same kernels in the same order, without
+  the hundred-odd Python-level operators around them).
 - With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8: weights
   quantised once, one scale per output row; activations at each call, one scale per row (tfcli.generate.int8), so
   that a row's result never depends on the other rows.
@@ -84,12 +86,24 @@ class StepModel:
         self.layers = [_Layer(layer, "rows" if self.rows else mode) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
         self.lm_head = _linear(parts.lm_head, mode)
+        # every layer of a step in one C call, where each runs on the kernels (see _Layer.kernel_args)
+        self.layer_args, self.decode_layers = None, None
+        if self.rows and self.attend_rows is not None and self.rope is None:
+            args = [layer.kernel_args() for layer in self.layers]
+            if all(a is not None for a in args):
+                self.layer_args, self.decode_layers = (native.LayerArgs * len(args))(*args), native.layers_kernel()
+                cfg = self.cfg  # the call's scratch a row: rows.c's layers_run
+                self.work_per_row = 4 * cfg.d_model + 2 * cfg.kv_heads * cfg.d_head + cfg.d_ff
         self.encoder = parts.encoder
         self.encoder_layers = None  # plain: the model's own encoder
         if self.encoder is not None and mode != "plain":
             self.encoder_layers = [_Layer(layer, mode) for layer in self.encoder.layers]
             self.encoder_norm = _norm(self.encoder.norm)
         self._workspace: torch.Tensor | None = None
+
+    def c_attention(self) -> bool:
+        """Whether attention runs on rows.c's attend_rows now: built, and fp32 activations (no CPU autocast)."""
+        return self.attend_rows is not None and cpu_autocast_dtype() is None
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder output (n, S, d_model) and the source mask (n, 1, 1, S), True at real tokens: the model's
@@ -100,7 +114,7 @@ class StepModel:
         n, S = src.shape
         D, H, H_kv, dh = self.cfg.d_model, self.cfg.n_head, self.cfg.kv_heads, self.cfg.d_head
         x = self.encoder.embed(src, torch.arange(S, device=src.device), S).reshape(n * S, -1)
-        c = self.attend_rows is not None and cpu_autocast_dtype() is None  # fp32: rows.c's attend_rows
+        c = self.c_attention()
         if c:  # (n, S): 0 at real tokens, -inf at padding
             bias = torch.zeros(n, S).masked_fill_(~mask.view(n, S), float("-inf"))
         for layer in self.encoder_layers:
@@ -192,6 +206,9 @@ class IncrementalDecoder:
         self.kv = list(self._workspace[: n_layers * size].view(n_layers, *shape).unbind(0))
         for kv in self.kv:  # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
             kv[:, :, :beam_size].zero_()
+        # rows.c's decode_layers: the model's layer descriptions, with this batch's memory filled in (_cache_views)
+        self.layer_args = None if sm.layer_args is None else type(sm.layer_args).from_buffer_copy(sm.layer_args)
+        self._work = torch.empty(0)  # its scratch
         self._cache_views()
 
     fixed = False  # rows leave the batch (`select`); no new row joins it
@@ -203,6 +220,11 @@ class IncrementalDecoder:
         n, H_kv, dh = self.n, self.H_kv, self.dh
         self.cache = [(kv.view(n, H_kv, -1, 2, dh), kv[..., :dh].reshape(n * H_kv, -1, dh).transpose(1, 2),
                        kv[..., dh:].reshape(n * H_kv, -1, dh)) for kv in self.kv]
+        if self.layer_args is not None:  # (each row at the stride of the batch's first shape)
+            for i, (args, kv) in enumerate(zip(self.layer_args, self.kv)):
+                args.kv = kv.data_ptr()
+                if self.mem_kv is not None:
+                    args.mem_kt, args.mem_v = (m.data_ptr() for m in self.mem_kv[i])
 
     def _cross_kv(self, layer, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's cross-attention keys, transposed, (m*H_kv, d_head, S), and values (m*H_kv, S, d_head) of
@@ -211,7 +233,7 @@ class IncrementalDecoder:
         k, v = layer.cross_kv(memory.reshape(m * S, -1)).view(m, S, 2, self.H_kv, self.dh).unbind(2)
         # (contiguous whatever m: rows.c's attend_rows reads source keys in one layout, d_head-major)
         kt = layer.cross_k_norm(k).permute(0, 2, 3, 1).reshape(m * self.H_kv, self.dh, S).contiguous()
-        return kt, v.transpose(1, 2).reshape(m * self.H_kv, S, self.dh)
+        return kt, v.transpose(1, 2).reshape(m * self.H_kv, S, self.dh).contiguous()
 
     def _source_bias(self, mem_mask: torch.Tensor, dtype) -> torch.Tensor:
         """(m, 1, 1, S) source mask -> (m*H_kv, 1, S) attention bias: 0 at real tokens, -inf at padding."""
@@ -272,12 +294,33 @@ class IncrementalDecoder:
         of slots on the device: `StaticDecoder`); L slots in view, `self_bias` (n, r, L) what each sees (0, or
         -inf). `pos`: their positions for RoPE, (r,) or (n, r). Returns the logits (n*r, V), or (n, V) of each row's
         last position with `last_only`."""
+        c = self.sm.c_attention()
+        if c and self.layer_args is not None and isinstance(start, int):
+            x = self._c_layers(x, start, r, L, self_bias)
+        else:
+            x = self._op_layers(x, start, r, L, self_bias if c else self._head_bias(self_bias), pos, c)
+        if last_only:
+            x = x.view(self.n, r, -1)[:, -1]
+        return self.sm.lm_head(self.sm.final_norm(x))
+
+    def _c_layers(self, x, start: int, r: int, L: int, self_bias) -> torch.Tensor:
+        """`_layers`' layers as one call of rows.c's decode_layers, on x in place."""
+        M = x.size(0)
+        if self._work.numel() < M * self.sm.work_per_row:
+            self._work = torch.empty(M * self.sm.work_per_row)
+        if self_bias.stride(2) != 1:
+            self_bias = self_bias.contiguous()
+        mem, S = (None, 0) if self.mem_kv is None else (self.mem_bias.data_ptr(), self.mem_bias.size(-1))
+        self.sm.decode_layers(self.layer_args, len(self.layer_args), x.data_ptr(), self._work.data_ptr(), self.n, r,
+                              self.H, self.H_kv, self.dh, self.kv[0].size(2), start, L, self_bias.data_ptr(),
+                              self_bias.stride(0), self_bias.stride(1), mem, S, self.scale)
+        return x
+
+    def _op_layers(self, x, start, r: int, L: int, self_bias, pos, c: bool) -> torch.Tensor:
+        """`_layers`' layers one operator (or kernel call) at a time; `self_bias` as `_attend` takes it."""
         n, H, H_kv, dh = self.n, self.H, self.H_kv, self.dh
         D = H * dh
         rope = self.sm.rope
-        c = self.sm.attend_rows is not None and cpu_autocast_dtype() is None  # fp32 activations: attend_rows
-        if not c:
-            self_bias = self._head_bias(self_bias)
         for i, (layer, (slots, keys_t, values)) in enumerate(zip(self.sm.layers, self.cache)):
             # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this row's slots
             qkv = layer.qkv(layer.norm_self_in(x))
@@ -303,9 +346,7 @@ class IncrementalDecoder:
                 x = layer.norm_cross_out(layer.cross_out(y, x))
             # position-wise FFN
             x = layer.norm_ffn_out(layer.w2(layer.ffn_hidden(layer.norm_ffn_in(x)), x))
-        if last_only:
-            x = x.view(n, r, -1)[:, -1]
-        return self.sm.lm_head(self.sm.final_norm(x))
+        return x
 
     def _attend(self, q, keys_t, values, bias, L: int, c: bool) -> torch.Tensor:
         """q: (n, r, H, d_head); keys_t (n*H_kv, d_head, >= L), values (n*H_kv, >= L, d_head), of which the first L
@@ -357,10 +398,10 @@ class IncrementalDecoder:
                 b[dst, :, :used] = b[src, :, :used]
             self.kv = [b[:n] for b in self.kv]
             self.n = n
-            self._cache_views()
             if self.mem_kv is not None:
                 self.mem_kv = [tuple(_move_rows(m, n_old, n, dst, src) for m in kv) for kv in self.mem_kv]
                 self.mem_bias = _move_rows(self.mem_bias, n_old, n, dst, src)
+            self._cache_views()
         if parent is not None:
             self.history = self.history.gather(1, parent[:, :, None].expand(-1, -1, self.history.size(2)))
             self.k = parent.size(1)
@@ -530,6 +571,25 @@ class _Layer:
             w3 = _linear(layer.w3, mode)
             self.ffn_hidden = lambda x: w1(x).mul_(w3(x))
         self.w2 = _linear(layer.w2, mode, residual=True, norm_out=last)
+
+    def kernel_args(self) -> native.LayerArgs | None:
+        """This layer as rows.c's decode_layers runs it (the batch's memory for the decoder to fill in), or None
+        where it cannot: a linear layer off the row kernel or a norm outside its calls (RMSNorm, an activation
+        other than ReLU, a gated FFN). QK-norm's RMSNorms run in the call."""
+        cross = hasattr(self, "cross_q")
+        linears = [self.qkv, self.self_out, self.ffn_hidden, self.w2] + ([self.cross_q, self.cross_out] if cross else [])
+        norms = [self.norm_self_in, self.norm_self_out, self.norm_ffn_in, self.norm_ffn_out]
+        norms += [self.norm_cross_in, self.norm_cross_out] if cross else []
+        qk = [self.q_norm, self.k_norm, self.cross_q_norm]
+        if (not all(isinstance(f, native.RowLinear) for f in linears) or any(f is not _identity for f in norms)
+                or not all(f is _identity or (isinstance(f, RMSNorm) and f.weight.dtype == torch.float32) for f in qk)):
+            return None
+        gains = [None if f is _identity else f.weight.data_ptr() for f in qk]
+        eps = next((f.eps for f in qk if f is not _identity), 0.0)
+        none = native.LinearArgs()
+        return native.LayerArgs(self.qkv.args(), self.self_out.args(), self.cross_q.args() if cross else none,
+                                self.cross_out.args() if cross else none, self.ffn_hidden.args(), self.w2.args(),
+                                *gains, eps)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
