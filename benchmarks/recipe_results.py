@@ -291,8 +291,11 @@ SHIPPED = re.compile(r"(cpu|cpu-long|full)( \(fp32\))?")
 def _student(e: dict) -> str:
     """What sets a Multi30k run apart from the recipe's own: a distilled student (recipes/distill.sh names it), or
     one multilingual model's direction (recipes/multi30k-multi.sh; -zs: its zero-shot run)."""
-    if e["name"].startswith("multi30k-distill"):
-        return " distilled student"
+    if e["name"].startswith("multi30k-distill"):  # (multi30k-distill[-teacher-size][-orig]-SRC-TGT)
+        variant = e["name"][len("multi30k-distill"):-len("-xx-yy")]
+        return " distilled student" + {"": "", "-teacher-size": " of the teacher's size", "-orig": " (with the "
+                                       "original pairs)", "-teacher-size-orig": " of the teacher's size (with the "
+                                       "original pairs)"}.get(variant, f" ({variant.lstrip('-')})")
     if e["name"].startswith("multi30k-multi"):
         return " one multilingual model" + (" (zero-shot run)" if e["name"].startswith("multi30k-multi-zs") else "")
     return ""

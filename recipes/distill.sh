@@ -69,7 +69,7 @@ if [ -z "${TEACHERS:-}" ]; then
   SPEED=${SPEED_OUT:-benchmarks/results/distill_speed-$SRC-$TGT$TAG}
   python3 benchmarks/distill_speed.py "$CKPT" "$STUDENT_CKPT" --pair "$SRC-$TGT" --data "$DATA" --out "$SPEED"
   echo "== record: the teacher against the student (benchmarks/results/recipes.*, docs/recipes.md)" >&2
-  python3 benchmarks/recipe_results.py distill "$OUT" --pair "$SRC-$TGT" --tag "$TAG" --speed "$SPEED.json" \
+  python3 benchmarks/recipe_results.py distill "$OUT" --pair "$SRC-$TGT" --tag="$TAG" --speed "$SPEED.json" \
     --size "$SIZE${TRAIN_ARGS:+ ($TRAIN_ARGS)}" --wall-s "$SECONDS" \
     $([ "$TEACHER_TRAINED" = 1 ] || echo --add-teacher-time)
 fi

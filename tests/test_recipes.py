@@ -303,3 +303,12 @@ def test_a_multilingual_run_is_recorded_per_direction_beside_the_bilingual_recip
     recipe_results.update_readme(json.loads((tmp_path / "results" / "recipes.json").read_text()), doc)
     assert rows[2] in doc.read_text()
     assert "one multilingual model" in (tmp_path / "results" / "recipes.md").read_text()
+
+
+def test_a_distilled_students_variant_is_named_in_the_tables():
+    def label(name):
+        return recipe_results._student({"name": name})
+
+    assert label("multi30k-distill-de-en") == " distilled student"
+    assert label("multi30k-distill-teacher-size-de-en") == " distilled student of the teacher's size"
+    assert label("multi30k-distill-orig-en-de") == " distilled student (with the original pairs)"

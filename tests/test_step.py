@@ -545,8 +545,8 @@ def test_the_attention_kernel_gives_a_sentence_the_same_bits_alone_and_beside_lo
 
 @pytest.mark.parametrize("kind, overrides", [
     ("seq2seq", dict(norm="pre")), ("seq2seq", dict(norm="post", n_kv_head=2)), ("seq2seq", dict(qk_norm=True)),
-    ("seq2seq", dict(n_kv_head=1, qk_norm=True, norm="post")), ("lm", dict(activation="relu")),
-    ("lm", dict(activation="relu", positions="sinusoidal", norm="post", n_kv_head=2))])
+    ("seq2seq", dict(n_kv_head=1, qk_norm=True, norm="post")), ("lm", dict(activation="relu2", qk_norm=True)),
+    ("lm", dict(activation="relu2", positions="sinusoidal", norm="post", n_kv_head=2))])
 def test_a_steps_layers_in_one_c_call_are_its_kernels_one_call_at_a_time(kind, overrides):
     """rows.c's decode_layers runs what the step would run through RowLinear and attend_rows one call at a time, so
     the logits are the same bit for bit, through beams reordered, rows leaving and (language models) left-padded
@@ -598,8 +598,8 @@ def test_the_one_call_layers_run_only_where_every_layer_is_on_the_kernels():
 
     if native.layers_kernel() is None or not onednn_available():
         pytest.skip("no C kernels here")
-    for overrides, fused in ((dict(), True), (dict(activation="gelu"), False), (dict(rms_norm=True), False),
-                             (dict(activation="swiglu"), False)):
+    for overrides, fused in ((dict(), True), (dict(activation="relu2"), True), (dict(activation="gelu"), False),
+                             (dict(rms_norm=True), False), (dict(activation="swiglu"), False)):
         _, sm = model_for(packed=True, **overrides)
         assert (sm.layer_args is not None) == fused, overrides
     lm = build_model(preset("lm-toy", tgt_vocab_size=V, d_model=32, n_head=4, positions="rope")).eval()

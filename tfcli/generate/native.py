@@ -92,13 +92,14 @@ class RowLinear:
                           self.eps)
 
 
+
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
 class LinearArgs(ctypes.Structure):
     """rows.c's linear_t: a RowLinear's weights, bias and folded LayerNorm (`RowLinear.args`)."""
 
-    _fields_ = [("wt", _p), ("b", _p), ("ln", _p), ("K", _i64), ("N", _i64), ("relu", ctypes.c_int32),
+    _fields_ = [("wt", _p), ("b", _p), ("ln", _p), ("K", _i64), ("N", _i64), ("act", ctypes.c_int32),
                 ("norm", ctypes.c_int32), ("eps", ctypes.c_float)]
 
 

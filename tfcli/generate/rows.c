@@ -317,7 +317,8 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
 typedef struct {
     const float *wt, *b, *ln; /* the weights in column blocks, the bias (or null), LayerNorm weight | bias (or null) */
     int64_t K, N;
-    int32_t relu, norm; /* norm: 0 none, 1 on the input rows, 2 on the output rows */
+    int32_t act;  /* 0 none, 1 ReLU, 2 ReLU^2 (both exact: the same bits as torch's) */
+    int32_t norm; /* 0 none, 1 on the input rows, 2 on the output rows */
     float eps;
 } linear_t;
 
@@ -334,7 +335,11 @@ typedef struct {
 
 static void linear_call(const tile_fn *tile, const int *width, int RF, const linear_t *f, const float *x,
                         const float *res, float *y, int64_t M, float *xn) {
-    linear_tiles(tile, width, RF, x, f->wt, f->b, res, f->N, f->relu, y, M, f->K, f->N, f->ln, f->norm, f->eps, xn);
+    const int64_t n = M * f->N;
+    linear_tiles(tile, width, RF, x, f->wt, f->b, res, f->N, f->act == 1 || f->act == 2, y, M, f->K, f->N, f->ln,
+                 f->norm, f->eps, xn);
+    if (f->act == 2)
+        for (int64_t j = 0; j < n; j++) y[j] = y[j] * y[j];
 }
 
 /* x (M x D, M = n*r: r new positions or beams a row) -> the last layer's output, in place. The r positions are

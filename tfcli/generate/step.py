@@ -22,9 +22,9 @@ the first step of beam search). Arranged for inference speed:
 - On the CPU in fp32 the attention (a step's, to itself and to the source, and the encoder's) is one C call a layer
   for all rows and heads where it is built (`tfcli.generate.native.attention_kernel`), instead of seven small torch
   operators; its sums run in an order that no batch's shape changes, so a sentence's encoder output and logits are
-  the same alone and in any batch. Where every layer runs on those kernels (LayerNorm, a ReLU FFN, no RoPE), a
-  step's layers are one C call (`tfcli.generate.native.layers_kernel`: the same kernels in the same order, without
-  the hundred-odd Python-level operators around them).
+  the same alone and in any batch. Where every layer runs on those kernels (LayerNorm, a ReLU or ReLU^2 FFN, no
+  RoPE), a step's layers are one C call (`tfcli.generate.native.layers_kernel`: the same kernels in the same order,
+  without the hundred-odd Python-level operators around them).
 - With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8: weights
   quantised once, one scale per output row; activations at each call, one scale per row (tfcli.generate.int8), so
   that a row's result never depends on the other rows.
@@ -575,9 +575,12 @@ class _Layer:
     def kernel_args(self) -> native.LayerArgs | None:
         """This layer as rows.c's decode_layers runs it (the batch's memory for the decoder to fill in), or None
         where it cannot: a linear layer off the row kernel or a norm outside its calls (RMSNorm, an activation
-        other than ReLU, a gated FFN). QK-norm's RMSNorms run in the call."""
+        other than ReLU and ReLU^2, a gated FFN). QK-norm's RMSNorms run in the call."""
         cross = hasattr(self, "cross_q")
-        linears = [self.qkv, self.self_out, self.ffn_hidden, self.w2] + ([self.cross_q, self.cross_out] if cross else [])
+        w1, act = self.ffn_hidden, None
+        if isinstance(w1, _Activated) and w1.act == "relu2":
+            w1, act = w1.linear, 2  # (rows.c: ReLU, then the square)
+        linears = [self.qkv, self.self_out, w1, self.w2] + ([self.cross_q, self.cross_out] if cross else [])
         norms = [self.norm_self_in, self.norm_self_out, self.norm_ffn_in, self.norm_ffn_out]
         norms += [self.norm_cross_in, self.norm_cross_out] if cross else []
         qk = [self.q_norm, self.k_norm, self.cross_q_norm]
@@ -586,14 +589,26 @@ class _Layer:
             return None
         gains = [None if f is _identity else f.weight.data_ptr() for f in qk]
         eps = next((f.eps for f in qk if f is not _identity), 0.0)
-        none = native.LinearArgs()
+        none, w1_args = native.LinearArgs(), w1.args()
+        if act is not None:
+            w1_args.act = act
         return native.LayerArgs(self.qkv.args(), self.self_out.args(), self.cross_q.args() if cross else none,
-                                self.cross_out.args() if cross else none, self.ffn_hidden.args(), self.w2.args(),
-                                *gains, eps)
+                                self.cross_out.args() if cross else none, w1_args, self.w2.args(), *gains, eps)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+class _Activated:
+    """act(linear(x)), the activation in torch after a row-kernel or int8 layer (`linear`); decode_layers applies
+    the ones rows.c has (ReLU^2) in its call."""
+
+    def __init__(self, linear, act: str):
+        self.linear, self.act, self.f = linear, act, ACTIVATIONS[act]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.f(self.linear(x))
 
 
 def _placed(module: nn.Module, pre: bool, mode: str, gated: bool = False):
@@ -643,8 +658,7 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
             linear = native.RowLinear(module, relu=act == "relu", norm=norm, norm_input=norm_in is not None)
         if residual or act in (None, "relu"):
             return linear
-        f = ACTIVATIONS[act]
-        return lambda x: f(linear(x))
+        return _Activated(linear, act)
     w, b = module.weight, module.bias
 
     def base(x):
