@@ -380,8 +380,9 @@ def multilingual_table(all_: dict) -> list[str]:
         b = max(bilingual, key=lambda b: b["date"]) if bilingual else None
         theirs = f"{b['sacrebleu']['BLEU']['score']:.2f}" if b else "–"
         diff = f"{ours - b['sacrebleu']['BLEU']['score']:+.2f}" if b else "–"
-        zero = e["name"].startswith("multi30k-multi-zs") and not e.get("valid_sacrebleu_by_len_penalty")
-        run = f"`{e['size']}`" + (", zero-shot" if zero else "")
+        zs_run = e["name"].startswith("multi30k-multi-zs")  # (ZERO_SHOT: some directions not trained)
+        zero = zs_run and not e.get("valid_sacrebleu_by_len_penalty")
+        run = f"`{e['size']}`" + (", zero-shot" if zero else ", trained in the zero-shot run" if zs_run else "")
         rows.append(f"| {e['pair'].replace('-', '->')} | {run} | {_valid(e)} | {ours:.2f} | {theirs} | {diff} | "
                     f"{e.get('training', {}).get('steps', '')} | {_wall(e)} | {_machine(e['hardware'])}, "
                     f"{e['date'][:10]} |")
