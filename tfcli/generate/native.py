@@ -92,7 +92,6 @@ class RowLinear:
                           self.eps)
 
 
-
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
