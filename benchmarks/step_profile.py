@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ((1, 1), (1, 5), (4, 1), (4, 5), (64, 5))
+CASES = ((1, 1), (1, 5), (4, 1), (4, 5), (64, 1), (64, 5))
 OUT_LEN = 20
 SHAPES = ((768, 256), (256, 256), (1024, 256), (256, 1024), (8000, 256))  # (out, in): qkv, d x d, w1, w2, output
 ROWS = (1, 4, 20, 320)

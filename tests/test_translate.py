@@ -109,6 +109,40 @@ def test_blockwise_top_k_is_torch_topk(V):
         assert all(len(set(row)) == k for row in ids.tolist())
 
 
+@pytest.mark.parametrize("V", [8000, 8003, 40])
+def test_the_c_choice_of_next_tokens_is_the_log_softmaxs_top_k(V):
+    """rows.c's best_next picks each row's k best tokens on the logits (banned ones excluded: <pad>, <s>, and </s>
+    in the rows asked) and normalises only those: the ids torch's log_softmax + topk picks (of equal values the lower
+    id first), log-probs within float rounding of torch's, and a row's result the same bit for bit alone and in
+    any batch."""
+    from tfcli.generate import native
+    from tfcli.generate.sampling import never_chosen
+    from tfcli.specials import EOS_ID
+
+    if native.fp32_kernel() is None:
+        pytest.skip("rows.c's kernels do not run here (no C compiler, no AVX2, or ATEN_CPU_CAPABILITY=default)")
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(70, V, generator=g) * 4
+    x[3, [7, 9]] = x[3].max() + 1  # a tie for the best
+    x[4, [0, 1]] = x[4].max() + 1  # the best banned
+    x[5] = x[5].round(decimals=0)  # many equal values
+    ban, ban_eos = never_chosen(x.device), torch.arange(70) % 3 == 0
+    ref = x.log_softmax(-1)
+    ref[:, ban] = float("-inf")
+    ref[ban_eos, EOS_ID] = float("-inf")
+    for k in (1, 10):
+        values, ids, norm = native.best_next(x.clone(), ban, ban_eos, EOS_ID, k)
+        ref_values = ref.topk(k, dim=1)[0]
+        torch.testing.assert_close(values, ref_values, atol=1e-5, rtol=1e-6)
+        torch.testing.assert_close(norm, x.logsumexp(-1), atol=1e-5, rtol=1e-6)
+        assert torch.equal(values, x.gather(1, ids) - norm[:, None])  # the chosen tokens' log-probs
+        # the ids: those of the k largest logits, lower ids first among equal values
+        assert torch.equal(ids, x.masked_fill(ref == float("-inf"), float("-inf")).neg().sort(stable=True)[1][:, :k])
+        for rows in (slice(3, 4), slice(0, 33), slice(40, 70)):
+            part = native.best_next(x[rows].clone(), ban, ban_eos[rows], EOS_ID, k)
+            assert all(torch.equal(a, b[rows]) for a, b in zip(part, (values, ids, norm)))
+
+
 def test_rows_leave_with_few_moves():
     assert keep_order(6, [1, 4]) == [0, 5, 2, 3]  # row 5 fills the place of row 1; 4 was past the end anyway
     assert keep_order(5, []) == [0, 1, 2, 3, 4]

@@ -14,6 +14,8 @@ compiler is found.
   torch would launch seven small operators a layer, and the encoder's); a row's result depends on that row alone.
 - `layers_kernel()`: a decoder's layers for one step in one call (rows.c's decode_layers: the same row kernel and
   attention, in the same order, so the same bits), described by `LayerArgs`; tfcli.generate.step says when it runs.
+- `best_next`: a search's k best next tokens a row, chosen on the logits, with their log-probs (the log-softmax
+  over the vocabulary never written out).
 """
 
 from __future__ import annotations
@@ -141,11 +143,28 @@ def layers_kernel():
     return lib.decode_layers if kernel is lib.linear_rows else lib.decode_layers_avx2
 
 
+def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, eos: int, k: int):
+    """rows.c's best_next on logits x (R, V), fp32, contiguous, on the CPU: each row's k best tokens by log-prob,
+    the tokens `ban` (int64 ids) and, in the rows where `ban_eos` (R,) is True, `eos` excluded: (log-probs (R, k),
+    ids (R, k), each row's log-softmax normaliser (R,)). The banned logits are set to -inf in x. None where the
+    kernel does not run (as `fp32_kernel`) or k is past its 64."""
+    if fp32_kernel() is None or not 1 <= k <= 64 or x.dtype != torch.float32 or not x.is_contiguous():
+        return None
+    R, V = x.shape
+    values, ids, norm = torch.empty(R, k), torch.empty(R, k, dtype=torch.long), torch.empty(R)
+    if ban_eos is not None:
+        ban_eos = ban_eos.to(torch.uint8).contiguous()
+    library().best_next(x.data_ptr(), R, V, ban.data_ptr(), ban.numel(),
+                        None if ban_eos is None else ban_eos.data_ptr(), eos, k, values.data_ptr(), ids.data_ptr(),
+                        norm.data_ptr())
+    return values, ids, norm
+
+
 _SOURCE = Path(__file__).with_name("rows.c")
 
 
 _SYMBOLS = ("quantize_rows", "dequantize_rows", "linear_rows", "linear_rows_avx2", "linear_rows_supported",
-            "attend_rows", "decode_layers", "decode_layers_avx2")
+            "attend_rows", "decode_layers", "decode_layers_avx2", "best_next")
 
 
 class _Untrusted(OSError):
@@ -202,6 +221,8 @@ def library():
         layers.argtypes = [ctypes.POINTER(LayerArgs), i64, p, p, i64, i64, i64, i64, i64, i64, i64, i64, p, i64,
                            i64, p, i64, ctypes.c_float]
         layers.restype = None
+    lib.best_next.argtypes = [p, i64, i64, p, i64, p, i64, i64, p, p, p]
+    lib.best_next.restype = None
     return lib
 
 

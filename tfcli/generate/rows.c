@@ -311,6 +311,67 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
     }
 }
 
+/* A search's next tokens (tfcli.generate.search), for each of R rows of logits x (R x V, contiguous): the banned
+ * tokens' logits set to -inf in x (the nb ids in ban, and eos in the rows where ban_eos[r] is set; ban_eos may be
+ * null); the k largest logits left, with their ids, best first (of equal values the lower id first); and the
+ * log-softmax's normaliser over every token, banned or not, norm[r] = m + log(sum_j e^(x_j - m)), m = max_j x_j (the
+ * sum in eight lanes, token j in lane j % 8, the banned tokens' terms in one more block, the lanes added in a fixed
+ * order). The k best are returned as log-probs x_j - norm[r] in values and ids (each R x k): the log-softmax's order
+ * is the logits', so they are chosen on the logits and only they are normalised. Two passes over a row; its result
+ * depends on that row alone. 1 <= k <= 64, nb <= 7. */
+__attribute__((target("avx2,fma"))) void best_next(float *x, int64_t R, int64_t V, const int64_t *ban, int64_t nb,
+                                                 const uint8_t *ban_eos, int64_t eos, int64_t k, float *values,
+                                                 int64_t *ids, float *norm) {
+#pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN)
+    for (int64_t r = 0; r < R; r++) {
+        float *xr = x + r * V;
+        float banned[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        for (int64_t b = 0; b < nb; b++) banned[b] = xr[ban[b]], xr[ban[b]] = -INFINITY;
+        if (ban_eos && ban_eos[r]) banned[nb] = xr[eos], xr[eos] = -INFINITY; /* (twice banned: its -inf, no term) */
+        /* pass 1: the max, and the k best so far (sorted, best first), a block of eight looked at only when one of
+         * its values beats the k-th */
+        float bv[64];
+        int64_t bi[64];
+        for (int64_t i = 0; i < k; i++) bv[i] = -INFINITY, bi[i] = 0;
+        __m256 mv = _mm256_loadu_ps(banned), kth = _mm256_set1_ps(-INFINITY);
+        for (int64_t j0 = 0; j0 < V; j0 += 8) {
+            const int64_t nj = V - j0 < 8 ? V - j0 : 8;
+            if (nj == 8) {
+                const __m256 v = _mm256_loadu_ps(xr + j0);
+                mv = _mm256_max_ps(mv, v);
+                if (!_mm256_movemask_ps(_mm256_cmp_ps(v, kth, _CMP_GT_OQ))) continue;
+            }
+            for (int64_t j = j0; j < j0 + nj; j++) {
+                const float val = xr[j];
+                if (!(val > bv[k - 1])) continue;
+                int64_t p = k - 1;
+                while (p > 0 && bv[p - 1] < val) bv[p] = bv[p - 1], bi[p] = bi[p - 1], p--;
+                bv[p] = val, bi[p] = j;
+            }
+            kth = _mm256_set1_ps(bv[k - 1]);
+        }
+        float lane[8];
+        _mm256_storeu_ps(lane, mv);
+        float m = bv[0];
+        for (int l = 0; l < 8; l++) m = lane[l] > m ? lane[l] : m;
+        /* pass 2: sum_j e^(x_j - m), the banned tokens' -inf giving zeros; the last V % 8 tokens and the banned
+         * ones each a block filled with -inf */
+        const __m256 mb = _mm256_set1_ps(m);
+        const int64_t V8 = V / 8 * 8;
+        __m256 sums = exp8(_mm256_sub_ps(_mm256_loadu_ps(banned), mb));
+        for (int64_t j = 0; j < V8; j += 8) sums = _mm256_add_ps(sums, exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + j), mb)));
+        if (V8 < V) {
+            float block[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+            memcpy(block, xr + V8, sizeof(float) * (V - V8));
+            sums = _mm256_add_ps(sums, exp8(_mm256_sub_ps(_mm256_loadu_ps(block), mb)));
+        }
+        _mm256_storeu_ps(lane, sums);
+        const float nr = m + logf(sum8(lane));
+        norm[r] = nr;
+        for (int64_t i = 0; i < k; i++) values[r * k + i] = bv[i] - nr, ids[r * k + i] = bi[i];
+    }
+}
+
 /* A decoder's layers for one step (tfcli.generate.step: IncrementalDecoder), all in one call: what the step runs
  * through RowLinear and attend_rows one call at a time (the same functions in the same order, so the same bits),
  * without a Python-level operator between them. A linear layer as RowLinear holds it (its LayerNorm folded in): */

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tfcli.generate import native
 from tfcli.generate.sampling import LineSampling, never_chosen, to_device
 from tfcli.generate.schedule import Schedule, read_every, search_graph
 from tfcli.generate.step import IncrementalDecoder, step_model
@@ -121,25 +122,43 @@ def _write_at(buf: torch.Tensor, at, values: torch.Tensor) -> None:
         buf.scatter_(-1, index, values.unsqueeze(-1))
 
 
-def _force(lprobs: torch.Tensor, forced: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """For the rows whose token is forced: (log-probs, ids), each (R, k), the forced token first and the other k - 1
-    candidates impossible (-inf), so that a forced beam has one way on."""
+def _with_forced(v: torch.Tensor, i: torch.Tensor, forced_lp: torch.Tensor, forced: torch.Tensor | None, k: int):
+    """The k best (log-probs, ids) `v`, `i` of each row ((R,) each for k = 1, else (R, k)), with the rows whose token
+    is forced (`forced` >= 0; its log-prob `forced_lp`, (R, 1)) taking it instead, the other k - 1 candidates
+    impossible (-inf), so that a forced beam has one way on."""
+    if forced is None:
+        return v, i
     tok = forced.clamp(min=0)[:, None]
-    lp = lprobs.gather(1, tok)
-    values = torch.cat([lp, lp.new_full((lp.size(0), k - 1), float("-inf"))], 1)
-    return values, tok.expand(-1, k)
+    if k == 1:
+        on = forced >= 0
+        return torch.where(on, forced_lp[:, 0], v), torch.where(on, tok[:, 0], i)
+    on = (forced >= 0)[:, None]
+    fv = torch.cat([forced_lp, forced_lp.new_full((forced_lp.size(0), k - 1), float("-inf"))], 1)
+    return torch.where(on, fv, v), torch.where(on, tok.expand(-1, k), i)
 
 
 def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, at, min_len: int, k: int,
                forced: torch.Tensor | None = None):
     """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
-    each (R, k) (k = 1: the max, each (R,)). `at`: the output position, an int or each row's ((R,) tensor).
+    each (R, k) (k = 1: the max, each (R,)); a row's forced token (a target prefix's), whatever the model prefers.
+    `at`: the output position, an int or each row's ((R,) tensor).
 
-    On the CPU by blocks of 64 rows, so that the log-probs the top-k reads are still in the cache, and with `top_k`
-    in place of torch.topk; on a GPU at once (each block is three more kernel launches, and nothing there is gained
-    by it)."""
+    On the CPU by rows.c's best_next where it runs and the step is not fixed-shape (chosen on the logits, the
+    log-softmax over the vocabulary never written out), else by blocks of 64 rows, so that the log-probs the top-k
+    reads are still in the cache, and with `top_k` in place of torch.topk; on a GPU at once (each block is three
+    more kernel launches, and nothing there is gained by it)."""
     logits = decoder.step(tok).float()
     cpu = logits.device.type == "cpu"
+    if cpu and not decoder.fixed:  # (a fixed-shape step is one graph: no C call in it)
+        int_at = isinstance(at, int)
+        ban_eos = None if int_at or not min_len else at <= min_len
+        best = native.best_next(logits, never_chosen(logits.device, int_at and at <= min_len), ban_eos, EOS_ID, k)
+        if best is not None:
+            v, i, norm = best
+            if k == 1:
+                v, i = v[:, 0], i[:, 0]
+            forced_lp = None if forced is None else logits.gather(1, forced.clamp(min=0)[:, None]) - norm[:, None]
+            return _with_forced(v, i, forced_lp, forced, k)
     values, ids = [], []
     blocks = logits.split(64) if cpu else (logits,)
     n_blocks = len(blocks)
@@ -148,11 +167,8 @@ def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, at, min_len: int,
     for block, fb, ab in zip(blocks, forced_blocks, at_blocks):
         lprobs = _ban(block.log_softmax(-1), ab, min_len)
         v, i = lprobs.max(-1) if k == 1 else top_k(lprobs, k) if cpu else lprobs.topk(k, dim=1)
-        if fb is not None:  # a target prefix: its token, whatever the model prefers
-            fv, fi = _force(lprobs, fb, k)
-            on = (fb >= 0)[:, None] if k > 1 else fb >= 0
-            v = torch.where(on, fv if k > 1 else fv[:, 0], v)
-            i = torch.where(on, fi if k > 1 else fi[:, 0], i)
+        if fb is not None:
+            v, i = _with_forced(v, i, lprobs.gather(1, fb.clamp(min=0)[:, None]), fb, k)
         values.append(v)
         ids.append(i)
     return (values[0], ids[0]) if len(values) == 1 else (torch.cat(values), torch.cat(ids))
