@@ -359,7 +359,8 @@ __attribute__((target("avx2,fma"))) void best_next(float *x, int64_t R, int64_t 
         const __m256 mb = _mm256_set1_ps(m);
         const int64_t V8 = V / 8 * 8;
         __m256 sums = exp8(_mm256_sub_ps(_mm256_loadu_ps(banned), mb));
-        for (int64_t j = 0; j < V8; j += 8) sums = _mm256_add_ps(sums, exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + j), mb)));
+        for (int64_t j = 0; j < V8; j += 8)
+            sums = _mm256_add_ps(sums, exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + j), mb)));
         if (V8 < V) {
             float block[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
             memcpy(block, xr + V8, sizeof(float) * (V - V8));
