@@ -213,6 +213,49 @@ def test_packed_and_int8_encoders_match_the_models_own(mode, norm, modern):
         assert 0 < err <= 0.05 * ref[real].abs().max()
 
 
+@pytest.mark.parametrize("mode", ["packed", "int8"])
+def test_the_encoder_and_the_source_keys_run_on_real_tokens_only_with_the_same_bits(mode, monkeypatch):
+    """The encoder's linear layers and norms, and the decoder's cross-attention keys and values, run on the real
+    tokens' rows only (padding removed, as CTranslate2 does); the encoder output at real tokens and every step's
+    logits are the same bit for bit as with the padding computed."""
+    from tfcli.generate import step
+
+    if mode == "int8" and not int8_available():
+        pytest.skip("this torch build has no quantised int8 linear layers")
+    model, _ = model_for(packed=mode == "packed", n_kv_head=2)
+    sm = StepModel(model, pack=mode == "packed", int8=mode == "int8")
+    src = torch.randint(4, V, (3, 7), generator=torch.Generator().manual_seed(3))
+    src[1, 4:] = PAD_ID
+    src[2, 2:] = PAD_ID
+    real = src != PAD_ID
+    rows = []
+    for layer in (sm.encoder_layers[0], sm.layers[0]):
+        for name in ("qkv", "cross_kv"):
+            if hasattr(layer, name) and (layer is sm.layers[0]) == (name == "cross_kv"):
+                f = getattr(layer, name)
+                monkeypatch.setattr(layer, name, lambda x, *a, f=f: rows.append(x.size(0)) or f(x, *a))
+
+    def run():
+        with torch.inference_mode():
+            out, _ = sm.encode(src)
+            dec = start(sm, src, 2, 3)
+            tok, logits = torch.full((3,), BOS_ID), []
+            for t in range(3):
+                logits.append(dec.step(tok))
+                dec.select(None, torch.tensor([[0, 0]] * 3) if t == 0 else torch.tensor([[1, 0]] * 3))
+                tok = torch.arange(5, 11)
+        return out[real], logits
+
+    out, logits = run()
+    assert rows == [int(real.sum())] * 3  # the encoder's first layer (encode twice) and the source's keys
+    monkeypatch.setattr(step, "_real_rows", lambda mask: None)
+    rows.clear()
+    padded_out, padded_logits = run()
+    assert rows == [src.numel()] * 3
+    assert torch.equal(out, padded_out)
+    assert all(torch.equal(a, b) for a, b in zip(logits, padded_logits))
+
+
 # --- language models: prompts of different lengths, left-padded ---------------------------------------------------
 
 

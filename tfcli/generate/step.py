@@ -114,11 +114,14 @@ class StepModel:
         n, S = src.shape
         D, H, H_kv, dh = self.cfg.d_model, self.cfg.n_head, self.cfg.kv_heads, self.cfg.d_head
         x = self.encoder.embed(src, torch.arange(S, device=src.device), S).reshape(n * S, -1)
+        real = _real_rows(mask)  # the rows the linear layers and norms run on: the real tokens'
+        if real is not None:
+            x = x[real]
         c = self.c_attention()
         if c:  # (n, S): 0 at real tokens, -inf at padding
             bias = torch.zeros(n, S).masked_fill_(~mask.view(n, S), float("-inf"))
         for layer in self.encoder_layers:
-            qkv = layer.qkv(layer.norm_self_in(x))
+            qkv = _padded(layer.qkv(layer.norm_self_in(x)), real, n * S)
             if c:  # each row's queries against its keys, its padding masked, whatever the batch's width
                 q = layer.q_norm(qkv[:, :D].view(n, S, H, dh))
                 k, v = qkv[:, D:].view(n, S, 2, H_kv, dh).unbind(2)
@@ -132,9 +135,9 @@ class StepModel:
                 k, v = qkv[:, D:].view(n, S, 2, H_kv, dh).permute(2, 0, 3, 1, 4)
                 y = F.scaled_dot_product_attention(q, layer.k_norm(k), v, attn_mask=mask)
                 y = y.view(n, H, S, dh).transpose(1, 2).reshape(n * S, D)
-            x = layer.norm_self_out(layer.self_out(y, x))
+            x = layer.norm_self_out(layer.self_out(y if real is None else y[real], x))
             x = layer.norm_ffn_out(layer.w2(layer.ffn_hidden(layer.norm_ffn_in(x)), x))
-        return self.encoder_norm(x).view(n, S, -1), mask
+        return _padded(self.encoder_norm(x), real, n * S).view(n, S, -1), mask
 
     def start(
         self, n: int, beam_size: int, max_steps: int, memory: torch.Tensor | None = None,
@@ -186,7 +189,8 @@ class IncrementalDecoder:
         if memory is not None:
             # the source side, once per batch: per layer the cross-attention keys, transposed, (n*H_kv, d_head, S),
             # and values (n*H_kv, S, d_head)
-            self.mem_kv = [self._cross_kv(layer, memory) for layer in sm.layers]
+            real = _real_rows(mem_mask)
+            self.mem_kv = [self._cross_kv(layer, memory, real) for layer in sm.layers]
             self.mem_bias = self._source_bias(mem_mask, dtype)  # (n*H_kv, 1, S): -inf at source padding
         embed = sm.embed
         self.steps = torch.arange(max_steps, device=device)
@@ -226,11 +230,14 @@ class IncrementalDecoder:
                 if self.mem_kv is not None:
                     args.mem_kt, args.mem_v = (m.data_ptr() for m in self.mem_kv[i])
 
-    def _cross_kv(self, layer, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cross_kv(self, layer, memory: torch.Tensor, real: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's cross-attention keys, transposed, (m*H_kv, d_head, S), and values (m*H_kv, S, d_head) of
-        the encoder output `memory` (m, S, d_model)."""
+        the encoder output `memory` (m, S, d_model), computed at its real tokens' rows `real` (`_real_rows`; zeros
+        at the padding, which attention masks)."""
         m, S = memory.shape[:2]
-        k, v = layer.cross_kv(memory.reshape(m * S, -1)).view(m, S, 2, self.H_kv, self.dh).unbind(2)
+        rows = memory.reshape(m * S, -1)
+        kv = _padded(layer.cross_kv(rows if real is None else rows[real]), real, m * S)
+        k, v = kv.view(m, S, 2, self.H_kv, self.dh).unbind(2)
         # (contiguous whatever m: rows.c's attend_rows reads source keys in one layout, d_head-major)
         kt = layer.cross_k_norm(k).permute(0, 2, 3, 1).reshape(m * self.H_kv, self.dh, S).contiguous()
         return kt, v.transpose(1, 2).reshape(m * self.H_kv, S, self.dh).contiguous()
@@ -482,8 +489,9 @@ class StaticDecoder(IncrementalDecoder):
         was there. Each starts at position 0 with a history of nothing; its beams' tokens are the search's
         business. Everything is written in place, so a captured step stays valid."""
         n, H, dh, S = self.n, self.H_kv, self.dh, memory.size(1)
+        real = _real_rows(mem_mask)
         for layer, (kt, v) in zip(self.sm.layers, self.mem_kv):
-            new_kt, new_v = self._cross_kv(layer, memory)
+            new_kt, new_v = self._cross_kv(layer, memory, real)
             kt.view(n, H, dh, S)[places] = new_kt.view(-1, H, dh, S)
             v.view(n, H, S, dh)[places] = new_v.view(-1, H, S, dh)
         self.mem_bias.view(n, H, 1, S)[places] = self._source_bias(mem_mask, self.mem_bias.dtype).view(-1, H, 1, S)
@@ -526,6 +534,24 @@ class StaticDecoder(IncrementalDecoder):
     def release(self) -> None:
         self.graph.graph = self.logits = None
         super().release()
+
+
+def _real_rows(mask: torch.Tensor) -> torch.Tensor | None:
+    """The flat indices of the real tokens of a source mask (n, 1, 1, S) (True at real tokens), or None where there
+    is no padding, or off the CPU (reading the mask there would wait for the device). The encoder's linear layers
+    and norms, and the cross-attention keys and values, run on these rows only: no real token reads a padding
+    row's result (attention masks them), and a linear layer's row does not depend on the other rows, so nothing
+    changes but the work (a batch of sentences of unequal lengths is a fifth padding or more)."""
+    if mask.device.type != "cpu":
+        return None
+    flat = mask.reshape(-1)
+    real = flat.nonzero().squeeze(1)
+    return None if real.numel() == flat.numel() else real
+
+
+def _padded(x: torch.Tensor, real: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """x (len(real), C), the real tokens' rows, back in place among `rows` rows, zeros at the padding."""
+    return x if real is None else x.new_zeros(rows, x.size(1)).index_copy_(0, real, x)
 
 
 def _attend_rows(kernel, q, k, k_strides, v, v_strides, bias, bias_strides, H_kv: int, L: int, scale: float):
