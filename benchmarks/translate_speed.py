@@ -19,7 +19,8 @@
     peers run in part (3)).
 (3) Real, side by side: a trained checkpoint (--peer-checkpoint; one that `tfcli export --to hf` accepts: post-norm
     becomes MarianMT, pre-norm with shared embeddings Pegasus) exported to transformers and CTranslate2 as in (1);
-    the same 1,000 sentences pre-tokenised, natural output lengths, alpha 0, BLEU and agreement per system.
+    the same 1,000 sentences (pre-tokenised for the peers; tfcli, through its API, is given the text), natural
+    output lengths, alpha 0, BLEU and agreement per system.
 
 Each measurement is repeated (--repeats), systems interleaved, and the best time is kept (the machine may be
 shared). Results: benchmarks/results/translate_speed.{json,md}.
@@ -80,19 +81,22 @@ class TfcliRunner:
 
     name = "tfcli"
 
-    def __init__(self, ckpt: str, vocab: list[str]):
+    def __init__(self, ckpt: str, vocab: list[str], lines: dict | None = None):
+        """`vocab`: the target tokens by id; `lines`: each source's text by its token ids (a tuple), for a subword
+        model, whose tokens joined by spaces are not its input (without: the word-level synthetic model's words)."""
         import tfcli
         from tfcli.runtime import tune_process
 
         tune_process("cpu")
         self.translator = tfcli.load(ckpt, device="cpu")
-        self.vocab, self.index = vocab, {t: i for i, t in enumerate(vocab)}
+        self.vocab, self.index, self.lines = vocab, {t: i for i, t in enumerate(vocab)}, lines
 
     def run(self, batches, beam, length, alpha, forced=True):
-        """Forced: exactly `length` tokens each; else up to `length` tokens, stopping at </s>."""
+        """Forced: exactly `length` tokens each; else up to `length` tokens, stopping at </s>. A subword model's
+        sources go in as text, tokenised in the timed call (as `tfcli translate` does)."""
         out = []
         for batch in batches:
-            texts = [" ".join(self.vocab[t] for t in s) for s in batch]
+            texts = [self.lines[tuple(s)] if self.lines else " ".join(self.vocab[t] for t in s) for s in batch]
             hyps = self.translator.translate(
                 texts, beam_size=beam, len_penalty=alpha, min_len=length if forced else 0, max_len_a=0.0,
                 max_len_b=length, batch_size=len(batch), max_tokens=len(batch) * (max(map(len, batch)) + 1), raw=True)
@@ -149,9 +153,10 @@ def hf_runner(directory: str) -> HFRunner:
     return HFRunner(AutoModelForSeq2SeqLM.from_pretrained(directory).eval())
 
 
-def start_runners(ckpt: Path, hf_dir: Path, ct2_dir: Path, vocab: list[str], threads: int) -> list:
+def start_runners(ckpt: Path, hf_dir: Path, ct2_dir: Path, vocab: list[str], threads: int,
+                  lines: dict | None = None) -> list:
     """tfcli, HF and CT2, each in a process of its own (benchmarks/common.py: Isolated says why)."""
-    return [Isolated("tfcli", TfcliRunner, str(ckpt), vocab, threads=threads),
+    return [Isolated("tfcli", TfcliRunner, str(ckpt), vocab, lines, threads=threads),
             Isolated("hf", hf_runner, str(hf_dir), threads=threads),
             Isolated("ct2", CT2Runner, str(ct2_dir), vocab, threads, threads=threads)]
 
@@ -286,7 +291,8 @@ def real_peers(args, tmp: Path) -> dict:
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     bs = args.batch_sizes[0]
     batches = [[ids[i] for i in order[j : j + bs]] for j in range(0, len(order), bs)]
-    runners = start_runners(Path(args.peer_checkpoint), hf_dir, ct2_dir, vocab, args.threads)
+    runners = start_runners(Path(args.peer_checkpoint), hf_dir, ct2_dir, vocab, args.threads,
+                            {tuple(i): line for i, line in zip(ids, lines)})
     out = {"checkpoint": str(checkpoint_meta.resolve(args.peer_checkpoint)), "sentences": len(lines), "batch_size": bs,
            "max_logit_difference_tfcli_vs_marian": diff, "alpha": 0.0, "max_output_len": args.real_max_len}
     for beam in (args.beam, 1):
@@ -351,7 +357,8 @@ def markdown(res: dict) -> str:
     else:
         lines += [f"Checkpoint `{rp['checkpoint']}`, exported with `tfcli export` to transformers and CTranslate2 "
                   f"(max logit difference {rp['max_logit_difference_tfcli_vs_marian']:.1e})."
-                  f" {rp['sentences']} sentences, pre-tokenised, in batches of {rp['batch_size']} sorted by length; "
+                  f" {rp['sentences']} sentences in batches of {rp['batch_size']} sorted by length, pre-tokenised for "
+                  "HF and CT2 (tfcli is given the text and tokenises it in its timed call, as `tfcli translate` does); "
                   f"natural lengths (stop at </s>, at most {rp['max_output_len']} tokens), alpha 0 (no length "
                   f"normalisation, so all three rank hypotheses alike). Best of {res['repeats']} interleaved runs.", "",
                   "| decoding | tfcli sent/s | HF sent/s | CT2 sent/s | tfcli / HF | tfcli / CT2 | BLEU (tfcli, HF, CT2) "
@@ -362,6 +369,10 @@ def markdown(res: dict) -> str:
             name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
             bleu = ", ".join(f"{r[system]['bleu']:.1f}" for system in ("tfcli", "hf", "ct2"))
             lines.append(f"| {name} | {_speeds(r)} | {bleu} | {_agreement(r)} |")
+        ratios = [(f"beam {res['beam']}", rp[f"beam{res['beam']}"]["tfcli_over_ct2"]),
+                  ("greedy", rp["beam1"]["tfcli_over_ct2"])]
+        lines += ["", f"Target: tfcli/CT2 >= {CT2_TARGET}: " + ", ".join(
+            f"{name} **{x:.2f}** ({'met' if x >= CT2_TARGET else 'NOT met'})" for name, x in ratios)]
     lines.append("")
     rl = res["real"]
     lines += ["## Real: Multi30k test2016 (de), trained checkpoint, full `tfcli translate` path", ""]
