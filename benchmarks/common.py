@@ -173,8 +173,10 @@ class Isolated:
     Each system runs alone in its process, as users run them. Sharing one process is not neutral: CTranslate2
     ships its own OpenMP runtime, and once it has run in a process, torch's two threads there contend for one core
     (measured on this project's 2-core machine: tfcli and HF generate 2-3x slower after a single CT2 call, for as
-    long as the process lives). `factory(*args)` builds the runner (an object with `.run`) in the child; it and its
-    arguments must be picklable (a module-level function, paths, plain data).
+    long as the process lives). Nor is starting at once after another system: CTranslate2's threads spin on for
+    200 ms after its work (Intel OpenMP's KMP_BLOCKTIME), so each run waits `pause_s` first, untimed.
+    `factory(*args)` builds the runner (an object with `.run`) in the child; it and its arguments must be picklable
+    (a module-level function, paths, plain data).
     """
 
     def __init__(self, name: str, factory, *args, threads: int):
@@ -188,7 +190,12 @@ class Isolated:
         child.close()
         self._reply()  # the runner is built (or the error that stopped it)
 
+    # idle seconds before each run: CTranslate2's Intel OpenMP threads spin for 200 ms after its work ends
+    # (KMP_BLOCKTIME), and on a machine of few cores a system started at once would share them with those spinners
+    pause_s = 0.3
+
     def run(self, *args):
+        time.sleep(self.pause_s)
         self._conn.send(("run", *args))
         return self._reply()
 
