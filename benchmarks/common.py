@@ -190,9 +190,7 @@ class Isolated:
         child.close()
         self._reply()  # the runner is built (or the error that stopped it)
 
-    # idle seconds before each run: CTranslate2's Intel OpenMP threads spin for 200 ms after its work ends
-    # (KMP_BLOCKTIME), and on a machine of few cores a system started at once would share them with those spinners
-    pause_s = 0.3
+    pause_s = 0.3  # idle seconds before each run (the class docstring says why)
 
     def run(self, *args):
         time.sleep(self.pause_s)

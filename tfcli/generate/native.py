@@ -147,8 +147,9 @@ def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, 
     """rows.c's best_next on logits x (R, V), fp32, contiguous, on the CPU: each row's k best tokens by log-prob,
     the tokens `ban` (int64 ids) and, in the rows where `ban_eos` (R,) is True, `eos` excluded: (log-probs (R, k),
     ids (R, k), each row's log-softmax normaliser (R,)). The banned logits are set to -inf in x. None where the
-    kernel does not run (as `fp32_kernel`) or k is past its 64."""
-    if fp32_kernel() is None or not 1 <= k <= 64 or x.dtype != torch.float32 or not x.is_contiguous():
+    kernel does not run (as `fp32_kernel`), k is past its 64 or `ban` past its 7 ids."""
+    if (fp32_kernel() is None or not 1 <= k <= 64 or ban.numel() > 7 or x.dtype != torch.float32
+            or not x.is_contiguous()):
         return None
     R, V = x.shape
     values, ids, norm = torch.empty(R, k), torch.empty(R, k, dtype=torch.long), torch.empty(R)
