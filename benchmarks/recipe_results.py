@@ -353,9 +353,11 @@ def distill_table(entries: list[dict]) -> list[str]:
         fast = {who: sp[f"{who} int8 / beam 5"] for who in ("teacher", "student")}
         ct2 = sp.get("teacher CT2 int8 / beam 5")
         over_ct2 = f"{fast['student'] / ct2:.2f}x" if ct2 else "–"
+        # the teacher's own variant where it is not the budget's recipe (a seed, R-Drop before it was the default)
+        variant = t["recipes_key"].split("/", 1)[1].removeprefix(e["size"]).strip()
         rows.append(
             f"| {e['pair'].replace('-', '->')} | `{e['size']}` | {t['layers']}, {t['parameters'] / 1e6:.2f}M, "
-            f"{t['steps']} steps | {st['layers']}, {st['parameters'] / 1e6:.2f}M, {st['steps']} steps | "
+            f"{t['steps']} steps{' ' + variant if variant else ''} | {st['layers']}, {st['parameters'] / 1e6:.2f}M, {st['steps']} steps | "
             f"{t['valid_sacrebleu']:.2f} / {st['valid_sacrebleu']:.2f} | {t['test_sacrebleu']:.2f} / "
             f"{st['test_sacrebleu']:.2f} ({st['test_sacrebleu'] - t['test_sacrebleu']:+.2f}) | "
             f"{fast['teacher']:.0f} / {fast['student']:.0f} ({fast['student'] / fast['teacher']:.2f}x) | "
