@@ -93,15 +93,16 @@ class TfcliRunner:
 
     def run(self, batches, beam, length, alpha, forced=True):
         """Forced: exactly `length` tokens each; else up to `length` tokens, stopping at </s>. A subword model's
-        sources go in as text, tokenised in the timed call (as `tfcli translate` does)."""
-        out = []
-        for batch in batches:
-            texts = [self.lines[tuple(s)] if self.lines else " ".join(self.vocab[t] for t in s) for s in batch]
-            hyps = self.translator.translate(
-                texts, beam_size=beam, len_penalty=alpha, min_len=length if forced else 0, max_len_a=0.0,
-                max_len_b=length, batch_size=len(batch), max_tokens=len(batch) * (max(map(len, batch)) + 1), raw=True)
-            out += [[self.index[t] for t in h.split()] for h in hyps]
-        return out
+        sources go in as text, tokenised in the timed call (as `tfcli translate` does). All batches in one call, at
+        most the largest batch's sentences at a time, as CTranslate2 is given them (each forms its own batches by
+        length)."""
+        texts = [self.lines[tuple(s)] if self.lines else " ".join(self.vocab[t] for t in s) for b in batches for s in b]
+        size = max(len(b) for b in batches)
+        hyps = self.translator.translate(
+            texts, beam_size=beam, len_penalty=alpha, min_len=length if forced else 0, max_len_a=0.0,
+            max_len_b=length, batch_size=size, max_tokens=size * (max(len(s) for b in batches for s in b) + 1),
+            raw=True)
+        return [[self.index[t] for t in h.split()] for h in hyps]
 
 
 class HFRunner:

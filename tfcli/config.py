@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import os
 import re
@@ -152,12 +153,19 @@ def _coerce(value: Any, tp, where: str):
     raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")  # pragma: no cover
 
 
+@functools.cache
+def _hints(cls: type) -> dict:
+    """A config class's field types, resolved once: get_type_hints resolves the annotations anew at every call, a
+    large share of a short `Translator.translate` call's overhead."""
+    return get_type_hints(cls)
+
+
 def from_dict(cls: type[T], data: dict | None, where: str = "") -> T:
     """Build dataclass `cls` from `data`, rejecting unknown keys and wrong types; then call its `validate()`."""
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {data!r}")
-    hints = get_type_hints(cls)
+    hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, value in data.items():

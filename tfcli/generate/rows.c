@@ -172,14 +172,20 @@ static void rms_row(float *x, int64_t n, const float *w, float eps) {
 
 /* M rows as tiles of RF rows, then the last M % RF rows as one tile; with a LayerNorm (ln: its weight then its
  * bias) on each input row first (norm 1: a pre-norm layer's, into xn, M x K) or on each output row last (norm 2: a
- * post-norm layer's, after the residual) */
+ * post-norm layer's, after the residual). The outputs are split into spans as wide as the widest tile (the last
+ * rows' tile, or the full tiles' where M % RF is 0), one span a work item: every row tile runs over a span before
+ * the next, the full tiles a column unit at a time (its weights in the L1 cache), then the last rows' tile (them
+ * still in the L2), so that a call reads its weights from memory once, not once for the full tiles and again for
+ * the last rows. */
 static void linear_tiles(const tile_fn *tile, const int *width, int RF, const float *x, const float *wt,
                          const float *b, const float *res, int64_t ldr, int relu, float *y, int64_t M, int64_t K,
                          int64_t N, const float *ln, int norm, float eps, float *xn) {
-    const int64_t Np = (N + 63) / 64 * 64, full = M / RF, units = Np / width[RF];
+    const int64_t full = M / RF;
     const int rest = (int)(M % RF);
-    const int64_t items = full * units + (rest ? Np / width[rest] : 0);
+    const int64_t span = width[rest ? rest : RF], spans = (N + span - 1) / span;
     const float *xt = norm == 1 ? xn : x; /* what the tiles read */
+    const float *xr = xt + full * RF * K, *rr = res ? res + full * RF * ldr : 0; /* the last rows' */
+    float *yr = y + full * RF * N;
 #pragma omp parallel if (M * N * K >= 2 * PARALLEL_MIN)
     {
         if (norm == 1) {
@@ -187,13 +193,15 @@ static void linear_tiles(const tile_fn *tile, const int *width, int RF, const fl
             for (int64_t r = 0; r < M; r++) norm_row(x + r * K, xn + r * K, K, ln, eps);
         }
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < items; t++) {
-            const int R = t < full * units ? RF : rest;
-            const int64_t r0 = R == RF ? t % full * RF : full * RF;
-            const int64_t j0 = R == RF ? t / full * width[RF] : (t - full * units) * width[rest];
-            if (j0 >= N) continue;
-            const int nj = N - j0 < width[R] ? (int)(N - j0) : width[R];
-            tile[R](xt + r0 * K, K, wt, b, res ? res + r0 * ldr : 0, ldr, relu, y + r0 * N, N, j0, nj);
+        for (int64_t s = 0; s < spans; s++) {
+            const int64_t end = (s + 1) * span < N ? (s + 1) * span : N;
+            for (int64_t j0 = s * span; j0 < end; j0 += width[RF]) {
+                const int nj = end - j0 < width[RF] ? (int)(end - j0) : width[RF];
+                for (int64_t t = 0; t < full; t++)
+                    tile[RF](xt + t * RF * K, K, wt, b, res ? res + t * RF * ldr : 0, ldr, relu, y + t * RF * N, N,
+                             j0, nj);
+            }
+            if (rest) tile[rest](xr, K, wt, b, rr, ldr, relu, yr, N, s * span, (int)(end - s * span));
         }
         if (norm == 2) {
 #pragma omp for schedule(static)
