@@ -405,12 +405,14 @@ def readme_blocks(all_: dict) -> dict[str, str]:
         if e["recipe"] in ("demo", "distill") or (variant and not re.fullmatch(one, variant.group(1))):
             continue
         rows.append(_row(e))
-    # README: one line per shipped recipe, its latest run (in fp32 or in bf16, whichever CPU ran it last); a
-    # distilled student's figures are read beside its teacher's, in docs/recipes.md's distillation table
+    # README: one line per shipped recipe, its latest run (in fp32 or in bf16, whichever CPU ran it last), Multi30k
+    # in the directions README shows (the French ones are in docs/recipes.md); a distilled student's figures are
+    # read beside its teacher's, in docs/recipes.md's distillation table
     latest: dict[tuple, dict] = {}
     for e in all_.values():
         student = e["name"].startswith("multi30k-distill")
-        if e["recipe"] not in ("demo", "distill") and not student and SHIPPED.fullmatch(e["size"]):
+        other_pair = e["recipe"] == "multi30k" and e["name"] not in ("multi30k-de-en", "multi30k-en-de")
+        if e["recipe"] not in ("demo", "distill") and not student and not other_pair and SHIPPED.fullmatch(e["size"]):
             key = (e["recipe"] != "multi30k", e["name"], e["size"].removesuffix(" (fp32)"))
             if key not in latest or e["date"] > latest[key]["date"]:
                 latest[key] = e
