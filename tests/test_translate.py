@@ -141,6 +141,27 @@ def test_the_c_choice_of_next_tokens_is_the_log_softmaxs_top_k(V):
         for rows in (slice(3, 4), slice(0, 33), slice(40, 70)):
             part = native.best_next(x[rows].clone(), ban, ban_eos[rows], EOS_ID, k)
             assert all(torch.equal(a, b[rows]) for a, b in zip(part, (values, ids, norm)))
+        # unnormalised (a greedy search that is not scored): the same tokens, and their logits
+        logits, same_ids, none = native.best_next(x.clone(), ban, ban_eos, EOS_ID, k, normalise=False)
+        assert none is None and torch.equal(same_ids, ids) and torch.equal(logits, x.gather(1, ids))
+
+
+@pytest.mark.parametrize("which", ["copier", "random", "packed"])
+def test_unscored_greedy_search_gives_the_scored_ones_tokens(which, copier_model):
+    """greedy_decode(scores=False), as translate() and training's validation run it: the same outputs as the scored
+    search (and the slow reference), with prefixes too, and no score."""
+    model = copier_model if which == "copier" else random_model()
+    steps = StepModel(model, pack=which == "packed")
+    srcs = sources(20, seed=4, max_words=8)
+    prefix = pad([[s[0]] if i % 3 == 0 else [] for i, s in enumerate(srcs)], pad_id=-1)
+    for p in (None, prefix):
+        scored = greedy_decode(steps, pad(srcs), prefix=p)
+        unscored = greedy_decode(steps, pad(srcs), prefix=p, scores=False)
+        assert [h.tokens for h in unscored] == [h.tokens for h in scored]
+        assert all(h.score is None and h.token_scores is None for h in unscored)
+        assert all(h.score is not None for h in scored)
+        if p is None:
+            assert [h.tokens for h in unscored] == [reference_greedy(model, s).tokens for s in srcs]
 
 
 def test_rows_leave_with_few_moves():

@@ -28,7 +28,7 @@ from tfcli.errors import ConfigError
 @dataclass
 class Translation:
     text: str
-    score: float  # sum of token log-probs / ((5 + |Y|) / 6)^len_penalty, as `tfcli translate --nbest` prints it
+    score: float | None  # sum of token log-probs / ((5 + |Y|) / 6)^len_penalty, as `tfcli translate --nbest` prints it
     token_scores: list[float] | None = None  # log p of each token (and of </s>), with scores=True
     alignment: list[tuple[int, int]] | None = None  # (source word, target word) pairs, with alignment=True
 
@@ -111,7 +111,7 @@ class Translator:
         prefixes: one target prefix a text ('' for none), which its translation starts with; tgt_lang: a
         multilingual model's target language, one for all texts or a list of one a text."""
         _check_options("translate", options, _TRANSLATE + ("prefixes", "tgt_lang"))
-        return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), 1, options)]
+        return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), None, options)]
 
     def translate_nbest(self, texts: list[str], n: int = 1, **options) -> list[list[Translation]]:
         """The n best translations of each text with their scores, best first (`scores=True` adds per-token
@@ -123,7 +123,8 @@ class Translator:
             raise TypeError(f"n: expected an int, got {type(n).__name__}")
         return self._nbest(_texts(texts, "texts"), n, options)
 
-    def _nbest(self, texts: list[str], n: int, options: dict) -> list[list[Translation]]:
+    def _nbest(self, texts: list[str], n: int | None, options: dict) -> list[list[Translation]]:
+        """`n` None: the best translation of each text, unscored (its score is not read: greedy search skips it)."""
         from tfcli.generate.config import TranslateConfig
         from tfcli.generate.translate import Translator as Lines
 

@@ -143,21 +143,23 @@ def layers_kernel():
     return lib.decode_layers if kernel is lib.linear_rows else lib.decode_layers_avx2
 
 
-def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, eos: int, k: int):
+def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, eos: int, k: int,
+              normalise: bool = True):
     """rows.c's best_next on logits x (R, V), fp32, contiguous, on the CPU: each row's k best tokens by log-prob,
     the tokens `ban` (int64 ids) and, in the rows where `ban_eos` (R,) is True, `eos` excluded: (log-probs (R, k),
-    ids (R, k), each row's log-softmax normaliser (R,)). The banned logits are set to -inf in x. None where the
-    kernel does not run (as `fp32_kernel`), k is past its 64 or `ban` past its 7 ids."""
+    ids (R, k), each row's log-softmax normaliser (R,)); without `normalise`, (logits, ids, None), one pass over x
+    instead of two. The banned logits are set to -inf in x. None where the kernel does not run (as `fp32_kernel`),
+    k is past its 64 or `ban` past its 7 ids."""
     if (fp32_kernel() is None or not 1 <= k <= 64 or ban.numel() > 7 or x.dtype != torch.float32
             or not x.is_contiguous()):
         return None
     R, V = x.shape
-    values, ids, norm = torch.empty(R, k), torch.empty(R, k, dtype=torch.long), torch.empty(R)
+    values, ids, norm = torch.empty(R, k), torch.empty(R, k, dtype=torch.long), torch.empty(R) if normalise else None
     if ban_eos is not None:
         ban_eos = ban_eos.to(torch.uint8).contiguous()
     library().best_next(x.data_ptr(), R, V, ban.data_ptr(), ban.numel(),
                         None if ban_eos is None else ban_eos.data_ptr(), eos, k, values.data_ptr(), ids.data_ptr(),
-                        norm.data_ptr())
+                        None if norm is None else norm.data_ptr())
     return values, ids, norm
 
 

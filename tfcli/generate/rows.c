@@ -326,7 +326,8 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
  * sum in eight lanes, token j in lane j % 8, the banned tokens' terms in one more block, the lanes added in a fixed
  * order). The k best are returned as log-probs x_j - norm[r] in values and ids (each R x k): the log-softmax's order
  * is the logits', so they are chosen on the logits and only they are normalised. Two passes over a row; its result
- * depends on that row alone. 1 <= k <= 64, nb <= 7. */
+ * depends on that row alone. With norm null (a greedy search whose scores nobody reads) the second pass is skipped
+ * and values holds the k best logits. 1 <= k <= 64, nb <= 7. */
 __attribute__((target("avx2,fma"))) void best_next(float *x, int64_t R, int64_t V, const int64_t *ban, int64_t nb,
                                                  const uint8_t *ban_eos, int64_t eos, int64_t k, float *values,
                                                  int64_t *ids, float *norm) {
@@ -357,6 +358,10 @@ __attribute__((target("avx2,fma"))) void best_next(float *x, int64_t R, int64_t 
                 bv[p] = val, bi[p] = j;
             }
             kth = _mm256_set1_ps(bv[k - 1]);
+        }
+        if (!norm) {
+            for (int64_t i = 0; i < k; i++) values[r * k + i] = bv[i], ids[r * k + i] = bi[i];
+            continue;
         }
         float lane[8];
         _mm256_storeu_ps(lane, mv);

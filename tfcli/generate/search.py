@@ -31,7 +31,7 @@ from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 @dataclass
 class Hypothesis:
     tokens: list[int]  # output ids, without </s>
-    score: float  # sum of token log-probs / lp(|Y|)
+    score: float | None  # sum of token log-probs / lp(|Y|); None from a greedy search told not to score
     token_scores: list[float] | None = None  # log p of each token, then of </s> when it ended with one
     alignment: list[tuple[int, int]] | None = None  # (source word, target word) pairs (translate --alignment)
 
@@ -138,10 +138,11 @@ def _with_forced(v: torch.Tensor, i: torch.Tensor, forced_lp: torch.Tensor, forc
 
 
 def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, at, min_len: int, k: int,
-               forced: torch.Tensor | None = None):
+               forced: torch.Tensor | None = None, normalise: bool = True):
     """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
     each (R, k) (k = 1: the max, each (R,)); a row's forced token (a target prefix's), whatever the model prefers.
-    `at`: the output position, an int or each row's ((R,) tensor).
+    `at`: the output position, an int or each row's ((R,) tensor). Without `normalise` the values may be the logits
+    instead (the same order; rows.c then skips the log-softmax's normaliser).
 
     On the CPU by rows.c's best_next where it runs and the step is not fixed-shape (chosen on the logits, the
     log-softmax over the vocabulary never written out), else by blocks of 64 rows, so that the log-probs the top-k
@@ -152,12 +153,15 @@ def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, at, min_len: int,
     if cpu and not decoder.fixed:  # (a fixed-shape step is one graph: no C call in it)
         int_at = isinstance(at, int)
         ban_eos = None if int_at or not min_len else at <= min_len
-        best = native.best_next(logits, never_chosen(logits.device, int_at and at <= min_len), ban_eos, EOS_ID, k)
+        best = native.best_next(logits, never_chosen(logits.device, int_at and at <= min_len), ban_eos, EOS_ID, k,
+                                normalise)
         if best is not None:
             v, i, norm = best
             if k == 1:
                 v, i = v[:, 0], i[:, 0]
-            forced_lp = None if forced is None else logits.gather(1, forced.clamp(min=0)[:, None]) - norm[:, None]
+            forced_lp = None if forced is None else logits.gather(1, forced.clamp(min=0)[:, None])
+            if forced_lp is not None and norm is not None:
+                forced_lp = forced_lp - norm[:, None]
             return _with_forced(v, i, forced_lp, forced, k)
     values, ids = [], []
     blocks = logits.split(64) if cpu else (logits,)
@@ -266,10 +270,10 @@ class _Greedy(_SourceSearch):
 
     per_row = ("limit", "pre", "tok", "tokens", "lps", "end", "eos")
 
-    def __init__(self, sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines):
+    def __init__(self, sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines, scores):
         super().__init__(sm, decoder, sched, src, max_len, prefix, 1)
         B, n, device = src.size(0), sched.item.numel(), src.device
-        self.min_len, self.sampling, self.lines = min_len, sampling, lines
+        self.min_len, self.sampling, self.lines, self.scores = min_len, sampling, lines, scores
         self.out_tok = torch.zeros(B, T + 1, dtype=torch.long, device=device)
         self.out_lp = torch.zeros(B, T + 1, device=device)
         self.out_end = torch.zeros(B, dtype=torch.long, device=device)
@@ -283,7 +287,7 @@ class _Greedy(_SourceSearch):
         and written to the same tensors, so that the step can be a CUDA graph."""
         forced = _forced_at(self.pre, at, 1)
         if self.sampling is None:
-            lp, nxt = _best_next(self.decoder, self.tok, at, self.min_len, 1, forced)
+            lp, nxt = _best_next(self.decoder, self.tok, at, self.min_len, 1, forced, self.scores)
         else:
             lprobs = _ban(self.decoder.step(self.tok).float().log_softmax(-1), at, self.min_len)
             nxt = self.sampling.choose(lprobs, self.lines[self.sched.item], at)
@@ -318,9 +322,9 @@ class _Greedy(_SourceSearch):
     def hypotheses(self, len_penalty: float) -> list[Hypothesis]:
         out = []
         for e, ended_eos, toks, scores in zip(*_to_lists(self.out_end, self.out_eos, self.out_tok, self.out_lp)):
-            scores = scores[:e]
-            out.append(Hypothesis(toks[: e - 1 if ended_eos else e], sum(scores) / length_penalty(e, len_penalty),
-                                  scores))
+            scores = scores[:e] if self.scores else None
+            out.append(Hypothesis(toks[: e - 1 if ended_eos else e],
+                                  sum(scores) / length_penalty(e, len_penalty) if scores is not None else None, scores))
         return out
 
 
@@ -328,12 +332,14 @@ class _Greedy(_SourceSearch):
 def greedy_decode(
     model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0,
     sampling: LineSampling | None = None, lines: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
-    check_every: int = 0, slots: int | None = None,
+    check_every: int = 0, slots: int | None = None, scores: bool = True,
 ) -> list[Hypothesis]:
     """Greedy decoding on the incremental decoder; one `Hypothesis` per source row (scored like beam search, beam 1).
     With `sampling`, each next token is drawn instead (`lines`: (B,) each row's index in the input, which with the
     seed keys its random numbers); the score is still the model's log-probability of the tokens chosen. `prefix`:
     (B, P) target ids each output must start with (-1 past a row's prefix), scored as the model scores them.
+    Without `scores` the hypotheses' scores are None (as CTranslate2's without return_scores): the tokens are chosen
+    on the logits, and the log-softmax's normaliser is not computed where that saves work (rows.c's best_next).
 
     Everything a step decides stays on the device (each row's tokens, log-probs, and the step it ended at); the
     host reads it every `check_every` steps (`schedule.read_every`), to stop, to let the finished rows leave, or
@@ -343,14 +349,14 @@ def greedy_decode(
     src: (B, S) right-padded source ids, each ending in </s>.
     """
     def make(sm, decoder, sched, max_len, T):
-        return _Greedy(sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines)
+        return _Greedy(sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines, scores)
 
     return _decode(make, model, src, 1, max_len_a, max_len_b, prefix, check_every, slots).hypotheses(len_penalty)
 
 
 def greedy_search(model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10) -> list[list[int]]:
     """Greedy decoding, just the output ids (without </s>) per source row."""
-    return [h.tokens for h in greedy_decode(model, src, max_len_a, max_len_b)]
+    return [h.tokens for h in greedy_decode(model, src, max_len_a, max_len_b, scores=False)]
 
 
 class _Beam(_SourceSearch):

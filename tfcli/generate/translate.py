@@ -168,7 +168,7 @@ class Translator:
             elif cfg.beam_size == 1:
                 hyps = [[h] for h in greedy_decode(
                     self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, prefix=prefix,
-                    check_every=cfg.check_every, slots=slots,
+                    check_every=cfg.check_every, slots=slots, scores=cfg.tabular,
                 )]
             else:
                 hyps = beam_search(
