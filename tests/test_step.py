@@ -529,8 +529,8 @@ def test_the_row_kernel_follows_torchs_cpu_capability(monkeypatch):
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_decoder_steps_on_the_row_kernel_and_on_onednn_match_the_full_forward(norm, monkeypatch):
-    """With the row kernel the decoder's layers run on it (the encoder and the output layer stay on oneDNN); without
-    it (no compiler) all run on oneDNN. Either way a step's logits are the model's full forward's."""
+    """With the row kernel the decoder's layers and the output layer run on it (the encoder stays on oneDNN);
+    without it (no compiler) all run on oneDNN. Either way a step's logits are the model's full forward's."""
     from tfcli.generate import native
 
     model, _ = model_for(packed=True, norm=norm)
@@ -539,6 +539,7 @@ def test_decoder_steps_on_the_row_kernel_and_on_onednn_match_the_full_forward(no
     monkeypatch.setattr(native, "fp32_kernel", lambda: None)
     sms.append(StepModel(model, pack=True))
     assert sms[0].rows == available and not sms[1].rows
+    assert isinstance(sms[0].lm_head, native.RowLinear) == available and not isinstance(sms[1].lm_head, native.RowLinear)
     src = torch.randint(4, V, (2, 7))
     prefix = [5, 9, 11]
     with torch.inference_mode():

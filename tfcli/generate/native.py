@@ -3,10 +3,10 @@ and called through ctypes on tensors' memory (plain C, no torch headers). Each h
 compiler is found.
 
 - int8's row quantisation and dequantisation (tfcli.generate.int8), bit for bit its torch fallback.
-- `RowLinear`: fp32 linear layers of the decoder's steps, y = x W^T + b (+ a residual, then a ReLU). Each output is
-  one fused multiply-add chain over the input from the bias, the same whatever the number of rows, so a row's result
-  depends on that row alone (a sentence's translation on that sentence alone), as with oneDNN's pre-packed weights
-  (the fallback, and what the encoder and the output layer run). Two versions, the same results bit for bit: tiles
+- `RowLinear`: fp32 linear layers of the decoder's steps and the output layer, y = x W^T + b (+ a residual, then a
+  ReLU). Each output is one fused multiply-add chain over the input from the bias, the same whatever the number of
+  rows, so a row's result depends on that row alone (a sentence's translation on that sentence alone), as with
+  oneDNN's pre-packed weights (the fallback, and what the encoder runs). Two versions, the same results bit for bit: tiles
   of up to 8 rows x 32 outputs held in AVX-512's registers, or of 6 rows x 16 outputs in AVX2's (the last few rows
   in tiles as wide as the registers allow), split over torch's OpenMP threads. On the few rows of a small batch's
   step a call takes a fraction of oneDNN's time, and about as long on many rows (docs/performance.md).

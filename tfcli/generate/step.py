@@ -15,10 +15,10 @@ the first step of beam search). Arranged for inference speed:
   holds H_kv heads.
 - With `pack=True` on the CPU in fp32, linear layers use weights pre-packed for oneDNN, held here beside the
   model's own (which stay as they are), and run with the ReLU/GELU and the residual addition fused into the layer
-  before them. Where torch lacks those private ops, plain `F.linear` does the same work. The decoder's layers, which
-  a step calls with few rows, run instead on a small C kernel where it is built (`tfcli.generate.native.RowLinear`,
-  AVX-512 or AVX2: a fifth to a half of oneDNN's time a call on few rows); the encoder and the output layer stay
-  on oneDNN.
+  before them. Where torch lacks those private ops, plain `F.linear` does the same work. The decoder's layers and
+  the output layer, which a step calls with few rows, run instead on a small C kernel where it is built
+  (`tfcli.generate.native.RowLinear`, AVX-512 or AVX2: a fifth to a half of oneDNN's time a call on few rows, about
+  as long on many); the encoder stays on oneDNN.
 - On the CPU in fp32 the attention (a step's, to itself and to the source, and the encoder's) is one C call a layer
   for all rows and heads where it is built (`tfcli.generate.native.attention_kernel`), instead of seven small torch
   operators; its sums run in an order that no batch's shape changes, so a sentence's encoder output and logits are
@@ -85,7 +85,7 @@ class StepModel:
         self.embed, self.rope = decoder.embed, decoder.rope
         self.layers = [_Layer(layer, "rows" if self.rows else mode) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
-        self.lm_head = _linear(parts.lm_head, mode)
+        self.lm_head = _linear(parts.lm_head, "rows" if self.rows else mode)
         # every layer of a step in one C call, where each runs on the kernels (see _Layer.kernel_args)
         self.layer_args, self.decode_layers = None, None
         if self.rows and self.attend_rows is not None and self.rope is None:
