@@ -357,7 +357,8 @@ def distill_table(entries: list[dict]) -> list[str]:
         variant = t["recipes_key"].split("/", 1)[1].removeprefix(e["size"]).strip()
         rows.append(
             f"| {e['pair'].replace('-', '->')} | `{e['size']}` | {t['layers']}, {t['parameters'] / 1e6:.2f}M, "
-            f"{t['steps']} steps{' ' + variant if variant else ''} | {st['layers']}, {st['parameters'] / 1e6:.2f}M, {st['steps']} steps | "
+            f"{t['steps']} steps{' ' + variant if variant else ''} | "
+            f"{st['layers']}, {st['parameters'] / 1e6:.2f}M, {st['steps']} steps | "
             f"{t['valid_sacrebleu']:.2f} / {st['valid_sacrebleu']:.2f} | {t['test_sacrebleu']:.2f} / "
             f"{st['test_sacrebleu']:.2f} ({st['test_sacrebleu'] - t['test_sacrebleu']:+.2f}) | "
             f"{fast['teacher']:.0f} / {fast['student']:.0f} ({fast['student'] / fast['teacher']:.2f}x) | "
