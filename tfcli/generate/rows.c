@@ -85,7 +85,7 @@ CLONES void dequantize_rows(float *y, int64_t rows, int64_t cols, const float *s
 typedef void (*tile_fn)(const float *, int64_t, const float *, const float *, const float *, int64_t, int, float *,
                         int64_t, int64_t, int);
 
-#define TILE(ISA, TARGET, VEC, LANES, LOAD, ZERO, BCAST, FMA, STORE, R, V)                                            \
+#define TILE(ISA, TARGET, VEC, LANES, LOAD, ZERO, BCAST, FMA, ADD, MAX, STORE, R, V)                                  \
     static __attribute__((target(TARGET))) void tile_##ISA##_##R(                                                     \
         const float *restrict x, int64_t K, const float *restrict wt, const float *restrict b,                        \
         const float *restrict res, int64_t ldr, int relu, float *restrict y, int64_t ldy, int64_t j0, int nj) {        \
@@ -105,6 +105,16 @@ typedef void (*tile_fn)(const float *, int64_t, const float *, const float *, co
                 _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) acc[r][v] = FMA(xv, wv[v], acc[r][v]);             \
             }                                                                                                          \
         }                                                                                                              \
+        if (nj == LANES * V) { /* the whole tile: the residual and the ReLU on the registers */                      \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                        \
+                _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) {                                                  \
+                    VEC a = acc[r][v];                                                                                 \
+                    if (res) a = ADD(a, LOAD(res + r * ldr + j0 + LANES * v));                                         \
+                    if (relu) a = MAX(a, ZERO()); /* (max(x, +0) is +0 at -0 and NaN, as x > 0 ? x : 0) */             \
+                    STORE(y + r * ldy + j0 + LANES * v, a);                                                            \
+                }                                                                                                      \
+            return;                                                                                                    \
+        }                                                                                                              \
         float out[R][LANES * V];                                                                                       \
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                            \
             _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) STORE(out[r] + LANES * v, acc[r][v]);                  \
@@ -118,10 +128,10 @@ typedef void (*tile_fn)(const float *, int64_t, const float *, const float *, co
     }
 #define TILE512(R, V)                                                                                                  \
     TILE(avx512, "avx512f,avx2,fma", __m512, 16, _mm512_loadu_ps, _mm512_setzero_ps, _mm512_set1_ps_from,            \
-         _mm512_fmadd_ps, _mm512_storeu_ps, R, V)
+         _mm512_fmadd_ps, _mm512_add_ps, _mm512_max_ps, _mm512_storeu_ps, R, V)
 #define TILE256(R, V)                                                                                                  \
     TILE(avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_setzero_ps, _mm256_broadcast_ss, _mm256_fmadd_ps,      \
-         _mm256_storeu_ps, R, V)
+         _mm256_add_ps, _mm256_max_ps, _mm256_storeu_ps, R, V)
 #define _mm512_set1_ps_from(p) _mm512_set1_ps(*(p))
 TILE512(1, 4)
 TILE512(2, 4)

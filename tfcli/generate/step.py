@@ -185,12 +185,17 @@ class IncrementalDecoder:
         self.n, self.k, self.t = n, 1, 0  # rows, beams per row, positions so far
         weight = sm.embed.tok.weight
         device, dtype = weight.device, weight.dtype  # dtype: fp32, or a GPU's bf16/fp16 decoding copy
+        n_layers = len(sm.layers)
         self.mem_kv: list | None = None
+        self.mem_all: tuple[torch.Tensor, torch.Tensor] | None = None
         if memory is not None:
             # the source side, once per batch: per layer the cross-attention keys, transposed, (n*H_kv, d_head, S),
-            # and values (n*H_kv, S, d_head)
-            real = _real_rows(mem_mask)
-            self.mem_kv = [self._cross_kv(layer, memory, real) for layer in sm.layers]
+            # and values (n*H_kv, S, d_head), all layers' in two tensors (rows leave all layers in one copy)
+            S, real = memory.size(1), _real_rows(mem_mask)
+            self.mem_all = (memory.new_empty(n_layers, n, self.H_kv, self.dh, S, dtype=dtype),
+                            memory.new_empty(n_layers, n, self.H_kv, S, self.dh, dtype=dtype))
+            for layer, kt, v in zip(sm.layers, *self.mem_all):
+                self._cross_kv(layer, memory, real, kt.flatten(0, 1), v.flatten(0, 1))
             self.mem_bias = self._source_bias(mem_mask, dtype)  # (n*H_kv, 1, S): -inf at source padding
         embed = sm.embed
         self.steps = torch.arange(max_steps, device=device)
@@ -205,42 +210,55 @@ class IncrementalDecoder:
         # the model's dtype (under autocast, writes are cast to it)
         shape = (n, self.H_kv, max_steps * beam_size, 2 * self.dh)
         size = shape[0] * shape[1] * shape[2] * shape[3]
-        n_layers = len(sm.layers)
         self._workspace: torch.Tensor | None = sm._take_workspace(n_layers * size, weight.dtype, device)
-        self.kv = list(self._workspace[: n_layers * size].view(n_layers, *shape).unbind(0))
-        for kv in self.kv:  # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
-            kv[:, :, :beam_size].zero_()
-        # rows.c's decode_layers: the model's layer descriptions, with this batch's memory filled in (_cache_views)
+        self.kv_all = self._workspace[: n_layers * size].view(n_layers, *shape)
+        # unused slots are masked out, but must hold numbers (0 * NaN would still be NaN)
+        self.kv_all[:, :, :, :beam_size].zero_()
+        self._views()
+        # rows.c's decode_layers: the model's layer descriptions, with this batch's memory filled in (rows leave in
+        # place: the addresses hold for the batch)
         self.layer_args = None if sm.layer_args is None else type(sm.layer_args).from_buffer_copy(sm.layer_args)
+        if self.layer_args is not None:  # (each row at the stride of the batch's first shape)
+            for i, args in enumerate(self.layer_args):
+                args.kv = self.kv[i].data_ptr()
+                if self.mem_kv is not None:
+                    args.mem_kt, args.mem_v = (m.data_ptr() for m in self.mem_kv[i])
         self._work = torch.empty(0)  # its scratch
-        self._cache_views()
 
     fixed = False  # rows leave the batch (`select`); no new row joins it
 
-    def _cache_views(self) -> None:
-        """Per layer, views of its key/value memory as a step reads and writes it (made once, not at every step):
-        by slot (n, H_kv, slots, 2, d_head), the keys transposed (n*H_kv, d_head, slots) and the values
-        (n*H_kv, slots, d_head)."""
-        n, H_kv, dh = self.n, self.H_kv, self.dh
-        self.cache = [(kv.view(n, H_kv, -1, 2, dh), kv[..., :dh].reshape(n * H_kv, -1, dh).transpose(1, 2),
-                       kv[..., dh:].reshape(n * H_kv, -1, dh)) for kv in self.kv]
-        if self.layer_args is not None:  # (each row at the stride of the batch's first shape)
-            for i, (args, kv) in enumerate(zip(self.layer_args, self.kv)):
-                args.kv = kv.data_ptr()
-                if self.mem_kv is not None:
-                    args.mem_kt, args.mem_v = (m.data_ptr() for m in self.mem_kv[i])
+    def _views(self) -> None:
+        """Per layer, views of the first n rows of the key/value memory (n, H_kv, slots, 2*d_head) and of the
+        source's (n*H_kv, d_head, S) and (n*H_kv, S, d_head); the views a step by operators reads are made when it
+        first needs them (`_cache`)."""
+        n = self.n
+        self.kv = self.kv_all[:, :n].unbind(0)
+        if self.mem_all is not None:
+            kt, v = (m[:, :n].flatten(1, 2).unbind(0) for m in self.mem_all)
+            self.mem_kv = list(zip(kt, v))
+        self.cache = None
 
-    def _cross_kv(self, layer, memory: torch.Tensor, real: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's cross-attention keys, transposed, (m*H_kv, d_head, S), and values (m*H_kv, S, d_head) of
-        the encoder output `memory` (m, S, d_model), computed at its real tokens' rows `real` (`_real_rows`; zeros
-        at the padding, which attention masks)."""
+    def _cache(self) -> list:
+        """Per layer, its key/value memory as a step by operators reads and writes it: by slot
+        (n, H_kv, slots, 2, d_head), the keys transposed (n*H_kv, d_head, slots) and the values
+        (n*H_kv, slots, d_head)."""
+        if self.cache is None:
+            n, H_kv, dh = self.n, self.H_kv, self.dh
+            self.cache = [(kv.view(n, H_kv, -1, 2, dh), kv[..., :dh].reshape(n * H_kv, -1, dh).transpose(1, 2),
+                           kv[..., dh:].reshape(n * H_kv, -1, dh)) for kv in self.kv]
+        return self.cache
+
+    def _cross_kv(self, layer, memory: torch.Tensor, real: torch.Tensor | None, kt: torch.Tensor, v: torch.Tensor):
+        """One layer's cross-attention keys, transposed, into `kt` (m*H_kv, d_head, S), and values into `v`
+        (m*H_kv, S, d_head), both contiguous, of the encoder output `memory` (m, S, d_model), computed at its real
+        tokens' rows `real` (`_real_rows`; zeros at the padding, which attention masks)."""
         m, S = memory.shape[:2]
         rows = memory.reshape(m * S, -1)
         kv = _padded(layer.cross_kv(rows if real is None else rows[real]), real, m * S)
-        k, v = kv.view(m, S, 2, self.H_kv, self.dh).unbind(2)
-        # (contiguous whatever m: rows.c's attend_rows reads source keys in one layout, d_head-major)
-        kt = layer.cross_k_norm(k).permute(0, 2, 3, 1).reshape(m * self.H_kv, self.dh, S).contiguous()
-        return kt, v.transpose(1, 2).reshape(m * self.H_kv, S, self.dh).contiguous()
+        k, v_new = kv.view(m, S, 2, self.H_kv, self.dh).unbind(2)
+        # (rows.c's attend_rows reads source keys in one layout, d_head-major)
+        kt.view(m, self.H_kv, self.dh, S).copy_(layer.cross_k_norm(k).permute(0, 2, 3, 1))
+        v.view(m, self.H_kv, S, self.dh).copy_(v_new.transpose(1, 2))
 
     def _source_bias(self, mem_mask: torch.Tensor, dtype) -> torch.Tensor:
         """(m, 1, 1, S) source mask -> (m*H_kv, 1, S) attention bias: 0 at real tokens, -inf at padding."""
@@ -328,7 +346,7 @@ class IncrementalDecoder:
         n, H, H_kv, dh = self.n, self.H, self.H_kv, self.dh
         D = H * dh
         rope = self.sm.rope
-        for i, (layer, (slots, keys_t, values)) in enumerate(zip(self.sm.layers, self.cache)):
+        for i, (layer, (slots, keys_t, values)) in enumerate(zip(self.sm.layers, self._cache())):
             # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this row's slots
             qkv = layer.qkv(layer.norm_self_in(x))
             q = layer.q_norm(qkv[:, :D].view(n, r, H, dh))
@@ -385,7 +403,7 @@ class IncrementalDecoder:
         if self._workspace is not None:
             self.sm._return_workspace(self._workspace)
             self._workspace = None
-        self.kv, self.cache = [], []
+        self.kv_all, self.kv, self.cache = None, [], None
 
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
         """Before the next step: keep the rows `keep` (indices, or None for all), then let beam j of each row
@@ -401,14 +419,14 @@ class IncrementalDecoder:
             dst = (keep != torch.arange(n, device=keep.device)).nonzero().flatten()
             src = keep[dst]
             used = self.t * self.K
-            for b in self.kv:
-                b[dst, :, :used] = b[src, :, :used]
-            self.kv = [b[:n] for b in self.kv]
+            if dst.numel():  # (every layer's in one copy)
+                self.kv_all[:, dst, :, :used] = self.kv_all[:, src, :, :used]
+                for m in self.mem_all or ():
+                    m[:, dst] = m[:, src]
             self.n = n
-            if self.mem_kv is not None:
-                self.mem_kv = [tuple(_move_rows(m, n_old, n, dst, src) for m in kv) for kv in self.mem_kv]
+            if self.mem_all is not None:
                 self.mem_bias = _move_rows(self.mem_bias, n_old, n, dst, src)
-            self._cache_views()
+            self._views()
         if parent is not None:
             self.history = self.history.gather(1, parent[:, :, None].expand(-1, -1, self.history.size(2)))
             self.k = parent.size(1)
@@ -444,8 +462,8 @@ class StaticDecoder(IncrementalDecoder):
         self.now = torch.zeros(1, dtype=torch.long, device=device)  # this step, t
         self.offset = torch.zeros(n, dtype=torch.long, device=device)  # the step each row began at
         self.beam_slots = torch.arange(K, device=device)
-        for kv in self.kv:  # every slot is in view (masked until written): each must hold a number
-            kv.zero_()
+        self.kv_all.zero_()  # every slot is in view (masked until written): each must hold a number
+        self._cache()  # (made before a step is traced: the views never change in a batch)
         self.logits: torch.Tensor | None = None
         # on CUDA the step as a CUDA graph (under autocast, whose weight casts a captured graph would cache, eagerly)
         self.graph = StepGraph(device.type == "cuda" and not torch.is_autocast_enabled())
@@ -489,11 +507,12 @@ class StaticDecoder(IncrementalDecoder):
         was there. Each starts at position 0 with a history of nothing; its beams' tokens are the search's
         business. Everything is written in place, so a captured step stays valid."""
         n, H, dh, S = self.n, self.H_kv, self.dh, memory.size(1)
-        real = _real_rows(mem_mask)
-        for layer, (kt, v) in zip(self.sm.layers, self.mem_kv):
-            new_kt, new_v = self._cross_kv(layer, memory, real)
-            kt.view(n, H, dh, S)[places] = new_kt.view(-1, H, dh, S)
-            v.view(n, H, S, dh)[places] = new_v.view(-1, H, S, dh)
+        real, m = _real_rows(mem_mask), memory.size(0)
+        new_kt, new_v = (self.mem_all[0].new_empty(m * H, *shape) for shape in ((dh, S), (S, dh)))
+        for layer, kt, v in zip(self.sm.layers, *self.mem_all):
+            self._cross_kv(layer, memory, real, new_kt, new_v)
+            kt[places] = new_kt.view(m, H, dh, S)
+            v[places] = new_v.view(m, H, S, dh)
         self.mem_bias.view(n, H, 1, S)[places] = self._source_bias(mem_mask, self.mem_bias.dtype).view(-1, H, 1, S)
         self.history[places] = float("-inf")
         self.offset[places] = self.t
