@@ -7,9 +7,9 @@ compiler is found.
   ReLU). Each output is one fused multiply-add chain over the input from the bias, the same whatever the number of
   rows, so a row's result depends on that row alone (a sentence's translation on that sentence alone), as with
   oneDNN's pre-packed weights (the fallback, and what the encoder runs). Two versions, the same results bit for
-  bit: tiles of up to 8 rows x 32 outputs held in AVX-512's registers, or of 6 rows x 16 outputs in AVX2's (the
-  last few rows in tiles as wide as the registers allow), split over torch's OpenMP threads. On the few rows of a small batch's
-  step a call takes a fraction of oneDNN's time, and about as long on many rows (docs/performance.md).
+  bit: tiles of up to 8 rows x 32 outputs held in AVX-512's registers, or of 3 rows x 32 outputs in AVX2's (the
+  last few rows in tiles as wide as the registers allow), split over torch's OpenMP threads. On the few rows of a
+  small batch's step a call takes a fraction of oneDNN's time, and about as long on many rows (docs/performance.md).
 - `attention_kernel()`: attention, every row and head in one call (rows.c's attend_rows: a decoding step's, where
   torch would launch seven small operators a layer, and the encoder's); a row's result depends on that row alone.
 - `layers_kernel()`: a decoder's layers for one step in one call (rows.c's decode_layers: the same row kernel and

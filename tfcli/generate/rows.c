@@ -77,9 +77,10 @@ CLONES void dequantize_rows(float *y, int64_t rows, int64_t cols, const float *s
  * falls in and whichever version runs, so a row's result is the same for any M, on AVX-512 and AVX2 alike.
  *
  * A tile is R rows x V vectors of outputs, its R*V accumulators in registers: AVX-512 (32 registers of 16 floats)
- * tiles of 8 rows x 32 outputs, AVX2 (16 registers of 8) tiles of 6 rows x 16, so that a step of k loads the
+ * tiles of 8 rows x 32 outputs, AVX2 (16 registers of 8) tiles of 3 rows x 32 (as many accumulators as 6 x 16,
+ * with fewer loads a step of k and half the passes over the input rows), so that a step of k loads the
  * tile's weights once for all its rows and a column block's weights stay in the L1 cache while every row tile runs
- * over them; the last M % 8 (or M % 6) rows are one tile as wide as the accumulators allow, so that a step's few
+ * over them; the last M % 8 (or M % 3) rows are one tile as wide as the accumulators allow, so that a step's few
  * rows still have enough independent chains to fill the FMA units. The tiles are split over the OpenMP threads,
  * column units outer. The accumulators are read at constant indices only (else GCC keeps them on the stack). */
 typedef void (*tile_fn)(const float *, int64_t, const float *, const float *, const float *, int64_t, int, float *,
@@ -144,16 +145,13 @@ TILE512(8, 2)
 TILE256(1, 8)
 TILE256(2, 4)
 TILE256(3, 4)
-TILE256(4, 2)
-TILE256(5, 2)
-TILE256(6, 2)
 
 /* by a tile's rows R (index R): its function and its outputs (a multiple of 16 that divides 64) */
 static const tile_fn TILES_AVX512[9] = {0, tile_avx512_1, tile_avx512_2, tile_avx512_3, tile_avx512_4,
                                         tile_avx512_5, tile_avx512_6, tile_avx512_7, tile_avx512_8};
 static const int WIDTH_AVX512[9] = {0, 64, 64, 64, 64, 32, 32, 32, 32};
-static const tile_fn TILES_AVX2[7] = {0, tile_avx2_1, tile_avx2_2, tile_avx2_3, tile_avx2_4, tile_avx2_5, tile_avx2_6};
-static const int WIDTH_AVX2[7] = {0, 64, 32, 32, 16, 16, 16};
+static const tile_fn TILES_AVX2[4] = {0, tile_avx2_1, tile_avx2_2, tile_avx2_3};
+static const int WIDTH_AVX2[4] = {0, 64, 32, 32};
 
 /* the sum of eight lanes in a fixed order (the lanes of a sum split by j % 8) */
 static inline float sum8(const float lane[8]) {
@@ -227,7 +225,7 @@ void linear_rows(const float *x, const float *wt, const float *b, const float *r
 
 void linear_rows_avx2(const float *x, const float *wt, const float *b, const float *res, int64_t ldr, int relu,
                       float *y, int64_t M, int64_t K, int64_t N, const float *ln, int norm, float eps, float *xn) {
-    linear_tiles(TILES_AVX2, WIDTH_AVX2, 6, x, wt, b, res, ldr, relu, y, M, K, N, ln, norm, eps, xn);
+    linear_tiles(TILES_AVX2, WIDTH_AVX2, 3, x, wt, b, res, ldr, relu, y, M, K, N, ln, norm, eps, xn);
 }
 
 /* e^x for eight floats (AVX2): Cephes' expf (range reduction by ln 2 in two parts, a degree-6 polynomial), within
@@ -482,7 +480,7 @@ static void layers_run(const tile_fn *tile, const int *width, int RF, const laye
 
 void decode_layers(LAYERS_ARGS) { layers_run(TILES_AVX512, WIDTH_AVX512, 8, LAYERS_PASS); }
 
-void decode_layers_avx2(LAYERS_ARGS) { layers_run(TILES_AVX2, WIDTH_AVX2, 6, LAYERS_PASS); }
+void decode_layers_avx2(LAYERS_ARGS) { layers_run(TILES_AVX2, WIDTH_AVX2, 3, LAYERS_PASS); }
 
 /* which version of linear_rows this CPU runs: 2 AVX-512 (F and FMA: linear_rows), 1 AVX2 and FMA
  * (linear_rows_avx2), 0 neither */
