@@ -362,7 +362,7 @@ def markdown(res: dict) -> str:
                   "HF and CT2 (tfcli is given the text and tokenises it in its timed call, as `tfcli translate` does); "
                   f"natural lengths (stop at </s>, at most {rp['max_output_len']} tokens), alpha 0 (no length "
                   "normalisation, so all three rank hypotheses alike). "
-                  f"Best of {res.get('real_repeats', res['repeats'])} interleaved runs.", "",
+                  f"Best of {res['real_repeats']} interleaved runs.", "",
                   "| decoding | tfcli sent/s | HF sent/s | CT2 sent/s | tfcli / HF | tfcli / CT2 | BLEU (tfcli, HF, CT2) "
                   "| same output as tfcli (HF, CT2) |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
