@@ -556,6 +556,44 @@ def test_decoder_steps_on_the_row_kernel_and_on_onednn_match_the_full_forward(no
                     tok = torch.full((2,), prefix[i])
 
 
+@pytest.mark.parametrize("dh", [8, 24, 32, 40, 72])
+@pytest.mark.parametrize("layout", ["by slot", "transposed"])
+def test_the_attention_kernel_is_softmax_attention_at_every_head_size_and_length(dh, layout):
+    """rows.c's attend_rows against softmax attention in float64, for head sizes that fill its registers or not and
+    slot counts around its blocks of 8 and 32, keys by slot (the decoder's own) or transposed (the source's), slots
+    masked with -inf; a row's output the same bits alone as in a batch of three."""
+    from tfcli.generate import native
+    from tfcli.generate.step import _attend_rows
+
+    kernel = native.attention_kernel()
+    if kernel is None:
+        pytest.skip("no attention kernel here (no C compiler, no AVX2, or ATEN_CPU_CAPABILITY=default)")
+    g = torch.Generator().manual_seed(dh)
+    n, r, H_kv, G = 3, 2, 2, 2  # three rows of two queries; two key/value heads, each shared by two query heads
+    for L in (1, 7, 8, 9, 31, 33, 40):
+        q = torch.randn(n, r, H_kv * G, dh, generator=g)
+        keys, values = torch.randn(n, H_kv, L, dh, generator=g), torch.randn(n, H_kv, L, dh, generator=g)
+        bias = torch.zeros(n, H_kv, r, L)
+        bias[1, :, :, L // 2 + 1:] = float("-inf")  # a padded row
+        bias[2, 0, 1, ::3] = float("-inf") if L > 1 else 0.0  # slots one query of one head does not see
+        k = keys.contiguous() if layout == "by slot" else keys.transpose(2, 3).contiguous()
+        k_strides = (k.stride(0), k.stride(1), *((k.stride(2), 1) if layout == "by slot" else (1, k.stride(2))))
+
+        def attend(rows):
+            kr, vr, br = k[rows].contiguous(), values[rows].contiguous(), bias[rows].contiguous()
+            strides = (kr.stride(0), kr.stride(1), *k_strides[2:])
+            return _attend_rows(kernel, q[rows].contiguous(), kr, strides, vr, vr.stride()[:3], br, br.stride()[:3],
+                                H_kv, L, dh**-0.5)
+
+        y = attend(slice(None))
+        qh = q.double().view(n, r, H_kv, G, dh)
+        scores = torch.einsum("nrhgd,nhsd->nhgrs", qh, keys.double()) * dh**-0.5 + bias.double()[:, :, None]
+        ref = torch.einsum("nhgrs,nhsd->nrhgd", scores.softmax(-1), values.double()).reshape(n * r, -1)
+        torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)
+        for i in range(n):
+            assert torch.equal(attend(slice(i, i + 1)), y[i * r : (i + 1) * r])
+
+
 @pytest.mark.parametrize("overrides", [dict(), dict(n_kv_head=2), dict(qk_norm=True, norm="post")])
 def test_the_attention_kernel_gives_a_sentence_the_same_bits_alone_and_beside_longer_ones(overrides, monkeypatch):
     """rows.c's attend_rows, in the encoder and in the decoder's steps: a sentence's encoder output and step logits

@@ -158,16 +158,39 @@ static inline float sum8(const float lane[8]) {
     return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
+/* lane l: sum8 of v[l]'s lanes, in sum8's order (hadd adds lanes 0 + 1 and 2 + 3, then those; the halves last) */
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 sum8x8(const __m256 v[8]) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
 /* LayerNorm of one row of n: y = (x - mean) / sqrt(var + eps) * w + b, w and b at ln and ln + n; the sums in eight
- * lanes (element j in lane j % 8), the lanes added in a fixed order */
-static void norm_row(const float *x, float *y, int64_t n, const float *ln, float eps) {
-    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t j = 0; j < n; j++) lane[j % 8] += x[j];
+ * lanes (element j in lane j % 8), the lanes added in a fixed order (AVX2: only linear_rows' callers run it) */
+static __attribute__((target("avx2,fma"))) void norm_row(const float *x, float *y, int64_t n, const float *ln,
+                                                         float eps) {
+    const int64_t n8 = n / 8 * 8;
+    float lane[8];
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + j));
+    _mm256_storeu_ps(lane, acc);
+    for (int64_t j = n8; j < n; j++) lane[j % 8] += x[j];
     const float mean = sum8(lane) / n;
-    for (int l = 0; l < 8; l++) lane[l] = 0;
-    for (int64_t j = 0; j < n; j++) lane[j % 8] += (x[j] - mean) * (x[j] - mean);
+    const __m256 mv = _mm256_set1_ps(mean);
+    acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) {
+        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + j), mv);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, d));
+    }
+    _mm256_storeu_ps(lane, acc);
+    for (int64_t j = n8; j < n; j++) lane[j % 8] += (x[j] - mean) * (x[j] - mean);
     const float rstd = 1.0f / sqrtf(sum8(lane) / n + eps);
-    for (int64_t j = 0; j < n; j++) y[j] = (x[j] - mean) * rstd * ln[j] + ln[n + j];
+    const __m256 rv = _mm256_set1_ps(rstd);
+    for (int64_t j = 0; j < n8; j += 8)
+        _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv), rv),
+                                                            _mm256_loadu_ps(ln + j)),
+                                              _mm256_loadu_ps(ln + n + j)));
+    for (int64_t j = n8; j < n; j++) y[j] = (x[j] - mean) * rstd * ln[j] + ln[n + j];
 }
 
 /* RMSNorm of one row of n, in place: x = x / sqrt(mean(x^2) + eps) * w (QK-norm's, on a head's query or key) */
@@ -249,6 +272,55 @@ static inline __attribute__((always_inline, target("avx2,fma"))) __m256 exp8(__m
     return _mm256_andnot_ps(zero, _mm256_mul_ps(q, _mm256_castsi256_ps(e)));
 }
 
+/* the dot products of q (dh) with nb <= 8 keys k + l*ks, each as eight lanes of fmaf chains over d summed by sum8;
+ * lane l holds key l's (0 past nb) */
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 dots_by_slot(const float *q, const float *k,
+                                                                                     int64_t ks, int64_t dh, int nb) {
+    __m256 lanes[8];
+    for (int l = 0; l < 8; l++) lanes[l] = _mm256_setzero_ps();
+    for (int64_t d0 = 0; d0 < dh; d0 += 8) {
+        const __m256 qd = _mm256_loadu_ps(q + d0);
+        for (int l = 0; l < nb; l++) lanes[l] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + l * ks + d0), lanes[l]);
+    }
+    return sum8x8(lanes);
+}
+
+/* the dot products of q (dh) with up to 64 keys transposed, key l's element d at k[d*kd + l], n of them real: each
+ * one fmaf chain over d (eight keys in a register's lanes, up to eight registers at once), into out[0 : 8*ceil(n/8)]
+ * (0 past n) */
+static inline __attribute__((always_inline, target("avx2,fma"))) void dots_transposed(const float *q, const float *k,
+                                                                                      int64_t kd, int64_t dh,
+                                                                                      int64_t n, float *out) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const int m = n < 64 ? (int)n : 64, nb = (m + 7) / 8;
+    __m256i in[8];
+    __m256 acc[8];
+    for (int b = 0; b < 8; b++) {
+        in[b] = _mm256_cmpgt_epi32(_mm256_set1_epi32(m - 8 * b), lane);
+        acc[b] = _mm256_setzero_ps();
+    }
+    for (int64_t d = 0; d < dh; d++) {
+        const __m256 qd = _mm256_set1_ps(q[d]);
+        for (int b = 0; b < nb; b++) acc[b] = _mm256_fmadd_ps(qd, _mm256_maskload_ps(k + d * kd + 8 * b, in[b]), acc[b]);
+    }
+    for (int b = 0; b < nb; b++) _mm256_storeu_ps(out + 8 * b, acc[b]);
+}
+
+/* out (nv * 8 floats) = sum_s (p_s / sum) v_s[0 : nv*8] over the L slots in order (v_s at v + s*vs), the slots with
+ * p_s = 0 skipped: each output one fmaf chain, held in a register */
+static inline __attribute__((always_inline, target("avx2,fma"))) void weigh_values(const float *p, float sum,
+                                                                                   int64_t L, const float *v,
+                                                                                   int64_t vs, int nv, float *out) {
+    __m256 acc[4];
+    for (int u = 0; u < 4; u++) acc[u] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < L; s++) {
+        if (p[s] == 0) continue;
+        const __m256 w = _mm256_set1_ps(p[s] / sum);
+        for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + s * vs + 8 * u), acc[u]);
+    }
+    for (int u = 0; u < nv; u++) _mm256_storeu_ps(out + 8 * u, acc[u]);
+}
+
 /* Attention on the CPU (tfcli.generate.step: a decoding step's, and the encoder's), every row and head in one call.
  * Row i of n has r queries a head (its beams, or its positions); the H = H_kv * g query heads share H_kv key/value
  * heads, g each. For row i, key/value head h, query head a = h*g + c (c < g) and query j < r:
@@ -266,64 +338,47 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
                                                    int64_t vn, int64_t vh, int64_t vs, const float *bias, int64_t bn,
                                                    int64_t bh, int64_t bj, int64_t n, int64_t H_kv, int64_t g,
                                                    int64_t r, int64_t L, int64_t dh, float alpha, float *y) {
-    const int64_t H = H_kv * g;
-#pragma omp parallel for schedule(static) if (n * H * r * L * dh >= 4 * PARALLEL_MIN)
+    const int64_t H = H_kv * g, Lp = (L + 7) / 8 * 8;
+    /* a task (a row's query against a head) costs about (L + 8) * dh multiply-adds twice, and a few hundred cycles */
+#pragma omp parallel for schedule(static) if (n * H * r * (L + 8) * dh >= PARALLEL_MIN)
     for (int64_t t = 0; t < n * H_kv * g * r; t++) {
         const int64_t j = t % r, c = t / r % g, h = t / (r * g) % H_kv, i = t / (r * g * H_kv);
         const float *qv = q + i * qn + j * qr + (h * g + c) * qh;
         const float *kh_ = k + i * kn + h * kh, *vh_ = v + i * vn + h * vh;
         const float *bs = bias + i * bn + h * bh + j * bj;
-        float p[L > 0 ? L : 1];
-        if (ks != 1) {
-            for (int64_t s = 0; s < L; s++) {
-                const float *ksv = kh_ + s * ks;
-                float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                for (int64_t d0 = 0; d0 < dh; d0 += 8)
-#pragma omp simd
-                    for (int l = 0; l < 8; l++) lane[l] = __builtin_fmaf(qv[d0 + l], ksv[d0 + l], lane[l]);
-                p[s] = alpha * sum8(lane) + bs[s];
+        float p[Lp > 0 ? Lp : 8];
+        if (ks != 1) /* by slot: each slot's eight lanes of fmaf chains over d, then sum8 */
+            for (int64_t s0 = 0; s0 < L; s0 += 8) {
+                const int nb = L - s0 < 8 ? (int)(L - s0) : 8;
+                _mm256_storeu_ps(p + s0, nb == 8 ? dots_by_slot(qv, kh_ + s0 * ks, ks, dh, 8)
+                                                 : dots_by_slot(qv, kh_ + s0 * ks, ks, dh, nb));
             }
-        } else {
-            int64_t s0 = 0;
-            for (; s0 + 8 <= L; s0 += 8) {
-                float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                for (int64_t d = 0; d < dh; d++)
-#pragma omp simd
-                    for (int l = 0; l < 8; l++) lane[l] = __builtin_fmaf(qv[d], kh_[d * kd + (s0 + l) * ks], lane[l]);
-                for (int l = 0; l < 8; l++) p[s0 + l] = alpha * lane[l] + bs[s0 + l];
-            }
-            for (int64_t s = s0; s < L; s++) {
-                float dot = 0;
-                for (int64_t d = 0; d < dh; d++) dot = __builtin_fmaf(qv[d], kh_[d * kd + s * ks], dot);
-                p[s] = alpha * dot + bs[s];
-            }
-        }
-        float m = -INFINITY;
-        for (int64_t s = 0; s < L; s++) m = p[s] > m ? p[s] : m;
-        /* p_s = e^(p_s - m), eight slots at a time (the last block filled with -inf: zeros), summed in eight lanes
-         * (slot s in lane s % 8, so that zeros past a row's slots change no lane), the lanes in a fixed order */
+        else /* transposed: one fmaf chain over d a slot */
+            for (int64_t s0 = 0; s0 < L; s0 += 64) dots_transposed(qv, kh_ + s0, kd, dh, L - s0, p + s0);
+        for (int64_t s = 0; s < L; s++) p[s] = alpha * p[s] + bs[s];
+        for (int64_t s = L; s < Lp; s++) p[s] = -INFINITY;
+        __m256 mx = _mm256_set1_ps(-INFINITY);
+        for (int64_t s0 = 0; s0 < Lp; s0 += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(p + s0));
+        float lane[8];
+        _mm256_storeu_ps(lane, mx);
+        float m = lane[0];
+        for (int l = 1; l < 8; l++) m = lane[l] > m ? lane[l] : m;
+        /* p_s = e^(p_s - m), eight slots at a time (past L -inf: zeros), summed in eight lanes (slot s in lane s % 8,
+         * so that zeros past a row's slots change no lane), the lanes in a fixed order */
         __m256 lanes = _mm256_setzero_ps();
         const __m256 mv = _mm256_set1_ps(m);
-        for (int64_t s0 = 0; s0 < L; s0 += 8) {
-            float block[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            const int nb = L - s0 < 8 ? (int)(L - s0) : 8;
-            memcpy(block, p + s0, sizeof(float) * nb);
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(block), mv));
+        for (int64_t s0 = 0; s0 < Lp; s0 += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + s0), mv));
             lanes = _mm256_add_ps(lanes, e);
-            _mm256_storeu_ps(block, e);
-            memcpy(p + s0, block, sizeof(float) * nb);
+            _mm256_storeu_ps(p + s0, e);
         }
-        float lane[8];
         _mm256_storeu_ps(lane, lanes);
         const float sum = sum8(lane);
+        /* y = sum_s (p_s / sum) v_s over s in order, 32 of d at a time */
         float *out = y + (i * r + j) * H * dh + (h * g + c) * dh;
-        for (int64_t d = 0; d < dh; d++) out[d] = 0;
-        for (int64_t s = 0; s < L; s++) {
-            if (p[s] == 0) continue;
-            const float w = p[s] / sum, *vsv = vh_ + s * vs;
-#pragma omp simd
-            for (int64_t d = 0; d < dh; d++) out[d] = __builtin_fmaf(w, vsv[d], out[d]);
-        }
+        int64_t d0 = 0;
+        for (; d0 + 32 <= dh; d0 += 32) weigh_values(p, sum, L, vh_ + d0, vs, 4, out + d0);
+        if (d0 < dh) weigh_values(p, sum, L, vh_ + d0, vs, (int)(dh - d0) / 8, out + d0);
     }
 }
 
