@@ -25,9 +25,9 @@ the first step of beam search). Arranged for inference speed:
   the same alone and in any batch. Where every layer runs on those kernels (LayerNorm, a ReLU or ReLU^2 FFN, no
   RoPE), a step's layers are one C call (`tfcli.generate.native.layers_kernel`: the same kernels in the same order,
   without the hundred-odd Python-level operators around them).
-- With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8: weights
-  quantised once, one scale per output row; activations at each call, one scale per row (tfcli.generate.int8), so
-  that a row's result never depends on the other rows.
+- With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8:
+  weights quantised once, one scale per output row; activations at each call, one scale per row
+  (tfcli.generate.int8), so that a row's result never depends on the other rows.
 - The key/value memory is allocated once per batch and reused by the next batch (`release`), not grown step by step.
 - On CUDA, a batch decodes through `StaticDecoder`: the same interface and arithmetic with shapes fixed for the
   batch, so that its step is captured once as a CUDA graph and replayed.
@@ -64,9 +64,9 @@ class StepModel:
 
     def __init__(self, model: nn.Module, pack: bool = False, int8: bool = False, static: bool | None = None):
         """`pack`: pre-pack the linear weights for oneDNN (fp32 on the CPU only; elsewhere, or where torch lacks
-        the ops, it is ignored: see `packed`). `int8`: run the linear layers in int8 (CPU; see `tfcli.device.int8_available`).
-        `static`: batches step through a `StaticDecoder` (fixed shapes, on CUDA replayed as a CUDA graph); None: on
-        CUDA only."""
+        the ops, it is ignored: see `packed`). `int8`: run the linear layers in int8 (CPU; see
+        `tfcli.device.int8_available`). `static`: batches step through a `StaticDecoder` (fixed shapes, on CUDA
+        replayed as a CUDA graph); None: on CUDA only."""
         self.model, self.cfg = model, model.cfg
         parts = model.parts()  # the interface the model documents (tfcli.model.transformer.Parts)
         weight = parts.lm_head.weight
@@ -74,7 +74,8 @@ class StepModel:
         self.int8 = int8
         # weights already in bf16/fp16 (a GPU's decoding copy, tfcli.generate.loader): run without autocast
         self.half = weight.dtype in (torch.bfloat16, torch.float16)
-        self.packed = not int8 and pack and weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
+        self.packed = (not int8 and pack and weight.device.type == "cpu" and weight.dtype == torch.float32
+                       and onednn_available())
         mode = "int8" if int8 else "packed" if self.packed else "plain"
         # the decoder's layers, run on few rows a step: rows.c's kernel where it is built (tfcli.generate.native)
         self.rows = self.packed and native.fp32_kernel() is not None
@@ -199,13 +200,15 @@ class IncrementalDecoder:
             self.mem_bias = self._source_bias(mem_mask, dtype)  # (n*H_kv, 1, S): -inf at source padding
         embed = sm.embed
         self.steps = torch.arange(max_steps, device=device)
-        no_positions = torch.zeros(max_steps, cfg.d_model, device=device, dtype=dtype)  # RoPE: positions enter in attention
+        # RoPE: positions enter in attention
+        no_positions = torch.zeros(max_steps, cfg.d_model, device=device, dtype=dtype)
         self.positions = embed.pos(self.steps, max_steps) if embed.pos is not None else no_positions
         self.pad: torch.Tensor | None = None  # (n,) left padding of each row (prefill), None: none anywhere
         # the slots of one position, seen by the k beams that write it: beam j sees slot j (k = 1 or K)
         own = torch.full((beam_size, beam_size), float("-inf"), device=device, dtype=dtype).fill_diagonal_(0.0)
         self.own = {1: own[:1], beam_size: own}
-        self.history = torch.zeros(n, 1, 0, device=device, dtype=dtype)  # (n, k, t*K): 0 at the slots beam j descends from
+        # (n, k, t*K): 0 at the slots beam j descends from
+        self.history = torch.zeros(n, 1, 0, device=device, dtype=dtype)
         # per layer (n, H_kv, max_steps*K, 2*d_head): slot s*K + j, key | value; carved out of one allocation, in
         # the model's dtype (under autocast, writes are cast to it)
         shape = (n, self.H_kv, max_steps * beam_size, 2 * self.dh)
@@ -444,9 +447,9 @@ class StaticDecoder(IncrementalDecoder):
     p at step t0 + p, and an admitted sentence starts with a history of nothing. Each row's position, t less the
     step it began at (its `offset`), and the step itself are read from tensors on the device. On CUDA the step is
     captured once as a CUDA graph (`schedule.StepGraph`, after one eager warm-up step) and replayed: one launch
-    instead of one per operation, which on a GPU is where a small model's step spends its time. Elsewhere (and in tests) the same
-    fixed-shape step runs eagerly. Language-model prompts are prefilled as `IncrementalDecoder` does (once,
-    eagerly); a row's offset is then its left padding.
+    instead of one per operation, which on a GPU is where a small model's step spends its time. Elsewhere (and in
+    tests) the same fixed-shape step runs eagerly. Language-model prompts are prefilled as `IncrementalDecoder` does
+    (once, eagerly); a row's offset is then its left padding.
 
     The caller keeps each row within max_steps positions; a row past them (one that finished and runs on, unread,
     until the search looks) computes at its last position, and what it computes is never read."""
