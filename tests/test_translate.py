@@ -683,6 +683,32 @@ def test_continuous_batching_reads_the_device_at_most_once_every_n_steps(every, 
         assert len(reads) <= 1 + math.ceil(len(calls) / every) + 1 + outputs, (len(reads), len(calls))
 
 
+@pytest.mark.parametrize("every", [1, 3])
+def test_while_sentences_wait_a_read_takes_the_flags_copied_at_the_read_before(every, monkeypatch):
+    """With fixed shapes and sentences waiting for a place, each read takes the ended flags copied at the read
+    before (schedule.Behind: on CUDA behind the queued steps, so that the device never waits for the host) and the
+    device is read at once only when none waits or past the horizon; a finished sentence's place is refilled
+    `every` steps later, and every translation is still the shrinking decoder's."""
+    from tfcli.generate import schedule
+    from tfcli.generate.search import _SourceSearch
+
+    model, srcs = random_model(), pad(sources(11, seed=8, max_words=8))
+    want_beam = beam_search(StepModel(model), srcs, beam_size=3, nbest=2, token_scores=True)  # (shrinking)
+    want_greedy = greedy_decode(StepModel(model), srcs)
+    behind, at_once = [], []
+    read, copy = _SourceSearch.read, schedule.Behind.read
+    monkeypatch.setattr(_SourceSearch, "read", lambda self: at_once.append(len(self.sched.queue)) or read(self))
+    monkeypatch.setattr(schedule.Behind, "read", lambda self: behind.append(1) or copy(self))
+    steps = StepModel(model, static=True)
+    for got, want in zip(beam_search(steps, srcs, beam_size=3, nbest=2, token_scores=True, check_every=every,
+                                     slots=3), want_beam):
+        assert_same_nbest(got, want)
+    got = greedy_decode(steps, srcs, check_every=every, slots=3)
+    assert [h.tokens for h in got] == [h.tokens for h in want_greedy]
+    assert len(behind) >= 8 // every  # (eight sentences wait for a place at first, each search)
+    assert at_once.count(0) >= len(at_once) // 2  # the reads at once: mostly with none waiting
+
+
 def test_a_fixed_shape_search_step_traces_into_one_graph(monkeypatch):
     """On CUDA the whole search step (the decoder's and the search's own work) is captured as one CUDA graph
     (schedule.StepGraph, from search_graph), which no read of the device, no host-side value and no new shape may interrupt. Dynamo's

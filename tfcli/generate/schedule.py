@@ -13,8 +13,8 @@ What the schedule owns:
   which its item began;
 - the one CUDA-graph runner (`StepGraph`), under a search's whole step or a fixed-shape decoder's own.
 
-A search's step runs between two reads without the host looking, so that the host's reads can be moved (for
-instance overlapped with the device's next steps) here alone.
+A search's step runs between two reads without the host looking, so that the host's reads can be moved here
+alone: with fixed shapes they are overlapped with the device's next steps (`Behind`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ class Search(Protocol):
         """Whether the host must read before the next step, whatever the cadence."""
 
     def read(self) -> list[bool]:
-        """The host's read of the device: whether each row's item has ended."""
+        """The host's read of the device: whether each row's item has ended. A search whose read is that alone
+        may also give `ended_rows()`, the same flags on the device (a bool tensor), which the schedule then reads behind
+        the next steps (`Behind`)."""
 
     def retire(self, rows: list[int]) -> None:
         """The items of `rows` have ended: keep their output (before their rows leave or are taken)."""
@@ -87,6 +89,10 @@ class Schedule:
         """Step `search` until every item has ended; with `graph`, each capturable step through it."""
         last = self.horizon  # the step by which every item begun so far has ended
         since = 0  # steps since the last read
+        # fixed shapes with items waiting: a read takes the ended flags copied at the read before (`Behind`), and
+        # copies them again after the places are refilled, so that the device never waits for the host; an item
+        # that ended is seen `every` steps later (its row runs on, unread). The last items are read at once.
+        ahead, pending = self.fixed and hasattr(search, "ended_rows"), None
 
         def step():
             search.advance(self.position())
@@ -101,7 +107,11 @@ class Schedule:
             if since < self.every and self.step < last and not search.must_read():
                 continue
             since = 0
-            ended = search.read()  # the one read of the device in `every` steps
+            if ahead and self.queue and self.step < last:  # the flags copied at the last read, behind the steps since
+                ended = pending.read() if pending is not None else []
+            else:
+                ended = search.read()  # the one read of the device in `every` steps
+            pending = None
             gone = [r for r, e in enumerate(ended) if e and self.held[r] >= 0]
             if gone:
                 search.retire(gone)
@@ -115,6 +125,8 @@ class Schedule:
                     r, s = to_device(rows, device), to_device(items, device)
                     self.item[r], self.began[r] = s, self.step
                     search.admit(r, s, list(zip(rows, items)))
+                if ahead and self.queue and self.step < last:
+                    pending = Behind(search.ended_rows())
                 continue
             if len(gone) == len(ended):
                 return
@@ -135,6 +147,27 @@ class Schedule:
                 rows.append(r)
                 items.append(s)
         return rows, items
+
+
+class Behind:
+    """A device tensor's copy on the host, made behind the work queued so far and read later: on CUDA into pinned
+    memory, the host going on queueing steps meanwhile (the read then waits only for the copy, not for the steps
+    queued after it); elsewhere a copy made now."""
+
+    def __init__(self, x: torch.Tensor):
+        self.event = None
+        if x.device.type == "cuda":
+            self.host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            self.host.copy_(x, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = x.clone()
+
+    def read(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 class StepGraph:

@@ -222,6 +222,13 @@ class _SourceSearch:
     def must_read(self) -> bool:
         return False
 
+    def read(self) -> list[bool]:
+        return self.ended_rows().tolist()
+
+    def ended_rows(self) -> torch.Tensor:
+        """Whether each row's item has ended, on the device."""
+        raise NotImplementedError
+
     def retire(self, rows: list[int]) -> None:
         pass
 
@@ -306,8 +313,8 @@ class _Greedy(_SourceSearch):
             self.tok = nxt
         self.eos.logical_or_(ending & is_eos)
 
-    def read(self) -> list[bool]:
-        return (self.end > 0).tolist()
+    def ended_rows(self) -> torch.Tensor:
+        return self.end > 0
 
     def retire(self, rows: list[int]) -> None:
         index = to_device(rows, self.device) if len(rows) < self.end.numel() else slice(None)
@@ -465,8 +472,8 @@ class _Beam(_SourceSearch):
                 setattr(self, name, value)
             self.k = K
 
-    def read(self) -> list[bool]:
-        return self.done.tolist()
+    def ended_rows(self) -> torch.Tensor:
+        return self.done
 
     def admit(self, rows: torch.Tensor, items: torch.Tensor, placed=None) -> None:
         """K fresh beams a new sentence, all but the first at -inf."""
