@@ -16,8 +16,10 @@
 #                    SWEEP="baseline,..." variants, SWEEP_JOBS (4) trained at once on the one GPU, into
 #                    results/gpu_ablations.{json,md}
 #       decode       benchmarks/gpu_translate_speed.py: tfcli vs HF generate, beam 5 and greedy, batch 64 and 256,
-#                    bf16, on the de-en model that stage de-en trained (DECODE_RUN: another de-en run; one HF can
-#                    represent: no QK-norm), and tfcli with eager steps (no CUDA graph, the device read every step)
+#                    bf16, 20,000 lines of Multi30k train (about 190 s on an H200, estimated from the test2016 speeds
+#                    of 2026-11-27; before 2026-11-29 test2016's 1,000 in 80 s), on the de-en model that stage
+#                    de-en trained (DECODE_RUN: another de-en run; one HF can represent: no QK-norm), and tfcli with
+#                    eager steps (no CUDA graph, the device read every step)
 #       lm-decode    benchmarks/gpu_lm_generate_speed.py: tfcli vs HF generate, baby-gpt and gpt2-small shapes,
 #                    greedy and top-k sampling, batch 1 and 32, bf16 (random weights: no training needed)
 #                Stage times seen on an H100 (2026-11-24): check 39 s on a fresh machine, tests 88 s, shakespeare
@@ -123,8 +125,8 @@ decode() {
   ckpt=$run
   for avg in "$run"/checkpoints/avg-last*; do [ -d "$avg" ] && ckpt=$avg; done  # as the recipe chooses
   if [ "$DEVICE" = cpu ]; then
-    python3 benchmarks/gpu_translate_speed.py "$ckpt" --data "$DATA" --device cpu --dtype fp32 --limit 40 \
-      --batch-sizes 8 --repeats 1 --out "$ROOT/.gpu/toy-results/gpu_translate_speed"
+    python3 benchmarks/gpu_translate_speed.py "$ckpt" --data "$DATA" --device cpu --dtype fp32 --split test2016 \
+      --sentences 40 --batch-sizes 8 --out "$ROOT/.gpu/toy-results/gpu_translate_speed"
   else python3 benchmarks/gpu_translate_speed.py "$ckpt" --data "$DATA"; fi
 }
 

@@ -1,10 +1,13 @@
 """Translation speed on a GPU: tfcli and Hugging Face `generate`, side by side in one run on one trained checkpoint.
 
-    python3 benchmarks/gpu_translate_speed.py CKPT [--data DIR] [--batch-sizes 64 256] [--dtype bf16] [--repeats 3]
-    python3 benchmarks/gpu_translate_speed.py CKPT --device cpu --dtype fp32 --limit 40 --batch-sizes 8 --out X
+    python3 benchmarks/gpu_translate_speed.py CKPT [--data DIR] [--split train] [--sentences 20000]
+                                              [--batch-sizes 64 256] [--dtype bf16] [--repeats 1]
+    python3 benchmarks/gpu_translate_speed.py CKPT --device cpu --dtype fp32 --split test2016 --sentences 40
+                                              --batch-sizes 8 --out X
                                                    a check that the script runs (not a measurement)
 
-The Multi30k test2016 sentences (--src/--tgt, default de -> en) through
+The first --sentences source lines of a Multi30k split (--src/--tgt, default de -> en; by default 20,000 of train's
+29,000, since test2016's 1,000 are four batches at batch 256: a start-up figure, not a throughput) through
   tfcli  the Python API (`tfcli.load(CKPT, device, dtype).translate`): what `tfcli translate --device cuda --dtype
          bf16` runs, tokenising, batching by length and detokenising included;
   tfcli, eager steps  the same, with the decoder's step run op by op (no CUDA graph, a batch that shrinks as
@@ -16,11 +19,13 @@ The Multi30k test2016 sentences (--src/--tgt, default de -> en) through
 The same search for both: beam 5 and greedy, no length normalisation (alpha 0: both rank by summed log-probability,
 which only falls as a hypothesis grows, so both find the same best one; tfcli lets a sentence go as soon as no live
 beam can beat its best finished hypothesis, HF once it has `beam` finished ones), stop at </s>, at most --max-len
-new tokens. Batches of each --batch-sizes sentences. One untimed pass first (CUDA context, kernels, allocator),
-then the best of --repeats, CUDA synchronised. Target tokens/s counts the tokens each system generated (its
-output re-encoded by the target tokenizer, plus </s>); BLEU (sacreBLEU, the default signature) shows that both
-translate. Results: benchmarks/results/gpu_translate_speed.{json,md}, with the GPU named, and
-gpu_translate_speed_profile.txt: torch.profiler's op tables of one more tfcli pass (beam, the largest batch).
+new tokens. Batches of each --batch-sizes sentences. One untimed pass first over every twentieth-odd line (1,000
+lines of all lengths: CUDA context, kernels, allocator, graphs), then the best of --repeats, CUDA synchronised.
+Target tokens/s counts the tokens each system generated (its output re-encoded by the target tokenizer, plus </s>);
+BLEU (sacreBLEU, the default signature, against the split's references: on train, lines the model was trained
+on) shows that both translate, not how well. Results: benchmarks/results/gpu_translate_speed.{json,md}, with the
+GPU named, and gpu_translate_speed_profile.txt: torch.profiler's op tables of one more tfcli pass (beam, the
+largest batch).
 """
 
 from __future__ import annotations
@@ -48,9 +53,9 @@ def synced(device: torch.device):
         torch.cuda.synchronize(device)
 
 
-def best_time(fn, repeats: int, device: torch.device):
-    """fn() once untimed, then the best of `repeats` timed calls; returns (seconds, the last output)."""
-    out = fn()
+def best_time(fn, warm, repeats: int, device: torch.device):
+    """warm() once untimed, then the best of `repeats` timed fn() calls; returns (seconds, the last output)."""
+    warm()
     times = []
     for _ in range(repeats):
         synced(device)
@@ -108,8 +113,9 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--max-len", type=int, default=100, help="new tokens per sentence, at most")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--limit", type=int, default=0, help="the first N sentences only (a check)")
+    p.add_argument("--split", default="train", help="the Multi30k split translated (train, valid, test2016)")
+    p.add_argument("--sentences", type=int, default=20000, help="its first N lines (0: all; under 20,000: a check)")
+    p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--out", default=str(RESULTS / "gpu_translate_speed"))
     args = p.parse_args()
     import sacrebleu
@@ -123,7 +129,8 @@ def main() -> None:
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("gpu_translate_speed: no CUDA device; --device cpu --dtype fp32 --limit 40 checks that it runs")
+        sys.exit("gpu_translate_speed: no CUDA device; --device cpu --dtype fp32 --split test2016 --sentences 40 "
+                 "checks that it runs")
     ckpt = checkpoint_meta.resolve(args.checkpoint)
     meta = checkpoint_meta.read_meta(ckpt)
     hf_dir = Path(tempfile.mkdtemp()) / "hf"
@@ -133,10 +140,11 @@ def main() -> None:
         sys.exit(f"gpu_translate_speed: {ckpt} cannot be compared with Hugging Face: {e}")
     src_tok, tgt_tok = checkpoint.tokenizer(meta, "src"), checkpoint.tokenizer(meta, "tgt")
     data = Path(args.data) / "multi30k"
-    lines = (data / f"test2016.{args.src}").read_text(encoding="utf-8").splitlines()
-    refs = (data / f"test2016.{args.tgt}").read_text(encoding="utf-8").splitlines()
-    if args.limit:
-        lines, refs = lines[: args.limit], refs[: args.limit]
+    lines = (data / f"{args.split}.{args.src}").read_text(encoding="utf-8").splitlines()
+    refs = (data / f"{args.split}.{args.tgt}").read_text(encoding="utf-8").splitlines()
+    if args.sentences:
+        lines, refs = lines[: args.sentences], refs[: args.sentences]
+    warm_lines = lines[:: max(1, len(lines) // 1000)]  # the untimed pass: lines of every length
 
     translator = tfcli.load(str(ckpt), device=args.device, dtype=args.dtype)
     eager = tfcli.load(str(ckpt), device=args.device, dtype=args.dtype)
@@ -144,6 +152,7 @@ def main() -> None:
     hf = AutoModelForSeq2SeqLM.from_pretrained(hf_dir, dtype=DTYPES[args.dtype]).to(device).eval()
     shutil.rmtree(hf_dir.parent)
     src_ids = [source_ids(ids) for ids in encode_batch(src_tok, lines)]
+    warm_ids = [source_ids(ids) for ids in encode_batch(src_tok, warm_lines)]
 
     def tokens(hyps: list[str]) -> int:  # what a system generated, </s> included
         return sum(len(ids) + 1 for ids in encode_batch(tgt_tok, hyps))
@@ -153,10 +162,13 @@ def main() -> None:
         for bs in args.batch_sizes:
             opts = dict(beam_size=beam, batch_size=bs, max_tokens=10**9, len_penalty=0.0, max_len_a=0.0,
                         max_len_b=args.max_len)
-            t_tfcli, hyps_tfcli = best_time(lambda: translator.translate(lines, **opts), args.repeats, device)
-            t_eager, hyps_eager = best_time(lambda: eager.translate(lines, **opts, check_every=1), args.repeats,
+            t_tfcli, hyps_tfcli = best_time(lambda: translator.translate(lines, **opts),
+                                            lambda: translator.translate(warm_lines, **opts), args.repeats, device)
+            t_eager, hyps_eager = best_time(lambda: eager.translate(lines, **opts, check_every=1),
+                                            lambda: eager.translate(warm_lines, **opts, check_every=1), args.repeats,
                                             device)
-            t_hf, ids_hf = best_time(lambda: hf_translate(hf, src_ids, beam, bs, args.max_len, device), args.repeats,
+            t_hf, ids_hf = best_time(lambda: hf_translate(hf, src_ids, beam, bs, args.max_len, device),
+                                     lambda: hf_translate(hf, warm_ids, beam, bs, args.max_len, device), args.repeats,
                                      device)
             hyps_hf = decode_batch(tgt_tok, ids_hf)
             row = {"beam": beam, "batch_size": bs}
@@ -181,17 +193,20 @@ def main() -> None:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     res = {
         "device": gpu or f"CPU ({cpu_name()})", "dtype": args.dtype, "checkpoint": str(ckpt),
-        "sentences": len(lines), "pair": f"{args.src}-{args.tgt}", "max_new_tokens": args.max_len,
+        "split": args.split, "sentences": len(lines), "pair": f"{args.src}-{args.tgt}",
+        "max_new_tokens": args.max_len,
         "repeats": args.repeats, "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "runs": runs,
-        "check_only": bool(args.limit) or device.type != "cuda", "profile": profile.name,
+        "check_only": len(lines) < 20000 or device.type != "cuda", "profile": profile.name,
     }
     md = [
         f"# Translation speed on {res['device']}: tfcli and Hugging Face generate", "",
-        *(["**A check that the script runs (a CPU or --limit), not a measurement.**", ""] if res["check_only"] else []),
-        f"Multi30k test2016 {res['pair']}, {len(lines)} sentences; {args.dtype}; alpha 0, at most {args.max_len} new "
-        f"tokens; best of {args.repeats} after an untimed pass; torch {res['torch']}, transformers "
-        f"{res['transformers']}; {res['date']}. Checkpoint `{ckpt}`. Written by `benchmarks/gpu_translate_speed.py` "
+        *(["**A check that the script runs (a CPU, or under 20,000 sentences), not a measurement.**", ""]
+          if res["check_only"] else []),
+        f"Multi30k {args.split} {res['pair']}, the first {len(lines)} sentences; {args.dtype}; alpha 0, at most "
+        f"{args.max_len} new tokens; best of {args.repeats} after an untimed pass over {len(warm_lines)} of them; "
+        f"torch {res['torch']}, transformers {res['transformers']}; {res['date']}. Checkpoint `{ckpt}`. Written by "
+        "`benchmarks/gpu_translate_speed.py` "
         "(its docstring says what each system's time includes).", "",
         "| search | batch | tfcli sent/s | HF sent/s | tfcli / HF | tfcli tgt tok/s | HF tgt tok/s | BLEU tfcli | "
         "BLEU HF | same output | tfcli eager steps sent/s | tfcli / eager steps | same as eager steps |",
