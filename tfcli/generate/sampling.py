@@ -34,8 +34,10 @@ def never_chosen(device: torch.device, eos: bool = False) -> torch.Tensor:
 
 def to_device(values: list, device: torch.device) -> torch.Tensor:
     """A host list as a tensor on `device`, copied without waiting for the work queued there (a plain
-    torch.tensor(..., device=...) from the host waits for the GPU's queue to empty)."""
-    return torch.tensor(values).to(device, non_blocking=True)
+    torch.tensor(..., device=...) from the host waits for the GPU's queue to empty; so may a copy from pageable
+    memory: on CUDA it is staged in pinned memory, which the copy holds until it is done)."""
+    x = torch.tensor(values)
+    return (x.pin_memory() if device.type == "cuda" else x).to(device, non_blocking=True)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
