@@ -49,8 +49,8 @@ class Search(Protocol):
 
     def read(self) -> list[bool]:
         """The host's read of the device: whether each row's item has ended. A search whose read is that alone
-        may also give `ended_rows()`, the same flags on the device (a bool tensor), which the schedule then reads behind
-        the next steps (`Behind`)."""
+        may also give `ended_rows()`, the same flags on the device (a bool tensor), which the schedule then reads
+        behind the next steps (`Behind`)."""
 
     def retire(self, rows: list[int]) -> None:
         """The items of `rows` have ended: keep their output (before their rows leave or are taken)."""
