@@ -186,10 +186,10 @@ static __attribute__((target("avx2,fma"))) void norm_row(const float *x, float *
     for (int64_t j = n8; j < n; j++) lane[j % 8] += (x[j] - mean) * (x[j] - mean);
     const float rstd = 1.0f / sqrtf(sum8(lane) / n + eps);
     const __m256 rv = _mm256_set1_ps(rstd);
-    for (int64_t j = 0; j < n8; j += 8)
-        _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv), rv),
-                                                            _mm256_loadu_ps(ln + j)),
-                                              _mm256_loadu_ps(ln + n + j)));
+    for (int64_t j = 0; j < n8; j += 8) {
+        const __m256 z = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv), rv);
+        _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_mul_ps(z, _mm256_loadu_ps(ln + j)), _mm256_loadu_ps(ln + n + j)));
+    }
     for (int64_t j = n8; j < n; j++) y[j] = (x[j] - mean) * rstd * ln[j] + ln[n + j];
 }
 
@@ -301,7 +301,8 @@ static inline __attribute__((always_inline, target("avx2,fma"))) void dots_trans
     }
     for (int64_t d = 0; d < dh; d++) {
         const __m256 qd = _mm256_set1_ps(q[d]);
-        for (int b = 0; b < nb; b++) acc[b] = _mm256_fmadd_ps(qd, _mm256_maskload_ps(k + d * kd + 8 * b, in[b]), acc[b]);
+        for (int b = 0; b < nb; b++)
+            acc[b] = _mm256_fmadd_ps(qd, _mm256_maskload_ps(k + d * kd + 8 * b, in[b]), acc[b]);
     }
     for (int b = 0; b < nb; b++) _mm256_storeu_ps(out + 8 * b, acc[b]);
 }
