@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+THROUGHPUT_MIN = 20000  # sentences a figure needs to be a throughput, not a start-up figure
 
 
 def synced(device: torch.device):
@@ -53,14 +54,15 @@ def synced(device: torch.device):
         torch.cuda.synchronize(device)
 
 
-def best_time(fn, warm, repeats: int, device: torch.device):
-    """warm() once untimed, then the best of `repeats` timed fn() calls; returns (seconds, the last output)."""
-    warm()
+def best_time(fn, inputs, warm_inputs, repeats: int, device: torch.device):
+    """fn(warm_inputs) once untimed, then the best of `repeats` timed fn(inputs) calls; returns (seconds, the last
+    output)."""
+    fn(warm_inputs)
     times = []
     for _ in range(repeats):
         synced(device)
         t0 = time.perf_counter()
-        out = fn()
+        out = fn(inputs)
         synced(device)
         times.append(time.perf_counter() - t0)
     return min(times), out
@@ -114,7 +116,8 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--max-len", type=int, default=100, help="new tokens per sentence, at most")
     p.add_argument("--split", default="train", help="the Multi30k split translated (train, valid, test2016)")
-    p.add_argument("--sentences", type=int, default=20000, help="its first N lines (0: all; under 20,000: a check)")
+    p.add_argument("--sentences", type=int, default=THROUGHPUT_MIN,
+                   help=f"its first N lines (0: all; under {THROUGHPUT_MIN:,}: a check)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--out", default=str(RESULTS / "gpu_translate_speed"))
     args = p.parse_args()
@@ -162,14 +165,12 @@ def main() -> None:
         for bs in args.batch_sizes:
             opts = dict(beam_size=beam, batch_size=bs, max_tokens=10**9, len_penalty=0.0, max_len_a=0.0,
                         max_len_b=args.max_len)
-            t_tfcli, hyps_tfcli = best_time(lambda: translator.translate(lines, **opts),
-                                            lambda: translator.translate(warm_lines, **opts), args.repeats, device)
-            t_eager, hyps_eager = best_time(lambda: eager.translate(lines, **opts, check_every=1),
-                                            lambda: eager.translate(warm_lines, **opts, check_every=1), args.repeats,
-                                            device)
-            t_hf, ids_hf = best_time(lambda: hf_translate(hf, src_ids, beam, bs, args.max_len, device),
-                                     lambda: hf_translate(hf, warm_ids, beam, bs, args.max_len, device), args.repeats,
-                                     device)
+            t_tfcli, hyps_tfcli = best_time(lambda x: translator.translate(x, **opts), lines, warm_lines,
+                                            args.repeats, device)
+            t_eager, hyps_eager = best_time(lambda x: eager.translate(x, **opts, check_every=1), lines, warm_lines,
+                                            args.repeats, device)
+            t_hf, ids_hf = best_time(lambda x: hf_translate(hf, x, beam, bs, args.max_len, device), src_ids,
+                                     warm_ids, args.repeats, device)
             hyps_hf = decode_batch(tgt_tok, ids_hf)
             row = {"beam": beam, "batch_size": bs}
             for name, t, hyps in (("tfcli", t_tfcli, hyps_tfcli), ("tfcli_eager", t_eager, hyps_eager),
@@ -197,11 +198,11 @@ def main() -> None:
         "max_new_tokens": args.max_len,
         "repeats": args.repeats, "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "runs": runs,
-        "check_only": len(lines) < 20000 or device.type != "cuda", "profile": profile.name,
+        "check_only": len(lines) < THROUGHPUT_MIN or device.type != "cuda", "profile": profile.name,
     }
     md = [
         f"# Translation speed on {res['device']}: tfcli and Hugging Face generate", "",
-        *(["**A check that the script runs (a CPU, or under 20,000 sentences), not a measurement.**", ""]
+        *([f"**A check that the script runs (a CPU, or under {THROUGHPUT_MIN:,} sentences), not a measurement.**", ""]
           if res["check_only"] else []),
         f"Multi30k {args.split} {res['pair']}, the first {len(lines)} sentences; {args.dtype}; alpha 0, at most "
         f"{args.max_len} new tokens; best of {args.repeats} after an untimed pass over {len(warm_lines)} of them; "
