@@ -86,6 +86,7 @@ SEQ2SEQ_VARIANTS = {
     "rmsnorm, swiglu": dict(rms_norm=True, activation="swiglu"),
     "rmsnorm post-norm, geglu, no bias": dict(rms_norm=True, norm="post", activation="geglu", bias=False),
     "grouped-query attention": dict(n_kv_head=2),
+    "silu (classic OPUS-MT), post-norm, output bias": dict(activation="silu", norm="post", output_bias=True),
     "multi-query attention, rmsnorm, swiglu": dict(n_kv_head=1, rms_norm=True, activation="swiglu"),
 }
 LM_VARIANTS = {
@@ -170,6 +171,7 @@ HF_VARIANTS = {
     "marian, shared": ("MarianMTModel", dict(norm="post", share_embeddings=True)),
     "marian, separate, untied, output bias, no bias": (
         "MarianMTModel", dict(norm="post", share_embeddings=False, tie_output=False, output_bias=True, bias=False)),
+    "marian, silu (classic OPUS-MT)": ("MarianMTModel", dict(norm="post", share_embeddings=True, activation="silu")),
     "pegasus": ("PegasusForConditionalGeneration", dict(norm="pre", share_embeddings=True, activation="gelu")),
     "gpt2": ("GPT2LMHeadModel", dict()),
     "gpt2, tanh gelu, untied": ("GPT2LMHeadModel", dict(activation="gelu_tanh", tie_output=False)),
@@ -319,7 +321,9 @@ def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
     (tmp_path / "pickled" / "config.json").write_text('{"model_type": "gpt2", "n_embd": 8, "n_head": 2, "n_layer": 1, '
                                                       '"n_positions": 8, "vocab_size": 10}')
     (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
-    cases.append((("import", tmp_path / "pickled", "-o", tmp_path / "out"), "pytorch_model.bin is a pickle"))
+    cases.append((("import", tmp_path / "pickled", "-o", tmp_path / "out"),
+                  "pytorch_model.bin is a pickle, which tfcli never loads; write safetensors beside it with "
+                  "transformers: python -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained("))
     before = sorted(p.name for p in tmp_path.iterdir())
     for args, message in cases:
         code, stderr = tfcli_here(*args)

@@ -45,7 +45,8 @@ def full_logits(model, src_row: torch.Tensor, prefix: list[int]) -> torch.Tensor
      dict(activation="geglu", norm="post"), dict(packed=True, rms_norm=True, activation="relu2"),
      dict(packed=True, activation="swiglu"), dict(qk_norm=True), dict(packed=True, qk_norm=True, rms_norm=True),
      dict(n_kv_head=2), dict(packed=True, n_kv_head=1, qk_norm=True, norm="post"), dict(static=True),
-     dict(static=True, norm="post", n_kv_head=2, positions="learned"), dict(static=True, packed=True, qk_norm=True)],
+     dict(static=True, norm="post", n_kv_head=2, positions="learned"), dict(static=True, packed=True, qk_norm=True),
+     dict(packed=True, activation="silu", norm="post"), dict(activation="silu", static=True)],
 )
 def test_beams_reordered_and_sentences_leaving_match_the_full_forward(overrides):
     model, sm = model_for(**overrides)
@@ -682,7 +683,8 @@ def test_the_one_call_layers_run_only_where_every_layer_is_on_the_kernels():
     if native.layers_kernel() is None or not onednn_available():
         pytest.skip("no C kernels here")
     for overrides, fused in ((dict(), True), (dict(activation="relu2"), True), (dict(activation="gelu"), False),
-                             (dict(rms_norm=True), False), (dict(activation="swiglu"), False)):
+                             (dict(rms_norm=True), False), (dict(activation="swiglu"), False),
+                             (dict(activation="silu"), False)):
         _, sm = model_for(packed=True, **overrides)
         assert (sm.layer_args is not None) == fused, overrides
     lm = build_model(preset("lm-toy", tgt_vocab_size=V, d_model=32, n_head=4, positions="rope")).eval()

@@ -29,6 +29,13 @@ def vocab_list(tok: dict) -> list[str]:
     return tokens
 
 
+def plain_name(token: str, hf_id: int) -> str:
+    """The name an ordinary entry spelled like one of tfcli's special tokens takes (OPUS-MT tc-big's vocabularies
+    hold `<s>` as a plain row, which its SentencePiece models never produce from text): its row and scores are kept,
+    under a name that no text matches as a special token."""
+    return f"{token[:-1]}|{hf_id}>"
+
+
 def reorder_vocabulary(tok: dict, special: dict[int, int | None], path: Path) -> tuple[dict, list[int]]:
     """tfcli's tokenizer.json and `order` (tfcli id -> HF id, -1 for a new row): the specials at tfcli's ids with
     tfcli's names, then every other token in HF order."""
@@ -39,9 +46,9 @@ def reorder_vocabulary(tok: dict, special: dict[int, int | None], path: Path) ->
     if order == list(range(len(tokens))) and tokens[: len(SPECIAL_TOKENS)] == SPECIAL_TOKENS:
         return tok, order  # already tfcli's layout (a tfcli export)
     new = [SPECIAL_TOKENS[i] if i < len(SPECIAL_TOKENS) else tokens[h] for i, h in enumerate(order)]
-    clash = [t for t in new[len(SPECIAL_TOKENS):] if t in SPECIAL_TOKENS]
-    if clash:
-        raise TfcliError(f"{path}: the token '{clash[0]}' is a plain token there but a special token in tfcli")
+    for i in range(len(SPECIAL_TOKENS), len(new)):
+        if new[i] in SPECIAL_TOKENS:
+            new[i] = plain_name(new[i], order[i])
     tok = json.loads(json.dumps(tok))
     model = tok["model"]
     if model["type"] == "Unigram":

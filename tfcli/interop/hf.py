@@ -89,7 +89,7 @@ def hf_arch(cfg: ModelConfig) -> str:
     if cfg.layer_norm_eps != LAYER_NORM_EPS:
         refuse(f"model.layer_norm_eps {cfg.layer_norm_eps:g}", f"Marian and Pegasus use {LAYER_NORM_EPS:g}")
     if cfg.activation == "gelu_tanh":
-        refuse("model.activation gelu_tanh", "exported translation models use relu or gelu")
+        refuse("model.activation gelu_tanh", "exported translation models use relu, gelu or silu")
     if cfg.norm == "post":
         return "marian"
     if not cfg.share_embeddings:
@@ -262,7 +262,7 @@ def _linear_bias(name: str) -> bool:
 
 def hf_config(cfg: ModelConfig, arch: str):
     tr = _transformers()
-    act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}[cfg.activation]
+    act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "swish"}[cfg.activation]
     common = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=cfg.tie_output)
     if arch == "gpt2":
         return tr.GPT2Config(

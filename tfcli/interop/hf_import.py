@@ -18,7 +18,8 @@ from tfcli.model.config import ModelConfig
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 SUPPORTED = {"marian": "marian", "pegasus": "pegasus", "gpt2": "gpt2"}
-_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                "swish": "silu", "silu": "silu"}
 
 
 _OPENED = ("config.json", "tokenizer.json", "target_tokenizer.json", "source.spm", "target.spm", "vocab.json")
@@ -101,7 +102,10 @@ def _weight_headers(hf_dir: Path) -> dict[str, tuple[str, tuple[int, ...], Path]
     files = sorted(hf_dir.glob("model*.safetensors"))
     if not files:
         pickled = [p.name for p in hf_dir.glob("*.bin")]
-        hint = f" ({pickled[0]} is a pickle, which tfcli never loads: re-save with safe_serialization)" if pickled else ""
+        hint = (f" ({pickled[0]} is a pickle, which tfcli never loads; write safetensors beside it with transformers: "
+                f"python -c \"import transformers as t; t.AutoModel{'ForCausalLM' if _is_lm(hf_dir) else 'ForSeq2SeqLM'}"
+                f".from_pretrained('{hf_dir}').save_pretrained('{hf_dir}', safe_serialization=True)\")"
+                if pickled else "")
         raise TfcliError(f"{hf_dir}: no model.safetensors{hint}")
     out: dict[str, tuple[str, tuple[int, ...], Path]] = {}
     for f in files:
@@ -116,6 +120,13 @@ def _weight_headers(hf_dir: Path) -> dict[str, tuple[str, tuple[int, ...], Path]
         if dtype not in _FLOATS:
             raise TfcliError(f"{f}: tensor {name} is {dtype}; model weights are floating point")
     return out
+
+
+def _is_lm(hf_dir: Path) -> bool:
+    try:
+        return json.loads((hf_dir / "config.json").read_text(encoding="utf-8")).get("model_type") == "gpt2"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _layer_count(headers: dict, prefix: str) -> int:

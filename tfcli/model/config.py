@@ -30,8 +30,9 @@ class ModelConfig:
     dropout: float = 0.1  # on embeddings, sublayer outputs (before the residual add) and inside the FFN
     attn_dropout: float = 0.0  # on the attention weights
     # the FFN's activation. gelu_tanh: GELU's tanh approximation (GPT-2); relu2: ReLU(x)^2 (Primer, modded-nanogpt);
-    # swiglu / geglu: gated, w2(act(w1 x) * w3 x) with SiLU / GELU (Shazeer 2020; three d_model x d_ff matrices)
-    activation: Literal["relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu"] = "relu"
+    # silu: x * sigmoid(x), "swish" (classic OPUS-MT); swiglu / geglu: gated, w2(act(w1 x) * w3 x) with SiLU / GELU
+    # (Shazeer 2020; three d_model x d_ff matrices)
+    activation: Literal["relu", "gelu", "gelu_tanh", "relu2", "silu", "swiglu", "geglu"] = "relu"
     norm: Literal["pre", "post"] = "pre"  # post: LN(x + sublayer(x)) as in 2017; pre: x + sublayer(LN(x))
     rms_norm: bool = False  # RMSNorm (x / rms(x) * g: no mean, no bias; Zhang & Sennrich 2019) for every LayerNorm
     zero_init_residual: bool = False  # attention-out and FFN-out projections start at zero (each block the identity)

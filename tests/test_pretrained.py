@@ -1,0 +1,93 @@
+"""Published OPUS-MT models imported exactly: `transformers.MarianMTModel` built from the real `config.json` of each
+family in ../shared/models (random weights: the real ones cannot be downloaded here), saved with safetensors beside
+the real tokenizer files; `tfcli import` then tfcli's search must give the token ids that transformers' `generate`
+gives, greedy and beam 4 (length penalty 0), at batch 32 and 1, on Multi30k sentences."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tfcli.interop.hf_import import import_model
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT.parent / "shared" / "models"
+CAP = 12  # output tokens; a random model rarely ends, so every hypothesis is cut here, as transformers cuts it
+FAMILIES = {
+    # name: (directory, layers kept (None: the real depth), the target-language tag the model needs)
+    "classic": ("opus-mt-en-mg", None, None),
+    "tc-big": ("opus-mt-tc-big-en-pt", 1, "por"),
+}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(transformers model, its MarianTokenizer, the imported checkpoint, the target-language tag, the sources)."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("sentencepiece")
+    name, layers, tag = FAMILIES[request.param]
+    real = MODELS / name
+    data = ROOT.parent / "shared" / "data" / "multi30k" / "test2016.en"
+    if not real.is_dir() or not data.is_file():
+        pytest.skip(f"{real} or {data} not present")
+    d = tmp_path_factory.mktemp(request.param) / "hf"
+    d.mkdir()
+    for f in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json"):
+        shutil.copy(real / f, d / f)
+    cfg = transformers.MarianConfig.from_pretrained(real)
+    if layers is not None:  # the real widths and vocabulary, fewer layers for the test's time
+        cfg.encoder_layers = cfg.decoder_layers = layers
+    torch.manual_seed(0)
+    hf = transformers.MarianMTModel(cfg).eval()
+    with torch.no_grad():  # weights larger than the init's, so that each sentence gets its own output
+        for n, p in hf.named_parameters():
+            if p.dim() == 2 and "embed_positions" not in n:  # (the sinusoidal table is computed, not learned)
+                p.normal_(0, 0.1)
+            elif n.endswith("bias"):
+                p.normal_(0, 0.1)
+        hf.final_logits_bias.normal_(0, 0.5)
+    hf.save_pretrained(d)
+    import_model(d, d.parent / "ckpt")
+    tok = transformers.MarianTokenizer.from_pretrained(d)
+    lines = data.read_text(encoding="utf-8").splitlines()[:32]
+    return hf, tok, d.parent / "ckpt", tag, lines
+
+
+def _theirs(hf, tok, lines, tag, beam):
+    """transformers' outputs as token strings, the decoder start and </s> left out."""
+    enc = tok([f">>{tag}<< {line}" if tag else line for line in lines], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf.generate(**enc, num_beams=beam, max_new_tokens=CAP, length_penalty=0.0, early_stopping=True,
+                          do_sample=False, forced_eos_token_id=None)
+    ends = (hf.config.eos_token_id, hf.config.pad_token_id)
+    return [tok.convert_ids_to_tokens([i for i in row.tolist()[1:] if i not in ends]) for row in out]
+
+
+def test_imported_models_translate_as_transformers_generates(family):
+    from tfcli.api import load
+
+    hf, tok, ckpt, tag, lines = family
+    ours = load(str(ckpt))
+    opts = dict(len_penalty=0, max_len_a=0, max_len_b=CAP, raw=True, **({"tgt_lang": tag} if tag else {}))
+    for beam in (1, 4):
+        theirs = _theirs(hf, tok, lines, tag, beam)
+        assert len({tuple(t) for t in theirs}) > 8  # the sentences' outputs differ: the source matters
+        assert [t.split() for t in ours.translate(lines, beam_size=beam, batch_size=32, **opts)] == theirs
+        for line, want in zip(lines[:3], theirs):  # batch 1, against transformers' batch 1
+            assert _theirs(hf, tok, [line], tag, beam)[0] == want
+            assert ours.translate([line], beam_size=beam, batch_size=1, **opts)[0].split() == want
+
+
+def test_imported_tokenizers_cut_sources_as_marian_tokenizer(family):
+    from tfcli import checkpoint, checkpoint_meta
+
+    hf, tok, ckpt, tag, lines = family
+    src = checkpoint.tokenizer(checkpoint_meta.read_meta(ckpt), "src")
+    for line in lines + ["  a dog   runs  ", "ﬁne ＡＢＣ qué ™"]:
+        want = tok.convert_ids_to_tokens(tok(line).input_ids[:-1])  # MarianTokenizer appends </s>; tfcli's batching does
+        assert [src.id_to_token(i) for i in src.encode(line, add_special_tokens=False).ids] == want, line
