@@ -91,3 +91,54 @@ def test_imported_tokenizers_cut_sources_as_marian_tokenizer(family):
     for line in lines + ["  a dog   runs  ", "ﬁne ＡＢＣ qué ™"]:
         want = tok.convert_ids_to_tokens(tok(line).input_ids[:-1])  # MarianTokenizer appends </s>; tfcli's batching does
         assert [src.id_to_token(i) for i in src.encode(line, add_special_tokens=False).ids] == want, line
+
+
+
+@pytest.fixture(scope="module")
+def ct2_export(family, tmp_path_factory):
+    """(the CTranslate2 translator of the imported model, each source line as tfcli's pieces, with the tag first)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from tfcli import checkpoint, checkpoint_meta
+    from tfcli.interop.exporter import export
+
+    _, _, ckpt, tag, lines = family
+    out = tmp_path_factory.mktemp("ct2") / "ct2"
+    export(ckpt, "ctranslate2", out)
+    src = checkpoint.tokenizer(checkpoint_meta.read_meta(ckpt), "src")
+    pieces = [([f">>{tag}<<"] if tag else []) + [src.id_to_token(i) for i in src.encode(line, add_special_tokens=False).ids]
+              for line in lines]
+    return ctranslate2.Translator(str(out)), pieces
+
+
+def test_the_ctranslate2_export_of_an_imported_model_translates_as_transformers(family, ct2_export):
+    hf, tok, _, tag, lines = family
+    translator, pieces = ct2_export
+    for beam in (1, 4):
+        res = translator.translate_batch(pieces, beam_size=beam, length_penalty=0, max_decoding_length=CAP)
+        assert [r.hypotheses[0] for r in res] == _theirs(hf, tok, lines, tag, beam)
+
+
+def test_ctranslate2s_attention_is_the_one_tfcli_aligns_with(family, ct2_export):
+    """CTranslate2's return_attention gives the cross-attention `tfcli translate --alignment` reads: the default
+    alignment layer (the penultimate), every head averaged."""
+    from tfcli import checkpoint
+    from tfcli.generate.alignment import default_layer
+    from tfcli.specials import BOS_ID, EOS_ID
+
+    _, _, ckpt, _, _ = family
+    translator, pieces = ct2_export
+    model, meta = checkpoint.load(ckpt)
+    src_tok, tgt_tok = checkpoint.tokenizer(meta, "src"), checkpoint.tokenizer(meta, "tgt")
+    layer = default_layer(model.cfg.n_decoder_layers)
+    res = translator.translate_batch(pieces[:4], beam_size=1, max_decoding_length=CAP, return_attention=True)
+    for p, r in zip(pieces, res):
+        src = torch.tensor([[src_tok.token_to_id(t) for t in p] + [EOS_ID]])
+        tgt = torch.tensor([[BOS_ID] + [tgt_tok.token_to_id(t) for t in r.hypotheses[0]]])
+        attn = {"encoder": [], "self": [], "cross": []}
+        with torch.no_grad():
+            memory, mask = model.encode(src, attn_out=attn)
+            model.decode(tgt[:, :-1], memory, mask, attn_out=attn)
+        ours = attn["cross"][layer - 1].float().mean(1)[0, :, :-1]  # (CTranslate2 leaves out the source's </s>)
+        theirs = torch.tensor(r.attention[0])
+        assert theirs.shape == ours.shape
+        assert torch.allclose(theirs, ours, atol=1e-4)

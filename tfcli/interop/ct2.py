@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from tfcli.errors import TfcliError
+from tfcli.generate.alignment import default_layer
 from tfcli.model.config import ModelConfig
 from tfcli.model.layers import GATED
 from tfcli.model.norm import RMSNorm
@@ -125,7 +126,11 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
         if cfg.kind == "seq2seq":
             spec = transformer_spec.TransformerSpec(
                 transformer_spec.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_head, **options),
-                transformer_spec.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.n_head, **options),
+                # return_attention gives what `tfcli translate --alignment` aligns with by default: the
+                # penultimate decoder layer's cross-attention, every head averaged
+                transformer_spec.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.n_head, **options,
+                                                        alignment_layer=default_layer(cfg.n_decoder_layers) - 1,
+                                                        alignment_heads=cfg.n_head),
             )
             enc = model.encoder
             spec.encoder.embeddings[0].weight = _np(enc.embed.tok.weight)
