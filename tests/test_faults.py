@@ -208,6 +208,51 @@ def test_a_signal_whose_keyboardinterrupt_was_lost_still_stops_every_commit(tmp_
     assert exit.value.exit_code == errors.EXIT_INTERRUPTED
 
 
+@pytest.mark.parametrize("error", [AttributeError("module 'numpy' has no attribute 'void'"), TfcliError("x: bad"),
+                                   OSError(5, "Input/output error")])
+def test_an_error_after_a_lost_interrupt_is_the_interrupt(monkeypatch, capsys, error):
+    """A KeyboardInterrupt lost inside a lazy import leaves a half-made module behind, and the command fails on it
+    later: that failure is the interrupt's, so it ends in 130 with `interrupted`, not an internal error."""
+    import typer
+
+    from tfcli.cli import run
+
+    def command():
+        try:
+            errors.interrupt(2, None)  # SIGINT's handler, inside an import ...
+        except KeyboardInterrupt:
+            pass  # ... which lost its exception
+        raise error
+
+    monkeypatch.setattr(errors, "_signalled", None)
+    with pytest.raises(typer.Exit) as exit:
+        run(command)
+    assert exit.value.exit_code == errors.EXIT_INTERRUPTED
+    assert capsys.readouterr().err.strip() == "interrupted"
+
+
+@pytest.mark.slow
+def test_sigint_while_export_imports_its_libraries_exits_130_and_writes_nothing(copier, tmp_path):
+    """SIGINT at moments spread over `tfcli export --to ctranslate2`'s start (its lazy imports of torch, numpy,
+    ctranslate2): every run ends in 130 (or 0 when the export had finished), never an internal error, and an
+    interrupted one leaves no output."""
+    import signal
+    import time
+
+    pytest.importorskip("ctranslate2")
+    for i, delay in enumerate((0.3, 0.6, 0.9, 1.2, 1.6, 2.0, 2.5)):
+        out = tmp_path / f"ct2-{i}"
+        proc = subprocess.Popen([sys.executable, "-m", "tfcli", "export", str(copier), "--to", "ctranslate2",
+                                 "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode in (0, 130), (delay, stderr)
+        assert "internal error" not in stderr and "Traceback" not in stderr, (delay, stderr)
+        if proc.returncode == 130:
+            assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(out.name)] == []
+
+
 # --- a real limit on file size (RLIMIT_FSIZE: the kernel refuses the write, as a full disk does) -----------------
 
 

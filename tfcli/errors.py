@@ -58,7 +58,12 @@ def interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def was_interrupted() -> bool:
+    """Whether `interrupt` has seen a signal (even one whose exception was lost)."""
+    return _signalled is not None
+
+
 def raise_if_interrupted() -> None:
     """Raise KeyboardInterrupt if `interrupt` has seen a signal (even one whose exception was lost)."""
-    if _signalled is not None:
+    if was_interrupted():
         raise KeyboardInterrupt

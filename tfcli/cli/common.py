@@ -15,7 +15,7 @@ from rich.markup import escape
 import tfcli
 from tfcli import console
 from tfcli.console import info  # noqa: F401  (the commands' one way to print a line for the user)
-from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, raise_if_interrupted
+from tfcli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TfcliError, raise_if_interrupted, was_interrupted
 from tfcli.generate.config import TranslateConfig
 from tfcli.train.config import TrainConfig
 
@@ -99,15 +99,15 @@ def run(fn, *args, **kwargs):
         result = fn(*args, **kwargs)
         raise_if_interrupted()  # a signal whose KeyboardInterrupt was lost in C code still ends in status 130
         return result
-    except TfcliError as e:
-        if debug_enabled():
-            raise
-        fail(str(e), e.exit_code)
     except KeyboardInterrupt:
         if debug_enabled():
             raise
-        print("interrupted", file=sys.stderr)
-        raise typer.Exit(EXIT_INTERRUPTED)
+        _exit_interrupted()
+    except TfcliError as e:
+        if debug_enabled():
+            raise
+        _interrupted_first()
+        fail(str(e), e.exit_code)
     except BrokenPipeError:
         # downstream closed the pipe (`| head`): stop quietly, like other Unix tools
         try:
@@ -120,16 +120,30 @@ def run(fn, *args, **kwargs):
     except OSError as e:  # the environment: permissions, a full disk, a file that vanished
         if debug_enabled():
             raise
+        _interrupted_first()
         fail(f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e))
     except Exception as e:
         if debug_enabled():
             raise
+        _interrupted_first()
         if _out_of_memory(e):
             size = re.search(r"allocate (\d+) bytes", str(e))
             tried = f" (tried to allocate {int(size.group(1)) / 2**30:.1f} GiB)" if size else ""
             fail(f"out of memory{tried}; use a smaller model or lower --batch-size / --max-tokens")
         first = (str(e).strip().splitlines() or [""])[0]
         fail(f"internal error: {type(e).__name__}: {first} (run with --debug for the traceback, and please report it)")
+
+
+def _exit_interrupted() -> None:
+    print("interrupted", file=sys.stderr)
+    raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _interrupted_first() -> None:
+    """An error after a signal is its consequence (a KeyboardInterrupt lost inside a lazy import leaves a half-made
+    module, e.g. numpy without `void`): the command was interrupted, and says so."""
+    if was_interrupted():
+        _exit_interrupted()
 
 
 def refuse_unused(ctx: typer.Context, names, why: str) -> None:
