@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/translate_speed.py [--threads N] [--checkpoint CKPT] [--peer-checkpoint CKPT]
 
 (1) Synthetic: a randomly initialised tfcli model shaped like the `small` preset (d_model 256, 6+6 layers, 4 heads,
-    FFN 1024, vocabulary 8000, shared and tied embeddings, post-norm, ReLU, sinusoidal positions), exported with
+    FFN 1024, vocabulary 8000; --arch base --vocab 58000: the OPUS-MT base shape, as CTranslate2's own benchmark;
+    --int8 adds tfcli --dtype int8 and CTranslate2 int8), shared and tied embeddings, post-norm, ReLU, sinusoidal positions), exported with
     `tfcli export` (tfcli/interop) to a `transformers` MarianMTModel and a CTranslate2 float32 model, as a user's
     export is (checked: the same logits as tfcli, recorded). All three decode the same source batches with the same
     beam size, batch size and threads, and a FORCED output length (no </s> before L tokens, stop at L), so they do the same
@@ -81,14 +82,14 @@ class TfcliRunner:
 
     name = "tfcli"
 
-    def __init__(self, ckpt: str, vocab: list[str], lines: dict | None = None):
+    def __init__(self, ckpt: str, vocab: list[str], lines: dict | None = None, dtype: str = "fp32"):
         """`vocab`: the target tokens by id; `lines`: each source's text by its token ids (a tuple), for a subword
         model, whose tokens joined by spaces are not its input (without: the word-level synthetic model's words)."""
         import tfcli
         from tfcli.runtime import tune_process
 
         tune_process("cpu")
-        self.translator = tfcli.load(ckpt, device="cpu")
+        self.translator = tfcli.load(ckpt, device="cpu", dtype=dtype)
         self.vocab, self.index, self.lines = vocab, {t: i for i, t in enumerate(vocab)}, lines
 
     def run(self, batches, beam, length, alpha, forced=True):
@@ -130,10 +131,10 @@ class HFRunner:
 class CT2Runner:
     name = "ct2"
 
-    def __init__(self, path, vocab, threads):
+    def __init__(self, path, vocab, threads, compute_type="float32"):
         import ctranslate2
 
-        self.translator = ctranslate2.Translator(str(path), device="cpu", compute_type="float32",
+        self.translator = ctranslate2.Translator(str(path), device="cpu", compute_type=compute_type,
                                                  intra_threads=threads, inter_threads=1)
         self.vocab = vocab
         self.index = {t: i for i, t in enumerate(vocab)}
@@ -155,11 +156,16 @@ def hf_runner(directory: str) -> HFRunner:
 
 
 def start_runners(ckpt: Path, hf_dir: Path, ct2_dir: Path, vocab: list[str], threads: int,
-                  lines: dict | None = None) -> list:
-    """tfcli, HF and CT2, each in a process of its own (benchmarks/common.py: Isolated says why)."""
-    return [Isolated("tfcli", TfcliRunner, str(ckpt), vocab, lines, threads=threads),
-            Isolated("hf", hf_runner, str(hf_dir), threads=threads),
-            Isolated("ct2", CT2Runner, str(ct2_dir), vocab, threads, threads=threads)]
+                  lines: dict | None = None, int8: bool = False) -> list:
+    """tfcli, HF and CT2 (with `int8`, tfcli --dtype int8 and CTranslate2 int8 too), each in a process of its own
+    (benchmarks/common.py: Isolated says why)."""
+    runners = [Isolated("tfcli", TfcliRunner, str(ckpt), vocab, lines, threads=threads),
+               Isolated("hf", hf_runner, str(hf_dir), threads=threads),
+               Isolated("ct2", CT2Runner, str(ct2_dir), vocab, threads, threads=threads)]
+    if int8:
+        runners += [Isolated("tfcli_int8", TfcliRunner, str(ckpt), vocab, lines, "int8", threads=threads),
+                    Isolated("ct2_int8", CT2Runner, str(ct2_dir), vocab, threads, "int8", threads=threads)]
+    return runners
 
 
 def _until_eos(ids: list[int]) -> list[int]:
@@ -195,6 +201,9 @@ def compare(runners, batches, beam, length, alpha, repeats, forced=True) -> tupl
     for r in runners[1:]:
         res[r.name]["same_output_as_tfcli"] = sum(a == b for a, b in zip(ref, outputs[r.name])) / n
         res[f"tfcli_over_{r.name}"] = res["tfcli"]["sent_per_s"] / res[r.name]["sent_per_s"]
+    if "tfcli_int8" in outputs:
+        for peer in ("tfcli", "hf", "ct2_int8"):
+            res[f"tfcli_int8_over_{peer}"] = res["tfcli_int8"]["sent_per_s"] / res[peer]["sent_per_s"]
     return res, outputs
 
 
@@ -203,8 +212,8 @@ def compare(runners, batches, beam, length, alpha, repeats, forced=True) -> tupl
 
 def synthetic(args, tmp: Path) -> dict:
     torch.manual_seed(0)
-    cfg = preset("small", src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, norm="post", dropout=0.0,
-                 share_embeddings=True, tie_output=True, max_len=512)
+    cfg = preset(args.arch, src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, norm="post", dropout=0.0,
+                 share_embeddings=True, tie_output=True, max_len=512, activation=args.activation)
     model = build_model(cfg).eval()
     vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(len(SPECIAL_TOKENS), args.vocab)]
     hf_dir, ct2_dir = export_peers(model, vocab, tmp)
@@ -212,8 +221,9 @@ def synthetic(args, tmp: Path) -> dict:
     rng = np.random.default_rng(0)
     lengths = rng.integers(args.src_len - 5, args.src_len + 6, size=args.sentences)
     sents = sorted(([int(t) for t in rng.integers(4, args.vocab, size=n)] for n in lengths), key=len)
-    runners = start_runners(tmp / "ckpt", hf_dir, ct2_dir, vocab, args.threads)
-    out = {"model": "small-shaped random seq2seq, post-norm, 6+6 x 256, ffn 1024, 4 heads, vocab %d" % args.vocab,
+    runners = start_runners(tmp / "ckpt", hf_dir, ct2_dir, vocab, args.threads, int8=args.int8)
+    out = {"model": f"{args.arch}-shaped random seq2seq, post-norm, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} x "
+                    f"{cfg.d_model}, ffn {cfg.d_ff}, {cfg.n_head} heads, {cfg.activation}, vocab {args.vocab}",
            "max_logit_difference_tfcli_vs_marian": diff, "sentences": len(sents),
            "mean_src_len_with_eos": float(np.mean([len(s) + 1 for s in sents])), "runs": []}
     for bs in args.batch_sizes:
@@ -348,6 +358,17 @@ def markdown(res: dict) -> str:
                for name, r in ((f"beam {res['beam']}", b), ("greedy", g))]
         lines.append(f"- batch size {run['batch_size']}: tfcli/CT2 {', '.join(ct2)}; tfcli/HF beam {res['beam']} "
                      f"**{b['tfcli_over_hf']:.2f}** ({'met' if b['tfcli_over_hf'] >= HF_TARGET else 'NOT met'})")
+    int8 = [(run["batch_size"], run[key]) for run in syn["runs"] for key in (f"beam{res['beam']}", "beam1")
+            if "tfcli_int8" in run[key]]
+    if int8:
+        lines += ["", "int8 (tfcli `--dtype int8`, CTranslate2 `compute_type=int8`), the same runs:", "",
+                  "| batch size | decoding | tfcli int8 sent/s | CT2 int8 sent/s | tfcli int8 / CT2 int8 | "
+                  "tfcli int8 / tfcli fp32 | tfcli int8 / HF |", "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for bs, r in int8:
+            name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+            lines.append(f"| {bs} | {name} | {r['tfcli_int8']['sent_per_s']:.1f} | {r['ct2_int8']['sent_per_s']:.1f} | "
+                         f"{r['tfcli_int8_over_ct2_int8']:.2f}x | {r['tfcli_int8_over_tfcli']:.2f}x | "
+                         f"{r['tfcli_int8_over_hf']:.2f}x |")
     load = f"at start {res['load_average_at_start']}, at end {res['load_average_at_end']}"
     lines += ["", f"Max logit difference tfcli vs its transformers export: {syn['max_logit_difference_tfcli_vs_marian']:.1e}. "
               f"Load average (1, 5, 15 min) {load}: the machine may have been shared.", ""]
@@ -400,6 +421,10 @@ def main():
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--arch", default="small", help="the synthetic model's preset (base: the OPUS-MT base shape)")
+    p.add_argument("--activation", default="relu", help="the synthetic model's FFN activation (silu: OPUS-MT's swish)")
+    p.add_argument("--int8", action="store_true", help="also tfcli --dtype int8 and CTranslate2 int8 (synthetic part)")
+    p.add_argument("--skip-real", action="store_true", help="the synthetic part only")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--real-repeats", type=int, default=None,
                    help="interleaved runs of the Multi30k side-by-side part (default: --repeats; its runs are short, "
@@ -428,9 +453,12 @@ def main():
     }
     with tempfile.TemporaryDirectory() as tmp:
         res["synthetic"] = synthetic(args, Path(tmp))
-    with tempfile.TemporaryDirectory() as tmp:
-        res["real_peers"] = real_peers(args, Path(tmp))
-    res["real"] = real(args)
+    if args.skip_real:
+        res["real_peers"] = res["real"] = {"skipped": "--skip-real"}
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            res["real_peers"] = real_peers(args, Path(tmp))
+        res["real"] = real(args)
     res["load_average_at_end"] = os.getloadavg()
     write_results(args.out, res, markdown(res))
 
