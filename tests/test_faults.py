@@ -234,23 +234,26 @@ def test_an_error_after_a_lost_interrupt_is_the_interrupt(monkeypatch, capsys, e
 @pytest.mark.slow
 def test_sigint_while_export_imports_its_libraries_exits_130_and_writes_nothing(copier, tmp_path):
     """SIGINT at moments spread over `tfcli export --to ctranslate2`'s start (its lazy imports of torch, numpy,
-    ctranslate2): every run ends in 130 (or 0 when the export had finished), never an internal error, and an
-    interrupted one leaves no output."""
+    ctranslate2): every run ends in 130 (or, when the export had finished, 0 or killed by the signal), never an
+    internal error, and an interrupted one leaves no output."""
     import signal
     import time
 
     pytest.importorskip("ctranslate2")
-    for i, delay in enumerate((0.3, 0.6, 0.9, 1.2, 1.6, 2.0, 2.5)):
+    for i, delay in enumerate((0.5, 0.8, 1.1, 1.4, 1.8, 2.2, 2.8)):  # (tfcli sets its handlers at 0.1-0.2 s)
         out = tmp_path / f"ct2-{i}"
         proc = subprocess.Popen([sys.executable, "-m", "tfcli", "export", str(copier), "--to", "ctranslate2",
                                  "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
-        assert proc.returncode in (0, 130), (delay, stderr)
+        # (-SIGINT: the signal came after the command was over, and ended the process as signals do by default)
+        assert proc.returncode in (0, 130, -signal.SIGINT), (delay, stderr)
         assert "internal error" not in stderr and "Traceback" not in stderr, (delay, stderr)
         if proc.returncode == 130:
             assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(out.name)] == []
+        else:
+            assert (out / "model.bin").is_file()  # finished: the whole export
 
 
 # --- a real limit on file size (RLIMIT_FSIZE: the kernel refuses the write, as a full disk does) -----------------
