@@ -1,3 +1,24 @@
-from tfcli.cli import main
+"""The `tfcli` command and `python -m tfcli`: Ctrl-C and SIGTERM are taken over before the command line's own
+imports, so that a signal at any moment of the start ends in `interrupted` and status 130, never a traceback."""
 
-main()
+import os
+import signal
+import sys
+
+from tfcli.errors import EXIT_INTERRUPTED, interrupt
+
+
+def main() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
+    try:
+        from tfcli.cli import main as cli_main
+
+        cli_main()
+    except KeyboardInterrupt:  # outside a command's own handling (its imports, its arguments being read)
+        print("interrupted", file=sys.stderr)
+        os._exit(EXIT_INTERRUPTED)  # (outputs are atomic: an interrupted write was never renamed into place)
+
+
+if __name__ == "__main__":
+    main()
