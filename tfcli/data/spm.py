@@ -135,7 +135,7 @@ def sentencepiece_tokenizer(path: Path) -> dict:
     data = _unigram(spm, table, unk, specials)
     index = {p: i for i, p in enumerate(pieces)}
     roles = {PAD_ID: index.get("<pad>"), BOS_ID: index.get("<s>"), EOS_ID: index.get("</s>"), UNK_ID: unk}
-    return reorder_vocabulary(data, roles, Path(path))[0]
+    return reorder_vocabulary(data, roles)[0]
 
 
 def marian_tokenizer(spm_path: Path, vocab: dict[str, int], unk: str = "<unk>") -> dict:

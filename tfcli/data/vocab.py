@@ -6,9 +6,7 @@ Torch-free, so that `tfcli prepare --tokenizer-from model.spm` can use it as wel
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from tfcli.errors import TfcliError
 from tfcli.specials import SPECIAL_TOKENS, UNK_ID
 
 
@@ -36,7 +34,7 @@ def plain_name(token: str, hf_id: int) -> str:
     return f"{token[:-1]}|{hf_id}>"
 
 
-def reorder_vocabulary(tok: dict, special: dict[int, int | None], path: Path) -> tuple[dict, list[int]]:
+def reorder_vocabulary(tok: dict, special: dict[int, int | None]) -> tuple[dict, list[int]]:
     """tfcli's tokenizer.json and `order` (tfcli id -> HF id, -1 for a new row): the specials at tfcli's ids with
     tfcli's names, then every other token in HF order."""
     tokens = vocab_list(tok)

@@ -113,7 +113,8 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
                   "geglu": common_spec.Activation.GELU}.get(cfg.activation)
     if activation is None:
         raise TfcliError(f"--to ctranslate2: model.activation {cfg.activation} is not supported (CTranslate2 has no "
-                         "such activation, nor has --to hf); a model to export trains with relu, gelu, silu, swiglu or geglu")
+                         "such activation, nor has --to hf); a model to export trains with relu, gelu, silu, swiglu "
+                         "or geglu")
     if cfg.qk_norm and cfg.kind == "seq2seq":
         # its spec takes qk_norm, but its cross-attention normalises each query over the whole width, not per head
         raise TfcliError("--to ctranslate2: model.qk_norm true is not supported for translation models (CTranslate2's "

@@ -94,7 +94,7 @@ def _check_config(config: dict, arch: str, hf_dir: Path) -> None:
 _FLOATS = ("F16", "BF16", "F32", "F64")
 
 
-def _weight_headers(hf_dir: Path) -> dict[str, tuple[str, tuple[int, ...], Path]]:
+def _weight_headers(hf_dir: Path, arch: str) -> dict[str, tuple[str, tuple[int, ...], Path]]:
     """name -> (dtype, shape, file) of every tensor in the safetensors files, from their headers alone; integer or
     boolean tensors are refused (weights are floating point)."""
     from safetensors import safe_open
@@ -103,7 +103,7 @@ def _weight_headers(hf_dir: Path) -> dict[str, tuple[str, tuple[int, ...], Path]
     if not files:
         pickled = [p.name for p in hf_dir.glob("*.bin")]
         hint = (f" ({pickled[0]} is a pickle, which tfcli never loads; write safetensors beside it with transformers: "
-                f"python -c \"import transformers as t; t.AutoModel{'ForCausalLM' if _is_lm(hf_dir) else 'ForSeq2SeqLM'}"
+                f"python -c \"import transformers as t; t.AutoModel{'ForCausalLM' if arch == 'gpt2' else 'ForSeq2SeqLM'}"
                 f".from_pretrained('{hf_dir}').save_pretrained('{hf_dir}', safe_serialization=True)\")"
                 if pickled else "")
         raise TfcliError(f"{hf_dir}: no model.safetensors{hint}")
@@ -120,13 +120,6 @@ def _weight_headers(hf_dir: Path) -> dict[str, tuple[str, tuple[int, ...], Path]
         if dtype not in _FLOATS:
             raise TfcliError(f"{f}: tensor {name} is {dtype}; model weights are floating point")
     return out
-
-
-def _is_lm(hf_dir: Path) -> bool:
-    try:
-        return json.loads((hf_dir / "config.json").read_text(encoding="utf-8")).get("model_type") == "gpt2"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _layer_count(headers: dict, prefix: str) -> int:
@@ -335,7 +328,7 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
     config = _read_config(hf_dir)
     arch = _arch_of(config, hf_dir)
     _check_config(config, arch, hf_dir)
-    headers = _weight_headers(hf_dir)  # names, dtypes and shapes, read before any tensor is
+    headers = _weight_headers(hf_dir, arch)  # names, dtypes and shapes, read before any tensor is
     _check_sizes(config, arch, headers, hf_dir)
     cfg = model_config_from_hf(config, arch, hf_dir)
     cfg_in = dataclasses.replace(cfg, bias=True)
@@ -350,8 +343,8 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
             raise TfcliError(f"{path}: {len(vocab_list(data))} tokens, more than the {rows} embedding rows of the "
                              "model's config.json; this tokenizer does not belong to these weights")
     toks, orders = {}, {}
-    for side, (path, data) in sides.items():
-        toks[side], orders[side] = reorder_vocabulary(data, _special_ids(config, data, arch), path)
+    for side, (_, data) in sides.items():
+        toks[side], orders[side] = reorder_vocabulary(data, _special_ids(config, data, arch))
     if cfg.kind == "seq2seq" and cfg.share_embeddings and orders["src"] != orders["tgt"]:
         raise TfcliError(f"{hf_dir}: shared embeddings, but the source and target tokenizers number tokens differently")
 
