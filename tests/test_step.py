@@ -539,7 +539,7 @@ def test_decoder_steps_on_the_row_kernel_and_on_onednn_match_the_full_forward(no
     sms = [StepModel(model, pack=True)]
     monkeypatch.setattr(native, "fp32_kernel", lambda: None)
     sms.append(StepModel(model, pack=True))
-    assert sms[0].rows == available and not sms[1].rows
+    assert (sms[0].plan.linear == "rows") == available and sms[1].plan.linear == "packed"
     assert isinstance(sms[0].lm_head, native.RowLinear) == available
     assert not isinstance(sms[1].lm_head, native.RowLinear)
     src = torch.randint(4, V, (2, 7))
@@ -645,9 +645,8 @@ def test_a_steps_layers_in_one_c_call_are_its_kernels_one_call_at_a_time(kind, o
     vocab = dict(src_vocab_size=V, tgt_vocab_size=V) if kind == "seq2seq" else dict(tgt_vocab_size=V)
     model = build_model(preset("toy" if kind == "seq2seq" else "lm-toy", d_model=32, n_head=4, **vocab,
                                **overrides)).eval()
-    fused, ops = StepModel(model, pack=True), StepModel(model, pack=True)
-    assert fused.layer_args is not None
-    ops.layer_args = None
+    fused, ops = StepModel(model, pack=True), StepModel(model, pack=True, allow=("rows", "c_attention"))
+    assert fused.plan.whole and not ops.plan.whole
     exact = not overrides.get("qk_norm")
     g = torch.Generator().manual_seed(4)
     K = 2
@@ -675,18 +674,3 @@ def test_a_steps_layers_in_one_c_call_are_its_kernels_one_call_at_a_time(kind, o
             logits = [dec.step(tok[-dec.n * K:]) for dec in decs]
         for dec in decs:
             dec.release()
-
-
-def test_the_one_call_layers_run_only_where_every_layer_is_on_the_kernels():
-    from tfcli.generate import native
-
-    if native.layers_kernel() is None or not onednn_available():
-        pytest.skip("no C kernels here")
-    for overrides, fused in ((dict(), True), (dict(activation="relu2"), True), (dict(activation="gelu"), False),
-                             (dict(rms_norm=True), False), (dict(activation="swiglu"), False),
-                             (dict(activation="silu"), False)):
-        _, sm = model_for(packed=True, **overrides)
-        assert (sm.layer_args is not None) == fused, overrides
-    lm = build_model(preset("lm-toy", tgt_vocab_size=V, d_model=32, n_head=4, positions="rope")).eval()
-    assert StepModel(lm, pack=True).layer_args is None
-    assert StepModel(model_for()[0]).layer_args is None  # (unpacked: no row kernel)

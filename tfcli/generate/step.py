@@ -44,8 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tfcli.device import onednn_available
-from tfcli.generate import native
+from tfcli.generate import backend, native
 from tfcli.generate.int8 import Int8Linear
 from tfcli.generate.schedule import StepGraph
 from tfcli.model.layers import ACTIVATIONS, Sublayers, gate_activation
@@ -62,43 +61,36 @@ class StepModel:
     """A model's decoder as the functions an incremental step calls (built from the weights as they are now), and
     the key/value memory it reuses from batch to batch."""
 
-    def __init__(self, model: nn.Module, pack: bool = False, int8: bool = False, static: bool | None = None):
-        """`pack`: pre-pack the linear weights for oneDNN (fp32 on the CPU only; elsewhere, or where torch lacks
-        the ops, it is ignored: see `packed`). `int8`: run the linear layers in int8 (CPU; see
-        `tfcli.device.int8_available`). `static`: batches step through a `StaticDecoder` (fixed shapes, on CUDA
-        replayed as a CUDA graph); None: on CUDA only."""
+    def __init__(self, model: nn.Module, pack: bool = False, int8: bool = False, static: bool | None = None,
+                 allow: tuple[str, ...] = backend.BACKENDS):
+        """`pack`: pre-pack the linear weights for oneDNN and run the decoder on rows.c's kernels (fp32 on the CPU
+        only; elsewhere, or where torch lacks the ops, it is ignored). `int8`: run the linear layers in int8 (CPU;
+        see `tfcli.device.int8_available`). `static`: batches step through a `StaticDecoder` (fixed shapes, on
+        CUDA replayed as a CUDA graph); None: on CUDA only. `allow`: the backends that may run; which do is
+        `tfcli.generate.backend.choose`'s decision (`self.plan`)."""
         self.model, self.cfg = model, model.cfg
         parts = model.parts()  # the interface the model documents (tfcli.model.transformer.Parts)
         weight = parts.lm_head.weight
-        self.static = weight.device.type == "cuda" if static is None else static
-        self.int8 = int8
         # weights already in bf16/fp16 (a GPU's decoding copy, tfcli.generate.loader): run without autocast
         self.half = weight.dtype in (torch.bfloat16, torch.float16)
-        self.packed = (not int8 and pack and weight.device.type == "cpu" and weight.dtype == torch.float32
-                       and onednn_available())
-        mode = "int8" if int8 else "packed" if self.packed else "plain"
-        # the decoder's layers, run on few rows a step: rows.c's kernel where it is built (tfcli.generate.native)
-        self.rows = self.packed and native.fp32_kernel() is not None
-        # the step's attention in one C call a layer (fp32 on the CPU, head sizes of a multiple of 8)
-        fp32_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32 and not self.static
-        self.attend_rows = native.attention_kernel() if fp32_cpu and model.cfg.d_head % 8 == 0 else None
+        self.plan = plan = backend.choose(model.cfg, weight.device, weight.dtype, pack, int8, static, allow)
+        self.static, self.int8, self.packed = plan.static, plan.linear == "int8", plan.encoder == "packed"
+        self.attend_rows = native.attention_kernel() if plan.attention == "c" else None
         decoder = parts.decoder
         self.embed, self.rope = decoder.embed, decoder.rope
-        self.layers = [_Layer(layer, "rows" if self.rows else mode) for layer in decoder.layers]
+        self.layers = [_Layer(layer, plan.linear) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
-        self.lm_head = _linear(parts.lm_head, "rows" if self.rows else mode)
-        # every layer of a step in one C call, where each runs on the kernels (see _Layer.kernel_args)
-        self.layer_args, self.decode_layers = None, None
-        if self.rows and self.attend_rows is not None and self.rope is None:
+        self.lm_head = _linear(parts.lm_head, plan.linear)
+        self.layer_args, self.decode_layers = None, None  # rows.c's decode_layers: every layer in one call
+        if plan.whole:
             args = [layer.kernel_args() for layer in self.layers]
-            if all(a is not None for a in args):
-                self.layer_args, self.decode_layers = (native.LayerArgs * len(args))(*args), native.layers_kernel()
-                cfg = self.cfg  # the call's scratch a row: rows.c's layers_run
-                self.work_per_row = 4 * cfg.d_model + 2 * cfg.kv_heads * cfg.d_head + cfg.d_ff
+            self.layer_args, self.decode_layers = (native.LayerArgs * len(args))(*args), native.layers_kernel()
+            cfg = self.cfg  # the call's scratch a row: rows.c's layers_run
+            self.work_per_row = 4 * cfg.d_model + 2 * cfg.kv_heads * cfg.d_head + cfg.d_ff
         self.encoder = parts.encoder
-        self.encoder_layers = None  # plain: the model's own encoder
-        if self.encoder is not None and mode != "plain":
-            self.encoder_layers = [_Layer(layer, mode) for layer in self.encoder.layers]
+        self.encoder_layers = None  # the model's own encoder
+        if self.encoder is not None and plan.encoder != "model":
+            self.encoder_layers = [_Layer(layer, plan.encoder) for layer in self.encoder.layers]
             self.encoder_norm = _norm(self.encoder.norm)
         self._workspace: torch.Tensor | None = None
 
@@ -620,21 +612,22 @@ class _Layer:
             self.ffn_hidden = lambda x: w1(x).mul_(w3(x))
         self.w2 = _linear(layer.w2, mode, residual=True, norm_out=last)
 
-    def kernel_args(self) -> native.LayerArgs | None:
-        """This layer as rows.c's decode_layers runs it (the batch's memory for the decoder to fill in), or None
-        where it cannot: a linear layer off the row kernel or a norm outside its calls (RMSNorm, an activation
-        other than ReLU and ReLU^2, a gated FFN). QK-norm's RMSNorms run in the call."""
+    def kernel_args(self) -> native.LayerArgs:
+        """This layer as rows.c's decode_layers runs it (the batch's memory for the decoder to fill in), where the
+        plan has it run there (tfcli.generate.backend: ReLU or ReLU^2, LayerNorms folded into the row kernel's
+        calls, QK-norm's RMSNorm gains in the call)."""
         cross = hasattr(self, "cross_q")
         w1, act = self.ffn_hidden, None
-        if isinstance(w1, _Activated) and w1.act == "relu2":
+        if isinstance(w1, _Activated):
             w1, act = w1.linear, 2  # (rows.c: ReLU, then the square)
         linears = [self.qkv, self.self_out, w1, self.w2] + ([self.cross_q, self.cross_out] if cross else [])
         norms = [self.norm_self_in, self.norm_self_out, self.norm_ffn_in, self.norm_ffn_out]
         norms += [self.norm_cross_in, self.norm_cross_out] if cross else []
         qk = [self.q_norm, self.k_norm, self.cross_q_norm]
         if (not all(isinstance(f, native.RowLinear) for f in linears) or any(f is not _identity for f in norms)
-                or not all(f is _identity or (isinstance(f, RMSNorm) and f.weight.dtype == torch.float32) for f in qk)):
-            return None
+                or (act is not None and self.ffn_hidden.act != "relu2")):
+            raise RuntimeError("internal error: tfcli.generate.backend's table lets decode_layers run a layer it "
+                               "cannot")
         gains = [None if f is _identity else f.weight.data_ptr() for f in qk]
         eps = next((f.eps for f in qk if f is not _identity), 0.0)
         none, w1_args = native.LinearArgs(), w1.args()
