@@ -674,3 +674,47 @@ def test_a_steps_layers_in_one_c_call_are_its_kernels_one_call_at_a_time(kind, o
             logits = [dec.step(tok[-dec.n * K:]) for dec in decs]
         for dec in decs:
             dec.release()
+
+
+def test_the_c_structs_layout_is_held_to_ctypes_at_load(monkeypatch):
+    """rows.c reports how its compiler laid out linear_t and layer_t; a library whose layout differs from
+    LinearArgs/LayerArgs is not used (a warning, the torch path), since decode_layers would read wrong pointers."""
+    import ctypes
+
+    from tfcli.generate import native
+
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no C library here (no compiler)")
+    assert native.layout_mismatch(lib) == ""
+
+    class Wider(ctypes.Structure):
+        _fields_ = [*native.LinearArgs._fields_, ("extra", ctypes.c_int64)]
+
+    monkeypatch.setattr(native, "LinearArgs", Wider)
+    assert native.layout_mismatch(lib).startswith("sizeof linear_t")
+    with pytest.warns(UserWarning, match="laid out otherwise"):
+        assert native.library.__wrapped__() is None
+
+
+def test_best_next_refuses_in_c_what_its_buffers_cannot_hold():
+    """best_next keeps the k best in a buffer of 64 and the banned logits in one of 8 (seven ids and </s>): called
+    past them directly (not through native.best_next, which checks first) it returns -1 and writes nothing."""
+    from tfcli.generate import native
+
+    if native.fp32_kernel() is None:
+        pytest.skip("no C kernels here (no C compiler, no AVX2, or ATEN_CPU_CAPABILITY=default)")
+    lib = native.library()
+    x = torch.randn(2, 300)
+    for k, n_ban, status in ((64, 7, 0), (65, 0, -1), (0, 0, -1), (3, 8, -1)):
+        ban = torch.arange(n_ban, dtype=torch.long)
+        values, ids = torch.full((130,), 7.0), torch.full((130,), -5, dtype=torch.long)  # (R x k, row-major)
+        before = x.clone()
+        assert lib.best_next(x.data_ptr(), 2, 300, ban.data_ptr(), n_ban, None, 2, k, values.data_ptr(),
+                             ids.data_ptr(), None) == status
+        if status:
+            assert torch.equal(x, before) and (values == 7.0).all() and (ids == -5).all()
+        else:
+            best = before.masked_fill(torch.arange(300) < n_ban, float("-inf")).topk(k).indices
+            assert torch.equal(ids[: 2 * k].view(2, k), best)
+        x = before

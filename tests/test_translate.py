@@ -116,7 +116,7 @@ def test_the_c_choice_of_next_tokens_is_the_log_softmaxs_top_k(V):
     id first), log-probs within float rounding of torch's, and a row's result the same bit for bit alone and in
     any batch."""
     from tfcli.generate import native
-    from tfcli.generate.sampling import never_chosen
+    from tfcli.device import never_chosen
     from tfcli.specials import EOS_ID
 
     if native.fp32_kernel() is None:

@@ -1,5 +1,6 @@
-"""Where and at what precision a model runs: the device a name means, the autocast context for a dtype, and what
-this torch build can do (oneDNN's packed linear layers, the quantised int8 linear)."""
+"""Where and at what precision a model runs: the device a name means, the autocast context for a dtype, what
+this torch build can do (oneDNN's packed linear layers, the quantised int8 linear), and host values copied to a
+device without waiting for it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import functools
 import torch
 
 from tfcli.errors import ConfigError, TfcliError
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 from tfcli.torch_compat import cpu_has_amx
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -91,3 +93,24 @@ def onednn_int8_exact() -> bool:
 def int8_available() -> bool:
     """Whether this torch has an int8 linear layer that --dtype int8 runs on (`int8_engines`)."""
     return bool(int8_engines())
+
+
+_NEVER_CHOSEN: dict[tuple[torch.device, bool], torch.Tensor] = {}
+
+
+def never_chosen(device: torch.device, eos: bool = False) -> torch.Tensor:
+    """The ids no decoder ever emits, <pad> and <s> (and </s> with `eos`), as a tensor on `device`, made once: a
+    tensor copied from the host at every step would make every step wait for the GPU."""
+    ids = _NEVER_CHOSEN.get((device, eos))
+    if ids is None:
+        ids = _NEVER_CHOSEN[device, eos] = torch.tensor([PAD_ID, BOS_ID, EOS_ID] if eos else [PAD_ID, BOS_ID],
+                                                        device=device)
+    return ids
+
+
+def to_device(values: list, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on `device`, copied without waiting for the work queued there (a plain
+    torch.tensor(..., device=...) from the host waits for the GPU's queue to empty; so may a copy from pageable
+    memory: on CUDA it is staged in pinned memory, which the copy holds until it is done)."""
+    x = torch.tensor(values)
+    return (x.pin_memory() if device.type == "cuda" else x).to(device, non_blocking=True)

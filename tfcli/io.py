@@ -13,6 +13,7 @@ import contextvars
 import ctypes
 import errno
 import gzip
+import io
 
 import json
 import os
@@ -547,3 +548,18 @@ def _gone(holder: dict, host: str) -> bool:
     except (PermissionError, KeyError, ValueError, TypeError):
         return False
     return False
+
+
+@contextlib.contextmanager
+def open_output(path: str | None) -> Iterator[IO[str]]:
+    """A UTF-8 text stream: stdout, or a file written atomically (it appears only when complete)."""
+    if path is None or path == "-":
+        out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
+        try:
+            yield out
+            out.flush()
+        finally:
+            out.detach()  # leave sys.stdout open
+    else:
+        with atomic_open(path, "w") as f:
+            yield f

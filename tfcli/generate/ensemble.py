@@ -42,7 +42,7 @@ class EnsembleStepModel:
 
 
 class EnsembleDecoder:
-    """The IncrementalDecoder interface (`step`, `select`, `release`, and `admit` over fixed-shape decoders) over
+    """The `schedule.Decoder` interface (`step`, `select`, `release`, and `admit` over fixed-shape decoders) over
     one decoder per model."""
 
     def __init__(self, decoders: list):

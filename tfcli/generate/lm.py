@@ -24,13 +24,12 @@ import torch
 from tfcli.console import Progress, warn
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.generate.config import GenerateConfig
-from tfcli.device import precision, resolve_device
+from tfcli.device import precision, resolve_device, to_device
 from tfcli.generate.loader import Loaded, load
-from tfcli.generate.sampling import line_uniforms, next_token, to_device
+from tfcli.generate.sampling import line_uniforms, next_token
 from tfcli.generate.schedule import Schedule, read_every
 from tfcli.generate.step import StepModel, step_model
-from tfcli.generate.translate import open_output
-from tfcli.io import encoding_errors, iter_lines, refuse_overwriting_inputs
+from tfcli.io import encoding_errors, iter_lines, open_output, refuse_overwriting_inputs
 from tfcli.specials import EOS_ID, PAD_ID, UNK_ID
 
 START_ID = EOS_ID  # what precedes every text in LM training streams

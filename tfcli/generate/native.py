@@ -157,9 +157,11 @@ def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, 
     values, ids, norm = torch.empty(R, k), torch.empty(R, k, dtype=torch.long), torch.empty(R) if normalise else None
     if ban_eos is not None:
         ban_eos = ban_eos.to(torch.uint8).contiguous()
-    library().best_next(x.data_ptr(), R, V, ban.data_ptr(), ban.numel(),
-                        None if ban_eos is None else ban_eos.data_ptr(), eos, k, values.data_ptr(), ids.data_ptr(),
-                        None if norm is None else norm.data_ptr())
+    status = library().best_next(x.data_ptr(), R, V, ban.data_ptr(), ban.numel(),
+                                 None if ban_eos is None else ban_eos.data_ptr(), eos, k, values.data_ptr(),
+                                 ids.data_ptr(), None if norm is None else norm.data_ptr())
+    if status:
+        raise RuntimeError(f"rows.c's best_next refused k={k} with {ban.numel()} banned ids")
     return values, ids, norm
 
 
@@ -167,7 +169,7 @@ _SOURCE = Path(__file__).with_name("rows.c")
 
 
 _SYMBOLS = ("quantize_rows", "dequantize_rows", "linear_rows", "linear_rows_avx2", "linear_rows_supported",
-            "attend_rows", "decode_layers", "decode_layers_avx2", "best_next")
+            "attend_rows", "decode_layers", "decode_layers_avx2", "best_next", "struct_layout")
 
 
 class _Untrusted(OSError):
@@ -225,8 +227,25 @@ def library():
                            i64, p, i64, ctypes.c_float]
         layers.restype = None
     lib.best_next.argtypes = [p, i64, i64, p, i64, p, i64, i64, p, p, p]
-    lib.best_next.restype = None
+    lib.best_next.restype = ctypes.c_int
+    lib.struct_layout.argtypes, lib.struct_layout.restype = [p], None
+    mismatch = layout_mismatch(lib)
+    if mismatch:
+        warnings.warn(f"tfcli: {_SOURCE.name}'s structs are laid out otherwise than tfcli's ctypes ({mismatch}): "
+                      "decoding on the CPU runs without its C kernels, a little slower")
+        return None
     return lib
+
+
+def layout_mismatch(lib) -> str:
+    """Where the library's linear_t and layer_t differ from LinearArgs and LayerArgs ("" if nowhere): a struct read
+    at the wrong offsets would hand decode_layers wrong pointers."""
+    got = (ctypes.c_int64 * 5)()
+    lib.struct_layout(got)
+    want = (ctypes.sizeof(LinearArgs), ctypes.sizeof(LayerArgs), LinearArgs.eps.offset, LayerArgs.kv.offset,
+            LayerArgs.mem_v.offset)
+    names = ("sizeof linear_t", "sizeof layer_t", "linear_t.eps", "layer_t.kv", "layer_t.mem_v")
+    return ", ".join(f"{n} {g} against {w}" for n, g, w in zip(names, got, want) if g != w)
 
 
 def _check_private(path: Path) -> None:

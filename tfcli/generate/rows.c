@@ -7,6 +7,7 @@
  * by AVX-512 CPUs too); the caller asks linear_rows_supported which runs here. Each computes a row's result in an
  * order that the number of rows and the batch's width never change. */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__x86_64__)
@@ -391,10 +392,12 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
  * order). The k best are returned as log-probs x_j - norm[r] in values and ids (each R x k): the log-softmax's order
  * is the logits', so they are chosen on the logits and only they are normalised. Two passes over a row; its result
  * depends on that row alone. With norm null (a greedy search whose scores nobody reads) the second pass is skipped
- * and values holds the k best logits. 1 <= k <= 64, nb <= 7. */
-__attribute__((target("avx2,fma"))) void best_next(float *x, int64_t R, int64_t V, const int64_t *ban, int64_t nb,
-                                                 const uint8_t *ban_eos, int64_t eos, int64_t k, float *values,
-                                                 int64_t *ids, float *norm) {
+ * and values holds the k best logits. Returns 0; or -1, having done nothing, unless 1 <= k <= 64 and nb <= 7 (the
+ * sizes of its buffers). */
+__attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V, const int64_t *ban, int64_t nb,
+                                                const uint8_t *ban_eos, int64_t eos, int64_t k, float *values,
+                                                int64_t *ids, float *norm) {
+    if (k < 1 || k > 64 || nb < 0 || nb > 7) return -1;
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN)
     for (int64_t r = 0; r < R; r++) {
         float *xr = x + r * V;
@@ -448,6 +451,7 @@ __attribute__((target("avx2,fma"))) void best_next(float *x, int64_t R, int64_t 
         norm[r] = nr;
         for (int64_t i = 0; i < k; i++) values[r * k + i] = bv[i] - nr, ids[r * k + i] = bi[i];
     }
+    return 0;
 }
 
 /* A decoder's layers for one step (tfcli.generate.step: IncrementalDecoder), all in one call: what the step runs
@@ -537,6 +541,14 @@ static void layers_run(const tile_fn *tile, const int *width, int RF, const laye
 void decode_layers(LAYERS_ARGS) { layers_run(TILES_AVX512, WIDTH_AVX512, 8, LAYERS_PASS); }
 
 void decode_layers_avx2(LAYERS_ARGS) { layers_run(TILES_AVX2, WIDTH_AVX2, 3, LAYERS_PASS); }
+
+/* the structs' layout as this compiler lays them out, for the caller to hold its own against (tfcli.generate.native):
+ * sizeof linear_t, sizeof layer_t, offsetof linear_t.eps, offsetof layer_t.kv, offsetof layer_t.mem_v */
+void struct_layout(int64_t *out) {
+    out[0] = (int64_t)sizeof(linear_t), out[1] = (int64_t)sizeof(layer_t);
+    out[2] = (int64_t)offsetof(linear_t, eps), out[3] = (int64_t)offsetof(layer_t, kv);
+    out[4] = (int64_t)offsetof(layer_t, mem_v);
+}
 
 /* which version of linear_rows this CPU runs: 2 AVX-512 (F and FMA: linear_rows), 1 AVX2 and FMA
  * (linear_rows_avx2), 0 neither */

@@ -14,30 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
+from tfcli.device import never_chosen
 
 NEG_INF = float("-inf")
-
-
-_NEVER_CHOSEN: dict[tuple[torch.device, bool], torch.Tensor] = {}
-
-
-def never_chosen(device: torch.device, eos: bool = False) -> torch.Tensor:
-    """The ids no decoder ever emits, <pad> and <s> (and </s> with `eos`), as a tensor on `device`, made once: a
-    tensor copied from the host at every step would make every step wait for the GPU."""
-    ids = _NEVER_CHOSEN.get((device, eos))
-    if ids is None:
-        ids = _NEVER_CHOSEN[device, eos] = torch.tensor([PAD_ID, BOS_ID, EOS_ID] if eos else [PAD_ID, BOS_ID],
-                                                        device=device)
-    return ids
-
-
-def to_device(values: list, device: torch.device) -> torch.Tensor:
-    """A host list as a tensor on `device`, copied without waiting for the work queued there (a plain
-    torch.tensor(..., device=...) from the host waits for the GPU's queue to empty; so may a copy from pageable
-    memory: on CUDA it is staged in pinned memory, which the copy holds until it is done)."""
-    x = torch.tensor(values)
-    return (x.pin_memory() if device.type == "cuda" else x).to(device, non_blocking=True)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -25,7 +25,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from tfcli.generate.sampling import to_device
+from tfcli.device import to_device
 
 
 def read_every(check_every: int, device: torch.device) -> int:
@@ -61,6 +61,34 @@ class Search(Protocol):
 
     def keep(self, rows: torch.Tensor) -> None:
         """A shrinking decoder: only the rows `rows` (on the device, in their new order) go on."""
+
+
+class Decoder(Protocol):
+    """What a search steps: a batch's decoder state (tfcli.generate.step: `IncrementalDecoder`, shrinking, and
+    `StaticDecoder`, fixed shapes; an ensemble's holds one of each member's). n rows of k beams (at most K)."""
+
+    n: int  # rows (a fixed-shape decoder: places, live or not)
+    fixed: bool  # fixed shapes: rows never leave; `admit` gives a finished row's place to a new item
+    max_steps: int  # the positions it holds (fixed shapes: a ring of them)
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        """tok (n*k,): each beam's last token -> the next token's logits (n*k, V)."""
+
+    def prefill(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Whole prompts first (one beam), left-padded where `valid` is False -> the logits after each, (n, V)."""
+
+    def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:
+        """Keep the rows `keep` (None: all), then let beam j of each row go on from beam parent[row, j]."""
+
+    def admit(self, places: torch.Tensor, memory: torch.Tensor, mem_mask: torch.Tensor) -> None:
+        """Fixed shapes: new sentences (their encoder output) take the places `places`, from position 0."""
+
+    def admit_prompts(self, places: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        """Fixed shapes: new prompts take the places `places`, prefilled -> the logits after each, (m, V)."""
+
+    def release(self) -> None:
+        """The batch is done: its memory goes back for the next."""
 
 
 class Schedule:
@@ -173,53 +201,53 @@ class Behind:
 class StepGraph:
     """A step function run as one CUDA graph: the first call that may be captured runs eagerly on a side stream
     (the warm-up a capture needs: a real step), the next is captured and replayed, each later one replayed. Between
-    calls the caller changes the step's tensors in place only. Off (`on` False), or once a capture has failed
-    (with a warning), every call runs eagerly. `decoder`: the incremental decoder stepped inside, whose host-side
-    step count a replay advances here (the graph does not)."""
+    calls the caller changes the step's tensors in place only, and the step keeps its counts on the device (a
+    replay runs no host code). Off (`on` False), or once a capture has failed (with a warning), every call runs
+    eagerly. A call made while another runs (a decoder's step inside a search's) runs plainly in it: one graph."""
 
-    def __init__(self, on: bool, decoder=None):
-        self.on, self.decoder = on, decoder
-        self.graph, self.warm = None, False
+    def __init__(self, on: bool):
+        self.on = on
+        self.graph, self.warm, self.running = None, False, False
 
     def __call__(self, step: Callable[[], None], capture: bool = True) -> None:
-        if not (self.on and capture):
-            step()
+        if self.running or not (self.on and capture):
+            self._run(step)
         elif self.graph is not None:
             self.graph.replay()
-            if self.decoder is not None:
-                self.decoder.t += 1
         elif not self.warm:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                step()
+                self._run(step)
             torch.cuda.current_stream().wait_stream(stream)
             self.warm = True
         else:
-            t, graph = getattr(self.decoder, "t", None), torch.cuda.CUDAGraph()
+            graph = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(graph):
-                    step()
+                    self._run(step)
             except RuntimeError as e:
                 warnings.warn(f"decoding without a CUDA graph (capturing the step failed: {e})", RuntimeWarning, 3)
                 self.on = False
-                if self.decoder is not None:
-                    self.decoder.t = t
-                step()
+                self._run(step)
                 return
             self.graph = graph
             graph.replay()
 
+    def _run(self, step: Callable[[], None]) -> None:
+        outer, self.running = self.running, True
+        try:
+            step()
+        finally:
+            self.running = outer
 
-def search_graph(decoder) -> StepGraph:
-    """The runner of a search's whole step over `decoder`: where the decoder would replay its own step as a CUDA
-    graph (a StaticDecoder on CUDA), the search's step (the decoder's and the search's own small kernels) becomes
-    one graph instead, and the decoder steps eagerly inside it."""
+
+def search_graph(decoder: Decoder) -> StepGraph:
+    """The runner of a search's whole step over `decoder`: the decoder's own (a StaticDecoder's: on CUDA the
+    search's step, the decoder's and the search's own small kernels, becomes its one graph), else one that runs
+    every step eagerly."""
     own = getattr(decoder, "graph", None)
-    on = isinstance(own, StepGraph) and own.on
-    if on:
-        own.on = False
-    return StepGraph(on, decoder)
+    return own if isinstance(own, StepGraph) else StepGraph(False)
 
 
 def keep_order(n: int, gone) -> list[int]:

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from tfcli.generate import native
-from tfcli.generate.sampling import LineSampling, never_chosen, to_device
-from tfcli.generate.schedule import Schedule, read_every, search_graph
-from tfcli.generate.step import IncrementalDecoder, step_model
+from tfcli.device import never_chosen, to_device
+from tfcli.generate.sampling import LineSampling
+from tfcli.generate.schedule import Decoder, Schedule, read_every, search_graph
+from tfcli.generate.step import step_model
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -137,7 +138,7 @@ def _with_forced(v: torch.Tensor, i: torch.Tensor, forced_lp: torch.Tensor, forc
     return torch.where(on, fv, v), torch.where(on, tok.expand(-1, k), i)
 
 
-def _best_next(decoder: IncrementalDecoder, tok: torch.Tensor, at, min_len: int, k: int,
+def _best_next(decoder: Decoder, tok: torch.Tensor, at, min_len: int, k: int,
                forced: torch.Tensor | None = None, normalise: bool = True):
     """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
     each (R, k) (k = 1: the max, each (R,)); a row's forced token (a target prefix's), whatever the model prefers.

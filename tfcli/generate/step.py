@@ -38,8 +38,6 @@ its positions from its first real token, and nobody attends to the padding.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -460,7 +458,9 @@ class StaticDecoder(IncrementalDecoder):
         self.kv_all.zero_()  # every slot is in view (masked until written): each must hold a number
         self._cache()  # (made before a step is traced: the views never change in a batch)
         self.logits: torch.Tensor | None = None
-        # on CUDA the step as a CUDA graph (under autocast, whose weight casts a captured graph would cache, eagerly)
+        # the one runner of this batch's steps: on CUDA a CUDA graph (under autocast, whose weight casts a captured
+        # graph would cache, eagerly); a search whose whole step it runs (schedule.search_graph) steps this one
+        # plainly inside it
         self.graph = StepGraph(device.type == "cuda" and not torch.is_autocast_enabled())
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
@@ -468,8 +468,7 @@ class StaticDecoder(IncrementalDecoder):
         n, k, K = self.rows.numel(), self.k, self.K
         self.tok.view(-1, K)[self.rows] = tok.view(n, k).expand(n, K) if k == 1 else tok.view(n, K)
         self.graph(self._logits)
-        self.now.add_(1)  # (counted on the device, so that a search's own graph can hold this step)
-        self.t += 1
+        self.now.add_(1)  # (counted on the device only: a replayed graph runs no host code)
         return self.logits.view(-1, K, self.logits.size(-1))[self.rows, :k].reshape(n * k, -1)
 
     def _static_step(self) -> torch.Tensor:
@@ -510,7 +509,7 @@ class StaticDecoder(IncrementalDecoder):
             v[places] = new_v.view(m, H, S, dh)
         self.mem_bias.view(n, H, 1, S)[places] = self._source_bias(mem_mask, self.mem_bias.dtype).view(-1, H, 1, S)
         self.history[places] = float("-inf")
-        self.offset[places] = self.t
+        self.offset[places] = self.now
 
     def admit_prompts(self, places: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Before the next step: language-model prompts `ids` (m, P), left-padded where `valid` is False, take the
@@ -524,14 +523,14 @@ class StaticDecoder(IncrementalDecoder):
             raise RuntimeError("admit_prompts: one beam a row, and prompts of at most max_steps tokens")
         fresh = IncrementalDecoder(self.sm, m, 1, P, None, None)
         logits = fresh.prefill(ids, valid)
-        cols = (self.t - P + torch.arange(P, device=ids.device)) % M
+        cols = (self.now - P + torch.arange(P, device=ids.device)) % M
         for new, kv in zip(fresh.kv, self.kv):  # (m, H_kv, P, 2*d_head) -> (n, H_kv, M, 2*d_head) at the ring's cols
             kv[places[:, None], :, cols] = new.permute(0, 2, 1, 3)
         fresh.release()
         self.history[places] = float("-inf")
         self.history[places[:, None], 0, cols] = fresh.history[:, 0]  # 0 at each prompt's real tokens
         length = P if valid is None else valid.sum(1)
-        self.offset[places] = self.t - length
+        self.offset[places] = self.now - length
         return logits
 
     def select(self, keep: torch.Tensor | None, parent: torch.Tensor | None = None) -> None:

@@ -9,12 +9,10 @@ translated. Empty lines give empty lines (score 0) without running the model.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import sys
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -32,7 +30,8 @@ from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import TfcliError
 from tfcli.io import (
-    atomic_open, encoding_errors, jsonl_items, read_inputs, read_lines, refuse_overwriting_inputs, with_prefixes,
+    encoding_errors, jsonl_items, open_output, read_inputs, read_lines, refuse_overwriting_inputs,
+    with_prefixes,
 )
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
@@ -235,21 +234,6 @@ def _count_lines(inputs: list[str]) -> int | None:
                 last = block[-1:]
             total += last != b"\n"  # a last line without a newline
     return total
-
-
-@contextlib.contextmanager
-def open_output(path: str | None) -> Iterator[IO[str]]:
-    """A UTF-8 text stream: stdout, or a file written atomically (it appears only when complete)."""
-    if path is None or path == "-":
-        out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
-        try:
-            yield out
-            out.flush()
-        finally:
-            out.detach()  # leave sys.stdout open
-    else:
-        with atomic_open(path, "w") as f:
-            yield f
 
 
 def output_paths(inputs: list[str], output_dir: str, suffix: str) -> list[Path]:
