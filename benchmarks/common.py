@@ -240,14 +240,12 @@ def _serve(conn, factory, args, threads: int) -> None:
             conn.send((False, traceback.format_exc()))
 
 
-def export_peers(model, vocab: list[str], directory: Path, ct2: bool = True) -> tuple[Path, Path | None]:
-    """The tfcli `model` saved as a checkpoint (directory/ckpt; a word-level tokenizer over `vocab`, ids in order)
-    and exported with `tfcli export` (tfcli.interop) to a transformers model (directory/hf) and, with `ct2`, a
-    CTranslate2 float32 model (directory/ct2): the peers run exactly what a user's export gives them."""
+def save_word_level(model, vocab: list[str], directory: Path) -> Path:
+    """The tfcli `model` saved as a checkpoint, directory/ckpt, with a word-level tokenizer over `vocab` (ids in
+    order)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from tfcli import checkpoint
-    from tfcli.interop import export
 
     directory = Path(directory)
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
@@ -255,8 +253,18 @@ def export_peers(model, vocab: list[str], directory: Path, ct2: bool = True) -> 
     tok.add_special_tokens(vocab[:4])
     tok.save(str(directory / "words.json"))
     sides = ("src", "tgt") if model.cfg.kind == "seq2seq" else ("tgt",)
-    ckpt = checkpoint.save(directory / "ckpt", model, {"model": dataclasses.asdict(model.cfg)},
+    return checkpoint.save(directory / "ckpt", model, {"model": dataclasses.asdict(model.cfg)},
                            {side: directory / "words.json" for side in sides})
+
+
+def export_peers(model, vocab: list[str], directory: Path, ct2: bool = True) -> tuple[Path, Path | None]:
+    """`save_word_level`'s checkpoint (directory/ckpt) exported with `tfcli export` (tfcli.interop) to a
+    transformers model (directory/hf) and, with `ct2`, a CTranslate2 float32 model (directory/ct2): the peers run
+    exactly what a user's export gives them."""
+    from tfcli.interop import export
+
+    directory = Path(directory)
+    ckpt = save_word_level(model, vocab, directory)
     export(ckpt, "hf", directory / "hf")
     if not ct2:
         return directory / "hf", None

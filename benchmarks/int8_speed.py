@@ -11,6 +11,15 @@ sacreBLEU on the references; sentences/s the best of --repeats, the systems inte
 translates the same sentences at batch 1 and 7, and in reverse order at --batch: how many of its translations
 differ from those at --batch (none may: a sentence's translation must not depend on its batch or neighbours).
 Results: benchmarks/results/int8_speed.{json,md}, with the CPU named.
+
+    .venv/bin/python benchmarks/int8_speed.py --sizes [--threads N] [--sentences 256] [--repeats 3]
+
+From which model size int8 pays: random-weight models of three shapes (the CPU recipe's 4+4 x 128 with QK-norm,
+the `small` preset's 6+6 x 256, the `base` 6+6 x 512), pre-norm, ReLU, vocabulary 8,000, each as a checkpoint
+through the Python API, tfcli fp32 against tfcli int8, beam 5 and greedy at batch 64, sources of Multi30k's
+lengths (random words, 8 to 18 tokens) and a forced output of 14 tokens (the same work in both); each system in a
+process of its own, best of --repeats, interleaved, once with the CPU's own kernels and once held to AVX2
+(ATEN_CPU_CAPABILITY=avx2, which the C kernels follow). Results: benchmarks/results/int8_speed-sizes.{json,md}.
 """
 
 from __future__ import annotations
@@ -48,15 +57,106 @@ def with_env(env: dict, f, *args, **kwargs):
                 os.environ[k] = v
 
 
+SHAPES = {  # name -> ModelConfig fields
+    "recipe 4+4 x 128": dict(d_model=128, n_head=4, n_encoder_layers=4, n_decoder_layers=4, d_ff=256, qk_norm=True),
+    "small 6+6 x 256": dict(d_model=256, n_head=4, n_encoder_layers=6, n_decoder_layers=6, d_ff=1024),
+    "base 6+6 x 512": dict(d_model=512, n_head=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048),
+}
+CAPABILITIES = ("native", "avx2")  # the CPU's own kernels, and held to AVX2
+FORCED = 14  # output tokens in --sizes (Multi30k's mean reference length)
+
+
+class ForcedSystem:
+    """tfcli through the Python API, every output exactly `length` tokens (min_len = max_len)."""
+
+    def __init__(self, ckpt: str, threads: int, dtype: str):
+        from tfcli import load
+        from tfcli.runtime import tune_process
+
+        tune_process("cpu", threads)
+        self.translator = load(ckpt, device="cpu", dtype=dtype)
+
+    def run(self, lines: list[str], beam: int, batch: int, length: int) -> list[str]:
+        return self.translator.translate(lines, beam_size=beam, len_penalty=0.0, batch_size=batch, min_len=length,
+                                         max_len_a=0.0, max_len_b=length, raw=True)
+
+
+def sizes(args) -> None:
+    """int8 against fp32 by model size (the module docstring's second part)."""
+    import random
+
+    import torch
+
+    from common import save_word_level
+    from tfcli.model import ModelConfig, build_model
+    from tfcli.specials import SPECIAL_TOKENS
+
+    vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(len(SPECIAL_TOKENS), 8000)]
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(vocab[4:]) for _ in range(rng.randint(8, 18))) for _ in range(args.sentences)]
+    res = {"command": shlex.join([".venv/bin/python", "benchmarks/int8_speed.py", *sys.argv[1:]]),
+           "cpu": cpu_name(), "threads": args.threads, "batch": 64, "sentences": len(lines), "output_len": FORCED,
+           "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"),
+           "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "runs": []}
+    t = args.threads
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, fields in SHAPES.items():
+            torch.manual_seed(0)
+            cfg = ModelConfig(src_vocab_size=len(vocab), tgt_vocab_size=len(vocab), dropout=0.0, norm="pre",
+                              share_embeddings=True, max_len=256, **fields)
+            folder = Path(tmp) / name.split()[0]
+            folder.mkdir()
+            ckpt = str(save_word_level(build_model(cfg).eval(), vocab, folder))
+            for capability in CAPABILITIES:
+                env = {} if capability == "native" else {"ATEN_CPU_CAPABILITY": capability}
+                systems = {dtype: with_env(env, Isolated, f"{name} {dtype}", ForcedSystem, ckpt, t, dtype, threads=t)
+                           for dtype in ("fp32", "int8")}
+                try:
+                    for beam in (5, 1):
+                        print(f"{name}, {capability}, beam {beam} ...", file=sys.stderr, flush=True)
+                        for system in systems.values():  # warm-up
+                            system.run(lines[:8], beam, 64, FORCED)
+                        times = {dtype: [] for dtype in systems}
+                        for _ in range(args.repeats):
+                            for dtype, system in systems.items():
+                                times[dtype].append(system.run(lines, beam, 64, FORCED)[0])
+                        speed = {dtype: len(lines) / min(ts) for dtype, ts in times.items()}
+                        res["runs"].append({"model": name, "capability": capability, "beam": beam,
+                                            "sent_per_s": speed, "int8_over_fp32": speed["int8"] / speed["fp32"]})
+                finally:
+                    for system in systems.values():
+                        system.close()
+    res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    md = ["# int8 against fp32 by model size (tfcli, CPU)", "",
+          f"CPU: {res['cpu']}, {t} threads; {len(lines)} sentences of 8 to 18 random words, output forced to "
+          f"{FORCED} tokens, batch 64; random weights, pre-norm, ReLU, vocabulary 8,000; best of {args.repeats}, "
+          f"interleaved; {res['date']}. Written by `benchmarks/int8_speed.py --sizes`.", "",
+          "| model | kernels | decoding | fp32 sent/s | int8 sent/s | int8 / fp32 |", "| --- | --- | --- | ---: | ---: | ---: |",
+          *[f"| {r['model']} | {r['capability']} | {'greedy' if r['beam'] == 1 else 'beam 5'} | "
+            f"{r['sent_per_s']['fp32']:.1f} | {r['sent_per_s']['int8']:.1f} | {r['int8_over_fp32']:.2f}x |"
+            for r in res["runs"]], "",
+          f"Command: `{res['command']}`.", "",
+          f"Load average at start {res['load_average_at_start']}, at end {res['load_average_at_end']}.", ""]
+    write_results(args.out, res, "\n".join(md))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", nargs="?")
+    p.add_argument("--sizes", action="store_true", help="int8 against fp32 on random models of three sizes")
+    p.add_argument("--sentences", type=int, default=256, help="--sizes: sentences a run")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--data", default=SHARED_DATA)
-    p.add_argument("--out", default=str(RESULTS / "int8_speed"))
+    p.add_argument("--out", default=None)
     args = p.parse_args()
+    if args.sizes:
+        args.out = args.out or str(RESULTS / "int8_speed-sizes")
+        return sizes(args)
+    if not args.checkpoint:
+        p.error("give a checkpoint, or --sizes")
+    args.out = args.out or str(RESULTS / "int8_speed")
     import sacrebleu
 
     from tfcli import checkpoint_meta

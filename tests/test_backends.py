@@ -314,6 +314,8 @@ def test_a_field_no_backend_declares_runs_on_the_eager_path(value):
     assert all(f"parallel_residual={value!r}" in d for d in plan.declined)
     with pytest.warns(RuntimeWarning, match="int8 is not implemented for this model"):
         assert backend.choose(cfg, cpu, torch.float32, int8=True).linear == "plain"
+    sm = StepModel(build_model(cfg).eval(), pack=True, int8=False, static=True)  # (the model ignores the field)
+    assert sm.plan == plan and sm.layer_args is None and sm.attend_rows is None
     known = ModelConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)})
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -31,6 +31,9 @@ the first step of beam search). Arranged for inference speed:
 - The key/value memory is allocated once per batch and reused by the next batch (`release`), not grown step by step.
 - On CUDA, a batch decodes through `StaticDecoder`: the same interface and arithmetic with shapes fixed for the
   batch, so that its step is captured once as a CUDA graph and replayed.
+Which of these run for a model is decided once, from its config, device, dtype and shape mode, by
+`tfcli.generate.backend.choose` (its table says which config values each implements); this module builds what the
+plan names.
 
 Language-model prompts of different lengths are left-padded: `prefill` runs them in one pass, each row numbering
 its positions from its first real token, and nobody attends to the padding.
