@@ -37,7 +37,10 @@ SAMPLES = {  # the fields that are not a Literal or a bool: the values tried
 }
 STEPS = 6  # greedy steps a sentence (within the smallest max_len)
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)  # fp32 logits: the same sums in other orders
-INT8_BOUND = 1e-3  # int8 against its oracle: |error| <= this x the largest |logit| (a rounding that flips)
+# int8 against its oracle, |error| <= this x the largest |logit|: the two agree to 1e-6 but where an input lies at a
+# rounding level's midpoint, which their fp32 activations (1e-7 apart) may take on different sides: one level of
+# one row moves the logits by up to about 1% (seen: 0.7%, ATEN_CPU_CAPABILITY=default)
+INT8_BOUND = 0.02
 
 
 def field_values(field: dataclasses.Field) -> list:
