@@ -54,7 +54,7 @@ def family(request, tmp_path_factory):
     hf.save_pretrained(d)
     import_model(d, d.parent / "ckpt")
     tok = transformers.MarianTokenizer.from_pretrained(d)
-    lines = data.read_text(encoding="utf-8").splitlines()[:32]
+    lines = data.read_text(encoding="utf-8").splitlines()[:16]
     return hf, tok, d.parent / "ckpt", tag, lines
 
 
@@ -77,7 +77,7 @@ def test_imported_models_translate_as_transformers_generates(family):
     for beam in (1, 4):
         theirs = _theirs(hf, tok, lines, tag, beam)
         assert len({tuple(t) for t in theirs}) > 8  # the sentences' outputs differ: the source matters
-        assert [t.split() for t in ours.translate(lines, beam_size=beam, batch_size=32, **opts)] == theirs
+        assert [t.split() for t in ours.translate(lines, beam_size=beam, batch_size=16, **opts)] == theirs
         for line, want in zip(lines[:2], theirs):  # batch 1, against transformers' batch 1
             assert _theirs(hf, tok, [line], tag, beam)[0] == want
             assert ours.translate([line], beam_size=beam, batch_size=1, **opts)[0].split() == want

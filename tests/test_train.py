@@ -473,6 +473,9 @@ def test_translation_run_layout_metrics_and_checkpoint(tmp_path):
     model, meta = checkpoint.load(run)
     assert meta["step"] == 300 and meta["data"]["kind"] == "parallel" and meta["train"]["arch"] == "toy"
     assert meta["model"]["share_embeddings"] is True  # joint vocabulary
+    # what translate's --split-sentences auto holds a line to: the training sources' lengths (with </s>)
+    lengths = PreparedData(prep).sequences("train", "src").lengths
+    assert meta["data"]["src_len"] == {"p99": int(np.percentile(lengths, 99)) + 1, "max": int(lengths.max()) + 1}
     assert checkpoint_meta.tokenizer_path(meta, "src").exists() and checkpoint_meta.tokenizer_path(meta, "tgt").exists()
 
 

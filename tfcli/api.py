@@ -35,7 +35,8 @@ class Translation:
 
 # what each method takes; the rest of TranslateConfig/GenerateConfig belongs to `load` or to the command line
 _TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
-              "buffer_size", "check_every", "raw", "sampling", "temperature", "topk", "topp", "seed")
+              "buffer_size", "check_every", "raw", "sampling", "temperature", "topk", "topp", "seed", "split_sentences",
+              "src_lang")
 _NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
              "repetition_penalty", "seed", "stop", "batch_size", "check_every")

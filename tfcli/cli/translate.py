@@ -34,6 +34,16 @@ def translate(
         None, "--tgt-lang", metavar="LANG",
         help="A multilingual model's target language (its >>LANG<< tag goes first in every line); required for one.",
     ),
+    split_sentences: Optional[str] = typer.Option(
+        None, "--split-sentences", metavar="WHEN", rich_help_panel=_DEC,
+        help="auto, always or never: translate a line sentence by sentence, joined on its one output line (auto: a "
+        r"line longer than 99% of the model's training sources or than its max_len) \[default: auto]. A sentence "
+        "longer than max_len is translated in windows, never cut.",
+    ),
+    src_lang: Optional[str] = typer.Option(
+        None, "--src-lang", metavar="LANG", rich_help_panel=_DEC,
+        help="The input's language (de, en, fr, ...), for the sentence splitter's rules (default: generic ones).",
+    ),
     input_format: Optional[str] = typer.Option(
         None, "--input-format", metavar="FORMAT", rich_help_panel=_FMT,
         help='text, or jsonl: each line {"text": ..., "tgt_lang": ..., "prefix": ...} (the last two optional: '
@@ -164,6 +174,7 @@ def translate(
         refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
     check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
     check_choice("--input-format", input_format, choices_of(TranslateConfig, "input_format"))
+    check_choice("--split-sentences", split_sentences, choices_of(TranslateConfig, "split_sentences"))
     check_choice("--encoding-errors", encoding_errors, choices_of(TranslateConfig, "encoding_errors"))
     cfg = run(
         translate_config, config,
@@ -173,6 +184,7 @@ def translate(
         alignment_layer=alignment_layer, batch_size=batch_size,
         max_tokens=max_tokens, check_every=check_every, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
         threads=threads, encoding_errors=encoding_errors, tgt_lang=tgt_lang, input_format=input_format,
+        split_sentences=split_sentences, src_lang=src_lang,
     )
     if output_dir is not None and output is not None:
         fail("-o FILE and --output-dir DIR exclude each other", EXIT_USAGE)

@@ -76,3 +76,23 @@ def tag_id(tags: dict[str, int], lang: str | None, where: str) -> int | None:
     if lang not in tags:
         raise ConfigError(f"{where}: the model does not translate into '{lang}' (it knows: {', '.join(sorted(tags))})")
     return tags[lang]
+
+
+_NOT_LANGUAGES = {"txt", "tsv", "csv", "gz", "xz", "bz2", "zst", "json", "raw", "tok", "bpe", "src", "tgt"}
+
+
+def named_source_language(src: str | None, src_field: str | None, directions: list[str]) -> str | None:
+    """The source language a single pair's data names: the last suffix of its source file (train.de, with any
+    compression suffix before it dropped) or of its dataset field (translation.de); None for several directions
+    or where no code is named (what translate's sentence splitter then uses: generic rules)."""
+    if directions:
+        return None
+    for name in (src_field, src):
+        if not name:
+            continue
+        parts = [p.lower() for p in str(name).replace("/", ".").split(".")[1:]]
+        while parts and parts[-1] in ("gz", "xz", "bz2", "zst"):
+            parts.pop()
+        if parts and re.fullmatch(r"[a-z]{2,3}", parts[-1]) and parts[-1] not in _NOT_LANGUAGES:
+            return parts[-1]
+    return None

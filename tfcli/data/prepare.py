@@ -26,7 +26,7 @@ from tfcli import checkpoint_meta
 from tfcli.config import to_dict
 from tfcli.data.config import PrepareConfig
 from tfcli.data import cleaning, loading
-from tfcli.data.languages import tag, target_languages
+from tfcli.data.languages import named_source_language, tag, target_languages
 from tfcli.data.prepared import FORMAT, FORMAT_VERSION, PreparedData, SequenceWriter, new_meta
 from tfcli.data.tokenizer import (
     SENTENCEPIECE_SUFFIXES, encode_chunks, for_clean_text, load_tokenizer, lowercases, save_tokenizer,
@@ -569,6 +569,8 @@ def _prepare(
             progress("writing")
             tokenizer_files = _save_tokenizers(tmp, sides, toks, files, cfg, tagged)
             extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {"directions": cfg.lang_pairs} if cfg.lang_pairs else {}
+            if kind == "parallel":  # (translate's sentence splitter reads it through the checkpoint)
+                extra["src_lang"] = named_source_language(cfg.src, cfg.src_field, cfg.lang_pairs)
             meta = new_meta(
                 kind,
                 fingerprint=fingerprint,

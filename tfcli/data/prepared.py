@@ -148,6 +148,16 @@ class PreparedData:
     def tokenizer_files(self) -> dict[str, Path]:
         return {side: self.path / name for side, name in self.meta["tokenizers"].items()}
 
+    def source_lengths(self) -> dict | None:
+        """The training sources' lengths in tokens (with </s>): {"p99": the 99th percentile, "max": the longest},
+        what a translator's `--split-sentences auto` holds a line to; None for a language model's data."""
+        if self.kind != "parallel":
+            return None
+        lengths = np.concatenate([self.sequences(name, "src").lengths for name in self.split_names("train")])
+        if not len(lengths):
+            return None
+        return {"p99": int(np.percentile(lengths, 99)) + 1, "max": int(lengths.max()) + 1}
+
     def sequences(self, split: str, side: str) -> Sequences:
         if split not in self.meta["splits"]:
             raise TfcliError(f"{self.path}: has no '{split}' split (it has: {', '.join(self.splits)})")

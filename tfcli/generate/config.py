@@ -37,6 +37,11 @@ class TranslateConfig:
     # jsonl: each input line a JSON object {"text": ..., "tgt_lang": ..., "prefix": ...}, the last two optional (a
     # line's own target language and prefix)
     input_format: Literal["text", "jsonl"] = "text"
+    # documents: a line is translated sentence by sentence, the translations joined on its one output line: auto (a
+    # line longer than 99% of the model's training sources, or than its max_len), always, or never; whatever this
+    # says, a sentence longer than max_len is translated in windows of max_len tokens, never cut
+    split_sentences: Literal["auto", "always", "never"] = "auto"
+    src_lang: Optional[str] = None  # the input's language, for the sentence splitter's rules (default: generic)
     batch_size: int = 64  # sentences per batch, at most
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length

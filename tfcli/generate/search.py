@@ -35,6 +35,7 @@ class Hypothesis:
     score: float | None  # sum of token log-probs / lp(|Y|); None from a greedy search told not to score
     token_scores: list[float] | None = None  # log p of each token, then of </s> when it ended with one
     alignment: list[tuple[int, int]] | None = None  # (source word, target word) pairs (translate --alignment)
+    parts: list[int] | None = None  # a line translated sentence by sentence: each sentence's number of tokens
 
 
 def length_penalty(length: int, alpha: float) -> float:

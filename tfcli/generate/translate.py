@@ -9,6 +9,7 @@ translated. Empty lines give empty lines (score 0) without running the model.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from tfcli.generate.sampling import LineSampling
 from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import TfcliError
+from tfcli.specials import EOS_ID
 from tfcli.io import (
     encoding_errors, jsonl_items, open_output, read_inputs, read_lines, refuse_overwriting_inputs,
     with_prefixes,
@@ -54,6 +56,12 @@ class Translator:
             tag_id(self.tags, cfg.tgt_lang, "--tgt-lang")
         self.precision = precision(device, cfg.dtype, loaded.steps.half)
         self.warned_unk = self.warned_empty = False
+        # --split-sentences auto: the training sources' 99th percentile in tokens (None: a checkpoint without it);
+        # the splitter's language: --src-lang, or the one the training data named (tfcli.data.languages)
+        data = loaded.meta.get("data") or {}
+        self.trained_len = (data.get("src_len") or {}).get("p99")
+        self.src_lang = cfg.src_lang or data.get("src_lang")
+        self.splitter = None
         self.fixed = loaded.steps.static  # fixed-shape decoding (a GPU's): continuous batching
         self.index = 0  # 0-based index of the next input line, across chunks and files
         self.decoded = self.empty = 0  # lines decoded, and of those the ones whose best output is empty
@@ -107,22 +115,28 @@ class Translator:
                 results[i] = [Hypothesis([], 0.0, [], [] if self.cfg.alignment else None)]
         ids = encode_batch(self.src_tok, [chunk[i][2] for i in todo])
         self._check_unknowns(ids)
-        for k, i in enumerate(todo):  # a multilingual model: the line's target-language tag first
+        leads = []
+        for i in todo:  # a multilingual model: the line's target-language tag first
             name, lineno, *rest = chunk[i]
             lang = rest[2] if len(rest) > 2 and rest[2] is not None else self.cfg.tgt_lang
-            lead = tag_id(self.tags, lang, f"{name}:{lineno}")
-            if lead is not None:
-                ids[k] = [lead, *ids[k]]
-        targets = encode_batch(self.tgt_tok, [prefixes[i] for i in todo]) if any(prefixes) else None
-        src = []
-        for i, seq in zip(todo, ids):
-            if len(seq) > self.max_len - 1:
-                name, lineno = chunk[i][:2]
-                warn(
-                    f"{name}:{lineno}: {len(seq)} tokens, longer than the model's max_len ({self.max_len}); "
-                    f"translating only the first {self.max_len - 1}"
-                )
-            src.append(source_ids(seq, self.max_len))
+            leads.append(tag_id(self.tags, lang, f"{name}:{lineno}"))
+        # each line as the sources it is translated as (itself, its sentences, or windows), in order
+        units, owner, keys = [], [], []  # the sources' ids; the line (index into todo) and sampling key of each
+        for k, i in enumerate(todo):
+            for p, seq in enumerate(self._units(chunk[i], ids[k], leads[k])):
+                units.append(seq)
+                owner.append(k)
+                keys.append(first + i + (p << 40))  # (a line's first source keyed as the line)
+        count = [0] * len(todo)
+        for k in owner:
+            count[k] += 1
+        firsts = {k: u for u, k in reversed(list(enumerate(owner)))}
+        targets = None
+        if any(prefixes):  # a line's prefix starts its first source's translation
+            encoded = encode_batch(self.tgt_tok, [prefixes[i] for i in todo])
+            targets = [encoded[k] if firsts[k] == u else [] for u, k in enumerate(owner)]
+        src = [source_ids(seq, self.max_len) for seq in units]
+        parts: dict[int, list] = {}  # per line (index into todo), its sources' hypotheses so far, by unit
         done = 0
         if src:
             lengths = [len(s) for s in src]
@@ -132,19 +146,81 @@ class Translator:
                 groups = [(b, None, None) for b in token_batches(lengths, self.cfg.max_tokens, self.cfg.batch_size)]
             groups.sort(key=lambda g: int(g[0].min()))  # earliest lines first, so output can start early
             for batch, width, slots in groups:
-                hyps = self.decode([src[j] for j in batch], [first + todo[j] for j in batch.tolist()],
-                                   [targets[j] for j in batch.tolist()] if targets is not None else None,
-                                   width, slots)
-                for j, h in zip(batch.tolist(), hyps):
-                    results[todo[j]] = h
-                self.decoded += len(hyps)
-                self.empty += sum(not h[0].tokens and not prefixes[todo[j]] for j, h in zip(batch.tolist(), hyps))
+                rows = batch.tolist()
+                hyps = self.decode([src[u] for u in rows], [keys[u] for u in rows],
+                                   [targets[u] for u in rows] if targets is not None else None, width, slots)
+                for u, h in zip(rows, hyps):
+                    k = owner[u]
+                    parts.setdefault(k, {})[u] = h
+                    if len(parts[k]) == count[k]:
+                        got = parts.pop(k)
+                        results[todo[k]] = self._joined([got[v] for v in sorted(got)],
+                                                        [src[v] for v in sorted(got)], leads[k] is not None)
+                        self.decoded += 1
+                        self.empty += not results[todo[k]][0].tokens and not prefixes[todo[k]]
                 while done in results:
                     yield first + done, results.pop(done)
                     done += 1
         while done < len(chunk):
             yield first + done, results.pop(done)
             done += 1
+
+    def _units(self, item: tuple, ids: list[int], lead: int | None) -> list[list[int]]:
+        """The sources a line is translated as, each without </s>, the language tag first where there is one: the
+        line itself; its sentences, where `split_sentences` says (auto: a line longer than 99% of the training
+        sources or than the model takes); and any source longer than the model's max_len in windows of as many
+        tokens as it takes, with a warning naming the line (never cut)."""
+        name, lineno, text = item[:3]
+        room = self.max_len - 1 - (lead is not None)  # tokens a source may have besides </s> and the tag
+        mode = self.cfg.split_sentences
+        pieces = [ids]
+        if mode == "always" or mode == "auto" and (len(ids) > room or self.trained_len is not None
+                                                  and len(ids) + 1 > self.trained_len):
+            sentences = self._sentences(text)
+            if len(sentences) > 1:
+                pieces = encode_batch(self.src_tok, sentences)
+        out = []
+        for seq in pieces:
+            if len(seq) > room:
+                warn(f"{name}:{lineno}: a sentence of {len(seq)} tokens, longer than the model's max_len "
+                     f"({self.max_len}); translating it in windows of {room} tokens")
+            for start in range(0, max(len(seq), 1), room):
+                window = seq[start : start + room]
+                out.append([lead, *window] if lead is not None else window)
+        return out
+
+    def _sentences(self, text: str) -> list[str]:
+        """`text`'s sentences (tfcli.data.sentences), the splitter made on first use."""
+        if self.splitter is None:
+            from tfcli.data.sentences import splitter
+
+            self.splitter = splitter(self.src_lang)
+        return self.splitter(text)
+
+    def _joined(self, parts: list[list[Hypothesis]], srcs: list[list[int]], tagged: bool) -> list[Hypothesis]:
+        """A line's hypotheses from those of the sources it was cut into, in order: the k-th best of each joined
+        (tokens and token scores one after the other, the score the sum, alignments offset by the words before)."""
+        if len(parts) == 1:
+            return parts[0]
+        out = []
+        for r in range(min(len(p) for p in parts)):
+            hs = [p[r] for p in parts]
+            score = None if any(h.score is None for h in hs) else sum(h.score for h in hs)
+            token_scores = None if any(h.token_scores is None for h in hs) else [x for h in hs for x in h.token_scores]
+            alignment = None
+            if all(h.alignment is not None for h in hs):
+                alignment, src_off, tgt_off = [], 0, 0
+                for h, seq in zip(hs, srcs):
+                    alignment += [(i + src_off, j + tgt_off) for i, j in h.alignment]
+                    src_off += self._words(self.src_tok, [t for t in seq[tagged:] if t != EOS_ID])
+                    tgt_off += self._words(self.tgt_tok, h.tokens)
+            out.append(Hypothesis([t for h in hs for t in h.tokens], score, token_scores, alignment,
+                                  parts=[len(h.tokens) for h in hs]))
+        return out
+
+    def _words(self, tok, ids: list[int]) -> int:
+        """Words of `ids` as alignments count them (tfcli.generate.alignment.word_of_token)."""
+        return len(ids) if self.cfg.raw else len(tok.decode(ids, skip_special_tokens=False).split())
 
     def decode(self, batch: list[list[int]], lines: list[int], prefixes: list[list[int]] | None = None,
                width: int | None = None, slots: int | None = None) -> list[list[Hypothesis]]:
@@ -189,11 +265,18 @@ class Translator:
                                          lead=1 if self.tags else 0)
 
     def texts(self, hyps: list[Hypothesis]) -> list[str]:
-        """The hypotheses as output text: detokenised (or subword tokens with `raw`), one line each."""
+        """The hypotheses as output text: detokenised (or subword tokens with `raw`), one line each; a line
+        translated sentence by sentence, each sentence detokenised alone and joined by a space."""
         if self.cfg.raw:
             texts = [" ".join(self.tgt_tok.id_to_token(t) for t in h.tokens) for h in hyps]
         else:
-            texts = decode_batch(self.tgt_tok, [h.tokens for h in hyps])
+            pieces, spans = [], []
+            for h in hyps:
+                cuts = [0, *itertools.accumulate(h.parts or [len(h.tokens)])]
+                spans.append((len(pieces), len(cuts) - 1))
+                pieces += [h.tokens[a:b] for a, b in zip(cuts, cuts[1:])]
+            decoded = decode_batch(self.tgt_tok, pieces)
+            texts = [" ".join(t for t in decoded[a : a + n] if t) for a, n in spans]
         # one line out per line in, whatever the detokeniser makes
         return [t.replace("\r", " ").replace("\n", " ") for t in texts]
 

@@ -141,6 +141,7 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.prepared = PreparedData(cfg.data)
+        self.src_lengths = self.prepared.source_lengths()  # (recorded in each checkpoint: translate's auto splitting)
         self.model_cfg = run_model_config(cfg, self.prepared, model_overrides or {}, saved)
         self.precision = train_precision(cfg.precision, self.device)
         self.gpu_name, self.peak_flops = None, None  # the peak per GPU, for MFU
@@ -654,7 +655,8 @@ class Trainer:
                 "model": to_dict(self.model_cfg),
                 "train": to_dict(self.cfg),
                 "data": {"path": str(Path(self.cfg.data).resolve()), "kind": self.prepared.kind,
-                         "vocab": self.prepared.meta.get("vocab"), "joint": bool(self.prepared.meta.get("joint_vocab"))},
+                         "vocab": self.prepared.meta.get("vocab"), "joint": bool(self.prepared.meta.get("joint_vocab")),
+                         "src_len": self.src_lengths, "src_lang": self.prepared.meta.get("src_lang")},
                 "step": self.step,
                 "epoch": self._epoch(),
                 "metrics": {"valid": self.last_valid, "best": self.best},

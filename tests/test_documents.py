@@ -1,0 +1,165 @@
+"""Documents: a line of many sentences is translated sentence by sentence (`--split-sentences`), the translations
+joined on its one output line, and no line is ever cut (a sentence past the model's max_len is translated in
+windows). Checked on a hand-built copier (its output is known: the input's words) and on random translators (any
+output, but a sentence's must not depend on what it is translated beside)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tfcli
+from helpers import WORDS, save_copier, save_model, save_word_tokenizer
+from tfcli.model.config import preset
+from tfcli.model.transformer import build_model
+
+VOCAB = WORDS + ["."]  # (the word tokenizer splits the stop off each sentence)
+
+
+@pytest.fixture(scope="module")
+def copier(tmp_path_factory):
+    return save_copier(tmp_path_factory.mktemp("copier"), VOCAB)
+
+
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("random")
+    torch.manual_seed(7)
+    v = 4 + len(VOCAB)
+    model = build_model(preset("toy", src_vocab_size=v, tgt_vocab_size=v, d_model=64, d_ff=128, max_len=64)).eval()
+    return save_model(d / "ckpt", model, save_word_tokenizer(d / "tok", VOCAB))
+
+
+SHORT = dict(max_len_a=1.0, max_len_b=3)  # (a random model's outputs run to the length limit)
+
+
+def sentence(rng: random.Random, words: int | None = None) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words or rng.randint(2, 6))) + "."
+
+
+def paragraphs(seed: int, sizes: list[int]) -> list[list[str]]:
+    """A paragraph of each size (sentences), each sentence random."""
+    rng = random.Random(seed)
+    return [[sentence(rng) for _ in range(n)] for n in sizes]
+
+
+def test_a_paragraph_is_its_sentences_translated_one_by_one_and_joined(random_model):
+    """Split, a paragraph's translation is exactly its sentences' own translations joined by a space (each sentence
+    alone in a batch of its own), whatever the batch size or the order of the paragraphs; one line out for each
+    line in, from 1 to 20 sentences."""
+    t = tfcli.load(random_model)
+    paras = paragraphs(1, [1, 3, 20, 7, 1, 12, 2, 16])
+    texts = [" ".join(p) for p in paras]
+    unique = sorted({s for p in paras for s in p})
+    alone = dict(zip(unique, t.translate(unique, batch_size=1, **SHORT)))
+    want = [" ".join(alone[s] for s in p) for p in paras]
+    for options in (dict(batch_size=7), dict(batch_size=1)):
+        assert t.translate(texts, split_sentences="always", **options, **SHORT) == want, options
+    assert t.translate(texts[::-1], split_sentences="always", **SHORT)[::-1] == want
+    whole = t.translate(texts, split_sentences="never", **SHORT)
+    assert len(whole) == len(texts) and any(w != s for w, s in zip(whole, want))  # (the model sees other inputs)
+    one = [i for i, p in enumerate(paras) if len(p) == 1]
+    assert one and all(whole[i] == want[i] for i in one)  # a one-sentence line is itself, split or not
+
+
+def test_auto_splits_only_lines_longer_than_the_model_was_trained_on(random_model, copier, tmp_path):
+    """auto: a line longer than 99% of the training sources (recorded in the checkpoint by training) is split, a
+    shorter one is not; a checkpoint without the record splits only what its max_len would cut."""
+    recorded = shutil.copytree(random_model, tmp_path / "ckpt")
+    meta = json.loads((recorded / "config.json").read_text())
+    meta["data"] = {"src_len": {"p99": 9, "max": 12}}
+    (recorded / "config.json").write_text(json.dumps(meta))
+    t = tfcli.load(recorded)
+    short, long = "cat dog. egg.", "cat dog egg. fish goat hat. ice jam."  # 6 and 11 tokens with </s>
+    assert t.translate([short, long], **SHORT) == [t.translate([short], split_sentences="never", **SHORT)[0],
+                                                   t.translate([long], split_sentences="always", **SHORT)[0]]
+    assert t.translate([long], split_sentences="never", **SHORT) != t.translate([long], **SHORT)
+    c = tfcli.load(copier)  # (no record: split past its max_len of 32)
+    rng = random.Random(3)
+    para = " ".join(sentence(rng, 5) for _ in range(10))  # 60 tokens
+    assert c.translate([para]) == [para.replace(".", " .")]
+    assert c.translate([para], split_sentences="never") == [para.replace(".", " .")]  # (windows)
+
+
+def test_no_line_is_cut_a_5000_token_line_translates_whole(copier, tmp_path):
+    """A sentence longer than the model's max_len (the copier's 32) is translated in windows of 31 tokens, with a
+    warning naming the file and line, whether lines are split or not: the copier gives back every word of a
+    5,000-word line, and of a paragraph of such sentences with the others around them."""
+    rng = random.Random(5)
+    long = " ".join(rng.choice(WORDS) for _ in range(5000))
+    lines = [long, sentence(rng) + " " + long + ". " + sentence(rng), sentence(rng)]
+    want = [line.replace(".", " .") for line in lines]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.txt"
+    res = subprocess.run([sys.executable, "-m", "tfcli", "translate", "-m", str(copier), str(src), "-o", str(out),
+                          "--beam-size", "1", "--max-len-a", "1", "--max-len-b", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert out.read_text().splitlines() == want
+    assert f"{src}:1: a sentence of 5000 tokens" in res.stderr and f"{src}:2: " in res.stderr
+    assert "windows of 31 tokens" in res.stderr
+    c = tfcli.load(copier)
+    for split in ("never", "always"):
+        assert c.translate(lines, split_sentences=split, beam_size=1, max_len_a=1.0, max_len_b=2) == want, split
+
+
+def test_scores_alignments_and_prefixes_of_a_split_line(copier):
+    """The joined hypothesis: its score the sum of its sentences', the token scores one after the other, each
+    n-best rank the sentences' same rank joined; word alignments offset into the whole line (the copier aligns
+    each word with itself); a prefix starts the first sentence only."""
+    c = tfcli.load(copier)
+    sentences = ["cat dog egg.", "fish goat.", "hat ice jam kite."]
+    line = " ".join(sentences)
+    parts = [c.translate_nbest([s], n=2, beam_size=2, scores=True, alignment=True)[0] for s in sentences]
+    joined = c.translate_nbest([line], n=2, beam_size=2, scores=True, alignment=True, split_sentences="always")[0]
+    for rank in range(2):
+        got, each = joined[rank], [p[rank] for p in parts]
+        assert got.text == " ".join(e.text for e in each)
+        assert got.score == pytest.approx(sum(e.score for e in each), abs=1e-6)
+        assert got.token_scores == [x for e in each for x in e.token_scores]
+    words = line.replace(".", " .").split()
+    assert joined[0].alignment == [(i, i) for i in range(len(words))]
+    prefixed = c.translate([line], prefixes=["cat dog egg fish"], split_sentences="always", beam_size=1)[0]
+    assert prefixed == "cat dog egg fish " + " ".join(c.translate(sentences[1:], beam_size=1))
+    with pytest.raises(Exception, match="split_sentences"):
+        c.translate([line], split_sentences="sometimes")
+
+
+def test_sampling_a_split_line_does_not_depend_on_its_company(random_model):
+    """Sampled translations: each sentence of a line draws from numbers of its own (the line's index and the
+    sentence's place in it), so the same line at the same index samples the same at any batch size."""
+    t = tfcli.load(random_model)
+    texts = [" ".join(p) for p in paragraphs(2, [1, 4, 6, 2, 5, 3, 6, 1, 2, 4, 5, 3])]
+    runs = [t.translate(texts, sampling=True, seed=4, split_sentences="always", batch_size=b, **SHORT)
+            for b in (1, 5, 64)]
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_the_splitter_finds_sentences_in_german_english_and_french():
+    from tfcli.data.sentences import splitter
+
+    assert splitter("de")("Das ist z.B. ein Test. Dr. Müller kam um 3 Uhr. Dann ging er.") == [
+        "Das ist z.B. ein Test.", "Dr. Müller kam um 3 Uhr.", "Dann ging er."]
+    assert splitter("en")("Mr. Smith paid $3.50. He left!  Then? Nothing") == [
+        "Mr. Smith paid $3.50.", "He left!", "Then?", "Nothing"]
+    assert splitter("fr")("Il pleut. Elle rit ! Il a dit « Bonjour. » Puis il est parti.") == [
+        "Il pleut.", "Elle rit !", "Il a dit « Bonjour. »", "Puis il est parti."]
+    assert splitter(None)("One. Two.") == ["One.", "Two."] and splitter("fra_Latn")("Oui. Non.") == ["Oui.", "Non."]
+    assert splitter("en")("   ") == [""]
+
+
+def test_the_source_language_comes_from_the_training_data_or_src_lang():
+    """prepare records the language its source file or field names (train.de, train.de.gz, translation.fr); none
+    for several directions or an unnamed file; translate's splitter takes --src-lang, else that one."""
+    from tfcli.data.languages import named_source_language as named
+
+    assert [named("d/train.de", None, []), named("d/train.de.gz", None, []), named(None, "translation.fr", []),
+            named("train.txt", None, []), named("corpus", None, []), named("train.de", None, ["de-en"])] == [
+        "de", "de", "fr", None, None, None]
