@@ -231,6 +231,23 @@ def test_an_error_after_a_lost_interrupt_is_the_interrupt(monkeypatch, capsys, e
     assert capsys.readouterr().err.strip() == "interrupted"
 
 
+def test_an_error_after_an_interrupt_lost_in_the_start_exits_130():
+    """A SIGINT whose KeyboardInterrupt an extension's import swallowed surfaces later as another error (numpy:
+    "cannot load module more than once per process"): outside any command, the entry point still ends in
+    `interrupted` and 130, without a traceback; the same error with no signal stays an error."""
+    code = ("import tfcli.cli as c, tfcli.errors as e, tfcli.__main__ as m\n"
+            "def start():\n"
+            "    e._signalled = {signal}\n"
+            "    raise ImportError('cannot load module more than once per process')\n"
+            "c.main = start\n"
+            "m.main()\n")
+    lost = subprocess.run([sys.executable, "-c", code.format(signal=2)], capture_output=True, text=True, timeout=60)
+    assert (lost.returncode, lost.stderr.strip()) == (130, "interrupted")
+    plain = subprocess.run([sys.executable, "-c", code.format(signal=None)], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 1 and "ImportError" in plain.stderr
+
+
 @pytest.mark.slow
 def test_sigint_while_export_imports_its_libraries_exits_130_and_writes_nothing(copier, tmp_path):
     """SIGINT at moments spread over `tfcli export --to ctranslate2`'s start (its lazy imports of torch, numpy,

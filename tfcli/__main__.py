@@ -5,7 +5,7 @@ import os
 import signal
 import sys
 
-from tfcli.errors import EXIT_INTERRUPTED, interrupt
+from tfcli.errors import EXIT_INTERRUPTED, interrupt, was_interrupted
 
 
 def main() -> None:
@@ -16,8 +16,16 @@ def main() -> None:
 
         cli_main()
     except KeyboardInterrupt:  # outside a command's own handling (its imports, its arguments being read)
-        print("interrupted", file=sys.stderr)
-        os._exit(EXIT_INTERRUPTED)  # (outputs are atomic: an interrupted write was never renamed into place)
+        _interrupted()
+    except Exception:  # an interrupt lost inside an import surfaces as another error (numpy: "cannot load module
+        if not was_interrupted():  # more than once per process" when it is imported again)
+            raise
+        _interrupted()
+
+
+def _interrupted() -> None:
+    print("interrupted", file=sys.stderr)
+    os._exit(EXIT_INTERRUPTED)  # (outputs are atomic: an interrupted write was never renamed into place)
 
 
 if __name__ == "__main__":
