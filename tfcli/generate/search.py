@@ -93,6 +93,38 @@ def _ban(lprobs: torch.Tensor, at, min_len: int) -> torch.Tensor:
     return lprobs
 
 
+def avoid_tensor(phrases: list[list[list[int]]], device) -> torch.Tensor | None:
+    """Each row's phrases to avoid (token id lists) as one (rows, A, L) tensor, each phrase right-aligned with -1
+    before its first token (a row with fewer phrases gets ones that ban only <pad>); None where no row has one."""
+    A = max((len(p) for p in phrases), default=0)
+    if not A:
+        return None
+    L = max(len(t) for p in phrases for t in p)
+    out = torch.full((len(phrases), A, L), -1, dtype=torch.long)
+    out[:, :, -1] = PAD_ID
+    for r, row in enumerate(phrases):
+        for a, t in enumerate(row):
+            out[r, a, L - len(t):] = torch.tensor(t)
+    return out.to(device)
+
+
+def avoided(av: torch.Tensor, tokens: torch.Tensor, at, k: int) -> torch.Tensor:
+    """(R, A) for each beam the last token of each phrase whose other tokens end its output so far (<pad>, banned
+    anyway, where none does): the token that would complete the phrase. av (n, A, L): each live sentence's phrases
+    (`avoid_tensor`); tokens (R = n * k, >= at - 1): each beam's output, position p at column p - 1; `at`: the
+    output position being chosen (1-based), an int or each beam's ((R,) tensor). Nothing is read on the host."""
+    n, A, L = av.shape
+    if k > 1:
+        av = av[:, None].expand(n, k, A, L).reshape(n * k, A, L)
+    head, last = av[:, :, :-1], av[:, :, -1]
+    steps = torch.arange(L - 1, device=av.device)
+    cols = (at[:, None] if torch.is_tensor(at) else at) - L + steps  # the last L - 1 tokens' columns
+    cols = cols.expand(tokens.size(0), L - 1)
+    window = tokens.gather(1, cols.clamp(min=0)).masked_fill(cols < 0, -2)  # (-2: before the output's start)
+    match = ((head == -1) | (head == window[:, None, :])).all(-1)
+    return torch.where(match, last, PAD_ID)
+
+
 def _forced_at(prefix: torch.Tensor | None, at, beams: int) -> torch.Tensor | None:
     """(rows,) the token each row must take at output position `at` (1-based; an int, or (n,) per sentence), -1
     where it is free; None when no row is forced. `prefix`: (n, P) target prefix ids per live sentence, -1 past each
@@ -140,17 +172,18 @@ def _with_forced(v: torch.Tensor, i: torch.Tensor, forced_lp: torch.Tensor, forc
 
 
 def _best_next(decoder: Decoder, tok: torch.Tensor, at, min_len: int, k: int,
-               forced: torch.Tensor | None = None, normalise: bool = True):
+               forced: torch.Tensor | None = None, normalise: bool = True, ban: torch.Tensor | None = None):
     """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
     each (R, k) (k = 1: the max, each (R,)); a row's forced token (a target prefix's), whatever the model prefers.
     `at`: the output position, an int or each row's ((R,) tensor). Without `normalise` the values may be the logits
-    instead (the same order; rows.c then skips the log-softmax's normaliser).
+    instead (the same order; rows.c then skips the log-softmax's normaliser). `ban`: (R, A) tokens each row may
+    not take (`avoided`), or None.
 
     On the CPU by rows.c's best_next where it runs and the step is not fixed-shape (chosen on the logits, the
     log-softmax over the vocabulary never written out), else by blocks of 64 rows, so that the log-probs the top-k
     reads are still in the cache, and with `top_k` in place of torch.topk; on a GPU at once (each block is three
     more kernel launches, and nothing there is gained by it)."""
-    logits = decoder.step(tok).float()
+    logits = _step(decoder, tok, ban)
     cpu = logits.device.type == "cpu"
     if cpu and not decoder.fixed:  # (a fixed-shape step is one graph: no C call in it)
         int_at = isinstance(at, int)
@@ -178,6 +211,12 @@ def _best_next(decoder: Decoder, tok: torch.Tensor, at, min_len: int, k: int,
         values.append(v)
         ids.append(i)
     return (values[0], ids[0]) if len(values) == 1 else (torch.cat(values), torch.cat(ids))
+
+
+def _step(decoder: Decoder, tok: torch.Tensor, ban: torch.Tensor | None) -> torch.Tensor:
+    """The decoder's next-token logits (fp32), each row's tokens `ban` ((R, A) ids; None: none) at -inf."""
+    logits = decoder.step(tok).float()
+    return logits if ban is None else logits.scatter_(1, ban, float("-inf"))
 
 
 def top_k(x: torch.Tensor, k: int, width: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,15 +247,16 @@ class _SourceSearch:
     target prefix, and the decoder's rows of `beams` beams each. Subclasses keep their per-row tensors in
     `per_row` (one row per item) and `per_beam` (`beams` rows per item): rows that leave take those with them."""
 
-    per_row: tuple[str, ...] = ("limit", "pre")
+    per_row: tuple[str, ...] = ("limit", "pre", "av")
     per_beam: tuple[str, ...] = ()
 
-    def __init__(self, sm, decoder, sched: Schedule, src, max_len, prefix, beams: int):
+    def __init__(self, sm, decoder, sched: Schedule, src, max_len, prefix, beams: int, avoid=None):
         n = sched.item.numel()
         self.sm, self.decoder, self.sched, self.src, self.max_len, self.prefix = sm, decoder, sched, src, max_len, prefix
-        self.beams, self.device = beams, src.device
+        self.beams, self.device, self.avoid = beams, src.device, avoid
         self.limit = max_len[:n].clone()  # each row's length limit
         self.pre = prefix[:n].clone() if prefix is not None else None  # and its target prefix
+        self.av = avoid[:n].clone() if avoid is not None else None  # and the phrases it must not output
 
     def capturable(self) -> bool:
         return True
@@ -240,6 +280,12 @@ class _SourceSearch:
         self.limit[rows] = self.max_len[items]
         if self.pre is not None:
             self.pre[rows] = self.prefix[items]
+        if self.av is not None:
+            self.av[rows] = self.avoid[items]
+
+    def avoided(self, tokens: torch.Tensor, at, k: int) -> torch.Tensor | None:
+        """(rows * k, A) the token each beam may not take next (`avoided`), or None without phrases to avoid."""
+        return None if self.av is None else avoided(self.av, tokens, at, k)
 
     def keep(self, rows: torch.Tensor) -> None:
         beams = self._beams(rows)
@@ -277,10 +323,10 @@ class _Greedy(_SourceSearch):
     whether with </s>; per item the same, copied when its row ends. (Token buffers have one more column, which an
     ended fixed-shape row running on past its limit writes.)"""
 
-    per_row = ("limit", "pre", "tok", "tokens", "lps", "end", "eos")
+    per_row = ("limit", "pre", "av", "tok", "tokens", "lps", "end", "eos")
 
-    def __init__(self, sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines, scores):
-        super().__init__(sm, decoder, sched, src, max_len, prefix, 1)
+    def __init__(self, sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines, scores, avoid=None):
+        super().__init__(sm, decoder, sched, src, max_len, prefix, 1, avoid)
         B, n, device = src.size(0), sched.item.numel(), src.device
         self.min_len, self.sampling, self.lines, self.scores = min_len, sampling, lines, scores
         self.out_tok = torch.zeros(B, T + 1, dtype=torch.long, device=device)
@@ -295,10 +341,11 @@ class _Greedy(_SourceSearch):
         """Each row's next token and its log-prob, and whether it ends. With fixed shapes everything is read from
         and written to the same tensors, so that the step can be a CUDA graph."""
         forced = _forced_at(self.pre, at, 1)
+        ban = self.avoided(self.tokens, at, 1)
         if self.sampling is None:
-            lp, nxt = _best_next(self.decoder, self.tok, at, self.min_len, 1, forced, self.scores)
+            lp, nxt = _best_next(self.decoder, self.tok, at, self.min_len, 1, forced, self.scores, ban)
         else:
-            lprobs = _ban(self.decoder.step(self.tok).float().log_softmax(-1), at, self.min_len)
+            lprobs = _ban(_step(self.decoder, self.tok, ban).log_softmax(-1), at, self.min_len)
             nxt = self.sampling.choose(lprobs, self.lines[self.sched.item], at)
             if forced is not None:
                 nxt = torch.where(forced >= 0, forced, nxt)
@@ -341,12 +388,13 @@ class _Greedy(_SourceSearch):
 def greedy_decode(
     model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0,
     sampling: LineSampling | None = None, lines: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
-    check_every: int = 0, slots: int | None = None, scores: bool = True,
+    check_every: int = 0, slots: int | None = None, scores: bool = True, avoid: torch.Tensor | None = None,
 ) -> list[Hypothesis]:
     """Greedy decoding on the incremental decoder; one `Hypothesis` per source row (scored like beam search, beam 1).
     With `sampling`, each next token is drawn instead (`lines`: (B,) each row's index in the input, which with the
     seed keys its random numbers); the score is still the model's log-probability of the tokens chosen. `prefix`:
     (B, P) target ids each output must start with (-1 past a row's prefix), scored as the model scores them.
+    `avoid`: (B, A, L) token phrases a row's output never holds (`avoid_tensor`; beam_search says how).
     Without `scores` the hypotheses' scores are None (as CTranslate2's without return_scores): the tokens are chosen
     on the logits, and the log-softmax's normaliser is not computed where that saves work (rows.c's best_next).
 
@@ -358,7 +406,7 @@ def greedy_decode(
     src: (B, S) right-padded source ids, each ending in </s>.
     """
     def make(sm, decoder, sched, max_len, T):
-        return _Greedy(sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines, scores)
+        return _Greedy(sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines, scores, avoid)
 
     return _decode(make, model, src, 1, max_len_a, max_len_b, prefix, check_every, slots).hypotheses(len_penalty)
 
@@ -377,11 +425,12 @@ class _Beam(_SourceSearch):
     sentence s. (Token buffers have one more column, which a done sentence running on past its limit in a
     fixed-shape decoder writes.)"""
 
-    per_row = ("limit", "pre", "lp_max", "floor", "full", "done", "scores")
+    per_row = ("limit", "pre", "av", "lp_max", "floor", "full", "done", "scores")
     per_beam = ("tok", "tokens", "lps")
 
-    def __init__(self, sm, decoder, sched, src, max_len, T, prefix, K, nbest, len_penalty, min_len, token_scores):
-        super().__init__(sm, decoder, sched, src, max_len, prefix, K)
+    def __init__(self, sm, decoder, sched, src, max_len, T, prefix, K, nbest, len_penalty, min_len, token_scores,
+                 avoid=None):
+        super().__init__(sm, decoder, sched, src, max_len, prefix, K, avoid)
         B, n, device = src.size(0), sched.item.numel(), src.device
         self.K, self.nbest, self.len_penalty, self.min_len = K, nbest, len_penalty, min_len
         self.fin_score = torch.full((B, K), float("-inf"), device=device)
@@ -416,8 +465,8 @@ class _Beam(_SourceSearch):
         # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
         # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
         # no topk runs over, all k * V pairs.
-        top_lp, top_tok = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K,
-                                     _forced_at(self.pre, at, k))  # (n * k, 2K)
+        top_lp, top_tok = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K, _forced_at(self.pre, at, k),
+                                     ban=self.avoided(self.tokens, at_row, k))  # (n * k, 2K)
         top_lp = top_lp.view(n, k * 2 * K)
         cand = (self.scores.unsqueeze(2) + top_lp.view(n, k, 2 * K)).view(n, k * 2 * K)
         cand_scores, cand_idx = cand.topk(2 * K, dim=1)  # sorted, best first
@@ -513,10 +562,12 @@ def beam_search(
     prefix: torch.Tensor | None = None,
     check_every: int = 0,
     slots: int | None = None,
+    avoid: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; per source row, the `nbest` best hypotheses, best first. `prefix`: (B, P) target ids
     every hypothesis must start with (-1 past a row's prefix): while a row is in its prefix each beam has one way
-    on, the prefix's next token, scored as the model scores it.
+    on, the prefix's next token, scored as the model scores it. `avoid`: (B, A, L) token phrases no hypothesis of
+    the row outputs (`avoid_tensor`): the token that would complete one is never chosen (a prefix still is).
 
     Each step expands every live beam by the whole vocabulary and keeps the 2K best (beam, token) pairs by summed
     log-prob (each beam's 2K best tokens, then one topk over the K x 2K pairs). Pairs ending in </s> among the first
@@ -543,7 +594,8 @@ def beam_search(
         raise ValueError(f"beam size {K} is too large for a vocabulary of {V}")
 
     def make(sm, decoder, sched, max_len, T):
-        return _Beam(sm, decoder, sched, src, max_len, T, prefix, K, nbest, len_penalty, min_len, token_scores)
+        return _Beam(sm, decoder, sched, src, max_len, T, prefix, K, nbest, len_penalty, min_len, token_scores,
+                     avoid)
 
     return _decode(make, model, src, K, max_len_a, max_len_b, prefix, check_every, slots).hypotheses()
 

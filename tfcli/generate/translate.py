@@ -27,9 +27,9 @@ from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load_ensemble
 from tfcli.generate.alignment import default_layer, pharaoh, token_alignments, word_alignment
 from tfcli.generate.sampling import LineSampling
-from tfcli.generate.search import Hypothesis, beam_search, greedy_decode
+from tfcli.generate.search import Hypothesis, avoid_tensor, beam_search, greedy_decode
 from tfcli.generate.shards import translate_in_parts
-from tfcli.errors import TfcliError
+from tfcli.errors import InputError, TfcliError
 from tfcli.specials import EOS_ID
 from tfcli.io import (
     encoding_errors, jsonl_items, open_output, read_inputs, read_lines, refuse_overwriting_inputs,
@@ -108,6 +108,7 @@ class Translator:
         results: dict[int, list[Hypothesis]] = {}
         todo = []  # lines with text (or a prefix to continue); the others are done already
         prefixes = [item[3] if len(item) > 3 else "" for item in chunk]
+        avoids = [self._avoid(item) for item in chunk]  # per line, the target phrases it must not output
         for i, (_, _, text, *_) in enumerate(chunk):
             if text.strip() or prefixes[i]:
                 todo.append(i)
@@ -136,6 +137,7 @@ class Translator:
             encoded = encode_batch(self.tgt_tok, [prefixes[i] for i in todo])
             targets = [encoded[k] if firsts[k] == u else [] for u, k in enumerate(owner)]
         src = [source_ids(seq, self.max_len) for seq in units]
+        avoid = [avoids[todo[k]] for k in owner] if any(avoids) else None
         parts: dict[int, list] = {}  # per line (index into todo), its sources' hypotheses so far, by unit
         done = 0
         if src:
@@ -148,7 +150,8 @@ class Translator:
             for batch, width, slots in groups:
                 rows = batch.tolist()
                 hyps = self.decode([src[u] for u in rows], [keys[u] for u in rows],
-                                   [targets[u] for u in rows] if targets is not None else None, width, slots)
+                                   [targets[u] for u in rows] if targets is not None else None, width, slots,
+                                   [avoid[u] for u in rows] if avoid is not None else None)
                 for u, h in zip(rows, hyps):
                     k = owner[u]
                     parts.setdefault(k, {})[u] = h
@@ -222,34 +225,47 @@ class Translator:
         """Words of `ids` as alignments count them (tfcli.generate.alignment.word_of_token)."""
         return len(ids) if self.cfg.raw else len(tok.decode(ids, skip_special_tokens=False).split())
 
+    def _avoid(self, item: tuple) -> list[list[int]]:
+        """An item's phrases to avoid (its sixth field, a list of texts) as target token lists; a phrase with no
+        token is an InputError naming the line."""
+        phrases = item[5] if len(item) > 5 and item[5] else []
+        out = encode_batch(self.tgt_tok, list(phrases)) if phrases else []
+        for phrase, ids in zip(phrases, out):
+            if not ids:
+                raise InputError(item[0], item[1], f"the phrase to avoid {phrase!r} has no target tokens")
+        return out
+
     def decode(self, batch: list[list[int]], lines: list[int], prefixes: list[list[int]] | None = None,
-               width: int | None = None, slots: int | None = None) -> list[list[Hypothesis]]:
+               width: int | None = None, slots: int | None = None,
+               avoid: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses (best first) for a batch of source id lists (each ending in </s>); `lines`: their 0-based
         indices in the input (what a line's random numbers are keyed by when sampling); `prefixes`: target ids each
         output starts with (an empty list: none). `width`: pad the sources to it; `slots`: sentences decoded at
-        once (a fixed-shape decoder, continuous batching), None: all."""
+        once (a fixed-shape decoder, continuous batching), None: all. `avoid`: each source's target phrases (token
+        lists) that its output must not hold."""
         cfg = self.cfg
         src = pad(batch, length=min(width, self.max_len) if width else None).to(self.device)
         prefix = None
         if prefixes is not None and any(prefixes):
             prefix = pad([p[: self.max_len - 1] for p in prefixes], pad_id=-1).to(self.device)
+        banned = avoid_tensor(avoid, self.device) if avoid is not None else None
         with self.precision:
             if cfg.sampling:
                 sampling = LineSampling(cfg.temperature, cfg.topk, cfg.topp, cfg.seed)
                 hyps = [[h] for h in greedy_decode(
                     self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, sampling,
-                    torch.tensor(lines, device=self.device), prefix, cfg.check_every, slots,
+                    torch.tensor(lines, device=self.device), prefix, cfg.check_every, slots, avoid=banned,
                 )]
             elif cfg.beam_size == 1:
                 hyps = [[h] for h in greedy_decode(
                     self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, prefix=prefix,
-                    check_every=cfg.check_every, slots=slots, scores=cfg.tabular,
+                    check_every=cfg.check_every, slots=slots, scores=cfg.tabular, avoid=banned,
                 )]
             else:
                 hyps = beam_search(
                     self.steps, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
                     nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores, prefix=prefix,
-                    check_every=cfg.check_every, slots=slots,
+                    check_every=cfg.check_every, slots=slots, avoid=banned,
                 )
             if cfg.alignment:
                 self._align(batch, src, hyps)
