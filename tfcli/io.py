@@ -367,16 +367,33 @@ def with_prefixes(items: Iterable, prefixes: list[str], name: str) -> Iterator:
         raise TfcliError(f"{name}: {len(prefixes)} prefixes for {i} input lines; give one a line")
 
 
-JSONL_INPUT_FIELDS = ("text", "tgt_lang", "prefix")
+def with_avoid(items: Iterable, lines: list[str], name: str) -> Iterator:
+    """Each item with its line's phrases to avoid (`lines`: one a line of the input, phrases separated by tabs; an
+    empty line: none) as a sixth field (the prefix and target language before it filled in where missing); as many
+    lines as the input's, or a one-line error naming the file."""
+    i = 0
+    for item in items:
+        if item is None:
+            yield None
+            continue
+        if i >= len(lines):
+            raise TfcliError(f"{name}: {len(lines)} lines, but the input has more; give one a line (empty: none)")
+        yield (*item, *("", None)[len(item) - 3:], [p for p in lines[i].split("\t") if p.strip()])
+        i += 1
+    if i != len(lines):
+        raise TfcliError(f"{name}: {len(lines)} lines for {i} input lines; give one a line (empty: none)")
+
+
+JSONL_INPUT_FIELDS = ("text", "tgt_lang", "prefix", "avoid")
 
 
 def jsonl_items(items: Iterable) -> Iterator:
-    """read_inputs items whose lines are JSON objects {"text": ..., "tgt_lang": ..., "prefix": ...} (the last two
-    optional) as (file name, line number, text, prefix, target language); a blank line is an empty text. A line
-    that is not such an object is an InputError naming it."""
+    """read_inputs items whose lines are JSON objects {"text": ..., "tgt_lang": ..., "prefix": ..., "avoid": [...]}
+    (all but the text optional) as (file name, line number, text, prefix, target language, phrases to avoid); a
+    blank line is an empty text. A line that is not such an object is an InputError naming it."""
     for item in items:
         if item is None or not item[2].strip():
-            yield item if item is None else (*item[:2], "", "", None)
+            yield item if item is None else (*item[:2], "", "", None, [])
             continue
         name, lineno, line = item
         try:
@@ -389,9 +406,12 @@ def jsonl_items(items: Iterable) -> Iterator:
         for key, value in row.items():
             if key not in JSONL_INPUT_FIELDS:
                 raise InputError(name, lineno, f'unknown field "{key}" (the fields: {", ".join(JSONL_INPUT_FIELDS)})')
-            if value is not None and not isinstance(value, str):
+            if key == "avoid":
+                if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                    raise InputError(name, lineno, 'field "avoid" must be a list of strings (phrases)')
+            elif value is not None and not isinstance(value, str):
                 raise InputError(name, lineno, f'field "{key}" is {type(value).__name__}, expected a string')
-        yield name, lineno, row["text"], row.get("prefix") or "", row.get("tgt_lang")
+        yield name, lineno, row["text"], row.get("prefix") or "", row.get("tgt_lang"), row.get("avoid") or []
 
 
 def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False, pauses: bool = False) -> Iterator[str | None]:

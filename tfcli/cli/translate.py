@@ -67,6 +67,11 @@ def translate(
         None, "--prefix", metavar="FILE", rich_help_panel=_DEC,
         help="Target prefixes, one a line of the input (an empty line: none): each output starts with its prefix.",
     ),
+    avoid: Optional[str] = typer.Option(
+        None, "--avoid", metavar="FILE", rich_help_panel=_DEC,
+        help="Target phrases to avoid, one line a line of the input, tab-separated (an empty line: none): no "
+        "output holds any of its line's phrases.",
+    ),
     sampling: bool = typer.Option(
         False, "--sampling", rich_help_panel=_SAMPLE,
         help="Draw each translation instead of searching (back-translation): one per line, its random numbers keyed "
@@ -191,4 +196,4 @@ def translate(
     if suffix and output_dir is None:
         fail("--suffix names the files of --output-dir", EXIT_USAGE)
     run(tune_process, cfg.device, cfg.threads)
-    run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix, resume, prefix)
+    run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix, resume, prefix, avoid)

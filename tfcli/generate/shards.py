@@ -22,7 +22,7 @@ from tfcli import checkpoint_meta, distributed
 from tfcli.console import Progress
 from tfcli.errors import TfcliError
 from tfcli.generate.config import TranslateConfig
-from tfcli.io import atomic_open, atomic_write_json, jsonl_items, read_inputs, with_prefixes
+from tfcli.io import atomic_open, atomic_write_json, jsonl_items, read_inputs
 
 # settings that do not change a line's translation (batch composition, speed, where it runs)
 _NOT_IN_OUTPUT = {"batch_size", "max_tokens", "buffer_size", "device", "threads", "part_lines"}
@@ -33,17 +33,17 @@ def parts_dir(output: str) -> Path:
 
 
 def translate_in_parts(checkpoints: list[str], inputs: list[str], output: str, cfg: TranslateConfig, resume: bool,
-                       progress: bool | None, make_translator, prefixes: list[str] | None = None,
-                       prefix_file: str | None = None) -> int:
+                       progress: bool | None, make_translator, annotate=None, side_files: list[str] = ()) -> int:
     """Translate `inputs` into `output` part by part, this process's share of the parts when launched by torchrun;
-    `make_translator(device)` builds the Translator; `prefixes`: each line's target prefix (from `prefix_file`).
-    Returns the number of lines this process translated."""
+    `make_translator(device)` builds the Translator; `annotate(items)` adds each line's own fields (its prefix,
+    its phrases to avoid) from `side_files`, which the manifest records beside the inputs. Returns the number of
+    lines this process translated."""
     if any(p == "-" for p in inputs):
         raise TfcliError("--resume and several processes read their input more than once: give files, not stdin")
     info, device = distributed.setup(cfg.device)
     try:
         work = parts_dir(output)
-        manifest = _manifest(checkpoints, inputs + ([prefix_file] if prefix_file else []), cfg)
+        manifest = _manifest(checkpoints, inputs + list(side_files), cfg)
         if info.is_main:
             _prepare(work, manifest, resume)
         distributed.barrier(info)  # the parts directory is ready (or the main process has failed, and so do we)
@@ -52,8 +52,8 @@ def translate_in_parts(checkpoints: list[str], inputs: list[str], output: str, c
         lines = _lines(inputs)
         if cfg.input_format == "jsonl":
             lines = jsonl_items(lines)
-        if prefixes is not None:
-            lines = with_prefixes(lines, prefixes, prefix_file)
+        if annotate is not None:
+            lines = annotate(lines)
         n_parts = 0
         with Progress("translating", None, "sent", progress if info.is_main else False) as bar:
             for part, texts in _parts(lines, cfg.part_lines):

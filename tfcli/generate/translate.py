@@ -32,7 +32,7 @@ from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import InputError, TfcliError
 from tfcli.specials import EOS_ID
 from tfcli.io import (
-    encoding_errors, jsonl_items, open_output, read_inputs, read_lines, refuse_overwriting_inputs,
+    encoding_errors, jsonl_items, open_output, read_inputs, read_lines, refuse_overwriting_inputs, with_avoid,
     with_prefixes,
 )
 
@@ -349,14 +349,34 @@ def output_paths(inputs: list[str], output_dir: str, suffix: str) -> list[Path]:
     return paths
 
 
+def _side_lines(path: str | None, flag: str, field: str, what: str, inputs: list[str], cfg: TranslateConfig,
+                output_dir: str | None) -> list[str] | None:
+    """The lines of a file with one line a line of the input (--prefix, --avoid), checked against the input's
+    line count where it is known before reading it."""
+    if path is None:
+        return None
+    if cfg.input_format == "jsonl":
+        raise TfcliError(f"{flag}: JSONL input gives each line's {field} in its \"{field}\" field; drop {flag}")
+    if output_dir is not None:
+        raise TfcliError(f"{flag} holds one line per input line of one output: use -o FILE, not --output-dir")
+    with encoding_errors(cfg.encoding_errors):
+        lines = read_lines(path)
+    total = _count_lines(inputs)
+    if total is not None and total != len(lines):
+        raise TfcliError(f"{path}: {len(lines)} {what} for {total} input lines; give one a line")
+    return lines
+
+
 def translate(
     checkpoint: str | list[str], inputs: list[str], output: str | None, cfg: TranslateConfig, progress: bool | None = None,
     output_dir: str | None = None, suffix: str = "", resume: bool = False, prefix_file: str | None = None,
+    avoid_file: str | None = None,
 ) -> int:
     """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout), or each input file to
     its own file in `output_dir`; returns the line count. Launched by torchrun on several processes, or with
     `resume`, the file is translated in parts (tfcli/generate/shards.py): the count is then this process's.
     `prefix_file`: one target prefix a line of the input (an empty line: none); each output starts with it.
+    `avoid_file`: one line a line of the input, target phrases separated by tabs, which its output never holds.
     Several checkpoints decode as an ensemble (tfcli/generate/ensemble.py)."""
     from tfcli.checkpoint_meta import input_paths
 
@@ -365,19 +385,17 @@ def translate(
         ([p], str(out)) for p, out in zip(inputs, output_paths(inputs, output_dir, suffix))
     ]
     checkpoints = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
-    sources = inputs + [p for c in checkpoints for p in input_paths(c)] + ([prefix_file] if prefix_file else [])
+    side_files = [f for f in (prefix_file, avoid_file) if f]
+    sources = inputs + [p for c in checkpoints for p in input_paths(c)] + side_files
     refuse_overwriting_inputs([out or "-" for _, out in jobs], sources, hint)
-    prefixes = None
-    if prefix_file is not None:
-        if cfg.input_format == "jsonl":
-            raise TfcliError("--prefix: JSONL input gives each line's prefix in its \"prefix\" field; drop --prefix")
-        if output_dir is not None:
-            raise TfcliError("--prefix holds one line per input line of one output: use -o FILE, not --output-dir")
-        with encoding_errors(cfg.encoding_errors):
-            prefixes = read_lines(prefix_file)
-        total = _count_lines(inputs)
-        if total is not None and total != len(prefixes):
-            raise TfcliError(f"{prefix_file}: {len(prefixes)} prefixes for {total} input lines; give one a line")
+    prefixes = _side_lines(prefix_file, "--prefix", "prefix", "prefixes", inputs, cfg, output_dir)
+    avoid = _side_lines(avoid_file, "--avoid", "avoid", "lines", inputs, cfg, output_dir)
+
+    def annotate(items):
+        if prefixes is not None:
+            items = with_prefixes(items, prefixes, prefix_file)
+        return with_avoid(items, avoid, avoid_file) if avoid is not None else items
+
     processes = distributed.launched().world_size
     if processes > 1 or resume:
         why = f"on {processes} processes" if processes > 1 else "with --resume"
@@ -389,7 +407,7 @@ def translate(
 
         with encoding_errors(cfg.encoding_errors):
             return translate_in_parts(checkpoints, inputs, output, cfg, resume, progress, make_translator,
-                                      prefixes, prefix_file)
+                                      annotate, side_files)
     device = resolve_device(cfg.device)
     precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
     translator = Translator(load_ensemble(checkpoints, device, cfg.dtype), cfg, device)
@@ -402,9 +420,7 @@ def translate(
                 items = read_inputs(files, pauses=True)
                 if cfg.input_format == "jsonl":
                     items = jsonl_items(items)
-                if prefixes is not None:
-                    items = with_prefixes(items, prefixes, prefix_file)
-                for text in translator.run(items):
+                for text in translator.run(annotate(items)):
                     bar.emit(out, text)
                     bar.advance(1)
                     n += 1
