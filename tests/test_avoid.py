@@ -104,7 +104,7 @@ def test_fixed_shape_decoding_avoids_as_the_shrinking_decoder_does():
     assert got != free and not any(contains(o, f[1:3]) for f, o in zip(free, got) if len(f) > 2)
 
 
-def test_avoid_file_and_jsonl_field_on_the_command_line(copier, tmp_path):
+def test_avoid_file_and_jsonl_field(copier, tmp_path):
     """`--avoid FILE` (one line a line of the input, phrases tab-separated, an empty line: none) and the JSONL
     field "avoid" give each line its phrases; a file with another number of lines is one line of error and no
     output; so is an "avoid" that is not a list of strings."""
@@ -112,32 +112,34 @@ def test_avoid_file_and_jsonl_field_on_the_command_line(copier, tmp_path):
     import subprocess
     import sys
 
+    from tfcli.errors import TfcliError
+    from tfcli.generate.config import TranslateConfig
+    from tfcli.generate.translate import translate
+
     src, avoid, out = tmp_path / "in.txt", tmp_path / "avoid.txt", tmp_path / "out.txt"
     src.write_text("cat dog egg fish\ngoat hat ice\napple bird\n")
     avoid.write_text("dog egg\tfish\n\nbird\n")
-
-    def tfcli_translate(*args):
-        return subprocess.run([sys.executable, "-m", "tfcli", "translate", "-m", str(copier), *args],
-                              capture_output=True, text=True, timeout=300)
-
-    res = tfcli_translate(str(src), "-o", str(out), "--avoid", str(avoid))
+    res = subprocess.run([sys.executable, "-m", "tfcli", "translate", "-m", str(copier), str(src), "-o", str(out),
+                          "--avoid", str(avoid)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     got = out.read_text().splitlines()
     assert got[1] == "goat hat ice" and got[0].split()[:2] == ["cat", "dog"]
     assert not holds(got[0], "dog egg") and not holds(got[0], "fish") and not holds(got[2], "bird")
     avoid.write_text("dog egg\n")
     out.unlink()
-    res = tfcli_translate(str(src), "-o", str(out), "--avoid", str(avoid))
-    assert res.returncode != 0 and not out.exists()
-    assert f"{avoid}: 1 lines for 3 input lines" in res.stderr.strip().splitlines()[-1]
+    cfg = TranslateConfig(device="cpu")
+    with pytest.raises(TfcliError, match=f"{avoid}: 1 lines for 3 input lines"):
+        translate(str(copier), [str(src)], str(out), cfg, avoid_file=str(avoid))
+    assert not out.exists()
     rows = [{"text": "cat dog egg fish", "avoid": ["dog egg"]}, {"text": "goat hat"}]
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    res = tfcli_translate(str(jsonl), "--input-format", "jsonl", "-o", str(out))
-    assert res.returncode == 0, res.stderr
+    cfg = TranslateConfig(device="cpu", input_format="jsonl")
+    assert translate(str(copier), [str(jsonl)], str(out), cfg) == 2
     first, second = out.read_text().splitlines()
     assert not holds(first, "dog egg") and first.split()[:2] == ["cat", "dog"] and second == "goat hat"
     jsonl.write_text(json.dumps({"text": "cat", "avoid": "dog"}) + "\n")
     out.unlink()
-    res = tfcli_translate(str(jsonl), "--input-format", "jsonl", "-o", str(out))
-    assert res.returncode != 0 and not out.exists() and 'field "avoid" must be a list of strings' in res.stderr
+    with pytest.raises(TfcliError, match='field "avoid" must be a list of strings'):
+        translate(str(copier), [str(jsonl)], str(out), cfg)
+    assert not out.exists()

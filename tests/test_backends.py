@@ -116,9 +116,7 @@ CONFIGS = GENERAL + WHOLE
 VARIANTS = {
     "eager plain": dict(allow=()),
     "eager packed": dict(pack=True, allow=()),
-    "rows": dict(pack=True, allow=("rows",)),
-    "c_attention": dict(pack=True, allow=("c_attention",)),
-    "rows + c_attention": dict(pack=True, allow=("rows", "c_attention")),
+    "rows + c_attention": dict(pack=True, allow=("rows", "c_attention")),  # (each alone: a mix of these)
     "whole": dict(pack=True),
     "int8": dict(int8=True),
     "static": dict(static=True, allow=("static",)),

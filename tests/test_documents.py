@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import tfcli
 from helpers import WORDS, save_copier, save_model, save_word_tokenizer
+from tfcli.generate.config import TranslateConfig
+from tfcli.generate.translate import translate
 from tfcli.model.config import preset
 from tfcli.model.transformer import build_model
 
@@ -87,7 +87,7 @@ def test_auto_splits_only_lines_longer_than_the_model_was_trained_on(random_mode
     assert c.translate([para], split_sentences="never") == [para.replace(".", " .")]  # (windows)
 
 
-def test_no_line_is_cut_a_5000_token_line_translates_whole(copier, tmp_path):
+def test_no_line_is_cut_a_5000_token_line_translates_whole(copier, tmp_path, capsys):
     """A sentence longer than the model's max_len (the copier's 32) is translated in windows of 31 tokens, with a
     warning naming the file and line, whether lines are split or not: the copier gives back every word of a
     5,000-word line, and of a paragraph of such sentences with the others around them."""
@@ -98,13 +98,11 @@ def test_no_line_is_cut_a_5000_token_line_translates_whole(copier, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.txt"
-    res = subprocess.run([sys.executable, "-m", "tfcli", "translate", "-m", str(copier), str(src), "-o", str(out),
-                          "--beam-size", "1", "--max-len-a", "1", "--max-len-b", "2"],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
+    cfg = TranslateConfig(device="cpu", beam_size=1, max_len_a=1.0, max_len_b=2)
+    assert translate(str(copier), [str(src)], str(out), cfg) == 3
     assert out.read_text().splitlines() == want
-    assert f"{src}:1: a sentence of 5000 tokens" in res.stderr and f"{src}:2: " in res.stderr
-    assert "windows of 31 tokens" in res.stderr
+    err = capsys.readouterr().err
+    assert f"{src}:1: a sentence of 5000 tokens" in err and f"{src}:2: " in err and "windows of 31 tokens" in err
     c = tfcli.load(copier)
     for split in ("never", "always"):
         assert c.translate(lines, split_sentences=split, beam_size=1, max_len_a=1.0, max_len_b=2) == want, split
