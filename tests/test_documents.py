@@ -161,3 +161,16 @@ def test_the_source_language_comes_from_the_training_data_or_src_lang():
     assert [named("d/train.de", None, []), named("d/train.de.gz", None, []), named(None, "translation.fr", []),
             named("train.txt", None, []), named("corpus", None, []), named("train.de", None, ["de-en"])] == [
         "de", "de", "fr", None, None, None]
+
+
+def test_resumed_parts_hold_whole_paragraphs(random_model, tmp_path):
+    """With --resume the file is translated in parts of --part-lines lines: a paragraph is one line, so it is
+    never split across parts, and the file is what one uninterrupted run writes."""
+    texts = [" ".join(p) for p in paragraphs(3, [4, 1, 6, 2, 5])]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts) + "\n")
+    one, parts = tmp_path / "one.txt", tmp_path / "parts.txt"
+    cfg = TranslateConfig(device="cpu", split_sentences="always", part_lines=2, **SHORT)
+    translate(str(random_model), [str(src)], str(one), cfg)
+    translate(str(random_model), [str(src)], str(parts), cfg, resume=True)
+    assert parts.read_text() == one.read_text() and len(one.read_text().splitlines()) == 5
