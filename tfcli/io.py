@@ -354,34 +354,31 @@ def read_inputs(inputs: list[str], pauses: bool = False) -> Iterator[tuple[str, 
 def with_prefixes(items: Iterable, prefixes: list[str], name: str) -> Iterator:
     """Each read_inputs item with its line's target prefix as a fourth field; as many prefixes as lines, or a
     one-line error naming the prefix file."""
-    i = 0
-    for item in items:
-        if item is None:
-            yield None
-            continue
-        if i >= len(prefixes):
-            raise TfcliError(f"{name}: {len(prefixes)} prefixes, but the input has more lines; give one a line")
-        yield (*item, prefixes[i])
-        i += 1
-    if i != len(prefixes):
-        raise TfcliError(f"{name}: {len(prefixes)} prefixes for {i} input lines; give one a line")
+    return _with_lines(items, prefixes, name, "prefixes", lambda item, line: (*item, line))
 
 
 def with_avoid(items: Iterable, lines: list[str], name: str) -> Iterator:
     """Each item with its line's phrases to avoid (`lines`: one a line of the input, phrases separated by tabs; an
     empty line: none) as a sixth field (the prefix and target language before it filled in where missing); as many
     lines as the input's, or a one-line error naming the file."""
+    return _with_lines(items, lines, name, "lines", lambda item, line: (
+        *item, *("", None)[len(item) - 3:], [p for p in line.split("\t") if p.strip()]))
+
+
+def _with_lines(items: Iterable, lines: list[str], name: str, what: str, join) -> Iterator:
+    """join(item, its line of `lines`) for each item (None, an input's pause, passed on); a one-line error naming
+    `name` when the counts differ."""
     i = 0
     for item in items:
         if item is None:
             yield None
             continue
         if i >= len(lines):
-            raise TfcliError(f"{name}: {len(lines)} lines, but the input has more; give one a line (empty: none)")
-        yield (*item, *("", None)[len(item) - 3:], [p for p in lines[i].split("\t") if p.strip()])
+            raise TfcliError(f"{name}: {len(lines)} {what}, but the input has more lines; give one a line")
+        yield join(item, lines[i])
         i += 1
     if i != len(lines):
-        raise TfcliError(f"{name}: {len(lines)} lines for {i} input lines; give one a line (empty: none)")
+        raise TfcliError(f"{name}: {len(lines)} {what} for {i} input lines; give one a line")
 
 
 JSONL_INPUT_FIELDS = ("text", "tgt_lang", "prefix", "avoid")
