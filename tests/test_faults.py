@@ -252,7 +252,7 @@ def test_an_error_after_an_interrupt_lost_in_the_start_exits_130():
 def test_sigint_while_export_imports_its_libraries_exits_130_and_writes_nothing(copier, tmp_path):
     """SIGINT at moments spread over `tfcli export --to ctranslate2`'s start (its lazy imports of torch, numpy,
     ctranslate2): every run ends in 130 (or, when the export had finished, 0 or killed by the signal), never an
-    internal error, and an interrupted one leaves no output."""
+    internal error; an interrupted one leaves nothing, a finished one the whole export, never a part of it."""
     import signal
     import time
 
@@ -267,10 +267,11 @@ def test_sigint_while_export_imports_its_libraries_exits_130_and_writes_nothing(
         # (-SIGINT: the signal came after the command was over, and ended the process as signals do by default)
         assert proc.returncode in (0, 130, -signal.SIGINT), (delay, stderr)
         assert "internal error" not in stderr and "Traceback" not in stderr, (delay, stderr)
-        if proc.returncode == 130:
-            assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(out.name)] == []
-        else:
-            assert (out / "model.bin").is_file()  # finished: the whole export
+        left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(out.name))
+        if proc.returncode == 130 and not out.exists():
+            assert left == [], (delay, left)  # interrupted: nothing written, no temporary left over
+        else:  # finished (a signal just after the export's rename still ends in 130): the whole export, alone
+            assert (out / "model.bin").is_file() and left == [out.name], (delay, left)
 
 
 # --- a real limit on file size (RLIMIT_FSIZE: the kernel refuses the write, as a full disk does) -----------------
