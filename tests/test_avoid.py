@@ -9,16 +9,11 @@ import pytest
 import torch
 
 import tfcli
-from helpers import WORDS, random_translator, save_copier, save_model, save_word_tokenizer
+from helpers import WORDS, random_translator, save_model, save_word_tokenizer
 from tfcli.errors import ConfigError
 from tfcli.generate.search import avoid_tensor, avoided, beam_search, greedy_decode
 from tfcli.generate.step import StepModel
 from tfcli.specials import EOS_ID, PAD_ID
-
-
-@pytest.fixture(scope="module")
-def copier(tmp_path_factory):
-    return save_copier(tmp_path_factory.mktemp("copier"), WORDS)
 
 
 @pytest.fixture(scope="module")

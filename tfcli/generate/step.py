@@ -75,7 +75,7 @@ class StepModel:
         # weights already in bf16/fp16 (a GPU's decoding copy, tfcli.generate.loader): run without autocast
         self.half = weight.dtype in (torch.bfloat16, torch.float16)
         self.plan = plan = backend.choose(model.cfg, weight.device, weight.dtype, pack, int8, static, allow)
-        self.static, self.int8, self.packed = plan.static, plan.linear == "int8", plan.encoder == "packed"
+        self.static = plan.static
         self.attend_rows = native.attention_kernel() if plan.attention == "c" else None
         decoder = parts.decoder
         self.embed, self.rope = decoder.embed, decoder.rope
@@ -316,7 +316,7 @@ class IncrementalDecoder:
         -inf). `pos`: their positions for RoPE, (r,) or (n, r). Returns the logits (n*r, V), or (n, V) of each row's
         last position with `last_only`."""
         c = self.sm.c_attention()
-        if c and self.layer_args is not None and isinstance(start, int):
+        if c and self.layer_args is not None:  # (never with fixed shapes, whose `start` is a tensor)
             x = self._c_layers(x, start, r, L, self_bias)
         else:
             x = self._op_layers(x, start, r, L, self_bias if c else self._head_bias(self_bias), pos, c)

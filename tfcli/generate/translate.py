@@ -123,22 +123,20 @@ class Translator:
             leads.append(tag_id(self.tags, lang, f"{name}:{lineno}"))
         # each line as the sources it is translated as (itself, its sentences, or windows), in order
         units, owner, keys = [], [], []  # the sources' ids; the line (index into todo) and sampling key of each
+        spans = []  # per line (index into todo): its first source and how many
         for k, i in enumerate(todo):
-            for p, seq in enumerate(self._units(chunk[i], ids[k], leads[k])):
-                units.append(seq)
-                owner.append(k)
-                keys.append(first + i + (p << 40))  # (a line's first source keyed as the line)
-        count = [0] * len(todo)
-        for k in owner:
-            count[k] += 1
-        firsts = {k: u for u, k in reversed(list(enumerate(owner)))}
+            pieces = self._units(chunk[i], ids[k], leads[k])
+            spans.append((len(units), len(pieces)))
+            units += pieces
+            owner += [k] * len(pieces)
+            keys += [first + i + (p << 40) for p in range(len(pieces))]  # (a line's first source keyed as the line)
         targets = None
         if any(prefixes):  # a line's prefix starts its first source's translation
             encoded = encode_batch(self.tgt_tok, [prefixes[i] for i in todo])
-            targets = [encoded[k] if firsts[k] == u else [] for u, k in enumerate(owner)]
+            targets = [encoded[k] if spans[k][0] == u else [] for u, k in enumerate(owner)]
         src = [source_ids(seq, self.max_len) for seq in units]
         avoid = [avoids[todo[k]] for k in owner] if any(avoids) else None
-        parts: dict[int, list] = {}  # per line (index into todo), its sources' hypotheses so far, by unit
+        unit_hyps: dict[int, list[Hypothesis]] = {}  # the sources decoded so far whose line is not complete
         done = 0
         if src:
             lengths = [len(s) for s in src]
@@ -152,13 +150,12 @@ class Translator:
                 hyps = self.decode([src[u] for u in rows], [keys[u] for u in rows],
                                    [targets[u] for u in rows] if targets is not None else None, width, slots,
                                    [avoid[u] for u in rows] if avoid is not None else None)
-                for u, h in zip(rows, hyps):
-                    k = owner[u]
-                    parts.setdefault(k, {})[u] = h
-                    if len(parts[k]) == count[k]:
-                        got = parts.pop(k)
-                        results[todo[k]] = self._joined([got[v] for v in sorted(got)],
-                                                        [src[v] for v in sorted(got)], leads[k] is not None)
+                unit_hyps.update(zip(rows, hyps))
+                for k in dict.fromkeys(owner[u] for u in rows):  # (each line once, in order)
+                    start, n = spans[k]
+                    if all(u in unit_hyps for u in range(start, start + n)):
+                        results[todo[k]] = self._joined([unit_hyps.pop(u) for u in range(start, start + n)],
+                                                        src[start : start + n], leads[k] is not None)
                         self.decoded += 1
                         self.empty += not results[todo[k]][0].tokens and not prefixes[todo[k]]
                 while done in results:
