@@ -248,6 +248,28 @@ def test_an_error_after_an_interrupt_lost_in_the_start_exits_130():
     assert plain.returncode == 1 and "ImportError" in plain.stderr
 
 
+def test_a_signal_inside_an_import_waits_for_the_import_to_end(tmp_path):
+    """A SIGINT while a module is being imported (where an extension's C++ may have nowhere to put the exception)
+    is held until the import is over: the module is imported whole, and the command then ends in 130."""
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "for _ in range(20):\n"
+        "    time.sleep(0.01)  # (Python checks for signals here)\n"
+        "whole = True\n")
+    code = ("import sys, time, tfcli.cli as c, tfcli.__main__ as m\n"
+            f"sys.path.insert(0, {str(tmp_path)!r})\n"
+            "def start():\n"
+            "    import slow_module\n"
+            "    print('whole' if slow_module.whole else 'cut', flush=True)\n"
+            "    time.sleep(10)\n"
+            "    print('not interrupted', flush=True)\n"
+            "c.main = start\n"
+            "m.main()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr.strip()) == (130, "whole\n", "interrupted")
+
+
 @pytest.mark.slow
 def test_sigint_while_export_imports_its_libraries_exits_130_and_writes_nothing(copier, tmp_path):
     """SIGINT at moments spread over `tfcli export --to ctranslate2`'s start (its lazy imports of torch, numpy,

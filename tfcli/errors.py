@@ -7,6 +7,7 @@ message as one line on stderr and exits with its code. Tracebacks are only shown
 from __future__ import annotations
 
 import os
+import signal
 
 # Exit codes, so shell pipelines can tell failures apart.
 EXIT_ERROR = 1  # bad input, bad config, missing file: the user can fix it
@@ -52,10 +53,30 @@ _signalled: int | None = None
 
 
 def interrupt(signum, frame) -> None:
-    """Signal handler: remember the signal and raise KeyboardInterrupt."""
+    """Signal handler: remember the signal and raise KeyboardInterrupt; inside an import, later.
+
+    An extension module being imported runs Python from C++ (pybind11) where an exception may have nowhere to go,
+    and the process aborts; a module whose import was cut is left half made. So inside an import the signal is only
+    remembered, and comes back every 50 ms (SIGALRM) until the import is over."""
     global _signalled
     _signalled = signum
+    if _importing(frame) and hasattr(signal, "setitimer"):
+        signal.signal(signal.SIGALRM, _again)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        return
     raise KeyboardInterrupt
+
+
+def _again(_alarm, frame) -> None:
+    interrupt(_signalled, frame)
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def was_interrupted() -> bool:
