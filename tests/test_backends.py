@@ -37,10 +37,13 @@ SAMPLES = {  # the fields that are not a Literal or a bool: the values tried
 }
 STEPS = 6  # greedy steps a sentence (within the smallest max_len)
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)  # fp32 logits: the same sums in other orders
-# int8 against its oracle, |error| <= this x the largest |logit|: the two agree to 1e-6 but where an input lies at a
-# rounding level's midpoint, which their fp32 activations (1e-7 apart) may take on different sides: one level of
-# one row moves the logits by up to about 1% (seen: 0.7%, ATEN_CPU_CAPABILITY=default)
-INT8_BOUND = 0.02
+# int8 against its oracle, |error| / the largest |logit|: the two agree to 1e-6 but where an input lies at a
+# rounding level's midpoint, which their fp32 activations (1e-7 apart) may take on different sides: one level (1/63
+# of a row's largest value) of one element moves that step's logits by up to a few percent in these small models
+# (seen: 0.7% at ATEN_CPU_CAPABILITY=default; 6.5% on a 48-wide post-norm GeGLU model). A wrong kernel errs at
+# every step: all steps but INT8_FLIPS (of STEPS; a flip lives on, smaller, in the cached keys) must agree to
+# INT8_CLOSE, and none be off by more than INT8_BOUND.
+INT8_CLOSE, INT8_FLIPS, INT8_BOUND = 1e-4, 2, 0.1
 
 
 def field_values(field: dataclasses.Field) -> list:
@@ -273,7 +276,7 @@ def test_every_backend_gives_the_full_forwards_greedy_ids(index):
         ran.add(key)
         got, errors = decode(sm, cfg, ids, model, sm.plan.linear == "int8", memo)
         if sm.plan.linear == "int8":
-            assert max(errors) <= INT8_BOUND, (variant, errors)
+            assert max(errors) <= INT8_BOUND and sum(e > INT8_CLOSE for e in errors) <= INT8_FLIPS, (variant, errors)
         else:
             assert got == want, (variant, fields)
 

@@ -315,8 +315,13 @@ def test_export_and_import_refusals_are_one_line_and_write_nothing(tmp_path):
         (tmp_path / name / "config.json").write_text(config)
     (tmp_path / "ct2" / "model.bin").write_bytes(b"\0" * 16)
     (tmp_path / "bert").mkdir()
-    (tmp_path / "bert" / "config.json").write_text('{"model_type": "m2m_100"}')
-    cases.append((("import", tmp_path / "bert", "-o", tmp_path / "out"), "m2m_100' cannot be imported (its sinusoidal"))
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    cases.append((("import", tmp_path / "bert", "-o", tmp_path / "out"), "model_type 'bert' cannot be imported; supported"))
+    (tmp_path / "m2m").mkdir()  # fairseq's positions count from <pad> + 1: another padding id is not theirs
+    (tmp_path / "m2m" / "config.json").write_text(json.dumps(dict(
+        model_type="m2m_100", d_model=8, encoder_attention_heads=2, decoder_attention_heads=2, encoder_layers=1,
+        decoder_layers=1, encoder_ffn_dim=8, decoder_ffn_dim=8, vocab_size=10, pad_token_id=0)))
+    cases.append((("import", tmp_path / "m2m", "-o", tmp_path / "out"), "pad_token_id is 0; M2M-100 numbers"))
     (tmp_path / "pickled").mkdir()
     (tmp_path / "pickled" / "config.json").write_text('{"model_type": "gpt2", "n_embd": 8, "n_head": 2, "n_layer": 1, '
                                                       '"n_positions": 8, "vocab_size": 10}')

@@ -111,7 +111,8 @@ class Translator:
         sampling=True with temperature, topk, topp and seed: one draw a text, keyed by the seed and its index;
         prefixes: one target prefix a text ('' for none), which its translation starts with; avoid: one list of
         target phrases a text ([] for none), none of which its translation holds; tgt_lang: a multilingual
-        model's target language, one for all texts or a list of one a text."""
+        model's target language, one for all texts or a list of one a text; src_lang: the texts' language (what an
+        imported M2M-100 or NLLB model needs, and the sentence splitter's rules)."""
         _check_options("translate", options, _TRANSLATE + ("prefixes", "tgt_lang", "avoid"))
         return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), None, options)]
 

@@ -32,7 +32,8 @@ def translate(
     output: OutputFile = None,
     tgt_lang: Optional[str] = typer.Option(
         None, "--tgt-lang", metavar="LANG",
-        help="A multilingual model's target language (its >>LANG<< tag goes first in every line); required for one.",
+        help="A multilingual model's target language (its >>LANG<< tag first in every line; an imported M2M-100 or "
+        "NLLB model's: its token forced first in every output, e.g. fr, fra_Latn); required for one.",
     ),
     split_sentences: Optional[str] = typer.Option(
         None, "--split-sentences", metavar="WHEN", rich_help_panel=_DEC,
@@ -42,7 +43,8 @@ def translate(
     ),
     src_lang: Optional[str] = typer.Option(
         None, "--src-lang", metavar="LANG", rich_help_panel=_DEC,
-        help="The input's language (de, en, fr, ...), for the sentence splitter's rules (default: generic ones).",
+        help="The input's language (de, en, fr, ...), for the sentence splitter's rules (default: generic ones); "
+        "an imported M2M-100 or NLLB model needs it (en, eng_Latn): its token goes first in every line.",
     ),
     input_format: Optional[str] = typer.Option(
         None, "--input-format", metavar="FORMAT", rich_help_panel=_FMT,

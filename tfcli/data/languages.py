@@ -1,7 +1,12 @@
-"""Target-language tags of a multilingual model, Marian's (OPUS-MT's) convention: `>>fr<<` as the first source
-token tells one model which language to translate into.
+"""How a multilingual model is told its languages. Two conventions:
 
-The tag goes on the source side, not (as M2M-100 does) as a forced first target token: the model and the search are
+- Marian's (OPUS-MT's, and tfcli's own models'): `>>fr<<` as the first source token tells one model which language
+  to translate into.
+- M2M-100's (and NLLB-200's), for models imported from them: the source language's token (`__en__`, `eng_Latn`)
+  first in the source, the target language's forced as the first output token (and left out of the output). The
+  checkpoint lists those tokens under LANGUAGE_TOKENS; `translate --src-lang` and `--tgt-lang` name them.
+
+tfcli's own tag goes on the source side, not as a forced first target token: the model and the search are
 those of a bilingual model, a target prefix stays free for the user's own, and both exports need nothing new (a
 CTranslate2 model and a MarianMT model read it as the first source token, as OPUS-MT's multilingual models do, so
 an imported OPUS-MT model's tags work as tfcli's). prepare adds the tags to the source vocabulary as special tokens
@@ -76,6 +81,43 @@ def tag_id(tags: dict[str, int], lang: str | None, where: str) -> int | None:
     if lang not in tags:
         raise ConfigError(f"{where}: the model does not translate into '{lang}' (it knows: {', '.join(sorted(tags))})")
     return tags[lang]
+
+
+LANGUAGE_TOKENS = "language_tokens"  # checkpoint config.json key: an M2M-100-style model's {language: token}
+_M2M_TOKEN = re.compile(r"__(" + _CODE + r")__")  # M2M-100: __fr__
+_NLLB_TOKEN = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # NLLB-200: fra_Latn (a language and its script)
+
+
+def m2m_language_tokens(tok: dict) -> dict[str, str]:
+    """{language: token} of an M2M-100 or NLLB-200 tokenizer.json (the special tokens that name a language)."""
+    out = {}
+    for added in tok.get("added_tokens", []):
+        token = added["content"]
+        if m := _M2M_TOKEN.fullmatch(token):
+            out[m.group(1)] = token
+        elif _NLLB_TOKEN.fullmatch(token):
+            out[token] = token
+    return out
+
+
+def language_ids(tok, tokens: dict[str, str]) -> dict[str, int]:
+    """{language: id} in a tokenizer of the LANGUAGE_TOKENS of a checkpoint."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    return {lang: vocab[t] for lang, t in tokens.items() if t in vocab}
+
+
+def language_id(ids: dict[str, int], lang: str | None, where: str, role: str) -> int:
+    """An M2M-100-style model's token for `lang` as the `role` ("source" or "target") language; a one-line error
+    where it is not given or the model lacks it."""
+    flag = "--src-lang" if role == "source" else "--tgt-lang"
+    if not lang:
+        raise ConfigError(f"{where}: the model needs its {role} language: give it with {flag} "
+                          f"({', '.join(sorted(ids)[:12])}{', ...' if len(ids) > 12 else ''})")
+    if lang not in ids:
+        near = sorted(c for c in ids if c.split("_")[0][:2] == lang.split("_")[0][:2])
+        hint = f" (close: {', '.join(near)})" if near else ""
+        raise ConfigError(f"{where}: the model has no {role} language '{lang}'{hint}")
+    return ids[lang]
 
 
 _NOT_LANGUAGES = {"txt", "tsv", "csv", "gz", "xz", "bz2", "zst", "json", "raw", "tok", "bpe", "src", "tgt"}

@@ -1,11 +1,16 @@
-"""SentencePiece models as Hugging Face `tokenizers` tokenizers: a Marian model's vocabulary (`tfcli import`) and
-a plain unigram .spm/.model file (`tfcli prepare --tokenizer-from`).
+"""SentencePiece models as Hugging Face `tokenizers` tokenizers: a Marian or an M2M-100 model's vocabulary (`tfcli
+import`) and a plain unigram .spm/.model file (`tfcli prepare --tokenizer-from`).
 
 Marian (Opus-MT) directories ship `source.spm`/`target.spm` (SentencePiece unigram models) and `vocab.json` (piece ->
 embedding row, shared by both sides): a text is cut into pieces by the .spm model, and each piece is looked up in
 vocab.json. Here the same is one unigram model over vocab.json's pieces in its order, scored as the .spm model scores
 them (a piece the .spm model lacks gets ABSENT_SCORE, so it is used only where nothing else fits), behind the .spm
 model's own normalisation (its precompiled NFKC-like character map) and SentencePiece's whitespace handling.
+
+M2M-100 directories ship `sentencepiece.bpe.model` (a SentencePiece BPE model) and `vocab.json` (fairseq's
+dictionary: piece -> row), the language tokens and "madeup words" numbered after it. SentencePiece's BPE merges, at
+each step, the adjacent pair whose merged piece came earliest in training (the .spm model lists its pieces in that
+order); a `tokenizers` BPE model with the merges ranked by that order cuts texts the same way.
 
 The .spm file is a protobuf message; the few fields needed are read here directly, so neither the sentencepiece nor
 the protobuf package is required.
@@ -149,3 +154,39 @@ def marian_tokenizer(spm_path: Path, vocab: dict[str, int], unk: str = "<unk>") 
         pieces[i] = piece
     table = [(p, scores.get(p, ABSENT_SCORE)) for p in pieces]
     return _unigram(spm, table, vocab[unk], [p for p in ("</s>", unk, "<pad>") if p in vocab])
+
+
+def _merges(spm: dict, known: set[str]) -> list[tuple[str, str]]:
+    """The BPE merges of a SentencePiece BPE model, by the rank of the piece they make (its place in the model),
+    every way of cutting a piece into two known pieces ranked by the left piece's place; pieces outside `known`
+    (the embedding rows) are never made."""
+    rank = {p: i for i, (p, _, kind) in enumerate(spm["pieces"]) if kind == _NORMAL and p in known}
+    out = []
+    for piece in sorted(rank, key=rank.get):
+        cuts = [(piece[:j], piece[j:]) for j in range(1, len(piece)) if piece[:j] in rank and piece[j:] in rank]
+        out += sorted(cuts, key=lambda c: (rank[c[0]], rank[c[1]]))
+    return out
+
+
+def m2m_tokenizer(spm_path: Path, vocab: dict[str, int], appended: list[str], unk: str = "<unk>") -> dict:
+    """tokenizer.json (as a dict) for an M2M-100 directory: vocab.json's ids, then the `appended` tokens (language
+    tokens, madeup words) numbered after them, as special tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    spm = read_spm(spm_path)
+    if spm["model_type"] != 2:
+        raise TfcliError(f"{spm_path}: expected a SentencePiece BPE model (M2M-100's), got model type "
+                         f"{spm['model_type']}")
+    if unk not in vocab:
+        raise TfcliError(f"{spm_path.parent / 'vocab.json'}: has no {unk} token")
+    tok = Tokenizer(models.BPE(dict(vocab), _merges(spm, set(vocab)), unk_token=unk, fuse_unk=True))
+    steps = [normalizers.Precompiled(spm["charsmap"])] if spm["charsmap"] else []
+    if spm["squeeze"]:
+        steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
+    if steps:
+        tok.normalizer = normalizers.Sequence(steps)
+    scheme = "always" if spm["dummy_prefix"] else "never"
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+    tok.add_special_tokens([t for t in ("<s>", "<pad>", "</s>", unk) if t in vocab] + appended)
+    return json.loads(tok.to_str())

@@ -58,7 +58,7 @@ IMPLEMENTS: dict[str, dict[str, frozenset | None]] = {
     "norm": _EVERY,  # pre or post: RowLinear norms its input or its output rows
     "rms_norm": dict(_EVERY, whole=frozenset({False})),  # rows.c folds LayerNorm into the linear layers
     "qk_norm": _EVERY,  # decode_layers: the RMSNorm gains in its call
-    "positions": dict(_EVERY, whole=frozenset({"sinusoidal", "learned"})),  # added before the layers; no RoPE
+    "positions": dict(_EVERY, whole=frozenset({"sinusoidal", "fairseq", "learned"})),  # added before the layers; no RoPE
     "scale_embedding": _EVERY,  # the embedding and the output layer run outside the layers
     "share_embeddings": _EVERY,
     "tie_output": _EVERY,

@@ -32,7 +32,8 @@ class TranslateConfig:
     seed: int = 1
     alignment: bool = False  # add word alignments (Pharaoh "i-j") from the cross-attention, after a tab
     alignment_layer: int = 0  # the decoder layer (1-based) whose cross-attention aligns; 0: the penultimate
-    # a multilingual model: the language to translate into (its tag >>xx<< goes first in every source line)
+    # a multilingual model: the language to translate into (its tag >>xx<< goes first in every source line; an
+    # imported M2M-100/NLLB model's token is forced first in every output)
     tgt_lang: Optional[str] = None
     # jsonl: each input line a JSON object {"text": ..., "tgt_lang": ..., "prefix": ...}, the last two optional (a
     # line's own target language and prefix)
@@ -41,7 +42,9 @@ class TranslateConfig:
     # line longer than 99% of the model's training sources, or than its max_len), always, or never; whatever this
     # says, a sentence longer than max_len is translated in windows of max_len tokens, never cut
     split_sentences: Literal["auto", "always", "never"] = "auto"
-    src_lang: Optional[str] = None  # the input's language, for the sentence splitter's rules (default: generic)
+    # the input's language, for the sentence splitter's rules (default: generic); an imported M2M-100/NLLB model
+    # needs it (its token goes first in every source line)
+    src_lang: Optional[str] = None
     batch_size: int = 64  # sentences per batch, at most
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length

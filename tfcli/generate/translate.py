@@ -19,7 +19,7 @@ import torch
 
 from tfcli import distributed
 from tfcli.data.batching import pad, source_ids, token_batches, width_groups
-from tfcli.data.languages import tag_id
+from tfcli.data.languages import language_id, tag_id
 from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
 from tfcli.generate.config import TranslateConfig
 from tfcli.console import Progress, warn
@@ -52,7 +52,12 @@ class Translator:
             raise TfcliError(f"--alignment-layer {cfg.alignment_layer}: the model's decoder has {n_layers} layers")
         self.alignment_layer = cfg.alignment_layer or default_layer(n_layers)
         self.tags = loaded.tags  # a multilingual model's {language: tag id}
-        if cfg.tgt_lang is not None:
+        self.langs = loaded.langs  # an M2M-100-style model's {language: token id}
+        if self.langs:
+            for role, lang in (("source", cfg.src_lang), ("target", cfg.tgt_lang)):
+                if lang is not None:
+                    language_id(self.langs, lang, "--src-lang" if role == "source" else "--tgt-lang", role)
+        elif cfg.tgt_lang is not None:
             tag_id(self.tags, cfg.tgt_lang, "--tgt-lang")
         self.precision = precision(device, cfg.dtype, loaded.steps.half)
         self.warned_unk = self.warned_empty = False
@@ -116,11 +121,16 @@ class Translator:
                 results[i] = [Hypothesis([], 0.0, [], [] if self.cfg.alignment else None)]
         ids = encode_batch(self.src_tok, [chunk[i][2] for i in todo])
         self._check_unknowns(ids)
-        leads = []
+        leads, forced = [], []  # per line: the source's first token (a language's), the output's (M2M-100's)
         for i in todo:  # a multilingual model: the line's target-language tag first
             name, lineno, *rest = chunk[i]
             lang = rest[2] if len(rest) > 2 and rest[2] is not None else self.cfg.tgt_lang
-            leads.append(tag_id(self.tags, lang, f"{name}:{lineno}"))
+            if self.langs:
+                leads.append(language_id(self.langs, self.cfg.src_lang, f"{name}:{lineno}", "source"))
+                forced.append([language_id(self.langs, lang, f"{name}:{lineno}", "target")])
+            else:
+                leads.append(tag_id(self.tags, lang, f"{name}:{lineno}"))
+                forced.append([])
         # each line as the sources it is translated as (itself, its sentences, or windows), in order
         units, owner, keys = [], [], []  # the sources' ids; the line (index into todo) and sampling key of each
         spans = []  # per line (index into todo): its first source and how many
@@ -131,9 +141,9 @@ class Translator:
             owner += [k] * len(pieces)
             keys += [first + i + (p << 40) for p in range(len(pieces))]  # (a line's first source keyed as the line)
         targets = None
-        if any(prefixes):  # a line's prefix starts its first source's translation
-            encoded = encode_batch(self.tgt_tok, [prefixes[i] for i in todo])
-            targets = [encoded[k] if spans[k][0] == u else [] for u, k in enumerate(owner)]
+        if any(prefixes) or self.langs:  # a line's prefix starts its first source's translation
+            encoded = encode_batch(self.tgt_tok, [prefixes[i] for i in todo]) if any(prefixes) else [[]] * len(todo)
+            targets = [forced[k] + (encoded[k] if spans[k][0] == u else []) for u, k in enumerate(owner)]
         src = [source_ids(seq, self.max_len) for seq in units]
         avoid = [avoids[todo[k]] for k in owner] if any(avoids) else None
         unit_hyps: dict[int, list[Hypothesis]] = {}  # the sources decoded so far whose line is not complete
@@ -266,6 +276,10 @@ class Translator:
                 )
             if cfg.alignment:
                 self._align(batch, src, hyps)
+        if self.langs:  # the target language's token, forced first: not part of the translation
+            for h in (h for hs in hyps for h in hs):
+                h.tokens = h.tokens[1:]
+                h.token_scores = h.token_scores[1:] if h.token_scores is not None else None
         return hyps
 
     def _align(self, batch: list[list[int]], src: torch.Tensor, hyps: list[list[Hypothesis]]) -> None:
@@ -273,9 +287,10 @@ class Translator:
         rows = [i for i, hs in enumerate(hyps) for _ in hs]
         flat = [h for hs in hyps for h in hs]
         aligned = token_alignments(self.steps.model, src[rows], [h.tokens for h in flat], self.alignment_layer)
+        skip = 1 if self.langs else 0  # (the forced target-language token)
         for row, h, positions in zip(rows, flat, aligned):
-            h.alignment = word_alignment(self.src_tok, self.tgt_tok, batch[row], h.tokens, positions, self.cfg.raw,
-                                         lead=1 if self.tags else 0)
+            h.alignment = word_alignment(self.src_tok, self.tgt_tok, batch[row], h.tokens[skip:], positions[skip:],
+                                         self.cfg.raw, lead=1 if self.tags or self.langs else 0)
 
     def texts(self, hyps: list[Hypothesis]) -> list[str]:
         """The hypotheses as output text: detokenised (or subword tokens with `raw`), one line each; a line

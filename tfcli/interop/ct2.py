@@ -63,8 +63,9 @@ def _norm(spec, norm: torch.nn.Module) -> None:
 
 def _positions(spec, embed, cfg: ModelConfig) -> None:
     spec.scale_embeddings = cfg.scale_embedding
-    if cfg.positions == "sinusoidal":
-        spec.position_encodings.encodings = _np(sinusoidal_table(max(cfg.max_len, SINUSOIDAL_ROWS), cfg.d_model))
+    if cfg.positions in ("sinusoidal", "fairseq"):
+        rows = max(cfg.max_len, SINUSOIDAL_ROWS)
+        spec.position_encodings.encodings = _np(sinusoidal_table(rows, cfg.d_model, cfg.positions))
     elif cfg.positions == "learned":
         spec.position_encodings.encodings = _np(embed.pos.emb.weight)
 

@@ -2,11 +2,12 @@
 
     tfcli model                                      transformers class
     seq2seq, post-norm, sinusoidal positions         MarianMTModel  (shared or separate embeddings)
-    seq2seq, pre-norm, sinusoidal, shared embeddings PegasusForConditionalGeneration (M2M100's pre-norm layout, with
-                                                     Marian's sinusoids; M2M100's own table differs from the paper's)
+    seq2seq, pre-norm, sinusoidal, shared embeddings PegasusForConditionalGeneration (M2M-100's pre-norm layout, with
+                                                     the paper's sinusoids)
+    seq2seq, pre-norm, fairseq positions, shared     M2M100ForConditionalGeneration (M2M-100, NLLB-200): import
     lm, pre-norm, learned positions, no scaling      GPT2LMHeadModel
 
-Marian's and Pegasus' sinusoidal tables hold the sines in the first half of the model dimension and the cosines in
+Marian's, Pegasus' and M2M-100's sinusoidal tables hold the sines in the first half of the model dimension and the cosines in
 the second, where tfcli (as the paper) interleaves them. Permuting the model dimension the same way in every weight
 that reads or writes the residual stream (embeddings, LayerNorms, the input columns of q/k/v/FFN-in, the output
 rows of attention-out/FFN-out) turns one network into the other exactly: LayerNorm and the residual additions do
@@ -84,6 +85,9 @@ def hf_arch(cfg: ModelConfig) -> str:
         if cfg.output_bias:
             refuse("model.output_bias true", "GPT-2's output projection has no bias")
         return "gpt2"
+    if cfg.positions == "fairseq":
+        refuse("model.positions fairseq", "M2M100, the class with fairseq's positions, numbers them from its <pad> "
+               "id + 1, and tfcli's <pad> is id 0")
     if cfg.positions != "sinusoidal":
         refuse(f"model.positions {cfg.positions}", "Marian and Pegasus have sinusoidal positions only")
     if cfg.layer_norm_eps != LAYER_NORM_EPS:
@@ -157,7 +161,7 @@ def _pairs(cfg: ModelConfig, arch: str) -> Iterator[tuple[str, tuple[int, int] |
         yield from norm(f"{t}.res_cross.norm", f"{h}.encoder_attn_layer_norm")
         yield from ffn(t, h)
         yield from norm(f"{t}.res_ffn.norm", f"{h}.final_layer_norm")
-    if arch == "pegasus":
+    if arch in ("pegasus", "m2m_100"):  # pre-norm: the stacks' final LayerNorms
         yield from norm("encoder.norm", f"{m}.encoder.layer_norm")
         yield from norm("decoder.norm", f"{m}.decoder.layer_norm")
 

@@ -1,5 +1,5 @@
-"""`tfcli import`: a `transformers` Marian, Pegasus or GPT-2 directory as a tfcli checkpoint, checked before
-anything is written (the mapping: `hf`)."""
+"""`tfcli import`: a `transformers` Marian, Pegasus, M2M-100 (M2M-100, NLLB-200) or GPT-2 directory as a tfcli
+checkpoint, checked before anything is written (the mapping: `hf`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from tfcli.config import to_dict
+from tfcli.data.languages import LANGUAGE_TOKENS, m2m_language_tokens
 from tfcli.data.vocab import reorder_vocabulary, vocab_list
 from tfcli.errors import TfcliError
 from tfcli.interop.hf import ABSENT_LOGIT, LAYER_NORM_EPS, _linear_bias, _pairs, from_hf_state
@@ -17,12 +18,13 @@ from tfcli.io import refuse_overwriting_inputs
 from tfcli.model.config import ModelConfig
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
-SUPPORTED = {"marian": "marian", "pegasus": "pegasus", "gpt2": "gpt2"}
+SUPPORTED = {"marian": "marian", "pegasus": "pegasus", "m2m_100": "m2m_100", "gpt2": "gpt2"}
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "swish": "silu", "silu": "silu"}
 
 
-_OPENED = ("config.json", "tokenizer.json", "target_tokenizer.json", "source.spm", "target.spm", "vocab.json")
+_OPENED = ("config.json", "tokenizer.json", "target_tokenizer.json", "source.spm", "target.spm", "vocab.json",
+           "sentencepiece.bpe.model", "tokenizer_config.json")
 
 
 def _refuse_special_files(hf_dir: Path) -> None:
@@ -86,6 +88,9 @@ def _check_config(config: dict, arch: str, hf_dir: Path) -> None:
     eps = config.get("layer_norm_epsilon", 1e-5)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         raise TfcliError(f"{where}: layer_norm_epsilon is {eps!r}; expected a small positive number")
+    if arch == "m2m_100" and config.get("pad_token_id") != 1:  # (tfcli's "fairseq" table starts at position 2)
+        raise TfcliError(f"{where}: pad_token_id is {config.get('pad_token_id')!r}; M2M-100 numbers its positions "
+                         "from <pad> + 1, and tfcli's table of them from fairseq's <pad>, 1")
     d, heads = ("n_embd", "n_head") if kind == "gpt2" else ("d_model", "encoder_attention_heads")
     if config[d] % config[heads]:
         raise TfcliError(f"{where}: {d} {config[d]} is not divisible by {heads} {config[heads]}")
@@ -153,8 +158,8 @@ def _check_sizes(config: dict, arch: str, headers: dict, hf_dir: Path) -> None:
 
 
 # tensors a transformers file may hold that tfcli computes itself: GPT-2's causal-mask buffers, the sinusoidal
-# position tables of Marian and Pegasus
-_DERIVED = (".attn.bias", ".attn.masked_bias", "embed_positions.weight")
+# position tables of Marian, Pegasus and M2M-100
+_DERIVED = (".attn.bias", ".attn.masked_bias", "embed_positions.weight", "embed_positions.weights")
 
 
 def _check_weights(headers: dict, cfg: ModelConfig, arch: str, hf_dir: Path) -> None:
@@ -196,9 +201,7 @@ def _arch_of(config: dict, hf_dir: Path) -> str:
             what = "is not a transformers model directory (its config.json has no model_type)"
         raise TfcliError(f"{hf_dir}: {what}; tfcli import takes a Hugging Face transformers directory "
                          f"(save_pretrained) of model_type {', '.join(SUPPORTED)}")
-    why = {"m2m_100": " (its sinusoidal table is fairseq's, with other frequencies and positions offset by the "
-                      "padding id, which no tfcli option reproduces)"}.get(kind, "")
-    raise TfcliError(f"{hf_dir}: model_type '{kind}' cannot be imported{why}; supported: "
+    raise TfcliError(f"{hf_dir}: model_type '{kind}' cannot be imported; supported: "
                      f"{', '.join(SUPPORTED)}")
 
 
@@ -223,14 +226,15 @@ def model_config_from_hf(config: dict, arch: str, hf_dir: Path) -> ModelConfig:
         )
     need(config["encoder_attention_heads"] == config["decoder_attention_heads"], "different encoder/decoder heads")
     need(config["encoder_ffn_dim"] == config["decoder_ffn_dim"], "different encoder/decoder FFN sizes")
-    share = True if arch == "pegasus" else config.get("share_encoder_decoder_embeddings", True)
+    share = True if arch in ("pegasus", "m2m_100") else config.get("share_encoder_decoder_embeddings", True)
+    need(arch != "m2m_100" or not config.get("layernorm_embedding", False), "layernorm_embedding")
     src_v = config["vocab_size"]
     return ModelConfig(
         kind="seq2seq", src_vocab_size=src_v, tgt_vocab_size=src_v if share else config.get("decoder_vocab_size") or src_v,
         d_model=config["d_model"], n_head=config["encoder_attention_heads"], n_encoder_layers=config["encoder_layers"],
         n_decoder_layers=config["decoder_layers"], d_ff=config["encoder_ffn_dim"], dropout=config.get("dropout", 0.1),
         attn_dropout=config.get("attention_dropout", 0.0), activation=_ACTIVATIONS[act],
-        norm="post" if arch == "marian" else "pre", positions="sinusoidal",
+        norm="post" if arch == "marian" else "pre", positions="fairseq" if arch == "m2m_100" else "sinusoidal",
         max_len=config.get("max_position_embeddings", 1024), scale_embedding=config.get("scale_embedding", False),
         share_embeddings=share, tie_output=config.get("tie_word_embeddings", True), output_bias=True,
         layer_norm_eps=LAYER_NORM_EPS,
@@ -252,7 +256,7 @@ def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
 def _tokenizers(hf_dir: Path) -> tuple[tuple[Path, dict], tuple[Path, dict]]:
     """((path, tokenizer.json data) of the source, of the target): tokenizer.json for both (and
     target_tokenizer.json for the target where tfcli's export wrote one), else Marian's source.spm/target.spm with
-    vocab.json, converted (tfcli/data/spm.py)."""
+    vocab.json, or M2M-100's sentencepiece.bpe.model with vocab.json, converted (tfcli/data/spm.py)."""
     def read(path: Path) -> dict:
         try:
             return json.loads(path.read_text(encoding="utf-8"))
@@ -271,7 +275,31 @@ def _tokenizers(hf_dir: Path) -> tuple[tuple[Path, dict], tuple[Path, dict]]:
         pieces = read(vocab)
         spm_tgt = spm_tgt if spm_tgt.is_file() else spm_src
         return (spm_src, marian_tokenizer(spm_src, pieces)), (spm_tgt, marian_tokenizer(spm_tgt, pieces))
-    raise TfcliError(f"{hf_dir}: no tokenizer.json (nor Marian's source.spm and vocab.json)")
+    bpe = hf_dir / "sentencepiece.bpe.model"
+    if bpe.is_file() and vocab.is_file():
+        from tfcli.data.spm import m2m_tokenizer
+
+        data = m2m_tokenizer(bpe, read(vocab), _m2m_appended(hf_dir, read))
+        return (bpe, data), (bpe, data)
+    raise TfcliError(f"{hf_dir}: no tokenizer.json (nor Marian's source.spm, nor M2M-100's sentencepiece.bpe.model, "
+                     "with vocab.json)")
+
+
+def _m2m_appended(hf_dir: Path, read) -> list[str]:
+    """The tokens M2M100Tokenizer numbers after vocab.json: a token per language of its list (tokenizer_config.json's
+    `language_codes`, "m2m100" by default), then its "madeup words"."""
+    config_path = hf_dir / "tokenizer_config.json"
+    config = read(config_path) if config_path.is_file() else {}
+    try:
+        from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+    except ImportError:
+        raise TfcliError(f"{hf_dir}: an M2M-100 tokenizer's language tokens are numbered by transformers' list of "
+                         "them: pip install transformers") from None
+    which = config.get("language_codes", "m2m100")
+    if which not in FAIRSEQ_LANGUAGE_CODES:
+        raise TfcliError(f"{config_path}: language_codes '{which}' is none of {', '.join(FAIRSEQ_LANGUAGE_CODES)}")
+    madeup = config.get("num_madeup_words", 8)
+    return [f"__{code}__" for code in FAIRSEQ_LANGUAGE_CODES[which]] + [f"madeupword{i:04d}" for i in range(madeup)]
 
 
 # special role -> the HF config key naming its id (the decoder start is tfcli's <s>)
@@ -388,6 +416,8 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
             files[side].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
             load_tokenizer(files[side])  # tfcli's own check of the specials
         meta = {"model": to_dict(cfg), "step": 0, "imported_from": {"path": str(hf_dir), "model_type": arch}}
+        if arch == "m2m_100":  # the source's language first in the source, the target's forced first in the output
+            meta[LANGUAGE_TOKENS] = m2m_language_tokens(toks["src"])
         checkpoint.save(out, model, meta, files)  # a new directory, or (force) one swapped in whole
     return {"arch": arch, "kind": cfg.kind, "parameters": sum(p.numel() for p in model.parameters()),
             "vocab": {side: len(o) for side, o in orders.items()}}

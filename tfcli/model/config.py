@@ -37,7 +37,9 @@ class ModelConfig:
     rms_norm: bool = False  # RMSNorm (x / rms(x) * g: no mean, no bias; Zhang & Sennrich 2019) for every LayerNorm
     zero_init_residual: bool = False  # attention-out and FFN-out projections start at zero (each block the identity)
     qk_norm: bool = False  # RMSNorm over each head's queries and keys before their product (and before RoPE)
-    positions: Literal["sinusoidal", "learned", "rope"] = "sinusoidal"  # rope: decoder-only models
+    # fairseq: its sinusoidal table (other frequencies; positions counted from 2), M2M-100's and NLLB's; rope:
+    # decoder-only models
+    positions: Literal["sinusoidal", "fairseq", "learned", "rope"] = "sinusoidal"
     max_len: int = 1024  # longest sequence (learned positions table / RoPE cache size)
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model), as the paper does
     share_embeddings: bool = False  # one embedding table for source and target (needs a joint vocabulary)
@@ -65,6 +67,8 @@ class ModelConfig:
                               "head serves the same number of query heads")
         if self.positions == "rope" and self.d_head % 2:
             raise ConfigError(f"model: rope needs an even head size, got d_model/n_head = {self.d_head}")
+        if self.positions == "fairseq" and self.d_model % 2:
+            raise ConfigError(f"model: fairseq positions need an even d_model, got {self.d_model}")
         if self.positions == "rope" and self.kind != "lm":
             raise ConfigError("model: positions 'rope' is for decoder-only models (kind: lm)")
         if self.n_decoder_layers < 1 or (self.kind == "seq2seq" and self.n_encoder_layers < 1):

@@ -11,23 +11,36 @@ from tfcli.errors import TfcliError
 from tfcli.torch_compat import is_compiling
 
 
-def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/d)),  PE[pos, 2i+1] = cos(pos / 10000^(2i/d))."""
+FAIRSEQ_OFFSET = 2  # fairseq numbers a sequence's positions from its padding id + 1 (<pad> is 1 there)
+
+
+def sinusoidal_table(max_len: int, d_model: int, style: str = "sinusoidal") -> torch.Tensor:
+    """The paper's table: PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
+
+    style "fairseq" (tensor2tensor's frequencies, as fairseq, M2M-100 and NLLB have them): the angle of pair i is
+    pos / 10000^(i/(d/2 - 1)), and row p holds position p + FAIRSEQ_OFFSET. (fairseq writes the sines in the first
+    half of the dimensions, the cosines in the second; here, as in the paper, they are interleaved: the import and
+    export permute the model dimension, tfcli/interop/hf.py.)"""
+    half = d_model // 2
     pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)
-    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    if style == "fairseq":
+        pos = pos + FAIRSEQ_OFFSET
+        inv_freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / max(half - 1, 1))
+    else:
+        inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(pos * inv_freq)
-    pe[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
+    pe[:, 0::2] = torch.sin(pos * inv_freq[: d_model - half])
+    pe[:, 1::2] = torch.cos(pos * inv_freq[:half])
     return pe.float()
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sinusoidal positions; the table grows on demand, so any length works."""
+    """Fixed sinusoidal positions (`sinusoidal_table` of `style`); the table grows on demand, so any length works."""
 
-    def __init__(self, d_model: int, max_len: int):
+    def __init__(self, d_model: int, max_len: int, style: str = "sinusoidal"):
         super().__init__()
-        self.d_model = d_model
-        self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+        self.d_model, self.style = d_model, style
+        self.register_buffer("pe", sinusoidal_table(max_len, d_model, style), persistent=False)
 
     def forward(self, pos: torch.Tensor, end: int | None = None) -> torch.Tensor:
         """`end`: the largest position + 1, where the caller knows it (a full forward: the length). Else growing the
@@ -36,7 +49,8 @@ class SinusoidalPositions(nn.Module):
         if not is_compiling():
             need = _end(pos, end)
             if need > self.pe.size(0):
-                self.pe = sinusoidal_table(max(need, 2 * self.pe.size(0)), self.d_model).to(self.pe.device, self.pe.dtype)
+                grown = sinusoidal_table(max(need, 2 * self.pe.size(0)), self.d_model, self.style)
+                self.pe = grown.to(self.pe.device, self.pe.dtype)
         return self.pe[pos]
 
 

@@ -25,8 +25,8 @@ class Embeddings(nn.Module):
         super().__init__()
         self.tok = tok if tok is not None else nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD_ID)
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
-        if cfg.positions == "sinusoidal":
-            self.pos = SinusoidalPositions(cfg.d_model, cfg.max_len)
+        if cfg.positions in ("sinusoidal", "fairseq"):
+            self.pos = SinusoidalPositions(cfg.d_model, cfg.max_len, cfg.positions)
         elif cfg.positions == "learned":
             self.pos = LearnedPositions(cfg.d_model, cfg.max_len)
         else:  # rope: positions enter inside attention

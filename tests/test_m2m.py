@@ -1,0 +1,192 @@
+"""M2M-100 and NLLB-200 (`model_type: m2m_100`) imported exactly: a transformers M2M100ForConditionalGeneration of
+the published models' widths (d_model 1024, 16 heads, FFN 4096, ReLU, scaled embeddings, pre-norm with the stacks'
+final LayerNorms, fairseq's positions; one layer a stack for the test's time; random weights), with each family's
+tokenizer files made from a SentencePiece BPE model trained here on Multi30k (the published ones cannot be
+downloaded here): M2M-100's sentencepiece.bpe.model + vocab.json, NLLB's tokenizer.json. `tfcli import` then
+`translate --src-lang --tgt-lang` must give the ids of transformers' `generate` with the target language forced
+first, greedy and beam 4 (length penalty 0), at batch 16 and 1; the CTranslate2 export the same again."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tfcli.interop.hf_import import import_model
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+CAP = 12  # output tokens, the forced language token among them (transformers counts it in max_new_tokens too)
+# family: (source language, target language) as the family's tokenizer names them
+FAMILIES = {"m2m100": ("en", "fr"), "nllb": ("eng_Latn", "fra_Latn")}
+
+pytestmark = pytest.mark.slow
+
+
+def _spm_bpe(d: Path) -> Path:
+    """A SentencePiece BPE model over Multi30k's three languages, as M2M-100 and NLLB ship theirs."""
+    spm = pytest.importorskip("sentencepiece")
+    text = d / "text.txt"
+    with text.open("w", encoding="utf-8") as out:
+        for lang in ("en", "de", "fr"):
+            out.writelines((DATA / f"train.{lang}").read_text(encoding="utf-8").splitlines(True)[:4000])
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(d / "bpe"), vocab_size=2000, model_type="bpe",
+                                   character_coverage=1.0, minloglevel=2)
+    return d / "bpe.model"
+
+
+def _tokenizer_files(family: str, d: Path, model: Path):
+    """The family's tokenizer files in `d`, and transformers' tokenizer read from them."""
+    import sentencepiece as spm
+    import transformers
+
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    pieces = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]  # (0-2: <unk>, <s>, </s>)
+    shutil.copy(model, d / "sentencepiece.bpe.model")
+    if family == "m2m100":  # fairseq's dictionary: its own order (by frequency there; reversed here), not the .spm's
+        vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", *reversed(pieces)])}
+        (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        return transformers.M2M100Tokenizer(str(d / "vocab.json"), str(d / "sentencepiece.bpe.model"))
+    # NLLB: the .spm's ids + 1 behind fairseq's four specials, the language codes and <mask> after (tokenizer.json)
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+    from tfcli.data.spm import m2m_tokenizer
+
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", *pieces])}
+    data = m2m_tokenizer(d / "sentencepiece.bpe.model", vocab, [*FAIRSEQ_LANGUAGE_CODES, "<mask>"])
+    (d / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    (d / "sentencepiece.bpe.model").unlink()  # (the hub's NLLB directories have both; tokenizer.json is read)
+    return transformers.NllbTokenizer(tokenizer_file=str(d / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(transformers model, its tokenizer, the imported checkpoint, (source, target language), the sources)."""
+    transformers = pytest.importorskip("transformers")
+    if not DATA.is_dir():
+        pytest.skip(f"{DATA} not present")
+    base = tmp_path_factory.mktemp(request.param)
+    d = base / "hf"
+    d.mkdir()
+    tok = _tokenizer_files(request.param, d, _spm_bpe(base))
+    # (M2M100Tokenizer's len() leaves out the language tokens and madeup words numbered after vocab.json)
+    V = tok.encoder_size + len(tok.lang_code_to_id) + tok.num_madeup_words if request.param == "m2m100" else len(tok)
+    cfg = transformers.M2M100Config(
+        vocab_size=V, d_model=1024, encoder_layers=1, decoder_layers=1, encoder_attention_heads=16,
+        decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, activation_function="relu",
+        scale_embedding=True, max_position_embeddings=1024, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2,
+    )
+    torch.manual_seed(0)
+    hf = transformers.M2M100ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # weights larger than the init's, so that each sentence gets its own output (the
+        for n, p in hf.named_parameters():  # embeddings small: tied and scaled, they would have it repeat its input)
+            if p.dim() == 2 or n.endswith("bias"):
+                p.normal_(0, 0.02 if n == "model.shared.weight" else 0.1)
+    hf.save_pretrained(d)
+    import_model(d, base / "ckpt")
+    lines = (DATA / "test2016.en").read_text(encoding="utf-8").splitlines()[:16]
+    return hf, tok, base / "ckpt", FAMILIES[request.param], lines
+
+
+def _source_ids(tok, lines, src):
+    tok.src_lang = src
+    return tok(lines, return_tensors="pt", padding=True)
+
+
+def _theirs(hf, tok, lines, langs, beam):
+    """transformers' outputs as token strings, the decoder start, the forced language token and </s> left out."""
+    src, tgt = langs
+    enc = _source_ids(tok, lines, src)
+    with torch.no_grad():
+        out = hf.generate(**enc, num_beams=beam, max_new_tokens=CAP, length_penalty=0.0, early_stopping=True,
+                          do_sample=False, forced_bos_token_id=tok.convert_tokens_to_ids(_token(tok, tgt)))
+    assert (out[:, 1] == tok.convert_tokens_to_ids(_token(tok, tgt))).all()
+    ends = (hf.config.eos_token_id, hf.config.pad_token_id)
+    return [tok.convert_ids_to_tokens([i for i in row.tolist()[2:] if i not in ends]) for row in out]
+
+
+def _token(tok, lang: str) -> str:
+    return f"__{lang}__" if isinstance(tok, __import__("transformers").M2M100Tokenizer) else lang
+
+
+def test_imported_m2m_models_translate_as_transformers_generates(family):
+    from tfcli.api import load
+
+    hf, tok, ckpt, (src, tgt), lines = family
+    ours = load(str(ckpt))
+    opts = dict(len_penalty=0, max_len_a=0, max_len_b=CAP, raw=True, src_lang=src, tgt_lang=tgt)
+    for beam in (1, 4):
+        theirs = _theirs(hf, tok, lines, (src, tgt), beam)
+        assert len({tuple(t) for t in theirs}) > 8  # the sentences' outputs differ: the source matters
+        assert [t.split() for t in ours.translate(lines, beam_size=beam, batch_size=16, **opts)] == theirs
+        for line, want in zip(lines[:2], theirs):  # batch 1, against transformers' batch 1
+            assert _theirs(hf, tok, [line], (src, tgt), beam)[0] == want
+            assert ours.translate([line], beam_size=beam, batch_size=1, **opts)[0].split() == want
+
+
+def test_imported_m2m_tokenizers_cut_sources_as_transformers(family):
+    """The source ids: the source language's token, the pieces, </s>, as the family's tokenizer makes them."""
+    from tfcli import checkpoint, checkpoint_meta
+
+    hf, tok, ckpt, (src, _), lines = family
+    ours = checkpoint.tokenizer(checkpoint_meta.read_meta(ckpt), "src")
+    for line in lines + ["  a dog   runs  ", "ﬁne ＡＢＣ qué ™"]:
+        want = tok.convert_ids_to_tokens(_source_ids(tok, [line], src).input_ids[0].tolist())
+        assert want[0] == _token(tok, src) and want[-1] == "</s>"
+        assert [ours.id_to_token(i) for i in ours.encode(line, add_special_tokens=False).ids] == want[1:-1], line
+
+
+def test_a_language_the_model_lacks_is_refused_by_name(family):
+    from tfcli.api import load
+    from tfcli.errors import ConfigError
+
+    _, _, ckpt, (src, tgt), lines = family
+    ours = load(str(ckpt))
+    with pytest.raises(ConfigError, match="no target language 'xx'"):
+        ours.translate(lines[:1], src_lang=src, tgt_lang="xx")
+    with pytest.raises(ConfigError, match="needs its source language"):
+        ours.translate(lines[:1], tgt_lang=tgt)
+
+
+def test_the_ctranslate2_export_of_an_imported_m2m_model_translates_as_transformers(family, tmp_path):
+    """CTranslate2, given the source language's token first and the target's as the target prefix (as its own
+    M2M-100 converter's users do), gives transformers' outputs."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from tfcli import checkpoint, checkpoint_meta
+    from tfcli.interop.exporter import export
+
+    hf, tok, ckpt, (src, tgt), lines = family
+    export(ckpt, "ctranslate2", tmp_path / "ct2")
+    ours = checkpoint.tokenizer(checkpoint_meta.read_meta(ckpt), "src")
+    pieces = [[_token(tok, src)] + [ours.id_to_token(i) for i in ours.encode(line, add_special_tokens=False).ids]
+              for line in lines]
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"))
+    for beam in (1, 4):
+        res = translator.translate_batch(pieces, target_prefix=[[_token(tok, tgt)]] * len(pieces), beam_size=beam,
+                                         length_penalty=0, max_decoding_length=CAP)
+        assert [r.hypotheses[0][1:] for r in res] == _theirs(hf, tok, lines, (src, tgt), beam)
+
+
+def test_the_command_line_translates_an_imported_m2m_model_with_its_languages(family, tmp_path):
+    """`tfcli translate -m IMPORTED --src-lang --tgt-lang`: the API's translations, one line each; a language the
+    model lacks is one line and status 1, nothing written."""
+    from typer.testing import CliRunner
+
+    from tfcli.api import load
+    from tfcli.cli import app
+
+    _, _, ckpt, (src, tgt), lines = family
+    (tmp_path / "in.txt").write_text("\n".join(lines[:6]) + "\n", encoding="utf-8")
+    base = ["translate", "-m", str(ckpt), str(tmp_path / "in.txt"), "--src-lang", src, "--beam-size", "4",
+            "--alpha", "0", "--max-len-a", "0", "--max-len-b", str(CAP), "--raw"]
+    done = CliRunner().invoke(app, [*base, "--tgt-lang", tgt, "-o", str(tmp_path / "out.txt")])
+    assert done.exit_code == 0, done.output
+    want = load(str(ckpt)).translate(lines[:6], beam_size=4, len_penalty=0, max_len_a=0, max_len_b=CAP, raw=True,
+                                     src_lang=src, tgt_lang=tgt)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == want
+    bad = CliRunner().invoke(app, [*base, "--tgt-lang", "xx", "-o", str(tmp_path / "bad.txt")])
+    assert bad.exit_code == 1 and "no target language 'xx'" in bad.output and not (tmp_path / "bad.txt").exists()
