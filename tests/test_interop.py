@@ -173,6 +173,8 @@ HF_VARIANTS = {
         "MarianMTModel", dict(norm="post", share_embeddings=False, tie_output=False, output_bias=True, bias=False)),
     "marian, silu (classic OPUS-MT)": ("MarianMTModel", dict(norm="post", share_embeddings=True, activation="silu")),
     "pegasus": ("PegasusForConditionalGeneration", dict(norm="pre", share_embeddings=True, activation="gelu")),
+    # fairseq's positions: M2M100, in fairseq's vocabulary layout (tfcli's <pad> and <s> trade places: 1 and 0)
+    "m2m_100": ("M2M100ForConditionalGeneration", dict(norm="pre", share_embeddings=True, positions="fairseq")),
     "gpt2": ("GPT2LMHeadModel", dict()),
     "gpt2, tanh gelu, untied": ("GPT2LMHeadModel", dict(activation="gelu_tanh", tie_output=False)),
 }
@@ -199,7 +201,11 @@ def test_hf_export_computes_the_same_logits_and_imports_back_exactly(tmp_path, v
         else:
             assert tok(SOURCES[0]).input_ids == ids(SOURCES[0]) + [EOS_ID]  # the source, as tfcli feeds it
             ours = model(src, tgt)
-            theirs = hf(input_ids=src, decoder_input_ids=tgt).logits
+            if cls.startswith("M2M100"):  # (fairseq's layout: <s> is 0, <pad> 1)
+                swap = torch.tensor([1, 0, *range(2, model.cfg.tgt_vocab_size)])
+                theirs = hf(input_ids=src, decoder_input_ids=swap[tgt]).logits[..., swap]
+            else:
+                theirs = hf(input_ids=src, decoder_input_ids=tgt).logits
     assert float((ours - theirs).abs().max()) < 1e-4
     # and back: the same weights, bit for bit, and the same config
     import_model(tmp_path / "hf", tmp_path / "back")

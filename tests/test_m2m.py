@@ -190,3 +190,48 @@ def test_the_command_line_translates_an_imported_m2m_model_with_its_languages(fa
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == want
     bad = CliRunner().invoke(app, [*base, "--tgt-lang", "xx", "-o", str(tmp_path / "bad.txt")])
     assert bad.exit_code == 1 and "no target language 'xx'" in bad.output and not (tmp_path / "bad.txt").exists()
+    # JSONL: each line its own target language
+    other = {"fr": "de", "fra_Latn": "deu_Latn"}[tgt]
+    langs = [tgt, other, tgt, other, other, tgt]
+    rows = [json.dumps({"text": t, "tgt_lang": lang}) for t, lang in zip(lines[:6], langs)]
+    (tmp_path / "in.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    jsonl = [*base[:3], str(tmp_path / "in.jsonl"), *base[4:], "--input-format", "jsonl", "-o", str(tmp_path / "j.txt")]
+    assert CliRunner().invoke(app, jsonl).exit_code == 0
+    want = load(str(ckpt)).translate(lines[:6], beam_size=4, len_penalty=0, max_len_a=0, max_len_b=CAP, raw=True,
+                                     src_lang=src, tgt_lang=langs)
+    assert (tmp_path / "j.txt").read_text(encoding="utf-8").splitlines() == want
+    assert want[1] != load(str(ckpt)).translate(lines[1:2], beam_size=4, len_penalty=0, max_len_a=0,
+                                                max_len_b=CAP, raw=True, src_lang=src, tgt_lang=tgt)[0]
+    # eval --translate takes the languages too
+    (tmp_path / "ref.txt").write_text("\n".join(lines[:6]) + "\n", encoding="utf-8")
+    scored = CliRunner().invoke(app, ["eval", "-m", str(ckpt), "--translate", str(tmp_path / "in.txt"), "-r",
+                                      str(tmp_path / "ref.txt"), "--src-lang", src, "--tgt-lang", tgt, "--greedy",
+                                      "--max-len-a", "0", "--max-len-b", str(CAP)])
+    assert scored.exit_code == 0 and "BLEU" in scored.output, scored.output
+
+
+def test_the_transformers_export_of_an_imported_m2m_model_is_the_original(family, tmp_path):
+    """Exported back out, the model is M2M100 in the original's vocabulary layout (fairseq's <s>, <pad>, </s>,
+    <unk> at 0-3, the decoder starting from </s>): the same weights, and its tokenizer.json gives the original's
+    ids; it generates what the original does."""
+    transformers = pytest.importorskip("transformers")
+    from tfcli.interop.exporter import export
+
+    hf, tok, ckpt, (src, tgt), lines = family
+    export(ckpt, "hf", tmp_path / "hf")
+    back = transformers.M2M100ForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
+    assert back.config.decoder_start_token_id == 2 and back.config.pad_token_id == 1
+    theirs, ours = hf.state_dict(), back.state_dict()
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    exported = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "hf" / "tokenizer.json"))
+    for line in lines[:4]:
+        want = _source_ids(tok, [line], src).input_ids[0].tolist()
+        lang = exported.convert_tokens_to_ids(_token(tok, src))
+        assert [lang, *exported(line).input_ids] == want  # (its post-processor appends </s>, as tfcli does)
+    enc = _source_ids(tok, lines[:4], src)
+    with torch.no_grad():
+        out = back.generate(**enc, num_beams=4, max_new_tokens=CAP, length_penalty=0.0, early_stopping=True,
+                            do_sample=False, forced_bos_token_id=tok.convert_tokens_to_ids(_token(tok, tgt)))
+    ends = (2, 1)
+    assert [tok.convert_ids_to_tokens([i for i in r.tolist()[2:] if i not in ends]) for r in out] == \
+        _theirs(hf, tok, lines[:4], (src, tgt), 4)

@@ -101,6 +101,10 @@ def eval_(
     tgt_lang: Optional[str] = typer.Option(
         None, "--tgt-lang", metavar="LANG", rich_help_panel=_TR, help="A multilingual model's target language."
     ),
+    src_lang: Optional[str] = typer.Option(
+        None, "--src-lang", metavar="LANG", rich_help_panel=_TR,
+        help="The source's language (what an imported M2M-100 or NLLB model needs; the sentence splitter's rules).",
+    ),
     beam_size: BeamSize = None,
     greedy: Greedy = False,
     len_penalty: LenPenalty = None,
@@ -177,7 +181,7 @@ def eval_(
     if translate_src is not None:
         decoding = dict(beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
                         max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens, device=device, dtype=dtype,
-                        encoding_errors=encoding_errors, threads=threads, tgt_lang=tgt_lang)
+                        encoding_errors=encoding_errors, threads=threads, tgt_lang=tgt_lang, src_lang=src_lang)
         report = _translate_and_score(model, translate_src, refs, cfg, decoding, output)
     else:
         from tfcli.evaluate.metrics import score_files
@@ -188,7 +192,8 @@ def eval_(
 
 _TEXT_SCORING = ["metrics", "tokenize", "lowercase", "ter_case_sensitive", "chrf_word_order", "paired_bs", "paired_ar",
                  "baseline", "n_samples", "score_only", "encoding_errors"]
-_DECODING = ["beam_size", "greedy", "len_penalty", "max_len_a", "max_len_b", "batch_size", "dtype", "tgt_lang"]
+_DECODING = ["beam_size", "greedy", "len_penalty", "max_len_a", "max_len_b", "batch_size", "dtype", "tgt_lang",
+             "src_lang"]
 _PERPLEXITY = ["split", "words", "window", "stride"]
 
 

@@ -63,8 +63,30 @@ def reorder_vocabulary(tok: dict, special: dict[int, int | None]) -> tuple[dict,
         if i < len(SPECIAL_TOKENS):
             added.append({"id": i, "content": SPECIAL_TOKENS[i], "single_word": False, "lstrip": False,
                           "rstrip": False, "normalized": False, "special": True})
-        elif h in old_added:
-            added.append({**old_added[h], "id": i})
+        elif h in old_added:  # (under its new name: fairseq's own <s> is an added token of M2M-100's tokenizers)
+            added.append({**old_added[h], "id": i, "content": new[i]})
     tok["added_tokens"] = added
     tok["post_processor"] = None  # tfcli adds </s> and <s> itself
     return tok, order
+
+
+def permute_vocabulary(tok: dict, rows: list[int], names: dict[int, str]) -> dict:
+    """`tok` with new id i holding old id rows[i]'s token (named names[i] where given); an old id not in `rows`
+    is left out. For an export whose vocabulary layout is not tfcli's (M2M100's)."""
+    tokens = vocab_list(tok)
+    new = [names.get(i, tokens[r]) for i, r in enumerate(rows)]
+    where = {r: i for i, r in enumerate(rows)}
+    tok = json.loads(json.dumps(tok))
+    model = tok["model"]
+    if model["type"] == "Unigram":
+        scores = dict(model["vocab"]) if model["vocab"] else {}
+        model["vocab"] = [[t, scores.get(tokens[r], 0.0)] for t, r in zip(new, rows)]
+        if model.get("unk_id") is not None:
+            model["unk_id"] = where[model["unk_id"]]
+    else:
+        model["vocab"] = {t: i for i, t in enumerate(new)}
+        if model.get("unk_token") is not None and model["unk_token"] in tokens:
+            model["unk_token"] = new[where[tokens.index(model["unk_token"])]]
+    tok["added_tokens"] = [{**a, "id": where[a["id"]], "content": new[where[a["id"]]]}
+                           for a in tok.get("added_tokens", []) if a["id"] in where]
+    return tok

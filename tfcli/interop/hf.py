@@ -4,7 +4,8 @@
     seq2seq, post-norm, sinusoidal positions         MarianMTModel  (shared or separate embeddings)
     seq2seq, pre-norm, sinusoidal, shared embeddings PegasusForConditionalGeneration (M2M-100's pre-norm layout, with
                                                      the paper's sinusoids)
-    seq2seq, pre-norm, fairseq positions, shared     M2M100ForConditionalGeneration (M2M-100, NLLB-200): import
+    seq2seq, pre-norm, fairseq positions, shared     M2M100ForConditionalGeneration (M2M-100, NLLB-200; no output
+                                                     bias; fairseq's vocabulary layout on export: `hf_export`)
     lm, pre-norm, learned positions, no scaling      GPT2LMHeadModel
 
 Marian's, Pegasus' and M2M-100's sinusoidal tables hold the sines in the first half of the model dimension and the cosines in
@@ -60,7 +61,8 @@ def _no_progress_bars(tr):
 
 
 def hf_arch(cfg: ModelConfig) -> str:
-    """"marian", "pegasus" or "gpt2" for `cfg`, or a one-line error naming the option no class can express."""
+    """"marian", "pegasus", "m2m_100" or "gpt2" for `cfg`, or a one-line error naming the option no class can
+    express."""
     def refuse(option: str, why: str):
         raise TfcliError(f"--to hf: {option} is not supported ({why}); export with --to ctranslate2 instead")
 
@@ -86,14 +88,17 @@ def hf_arch(cfg: ModelConfig) -> str:
             refuse("model.output_bias true", "GPT-2's output projection has no bias")
         return "gpt2"
     if cfg.positions == "fairseq":
-        refuse("model.positions fairseq", "M2M100, the class with fairseq's positions, numbers them from its <pad> "
-               "id + 1, and tfcli's <pad> is id 0")
-    if cfg.positions != "sinusoidal":
+        if cfg.norm != "pre" or not cfg.share_embeddings or not cfg.tie_output:
+            refuse("model.positions fairseq with post-norm or separate embeddings",
+                   "M2M100, the class with fairseq's positions, is pre-norm with one tied table")
+    elif cfg.positions != "sinusoidal":
         refuse(f"model.positions {cfg.positions}", "Marian and Pegasus have sinusoidal positions only")
     if cfg.layer_norm_eps != LAYER_NORM_EPS:
         refuse(f"model.layer_norm_eps {cfg.layer_norm_eps:g}", f"Marian and Pegasus use {LAYER_NORM_EPS:g}")
     if cfg.activation == "gelu_tanh":
         refuse("model.activation gelu_tanh", "exported translation models use relu, gelu or silu")
+    if cfg.positions == "fairseq":
+        return "m2m_100"
     if cfg.norm == "post":
         return "marian"
     if not cfg.share_embeddings:
@@ -142,7 +147,7 @@ def _pairs(cfg: ModelConfig, arch: str) -> Iterator[tuple[str, tuple[int, int] |
         yield "decoder.embed.tok.weight", None, f"{m}.decoder.embed_tokens.weight", "in"
     if not cfg.tie_output:
         yield "lm_head.weight", None, "lm_head.weight", "in"
-    if cfg.output_bias:
+    if cfg.output_bias and arch != "m2m_100":  # (M2M100 has none: hf_export checks it is not needed)
         yield "lm_head.bias", None, "final_logits_bias", "bias"
     for i in range(cfg.n_encoder_layers):
         t, h = f"encoder.layers.{i}", f"{m}.encoder.layers.{i}"
@@ -264,7 +269,9 @@ def _linear_bias(name: str) -> bool:
 # --- export -----------------------------------------------------------------------------------------------------
 
 
-def hf_config(cfg: ModelConfig, arch: str):
+def hf_config(cfg: ModelConfig, arch: str, ids: dict | None = None):
+    """The transformers config; `ids`: {vocab_size, pad/bos/eos/decoder_start_token_id} where the export's
+    vocabulary is not tfcli's (M2M100's: `hf_export.fairseq_layout`)."""
     tr = _transformers()
     act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "swish"}[cfg.activation]
     common = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=cfg.tie_output)
@@ -281,6 +288,8 @@ def hf_config(cfg: ModelConfig, arch: str):
         attention_dropout=cfg.attn_dropout, activation_dropout=0.0, max_position_embeddings=max(cfg.max_len, 1024),
         scale_embedding=cfg.scale_embedding, decoder_start_token_id=BOS_ID, forced_eos_token_id=None, **common,
     )
+    if arch == "m2m_100":
+        return tr.M2M100Config(**{**seq2seq, **(ids or {})})
     if arch == "marian":
         return tr.MarianConfig(decoder_vocab_size=cfg.tgt_vocab_size,
                                share_encoder_decoder_embeddings=cfg.share_embeddings, **seq2seq)
@@ -290,4 +299,5 @@ def hf_config(cfg: ModelConfig, arch: str):
 def _model_class(arch: str):
     tr = _transformers()
     return {"marian": tr.MarianMTModel, "pegasus": tr.PegasusForConditionalGeneration,
+            "m2m_100": tr.M2M100ForConditionalGeneration,
             "gpt2": tr.GPT2LMHeadModel}[arch]
