@@ -78,6 +78,15 @@ def _configured(method: str, make):
         raise ConfigError(f"{method}(): {text}") from None
 
 
+def _phrases(value, name: str, texts: list[str]) -> list[list[str]] | None:
+    """`avoid=` or `constraints=`: one list of phrases a text, checked."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or len(value) != len(texts):
+        raise ConfigError(f"{name}: give one list of phrases a text ({len(texts)} texts; [] for none)")
+    return [_texts(a, f"{name}[{i}]") for i, a in enumerate(value)]
+
+
 def _texts(value, name: str) -> list[str]:
     """A list of strings, checked: one string (which would be iterated character by character), None, bytes or
     other objects as items are a TypeError that says what to pass."""
@@ -110,10 +119,11 @@ class Translator:
         max_len_b, min_len, batch_size, max_tokens, buffer_size, check_every, raw (subword tokens instead of text); or
         sampling=True with temperature, topk, topp and seed: one draw a text, keyed by the seed and its index;
         prefixes: one target prefix a text ('' for none), which its translation starts with; avoid: one list of
-        target phrases a text ([] for none), none of which its translation holds; tgt_lang: a multilingual
+        target phrases a text ([] for none), none of which its translation holds; constraints: one list of target
+        phrases a text ([] for none), every one of which its translation holds (beam search); tgt_lang: a multilingual
         model's target language, one for all texts or a list of one a text; src_lang: the texts' language (what an
         imported M2M-100 or NLLB model needs, and the sentence splitter's rules)."""
-        _check_options("translate", options, _TRANSLATE + ("prefixes", "tgt_lang", "avoid"))
+        _check_options("translate", options, _TRANSLATE + ("prefixes", "tgt_lang", "avoid", "constraints"))
         return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), None, options)]
 
     def translate_nbest(self, texts: list[str], n: int = 1, **options) -> list[list[Translation]]:
@@ -121,7 +131,8 @@ class Translator:
         log-probs; `alignment=True` word alignments from the cross-attention of decoder layer `alignment_layer`,
         1-based, by default the penultimate). An empty text gives one empty translation with score 0. Other
         `options` as for `translate`."""
-        _check_options("translate_nbest", options, _TRANSLATE + _NBEST_ONLY + ("prefixes", "tgt_lang", "avoid"))
+        _check_options("translate_nbest", options, _TRANSLATE + _NBEST_ONLY + ("prefixes", "tgt_lang", "avoid",
+                                                                               "constraints"))
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"n: expected an int, got {type(n).__name__}")
         return self._nbest(_texts(texts, "texts"), n, options)
@@ -133,11 +144,7 @@ class Translator:
 
         if options.get("sampling") and "beam_size" in options:
             raise ConfigError("beam_size: not used with sampling (one draw a text)")
-        avoid = options.pop("avoid", None)
-        if avoid is not None:
-            if isinstance(avoid, (str, bytes)) or len(avoid) != len(texts):
-                raise ConfigError(f"avoid: give one list of phrases a text ({len(texts)} texts; [] for none)")
-            avoid = [_texts(a, f"avoid[{i}]") for i, a in enumerate(avoid)]
+        avoid, constraints = (_phrases(options.pop(name, None), name, texts) for name in ("avoid", "constraints"))
         prefixes = options.pop("prefixes", None)
         if prefixes is not None:
             prefixes = _texts(prefixes, "prefixes")
@@ -156,7 +163,7 @@ class Translator:
         lines = Lines(self.loaded, cfg, self.device)
         out = []
         items = (("<text>", i + 1, text, prefixes[i] if prefixes else "", langs[i] if langs else None,
-                  avoid[i] if avoid else None) for i, text in enumerate(texts))
+                  avoid[i] if avoid else None, constraints[i] if constraints else None) for i, text in enumerate(texts))
         for _, hyps in lines.hypotheses(items):
             out.append([Translation(t, h.score, h.token_scores if cfg.scores else None, h.alignment)
                         for h, t in zip(hyps, lines.texts(hyps))])

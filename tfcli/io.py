@@ -365,6 +365,13 @@ def with_avoid(items: Iterable, lines: list[str], name: str) -> Iterator:
         *item, *("", None)[len(item) - 3:], [p for p in line.split("\t") if p.strip()]))
 
 
+def with_constraints(items: Iterable, lines: list[str], name: str) -> Iterator:
+    """Each item with its line's constraints (`lines` as with_avoid's: target phrases its translation must hold)
+    as a seventh field (the fields before it filled in where missing)."""
+    return _with_lines(items, lines, name, "lines", lambda item, line: (
+        *item, *("", None, [])[len(item) - 3:], [p for p in line.split("\t") if p.strip()]))
+
+
 def _with_lines(items: Iterable, lines: list[str], name: str, what: str, join) -> Iterator:
     """join(item, its line of `lines`) for each item (None, an input's pause, passed on); a one-line error naming
     `name` when the counts differ."""
@@ -381,16 +388,17 @@ def _with_lines(items: Iterable, lines: list[str], name: str, what: str, join) -
         raise TfcliError(f"{name}: {len(lines)} {what} for {i} input lines; give one a line")
 
 
-JSONL_INPUT_FIELDS = ("text", "tgt_lang", "prefix", "avoid")
+JSONL_INPUT_FIELDS = ("text", "tgt_lang", "prefix", "avoid", "constraints")
 
 
 def jsonl_items(items: Iterable) -> Iterator:
-    """read_inputs items whose lines are JSON objects {"text": ..., "tgt_lang": ..., "prefix": ..., "avoid": [...]}
-    (all but the text optional) as (file name, line number, text, prefix, target language, phrases to avoid); a
-    blank line is an empty text. A line that is not such an object is an InputError naming it."""
+    """read_inputs items whose lines are JSON objects {"text": ..., "tgt_lang": ..., "prefix": ..., "avoid": [...],
+    "constraints": [...]} (all but the text optional) as (file name, line number, text, prefix, target language,
+    phrases to avoid, phrases to hold); a blank line is an empty text. A line that is not such an object is an
+    InputError naming it."""
     for item in items:
         if item is None or not item[2].strip():
-            yield item if item is None else (*item[:2], "", "", None, [])
+            yield item if item is None else (*item[:2], "", "", None, [], [])
             continue
         name, lineno, line = item
         try:
@@ -403,12 +411,13 @@ def jsonl_items(items: Iterable) -> Iterator:
         for key, value in row.items():
             if key not in JSONL_INPUT_FIELDS:
                 raise InputError(name, lineno, f'unknown field "{key}" (the fields: {", ".join(JSONL_INPUT_FIELDS)})')
-            if key == "avoid":
+            if key in ("avoid", "constraints"):
                 if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-                    raise InputError(name, lineno, 'field "avoid" must be a list of strings (phrases)')
+                    raise InputError(name, lineno, f'field "{key}" must be a list of strings (phrases)')
             elif value is not None and not isinstance(value, str):
                 raise InputError(name, lineno, f'field "{key}" is {type(value).__name__}, expected a string')
-        yield name, lineno, row["text"], row.get("prefix") or "", row.get("tgt_lang"), row.get("avoid") or []
+        yield (name, lineno, row["text"], row.get("prefix") or "", row.get("tgt_lang"), row.get("avoid") or [],
+               row.get("constraints") or [])
 
 
 def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False, pauses: bool = False) -> Iterator[str | None]:

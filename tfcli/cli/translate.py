@@ -74,6 +74,12 @@ def translate(
         help="Target phrases to avoid, one line a line of the input, tab-separated (an empty line: none): no "
         "output holds any of its line's phrases.",
     ),
+    constraints: Optional[str] = typer.Option(
+        None, "--constraints", metavar="FILE", rich_help_panel=_DEC,
+        help="Target phrases to hold (terminology), one line a line of the input, tab-separated (an empty line: "
+        "none): every output holds each of its line's phrases, in any order (beam search with dynamic beam "
+        "allocation; a beam of 4 or more).",
+    ),
     sampling: bool = typer.Option(
         False, "--sampling", rich_help_panel=_SAMPLE,
         help="Draw each translation instead of searching (back-translation): one per line, its random numbers keyed "
@@ -198,4 +204,5 @@ def translate(
     if suffix and output_dir is None:
         fail("--suffix names the files of --output-dir", EXIT_USAGE)
     run(tune_process, cfg.device, cfg.threads)
-    run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix, resume, prefix, avoid)
+    run(run_translate, model, inputs or ["-"], output, cfg, progress, output_dir, suffix, resume, prefix, avoid,
+        constraints)

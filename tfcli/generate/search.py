@@ -44,13 +44,15 @@ def length_penalty(length: int, alpha: float) -> float:
 
 
 def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int,
-                prefix: torch.Tensor | None = None) -> torch.Tensor:
+                prefix: torch.Tensor | None = None, constraints: torch.Tensor | None = None) -> torch.Tensor:
     """(B,) longest allowed output per sentence: a * src_len + b, at least 1 (and one more than its target prefix),
-    at most the model's max_len."""
+    and room for its constraints' tokens on top; at most the model's max_len."""
     src_len = (src != PAD_ID).sum(1)
     longest = (src_len.float() * max_len_a + max_len_b).long().clamp(min=1)
     if prefix is not None:
         longest = torch.maximum(longest, (prefix >= 0).sum(1) + 1)
+    if constraints is not None:  # (the words they add are not in the source's length)
+        longest = longest + (constraints >= 0).sum((1, 2))
     return longest.clamp(max=model.cfg.max_len)
 
 
@@ -125,6 +127,46 @@ def avoided(av: torch.Tensor, tokens: torch.Tensor, at, k: int) -> torch.Tensor:
     return torch.where(match, last, PAD_ID)
 
 
+UNMET_PENALTY = 1e4  # subtracted from a finished hypothesis's score per constraint token it lacks
+
+
+def constraint_tensor(phrases: list[list[list[int]]], device) -> torch.Tensor | None:
+    """Each row's constraints (token id lists it must output) as one (rows, C, L) tensor, each phrase left-aligned
+    with -1 after its end (a row with fewer phrases gets empty ones, met from the start); None where no row has
+    one."""
+    C = max((len(p) for p in phrases), default=0)
+    if not C:
+        return None
+    L = max(len(t) for p in phrases for t in p)
+    out = torch.full((len(phrases), C, L), -1, dtype=torch.long)
+    for r, row in enumerate(phrases):
+        for c, t in enumerate(row):
+            out[r, c, : len(t)] = torch.tensor(t)
+    return out.to(device)
+
+
+def advanced(con: torch.Tensor, prog: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """Each phrase's progress after `tok`. con (..., C, L): the phrases (`constraint_tensor`); prog (..., C): how
+    many of each phrase's tokens end the output so far (its length, for good, once it has been output whole);
+    tok (...): the next token. A phrase goes one token on where `tok` is its next, starts again at 1 where `tok`
+    is its first, else back to 0."""
+    lens = (con >= 0).sum(-1)
+    nxt = con.gather(-1, prog.clamp(max=con.size(-1) - 1).unsqueeze(-1)).squeeze(-1)
+    t = tok.unsqueeze(-1)
+    again = (con[..., 0] == t).long()
+    return torch.where(prog >= lens, prog, torch.where(nxt == t, prog + 1, again))
+
+
+def held(con: torch.Tensor, prog: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the tokens of the phrases output whole, the bank) for progress `prog` (..., C) in phrases `con` (..., C, L):
+    the bank counts those tokens and the longest partial match of the others (one phrase at a time: a token that
+    starts two phrases is one step, not two)."""
+    lens = (con >= 0).sum(-1)
+    met = prog >= lens
+    whole = (lens * met).sum(-1)
+    return whole, whole + (prog * ~met).amax(-1)
+
+
 def _forced_at(prefix: torch.Tensor | None, at, beams: int) -> torch.Tensor | None:
     """(rows,) the token each row must take at output position `at` (1-based; an int, or (n,) per sentence), -1
     where it is free; None when no row is forced. `prefix`: (n, P) target prefix ids per live sentence, -1 past each
@@ -172,51 +214,109 @@ def _with_forced(v: torch.Tensor, i: torch.Tensor, forced_lp: torch.Tensor, forc
 
 
 def _best_next(decoder: Decoder, tok: torch.Tensor, at, min_len: int, k: int,
-               forced: torch.Tensor | None = None, normalise: bool = True, ban: torch.Tensor | None = None):
+               forced: torch.Tensor | None = None, normalise: bool = True, ban: torch.Tensor | None = None,
+               extra: torch.Tensor | None = None, pieces: tuple[torch.Tensor, torch.Tensor] | None = None,
+               eos_rows: torch.Tensor | None = None):
     """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
     each (R, k) (k = 1: the max, each (R,)); a row's forced token (a target prefix's), whatever the model prefers.
     `at`: the output position, an int or each row's ((R,) tensor). Without `normalise` the values may be the logits
     instead (the same order; rows.c then skips the log-softmax's normaliser). `ban`: (R, A) tokens each row may
-    not take (`avoided`), or None.
+    not take (`avoided`), or None. `extra`: (R, C) more ids (>= 0) whose log-probs each row needs (the next tokens
+    of its constraints): then a third tensor, (R, C), holds them (-inf where banned). `pieces`: ((R,) rows, (V,)
+    tokens): the rows that may take none of those tokens (a constraint just ended: no piece may continue its word);
+    `eos_rows`: (R,) the rows that may not end (constraints unmet).
+    Bans leave the model's distribution as it is: the log-probs are normalised over the whole vocabulary.
 
     On the CPU by rows.c's best_next where it runs and the step is not fixed-shape (chosen on the logits, the
     log-softmax over the vocabulary never written out), else by blocks of 64 rows, so that the log-probs the top-k
     reads are still in the cache, and with `top_k` in place of torch.topk; on a GPU at once (each block is three
     more kernel launches, and nothing there is gained by it)."""
-    logits = _step(decoder, tok, ban)
+    logits = decoder.step(tok).float()
     cpu = logits.device.type == "cpu"
     if cpu and not decoder.fixed:  # (a fixed-shape step is one graph: no C call in it)
         int_at = isinstance(at, int)
         ban_eos = None if int_at or not min_len else at <= min_len
-        best = native.best_next(logits, never_chosen(logits.device, int_at and at <= min_len), ban_eos, EOS_ID, k,
-                                normalise)
+        if eos_rows is not None:
+            ban_eos = eos_rows if ban_eos is None else ban_eos | eos_rows
+        forced_logit = None if forced is None else logits.gather(1, forced.clamp(min=0)[:, None])
+        extra_logit = None if extra is None else logits.gather(1, extra)
+        # the bans leave the model's distribution as it is: each banned row's normaliser, over the whole
+        # vocabulary, is computed before its tokens go to -inf (only the rows `pieces` names: few at a step)
+        full = logits.logsumexp(1) if ban is not None else None
+        rows = pieces[0].nonzero().squeeze(1) if pieces is not None else None  # (a read: cheap on the CPU)
+        if rows is not None and rows.numel():
+            kept = logits.index_select(0, rows)
+            row_full = kept.logsumexp(1) if full is None else None
+            logits.index_put_((rows,), kept.masked_fill(pieces[1], float("-inf")))
+        else:
+            rows = None
+        chosen_from = logits if ban is None else logits.scatter(1, ban, float("-inf"))
+        best = native.best_next(chosen_from, never_chosen(logits.device, int_at and at <= min_len), ban_eos, EOS_ID,
+                                k, normalise)
         if best is not None:
             v, i, norm = best
+            if norm is not None and full is not None:
+                v, norm = v + (norm - full)[:, None], full
+            elif norm is not None and rows is not None:
+                v[rows] += (norm[rows] - row_full)[:, None]
+                norm[rows] = row_full
             if k == 1:
                 v, i = v[:, 0], i[:, 0]
-            forced_lp = None if forced is None else logits.gather(1, forced.clamp(min=0)[:, None])
-            if forced_lp is not None and norm is not None:
-                forced_lp = forced_lp - norm[:, None]
-            return _with_forced(v, i, forced_lp, forced, k)
-    values, ids = [], []
+            forced_lp = forced_logit if forced_logit is None or norm is None else forced_logit - norm[:, None]
+            if extra is None:
+                return _with_forced(v, i, forced_lp, forced, k)
+            extra_lp = extra_logit - norm[:, None] if norm is not None else extra_logit
+            if ban is not None:
+                extra_lp = extra_lp.masked_fill((extra[:, :, None] == ban[:, None, :]).any(-1), float("-inf"))
+            if rows is not None:
+                extra_lp = extra_lp.masked_fill(pieces[0][:, None] & pieces[1][extra], float("-inf"))
+            return (*_with_forced(v, i, forced_lp, forced, k), _ban_extra(extra_lp, extra, at, min_len))
+        if rows is not None:  # (rows.c did not run: the blocks below normalise the logits as they came)
+            logits.index_put_((rows,), kept)
+    values, ids, extras = [], [], []
     blocks = logits.split(64) if cpu else (logits,)
     n_blocks = len(blocks)
-    forced_blocks = forced.split(64) if forced is not None and cpu else (forced,) * n_blocks
-    at_blocks = at.split(64) if not isinstance(at, int) and cpu else (at,) * n_blocks
-    for block, fb, ab in zip(blocks, forced_blocks, at_blocks):
+
+    def split(x):
+        return x.split(64) if x is not None and cpu and torch.is_tensor(x) else (x,) * n_blocks
+
+    rows = split(pieces[0] if pieces is not None else None)
+    for block, fb, ab, eb, bb, rb, xb in zip(blocks, split(forced), split(at), split(extra), split(ban), rows,
+                                             split(eos_rows)):
         lprobs = _ban(block.log_softmax(-1), ab, min_len)
+        forced_lp = None if fb is None else lprobs.gather(1, fb.clamp(min=0)[:, None])
+        _banned(lprobs, bb, None if rb is None else (rb, pieces[1]))
+        if xb is not None:
+            lprobs[:, EOS_ID].masked_fill_(xb, float("-inf"))
         v, i = lprobs.max(-1) if k == 1 else top_k(lprobs, k) if cpu else lprobs.topk(k, dim=1)
         if fb is not None:
-            v, i = _with_forced(v, i, lprobs.gather(1, fb.clamp(min=0)[:, None]), fb, k)
+            v, i = _with_forced(v, i, forced_lp, fb, k)
         values.append(v)
         ids.append(i)
-    return (values[0], ids[0]) if len(values) == 1 else (torch.cat(values), torch.cat(ids))
+        if eb is not None:
+            extras.append(lprobs.gather(1, eb))
+    out = (values[0], ids[0]) if len(values) == 1 else (torch.cat(values), torch.cat(ids))
+    return out if extra is None else (*out, extras[0] if len(extras) == 1 else torch.cat(extras))
 
 
-def _step(decoder: Decoder, tok: torch.Tensor, ban: torch.Tensor | None) -> torch.Tensor:
-    """The decoder's next-token logits (fp32), each row's tokens `ban` ((R, A) ids; None: none) at -inf."""
-    logits = decoder.step(tok).float()
-    return logits if ban is None else logits.scatter_(1, ban, float("-inf"))
+def _banned(x: torch.Tensor, ban: torch.Tensor | None, pieces: tuple[torch.Tensor, torch.Tensor] | None):
+    """`x` (R, V) with each row's `ban` (R, A) ids and, in the rows `pieces[0]`, the tokens `pieces[1]` at -inf, in
+    place (_best_next's bans)."""
+    if ban is not None:
+        x.scatter_(1, ban, float("-inf"))
+    if pieces is not None:
+        x.masked_fill_(pieces[0][:, None] & pieces[1][None, :], float("-inf"))
+    return x
+
+
+def _ban_extra(lp: torch.Tensor, ids: torch.Tensor, at, min_len: int) -> torch.Tensor:
+    """`lp` (R, C), the log-probs of `ids`, at -inf where the token is one no decoder emits (<pad>, <s>, and
+    </s> before min_len): rows.c's best_next bans those without writing them into the logits."""
+    banned = (ids == PAD_ID) | (ids == BOS_ID)
+    if min_len:
+        early = (at <= min_len) if isinstance(at, int) else (at <= min_len)[:, None]
+        banned = banned | ((ids == EOS_ID) & early)
+    return lp.masked_fill(banned, float("-inf"))
 
 
 def top_k(x: torch.Tensor, k: int, width: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,16 +347,17 @@ class _SourceSearch:
     target prefix, and the decoder's rows of `beams` beams each. Subclasses keep their per-row tensors in
     `per_row` (one row per item) and `per_beam` (`beams` rows per item): rows that leave take those with them."""
 
-    per_row: tuple[str, ...] = ("limit", "pre", "av")
+    per_row: tuple[str, ...] = ("limit", "pre", "av", "cn")
     per_beam: tuple[str, ...] = ()
 
-    def __init__(self, sm, decoder, sched: Schedule, src, max_len, prefix, beams: int, avoid=None):
+    def __init__(self, sm, decoder, sched: Schedule, src, max_len, prefix, beams: int, avoid=None, constraints=None):
         n = sched.item.numel()
         self.sm, self.decoder, self.sched, self.src, self.max_len, self.prefix = sm, decoder, sched, src, max_len, prefix
-        self.beams, self.device, self.avoid = beams, src.device, avoid
+        self.beams, self.device, self.avoid, self.constraints = beams, src.device, avoid, constraints
         self.limit = max_len[:n].clone()  # each row's length limit
         self.pre = prefix[:n].clone() if prefix is not None else None  # and its target prefix
         self.av = avoid[:n].clone() if avoid is not None else None  # and the phrases it must not output
+        self.cn = constraints[:n].clone() if constraints is not None else None  # and the phrases it must
 
     def capturable(self) -> bool:
         return True
@@ -282,6 +383,8 @@ class _SourceSearch:
             self.pre[rows] = self.prefix[items]
         if self.av is not None:
             self.av[rows] = self.avoid[items]
+        if self.cn is not None:
+            self.cn[rows] = self.constraints[items]
 
     def avoided(self, tokens: torch.Tensor, at, k: int) -> torch.Tensor | None:
         """(rows * k, A) the token each beam may not take next (`avoided`), or None without phrases to avoid."""
@@ -303,11 +406,11 @@ class _SourceSearch:
 
 
 def _decode(make, model, src: torch.Tensor, beam_size: int, max_len_a: float, max_len_b: int,
-            prefix: torch.Tensor | None, check_every: int, slots: int | None):
+            prefix: torch.Tensor | None, check_every: int, slots: int | None, constraints: torch.Tensor | None = None):
     """Set up the decoder and the schedule for a batch, build the search (`make(sm, decoder, schedule, max_len,
     T)`), run it to the end, and return it."""
     every = read_every(check_every, src.device)
-    max_len = max_lengths(model, src, max_len_a, max_len_b, prefix)
+    max_len = max_lengths(model, src, max_len_a, max_len_b, prefix, constraints)
     sm = step_model(model)
     T = _longest(sm, src, max_len.tolist(), max_len_a, max_len_b, prefix)  # (one read)
     decoder, n = _start(sm, src, beam_size, T, slots)
@@ -345,11 +448,15 @@ class _Greedy(_SourceSearch):
         if self.sampling is None:
             lp, nxt = _best_next(self.decoder, self.tok, at, self.min_len, 1, forced, self.scores, ban)
         else:
-            lprobs = _ban(_step(self.decoder, self.tok, ban).log_softmax(-1), at, self.min_len)
-            nxt = self.sampling.choose(lprobs, self.lines[self.sched.item], at)
+            logits = self.decoder.step(self.tok).float()
+            lprobs = _ban(logits.log_softmax(-1), at, self.min_len)
+            # drawn from the distribution without the banned tokens, scored by the model's own
+            allowed = lprobs if ban is None else _ban(logits.scatter(1, ban, float("-inf")).log_softmax(-1), at,
+                                                      self.min_len)
+            nxt = self.sampling.choose(allowed, self.lines[self.sched.item], at)
             if forced is not None:
                 nxt = torch.where(forced >= 0, forced, nxt)
-            lp = lprobs.gather(1, nxt[:, None]).squeeze(1)
+            lp = lprobs.gather(1, nxt[:, None]).squeeze(1)  # (the model's log-probability, bans or not)
         _write_at(self.tokens, at, nxt)
         _write_at(self.lps, at, lp)
         is_eos = nxt == EOS_ID
@@ -425,12 +532,13 @@ class _Beam(_SourceSearch):
     sentence s. (Token buffers have one more column, which a done sentence running on past its limit in a
     fixed-shape decoder writes.)"""
 
-    per_row = ("limit", "pre", "av", "lp_max", "floor", "full", "done", "scores")
-    per_beam = ("tok", "tokens", "lps")
+    per_row = ("limit", "pre", "av", "cn", "lp_max", "floor", "full", "done", "scores")
+    per_beam = ("tok", "tokens", "lps", "prog", "fresh")
 
     def __init__(self, sm, decoder, sched, src, max_len, T, prefix, K, nbest, len_penalty, min_len, token_scores,
-                 avoid=None):
-        super().__init__(sm, decoder, sched, src, max_len, prefix, K, avoid)
+                 avoid=None, constraints=None, continuing=None):
+        super().__init__(sm, decoder, sched, src, max_len, prefix, K, avoid, constraints)
+        self.continuing = continuing
         B, n, device = src.size(0), sched.item.numel(), src.device
         self.K, self.nbest, self.len_penalty, self.min_len = K, nbest, len_penalty, min_len
         self.fin_score = torch.full((B, K), float("-inf"), device=device)
@@ -450,6 +558,11 @@ class _Beam(_SourceSearch):
         self.lps = torch.zeros(n, T + 1, device=device) if token_scores else None
         self.tok = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
         self.first_beam = torch.tensor([0.0] + [float("-inf")] * (K - 1), device=device)  # a sentence that joins later
+        # each beam's progress in each of its sentence's constraints (`advanced`)
+        self.prog = torch.zeros(n, constraints.size(1), dtype=torch.long, device=device) if constraints is not None \
+            else None
+        # and whether its last token ended a constraint (a piece that would continue that word is not taken)
+        self.fresh = torch.zeros(n, dtype=torch.bool, device=device) if constraints is not None else None
 
     def capturable(self) -> bool:
         return self.k == self.K
@@ -465,17 +578,33 @@ class _Beam(_SourceSearch):
         # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
         # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
         # no topk runs over, all k * V pairs.
-        top_lp, top_tok = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K, _forced_at(self.pre, at, k),
-                                     ban=self.avoided(self.tokens, at_row, k))  # (n * k, 2K)
-        top_lp = top_lp.view(n, k * 2 * K)
-        cand = (self.scores.unsqueeze(2) + top_lp.view(n, k, 2 * K)).view(n, k * 2 * K)
-        cand_scores, cand_idx = cand.topk(2 * K, dim=1)  # sorted, best first
-        cand_beam = torch.div(cand_idx, 2 * K, rounding_mode="floor")
-        cand_tok = top_tok.view(n, k * 2 * K).gather(1, cand_idx)
+        forced, ban = _forced_at(self.pre, at, k), self.avoided(self.tokens, at_row, k)
+        if self.cn is None:
+            top_lp, top_tok = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K, forced, ban=ban)
+            W = 2 * K
+        else:
+            top_lp, top_tok, W = self._with_constraints(at_row, forced, ban)  # (n * k, W)
+        top_lp = top_lp.view(n, k * W)
+        cand = (self.scores.unsqueeze(2) + top_lp.view(n, k, W)).view(n, k * W)
+        # sorted, best first (with constraints all of them: the beams are chosen by `_by_banks`)
+        cand_scores, cand_idx = cand.topk(2 * K, dim=1) if self.cn is None else cand.sort(dim=1, descending=True, stable=True)
+        cand_beam = torch.div(cand_idx, W, rounding_mode="floor")
+        cand_tok = top_tok.view(n, k * W).gather(1, cand_idx)
         cand_row = cand_beam + (torch.arange(n, device=device) * k)[:, None]  # the beam's row in `tokens` / cache
         is_eos = cand_tok == EOS_ID
-        # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
-        next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
+        if self.cn is None:
+            # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
+            next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
+        else:
+            con = self.cn[:, None].expand(-1, cand_tok.size(1), -1, -1)
+            cand_prog = advanced(con, self.prog[cand_row], cand_tok)  # (n, k * W, C)
+            cand_held, cand_bank = held(con, cand_prog)
+            pick = self._by_banks(cand_scores, is_eos, cand_bank)
+            next_scores, next_held = cand_scores.gather(1, pick), cand_held.gather(1, pick)
+            next_prog = cand_prog.gather(1, pick[..., None].expand(n, K, cand_prog.size(-1)))
+            lens = (self.cn >= 0).sum(-1)[:, None]
+            before = self.prog[cand_row.gather(1, pick)]  # (n, K, C)
+            next_fresh = ((next_prog >= lens) & (before < lens)).any(-1)
         next_beam, next_tok, next_row = cand_beam.gather(1, pick), cand_tok.gather(1, pick), cand_row.gather(1, pick)
         cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
         next_lp = cand_lp.gather(1, pick) if token_scores else None
@@ -488,9 +617,12 @@ class _Beam(_SourceSearch):
         # (on the CPU, where reading is cheap, skipped when nothing ends)
         if self.sched.fixed or self.sched.every > 1 or bool(ends.any()):
             item = self.sched.item
+            at_limit = next_scores / length_penalty(col, lp_alpha)
+            if self.cn is not None:  # (</s> comes only once every constraint is met; the length limit, before)
+                at_limit = at_limit - UNMET_PENALTY * ((self.cn >= 0).sum((1, 2))[:, None] - next_held)
             _keep_finished(
                 (self.fin_score, self.fin_step, self.fin_eos, self.fin_tok, self.fin_lp, self.fin_n), item, ends, at,
-                torch.cat([cand_scores[:, :K], next_scores], 1) / length_penalty(col, lp_alpha),
+                torch.cat([cand_scores[:, :K] / length_penalty(col, lp_alpha), at_limit], 1),
                 torch.cat([cand_row[:, :K], next_row], 1), torch.cat([cand_tok[:, :K], next_tok], 1),
                 self.tokens, self.lps, torch.cat([cand_lp[:, :K], next_lp], 1) if token_scores else None,
             )
@@ -513,7 +645,8 @@ class _Beam(_SourceSearch):
             new_lps = self.lps.index_select(0, rows)
             _write_at(new_lps, at_row, next_lp.flatten())
         new = dict(scores=next_scores, tokens=new_tokens, lps=new_lps, tok=next_tok.flatten(), floor=new_floor,
-                   full=new_full, done=new_done)
+                   full=new_full, done=new_done, prog=next_prog.flatten(0, 1) if self.cn is not None else None,
+                   fresh=next_fresh.flatten() if self.cn is not None else None)
         if self.sched.fixed and k == K:  # in place: the same tensors at every step
             for name, value in new.items():
                 if value is not None:
@@ -522,6 +655,45 @@ class _Beam(_SourceSearch):
             for name, value in new.items():
                 setattr(self, name, value)
             self.k = K
+
+    def _with_constraints(self, at_row, forced, ban):
+        """Each beam's candidates with constraints: its 2K best tokens and, after them, the next token of each
+        constraint it has not met (where another candidate of the beam is not that token already, and no prefix
+        forces its token); </s> banned until every constraint is met, and after a constraint's last token the
+        pieces that would continue its word (`continuing`). Returns (log-probs, ids, W), each (n * k, W),
+        W = 2K + C."""
+        K, k = self.K, self.k
+        n, C, L = self.cn.shape
+        con = self.cn[:, None].expand(n, k, C, L).reshape(n * k, C, L) if k > 1 else self.cn
+        lens = (con >= 0).sum(-1)
+        unmet = self.prog < lens
+        nxt = con.gather(-1, self.prog.clamp(max=con.size(-1) - 1).unsqueeze(-1)).squeeze(-1).clamp(min=0)  # (R, C)
+        pieces = (self.fresh, self.continuing) if self.continuing is not None else None
+        top_lp, top_tok, extra_lp = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K, forced, ban=ban,
+                                               extra=nxt, pieces=pieces, eos_rows=unmet.any(1))
+        earlier = torch.ones(C, C, dtype=torch.bool, device=nxt.device).tril(-1)  # c' < c
+        repeated = ((nxt[:, :, None] == top_tok[:, None, :]).any(-1)
+                    | ((nxt[:, :, None] == nxt[:, None, :]) & earlier & unmet[:, None, :]).any(-1))
+        off = ~unmet | repeated
+        if forced is not None:
+            off = off | (forced >= 0)[:, None]
+        return torch.cat([top_lp, extra_lp.masked_fill(off, float("-inf"))], 1), torch.cat([top_tok, nxt], 1), \
+            2 * K + C
+
+    def _by_banks(self, scores: torch.Tensor, is_eos: torch.Tensor, bank: torch.Tensor) -> torch.Tensor:
+        """(n, K) the continuing beams, by dynamic beam allocation (Post & Vilar 2018): the candidates `scores`
+        (n, M; sorted, best first) that do not end grouped by `bank` (n, M; `held`); each
+        bank's best candidates taken in turn, the fullest bank first (its best, then every other bank's best, then
+        the second best of each, ...), so that hypotheses that have met fewer constraints still keep places beside
+        those that met more. Returned in score order."""
+        n, M = scores.shape
+        banks = self.cn.size(1) * self.cn.size(2) + 1  # (at most C * L constraint tokens)
+        ok = ~is_eos & (scores > float("-inf"))
+        member = torch.nn.functional.one_hot(bank, banks) * ok[..., None]  # (n, M, banks)
+        rank = (member.cumsum(1) * member).sum(-1) - 1  # within its bank, by score
+        key = rank * banks + (banks - 1 - bank)
+        key = torch.where(ok, key, M * banks + torch.arange(M, device=scores.device))
+        return key.topk(self.K, dim=1, largest=False).indices.sort(1).values
 
     def ended_rows(self) -> torch.Tensor:
         return self.done
@@ -536,6 +708,8 @@ class _Beam(_SourceSearch):
         self.tokens[beams], self.tok[beams] = 0, BOS_ID
         if self.lps is not None:
             self.lps[beams] = 0
+        if self.prog is not None:
+            self.prog[beams], self.fresh[beams] = 0, False
 
     def hypotheses(self) -> list[list[Hypothesis]]:
         out = []
@@ -563,11 +737,21 @@ def beam_search(
     check_every: int = 0,
     slots: int | None = None,
     avoid: torch.Tensor | None = None,
+    constraints: torch.Tensor | None = None,
+    continuing: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; per source row, the `nbest` best hypotheses, best first. `prefix`: (B, P) target ids
     every hypothesis must start with (-1 past a row's prefix): while a row is in its prefix each beam has one way
     on, the prefix's next token, scored as the model scores it. `avoid`: (B, A, L) token phrases no hypothesis of
     the row outputs (`avoid_tensor`): the token that would complete one is never chosen (a prefix still is).
+    `constraints`: (B, C, L) token phrases every hypothesis of the row must output, in any order
+    (`constraint_tensor`): dynamic beam allocation (Post & Vilar 2018) in its vectorised form (Hu et al. 2019).
+    Each beam also proposes the next token of each constraint it has not met, the continuing beams are chosen by
+    `_Beam._by_banks`, and </s> is banned until every constraint is met; the length limit grows by the constraints'
+    tokens, and a hypothesis that still reaches it with some unmet scores UNMET_PENALTY less per missing token (the
+    best of those is returned only where no hypothesis met them all). `continuing`: (V,) the tokens that continue
+    the word before them (SentencePiece pieces without "▁"), none of which may follow a constraint's last token, so
+    that a phrase ends where a word does; None: every token may.
 
     Each step expands every live beam by the whole vocabulary and keeps the 2K best (beam, token) pairs by summed
     log-prob (each beam's 2K best tokens, then one topk over the K x 2K pairs). Pairs ending in </s> among the first
@@ -595,9 +779,9 @@ def beam_search(
 
     def make(sm, decoder, sched, max_len, T):
         return _Beam(sm, decoder, sched, src, max_len, T, prefix, K, nbest, len_penalty, min_len, token_scores,
-                     avoid)
+                     avoid, constraints, continuing)
 
-    return _decode(make, model, src, K, max_len_a, max_len_b, prefix, check_every, slots).hypotheses()
+    return _decode(make, model, src, K, max_len_a, max_len_b, prefix, check_every, slots, constraints).hypotheses()
 
 
 def _keep_finished(fin, alive, ends, at, score, row, last, tokens, lps, last_lp) -> None:

@@ -36,8 +36,8 @@ def translate_in_parts(checkpoints: list[str], inputs: list[str], output: str, c
                        progress: bool | None, make_translator, annotate=None, side_files: list[str] = ()) -> int:
     """Translate `inputs` into `output` part by part, this process's share of the parts when launched by torchrun;
     `make_translator(device)` builds the Translator; `annotate(items)` adds each line's own fields (its prefix,
-    its phrases to avoid) from `side_files`, which the manifest records beside the inputs. Returns the number of
-    lines this process translated."""
+    its phrases to avoid or to hold) from `side_files`, which the manifest records beside the inputs. Returns the
+    number of lines this process translated."""
     if any(p == "-" for p in inputs):
         raise TfcliError("--resume and several processes read their input more than once: give files, not stdin")
     info, device = distributed.setup(cfg.device)

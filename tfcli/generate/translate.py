@@ -27,13 +27,13 @@ from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load_ensemble
 from tfcli.generate.alignment import default_layer, pharaoh, token_alignments, word_alignment
 from tfcli.generate.sampling import LineSampling
-from tfcli.generate.search import Hypothesis, avoid_tensor, beam_search, greedy_decode
+from tfcli.generate.search import Hypothesis, avoid_tensor, beam_search, constraint_tensor, greedy_decode
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import InputError, TfcliError
-from tfcli.specials import EOS_ID
+from tfcli.specials import EOS_ID, UNK_ID
 from tfcli.io import (
     encoding_errors, jsonl_items, open_output, read_inputs, read_lines, refuse_overwriting_inputs, with_avoid,
-    with_prefixes,
+    with_constraints, with_prefixes,
 )
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
@@ -68,6 +68,7 @@ class Translator:
         self.src_lang = cfg.src_lang or data.get("src_lang")
         self.splitter = None
         self.fixed = loaded.steps.static  # fixed-shape decoding (a GPU's): continuous batching
+        self._continuing = None  # (V,) the target pieces that continue a word (made when constraints first come)
         self.index = 0  # 0-based index of the next input line, across chunks and files
         self.decoded = self.empty = 0  # lines decoded, and of those the ones whose best output is empty
 
@@ -113,7 +114,8 @@ class Translator:
         results: dict[int, list[Hypothesis]] = {}
         todo = []  # lines with text (or a prefix to continue); the others are done already
         prefixes = [item[3] if len(item) > 3 else "" for item in chunk]
-        avoids = [self._avoid(item) for item in chunk]  # per line, the target phrases it must not output
+        avoids = [self._phrases(item, 5, "to avoid") for item in chunk]  # per line, the target phrases it must not
+        musts = [self._phrases(item, 6, "to hold") for item in chunk]  # output, and those it must
         for i, (_, _, text, *_) in enumerate(chunk):
             if text.strip() or prefixes[i]:
                 todo.append(i)
@@ -135,7 +137,7 @@ class Translator:
         units, owner, keys = [], [], []  # the sources' ids; the line (index into todo) and sampling key of each
         spans = []  # per line (index into todo): its first source and how many
         for k, i in enumerate(todo):
-            pieces = self._units(chunk[i], ids[k], leads[k])
+            pieces = self._units(chunk[i], ids[k], leads[k], whole=bool(musts[i]))
             spans.append((len(units), len(pieces)))
             units += pieces
             owner += [k] * len(pieces)
@@ -146,6 +148,15 @@ class Translator:
             targets = [forced[k] + (encoded[k] if spans[k][0] == u else []) for u, k in enumerate(owner)]
         src = [source_ids(seq, self.max_len) for seq in units]
         avoid = [avoids[todo[k]] for k in owner] if any(avoids) else None
+        must = None
+        if any(musts):  # a line's constraints go with its first source (the line itself, unless past max_len)
+            must = [musts[todo[k]] if spans[k][0] == u else [] for u, k in enumerate(owner)]
+            for u, k in enumerate(owner):
+                need = sum(map(len, must[u])) + (len(targets[u]) if targets is not None else 0)
+                if need >= self.max_len:
+                    name, lineno = chunk[todo[k]][:2]
+                    raise InputError(name, lineno, f"its constraints and prefix are {need} target tokens, and the "
+                                     f"model's outputs hold at most {self.max_len - 1}")
         unit_hyps: dict[int, list[Hypothesis]] = {}  # the sources decoded so far whose line is not complete
         done = 0
         if src:
@@ -159,7 +170,8 @@ class Translator:
                 rows = batch.tolist()
                 hyps = self.decode([src[u] for u in rows], [keys[u] for u in rows],
                                    [targets[u] for u in rows] if targets is not None else None, width, slots,
-                                   [avoid[u] for u in rows] if avoid is not None else None)
+                                   [avoid[u] for u in rows] if avoid is not None else None,
+                                   [must[u] for u in rows] if must is not None else None)
                 unit_hyps.update(zip(rows, hyps))
                 for k in dict.fromkeys(owner[u] for u in rows):  # (each line once, in order)
                     start, n = spans[k]
@@ -175,15 +187,18 @@ class Translator:
             yield first + done, results.pop(done)
             done += 1
 
-    def _units(self, item: tuple, ids: list[int], lead: int | None) -> list[list[int]]:
+    def _units(self, item: tuple, ids: list[int], lead: int | None, whole: bool = False) -> list[list[int]]:
         """The sources a line is translated as, each without </s>, the language tag first where there is one: the
         line itself; its sentences, where `split_sentences` says (auto: a line longer than 99% of the training
-        sources or than the model takes); and any source longer than the model's max_len in windows of as many
-        tokens as it takes, with a warning naming the line (never cut)."""
+        sources or than the model takes; never a line with constraints, `whole`, that fits max_len); and any source
+        longer than the model's max_len in windows of as many tokens as it takes, with a warning naming the line
+        (never cut)."""
         name, lineno, text = item[:3]
         room = self.max_len - 1 - (lead is not None)  # tokens a source may have besides </s> and the tag
         mode = self.cfg.split_sentences
         pieces = [ids]
+        if whole and len(ids) <= room:
+            mode = "never"
         if mode == "always" or mode == "auto" and (len(ids) > room or self.trained_len is not None
                                                   and len(ids) + 1 > self.trained_len):
             sentences = self._sentences(text)
@@ -232,32 +247,48 @@ class Translator:
         """Words of `ids` as alignments count them (tfcli.generate.alignment.word_of_token)."""
         return len(ids) if self.cfg.raw else len(tok.decode(ids, skip_special_tokens=False).split())
 
-    def _avoid(self, item: tuple) -> list[list[int]]:
-        """An item's phrases to avoid (its sixth field, a list of texts) as target token lists; a phrase with no
-        token is an InputError naming the line."""
-        phrases = item[5] if len(item) > 5 and item[5] else []
+    def _phrases(self, item: tuple, field: int, what: str) -> list[list[int]]:
+        """An item's phrases `field` (a list of texts: the sixth field those to avoid, the seventh those to hold)
+        as target token lists; a phrase with no token, or one to hold that the tokenizer reads with <unk>, is an
+        InputError naming the line."""
+        phrases = item[field] if len(item) > field and item[field] else []
         out = encode_batch(self.tgt_tok, list(phrases)) if phrases else []
         for phrase, ids in zip(phrases, out):
             if not ids:
-                raise InputError(item[0], item[1], f"the phrase to avoid {phrase!r} has no target tokens")
+                raise InputError(item[0], item[1], f"the phrase {what} {phrase!r} has no target tokens")
+            if UNK_ID in ids and field == 6:  # (a phrase to avoid with <unk> in it just never matches)
+                raise InputError(item[0], item[1], f"the phrase {what} {phrase!r} has a piece the target vocabulary "
+                                 "lacks (<unk>)")
+        if out and field == 6 and (self.cfg.sampling or self.fixed):
+            why = "--sampling" if self.cfg.sampling else "the fixed-shape GPU decoder"
+            raise InputError(item[0], item[1], f"constraints need beam search, not {why}")
         return out
 
     def decode(self, batch: list[list[int]], lines: list[int], prefixes: list[list[int]] | None = None,
                width: int | None = None, slots: int | None = None,
-               avoid: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+               avoid: list[list[list[int]]] | None = None,
+               must: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses (best first) for a batch of source id lists (each ending in </s>); `lines`: their 0-based
         indices in the input (what a line's random numbers are keyed by when sampling); `prefixes`: target ids each
         output starts with (an empty list: none). `width`: pad the sources to it; `slots`: sentences decoded at
         once (a fixed-shape decoder, continuous batching), None: all. `avoid`: each source's target phrases (token
-        lists) that its output must not hold."""
+        lists) that its output must not hold; `must`: those it must hold (beam search, at any beam size)."""
         cfg = self.cfg
         src = pad(batch, length=min(width, self.max_len) if width else None).to(self.device)
         prefix = None
         if prefixes is not None and any(prefixes):
             prefix = pad([p[: self.max_len - 1] for p in prefixes], pad_id=-1).to(self.device)
         banned = avoid_tensor(avoid, self.device) if avoid is not None else None
+        constraints = constraint_tensor(must, self.device) if must is not None else None
         with self.precision:
-            if cfg.sampling:
+            if constraints is not None:
+                hyps = beam_search(
+                    self.steps, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
+                    nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores, prefix=prefix,
+                    check_every=cfg.check_every, slots=slots, avoid=banned, constraints=constraints,
+                    continuing=self.continuing(),
+                )
+            elif cfg.sampling:
                 sampling = LineSampling(cfg.temperature, cfg.topk, cfg.topp, cfg.seed)
                 hyps = [[h] for h in greedy_decode(
                     self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, sampling,
@@ -281,6 +312,26 @@ class Translator:
                 h.tokens = h.tokens[1:]
                 h.token_scores = h.token_scores[1:] if h.token_scores is not None else None
         return hyps
+
+    def continuing(self) -> torch.Tensor | None:
+        """(V,) the target tokens that continue the word before them: SentencePiece pieces without "▁" (and byte-level
+        BPE tokens without "Ġ") that start with a letter, a digit, a hyphen or an apostrophe; WordPiece's "##" ones;
+        none for a word-level vocabulary. A constraint's last token is never followed by one, so that the phrase
+        ends where a word does (punctuation may follow)."""
+        if self._continuing is None:
+            vocab = self.tgt_tok.get_vocab(with_added_tokens=True)
+            marks = [m for m in ("▁", "Ġ") if any(t.startswith(m) for t in vocab)]
+            special = {t.content for t in self.tgt_tok.get_added_tokens_decoder().values() if t.special}
+            out = torch.zeros(self.steps.cfg.tgt_vocab_size, dtype=torch.bool)
+            for t, i in vocab.items():
+                if t in special or i >= len(out):
+                    continue
+                if marks:
+                    out[i] = not t.startswith(marks[0]) and (t[:1].isalnum() or t[:1] in "-'’")
+                else:
+                    out[i] = t.startswith("##")
+            self._continuing = out.to(self.device)
+        return self._continuing if bool(self._continuing.any()) else None
 
     def _align(self, batch: list[list[int]], src: torch.Tensor, hyps: list[list[Hypothesis]]) -> None:
         """Each hypothesis's word alignment (every n-best one), from one teacher-forced pass over the batch."""
@@ -382,13 +433,14 @@ def _side_lines(path: str | None, flag: str, field: str, what: str, inputs: list
 def translate(
     checkpoint: str | list[str], inputs: list[str], output: str | None, cfg: TranslateConfig, progress: bool | None = None,
     output_dir: str | None = None, suffix: str = "", resume: bool = False, prefix_file: str | None = None,
-    avoid_file: str | None = None,
+    avoid_file: str | None = None, constraint_file: str | None = None,
 ) -> int:
     """Translate every line of `inputs` (files, `-` for stdin) to `output` (None: stdout), or each input file to
     its own file in `output_dir`; returns the line count. Launched by torchrun on several processes, or with
     `resume`, the file is translated in parts (tfcli/generate/shards.py): the count is then this process's.
     `prefix_file`: one target prefix a line of the input (an empty line: none); each output starts with it.
-    `avoid_file`: one line a line of the input, target phrases separated by tabs, which its output never holds.
+    `avoid_file`: one line a line of the input, target phrases separated by tabs, which its output never holds;
+    `constraint_file`: the same, phrases its output must hold.
     Several checkpoints decode as an ensemble (tfcli/generate/ensemble.py)."""
     from tfcli.checkpoint_meta import input_paths
 
@@ -397,16 +449,19 @@ def translate(
         ([p], str(out)) for p, out in zip(inputs, output_paths(inputs, output_dir, suffix))
     ]
     checkpoints = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
-    side_files = [f for f in (prefix_file, avoid_file) if f]
+    side_files = [f for f in (prefix_file, avoid_file, constraint_file) if f]
     sources = inputs + [p for c in checkpoints for p in input_paths(c)] + side_files
     refuse_overwriting_inputs([out or "-" for _, out in jobs], sources, hint)
     prefixes = _side_lines(prefix_file, "--prefix", "prefix", "prefixes", inputs, cfg, output_dir)
     avoid = _side_lines(avoid_file, "--avoid", "avoid", "lines", inputs, cfg, output_dir)
+    musts = _side_lines(constraint_file, "--constraints", "constraints", "lines", inputs, cfg, output_dir)
 
     def annotate(items):
         if prefixes is not None:
             items = with_prefixes(items, prefixes, prefix_file)
-        return with_avoid(items, avoid, avoid_file) if avoid is not None else items
+        if avoid is not None:
+            items = with_avoid(items, avoid, avoid_file)
+        return with_constraints(items, musts, constraint_file) if musts is not None else items
 
     processes = distributed.launched().world_size
     if processes > 1 or resume:
