@@ -220,6 +220,19 @@ def test_translation_on_the_gpu_is_the_cpus(copier, device, dtype):
 
 
 @pytest.mark.parametrize("device", [CUDA])
+def test_constraints_on_the_gpu_are_the_cpus(copier, device):
+    """Constrained beam search in the fixed-shape decoder (refilled places, CUDA graphs): the CPU's translations,
+    every phrase held; with phrases to avoid beside them."""
+    cpu = tfcli.load(str(copier), device="cpu")
+    gpu = tfcli.load(str(copier), device=device)
+    cons = [["kite"], ["lamp moon"], [], ["egg", "fish"]] * (len(TEXTS) // 4) + [["kite"]] * (len(TEXTS) % 4)
+    opts = dict(beam_size=5, constraints=cons[: len(TEXTS)], avoid=[["dog"]] * len(TEXTS))
+    want = cpu.translate(TEXTS, **opts)
+    assert gpu.translate(TEXTS, batch_size=3, **opts) == want
+    assert all(f" {p} " in f" {w} " for w, ps in zip(want, cons) for p in ps)
+
+
+@pytest.mark.parametrize("device", [CUDA])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_generation_on_the_gpu_is_the_cpus(counter, device, dtype):
     cpu = tfcli.load(str(counter), device="cpu")

@@ -689,7 +689,7 @@ class _Beam(_SourceSearch):
         n, M = scores.shape
         banks = self.cn.size(1) * self.cn.size(2) + 1  # (at most C * L constraint tokens)
         ok = ~is_eos & (scores > float("-inf"))
-        member = torch.nn.functional.one_hot(bank, banks) * ok[..., None]  # (n, M, banks)
+        member = ((bank[..., None] == torch.arange(banks, device=bank.device)) & ok[..., None]).long()  # (n, M, banks)
         rank = (member.cumsum(1) * member).sum(-1) - 1  # within its bank, by score
         key = rank * banks + (banks - 1 - bank)
         key = torch.where(ok, key, M * banks + torch.arange(M, device=scores.device))

@@ -259,9 +259,8 @@ class Translator:
             if UNK_ID in ids and field == 6:  # (a phrase to avoid with <unk> in it just never matches)
                 raise InputError(item[0], item[1], f"the phrase {what} {phrase!r} has a piece the target vocabulary "
                                  "lacks (<unk>)")
-        if out and field == 6 and (self.cfg.sampling or self.fixed):
-            why = "--sampling" if self.cfg.sampling else "the fixed-shape GPU decoder"
-            raise InputError(item[0], item[1], f"constraints need beam search, not {why}")
+        if out and field == 6 and self.cfg.sampling:
+            raise InputError(item[0], item[1], "constraints need beam search, not --sampling")
         return out
 
     def decode(self, batch: list[list[int]], lines: list[int], prefixes: list[list[int]] | None = None,
