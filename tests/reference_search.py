@@ -94,9 +94,14 @@ def assert_same_nbest(hyps, ref, tol: float = 1e-4) -> None:
         assert h.token_scores == pytest.approx(r.token_scores, abs=tol)
 
 
-def _held(constraints: list[list[int]], prog: list[int]) -> int:
-    """The tokens of the phrases output whole."""
-    return sum(len(c) for c, p in zip(constraints, prog) if p >= len(c))
+def _state(forms: list[tuple[int, list[int]]], prog: list[int]) -> tuple[set[int], int, int]:
+    """(the constraints met, the bank, the tokens missing) of progress `prog` in `forms` [(constraint, phrase)]."""
+    met = {g for (g, ph), p in zip(forms, prog) if p >= len(ph)}
+    groups = {g for g, _ in forms}
+    whole = sum(max(len(ph) for (h, ph), p in zip(forms, prog) if h == g and p >= len(ph)) for g in met)
+    partial = max([p for (g, _), p in zip(forms, prog) if g not in met], default=0)
+    missing = sum(min(len(ph) for h, ph in forms if h == g) for g in groups - met)
+    return met, whole + partial, missing
 
 
 def _advance(phrase: list[int], p: int, tok: int) -> int:
@@ -110,36 +115,39 @@ def _advance(phrase: list[int], p: int, tok: int) -> int:
 
 @torch.inference_mode()
 def reference_constrained_beam_search(
-    model, src_ids: list[int], constraints: list[list[int]], beam_size: int = 4, len_penalty: float = 0.6,
+    model, src_ids: list[int], constraints: list, beam_size: int = 4, len_penalty: float = 0.6,
     max_len_a: float = 1.2, max_len_b: int = 10, nbest: int = 1, min_len: int = 0,
 ) -> list[Hypothesis]:
-    """Beam search with constraints (phrases every hypothesis must output), by dynamic beam allocation, for one
-    source: each beam proposes its 2K best tokens and the next token of each constraint it has not met (</s> only
-    once all are met); the candidates that end are those of the first K (by summed log-prob) that end in </s>; the
-    K that continue are taken from the others bank by bank (a bank: the tokens of the phrases a candidate holds
-    whole, and its longest partial match of another), each bank's best in turn, the fullest bank first; at the
-    length limit a hypothesis scores UNMET_PENALTY less per token of the phrases it lacks."""
+    """Beam search with constraints (each a phrase, or a list of alternative phrases, every hypothesis must
+    output), by dynamic beam allocation, for one source: each beam proposes its 2K best tokens and the next token
+    of each form of each constraint it has not met (</s> only once all are met); the candidates that end are those
+    of the first K (by summed log-prob) that end in </s>; the K that continue are taken from the others bank by
+    bank (a bank: the tokens of the constraints a candidate has met, and its longest partial match of another),
+    each bank's best in turn, the fullest bank first; at the length limit a hypothesis scores UNMET_PENALTY less
+    per token of the constraints it lacks (each by its shortest form)."""
     from tfcli.generate.search import UNMET_PENALTY, constraint_tensor
 
     K = beam_size
     src = torch.tensor([src_ids])
-    total = sum(map(len, constraints))
+    forms = [(g, list(ph)) for g, con in enumerate(constraints)
+             for ph in (con if con and not isinstance(con[0], int) else [con])]
     max_len = int(max_lengths(model, src, max_len_a, max_len_b, None, constraint_tensor([constraints], "cpu"))[0])
-    beams = [([], torch.zeros(()), [], [0] * len(constraints))]  # (tokens, summed log-prob, token log-probs, progress)
+    beams = [([], torch.zeros(()), [], [0] * len(forms))]  # (tokens, summed log-prob, token log-probs, progress)
     finished: list[Hypothesis] = []
     for step in range(1, max_len + 1):
         candidates = []  # (summed log-prob, beam, token, token log-prob, progress after it)
         for b, (tokens, score, _, prog) in enumerate(beams):
             lprobs = _log_probs(model, src, tokens, step, min_len)
-            if any(p < len(c) for p, c in zip(prog, constraints)):
+            met = _state(forms, prog)[0]
+            if len(met) < len(constraints):
                 lprobs[EOS_ID] = float("-inf")
             top = lprobs.topk(2 * K).indices.tolist()
             proposed = list(top)
-            for c, p in zip(constraints, prog):
-                if p < len(c) and c[p] not in proposed:
-                    proposed.append(c[p])
+            for (g, ph), p in zip(forms, prog):
+                if g not in met and ph[p] not in proposed:
+                    proposed.append(ph[p])
             totals = (score + lprobs).tolist()
-            candidates += [(totals[t], b, t, float(lprobs[t]), [_advance(c, p, t) for c, p in zip(constraints, prog)])
+            candidates += [(totals[t], b, t, float(lprobs[t]), [_advance(ph, p, t) for (_, ph), p in zip(forms, prog)])
                            for t in proposed if totals[t] > float("-inf")]
         candidates.sort(key=lambda c: -c[0])
         lp_step = length_penalty(step, len_penalty)
@@ -150,15 +158,14 @@ def reference_constrained_beam_search(
         going = [c for c in candidates if c[2] != EOS_ID]
         rank, keys = {}, []
         for i, c in enumerate(going):
-            bank = _held(constraints, c[4]) + max([p for p, ph in zip(c[4], constraints) if p < len(ph)], default=0)
+            bank = _state(forms, c[4])[1]
             keys.append(((rank.get(bank, 0), -bank), i))
             rank[bank] = rank.get(bank, 0) + 1
         chosen = sorted(i for _, i in sorted(keys)[:K])
         beams = [(beams[b][0] + [t], torch.tensor(s), beams[b][2] + [lp], prog)
                  for s, b, t, lp, prog in (going[i] for i in chosen)]
         if step == max_len:
-            finished += [Hypothesis(tokens, float(score) / lp_step - UNMET_PENALTY * (total - _held(constraints, prog)),
-                                    lps)
+            finished += [Hypothesis(tokens, float(score) / lp_step - UNMET_PENALTY * _state(forms, prog)[2], lps)
                          for tokens, score, lps, prog in beams]
             break
         if len(finished) >= K:

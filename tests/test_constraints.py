@@ -13,7 +13,7 @@ import torch
 import tfcli
 from helpers import WORDS, random_translator, save_model, save_word_tokenizer
 from reference_search import reference_constrained_beam_search
-from tfcli.errors import InputError
+from tfcli.errors import ConfigError, InputError
 from tfcli.generate.search import UNMET_PENALTY, advanced, beam_search, constraint_tensor
 from tfcli.generate.step import StepModel
 from tfcli.specials import EOS_ID, PAD_ID
@@ -33,9 +33,17 @@ def contains(seq: list[int], phrase: list[int]) -> bool:
     return any(seq[i : i + len(phrase)] == phrase for i in range(len(seq)))
 
 
+def met(seq: list[int], con: list) -> bool:
+    """A constraint (a phrase, or a list of alternatives) in `seq`."""
+    return any(contains(seq, p) for p in con) if con and not isinstance(con[0], int) else contains(seq, con)
+
+
 def test_a_phrase_advances_starts_again_and_stays_met():
+    """constraint_tensor: each phrase its constraint's number, then its tokens (a set of alternatives: one number
+    for its forms; an empty phrase a constraint of its own); advanced: a phrase's progress."""
     con = constraint_tensor([[[5, 6, 7], [9]], [[4, 4]]], "cpu")
-    assert con.tolist() == [[[5, 6, 7], [9, -1, -1]], [[4, 4, -1], [-1, -1, -1]]]
+    assert con.tolist() == [[[0, 5, 6, 7], [1, 9, -1, -1]], [[0, 4, 4, -1], [3, -1, -1, -1]]]
+    assert constraint_tensor([[[[5], [6, 7]], [8]]], "cpu").tolist() == [[[0, 5, -1], [0, 6, 7], [1, 8, -1]]]
     prog = torch.tensor([[[1, 0]], [[1, 0]]])  # (2 sentences, 1 candidate, C = 2)
     assert advanced(con[:, None], prog, torch.tensor([[6], [4]])).tolist() == [[[2, 0]], [[2, 0]]]
     assert advanced(con[:, None], prog, torch.tensor([[5], [7]])).tolist() == [[[1, 0]], [[0, 0]]]  # again; lost
@@ -47,7 +55,12 @@ def test_a_phrase_advances_starts_again_and_stays_met():
 def _sources(n: int, seed: int, V: int):
     rng = random.Random(seed)
     srcs = [[rng.randrange(4, V) for _ in range(rng.randint(2, 7))] + [EOS_ID] for _ in range(n)]
-    cons = [[[rng.randrange(4, V) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(0, 3))] for _ in srcs]
+    def phrase():
+        return [rng.randrange(4, V) for _ in range(rng.randint(1, 3))]
+
+    # a constraint: a phrase, or one time in four a set of two alternatives
+    cons = [[[phrase(), phrase()] if rng.random() < 0.25 else phrase() for _ in range(rng.randint(0, 3))]
+            for _ in srcs]
     width = max(map(len, srcs))
     return srcs, cons, torch.tensor([s + [PAD_ID] * (width - len(s)) for s in srcs])
 
@@ -70,7 +83,7 @@ def test_the_batched_search_is_the_slow_reference(which):
         for x, r in zip(h, ref):
             assert x.score == pytest.approx(r.score, rel=1e-6, abs=1e-4)
             assert x.token_scores == pytest.approx(r.token_scores, abs=1e-4)
-        assert all(contains(h[0].tokens, phrase) for phrase in c)  # the best holds every constraint
+        assert all(met(h[0].tokens, con) for con in c)  # the best holds every constraint
         unmet += sum(x.score < -UNMET_PENALTY / 2 for x in h)
     assert unmet  # (the second best sometimes misses one: the reference's penalised hypotheses are matched too)
 
@@ -156,7 +169,7 @@ def test_bad_constraints_are_one_line_and_nothing_is_written(copier, tmp_path):
         translate(str(copier), [str(src)], str(out), cfg, constraint_file=str(cons))
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text(json.dumps({"text": "cat", "constraints": "dog"}) + "\n")
-    with pytest.raises(TfcliError, match='field "constraints" must be a list of strings'):
+    with pytest.raises(TfcliError, match='field "constraints" must be a list of phrases'):
         translate(str(copier), [str(jsonl)], str(out), TranslateConfig(device="cpu", input_format="jsonl"))
     with pytest.raises(InputError, match="constraints need beam search, not --sampling"):
         tfcli.load(copier).translate(["cat"], constraints=[["dog"]], sampling=True)
@@ -175,7 +188,7 @@ def test_no_piece_continues_the_word_a_constraint_ends():
     constraint's last one is never such a piece, even where the model prefers one; without it, it may be."""
     model = random_translator(3).eval()
     srcs, cons, src = _sources(12, 1, model.cfg.tgt_vocab_size)
-    cons = [c or [[5]] for c in cons]
+    cons = [[con for con in c if isinstance(con[0], int)] or [[5]] for c in cons]  # (phrases only, here)
     sm, tensor = StepModel(model), constraint_tensor(cons, "cpu")
     free = beam_search(sm, src, 4, 0.6, 1.2, 10, constraints=tensor)
     after = {t for h, c in zip(free, cons) for phrase in c for i in range(len(h[0].tokens) - len(phrase))
@@ -218,3 +231,25 @@ def test_the_translator_finds_the_pieces_that_continue_a_word(tmp_path):
     words = Translator(load(str(save_model(tmp_path / "w", random_translator(1), save_word_tokenizer(
         tmp_path / "wt", WORDS))), torch.device("cpu"), "seq2seq"), TranslateConfig(device="cpu"), torch.device("cpu"))
     assert words.continuing() is None
+
+
+def test_a_set_of_alternatives_is_met_by_any_one_form(copier, tmp_path):
+    """A constraint given as alternatives (API: a list; FILE: forms joined by " ||| "; JSONL: a list): one form
+    appears, the one the search finds best; a form the input already holds changes nothing."""
+    from tfcli.generate.config import TranslateConfig
+    from tfcli.generate.translate import translate
+
+    c = tfcli.load(copier)
+    texts = ["cat dog bird", "tree cat", "egg fish goat"]
+    cons = [[["egg", "dog"]], [["fish", "kite lamp"], "moon"], [["hat ice", "jam"]]]
+    got = c.translate(texts, constraints=cons, beam_size=5)
+    assert got[0] == "cat dog bird"
+    assert holds(got[1], "moon") and (holds(got[1], "fish") or holds(got[1], "kite lamp"))
+    assert holds(got[2], "hat ice") or holds(got[2], "jam")
+    src, file, out = tmp_path / "in.txt", tmp_path / "cons.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(texts) + "\n")
+    file.write_text("egg ||| dog\nfish ||| kite lamp\tmoon\nhat ice ||| jam\n")
+    translate(str(copier), [str(src)], str(out), TranslateConfig(device="cpu"), constraint_file=str(file))
+    assert out.read_text().splitlines() == got
+    with pytest.raises(ConfigError, match=r"constraints\[0\]: a set of alternatives needs at least one phrase"):
+        c.translate(texts[:1], constraints=[[[]]])

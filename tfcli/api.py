@@ -78,13 +78,23 @@ def _configured(method: str, make):
         raise ConfigError(f"{method}(): {text}") from None
 
 
-def _phrases(value, name: str, texts: list[str]) -> list[list[str]] | None:
-    """`avoid=` or `constraints=`: one list of phrases a text, checked."""
+def _phrases(value, name: str, texts: list[str]) -> list[list] | None:
+    """`avoid=` or `constraints=`: one list of phrases a text, checked (a constraint may be a list of alternative
+    phrases, any one of which will do)."""
     if value is None:
         return None
     if isinstance(value, (str, bytes)) or len(value) != len(texts):
         raise ConfigError(f"{name}: give one list of phrases a text ({len(texts)} texts; [] for none)")
-    return [_texts(a, f"{name}[{i}]") for i, a in enumerate(value)]
+    out = []
+    for i, phrases in enumerate(value):
+        if name == "constraints" and not isinstance(phrases, (str, bytes)):
+            phrases = [p if isinstance(p, str) else _texts(p, f"{name}[{i}][{j}]") for j, p in enumerate(phrases)]
+            if not all(isinstance(p, str) or p for p in phrases):
+                raise ConfigError(f"{name}[{i}]: a set of alternatives needs at least one phrase")
+            out.append(phrases)
+        else:
+            out.append(_texts(phrases, f"{name}[{i}]"))
+    return out
 
 
 def _texts(value, name: str) -> list[str]:

@@ -365,11 +365,19 @@ def with_avoid(items: Iterable, lines: list[str], name: str) -> Iterator:
         *item, *("", None)[len(item) - 3:], [p for p in line.split("\t") if p.strip()]))
 
 
+ALTERNATIVES = " ||| "  # between the forms of one constraint, any of which will do (--constraints FILE)
+
+
 def with_constraints(items: Iterable, lines: list[str], name: str) -> Iterator:
-    """Each item with its line's constraints (`lines` as with_avoid's: target phrases its translation must hold)
-    as a seventh field (the fields before it filled in where missing)."""
+    """Each item with its line's constraints (`lines` as with_avoid's: target phrases its translation must hold;
+    a phrase with ALTERNATIVES in it, a list of forms of which one must appear) as a seventh field (the fields
+    before it filled in where missing)."""
+    def constraint(field: str):
+        forms = [f.strip() for f in field.split(ALTERNATIVES.strip())] if ALTERNATIVES in field else None
+        return [f for f in forms if f] if forms else field
+
     return _with_lines(items, lines, name, "lines", lambda item, line: (
-        *item, *("", None, [])[len(item) - 3:], [p for p in line.split("\t") if p.strip()]))
+        *item, *("", None, [])[len(item) - 3:], [constraint(p) for p in line.split("\t") if p.strip()]))
 
 
 def _with_lines(items: Iterable, lines: list[str], name: str, what: str, join) -> Iterator:
@@ -411,9 +419,15 @@ def jsonl_items(items: Iterable) -> Iterator:
         for key, value in row.items():
             if key not in JSONL_INPUT_FIELDS:
                 raise InputError(name, lineno, f'unknown field "{key}" (the fields: {", ".join(JSONL_INPUT_FIELDS)})')
-            if key in ("avoid", "constraints"):
+            if key == "avoid":
                 if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-                    raise InputError(name, lineno, f'field "{key}" must be a list of strings (phrases)')
+                    raise InputError(name, lineno, 'field "avoid" must be a list of strings (phrases)')
+            elif key == "constraints":
+                if value is not None and not (isinstance(value, list) and all(
+                        isinstance(v, str) or isinstance(v, list) and v and all(isinstance(f, str) for f in v)
+                        for v in value)):
+                    raise InputError(name, lineno, 'field "constraints" must be a list of phrases (strings, or '
+                                                   'lists of alternative strings)')
             elif value is not None and not isinstance(value, str):
                 raise InputError(name, lineno, f'field "{key}" is {type(value).__name__}, expected a string')
         yield (name, lineno, row["text"], row.get("prefix") or "", row.get("tgt_lang"), row.get("avoid") or [],

@@ -77,8 +77,8 @@ def translate(
     constraints: Optional[str] = typer.Option(
         None, "--constraints", metavar="FILE", rich_help_panel=_DEC,
         help="Target phrases to hold (terminology), one line a line of the input, tab-separated (an empty line: "
-        "none): every output holds each of its line's phrases, in any order (beam search with dynamic beam "
-        "allocation; a beam of 4 or more).",
+        "none; 'a ||| b': either form): every output holds each of its line's phrases, in any order (beam search "
+        "with dynamic beam allocation; a beam of 4 or more).",
     ),
     sampling: bool = typer.Option(
         False, "--sampling", rich_help_panel=_SAMPLE,

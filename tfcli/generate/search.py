@@ -51,8 +51,8 @@ def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int,
     longest = (src_len.float() * max_len_a + max_len_b).long().clamp(min=1)
     if prefix is not None:
         longest = torch.maximum(longest, (prefix >= 0).sum(1) + 1)
-    if constraints is not None:  # (the words they add are not in the source's length)
-        longest = longest + (constraints >= 0).sum((1, 2))
+    if constraints is not None:  # (the words they add are not in the source's length; every form counted)
+        longest = longest + (constraints[..., 1:] >= 0).sum((1, 2))
     return longest.clamp(max=model.cfg.max_len)
 
 
@@ -130,41 +130,58 @@ def avoided(av: torch.Tensor, tokens: torch.Tensor, at, k: int) -> torch.Tensor:
 UNMET_PENALTY = 1e4  # subtracted from a finished hypothesis's score per constraint token it lacks
 
 
-def constraint_tensor(phrases: list[list[list[int]]], device) -> torch.Tensor | None:
-    """Each row's constraints (token id lists it must output) as one (rows, C, L) tensor, each phrase left-aligned
-    with -1 after its end (a row with fewer phrases gets empty ones, met from the start); None where no row has
-    one."""
-    C = max((len(p) for p in phrases), default=0)
+def constraint_tensor(constraints: list[list], device) -> torch.Tensor | None:
+    """Each row's constraints as one (rows, C, 1 + L) tensor. A constraint is a phrase (a token id list) or a set
+    of alternatives (a list of such lists: any one of them does); each alternative is a phrase of the tensor, its
+    column 0 the constraint it is a form of, then its tokens left-aligned with -1 after them (a row with fewer
+    gets empty phrases, each a constraint of its own, met from the start). None where no row has one."""
+    rows = [[alt for c, con in enumerate(row) for alt in _forms(con, c)] for row in constraints]
+    C = max(map(len, rows), default=0)
     if not C:
         return None
-    L = max(len(t) for p in phrases for t in p)
-    out = torch.full((len(phrases), C, L), -1, dtype=torch.long)
-    for r, row in enumerate(phrases):
-        for c, t in enumerate(row):
-            out[r, c, : len(t)] = torch.tensor(t)
+    L = max(len(t) for row in rows for _, t in row)
+    out = torch.full((len(rows), C, 1 + L), -1, dtype=torch.long)
+    out[:, :, 0] = torch.arange(C) + C  # (the empty phrases' own constraints)
+    for r, row in enumerate(rows):
+        for c, (group, t) in enumerate(row):
+            out[r, c, 0] = group
+            out[r, c, 1 : 1 + len(t)] = torch.tensor(t)
     return out.to(device)
 
 
+def _forms(con: list, c: int) -> list[tuple[int, list[int]]]:
+    return [(c, list(t)) for t in con] if con and not isinstance(con[0], int) else [(c, list(con))]
+
+
 def advanced(con: torch.Tensor, prog: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-    """Each phrase's progress after `tok`. con (..., C, L): the phrases (`constraint_tensor`); prog (..., C): how
-    many of each phrase's tokens end the output so far (its length, for good, once it has been output whole);
+    """Each phrase's progress after `tok`. con (..., C, 1 + L): the phrases (`constraint_tensor`); prog (..., C):
+    how many of each phrase's tokens end the output so far (its length, for good, once it has been output whole);
     tok (...): the next token. A phrase goes one token on where `tok` is its next, starts again at 1 where `tok`
     is its first, else back to 0."""
-    lens = (con >= 0).sum(-1)
-    nxt = con.gather(-1, prog.clamp(max=con.size(-1) - 1).unsqueeze(-1)).squeeze(-1)
+    phrase = con[..., 1:]
+    lens = (phrase >= 0).sum(-1)
+    nxt = phrase.gather(-1, prog.clamp(max=phrase.size(-1) - 1).unsqueeze(-1)).squeeze(-1)
     t = tok.unsqueeze(-1)
-    again = (con[..., 0] == t).long()
+    again = (phrase[..., 0] == t).long()
     return torch.where(prog >= lens, prog, torch.where(nxt == t, prog + 1, again))
 
 
-def held(con: torch.Tensor, prog: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the tokens of the phrases output whole, the bank) for progress `prog` (..., C) in phrases `con` (..., C, L):
-    the bank counts those tokens and the longest partial match of the others (one phrase at a time: a token that
-    starts two phrases is one step, not two)."""
-    lens = (con >= 0).sum(-1)
+def constraint_state(con: torch.Tensor, prog: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What progress `prog` (..., C) in the phrases `con` (..., C, 1 + L) comes to: `open` (..., C), whether the
+    constraint a phrase is a form of is still unmet; `missing` (...), the tokens of the unmet constraints (each by
+    its shortest form); `bank`, the tokens of the met constraints (each by the form met) and the longest partial
+    match of an open phrase (one phrase at a time: a token that starts two phrases is one step, not two)."""
+    lens = (con[..., 1:] >= 0).sum(-1)
+    group = con[..., 0]
+    same = group[..., :, None] == group[..., None, :]  # (..., C, C)
+    C = group.size(-1)
+    first = ~(same & torch.ones(C, C, dtype=torch.bool, device=con.device).tril(-1)).any(-1)  # a constraint's first
     met = prog >= lens
-    whole = (lens * met).sum(-1)
-    return whole, whole + (prog * ~met).amax(-1)
+    done = (same & met[..., None, :]).any(-1)
+    credit = (same * (lens * met)[..., None, :]).amax(-1)
+    shortest = torch.where(same, lens[..., None, :], lens.new_tensor(1 << 30)).amin(-1)
+    whole = (credit * first).sum(-1)
+    return dict(open=~done, missing=(shortest * first * ~done).sum(-1), bank=whole + (prog * ~done).amax(-1))
 
 
 def _forced_at(prefix: torch.Tensor | None, at, beams: int) -> torch.Tensor | None:
@@ -587,7 +604,10 @@ class _Beam(_SourceSearch):
         top_lp = top_lp.view(n, k * W)
         cand = (self.scores.unsqueeze(2) + top_lp.view(n, k, W)).view(n, k * W)
         # sorted, best first (with constraints all of them: the beams are chosen by `_by_banks`)
-        cand_scores, cand_idx = cand.topk(2 * K, dim=1) if self.cn is None else cand.sort(dim=1, descending=True, stable=True)
+        if self.cn is None:
+            cand_scores, cand_idx = cand.topk(2 * K, dim=1)
+        else:
+            cand_scores, cand_idx = cand.sort(dim=1, descending=True, stable=True)
         cand_beam = torch.div(cand_idx, W, rounding_mode="floor")
         cand_tok = top_tok.view(n, k * W).gather(1, cand_idx)
         cand_row = cand_beam + (torch.arange(n, device=device) * k)[:, None]  # the beam's row in `tokens` / cache
@@ -598,13 +618,14 @@ class _Beam(_SourceSearch):
         else:
             con = self.cn[:, None].expand(-1, cand_tok.size(1), -1, -1)
             cand_prog = advanced(con, self.prog[cand_row], cand_tok)  # (n, k * W, C)
-            cand_held, cand_bank = held(con, cand_prog)
-            pick = self._by_banks(cand_scores, is_eos, cand_bank)
-            next_scores, next_held = cand_scores.gather(1, pick), cand_held.gather(1, pick)
-            next_prog = cand_prog.gather(1, pick[..., None].expand(n, K, cand_prog.size(-1)))
-            lens = (self.cn >= 0).sum(-1)[:, None]
-            before = self.prog[cand_row.gather(1, pick)]  # (n, K, C)
-            next_fresh = ((next_prog >= lens) & (before < lens)).any(-1)
+            state = constraint_state(con, cand_prog)
+            pick = self._by_banks(cand_scores, is_eos, state["bank"])
+            next_scores, missing = cand_scores.gather(1, pick), state["missing"].gather(1, pick)
+            C = cand_prog.size(-1)
+            next_prog = cand_prog.gather(1, pick[..., None].expand(n, K, C))
+            still = state["open"].gather(1, pick[..., None].expand(n, K, C))
+            before = self.open.view(n, k, C).gather(1, cand_beam.gather(1, pick)[..., None].expand(n, K, C))
+            next_fresh = (before & ~still).any(-1)  # (a constraint met by this token)
         next_beam, next_tok, next_row = cand_beam.gather(1, pick), cand_tok.gather(1, pick), cand_row.gather(1, pick)
         cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
         next_lp = cand_lp.gather(1, pick) if token_scores else None
@@ -619,7 +640,7 @@ class _Beam(_SourceSearch):
             item = self.sched.item
             at_limit = next_scores / length_penalty(col, lp_alpha)
             if self.cn is not None:  # (</s> comes only once every constraint is met; the length limit, before)
-                at_limit = at_limit - UNMET_PENALTY * ((self.cn >= 0).sum((1, 2))[:, None] - next_held)
+                at_limit = at_limit - UNMET_PENALTY * missing
             _keep_finished(
                 (self.fin_score, self.fin_step, self.fin_eos, self.fin_tok, self.fin_lp, self.fin_n), item, ends, at,
                 torch.cat([cand_scores[:, :K] / length_penalty(col, lp_alpha), at_limit], 1),
@@ -663,11 +684,11 @@ class _Beam(_SourceSearch):
         pieces that would continue its word (`continuing`). Returns (log-probs, ids, W), each (n * k, W),
         W = 2K + C."""
         K, k = self.K, self.k
-        n, C, L = self.cn.shape
-        con = self.cn[:, None].expand(n, k, C, L).reshape(n * k, C, L) if k > 1 else self.cn
-        lens = (con >= 0).sum(-1)
-        unmet = self.prog < lens
-        nxt = con.gather(-1, self.prog.clamp(max=con.size(-1) - 1).unsqueeze(-1)).squeeze(-1).clamp(min=0)  # (R, C)
+        n, C, L1 = self.cn.shape
+        con = self.cn[:, None].expand(n, k, C, L1).reshape(n * k, C, L1) if k > 1 else self.cn
+        unmet = self.open = constraint_state(con, self.prog)["open"]  # (R, C): the phrases of constraints not met
+        phrase = con[..., 1:]
+        nxt = phrase.gather(-1, self.prog.clamp(max=L1 - 2).unsqueeze(-1)).squeeze(-1).clamp(min=0)  # (R, C)
         pieces = (self.fresh, self.continuing) if self.continuing is not None else None
         top_lp, top_tok, extra_lp = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K, forced, ban=ban,
                                                extra=nxt, pieces=pieces, eos_rows=unmet.any(1))
@@ -682,12 +703,12 @@ class _Beam(_SourceSearch):
 
     def _by_banks(self, scores: torch.Tensor, is_eos: torch.Tensor, bank: torch.Tensor) -> torch.Tensor:
         """(n, K) the continuing beams, by dynamic beam allocation (Post & Vilar 2018): the candidates `scores`
-        (n, M; sorted, best first) that do not end grouped by `bank` (n, M; `held`); each
+        (n, M; sorted, best first) that do not end grouped by `bank` (n, M; `constraint_state`); each
         bank's best candidates taken in turn, the fullest bank first (its best, then every other bank's best, then
         the second best of each, ...), so that hypotheses that have met fewer constraints still keep places beside
         those that met more. Returned in score order."""
         n, M = scores.shape
-        banks = self.cn.size(1) * self.cn.size(2) + 1  # (at most C * L constraint tokens)
+        banks = self.cn.size(1) * (self.cn.size(2) - 1) + 1  # (at most C * L constraint tokens)
         ok = ~is_eos & (scores > float("-inf"))
         member = ((bank[..., None] == torch.arange(banks, device=bank.device)) & ok[..., None]).long()  # (n, M, banks)
         rank = (member.cumsum(1) * member).sum(-1) - 1  # within its bank, by score
@@ -744,8 +765,8 @@ def beam_search(
     every hypothesis must start with (-1 past a row's prefix): while a row is in its prefix each beam has one way
     on, the prefix's next token, scored as the model scores it. `avoid`: (B, A, L) token phrases no hypothesis of
     the row outputs (`avoid_tensor`): the token that would complete one is never chosen (a prefix still is).
-    `constraints`: (B, C, L) token phrases every hypothesis of the row must output, in any order
-    (`constraint_tensor`): dynamic beam allocation (Post & Vilar 2018) in its vectorised form (Hu et al. 2019).
+    `constraints`: (B, C, 1 + L) token phrases every hypothesis of the row must output, in any order, or for a set
+    of alternatives one of them (`constraint_tensor`): dynamic beam allocation (Post & Vilar 2018) in its vectorised form (Hu et al. 2019).
     Each beam also proposes the next token of each constraint it has not met, the continuing beams are chosen by
     `_Beam._by_banks`, and </s> is banned until every constraint is met; the length limit grows by the constraints'
     tokens, and a hypothesis that still reaches it with some unmet scores UNMET_PENALTY less per missing token (the

@@ -152,7 +152,8 @@ class Translator:
         if any(musts):  # a line's constraints go with its first source (the line itself, unless past max_len)
             must = [musts[todo[k]] if spans[k][0] == u else [] for u, k in enumerate(owner)]
             for u, k in enumerate(owner):
-                need = sum(map(len, must[u])) + (len(targets[u]) if targets is not None else 0)
+                need = sum(len(c) if isinstance(c[0], int) else min(map(len, c)) for c in must[u])
+                need += len(targets[u]) if targets is not None else 0
                 if need >= self.max_len:
                     name, lineno = chunk[todo[k]][:2]
                     raise InputError(name, lineno, f"its constraints and prefix are {need} target tokens, and the "
@@ -247,21 +248,22 @@ class Translator:
         """Words of `ids` as alignments count them (tfcli.generate.alignment.word_of_token)."""
         return len(ids) if self.cfg.raw else len(tok.decode(ids, skip_special_tokens=False).split())
 
-    def _phrases(self, item: tuple, field: int, what: str) -> list[list[int]]:
-        """An item's phrases `field` (a list of texts: the sixth field those to avoid, the seventh those to hold)
-        as target token lists; a phrase with no token, or one to hold that the tokenizer reads with <unk>, is an
-        InputError naming the line."""
+    def _phrases(self, item: tuple, field: int, what: str) -> list:
+        """An item's phrases `field` (a list: the sixth field the texts to avoid, the seventh those to hold, where
+        a list of texts is a set of alternatives) as target token lists (a set: a list of them); a phrase with no
+        token, or one to hold that the tokenizer reads with <unk>, is an InputError naming the line."""
         phrases = item[field] if len(item) > field and item[field] else []
-        out = encode_batch(self.tgt_tok, list(phrases)) if phrases else []
-        for phrase, ids in zip(phrases, out):
-            if not ids:
+        forms = [p for c in phrases for p in ([c] if isinstance(c, str) else c)]
+        ids = dict(zip(forms, encode_batch(self.tgt_tok, forms))) if forms else {}
+        for phrase, toks in ids.items():
+            if not toks:
                 raise InputError(item[0], item[1], f"the phrase {what} {phrase!r} has no target tokens")
-            if UNK_ID in ids and field == 6:  # (a phrase to avoid with <unk> in it just never matches)
+            if UNK_ID in toks and field == 6:  # (a phrase to avoid with <unk> in it just never matches)
                 raise InputError(item[0], item[1], f"the phrase {what} {phrase!r} has a piece the target vocabulary "
                                  "lacks (<unk>)")
-        if out and field == 6 and self.cfg.sampling:
+        if phrases and field == 6 and self.cfg.sampling:
             raise InputError(item[0], item[1], "constraints need beam search, not --sampling")
-        return out
+        return [ids[c] if isinstance(c, str) else [ids[p] for p in c] for c in phrases]
 
     def decode(self, batch: list[list[int]], lines: list[int], prefixes: list[list[int]] | None = None,
                width: int | None = None, slots: int | None = None,
