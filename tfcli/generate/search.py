@@ -592,40 +592,16 @@ class _Beam(_SourceSearch):
         device, token_scores = self.device, self.lps is not None
         at_row = at if isinstance(at, int) else _per_beam(at, k)
         col = at if isinstance(at, int) else at[:, None]
-        # A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
-        # each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and
-        # no topk runs over, all k * V pairs.
-        forced, ban = _forced_at(self.pre, at, k), self.avoided(self.tokens, at_row, k)
-        if self.cn is None:
-            top_lp, top_tok = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K, forced, ban=ban)
-            W = 2 * K
-        else:
-            top_lp, top_tok, W = self._with_constraints(at_row, forced, ban)  # (n * k, W)
-        top_lp = top_lp.view(n, k * W)
-        cand = (self.scores.unsqueeze(2) + top_lp.view(n, k, W)).view(n, k * W)
-        # sorted, best first (with constraints all of them: the beams are chosen by `_by_banks`)
-        if self.cn is None:
-            cand_scores, cand_idx = cand.topk(2 * K, dim=1)
-        else:
-            cand_scores, cand_idx = cand.sort(dim=1, descending=True, stable=True)
-        cand_beam = torch.div(cand_idx, W, rounding_mode="floor")
-        cand_tok = top_tok.view(n, k * W).gather(1, cand_idx)
+        top_lp, cand_scores, cand_idx, cand_beam, cand_tok = self._candidates(at, at_row)
         cand_row = cand_beam + (torch.arange(n, device=device) * k)[:, None]  # the beam's row in `tokens` / cache
         is_eos = cand_tok == EOS_ID
         if self.cn is None:
             # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
             next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
         else:
-            con = self.cn[:, None].expand(-1, cand_tok.size(1), -1, -1)
-            cand_prog = advanced(con, self.prog[cand_row], cand_tok)  # (n, k * W, C)
-            state = constraint_state(con, cand_prog)
-            pick = self._by_banks(cand_scores, is_eos, state["bank"])
-            next_scores, missing = cand_scores.gather(1, pick), state["missing"].gather(1, pick)
-            C = cand_prog.size(-1)
-            next_prog = cand_prog.gather(1, pick[..., None].expand(n, K, C))
-            still = state["open"].gather(1, pick[..., None].expand(n, K, C))
-            before = self.open.view(n, k, C).gather(1, cand_beam.gather(1, pick)[..., None].expand(n, K, C))
-            next_fresh = (before & ~still).any(-1)  # (a constraint met by this token)
+            pick, missing, next_prog, next_fresh = self._constrained_pick(cand_scores, is_eos, cand_beam, cand_row,
+                                                                          cand_tok)
+            next_scores = cand_scores.gather(1, pick)
         next_beam, next_tok, next_row = cand_beam.gather(1, pick), cand_tok.gather(1, pick), cand_row.gather(1, pick)
         cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
         next_lp = cand_lp.gather(1, pick) if token_scores else None
@@ -676,6 +652,44 @@ class _Beam(_SourceSearch):
             for name, value in new.items():
                 setattr(self, name, value)
             self.k = K
+
+    def _candidates(self, at, at_row):
+        """(each beam's proposals' log-probs (n, k * W), then the sentence's candidates sorted best first: summed
+        log-probs, index into the proposals, beam, token; each (n, 2K), or with constraints all k * W of them).
+
+        A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
+        each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and no
+        topk runs over, all k * V pairs. With constraints each beam proposes more (`_with_constraints`), and all
+        are kept: the continuing beams are chosen by `_by_banks`."""
+        K, k, n = self.K, self.k, self.scores.size(0)
+        forced, ban = _forced_at(self.pre, at, k), self.avoided(self.tokens, at_row, k)
+        if self.cn is None:
+            top_lp, top_tok = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K, forced, ban=ban)
+            W = 2 * K
+        else:
+            top_lp, top_tok, W = self._with_constraints(at_row, forced, ban)  # (n * k, W)
+        top_lp = top_lp.view(n, k * W)
+        cand = (self.scores.unsqueeze(2) + top_lp.view(n, k, W)).view(n, k * W)
+        if self.cn is None:
+            cand_scores, cand_idx = cand.topk(2 * K, dim=1)
+        else:
+            cand_scores, cand_idx = cand.sort(dim=1, descending=True, stable=True)
+        beam = torch.div(cand_idx, W, rounding_mode="floor")
+        return top_lp, cand_scores, cand_idx, beam, top_tok.view(n, k * W).gather(1, cand_idx)
+
+    def _constrained_pick(self, cand_scores, is_eos, cand_beam, cand_row, cand_tok):
+        """With constraints: (pick (n, K), the constraint tokens each picked candidate misses, its progress in each
+        phrase (n, K, C), whether its token met a constraint (n, K)), the candidates chosen by `_by_banks`."""
+        n, K, k = cand_scores.size(0), self.K, self.k
+        con = self.cn[:, None].expand(-1, cand_tok.size(1), -1, -1)
+        cand_prog = advanced(con, self.prog[cand_row], cand_tok)  # (n, k * W, C)
+        state = constraint_state(con, cand_prog)
+        pick = self._by_banks(cand_scores, is_eos, state["bank"])
+        C = cand_prog.size(-1)
+        each = pick[..., None].expand(n, K, C)
+        still = state["open"].gather(1, each)
+        before = self.open.view(n, k, C).gather(1, cand_beam.gather(1, pick)[..., None].expand(n, K, C))
+        return pick, state["missing"].gather(1, pick), cand_prog.gather(1, each), (before & ~still).any(-1)
 
     def _with_constraints(self, at_row, forced, ban):
         """Each beam's candidates with constraints: its 2K best tokens and, after them, the next token of each

@@ -376,20 +376,8 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
     if cfg.kind == "seq2seq" and cfg.share_embeddings and orders["src"] != orders["tgt"]:
         raise TfcliError(f"{hf_dir}: shared embeddings, but the source and target tokenizers number tokens differently")
 
-    # rows follow their tokens into tfcli's order
     tgt_order = orders["tgt"]
-    hf_bias = state.pop("lm_head.bias", None)
-    if cfg.kind == "seq2seq":
-        state["encoder.embed.tok.weight"] = _rows(state["encoder.embed.tok.weight"], orders["src"])
-        if not cfg.share_embeddings:
-            state["decoder.embed.tok.weight"] = _rows(state["decoder.embed.tok.weight"], tgt_order)
-        else:
-            state["decoder.embed.tok.weight"] = state["encoder.embed.tok.weight"]
-    else:
-        state["decoder.embed.tok.weight"] = _rows(state["decoder.embed.tok.weight"], tgt_order)
-    state["lm_head.weight"] = (state["decoder.embed.tok.weight"] if cfg.tie_output
-                               else _rows(state["lm_head.weight"], tgt_order))
-    bias = _output_bias(hf_bias, tgt_order)
+    bias = _reordered(state, cfg, orders)
     linear_biases = [k for k in state if _linear_bias(k)]
     cfg = dataclasses.replace(
         cfg, src_vocab_size=len(orders["src"]) if "src" in orders else 0, tgt_vocab_size=len(tgt_order),
@@ -421,6 +409,24 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
         checkpoint.save(out, model, meta, files)  # a new directory, or (force) one swapped in whole
     return {"arch": arch, "kind": cfg.kind, "parameters": sum(p.numel() for p in model.parameters()),
             "vocab": {side: len(o) for side, o in orders.items()}}
+
+
+def _reordered(state: dict, cfg: ModelConfig, orders: dict[str, list[int]]) -> torch.Tensor:
+    """Move the embedding and output rows of `state` (in place) to follow their tokens into tfcli's order; returns
+    the output bias in that order (`_output_bias`)."""
+    tgt_order = orders["tgt"]
+    hf_bias = state.pop("lm_head.bias", None)
+    if cfg.kind == "seq2seq":
+        state["encoder.embed.tok.weight"] = _rows(state["encoder.embed.tok.weight"], orders["src"])
+        if not cfg.share_embeddings:
+            state["decoder.embed.tok.weight"] = _rows(state["decoder.embed.tok.weight"], tgt_order)
+        else:
+            state["decoder.embed.tok.weight"] = state["encoder.embed.tok.weight"]
+    else:
+        state["decoder.embed.tok.weight"] = _rows(state["decoder.embed.tok.weight"], tgt_order)
+    state["lm_head.weight"] = (state["decoder.embed.tok.weight"] if cfg.tie_output
+                               else _rows(state["lm_head.weight"], tgt_order))
+    return _output_bias(hf_bias, tgt_order)
 
 
 def _saved_config(saved: dict, derived: ModelConfig, hf_dir: Path) -> ModelConfig:
