@@ -235,3 +235,19 @@ def test_the_transformers_export_of_an_imported_m2m_model_is_the_original(family
     ends = (2, 1)
     assert [tok.convert_ids_to_tokens([i for i in r.tolist()[2:] if i not in ends]) for r in out] == \
         _theirs(hf, tok, lines[:4], (src, tgt), 4)
+
+
+def test_constraints_follow_the_forced_language_token(family):
+    """Terminology constraints on an imported M2M model: its target language's token first (forced, left out),
+    then every phrase in the output as whole words (SentencePiece pieces: none continues a phrase's last word)."""
+    from tfcli.api import load
+
+    _, _, ckpt, (src, tgt), lines = family
+    ours = load(str(ckpt))
+    cons = [["dog"], ["green shirt", "two"], [], ["street"]]
+    got = ours.translate(lines[:4], src_lang=src, tgt_lang=tgt, constraints=cons, beam_size=4, max_len_b=CAP)
+    for out, phrases in zip(got, cons):
+        words = " ".join(w.strip(".,!?;:") for w in out.split())
+        assert all(f" {p} " in f" {words} " for p in phrases), (out, phrases)
+    plain = ours.translate(lines[2:3], src_lang=src, tgt_lang=tgt, beam_size=4, max_len_b=CAP)
+    assert got[2] == plain[0]

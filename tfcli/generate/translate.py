@@ -30,7 +30,7 @@ from tfcli.generate.sampling import LineSampling
 from tfcli.generate.search import Hypothesis, avoid_tensor, beam_search, constraint_tensor, greedy_decode
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import InputError, TfcliError
-from tfcli.specials import EOS_ID, UNK_ID
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tfcli.io import (
     encoding_errors, jsonl_items, open_output, read_inputs, read_lines, refuse_overwriting_inputs, with_avoid,
     with_constraints, with_prefixes,
@@ -316,19 +316,18 @@ class Translator:
 
     def continuing(self) -> torch.Tensor | None:
         """(V,) the target tokens that continue the word before them: SentencePiece pieces without "▁" (and byte-level
-        BPE tokens without "Ġ") that start with a letter, a digit, a hyphen or an apostrophe; WordPiece's "##" ones;
+        BPE tokens without "Ġ") that start with a letter, a digit, a hyphen, an apostrophe or "_"; WordPiece's "##";
         none for a word-level vocabulary. A constraint's last token is never followed by one, so that the phrase
         ends where a word does (punctuation may follow)."""
         if self._continuing is None:
             vocab = self.tgt_tok.get_vocab(with_added_tokens=True)
             marks = [m for m in ("▁", "Ġ") if any(t.startswith(m) for t in vocab)]
-            special = {t.content for t in self.tgt_tok.get_added_tokens_decoder().values() if t.special}
             out = torch.zeros(self.steps.cfg.tgt_vocab_size, dtype=torch.bool)
             for t, i in vocab.items():
-                if t in special or i >= len(out):
+                if i in (PAD_ID, BOS_ID, EOS_ID, UNK_ID) or i >= len(out):
                     continue
-                if marks:
-                    out[i] = not t.startswith(marks[0]) and (t[:1].isalnum() or t[:1] in "-'’")
+                if marks:  # (a model's own added tokens too, a language's fra_Latn: they are decoded unspaced)
+                    out[i] = not t.startswith(marks[0]) and (t[:1].isalnum() or t[:1] in "-'’_")
                 else:
                     out[i] = t.startswith("##")
             self._continuing = out.to(self.device)
