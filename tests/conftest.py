@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import WORDS, save_copier, save_counter
+from helpers import WORDS, random_translator, save_copier, save_counter, save_model, save_word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TFCLI_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -35,3 +35,11 @@ def counter(tmp_path_factory) -> Path:
     """A hand-built LM (helpers.successor_lm) that counts up WORDS ("cat" -> "dog" -> ...) and ends after "tree"
     with "." and </s>, as a checkpoint."""
     return save_counter(tmp_path_factory.mktemp("counter"), WORDS)
+
+
+@pytest.fixture(scope="module")
+def random_checkpoint(tmp_path_factory) -> Path:
+    """helpers.random_translator(3) over WORDS, as a checkpoint: outputs arbitrary but fixed, for checks that a
+    sentence's output does not depend on its batch or neighbours."""
+    d = tmp_path_factory.mktemp("random")
+    return save_model(d / "ckpt", random_translator(3), save_word_tokenizer(d / "tok", WORDS))

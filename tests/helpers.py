@@ -351,3 +351,8 @@ def write_sequences(directory: Path, split: str, side: str, seqs, vocab_size: in
     with SequenceWriter(directory, split, side, vocab_size) as w:
         w.append(seqs)
         return w.close()
+
+
+def holds(text: str, phrase: str) -> bool:
+    """Whether `text` holds `phrase` as whole words."""
+    return f" {phrase} " in f" {text} "

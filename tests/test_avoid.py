@@ -9,21 +9,11 @@ import pytest
 import torch
 
 import tfcli
-from helpers import WORDS, random_translator, save_model, save_word_tokenizer
+from helpers import WORDS, holds, random_translator
 from tfcli.errors import ConfigError
 from tfcli.generate.search import avoid_tensor, avoided, beam_search, greedy_decode
 from tfcli.generate.step import StepModel
 from tfcli.specials import EOS_ID, PAD_ID
-
-
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("random")
-    return save_model(d / "ckpt", random_translator(3), save_word_tokenizer(d / "tok", WORDS))
-
-
-def holds(text: str, phrase: str) -> bool:
-    return f" {phrase} " in f" {text} "
 
 
 def test_the_banned_token_completes_a_phrase_the_output_ends_with():
@@ -61,10 +51,10 @@ def test_avoided_phrases_never_appear_and_the_rest_is_copied(copier):
         c.translate(texts[:2], avoid=[["cat"]])
 
 
-def test_avoiding_does_not_depend_on_the_batch(random_model):
+def test_avoiding_does_not_depend_on_the_batch(random_checkpoint):
     """A random model, told to avoid phrases of its own unconstrained outputs: none appears, and each text's
     translation is the same at batch 1, 7 and 64 and in reverse order."""
-    t = tfcli.load(random_model)
+    t = tfcli.load(random_checkpoint)
     rng = random.Random(2)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8))) for _ in range(30)]
     free = t.translate(texts, max_len_a=1.0, max_len_b=3)

@@ -11,22 +11,12 @@ import pytest
 import torch
 
 import tfcli
-from helpers import WORDS, random_translator, save_model, save_word_tokenizer
+from helpers import WORDS, holds, random_translator, save_model, save_word_tokenizer
 from reference_search import reference_constrained_beam_search
 from tfcli.errors import ConfigError, InputError
 from tfcli.generate.search import UNMET_PENALTY, advanced, beam_search, constraint_tensor
 from tfcli.generate.step import StepModel
 from tfcli.specials import EOS_ID, PAD_ID
-
-
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("random")
-    return save_model(d / "ckpt", random_translator(3), save_word_tokenizer(d / "tok", WORDS))
-
-
-def holds(text: str, phrase: str) -> bool:
-    return f" {phrase} " in f" {text} "
 
 
 def contains(seq: list[int], phrase: list[int]) -> bool:
@@ -88,11 +78,11 @@ def test_the_batched_search_is_the_slow_reference(which):
     assert unmet  # (the second best sometimes misses one: the reference's penalised hypotheses are matched too)
 
 
-def test_every_constraint_appears_and_the_output_does_not_depend_on_the_batch(random_model):
+def test_every_constraint_appears_and_the_output_does_not_depend_on_the_batch(random_checkpoint):
     """300 texts, 1-3 phrases each (one to three words: one token a word here), drawn from the words the model does
     not output for them: every phrase in every output, at beam 4 and 1, and each text's output the same at batch
     64, 7 and 1 and in reverse order."""
-    t = tfcli.load(random_model)
+    t = tfcli.load(random_checkpoint)
     rng = random.Random(5)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8))) for _ in range(300)]
     free = t.translate(texts, max_len_a=1.0, max_len_b=3)
@@ -125,12 +115,12 @@ def test_the_copier_keeps_its_input_and_adds_the_constraints(copier):
     assert c.translate(texts, constraints=[[t.split()[1]] for t in texts]) == texts
 
 
-def test_constraints_with_avoid_prefixes_ensembles_and_int8(random_model, tmp_path):
+def test_constraints_with_avoid_prefixes_ensembles_and_int8(random_checkpoint, tmp_path):
     """A text's constraints hold beside its phrases to avoid and its target prefix; an ensemble and int8 decode
     under constraints too."""
     from tfcli.device import int8_available
 
-    t = tfcli.load(random_model)
+    t = tfcli.load(random_checkpoint)
     texts = ["cat dog bird", "tree egg fish goat", "hat ice"]
     cons = [["jam kite"], ["lamp"], ["cat", "dog"]]
     avoid = [["tree"], ["fish"], ["hat"]]
@@ -138,10 +128,10 @@ def test_constraints_with_avoid_prefixes_ensembles_and_int8(random_model, tmp_pa
     for g, ps, qs, pre in zip(got, cons, avoid, ["egg", "", "bird"]):
         assert all(holds(g, p) for p in ps) and not any(holds(g, q) for q in qs) and g.startswith(pre)
     other = save_model(tmp_path / "other", random_translator(4), save_word_tokenizer(tmp_path / "tok", WORDS))
-    both = tfcli.load([random_model, other])
+    both = tfcli.load([random_checkpoint, other])
     assert all(holds(g, p) for g, ps in zip(both.translate(texts, constraints=cons), cons) for p in ps)
     if int8_available():
-        q = tfcli.load(random_model, dtype="int8")
+        q = tfcli.load(random_checkpoint, dtype="int8")
         assert all(holds(g, p) for g, ps in zip(q.translate(texts, constraints=cons), cons) for p in ps)
 
 

@@ -104,10 +104,18 @@ def read_spm(path: Path) -> dict:
 def _unigram(spm: dict, table: list[tuple[str, float]], unk_id: int, specials: list[str]) -> dict:
     """tokenizer.json (a dict): a unigram model over `table` behind the .spm model's normalisation and
     SentencePiece's whitespace handling."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import models
 
     byte_fallback = any(kind == _BYTE for _, _, kind in spm["pieces"])
-    tok = Tokenizer(models.Unigram(table, unk_id=unk_id, byte_fallback=byte_fallback))
+    return _behind_spm(spm, models.Unigram(table, unk_id=unk_id, byte_fallback=byte_fallback), specials, byte_fallback)
+
+
+def _behind_spm(spm: dict, model, specials: list[str], byte_fallback: bool = False) -> dict:
+    """tokenizer.json (a dict): `model` (a tokenizers model) behind the .spm model's own normalisation (its
+    precompiled character map) and SentencePiece's whitespace handling, with `specials` as special tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+
+    tok = Tokenizer(model)
     steps = [normalizers.Precompiled(spm["charsmap"])] if spm["charsmap"] else []
     if spm["squeeze"]:
         steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
@@ -171,7 +179,7 @@ def _merges(spm: dict, known: set[str]) -> list[tuple[str, str]]:
 def m2m_tokenizer(spm_path: Path, vocab: dict[str, int], appended: list[str], unk: str = "<unk>") -> dict:
     """tokenizer.json (as a dict) for an M2M-100 directory: vocab.json's ids, then the `appended` tokens (language
     tokens, madeup words) numbered after them, as special tokens."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import models
 
     spm = read_spm(spm_path)
     if spm["model_type"] != 2:
@@ -179,14 +187,5 @@ def m2m_tokenizer(spm_path: Path, vocab: dict[str, int], appended: list[str], un
                          f"{spm['model_type']}")
     if unk not in vocab:
         raise TfcliError(f"{spm_path.parent / 'vocab.json'}: has no {unk} token")
-    tok = Tokenizer(models.BPE(dict(vocab), _merges(spm, set(vocab)), unk_token=unk, fuse_unk=True))
-    steps = [normalizers.Precompiled(spm["charsmap"])] if spm["charsmap"] else []
-    if spm["squeeze"]:
-        steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
-    if steps:
-        tok.normalizer = normalizers.Sequence(steps)
-    scheme = "always" if spm["dummy_prefix"] else "never"
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
-    tok.add_special_tokens([t for t in ("<s>", "<pad>", "</s>", unk) if t in vocab] + appended)
-    return json.loads(tok.to_str())
+    bpe = models.BPE(dict(vocab), _merges(spm, set(vocab)), unk_token=unk, fuse_unk=True)
+    return _behind_spm(spm, bpe, [t for t in ("<s>", "<pad>", "</s>", unk) if t in vocab] + appended)
