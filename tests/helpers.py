@@ -52,17 +52,20 @@ def make_parallel_prepared(
     min_len: int = 3,
     max_len: int = 8,
     seed: int = 0,
+    stop: bool = False,
 ) -> Path:
-    """A prepared parallel directory (joint vocabulary) for a copy/reverse task; returns its path."""
+    """A prepared parallel directory (joint vocabulary) for a copy/reverse task; returns its path. `stop`: each
+    sentence ends with a " ." token (sentences a splitter finds)."""
     d = Path(d)
     d.mkdir(parents=True, exist_ok=True)
     words = [f"w{i}" for i in range(n_words)]
-    tok = word_tokenizer(words)
+    tok = word_tokenizer(words + ["."] * stop)
     vocab = tok.get_vocab_size()
     rng = random.Random(seed)
 
     def pairs(n):
-        src = [" ".join(rng.choice(words) for _ in range(rng.randint(min_len, max_len))) for _ in range(n)]
+        src = [" ".join(rng.choice(words) for _ in range(rng.randint(min_len, max_len))) + " ." * stop
+               for _ in range(n)]
         tgt = [s if task == "copy" else " ".join(reversed(s.split())) for s in src]
         return {"src": src, "tgt": tgt}
 
@@ -126,21 +129,23 @@ def tiny_train_config(data: Path | str, out: Path | str, **overrides):
 
 
 def train_tiny_checkpoint(
-    tmp: Path | str, kind: str = "parallel", task: str = "copy", steps: int = 300, model: dict | None = None, **train
+    tmp: Path | str, kind: str = "parallel", task: str = "copy", steps: int = 300, model: dict | None = None,
+    prepared: dict | None = None, **train
 ) -> Path:
     """Prepare a synthetic task under `tmp` and train a tiny model on it; returns the run directory
     (`tfcli.checkpoint.resolve(run)` gives its best checkpoint). A few seconds on a CPU.
 
     kind "parallel": the `toy` encoder-decoder (d_model 64) on a copy (default) or reverse task; kind "mono":
-    `lm-toy` on the counting task. How far it learns differs between CPUs (other float kernels), so tests use it for
-    what the trainer writes, never for what the model outputs (for that: copy_model, successor_lm below).
+    `lm-toy` on the counting task; `prepared`: make_parallel_prepared's options. How far it learns differs between
+    CPUs (other float kernels), so tests use it for what the trainer writes, or for properties that hold whatever it
+    learned, never for what the model outputs (for that: copy_model, successor_lm below).
     """
     from tfcli.train.trainer import train as run_train
 
     tmp = Path(tmp)
     train = {"schedule": "constant", "warmup": 10, **train}
     if kind == "parallel":
-        data = make_parallel_prepared(tmp / "prep", task=task, n_train=2000)
+        data = make_parallel_prepared(tmp / "prep", task=task, n_train=2000, **(prepared or {}))
         cfg = tiny_train_config(data, tmp / "run", **{"max_steps": steps, "valid_every": steps, **train})
         overrides = {"d_model": 64, "d_ff": 128, **(model or {})}
     else:

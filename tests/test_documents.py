@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tfcli
-from helpers import WORDS, save_copier, save_model, save_word_tokenizer
+from helpers import WORDS, holds, save_copier, save_model, save_word_tokenizer, train_tiny_checkpoint
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import translate
 from tfcli.model.config import preset
@@ -66,6 +66,23 @@ def test_a_paragraph_is_its_sentences_translated_one_by_one_and_joined(random_mo
     assert len(whole) == len(texts) and any(w != s for w, s in zip(whole, want))  # (the model sees other inputs)
     one = [i for i, p in enumerate(paras) if len(p) == 1]
     assert one and all(whole[i] == want[i] for i in one)  # a one-sentence line is itself, split or not
+
+
+def test_a_trained_models_paragraph_is_its_sentences_translated_one_by_one_and_joined(tmp_path_factory):
+    """The same for a model trained on sentences (copying, each ending with a stop), whose hypotheses end at </s>
+    at different steps beside each other rather than all at the length limit: a paragraph of 1-20 sentences, split
+    (by auto too: two sentences are longer than any training source), is its sentences translated alone, joined."""
+    run = train_tiny_checkpoint(tmp_path_factory.mktemp("trained"), steps=150, prepared=dict(stop=True, n_words=12))
+    t = tfcli.load(run)
+    rng = random.Random(4)
+    words = [f"w{i}" for i in range(12)]
+    paras = [[" ".join(rng.choices(words, k=rng.randint(5, 8))) + " ." for _ in range(n)] for n in (1, 5, 20, 2, 11)]
+    texts = [" ".join(p) for p in paras]
+    unique = sorted({s for p in paras for s in p})
+    alone = dict(zip(unique, t.translate(unique, batch_size=1)))
+    want = [" ".join(alone[s] for s in p) for p in paras]
+    assert t.translate(texts, split_sentences="always", batch_size=8) == want
+    assert t.translate(texts[::-1], batch_size=3)[::-1] == want
 
 
 def test_auto_splits_only_lines_longer_than_the_model_was_trained_on(random_model, copier, tmp_path):
@@ -128,6 +145,23 @@ def test_scores_alignments_and_prefixes_of_a_split_line(copier):
     assert prefixed == "cat dog egg fish " + " ".join(c.translate(sentences[1:], beam_size=1))
     with pytest.raises(Exception, match="split_sentences"):
         c.translate([line], split_sentences="sometimes")
+
+
+def test_a_line_with_constraints_is_translated_whole_unless_past_max_len(copier):
+    """A phrase to hold may belong to any sentence of its line, so a line with constraints that fits the model is
+    not split: the same output whatever `split_sentences` says, the phrase in it. Past max_len the line is split
+    after all (never cut), the constraints going with its first source, and every word still comes back."""
+    c = tfcli.load(copier)
+    line, phrase = "cat dog egg. fish hat. ice jam.", "goat"
+    runs = [c.translate([line], constraints=[[phrase]], split_sentences=s, beam_size=4)[0]
+            for s in ("never", "auto", "always")]
+    assert runs[0] == runs[1] == runs[2] and holds(runs[0], phrase)
+    assert [w for w in runs[0].split() if w != phrase] == line.replace(".", " .").split()
+    rng = random.Random(8)
+    others = [w for w in WORDS if w != phrase]
+    long = " ".join(" ".join(rng.choices(others, k=5)) + "." for _ in range(8))  # 48 tokens: past max_len (32)
+    got = c.translate([long], constraints=[[phrase]], beam_size=4)[0]
+    assert holds(got, phrase) and [w for w in got.split() if w != phrase] == long.replace(".", " .").split()
 
 
 def test_sampling_a_split_line_does_not_depend_on_its_company(random_model):
