@@ -184,7 +184,21 @@ def test_the_splitter_finds_sentences_in_german_english_and_french():
     assert splitter("fr")("Il pleut. Elle rit ! Il a dit « Bonjour. » Puis il est parti.") == [
         "Il pleut.", "Elle rit !", "Il a dit « Bonjour. »", "Puis il est parti."]
     assert splitter(None)("One. Two.") == ["One.", "Two."] and splitter("fra_Latn")("Oui. Non.") == ["Oui.", "Non."]
+    # a language's rules whatever code names it (NLLB's, ISO 639-2/3's): English rules would split these
+    french, german = "Il a vu p. ex. trois chats. Puis rien.", "Die Str. ist lang. Ende."
+    assert splitter("en")(french) != splitter("fr")(french) and splitter("en")(german) != splitter("de")(german)
+    for code in ("fra_Latn", "fra", "fre", "fr-CA"):
+        assert splitter(code)(french) == splitter("fr")(french) == ["Il a vu p. ex. trois chats.", "Puis rien."]
+    for code in ("deu_Latn", "deu", "ger", "de_AT"):
+        assert splitter(code)(german) == splitter("de")(german) == ["Die Str. ist lang.", "Ende."]
     assert splitter("en")("   ") == [""]
+
+
+def test_language_codes_as_two_letter_codes():
+    from tfcli.data.languages import two_letter_code
+
+    assert [two_letter_code(c) for c in ("fr", "pt_BR", "zho_Hans", "arb_Arab", "swh_Latn", "nob", "EN", "yue_Hant",
+                                         "xx")] == ["fr", "pt", "zh", "ar", "sw", "nb", "en", "yue", "xx"]
 
 
 def test_the_source_language_comes_from_the_training_data_or_src_lang():

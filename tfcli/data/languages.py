@@ -138,3 +138,32 @@ def named_source_language(src: str | None, src_field: str | None, directions: li
         if parts and re.fullmatch(r"[a-z]{2,3}", parts[-1]) and parts[-1] not in _NOT_LANGUAGES:
             return parts[-1]
     return None
+
+
+def two_letter_code(lang: str) -> str:
+    """ISO 639-1's code of a language named by any of the codes models use (fr, fr-CA, pt_BR, fra, fre, fra_Latn,
+    arb_Arab), for tools keyed by the two-letter codes (the sentence splitter); a code with no two-letter form
+    (yue_Hant -> yue) is kept, lower-cased, without its region or script."""
+    code = lang.split("_")[0].split("-")[0].lower()
+    return _ISO_639_1.get(code, code)
+
+
+# ISO 639-3 and 639-2's codes (bibliographic too) with an ISO 639-1 code, from Debian's iso-codes tables; and the
+# individual languages NLLB-200 names, as their macrolanguage's (arb: Standard Arabic -> ar)
+_ISO_639_1 = dict(pair.split(":") for pair in (  # ISO 639-2/3 (and NLLB's individual languages) -> ISO 639-1
+    "aar:aa abk:ab afr:af aka:ak alb:sq als:sq amh:am ara:ar arb:ar arg:an arm:hy asm:as ava:av ave:ae aym:ay azb:az "
+    "aze:az azj:az bak:ba bam:bm baq:eu bel:be ben:bn bih:bh bis:bi bod:bo bos:bs bre:br bul:bg bur:my cat:ca ces:cs "
+    "cha:ch che:ce chi:zh chu:cu chv:cv ckb:ku cmn:zh cor:kw cos:co cre:cr cym:cy cze:cs dan:da deu:de div:dv dut:nl "
+    "dzo:dz ekk:et ell:el eng:en epo:eo est:et eus:eu ewe:ee fao:fo fas:fa fij:fj fin:fi fra:fr fre:fr fry:fy ful:ff "
+    "fuv:ff gaz:om geo:ka ger:de gla:gd gle:ga glg:gl glv:gv gre:el grn:gn guj:gu hat:ht hau:ha hbs:sh heb:he her:hz "
+    "hin:hi hmo:ho hrv:hr hun:hu hye:hy ibo:ig ice:is ido:io iii:ii iku:iu ile:ie ina:ia ind:id ipk:ik isl:is ita:it "
+    "jav:jv jpn:ja kal:kl kan:kn kas:ks kat:ka kau:kr kaz:kk khk:mn khm:km kik:ki kin:rw kir:ky kmr:ku knc:kr kom:kv "
+    "kon:kg kor:ko kua:kj kur:ku lao:lo lat:la lav:lv lim:li lin:ln lit:lt ltz:lb lub:lu lug:lg lvs:lv mac:mk mah:mh "
+    "mal:ml mao:mi mar:mr may:ms mkd:mk mlg:mg mlt:mt mon:mn mri:mi msa:ms mya:my nau:na nav:nv nbl:nr nde:nd ndo:ng "
+    "nep:ne nld:nl nno:nn nob:nb nor:no npi:ne nya:ny oci:oc oji:oj ori:or orm:om ory:or oss:os pan:pa pbt:ps per:fa "
+    "pes:fa pli:pi plt:mg pol:pl por:pt prs:fa pus:ps que:qu quy:qu roh:rm ron:ro rum:ro run:rn rus:ru sag:sg san:sa "
+    "sin:si slk:sk slo:sk slv:sl sme:se smo:sm sna:sn snd:sd som:so sot:st spa:es sqi:sq srd:sc srp:sr ssw:ss sun:su "
+    "swa:sw swe:sv swh:sw tah:ty tam:ta tat:tt tel:te tgk:tg tgl:tl tha:th tib:bo tir:ti ton:to tsn:tn tso:ts tuk:tk "
+    "tur:tr twi:tw uig:ug ukr:uk urd:ur uzb:uz uzn:uz ven:ve vie:vi vol:vo wel:cy wln:wa wol:wo xho:xh ydd:yi yid:yi "
+    "yor:yo zha:za zho:zh zsm:ms zul:zu"
+).split())

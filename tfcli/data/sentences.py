@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from tfcli.data.languages import two_letter_code
 from tfcli.errors import ConfigError
 
 GENERIC = "en"  # rules used when the input's language is not given: terminators, English abbreviations
@@ -22,7 +23,7 @@ def splitter(lang: str | None) -> Callable[[str], list[str]]:
     except ImportError:
         raise ConfigError("--split-sentences needs the sentencex package: pip install sentencex (or "
                           "--split-sentences never)") from None
-    code = (lang or GENERIC).split("_")[0].split("-")[0].lower()  # fra_Latn, pt-BR -> fra, pt
+    code = two_letter_code(lang or GENERIC)  # fra_Latn, pt-BR -> fr, pt
 
     def split(text: str) -> list[str]:
         out = [s.strip() for s in segment(code, text)]
