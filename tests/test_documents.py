@@ -194,6 +194,22 @@ def test_the_splitter_finds_sentences_in_german_english_and_french():
     assert splitter("en")("   ") == [""]
 
 
+def test_each_text_may_name_its_source_language(random_model, tmp_path):
+    """src_lang one a text (JSONL's "src_lang", the API's list): each line split by its own language's rules, beside
+    lines of other languages; a line without one takes --src-lang's."""
+    t = tfcli.load(random_model)
+    line = "Die Str. ist lang. Ende."  # German rules know "Str.", English ones end a sentence there
+    alone = [" ".join(t.translate(parts, batch_size=1, **SHORT))
+             for parts in (["Die Str. ist lang.", "Ende."], ["Die Str.", "ist lang.", "Ende."])]
+    got = t.translate([line, line, line], src_lang=["de", "en", "de"], split_sentences="always", **SHORT)
+    assert got == [alone[0], alone[1], alone[0]] and alone[0] != alone[1]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps(row) for row in ({"text": line}, {"text": line, "src_lang": "en"})) + "\n")
+    cfg = TranslateConfig(device="cpu", split_sentences="always", input_format="jsonl", src_lang="deu_Latn", **SHORT)
+    translate(str(random_model), [str(src)], str(tmp_path / "out.txt"), cfg)
+    assert (tmp_path / "out.txt").read_text().splitlines() == alone
+
+
 def test_language_codes_as_two_letter_codes():
     from tfcli.data.languages import two_letter_code
 

@@ -190,18 +190,24 @@ def test_the_command_line_translates_an_imported_m2m_model_with_its_languages(fa
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == want
     bad = CliRunner().invoke(app, [*base, "--tgt-lang", "xx", "-o", str(tmp_path / "bad.txt")])
     assert bad.exit_code == 1 and "no target language 'xx'" in bad.output and not (tmp_path / "bad.txt").exists()
-    # JSONL: each line its own target language
+    # JSONL: each line its own target language, and some their own source language
     other = {"fr": "de", "fra_Latn": "deu_Latn"}[tgt]
-    langs = [tgt, other, tgt, other, other, tgt]
-    rows = [json.dumps({"text": t, "tgt_lang": lang}) for t, lang in zip(lines[:6], langs)]
+    langs, srcs = [tgt, other, tgt, other, other, tgt], [src, src, other, src, other, src]
+    rows = [json.dumps({"text": t, "tgt_lang": lang} | ({"src_lang": s} if s != src else {}))
+            for t, lang, s in zip(lines[:6], langs, srcs)]
     (tmp_path / "in.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
     jsonl = [*base[:3], str(tmp_path / "in.jsonl"), *base[4:], "--input-format", "jsonl", "-o", str(tmp_path / "j.txt")]
     assert CliRunner().invoke(app, jsonl).exit_code == 0
-    want = load(str(ckpt)).translate(lines[:6], beam_size=4, len_penalty=0, max_len_a=0, max_len_b=CAP, raw=True,
-                                     src_lang=src, tgt_lang=langs)
+    ours = load(str(ckpt))
+    want = ours.translate(lines[:6], beam_size=4, len_penalty=0, max_len_a=0, max_len_b=CAP, raw=True, src_lang=srcs,
+                          tgt_lang=langs)
     assert (tmp_path / "j.txt").read_text(encoding="utf-8").splitlines() == want
-    assert want[1] != load(str(ckpt)).translate(lines[1:2], beam_size=4, len_penalty=0, max_len_a=0,
-                                                max_len_b=CAP, raw=True, src_lang=src, tgt_lang=tgt)[0]
+    each = [ours.translate([t], beam_size=4, len_penalty=0, max_len_a=0, max_len_b=CAP, raw=True, src_lang=s,
+                           tgt_lang=lang)[0] for t, s, lang in zip(lines[:6], srcs, langs)]
+    assert want == each  # (a line's languages are its own beside lines of others)
+    plain = ours.translate(lines[1:3], beam_size=4, len_penalty=0, max_len_a=0, max_len_b=CAP, raw=True, src_lang=src,
+                           tgt_lang=tgt)
+    assert want[1] != plain[0] and want[2] != plain[1]  # (another target language; another source token)
     # eval --translate takes the languages too
     (tmp_path / "ref.txt").write_text("\n".join(lines[:6]) + "\n", encoding="utf-8")
     scored = CliRunner().invoke(app, ["eval", "-m", str(ckpt), "--translate", str(tmp_path / "in.txt"), "-r",

@@ -117,6 +117,19 @@ def _texts(value, name: str) -> list[str]:
     return items
 
 
+def _languages(options: dict, name: str, texts: list[str]) -> list[str] | None:
+    """Option `name`, a language for all texts (left in `options`) or a list of one a text (taken out, returned)."""
+    value = options.get(name)
+    if value is None or isinstance(value, str):
+        if value is None:
+            options.pop(name, None)
+        return None
+    values = _texts(options.pop(name), name)
+    if len(values) != len(texts):
+        raise ConfigError(f"{name}: {len(values)} languages for {len(texts)} texts; give one, or one a text")
+    return values
+
+
 class Translator:
     """A translation model ready to translate lists of sentences."""
 
@@ -132,7 +145,7 @@ class Translator:
         target phrases a text ([] for none), none of which its translation holds; constraints: one list of target
         phrases a text ([] for none), every one of which its translation holds (beam search); tgt_lang: a multilingual
         model's target language, one for all texts or a list of one a text; src_lang: the texts' language (what an
-        imported M2M-100 or NLLB model needs, and the sentence splitter's rules)."""
+        imported M2M-100 or NLLB model needs, and the sentence splitter's rules), also one or one a text."""
         _check_options("translate", options, _TRANSLATE + ("prefixes", "tgt_lang", "avoid", "constraints"))
         return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), None, options)]
 
@@ -160,20 +173,14 @@ class Translator:
             prefixes = _texts(prefixes, "prefixes")
             if len(prefixes) != len(texts):
                 raise ConfigError(f"prefixes: {len(prefixes)} for {len(texts)} texts; give one a text ('' for none)")
-        langs = options.pop("tgt_lang", None)
-        if langs is not None and not isinstance(langs, str):
-            langs = _texts(langs, "tgt_lang")
-            if len(langs) != len(texts):
-                raise ConfigError(f"tgt_lang: {len(langs)} languages for {len(texts)} texts; give one, or one a text")
-        elif langs is not None:
-            options["tgt_lang"] = langs
-            langs = None
+        langs, src_langs = (_languages(options, name, texts) for name in ("tgt_lang", "src_lang"))
         cfg = _configured("translate", lambda: override(TranslateConfig(device=str(self.device), dtype=self.dtype),
                                                         "translate", nbest=n, **options))
         lines = Lines(self.loaded, cfg, self.device)
         out = []
         items = (("<text>", i + 1, text, prefixes[i] if prefixes else "", langs[i] if langs else None,
-                  avoid[i] if avoid else None, constraints[i] if constraints else None) for i, text in enumerate(texts))
+                  avoid[i] if avoid else None, constraints[i] if constraints else None,
+                  src_langs[i] if src_langs else None) for i, text in enumerate(texts))
         for _, hyps in lines.hypotheses(items):
             out.append([Translation(t, h.score, h.token_scores if cfg.scores else None, h.alignment)
                         for h, t in zip(hyps, lines.texts(hyps))])

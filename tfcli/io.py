@@ -396,17 +396,17 @@ def _with_lines(items: Iterable, lines: list[str], name: str, what: str, join) -
         raise TfcliError(f"{name}: {len(lines)} {what} for {i} input lines; give one a line")
 
 
-JSONL_INPUT_FIELDS = ("text", "tgt_lang", "prefix", "avoid", "constraints")
+JSONL_INPUT_FIELDS = ("text", "tgt_lang", "src_lang", "prefix", "avoid", "constraints")
 
 
 def jsonl_items(items: Iterable) -> Iterator:
-    """read_inputs items whose lines are JSON objects {"text": ..., "tgt_lang": ..., "prefix": ..., "avoid": [...],
-    "constraints": [...]} (all but the text optional) as (file name, line number, text, prefix, target language,
-    phrases to avoid, phrases to hold); a blank line is an empty text. A line that is not such an object is an
+    """read_inputs items whose lines are JSON objects {"text": ..., "tgt_lang": ..., "src_lang": ..., "prefix": ...,
+    "avoid": [...], "constraints": [...]} (all but the text optional) as (file name, line number, text, prefix,
+    target language, phrases to avoid, phrases to hold, source language); a blank line is an empty text. A line that is not such an object is an
     InputError naming it."""
     for item in items:
         if item is None or not item[2].strip():
-            yield item if item is None else (*item[:2], "", "", None, [], [])
+            yield item if item is None else (*item[:2], "", "", None, [], [], None)
             continue
         name, lineno, line = item
         try:
@@ -431,7 +431,7 @@ def jsonl_items(items: Iterable) -> Iterator:
             elif value is not None and not isinstance(value, str):
                 raise InputError(name, lineno, f'field "{key}" is {type(value).__name__}, expected a string')
         yield (name, lineno, row["text"], row.get("prefix") or "", row.get("tgt_lang"), row.get("avoid") or [],
-               row.get("constraints") or [])
+               row.get("constraints") or [], row.get("src_lang"))
 
 
 def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False, pauses: bool = False) -> Iterator[str | None]:

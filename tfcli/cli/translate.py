@@ -48,8 +48,9 @@ def translate(
     ),
     input_format: Optional[str] = typer.Option(
         None, "--input-format", metavar="FORMAT", rich_help_panel=_FMT,
-        help='text, or jsonl: each line {"text": ..., "tgt_lang": ..., "prefix": ...} (the last two optional: '
-        r"the line's own target language and prefix) \[default: text].",
+        help='text, or jsonl: each line {"text": ..., "tgt_lang": ..., "src_lang": ..., "prefix": ..., "avoid": '
+        '[...], "constraints": [...]} (all but the text optional: the line\'s own languages, prefix and phrases) '
+        r"\[default: text].",
     ),
     output_dir: Optional[str] = typer.Option(
         None, "--output-dir", metavar="DIR", show_default=False,

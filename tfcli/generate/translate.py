@@ -40,6 +40,11 @@ UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are 
 EMPTY_WARN_RATE = 0.05  # warn when at least this share of the decoded lines (and one at least) come out empty
 
 
+def _source_language(item: tuple) -> str | None:
+    """An input item's own source language (`jsonl_items`' eighth field), or None."""
+    return item[7] if len(item) > 7 else None
+
+
 class Translator:
     """A loaded model with its tokenizers and settings; turns (name, line number, text) items into output lines."""
 
@@ -66,7 +71,7 @@ class Translator:
         data = loaded.meta.get("data") or {}
         self.trained_len = (data.get("src_len") or {}).get("p99")
         self.src_lang = cfg.src_lang or data.get("src_lang")
-        self.splitter = None
+        self.splitters = {}  # language -> the splitter, each made on first use
         self.fixed = loaded.steps.static  # fixed-shape decoding (a GPU's): continuous batching
         self._continuing = None  # (V,) the target pieces that continue a word (made when constraints first come)
         self.index = 0  # 0-based index of the next input line, across chunks and files
@@ -79,8 +84,9 @@ class Translator:
 
     def hypotheses(self, items: Iterable[tuple | None]) -> Iterator[tuple[int, list[Hypothesis]]]:
         """Yield (0-based line index, hypotheses best first) for each input line, in input order. An item is
-        (file name, line number, text), or with a fourth field the line's target prefix (`with_prefixes`) and a
-        fifth its target language (`jsonl_items`; None: --tgt-lang's). A None
+        (file name, line number, text), or with a fourth field the line's target prefix (`with_prefixes`), a
+        fifth its target language (`jsonl_items`; None: --tgt-lang's), a sixth and seventh its phrases to avoid and
+        to hold, an eighth its source language (None: --src-lang's). A None
         item means that input has paused (read_inputs): what has arrived is translated now, not when the buffer
         fills."""
         tty = sys.stdin.isatty()
@@ -128,7 +134,8 @@ class Translator:
             name, lineno, *rest = chunk[i]
             lang = rest[2] if len(rest) > 2 and rest[2] is not None else self.cfg.tgt_lang
             if self.langs:
-                leads.append(language_id(self.langs, self.cfg.src_lang, f"{name}:{lineno}", "source"))
+                src_lang = _source_language(chunk[i]) or self.cfg.src_lang
+                leads.append(language_id(self.langs, src_lang, f"{name}:{lineno}", "source"))
                 forced.append([language_id(self.langs, lang, f"{name}:{lineno}", "target")])
             else:
                 leads.append(tag_id(self.tags, lang, f"{name}:{lineno}"))
@@ -202,7 +209,7 @@ class Translator:
             mode = "never"
         if mode == "always" or mode == "auto" and (len(ids) > room or self.trained_len is not None
                                                   and len(ids) + 1 > self.trained_len):
-            sentences = self._sentences(text)
+            sentences = self._sentences(text, _source_language(item) or self.src_lang)
             if len(sentences) > 1:
                 pieces = encode_batch(self.src_tok, sentences)
         out = []
@@ -215,13 +222,13 @@ class Translator:
                 out.append([lead, *window] if lead is not None else window)
         return out
 
-    def _sentences(self, text: str) -> list[str]:
-        """`text`'s sentences (tfcli.data.sentences), the splitter made on first use."""
-        if self.splitter is None:
+    def _sentences(self, text: str, lang: str | None) -> list[str]:
+        """`text`'s sentences (tfcli.data.sentences) by the rules of `lang` (None: generic ones)."""
+        if lang not in self.splitters:
             from tfcli.data.sentences import splitter
 
-            self.splitter = splitter(self.src_lang)
-        return self.splitter(text)
+            self.splitters[lang] = splitter(lang)
+        return self.splitters[lang](text)
 
     def _joined(self, parts: list[list[Hypothesis]], srcs: list[list[int]], tagged: bool) -> list[Hypothesis]:
         """A line's hypotheses from those of the sources it was cut into, in order: the k-th best of each joined
