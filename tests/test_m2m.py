@@ -257,3 +257,26 @@ def test_constraints_follow_the_forced_language_token(family):
         assert all(f" {p} " in f" {words} " for p in phrases), (out, phrases)
     plain = ours.translate(lines[2:3], src_lang=src, tgt_lang=tgt, beam_size=4, max_len_b=CAP)
     assert got[2] == plain[0]
+
+
+def test_attention_pictures_of_an_imported_m2m_model_see_its_language_tokens(family):
+    """`tfcli attention --src-lang --tgt-lang` on an imported M2M-100/NLLB model: the source starts with the source
+    language's token, the target with the decoder start and the target language's token, then translate's greedy
+    output (up to the shorter length limit); without --src-lang it is one line naming the flag."""
+    from tfcli import checkpoint
+    from tfcli.api import load
+    from tfcli.errors import TfcliError
+    from tfcli.viz.attention import collect
+
+    _, tok, ckpt, (src, tgt), lines = family
+    model, meta = checkpoint.load(ckpt, torch.device("cpu"))
+    samples = collect(model, meta, lines[:3], tgt_lang=tgt, src_lang=src)
+    want = load(str(ckpt)).translate(lines[:3], beam_size=1, raw=True, src_lang=src, tgt_lang=tgt)
+    for s, w in zip(samples, want):
+        assert s.tokens["src"][0] == _token(tok, src) and s.tokens["tgt"][1] == _token(tok, tgt)
+        got = s.tokens["tgt"][2:]  # (the random model never ends: both stop at their length limits)
+        assert got and got == w.split()[: len(got)]
+    given = collect(model, meta, lines[:1], targets=["a b"], tgt_lang=tgt, src_lang=src)[0]
+    assert given.tokens["tgt"][1] == _token(tok, tgt)
+    with pytest.raises(TfcliError, match="--src-lang"):
+        collect(model, meta, lines[:1], tgt_lang=tgt)

@@ -34,6 +34,9 @@ def attention(
     tgt_lang: Optional[str] = typer.Option(
         None, "--tgt-lang", metavar="LANG", help="A multilingual translation model's target language."
     ),
+    src_lang: Optional[str] = typer.Option(
+        None, "--src-lang", metavar="LANG", help="An imported M2M-100 or NLLB model's source language (en, eng_Latn)."
+    ),
     generate: int = typer.Option(
         0, "--generate", "--max-new-tokens", "-n", metavar="N",
         help="Language model: continue the prompt greedily by up to N tokens.",
@@ -84,7 +87,7 @@ def attention(
         fail("no input: give sentences as arguments, --input FILE or on stdin", EXIT_USAGE)
     written = run(
         write_attention, model, texts, output, targets or None, generate, kinds, layers, png, html, device,
-        [input_file] if input_file else [], tgt_lang,
+        [input_file] if input_file else [], tgt_lang, src_lang,
     )
     for path in written:
         info(f"wrote {path}")

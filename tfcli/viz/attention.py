@@ -31,12 +31,12 @@ from tfcli import checkpoint
 
 from tfcli import checkpoint_meta
 from tfcli.data.batching import pad, source_ids
-from tfcli.data.languages import language_tags, tag_id
+from tfcli.data.languages import LANGUAGE_TOKENS, language_id, language_ids, language_tags, tag_id
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.errors import TfcliError
 from tfcli.generate.config import GenerateConfig
 from tfcli.generate.lm import START_ID, generate_ids
-from tfcli.generate.search import greedy_search
+from tfcli.generate.search import greedy_decode
 from tfcli.io import atomic_write_text, refuse_overwriting_inputs
 from tfcli.viz.mpl import have_matplotlib
 from tfcli.specials import BOS_ID, EOS_ID
@@ -101,9 +101,11 @@ def collect(
     targets: Sequence[str] | None = None,
     generate: int = 0,
     tgt_lang: str | None = None,
+    src_lang: str | None = None,
 ) -> list[AttentionSample]:
     """Attention of `model` on each text: a source sentence (translation) or a prompt (language model);
-    `tgt_lang`: a multilingual model's target language (its tag first in each source, as translate puts it)."""
+    `tgt_lang`: a multilingual model's target language (its tag first in each source, as translate puts it; an
+    imported M2M-100 or NLLB model's token forced first in the target, and `src_lang`'s first in the source)."""
     if not texts:
         raise TfcliError("no input sentences: give them as arguments or with --input FILE")
     if len(texts) > MAX_SENTENCES:
@@ -113,9 +115,9 @@ def collect(
             raise TfcliError(
                 "--generate is for language models; a translation model's target is --target or its greedy translation"
             )
-        return _collect_seq2seq(model, meta, texts, targets, tgt_lang)
-    if tgt_lang:
-        raise TfcliError("--tgt-lang is for multilingual translation models")
+        return _collect_seq2seq(model, meta, texts, targets, tgt_lang, src_lang)
+    if tgt_lang or src_lang:
+        raise TfcliError(f"{'--tgt-lang' if tgt_lang else '--src-lang'} is for multilingual translation models")
     if targets:
         raise TfcliError(
             "--target is for translation models; a language model attends over its prompt (--generate N continues it)"
@@ -123,22 +125,32 @@ def collect(
     return _collect_lm(model, meta, texts, generate)
 
 
-def _collect_seq2seq(model, meta, texts, targets, tgt_lang) -> list[AttentionSample]:
+def _collect_seq2seq(model, meta, texts, targets, tgt_lang, src_lang) -> list[AttentionSample]:
     cfg = model.cfg
     device = next(model.parameters()).device
     src_tok, tgt_tok = checkpoint_tokenizer(meta, "src"), checkpoint_tokenizer(meta, "tgt")
-    lead = tag_id(language_tags(src_tok), tgt_lang, "--tgt-lang")
+    forced = []  # an M2M-100-style model's target-language token, first in the target (shown, as the model sees it)
+    if LANGUAGE_TOKENS in meta:
+        langs = language_ids(src_tok, meta[LANGUAGE_TOKENS])
+        lead = language_id(langs, src_lang, "--src-lang", "source")
+        forced = [language_id(langs, tgt_lang, "--tgt-lang", "target")]
+    elif src_lang:
+        raise TfcliError("--src-lang names the source language token of an imported M2M-100 or NLLB model; this "
+                         "model has none")
+    else:
+        lead = tag_id(language_tags(src_tok), tgt_lang, "--tgt-lang")
     src_seqs = [source_ids(([lead] if lead is not None else []) + ids, cfg.max_len)
                 for ids in encode_batch(src_tok, texts)]
     src = pad(src_seqs).to(device)
     if targets is None:
-        tgt_seqs = greedy_search(model, src)
+        prefix = torch.tensor([forced] * len(texts), device=device) if forced else None
+        tgt_seqs = [h.tokens for h in greedy_decode(model, src, prefix=prefix, scores=False)]
     else:
         if len(targets) != len(texts):
             raise TfcliError(
                 f"got {len(targets)} --target sentences for {len(texts)} source sentences; give one per source"
             )
-        tgt_seqs = [ids[: cfg.max_len - 1] for ids in encode_batch(tgt_tok, targets)]
+        tgt_seqs = [(forced + ids)[: cfg.max_len - 1] for ids in encode_batch(tgt_tok, targets)]
     # The whole batch in one forward, as in decoding: the source is right-padded, so this also shows (and the tests
     # check) that padding gets no attention.
     tgt_in = pad([[BOS_ID] + t for t in tgt_seqs]).to(device)
@@ -363,6 +375,7 @@ def write_attention(
     device: str = "auto",
     sources: Sequence[os.PathLike | str] = (),
     tgt_lang: str | None = None,
+    src_lang: str | None = None,
 ) -> list[Path]:
     """Load a checkpoint, collect attention for `texts`, write PNGs and/or the HTML page into out_dir. `sources`:
     files the texts were read from (never written over). Without matplotlib only the HTML page is written."""
@@ -384,7 +397,7 @@ def write_attention(
             raise TfcliError(f"--kind {kind}: this {what} model has {', '.join(available)}")
     n_layers = {"encoder": model.cfg.n_encoder_layers}
     picked = {k: parse_layers(layers, n_layers.get(k, model.cfg.n_decoder_layers)) for k in kinds}
-    samples = collect(model, meta, texts, targets, generate, tgt_lang)
+    samples = collect(model, meta, texts, targets, generate, tgt_lang, src_lang)
     for s in samples:
         s.maps = {k: s.maps[k] for k in kinds}
 
