@@ -452,6 +452,14 @@ def test_translate_and_score_equals_translate_then_eval(tmp_path):
     assert hyp.read_text() == two.read_text()
     two_step = cli_json(two, "-r", ref)
     assert one_step["systems"][0]["scores"] == two_step["systems"][0]["scores"]
+    # --split-sentences as translate takes it
+    split, three = tmp_path / "split.txt", tmp_path / "three.txt"
+    assert tfcli("eval", "--model", run_dir, "--translate", src, "-r", ref, "--split-sentences", "always", "-o",
+                 split).exit_code == 0
+    assert tfcli("translate", "-m", run_dir, src, "-o", three, "--split-sentences", "always").exit_code == 0
+    assert split.read_text() == three.read_text()
+    r = tfcli("eval", "--model", run_dir, "--translate", src, "-r", ref, "--split-sentences", "often")
+    assert r.exit_code == 2 and "--split-sentences" in r.stderr
     # line counts are checked before translating
     short = write(tmp_path / "short.txt", lines_of(src)[:3])
     r = tfcli("eval", "--model", run_dir, "--translate", short, "-r", ref)

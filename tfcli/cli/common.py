@@ -258,6 +258,12 @@ Dtype = Annotated[Optional[str], typer.Option(
     "inputs with a scale per token, so an output never depends on its batch; faster than fp32 from 256-wide models "
     "up, slower below: docs/performance.md)" + _default(_T.dtype)
 )]
+SplitSentences = Annotated[Optional[str], typer.Option(
+    "--split-sentences", metavar="WHEN", rich_help_panel=_DEC,
+    help="auto, always or never: translate a line sentence by sentence, joined on its one output line (auto: a "
+    r"line longer than 99% of the model's training sources or than its max_len) \[default: auto]. A sentence "
+    "longer than max_len is translated in windows, never cut.",
+)]
 Threads = Annotated[Optional[int], typer.Option("--threads", rich_help_panel=_RUN, help="CPU threads for torch.")]
 EncodingErrors = Annotated[Optional[str], typer.Option(
     "--encoding-errors", metavar="strict|replace",

@@ -11,7 +11,7 @@ import typer
 
 from tfcli.cli.common import (
     config_defaults,
-    BeamSize, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, Quiet, Threads, app,
+    BeamSize, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, Quiet, SplitSentences, Threads, app,
     check_choice, choices_of, fail, refuse_unused, run,
 )
 from tfcli.errors import EXIT_USAGE
@@ -105,6 +105,7 @@ def eval_(
         None, "--src-lang", metavar="LANG", rich_help_panel=_TR,
         help="The source's language (what an imported M2M-100 or NLLB model needs; the sentence splitter's rules).",
     ),
+    split_sentences: SplitSentences = None,
     beam_size: BeamSize = None,
     greedy: Greedy = False,
     len_penalty: LenPenalty = None,
@@ -142,6 +143,7 @@ def eval_(
         fail("-o/--output keeps the translations of --translate; scores go to stdout", EXIT_USAGE)
     check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
     check_choice("--encoding-errors", encoding_errors, choices_of(TranslateConfig, "encoding_errors"))
+    check_choice("--split-sentences", split_sentences, choices_of(TranslateConfig, "split_sentences"))
     if model is not None and translate_src is None:
         if hypotheses or refs:
             fail("--model scores a prepared --data split; it takes no hypothesis or reference files", EXIT_USAGE)
@@ -181,7 +183,8 @@ def eval_(
     if translate_src is not None:
         decoding = dict(beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
                         max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens, device=device, dtype=dtype,
-                        encoding_errors=encoding_errors, threads=threads, tgt_lang=tgt_lang, src_lang=src_lang)
+                        encoding_errors=encoding_errors, threads=threads, tgt_lang=tgt_lang, src_lang=src_lang,
+                        split_sentences=split_sentences)
         report = _translate_and_score(model, translate_src, refs, cfg, decoding, output)
     else:
         from tfcli.evaluate.metrics import score_files
@@ -193,7 +196,7 @@ def eval_(
 _TEXT_SCORING = ["metrics", "tokenize", "lowercase", "ter_case_sensitive", "chrf_word_order", "paired_bs", "paired_ar",
                  "baseline", "n_samples", "score_only", "encoding_errors"]
 _DECODING = ["beam_size", "greedy", "len_penalty", "max_len_a", "max_len_b", "batch_size", "dtype", "tgt_lang",
-             "src_lang"]
+             "src_lang", "split_sentences"]
 _PERPLEXITY = ["split", "words", "window", "stride"]
 
 

@@ -11,7 +11,7 @@ from tfcli.cli.common import (
     _SAMPLE,
     config_defaults,
     BeamSize, Device, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, OutputFile,
-    Quiet, ShowProgress, Threads, _DEC, _FMT, _RUN, _config_file, app, check_choice, choices_of,
+    Quiet, ShowProgress, SplitSentences, Threads, _DEC, _FMT, _RUN, _config_file, app, check_choice, choices_of,
     fail, refuse_unused, run,
 )
 from tfcli.errors import EXIT_USAGE
@@ -35,12 +35,7 @@ def translate(
         help="A multilingual model's target language (its >>LANG<< tag first in every line; an imported M2M-100 or "
         "NLLB model's: its token forced first in every output, e.g. fr, fra_Latn); required for one.",
     ),
-    split_sentences: Optional[str] = typer.Option(
-        None, "--split-sentences", metavar="WHEN", rich_help_panel=_DEC,
-        help="auto, always or never: translate a line sentence by sentence, joined on its one output line (auto: a "
-        r"line longer than 99% of the model's training sources or than its max_len) \[default: auto]. A sentence "
-        "longer than max_len is translated in windows, never cut.",
-    ),
+    split_sentences: SplitSentences = None,
     src_lang: Optional[str] = typer.Option(
         None, "--src-lang", metavar="LANG", rich_help_panel=_DEC,
         help="The input's language (de, en, fr, ...), for the sentence splitter's rules (default: generic ones); "
