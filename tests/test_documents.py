@@ -105,7 +105,7 @@ def test_auto_splits_only_lines_longer_than_the_model_was_trained_on(random_mode
 
 
 def test_no_line_is_cut_a_5000_token_line_translates_whole(copier, tmp_path, capsys):
-    """A sentence longer than the model's max_len (the copier's 32) is translated in windows of 31 tokens, with a
+    """A sentence longer than the model's max_len (the copier's 32) is translated in windows of up to 31 tokens, with a
     warning naming the file and line, whether lines are split or not: the copier gives back every word of a
     5,000-word line, and of a paragraph of such sentences with the others around them."""
     rng = random.Random(5)
@@ -119,10 +119,35 @@ def test_no_line_is_cut_a_5000_token_line_translates_whole(copier, tmp_path, cap
     assert translate(str(copier), [str(src)], str(out), cfg) == 3
     assert out.read_text().splitlines() == want
     err = capsys.readouterr().err
-    assert f"{src}:1: a sentence of 5000 tokens" in err and f"{src}:2: " in err and "windows of 31 tokens" in err
+    assert f"{src}:1: a sentence of 5000 tokens" in err and f"{src}:2: " in err and "windows of up to 31 tokens" in err
     c = tfcli.load(copier)
     for split in ("never", "always"):
         assert c.translate(lines, split_sentences=split, beam_size=1, max_len_a=1.0, max_len_b=2) == want, split
+
+
+def test_windows_of_a_long_sentence_are_cut_between_words_after_a_clause_where_one_is_near():
+    """A subword vocabulary's long sentence: each window at most `room` tokens, together the whole sentence, each
+    starting a word (the windows' texts joined by spaces are the sentence), and where a comma lies in a window's
+    second half, the window ends after it."""
+    from tfcli.data.tokenizer import clause_end_ids, decode_batch, encode_batch, train_tokenizer, word_start_ids
+    from tfcli.generate.translate import _windows
+
+    rng = random.Random(6)
+    tok = train_tokenizer("bpe", [" ".join(rng.sample(WORDS, 20)) + "," for _ in range(50)], vocab_size=80)
+    starts, ends = word_start_ids(tok), clause_end_ids(tok)
+    assert starts and ends and not starts & ends
+    text = ", ".join(" ".join(rng.choices(WORDS, k=3)) for _ in range(100))  # a clause of three words
+    ids = encode_batch(tok, [text])[0]
+    assert any(i not in starts | ends for i in ids)  # (words of several pieces)
+    for room in (8, 16, 31):  # (a word is 1-3 pieces: one starts in every window's second half)
+        ws = _windows(ids, room, starts, ends)
+        assert [t for w in ws for t in w] == ids and all(0 < len(w) <= room for w in ws)
+        assert " ".join(decode_batch(tok, ws)) == text
+        if room == 31:  # (a clause is at most 3 x 3 pieces and a comma: one ends in every window's second half)
+            assert all(w[-1] in ends for w in ws[:-1])
+    assert _windows(ids[:10], 10, starts, ends) == [ids[:10]]
+    assert _windows([5] * 7, 3, set(), ends) == [[5] * 3] * 2 + [[5]]  # (no word start: cut at room)
+    assert _windows([5, 6, 5, 6, 5], 2, None, {6}) == [[5, 6], [5, 6], [5]]  # (word-level: any token)
 
 
 def test_scores_alignments_and_prefixes_of_a_split_line(copier):

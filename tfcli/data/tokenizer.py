@@ -353,3 +353,42 @@ class BpeDropout:
                 break
             symbols[at : at + 2] = [symbols[at] + symbols[at + 1]]
         return symbols
+
+
+def continuing_ids(tok: Tokenizer) -> set[int]:
+    """The ids of the tokens that continue the word before them: SentencePiece pieces without "▁" (byte-level BPE
+    tokens without "Ġ") that start with a letter, a digit, a hyphen, an apostrophe or "_"; WordPiece's "##"; none
+    for a word-level vocabulary. (A model's own added tokens too, a language's fra_Latn: they are decoded unspaced.)"""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    marks = [m for m in ("▁", "Ġ") if any(t.startswith(m) for t in vocab)]
+    out = set()
+    for t, i in vocab.items():
+        if i in (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
+            continue
+        if marks:
+            continues = not t.startswith(marks[0]) and (t[:1].isalnum() or t[:1] in "-'’_")
+        else:
+            continues = t.startswith("##")
+        if continues:
+            out.add(i)
+    return out
+
+
+def word_start_ids(tok: Tokenizer) -> set[int] | None:
+    """The ids of the tokens that start a word: SentencePiece pieces with "▁" (byte-level BPE's with "Ġ"), WordPiece's
+    without "##"; None for a word-level vocabulary, where every token is a word."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    marks = [m for m in ("▁", "Ġ") if any(t.startswith(m) for t in vocab)]
+    if marks:
+        return {i for t, i in vocab.items() if t.startswith(marks[0])}
+    if any(t.startswith("##") for t in vocab):
+        return {i for t, i in vocab.items() if not t.startswith("##")}
+    return None
+
+
+CLAUSE_ENDS = frozenset(",;:")  # where a window of a long sentence is best cut (after one of these)
+
+
+def clause_end_ids(tok: Tokenizer) -> set[int]:
+    """The ids of the tokens that are a comma, semicolon or colon (with a word boundary mark or without)."""
+    return {i for t, i in tok.get_vocab(with_added_tokens=True).items() if t.lstrip("▁Ġ") in CLAUSE_ENDS}

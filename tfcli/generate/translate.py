@@ -20,7 +20,9 @@ import torch
 from tfcli import distributed
 from tfcli.data.batching import pad, source_ids, token_batches, width_groups
 from tfcli.data.languages import language_id, tag_id
-from tfcli.data.tokenizer import decode_batch, encode_batch, unk_rate
+from tfcli.data.tokenizer import (
+    clause_end_ids, continuing_ids, decode_batch, encode_batch, unk_rate, word_start_ids,
+)
 from tfcli.generate.config import TranslateConfig
 from tfcli.console import Progress, warn
 from tfcli.device import precision, resolve_device
@@ -30,7 +32,7 @@ from tfcli.generate.sampling import LineSampling
 from tfcli.generate.search import Hypothesis, avoid_tensor, beam_search, constraint_tensor, greedy_decode
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import InputError, TfcliError
-from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from tfcli.specials import EOS_ID, UNK_ID
 from tfcli.io import (
     encoding_errors, jsonl_items, open_output, read_inputs, read_lines, refuse_overwriting_inputs, with_avoid,
     with_constraints, with_prefixes,
@@ -38,6 +40,20 @@ from tfcli.io import (
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
 EMPTY_WARN_RATE = 0.05  # warn when at least this share of the decoded lines (and one at least) come out empty
+
+
+def _windows(seq: list[int], room: int, starts: set[int] | None, clause_ends: set[int]) -> list[list[int]]:
+    """`seq` in consecutive windows of at most `room` tokens, together all of it: each cut after the window's last
+    comma, semicolon or colon in its second half, else before its last word start there (`starts`: the tokens that
+    start a word, None: all), else at `room`."""
+    out, start = [], 0
+    while len(seq) - start > room:
+        half = [c for c in range(start + room, start + room // 2, -1) if starts is None or seq[c] in starts]
+        cut = next((c for c in half if seq[c - 1] in clause_ends), half[0] if half else start + room)
+        out.append(seq[start:cut])
+        start = cut
+    out.append(seq[start:])
+    return out
 
 
 def _source_language(item: tuple) -> str | None:
@@ -74,6 +90,7 @@ class Translator:
         self.splitters = {}  # language -> the splitter, each made on first use
         self.fixed = loaded.steps.static  # fixed-shape decoding (a GPU's): continuous batching
         self._continuing = None  # (V,) the target pieces that continue a word (made when constraints first come)
+        self._cuts = None  # the source pieces that start a word, and those that end a clause (made when needed)
         self.index = 0  # 0-based index of the next input line, across chunks and files
         self.decoded = self.empty = 0  # lines decoded, and of those the ones whose best output is empty
 
@@ -216,10 +233,13 @@ class Translator:
         for seq in pieces:
             if len(seq) > room:
                 warn(f"{name}:{lineno}: a sentence of {len(seq)} tokens, longer than the model's max_len "
-                     f"({self.max_len}); translating it in windows of {room} tokens")
-            for start in range(0, max(len(seq), 1), room):
-                window = seq[start : start + room]
-                out.append([lead, *window] if lead is not None else window)
+                     f"({self.max_len}); translating it in windows of up to {room} tokens, cut between words")
+                if self._cuts is None:
+                    self._cuts = (word_start_ids(self.src_tok), clause_end_ids(self.src_tok))
+                windows = _windows(seq, room, *self._cuts)
+            else:
+                windows = [seq]
+            out += [[lead, *w] if lead is not None else w for w in windows]
         return out
 
     def _sentences(self, text: str, lang: str | None) -> list[str]:
@@ -322,21 +342,12 @@ class Translator:
         return hyps
 
     def continuing(self) -> torch.Tensor | None:
-        """(V,) the target tokens that continue the word before them: SentencePiece pieces without "▁" (and byte-level
-        BPE tokens without "Ġ") that start with a letter, a digit, a hyphen, an apostrophe or "_"; WordPiece's "##";
-        none for a word-level vocabulary. A constraint's last token is never followed by one, so that the phrase
-        ends where a word does (punctuation may follow)."""
+        """(V,) the target tokens that continue the word before them (tfcli.data.tokenizer.continuing_ids), or None.
+        A constraint's last token is never followed by one, so that the phrase ends where a word does (punctuation
+        may follow)."""
         if self._continuing is None:
-            vocab = self.tgt_tok.get_vocab(with_added_tokens=True)
-            marks = [m for m in ("▁", "Ġ") if any(t.startswith(m) for t in vocab)]
             out = torch.zeros(self.steps.cfg.tgt_vocab_size, dtype=torch.bool)
-            for t, i in vocab.items():
-                if i in (PAD_ID, BOS_ID, EOS_ID, UNK_ID) or i >= len(out):
-                    continue
-                if marks:  # (a model's own added tokens too, a language's fra_Latn: they are decoded unspaced)
-                    out[i] = not t.startswith(marks[0]) and (t[:1].isalnum() or t[:1] in "-'’_")
-                else:
-                    out[i] = t.startswith("##")
+            out[[i for i in continuing_ids(self.tgt_tok) if i < len(out)]] = True
             self._continuing = out.to(self.device)
         return self._continuing if bool(self._continuing.any()) else None
 
