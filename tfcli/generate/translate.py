@@ -216,8 +216,8 @@ class Translator:
         """The sources a line is translated as, each without </s>, the language tag first where there is one: the
         line itself; its sentences, where `split_sentences` says (auto: a line longer than 99% of the training
         sources or than the model takes; never a line with constraints, `whole`, that fits max_len); and any source
-        longer than the model's max_len in windows of as many tokens as it takes, with a warning naming the line
-        (never cut)."""
+        longer than the model's max_len in windows of as many tokens as it takes (`_windows`: cut between words),
+        with a warning naming the line (never cut)."""
         name, lineno, text = item[:3]
         room = self.max_len - 1 - (lead is not None)  # tokens a source may have besides </s> and the tag
         mode = self.cfg.split_sentences
