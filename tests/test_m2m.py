@@ -280,3 +280,20 @@ def test_attention_pictures_of_an_imported_m2m_model_see_its_language_tokens(fam
     assert given.tokens["tgt"][1] == _token(tok, tgt)
     with pytest.raises(TfcliError, match="--src-lang"):
         collect(model, meta, lines[:1], tgt_lang=tgt)
+
+
+def test_auto_splits_an_imported_models_lines_of_several_sentences(family):
+    """An imported model is recorded as trained on sentences: auto translates a line of three sentences as the three
+    alone, joined (never: as one source, another output), and a line of one sentence as it is."""
+    from tfcli.api import load
+
+    _, _, ckpt, (src, tgt), lines = family
+    assert json.loads((ckpt / "config.json").read_text())["data"] == {"trained_on": "sentences"}
+    ours = load(str(ckpt))
+    opts = dict(beam_size=1, max_len_a=0, max_len_b=CAP, raw=True, src_lang=src, tgt_lang=tgt)
+    three = [line for line in lines if line.endswith(".")][:3]
+    alone = ours.translate(three, **opts)
+    assert ours.translate([" ".join(three), lines[5]], **opts) == [
+        " ".join(alone), ours.translate([lines[5]], split_sentences="never", **opts)[0]]
+    assert ours.translate([" ".join(three)], split_sentences="never", **opts) != [" ".join(alone)]
+

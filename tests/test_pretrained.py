@@ -5,6 +5,8 @@ gives, greedy and beam 4 (length penalty 0), at batch 32 and 1, on Multi30k sent
 
 from __future__ import annotations
 
+import json
+
 import shutil
 from pathlib import Path
 
@@ -53,6 +55,7 @@ def family(request, tmp_path_factory):
         hf.final_logits_bias.normal_(0, 0.5)
     hf.save_pretrained(d)
     import_model(d, d.parent / "ckpt")
+    assert json.loads((d.parent / "ckpt" / "config.json").read_text())["data"] == {"trained_on": "sentences"}
     tok = transformers.MarianTokenizer.from_pretrained(d)
     lines = data.read_text(encoding="utf-8").splitlines()[:16]
     return hf, tok, d.parent / "ckpt", tag, lines

@@ -261,8 +261,9 @@ Dtype = Annotated[Optional[str], typer.Option(
 SplitSentences = Annotated[Optional[str], typer.Option(
     "--split-sentences", metavar="WHEN", rich_help_panel=_DEC,
     help="auto, always or never: translate a line sentence by sentence, joined on its one output line (auto: a "
-    r"line longer than 99% of the model's training sources or than its max_len) \[default: auto]. A sentence "
-    "longer than max_len is translated in windows, never cut.",
+    "line longer than 99% of the model's training sources or than its max_len; any line for a model imported "
+    r"from transformers, trained on sentences) \[default: auto]. A sentence longer than max_len is translated in "
+    "windows, never cut.",
 )]
 Threads = Annotated[Optional[int], typer.Option("--threads", rich_help_panel=_RUN, help="CPU threads for torch.")]
 EncodingErrors = Annotated[Optional[str], typer.Option(

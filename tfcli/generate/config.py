@@ -39,8 +39,9 @@ class TranslateConfig:
     # line's own target language and prefix)
     input_format: Literal["text", "jsonl"] = "text"
     # documents: a line is translated sentence by sentence, the translations joined on its one output line: auto (a
-    # line longer than 99% of the model's training sources, or than its max_len), always, or never; whatever this
-    # says, a sentence longer than max_len is translated in windows of max_len tokens, never cut
+    # line longer than 99% of the model's training sources, or than its max_len; every line for an imported model,
+    # trained on sentence pairs), always, or never; whatever this says, a sentence longer than max_len is
+    # translated in windows, never cut
     split_sentences: Literal["auto", "always", "never"] = "auto"
     # the input's language, for the sentence splitter's rules (default: generic); an imported M2M-100/NLLB model
     # needs it (its token goes first in every source line)

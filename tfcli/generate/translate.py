@@ -86,6 +86,7 @@ class Translator:
         # the splitter's language: --src-lang, or the one the training data named (tfcli.data.languages)
         data = loaded.meta.get("data") or {}
         self.trained_len = (data.get("src_len") or {}).get("p99")
+        self.on_sentences = data.get("trained_on") == "sentences"  # (an imported model: auto splits every line)
         self.src_lang = cfg.src_lang or data.get("src_lang")
         self.splitters = {}  # language -> the splitter, each made on first use
         self.fixed = loaded.steps.static  # fixed-shape decoding (a GPU's): continuous batching
@@ -215,7 +216,7 @@ class Translator:
     def _units(self, item: tuple, ids: list[int], lead: int | None, whole: bool = False) -> list[list[int]]:
         """The sources a line is translated as, each without </s>, the language tag first where there is one: the
         line itself; its sentences, where `split_sentences` says (auto: a line longer than 99% of the training
-        sources or than the model takes; never a line with constraints, `whole`, that fits max_len); and any source
+        sources or than the model takes, or any line for a model known to be trained on sentences; never a line with constraints, `whole`, that fits max_len); and any source
         longer than the model's max_len in windows of as many tokens as it takes (`_windows`: cut between words),
         with a warning naming the line (never cut)."""
         name, lineno, text = item[:3]
@@ -224,7 +225,7 @@ class Translator:
         pieces = [ids]
         if whole and len(ids) <= room:
             mode = "never"
-        if mode == "always" or mode == "auto" and (len(ids) > room or self.trained_len is not None
+        if mode == "always" or mode == "auto" and (len(ids) > room or self.on_sentences or self.trained_len is not None
                                                   and len(ids) + 1 > self.trained_len):
             sentences = self._sentences(text, _source_language(item) or self.src_lang)
             if len(sentences) > 1:

@@ -406,6 +406,8 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
         meta = {"model": to_dict(cfg), "step": 0, "imported_from": {"path": str(hf_dir), "model_type": arch}}
         if arch == "m2m_100":  # the source's language first in the source, the target's forced first in the output
             meta[LANGUAGE_TOKENS] = m2m_language_tokens(toks["src"])
+        if arch in ("marian", "m2m_100"):  # OPUS-MT, M2M-100 and NLLB learnt from sentence pairs: translate's
+            meta["data"] = {"trained_on": "sentences"}  # --split-sentences auto splits every line of several
         checkpoint.save(out, model, meta, files)  # a new directory, or (force) one swapped in whole
     return {"arch": arch, "kind": cfg.kind, "parameters": sum(p.numel() for p in model.parameters()),
             "vocab": {side: len(o) for side, o in orders.items()}}
