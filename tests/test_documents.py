@@ -189,6 +189,16 @@ def test_a_line_with_constraints_is_translated_whole_unless_past_max_len(copier)
     assert holds(got, phrase) and [w for w in got.split() if w != phrase] == long.replace(".", " .").split()
 
 
+def test_sentence_translations_are_joined_by_a_space_except_between_chinese_or_japanese_ones():
+    from tfcli.generate.translate import join_sentences
+
+    assert join_sentences(["A dog runs.", "", "It is fast."]) == "A dog runs. It is fast."
+    assert join_sentences(["我很好。", "你呢？", "これはペンです。"]) == "我很好。你呢？これはペンです。"
+    assert join_sentences(["他说：", "OK."]) == "他说： OK." and join_sentences(["Fin.", "完了。"]) == "Fin. 完了。"
+    assert join_sentences(["안녕하세요.", "반갑습니다."]) == "안녕하세요. 반갑습니다."  # (Korean puts spaces)
+    assert join_sentences([]) == "" and join_sentences(["", ""]) == ""
+
+
 def test_sampling_a_split_line_does_not_depend_on_its_company(random_model):
     """Sampled translations: each sentence of a line draws from numbers of its own (the line's index and the
     sentence's place in it), so the same line at the same index samples the same at any batch size."""

@@ -56,6 +56,22 @@ def _windows(seq: list[int], room: int, starts: set[int] | None, clause_ends: se
     return out
 
 
+def _unspaced(c: str) -> bool:
+    """Whether `c` belongs to writing that puts no space between sentences: Chinese and Japanese characters and
+    their full-width punctuation (U+3000-U+30FF, U+3400-U+9FFF, U+F900-U+FAFF, U+FF00-U+FFEF)."""
+    o = ord(c)
+    return 0x3000 <= o <= 0x30FF or 0x3400 <= o <= 0x9FFF or 0xF900 <= o <= 0xFAFF or 0xFF00 <= o <= 0xFFEF
+
+
+def join_sentences(texts: list[str]) -> str:
+    """A line's sentence translations as one text: a space between two sentences, none where both sides of the
+    seam are Chinese or Japanese ("我很好。" + "你呢？" -> "我很好。你呢？"); empty ones left out."""
+    out = ""
+    for t in (t for t in texts if t):
+        out += t if not out or _unspaced(out[-1]) and _unspaced(t[0]) else " " + t
+    return out
+
+
 def _source_language(item: tuple) -> str | None:
     """An input item's own source language (`jsonl_items`' eighth field), or None."""
     return item[7] if len(item) > 7 else None
@@ -364,7 +380,7 @@ class Translator:
 
     def texts(self, hyps: list[Hypothesis]) -> list[str]:
         """The hypotheses as output text: detokenised (or subword tokens with `raw`), one line each; a line
-        translated sentence by sentence, each sentence detokenised alone and joined by a space."""
+        translated sentence by sentence, each sentence detokenised alone and joined (`join_sentences`)."""
         if self.cfg.raw:
             texts = [" ".join(self.tgt_tok.id_to_token(t) for t in h.tokens) for h in hyps]
         else:
@@ -374,7 +390,7 @@ class Translator:
                 spans.append((len(pieces), len(cuts) - 1))
                 pieces += [h.tokens[a:b] for a, b in zip(cuts, cuts[1:])]
             decoded = decode_batch(self.tgt_tok, pieces)
-            texts = [" ".join(t for t in decoded[a : a + n] if t) for a, n in spans]
+            texts = [join_sentences(decoded[a : a + n]) for a, n in spans]
         # one line out per line in, whatever the detokeniser makes
         return [t.replace("\r", " ").replace("\n", " ") for t in texts]
 
