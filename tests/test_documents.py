@@ -199,6 +199,16 @@ def test_sentence_translations_are_joined_by_a_space_except_between_chinese_or_j
     assert join_sentences([]) == "" and join_sentences(["", ""]) == ""
 
 
+def test_alignments_of_chinese_sentences_joined_without_a_space(tmp_path):
+    """Where two sentences' translations are joined without a space, the seam's two words are one word of the
+    output line, and the alignments of the words after it count so (a copier of CJK "words": each aligned with
+    itself)."""
+    c = tfcli.load(save_copier(tmp_path, ["我", "很好", "。", "你", "呢", "？", *WORDS]))
+    got = c.translate_nbest(["我 很好 。 你 呢 ？"], alignment=True, split_sentences="always", beam_size=1)[0][0]
+    assert got.text == "我 很好 。你 呢 ？"  # (the copier's word-level detokeniser spaces its tokens)
+    assert got.alignment == [(0, 0), (1, 1), (2, 2), (3, 2), (4, 3), (5, 4)]
+
+
 def test_sampling_a_split_line_does_not_depend_on_its_company(random_model):
     """Sampled translations: each sentence of a line draws from numbers of its own (the line's index and the
     sentence's place in it), so the same line at the same index samples the same at any batch size."""

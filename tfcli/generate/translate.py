@@ -279,11 +279,15 @@ class Translator:
             token_scores = None if any(h.token_scores is None for h in hs) else [x for h in hs for x in h.token_scores]
             alignment = None
             if all(h.alignment is not None for h in hs):
-                alignment, src_off, tgt_off = [], 0, 0
+                alignment, src_off, tgt_off, last = [], 0, 0, ""
                 for h, seq in zip(hs, srcs):
+                    text = "" if self.cfg.raw else self.tgt_tok.decode(h.tokens, skip_special_tokens=False).strip()
+                    if last and text and _unspaced(last[-1]) and _unspaced(text[0]):
+                        tgt_off -= 1  # (joined without a space: the seam's two words are one, join_sentences)
                     alignment += [(i + src_off, j + tgt_off) for i, j in h.alignment]
                     src_off += self._words(self.src_tok, [t for t in seq[tagged:] if t != EOS_ID])
                     tgt_off += self._words(self.tgt_tok, h.tokens)
+                    last = text or last
             out.append(Hypothesis([t for h in hs for t in h.tokens], score, token_scores, alignment,
                                   parts=[len(h.tokens) for h in hs]))
         return out
