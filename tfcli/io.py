@@ -402,8 +402,8 @@ JSONL_INPUT_FIELDS = ("text", "tgt_lang", "src_lang", "prefix", "avoid", "constr
 def jsonl_items(items: Iterable) -> Iterator:
     """read_inputs items whose lines are JSON objects {"text": ..., "tgt_lang": ..., "src_lang": ..., "prefix": ...,
     "avoid": [...], "constraints": [...]} (all but the text optional) as (file name, line number, text, prefix,
-    target language, phrases to avoid, phrases to hold, source language); a blank line is an empty text. A line that is not such an object is an
-    InputError naming it."""
+    target language, phrases to avoid, phrases to hold, source language); a blank line is an empty text. A line
+    that is not such an object is an InputError naming it."""
     for item in items:
         if item is None or not item[2].strip():
             yield item if item is None else (*item[:2], "", "", None, [], [], None)

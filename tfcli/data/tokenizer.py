@@ -355,18 +355,23 @@ class BpeDropout:
         return symbols
 
 
+def _word_mark(vocab: dict[str, int]) -> str | None:
+    """The mark a vocabulary's word-initial tokens carry: SentencePiece's "▁", byte-level BPE's "Ġ", or None."""
+    return next((m for m in ("▁", "Ġ") if any(t.startswith(m) for t in vocab)), None)
+
+
 def continuing_ids(tok: Tokenizer) -> set[int]:
     """The ids of the tokens that continue the word before them: SentencePiece pieces without "▁" (byte-level BPE
     tokens without "Ġ") that start with a letter, a digit, a hyphen, an apostrophe or "_"; WordPiece's "##"; none
     for a word-level vocabulary. (A model's own added tokens too, a language's fra_Latn: they are decoded unspaced.)"""
     vocab = tok.get_vocab(with_added_tokens=True)
-    marks = [m for m in ("▁", "Ġ") if any(t.startswith(m) for t in vocab)]
+    mark = _word_mark(vocab)
     out = set()
     for t, i in vocab.items():
         if i in (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
             continue
-        if marks:
-            continues = not t.startswith(marks[0]) and (t[:1].isalnum() or t[:1] in "-'’_")
+        if mark:
+            continues = not t.startswith(mark) and (t[:1].isalnum() or t[:1] in "-'’_")
         else:
             continues = t.startswith("##")
         if continues:
@@ -378,9 +383,9 @@ def word_start_ids(tok: Tokenizer) -> set[int] | None:
     """The ids of the tokens that start a word: SentencePiece pieces with "▁" (byte-level BPE's with "Ġ"), WordPiece's
     without "##"; None for a word-level vocabulary, where every token is a word."""
     vocab = tok.get_vocab(with_added_tokens=True)
-    marks = [m for m in ("▁", "Ġ") if any(t.startswith(m) for t in vocab)]
-    if marks:
-        return {i for t, i in vocab.items() if t.startswith(marks[0])}
+    mark = _word_mark(vocab)
+    if mark:
+        return {i for t, i in vocab.items() if t.startswith(mark)}
     if any(t.startswith("##") for t in vocab):
         return {i for t, i in vocab.items() if not t.startswith("##")}
     return None

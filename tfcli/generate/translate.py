@@ -232,9 +232,9 @@ class Translator:
     def _units(self, item: tuple, ids: list[int], lead: int | None, whole: bool = False) -> list[list[int]]:
         """The sources a line is translated as, each without </s>, the language tag first where there is one: the
         line itself; its sentences, where `split_sentences` says (auto: a line longer than 99% of the training
-        sources or than the model takes, or any line for a model known to be trained on sentences; never a line with constraints, `whole`, that fits max_len); and any source
-        longer than the model's max_len in windows of as many tokens as it takes (`_windows`: cut between words),
-        with a warning naming the line (never cut)."""
+        sources or than the model takes, or any line for a model known to be trained on sentences; never a line
+        with constraints, `whole`, that fits max_len); and any source longer than the model's max_len in windows of
+        as many tokens as it takes (`_windows`: cut between words), with a warning naming the line (never cut)."""
         name, lineno, text = item[:3]
         room = self.max_len - 1 - (lead is not None)  # tokens a source may have besides </s> and the tag
         mode = self.cfg.split_sentences
@@ -286,7 +286,7 @@ class Translator:
                         tgt_off -= 1  # (joined without a space: the seam's two words are one, join_sentences)
                     alignment += [(i + src_off, j + tgt_off) for i, j in h.alignment]
                     src_off += self._words(self.src_tok, [t for t in seq[tagged:] if t != EOS_ID])
-                    tgt_off += self._words(self.tgt_tok, h.tokens)
+                    tgt_off += len(h.tokens) if self.cfg.raw else len(text.split())  # (as _words counts them)
                     last = text or last
             out.append(Hypothesis([t for h in hs for t in h.tokens], score, token_scores, alignment,
                                   parts=[len(h.tokens) for h in hs]))
