@@ -7,7 +7,7 @@ and the time of each, in alternating processes (CPU).
 COMMIT's `tfcli/` is read from git into a temporary folder; each round runs one process of each version (before,
 now, alternating which goes first), each loading the checkpoints through `tfcli.load` and decoding the first
 --lines lines of --src (default: data/numbers/test.en) at batch sizes 1, 7 and 64: beam 5 (n-best 3 with scores),
-greedy, keyed sampling, target prefixes, int8, the ensemble of every -t checkpoint, and with --lm, sampled and
+greedy, keyed sampling, target prefixes, phrases to avoid (beam, greedy, sampling) and to hold (beam), int8, the ensemble of every -t checkpoint, and with --lm, sampled and
 greedy continuations of prompts (the first words of the same lines). The outputs of the two versions must be
 identical (the run fails naming the first case that differs); reported: the best time of each case, before and now.
 Results: OUT.json and OUT.md, with the CPU named (by default in the temporary folder: a before/after comparison
@@ -36,9 +36,13 @@ def cases(args) -> list[tuple[str, str, str, dict]]:
         out += [
             (f"beam5 nbest3 b{b}", "a", "translate_nbest", dict(n=3, beam_size=5, scores=True, batch_size=b)),
             (f"greedy b{b}", "a", "translate", dict(beam_size=1, batch_size=b)),
-            (f"sampling b{b}", "a", "translate", dict(sampling=True, topk=10, seed=3, batch_size=b)),
+            (f"sampling b{b}", "a", "translate", dict(sampling=True, topk=10, seed=3, batch_size=b)),  # (old name)
             (f"prefix beam5 b{b}", "a", "translate", dict(beam_size=5, batch_size=b, prefixes=True)),
             (f"prefix greedy b{b}", "a", "translate", dict(beam_size=1, batch_size=b, prefixes=True)),
+            (f"avoid beam5 b{b}", "a", "translate", dict(beam_size=5, batch_size=b, avoid=True)),
+            (f"avoid greedy b{b}", "a", "translate", dict(beam_size=1, batch_size=b, avoid=True)),
+            (f"avoid sampling b{b}", "a", "translate", dict(sampling=True, topk=10, seed=3, batch_size=b, avoid=True)),
+            (f"constraints beam5 b{b}", "a", "translate", dict(beam_size=5, batch_size=b, constraints=True)),
             (f"int8 beam5 b{b}", "int8", "translate", dict(beam_size=5, batch_size=b)),
             (f"int8 greedy b{b}", "int8", "translate", dict(beam_size=1, batch_size=b)),
         ]
@@ -68,11 +72,21 @@ def child(args) -> None:
         models["ens"] = tfcli.load(args.translation)
     if args.lm:
         models["lm"] = tfcli.load(args.lm)
+    # phrases from the model's own greedy outputs (the same in both versions): to avoid, a word of the line's own
+    # output (every third line); to hold, a word of the next line's (every fourth line)
+    greedy = [t.split() for t in models["a"].translate(lines, beam_size=1)]
+    avoid = [[g[len(g) // 2]] if g and i % 3 == 1 else [] for i, g in enumerate(greedy)]
+    nxt = greedy[1:] + greedy[:1]
+    constraints = [[n[-1]] if n and i % 4 == 2 else [] for i, n in enumerate(nxt)]
     result = {}
     for name, model, method, options in cases(args):
         options = dict(options)
         if options.pop("prefixes", False):
             options["prefixes"] = prefixes
+        if options.pop("avoid", False):
+            options["avoid"] = avoid
+        if options.pop("constraints", False):
+            options["constraints"] = constraints
         texts = prompts if method == "generate" else lines
         start = time.perf_counter()
         out = getattr(models[model], method)(texts, **options)

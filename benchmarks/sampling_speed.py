@@ -27,7 +27,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 MODES = {
     "beam 5": dict(beam_size=5, len_penalty=0.6),
     "greedy": dict(beam_size=1),
-    "sampling, top-k 10": dict(sampling=True, topk=10, temperature=1.0, seed=1),
+    "sampling, top-k 10": dict(sampling=True, top_k=10, temperature=1.0, seed=1),
 }
 
 

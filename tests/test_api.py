@@ -49,7 +49,7 @@ def test_options_are_checked(copier):
         translator.translate(TEXTS, beam_size="a")
     with pytest.raises(ConfigError) as e:
         translator.translate(TEXTS, sampling=True, topp=2.0)
-    assert "topp in (0, 1]" in str(e.value) and "--" not in str(e.value)
+    assert "top_p in (0, 1]" in str(e.value) and "--" not in str(e.value)
 
 
 def test_generate_continues_the_prompts(counter):

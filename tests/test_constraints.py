@@ -204,7 +204,7 @@ def test_the_translator_finds_the_pieces_that_continue_a_word(tmp_path):
 
     from tfcli.generate.loader import load
     from tfcli.generate.config import TranslateConfig
-    from tfcli.generate.translate import Translator
+    from tfcli.generate.translate import Pipeline
     from tfcli.specials import SPECIAL_TOKENS
 
     pieces = SPECIAL_TOKENS + ["▁dog", "s", "▁cat", ".", "-like", "'s", "▁a", "4"]
@@ -216,9 +216,9 @@ def test_the_translator_finds_the_pieces_that_continue_a_word(tmp_path):
 
     ckpt = save_model(tmp_path / "ckpt", build_model(preset("toy", src_vocab_size=len(pieces),
                                                             tgt_vocab_size=len(pieces))), tmp_path / "tok.json")
-    t = Translator(load(str(ckpt), torch.device("cpu"), "seq2seq"), TranslateConfig(device="cpu"), torch.device("cpu"))
+    t = Pipeline(load(str(ckpt), torch.device("cpu"), "seq2seq"), TranslateConfig(device="cpu"), torch.device("cpu"))
     assert [pieces[i] for i in t.continuing().nonzero().flatten().tolist()] == ["s", "-like", "'s", "4"]
-    words = Translator(load(str(save_model(tmp_path / "w", random_translator(1), save_word_tokenizer(
+    words = Pipeline(load(str(save_model(tmp_path / "w", random_translator(1), save_word_tokenizer(
         tmp_path / "wt", WORDS))), torch.device("cpu"), "seq2seq"), TranslateConfig(device="cpu"), torch.device("cpu"))
     assert words.continuing() is None
 

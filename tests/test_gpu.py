@@ -7,6 +7,7 @@ CUDA is not deterministic, so a resumed or compiled run follows the reference ru
 hand-built models (tests/helpers.py) decide every token by 20 logits or more, so their outputs must match exactly.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -174,7 +175,8 @@ def test_half_weight_decoding_gives_the_fp32_outputs(copier, counter, device):
     from tfcli.generate.config import GenerateConfig, TranslateConfig
     from tfcli.generate.lm import continuations
     from tfcli.generate.loader import half_weights, load, load_ensemble
-    from tfcli.generate.translate import Translator
+    from tfcli.generate.request import Request
+    from tfcli.generate.translate import Pipeline
 
     dev = torch.device(device)
     assert half_weights(torch.device("cuda"), "bf16") and not half_weights(torch.device("cpu"), "bf16")
@@ -185,11 +187,12 @@ def test_half_weight_decoding_gives_the_fp32_outputs(copier, counter, device):
     src = [ids + [2] for ids in encode_batch(half.src_tok, TEXTS)]
     for beam in (1, 5):
         cfg = TranslateConfig(beam_size=beam, dtype="bf16")
-        want = Translator(fp32, TranslateConfig(beam_size=beam), dev).decode(src, list(range(len(src))))
-        translator = Translator(half, cfg, dev)
+        requests = [Request(t, "<text>", i + 1) for i, t in enumerate(TEXTS)]
+        want = [ts for _, ts in Pipeline(fp32, TranslateConfig(beam_size=beam, nbest=1), dev).translations(requests)]
+        translator = Pipeline(half, dataclasses.replace(cfg, nbest=1), dev)
         assert translator.precision.__class__.__name__ == "nullcontext"  # no autocast
-        got = translator.decode(src, list(range(len(src))))
-        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+        got = [ts for _, ts in translator.translations(requests)]
+        assert [[h.text for h in hyps] for hyps in got] == [[h.text for h in hyps] for hyps in want]
         for a, b in zip(got, want):
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=0.05)
     with torch.inference_mode():  # as the search runs it

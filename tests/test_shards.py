@@ -62,7 +62,7 @@ def test_a_stopped_run_keeps_its_parts_and_resume_translates_only_the_rest(rando
     cfg = TranslateConfig(part_lines=4, device="cpu")
     translate(str(random_ckpt), [str(src)], str(tmp_path / "plain.txt"), TranslateConfig(device="cpu"))
 
-    run = translate_module.Translator.run
+    run = translate_module.Pipeline.run
     calls = []
 
     def stopping(self, items):
@@ -71,7 +71,7 @@ def test_a_stopped_run_keeps_its_parts_and_resume_translates_only_the_rest(rando
             raise KeyboardInterrupt  # Ctrl-C in the third part
         return run(self, items)
 
-    monkeypatch.setattr(translate_module.Translator, "run", stopping)
+    monkeypatch.setattr(translate_module.Pipeline, "run", stopping)
     with pytest.raises(KeyboardInterrupt):
         translate(str(random_ckpt), [str(src)], str(out), cfg, resume=True)
     assert not out.exists()
@@ -79,7 +79,7 @@ def test_a_stopped_run_keeps_its_parts_and_resume_translates_only_the_rest(rando
         "manifest.json", "part-0000000.txt", "part-0000001.txt"]
 
     calls.clear()
-    monkeypatch.setattr(translate_module.Translator, "run", lambda self, items: (calls.append(len(items)),
+    monkeypatch.setattr(translate_module.Pipeline, "run", lambda self, items: (calls.append(len(items)),
                                                                                run(self, items))[1])
     assert translate(str(random_ckpt), [str(src)], str(out), cfg, resume=True) == 6  # parts 2 and 3: 4 + 2 lines
     assert calls == [4, 2]

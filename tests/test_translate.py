@@ -18,7 +18,8 @@ from tfcli.generate.schedule import keep_order
 from tfcli.generate.step import IncrementalDecoder, StaticDecoder, StepModel
 from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty, top_k
 from tfcli.generate.config import TranslateConfig
-from tfcli.generate.translate import Translator, translate
+from tfcli.generate.request import Request
+from tfcli.generate.translate import Pipeline, translate
 from tfcli.generate.loader import load
 from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, PAD_ID, SPECIAL_TOKENS
@@ -148,7 +149,7 @@ def test_the_c_choice_of_next_tokens_is_the_log_softmaxs_top_k(V):
 
 @pytest.mark.parametrize("which", ["copier", "random", "packed"])
 def test_unscored_greedy_search_gives_the_scored_ones_tokens(which, copier_model):
-    """greedy_decode(scores=False), as translate() and training's validation run it: the same outputs as the scored
+    """greedy_decode(scored=False), as translate() and training's validation run it: the same outputs as the scored
     search (and the slow reference), with prefixes too, and no score."""
     model = copier_model if which == "copier" else random_model()
     steps = StepModel(model, pack=which == "packed")
@@ -156,7 +157,7 @@ def test_unscored_greedy_search_gives_the_scored_ones_tokens(which, copier_model
     prefix = pad([[s[0]] if i % 3 == 0 else [] for i, s in enumerate(srcs)], pad_id=-1)
     for p in (None, prefix):
         scored = greedy_decode(steps, pad(srcs), prefix=p)
-        unscored = greedy_decode(steps, pad(srcs), prefix=p, scores=False)
+        unscored = greedy_decode(steps, pad(srcs), prefix=p, scored=False)
         assert [h.tokens for h in unscored] == [h.tokens for h in scored]
         assert all(h.score is None and h.token_scores is None for h in unscored)
         assert all(h.score is not None for h in scored)
@@ -292,11 +293,11 @@ def test_scores_are_gnmt_normalised(copier_model):
 
 def translator(ckpt, **kw):
     cfg = TranslateConfig(device="cpu", **kw)
-    return Translator(load(str(ckpt), torch.device("cpu"), "seq2seq"), cfg, torch.device("cpu"))
+    return Pipeline(load(str(ckpt), torch.device("cpu"), "seq2seq"), cfg, torch.device("cpu"))
 
 
 def lines_in(texts, name="in.txt"):
-    return [(name, i + 1, t) for i, t in enumerate(texts)]
+    return [Request(t, name, i + 1) for i, t in enumerate(texts)]
 
 
 def test_order_is_preserved_across_batches_and_chunks(copier):
@@ -319,7 +320,7 @@ def test_memory_is_bounded_by_the_buffer_not_the_input(copier):
         nonlocal read
         while True:
             read += 1
-            yield ("in.txt", read, words([4 + read % 7, 5 + read % 3]))
+            yield Request(words([4 + read % 7, 5 + read % 3]), "in.txt", read)
 
     ahead = []
     for n, _ in enumerate(translator(copier, buffer_size=13, max_tokens=20).run(endless()), 1):
@@ -646,7 +647,7 @@ def test_a_file_decodes_with_continuous_batching_in_one_graph_per_source_width(c
     texts = [words([rng.randrange(4, V) for _ in range(2 + i % 11 if i % 2 else 17 + i % 9)]) for i in range(48)]
     loaded = load(str(copier), torch.device("cpu"), "seq2seq")
     loaded.steps = StepModel(loaded.steps.model, static=True)
-    fixed = Translator(loaded, TranslateConfig(device="cpu", beam_size=3, batch_size=4, buffer_size=24),
+    fixed = Pipeline(loaded, TranslateConfig(device="cpu", beam_size=3, batch_size=4, buffer_size=24),
                        torch.device("cpu"))
     torch._dynamo.reset()
     counters.clear()

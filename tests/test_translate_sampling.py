@@ -75,14 +75,14 @@ def test_a_lines_sample_does_not_depend_on_batch_buffer_order_or_parts(random_ck
 def test_sampling_options_are_checked(copier, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("cat dog\n")
-    ok = cli("translate", "-m", copier, src, "--sampling", "--topk", "1")
+    ok = cli("translate", "-m", copier, src, "--sampling", "--top-k", "1")
     assert ok.exit_code == 0 and ok.stdout == "cat dog\n"
-    for args, flag in ((["--topk", "3"], "--topk"), (["--seed", "2"], "--seed"),
+    for args, flag in ((["--top-k", "3"], "--top-k"), (["--topk", "3"], "--top-k"), (["--seed", "2"], "--seed"),
                        (["--sampling", "--beam-size", "4"], "--beam-size"), (["--sampling", "--nbest", "2"], "--nbest")):
         res = cli("translate", "-m", copier, src, *args)
         assert res.exit_code == 2 and flag in res.output, args
-    res = cli("translate", "-m", copier, src, "--sampling", "--topp", "1.5")
-    assert res.exit_code == 1 and "--topp" in res.output
+    res = cli("translate", "-m", copier, src, "--sampling", "--top-p", "1.5")
+    assert res.exit_code == 1 and "--top-p" in res.output
     with pytest.raises(ValueError, match="beam_size"):
         tfcli.load(str(copier), device="cpu").translate(["cat"], sampling=True, beam_size=3)
 

@@ -22,21 +22,14 @@ from dataclasses import dataclass
 import torch
 
 from tfcli.config import override
+from tfcli.generate.request import FieldError, Request, Translation
 from tfcli.errors import ConfigError
-
-
-@dataclass
-class Translation:
-    text: str
-    score: float | None  # sum of token log-probs / ((5 + |Y|) / 6)^len_penalty, as `tfcli translate --nbest` prints it
-    token_scores: list[float] | None = None  # log p of each token (and of </s>), with scores=True
-    alignment: list[tuple[int, int]] | None = None  # (source word, target word) pairs, with alignment=True
 
 
 # what each method takes; the rest of TranslateConfig/GenerateConfig belongs to `load` or to the command line
 _TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
-              "buffer_size", "check_every", "raw", "sampling", "temperature", "topk", "topp", "seed", "split_sentences",
-              "src_lang")
+              "buffer_size", "check_every", "raw", "sampling", "temperature", "top_k", "top_p", "seed",
+              "split_sentences", "src_lang", "topk", "topp")  # (topk, topp: the old names of top_k, top_p)
 _NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
              "repetition_penalty", "seed", "stop", "batch_size", "check_every")
@@ -78,23 +71,13 @@ def _configured(method: str, make):
         raise ConfigError(f"{method}(): {text}") from None
 
 
-def _phrases(value, name: str, texts: list[str]) -> list[list] | None:
-    """`avoid=` or `constraints=`: one list of phrases a text, checked (a constraint may be a list of alternative
-    phrases, any one of which will do)."""
+def _per_text(value, name: str, texts: list[str]) -> list | None:
+    """`avoid=` or `constraints=`: one list of phrases a text (each list's phrases are checked by Request)."""
     if value is None:
         return None
     if isinstance(value, (str, bytes)) or len(value) != len(texts):
         raise ConfigError(f"{name}: give one list of phrases a text ({len(texts)} texts; [] for none)")
-    out = []
-    for i, phrases in enumerate(value):
-        if name == "constraints" and not isinstance(phrases, (str, bytes)):
-            phrases = [p if isinstance(p, str) else _texts(p, f"{name}[{i}][{j}]") for j, p in enumerate(phrases)]
-            if not all(isinstance(p, str) or p for p in phrases):
-                raise ConfigError(f"{name}[{i}]: a set of alternatives needs at least one phrase")
-            out.append(phrases)
-        else:
-            out.append(_texts(phrases, f"{name}[{i}]"))
-    return out
+    return list(value)
 
 
 def _texts(value, name: str) -> list[str]:
@@ -140,7 +123,7 @@ class Translator:
     def translate(self, texts: list[str], **options) -> list[str]:
         """The best translation of each text. `options`: beam_size (5; 1 is greedy), len_penalty, max_len_a,
         max_len_b, min_len, batch_size, max_tokens, buffer_size, check_every, raw (subword tokens instead of text); or
-        sampling=True with temperature, topk, topp and seed: one draw a text, keyed by the seed and its index;
+        sampling=True with temperature, top_k, top_p and seed: one draw a text, keyed by the seed and its index;
         prefixes: one target prefix a text ('' for none), which its translation starts with; avoid: one list of
         target phrases a text ([] for none), none of which its translation holds; constraints: one list of target
         phrases a text ([] for none), every one of which its translation holds (beam search); tgt_lang: a multilingual
@@ -163,11 +146,11 @@ class Translator:
     def _nbest(self, texts: list[str], n: int | None, options: dict) -> list[list[Translation]]:
         """`n` None: the best translation of each text, unscored (its score is not read: greedy search skips it)."""
         from tfcli.generate.config import TranslateConfig
-        from tfcli.generate.translate import Translator as Lines
+        from tfcli.generate.translate import Pipeline
 
         if options.get("sampling") and "beam_size" in options:
             raise ConfigError("beam_size: not used with sampling (one draw a text)")
-        avoid, constraints = (_phrases(options.pop(name, None), name, texts) for name in ("avoid", "constraints"))
+        avoid, constraints = (_per_text(options.pop(name, None), name, texts) for name in ("avoid", "constraints"))
         prefixes = options.pop("prefixes", None)
         if prefixes is not None:
             prefixes = _texts(prefixes, "prefixes")
@@ -176,15 +159,19 @@ class Translator:
         langs, src_langs = (_languages(options, name, texts) for name in ("tgt_lang", "src_lang"))
         cfg = _configured("translate", lambda: override(TranslateConfig(device=str(self.device), dtype=self.dtype),
                                                         "translate", nbest=n, **options))
-        lines = Lines(self.loaded, cfg, self.device)
-        out = []
-        items = (("<text>", i + 1, text, prefixes[i] if prefixes else "", langs[i] if langs else None,
-                  avoid[i] if avoid else None, constraints[i] if constraints else None,
-                  src_langs[i] if src_langs else None) for i, text in enumerate(texts))
-        for _, hyps in lines.hypotheses(items):
-            out.append([Translation(t, h.score, h.token_scores if cfg.scores else None, h.alignment)
-                        for h, t in zip(hyps, lines.texts(hyps))])
-        return out
+        requests = [_request(i, text, prefixes, langs, src_langs, avoid, constraints) for i, text in enumerate(texts)]
+        return [t for _, t in Pipeline(self.loaded, cfg, self.device).translations(requests)]
+
+
+def _request(i: int, text: str, prefixes, langs, src_langs, avoid, constraints) -> Request:
+    """Text `i` and its own options as a Request; a malformed phrase list is a TypeError (a wrong type) or a
+    ConfigError naming the argument and the text."""
+    try:
+        return Request(text, "<text>", i + 1, src_langs[i] if src_langs else None, langs[i] if langs else None,
+                       prefixes[i] if prefixes else "", avoid[i] if avoid else None,
+                       constraints[i] if constraints else None)
+    except FieldError as e:
+        raise (TypeError if e.wrong_type else ConfigError)(f"{e.field}[{i}]: {e}") from None
 
 
 class Generator:

@@ -167,10 +167,15 @@ def from_dict(cls: type[T], data: dict | None, where: str = "") -> T:
         raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {data!r}")
     hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
+    aliases = getattr(cls, "ALIASES", {})  # old spellings of keys: {old: new}
     kwargs = {}
     for key, value in data.items():
         key_n = str(key).replace("-", "_")
         path = f"{where}.{key}" if where else str(key)
+        if key_n in aliases:
+            if aliases[key_n] in data and data[aliases[key_n]] != value:
+                raise ConfigError(f"{path}: the old name of {aliases[key_n]}, which is given too; give one")
+            key_n = aliases[key_n]
         if key_n not in names:
             close = difflib.get_close_matches(key_n, sorted(names), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -189,7 +194,8 @@ def to_dict(obj) -> dict:
 
 def override(obj: T, where: str = "", **changes) -> T:
     """A copy of dataclass `obj` with the non-None `changes` applied, type-checked and validated."""
-    changes = {k: v for k, v in changes.items() if v is not None}
+    aliases = getattr(type(obj), "ALIASES", {})
+    changes = {aliases.get(k, k): v for k, v in changes.items() if v is not None}
     if not changes:
         return obj
     return from_dict(type(obj), {**to_dict(obj), **changes}, where)

@@ -74,7 +74,36 @@ _typer_value_type = getattr(typer.core.TyperOption, "display_type_rich", None)
 if _typer_value_type is not None:
     typer.core.TyperOption.display_type_rich = _value_type
 
-app = typer.Typer(
+# old spellings that still work, hidden from --help, so that no pipeline breaks: old -> the flag's one name
+FLAG_ALIASES = {"--alpha": "--len-penalty", "--topk": "--top-k", "--topp": "--top-p"}
+
+
+def unalias(args: list[str]) -> list[str]:
+    """Command-line arguments with FLAG_ALIASES' old spellings (also as --old=VALUE) as the flags they name; what
+    follows `--` is left alone."""
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--":
+            break
+        name, eq, value = a.partition("=")
+        if name in FLAG_ALIASES:
+            out[i] = FLAG_ALIASES[name] + eq + value
+    return out
+
+
+class _Command(typer.core.TyperCommand):
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, unalias(args))
+
+
+class _App(typer.Typer):
+    """Every command reads the old spellings of its flags (FLAG_ALIASES)."""
+
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+
+app = _App(
     name="tfcli",
     help="A command-line Transformer toolkit: prepare corpora, train translation models and language models, "
     "translate, generate and score.\n\nThe stages chain: prepare -> train -> translate / lm-generate -> eval.",
@@ -238,7 +267,7 @@ Greedy = Annotated[
     bool, typer.Option("--greedy", rich_help_panel=_DEC, help="Greedy decoding (same as --beam-size 1).")
 ]
 LenPenalty = Annotated[Optional[float], typer.Option(
-    "--alpha", "--len-penalty", rich_help_panel=_DEC,
+    "--len-penalty", rich_help_panel=_DEC,
     help="GNMT length penalty alpha: rank by sum(log p) / ((5+|Y|)/6)^alpha" + _default(_T.len_penalty),
 )]
 MaxLenA = Annotated[Optional[float], typer.Option(

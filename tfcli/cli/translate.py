@@ -11,7 +11,8 @@ from tfcli.cli.common import (
     _SAMPLE,
     config_defaults,
     BeamSize, Device, Dtype, EncodingErrors, Greedy, LenPenalty, MaxLenA, MaxLenB, OutputFile,
-    Quiet, ShowProgress, SplitSentences, Threads, _DEC, _FMT, _RUN, _config_file, app, check_choice, choices_of,
+    Quiet, ShowProgress, SplitSentences, Threads, _DEC, _FMT, _RUN, _config_file, _set_level, app, check_choice,
+    choices_of,
     fail, refuse_unused, run,
 )
 from tfcli.errors import EXIT_USAGE
@@ -84,11 +85,11 @@ def translate(
     temperature: Optional[float] = typer.Option(
         None, "--temperature", rich_help_panel=_SAMPLE, help="Divide the logits by T before sampling."
     ),
-    topk: Optional[int] = typer.Option(
-        None, "--topk", rich_help_panel=_SAMPLE, help="Sample among the K most likely tokens (0: all)."
+    top_k: Optional[int] = typer.Option(
+        None, "--top-k", rich_help_panel=_SAMPLE, help="Sample among the K most likely tokens (0: all)."
     ),
-    topp: Optional[float] = typer.Option(
-        None, "--topp", rich_help_panel=_SAMPLE, help="Nucleus: sample among the most likely tokens holding P."
+    top_p: Optional[float] = typer.Option(
+        None, "--top-p", rich_help_panel=_SAMPLE, help="Nucleus: sample among the most likely tokens holding P."
     ),
     seed: Optional[int] = typer.Option(None, "--seed", rich_help_panel=_SAMPLE, help="Seed of every line's draw."),
     nbest: Optional[int] = typer.Option(
@@ -136,14 +137,18 @@ def translate(
     progress: ShowProgress = None,
     encoding_errors: EncodingErrors = None,
     quiet: Quiet = False,
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", callback=_set_level("verbose"), is_eager=True,
+        help="Also say how it decodes: the search, the precision and the step's backends (one line on stderr).",
+    ),
 ):
     """Translate lines from files or stdin to stdout with beam search or greedy decoding.
 
     cat test.de | tfcli translate -m run/ | sacrebleu test.en
-    tfcli translate -m run/ test.de -o test.hyp.en --beam-size 8 --alpha 1.0
+    tfcli translate -m run/ test.de -o test.hyp.en --beam-size 8 --len-penalty 1.0
     tfcli translate -m run/ --nbest 5 --scores test.de
     tfcli translate -m run/ --alignment test.de | cut -f2 > test.align       # Pharaoh: 0-0 1-2 2-1 ...
-    tfcli translate -m en-de/ mono.en --sampling --topk 10 --seed 3 -o synthetic.de   # back-translation
+    tfcli translate -m en-de/ mono.en --sampling --top-k 10 --seed 3 -o synthetic.de   # back-translation
     tfcli translate -m run/ test.de --prefix starts.en       # each output continues its line of starts.en
     tfcli translate -m run-a/ -m run-b/ test.de              # an ensemble: the probabilities averaged
     tfcli translate -m multi/ --tgt-lang fr test.de          # a multilingual model (prepare --lang-pairs)
@@ -156,10 +161,11 @@ def translate(
     --resume translates only what is missing (one process can use --resume too).
 
     One line out per line in, in input order; empty lines give empty lines. Output is detokenised text (--raw:
-    subword tokens separated by spaces). Lines longer than the model's max_len are cut, with a warning.
+    subword tokens separated by spaces). A line of several sentences may be translated sentence by sentence
+    (--split-sentences), and a sentence longer than the model's max_len in windows, with a warning: never cut.
     With --nbest N or --scores, each input line gives N lines (an empty one gives one), best first:
         INDEX<TAB>SCORE<TAB>HYPOTHESIS[<TAB>TOKEN_SCORES]
-    INDEX is the input line's 0-based number; SCORE = sum of the tokens' log-probs / ((5+|Y|)/6)^alpha, |Y|
+    INDEX is the input line's 0-based number; SCORE = sum of the tokens' log-probs / ((5+|Y|)/6)^len_penalty, |Y|
     counting </s>; TOKEN_SCORES (with --scores) are the log-probs of each output subword and of </s>.
     --alignment adds a last tab-separated field: the words aligned, "i-j" for source word i and output word j
     (0-based, whitespace-separated words; subword tokens with --raw), each output token aligned to the source token
@@ -178,7 +184,7 @@ def translate(
     if sampling:
         refuse_unused(ctx, ["beam_size", "greedy", "nbest"], "is not used with --sampling (one draw a line)")
     else:
-        refuse_unused(ctx, ["temperature", "topk", "topp", "seed"], "is for --sampling")
+        refuse_unused(ctx, ["temperature", "top_k", "top_p", "seed"], "is for --sampling")
     if greedy and beam_size not in (None, 1):
         refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
     check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
@@ -189,7 +195,7 @@ def translate(
         translate_config, config,
         beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
         min_len=min_len, nbest=nbest, scores=scores or None, raw=raw or None, alignment=alignment or None,
-        sampling=sampling or None, temperature=temperature, topk=topk, topp=topp, seed=seed,
+        sampling=sampling or None, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         alignment_layer=alignment_layer, batch_size=batch_size,
         max_tokens=max_tokens, check_every=check_every, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
         threads=threads, encoding_errors=encoding_errors, tgt_lang=tgt_lang, input_format=input_format,

@@ -120,6 +120,49 @@ def language_id(ids: dict[str, int], lang: str | None, where: str, role: str) ->
     return ids[lang]
 
 
+class Languages:
+    """A loaded translation model's language convention, in one place: which token goes first in a source line,
+    which target tokens are forced first in an output (and left out of the translation), and whether sources start
+    with a language token (what alignments and attention pictures skip). Three kinds: none (a bilingual model),
+    tags (>>fr<<, Marian's: the target's tag first in the source) and tokens (M2M-100/NLLB: the source's token
+    first in the source, the target's forced first in the output)."""
+
+    def __init__(self, tok, meta: dict):
+        self.tokens = language_ids(tok, meta[LANGUAGE_TOKENS]) if LANGUAGE_TOKENS in meta and tok is not None else {}
+        self.tags = {} if self.tokens or tok is None else language_tags(tok)
+        self.kind = "tokens" if self.tokens else "tags" if self.tags else "none"
+
+    @property
+    def leads(self) -> bool:
+        """Whether every source starts with a language token."""
+        return self.kind != "none"
+
+    @property
+    def forces(self) -> int:
+        """How many target tokens are forced first in every output (and left out of the translation)."""
+        return 1 if self.kind == "tokens" else 0
+
+    def check(self, src_lang: str | None, tgt_lang: str | None) -> None:
+        """The command's own --src-lang/--tgt-lang, checked once before any line is read (a line may give its own,
+        so a missing one is an error only where a line lacks it)."""
+        if self.kind == "tokens":
+            for role, lang in (("source", src_lang), ("target", tgt_lang)):
+                if lang is not None:
+                    language_id(self.tokens, lang, "--src-lang" if role == "source" else "--tgt-lang", role)
+        elif tgt_lang is not None:
+            tag_id(self.tags, tgt_lang, "--tgt-lang")
+
+    def lead(self, src_lang: str | None, tgt_lang: str | None, where: str) -> int | None:
+        """The id that goes first in a source line (None: no token)."""
+        if self.kind == "tokens":
+            return language_id(self.tokens, src_lang, where, "source")
+        return tag_id(self.tags, tgt_lang, where)
+
+    def forced(self, tgt_lang: str | None, where: str) -> list[int]:
+        """The target ids every output starts with ([] for none), not part of the translation."""
+        return [language_id(self.tokens, tgt_lang, where, "target")] if self.kind == "tokens" else []
+
+
 _NOT_LANGUAGES = {"txt", "tsv", "csv", "gz", "xz", "bz2", "zst", "json", "raw", "tok", "bpe", "src", "tgt"}
 
 

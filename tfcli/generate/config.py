@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from tfcli.config import from_dict, load_config_file, override
 from tfcli.errors import ConfigError
@@ -15,6 +15,8 @@ from tfcli.errors import ConfigError
 @dataclass
 class TranslateConfig:
     """Decoding, batching and device settings (the `translate:` section of a config file)."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"topk": "top_k", "topp": "top_p"}  # old key spellings that still work
 
     beam_size: int = 5  # 1 = greedy decoding; not used with sampling
     len_penalty: float = 0.6  # GNMT alpha: hypotheses ranked by sum(log p) / ((5 + |Y|) / 6)^alpha
@@ -27,8 +29,8 @@ class TranslateConfig:
     # sampling (back-translation): each line drawn with random numbers keyed by (seed, its index in the input)
     sampling: bool = False
     temperature: float = 1.0
-    topk: int = 0  # sample among the k most likely tokens; 0: all
-    topp: float = 1.0  # nucleus: the most likely tokens holding probability p; 1: all
+    top_k: int = 0  # sample among the k most likely tokens; 0: all
+    top_p: float = 1.0  # nucleus: the most likely tokens holding probability p; 1: all
     seed: int = 1
     alignment: bool = False  # add word alignments (Pharaoh "i-j") from the cross-attention, after a tab
     alignment_layer: int = 0  # the decoder layer (1-based) whose cross-attention aligns; 0: the penultimate
@@ -71,8 +73,8 @@ class TranslateConfig:
             raise ConfigError("translate: --max-len-a and --min-len must not be negative")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("translate: --threads must be positive")
-        if self.temperature <= 0 or self.topk < 0 or not 0.0 < self.topp <= 1.0:
-            raise ConfigError("translate: --temperature must be positive, --topk >= 0 and --topp in (0, 1]")
+        if self.temperature <= 0 or self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise ConfigError("translate: --temperature must be positive, --top-k >= 0 and --top-p in (0, 1]")
         if self.sampling and (self.nbest or 1) > 1:
             raise ConfigError("translate: --sampling draws one translation a line: no --nbest above 1")
         if self.alignment_layer < 0:

@@ -11,7 +11,7 @@ from tfcli import checkpoint
 
 from tfcli import checkpoint_meta
 from tfcli.device import DTYPES
-from tfcli.data.languages import LANGUAGE_TOKENS, language_ids, language_tags
+from tfcli.data.languages import Languages
 from tfcli.errors import CheckpointError
 from tfcli.generate.step import StepModel
 from tfcli.model.config import ModelConfig
@@ -25,9 +25,7 @@ class Loaded:
     src_tok: object | None  # tokenizers.Tokenizer; None for a language model
     tgt_tok: object
     steps: StepModel  # its decoder arranged for decoding (fp32 on the CPU: weights packed for oneDNN; or int8)
-    tags: dict  # a multilingual model's {target language: its tag's source id} (tfcli/data/languages.py); {}
-    # an M2M-100-style model's {language: its token's id} (the same in both vocabularies, which it shares); {}
-    langs: dict
+    languages: Languages  # where its language tokens go (a multilingual or an M2M-100-style model's; none)
 
 
 def half_weights(device: torch.device, dtype: str) -> bool:
@@ -52,9 +50,7 @@ def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32",
         half = half_weights(device, dtype)
     decoding = copy.deepcopy(model).to(DTYPES[dtype]) if half else model
     steps = StepModel(decoding, pack=dtype == "fp32", int8=dtype == "int8")
-    tags = language_tags(toks["src"]) if "src" in toks else {}
-    langs = language_ids(toks["src"], meta[LANGUAGE_TOKENS]) if LANGUAGE_TOKENS in meta and "src" in toks else {}
-    return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps, tags, langs)
+    return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps, Languages(toks.get("src"), meta))
 
 
 def load_ensemble(paths: list[str], device: torch.device, dtype: str = "fp32", half: bool | None = None) -> Loaded:
@@ -72,4 +68,4 @@ def load_ensemble(paths: list[str], device: torch.device, dtype: str = "fp32", h
                 raise CheckpointError(f"{path}: its {side} tokenizer is not the one of {paths[0]}; the models of "
                                       "an ensemble must share their tokenizers (prepare with --tokenizer-from)")
     steps = EnsembleStepModel([m.steps for m in members])
-    return Loaded(first.model, first.cfg, first.meta, first.src_tok, first.tgt_tok, steps, first.tags, first.langs)
+    return Loaded(first.model, first.cfg, first.meta, first.src_tok, first.tgt_tok, steps, first.languages)

@@ -84,15 +84,70 @@ def banned_tokens(step: int, min_len: int, device) -> torch.Tensor:
     return never_chosen(torch.device(device), step <= min_len)
 
 
-def _ban(lprobs: torch.Tensor, at, min_len: int) -> torch.Tensor:
-    """Set the banned tokens' log-probs to -inf, in place. `at`: the output position (1-based) of every row (an
-    int), or of each row ((R,) tensor)."""
-    if isinstance(at, int):
-        return lprobs.index_fill_(1, never_chosen(lprobs.device, at <= min_len), float("-inf"))
-    lprobs.index_fill_(1, never_chosen(lprobs.device), float("-inf"))
-    if min_len:
-        lprobs[:, EOS_ID].masked_fill_(at <= min_len, float("-inf"))
-    return lprobs
+@dataclass(slots=True)
+class Bans:
+    """What each row's next token may not be, as named rules that every way of choosing it applies, so that each
+    rule is written once: <pad> and <s> always, and </s> before `min_len` tokens (`at`: the output position being
+    chosen, 1-based, an int or each row's (R,) tensor); `avoid` (R, A), the tokens that would complete a phrase to
+    avoid (`avoided`); `pieces` ((R,) rows, (V,) tokens), rows that may take none of those tokens (a constraint
+    just ended: no piece may continue its word); `no_end` (R,), rows that may not end (constraints unmet). Bans
+    leave the model's distribution as it is: log-probs stay normalised over the whole vocabulary."""
+
+    at: int | torch.Tensor
+    min_len: int = 0
+    avoid: torch.Tensor | None = None
+    pieces: tuple[torch.Tensor, torch.Tensor] | None = None
+    no_end: torch.Tensor | None = None
+
+    def never(self, device) -> torch.Tensor:
+        """The ids no row may take: <pad>, <s>, and </s> where `at` is one position for every row, before min_len."""
+        return never_chosen(device, isinstance(self.at, int) and self.at <= self.min_len)
+
+    def no_eos(self) -> torch.Tensor | None:
+        """(R,) the rows that may not take </s> besides `never`'s: before min_len by a row's own position, or
+        `no_end`; None: none."""
+        early = None if isinstance(self.at, int) or not self.min_len else self.at <= self.min_len
+        if self.no_end is None:
+            return early
+        return self.no_end if early is None else early | self.no_end
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rule on (R, V) log-probs or logits `x`, in place (the banned tokens at -inf)."""
+        x.index_fill_(1, self.never(x.device), float("-inf"))
+        eos = self.no_eos()
+        if eos is not None:
+            x[:, EOS_ID].masked_fill_(eos, float("-inf"))
+        return self.apply_rows(x)
+
+    def apply_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The rules of each row's own (`avoid`, `pieces`) on `x`, in place."""
+        if self.avoid is not None:
+            x.scatter_(1, self.avoid, float("-inf"))
+        if self.pieces is not None:
+            x.masked_fill_(self.pieces[0][:, None] & self.pieces[1][None, :], float("-inf"))
+        return x
+
+    def on_columns(self, values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Every rule on (R, C) `values` of the tokens `ids` (what rows.c's best_next leaves unwritten: the
+        constraints' next tokens): -inf where banned."""
+        banned = (ids[..., None] == self.never(ids.device)).any(-1)
+        eos = self.no_eos()
+        if eos is not None:
+            banned |= (ids == EOS_ID) & eos[:, None]
+        if self.avoid is not None:
+            banned |= (ids[:, :, None] == self.avoid[:, None, :]).any(-1)
+        if self.pieces is not None:
+            banned |= self.pieces[0][:, None] & self.pieces[1][ids]
+        return values.masked_fill(banned, float("-inf"))
+
+    def blocks(self, size: int, n: int) -> list[Bans]:
+        """The bans of `n` consecutive blocks of `size` rows."""
+        def split(x):
+            return x.split(size) if torch.is_tensor(x) else (x,) * n
+
+        pieces = split(self.pieces[0]) if self.pieces is not None else (None,) * n
+        return [Bans(at, self.min_len, av, (p, self.pieces[1]) if p is not None else None, ne)
+                for at, av, p, ne in zip(split(self.at), split(self.avoid), pieces, split(self.no_end))]
 
 
 def avoid_tensor(phrases: list[list[list[int]]], device) -> torch.Tensor | None:
@@ -230,84 +285,33 @@ def _with_forced(v: torch.Tensor, i: torch.Tensor, forced_lp: torch.Tensor, forc
     return torch.where(on, fv, v), torch.where(on, tok.expand(-1, k), i)
 
 
-def _best_next(decoder: Decoder, tok: torch.Tensor, at, min_len: int, k: int,
-               forced: torch.Tensor | None = None, normalise: bool = True, ban: torch.Tensor | None = None,
-               extra: torch.Tensor | None = None, pieces: tuple[torch.Tensor, torch.Tensor] | None = None,
-               eos_rows: torch.Tensor | None = None):
-    """The k most likely next tokens of each row by log p(y_t | y_<t, x), banned tokens excluded: (log-probs, ids),
-    each (R, k) (k = 1: the max, each (R,)); a row's forced token (a target prefix's), whatever the model prefers.
-    `at`: the output position, an int or each row's ((R,) tensor). Without `normalise` the values may be the logits
-    instead (the same order; rows.c then skips the log-softmax's normaliser). `ban`: (R, A) tokens each row may
-    not take (`avoided`), or None. `extra`: (R, C) more ids (>= 0) whose log-probs each row needs (the next tokens
-    of its constraints): then a third tensor, (R, C), holds them (-inf where banned). `pieces`: ((R,) rows, (V,)
-    tokens): the rows that may take none of those tokens (a constraint just ended: no piece may continue its word);
-    `eos_rows`: (R,) the rows that may not end (constraints unmet).
-    Bans leave the model's distribution as it is: the log-probs are normalised over the whole vocabulary.
+def _best_next(decoder: Decoder, tok: torch.Tensor, bans: Bans, k: int, forced: torch.Tensor | None = None,
+               normalise: bool = True, extra: torch.Tensor | None = None):
+    """The k most likely next tokens of each row by log p(y_t | y_<t, x), `bans` kept: (log-probs, ids), each
+    (R, k) (k = 1: the max, each (R,)); a row's forced token (a target prefix's), whatever the model prefers or
+    bans. Without `normalise` the values may be the logits instead (the same order; rows.c then skips the
+    log-softmax's normaliser). `extra`: (R, C) more ids (>= 0) whose log-probs each row needs (the next tokens of
+    its constraints): then a third tensor, (R, C), holds them (-inf where banned).
 
-    On the CPU by rows.c's best_next where it runs and the step is not fixed-shape (chosen on the logits, the
-    log-softmax over the vocabulary never written out), else by blocks of 64 rows, so that the log-probs the top-k
-    reads are still in the cache, and with `top_k` in place of torch.topk; on a GPU at once (each block is three
-    more kernel launches, and nothing there is gained by it)."""
+    On the CPU by rows.c's best_next where it runs and the step is not fixed-shape (`_best_next_rows`: chosen on
+    the logits, the log-softmax over the vocabulary never written out), else by blocks of 64 rows, so that the
+    log-probs the top-k reads are still in the cache, and with `top_k` in place of torch.topk; on a GPU at once
+    (each block is three more kernel launches, and nothing there is gained by it)."""
     logits = decoder.step(tok).float()
     cpu = logits.device.type == "cpu"
     if cpu and not decoder.fixed:  # (a fixed-shape step is one graph: no C call in it)
-        int_at = isinstance(at, int)
-        ban_eos = None if int_at or not min_len else at <= min_len
-        if eos_rows is not None:
-            ban_eos = eos_rows if ban_eos is None else ban_eos | eos_rows
-        forced_logit = None if forced is None else logits.gather(1, forced.clamp(min=0)[:, None])
-        extra_logit = None if extra is None else logits.gather(1, extra)
-        # the bans leave the model's distribution as it is: each banned row's normaliser, over the whole
-        # vocabulary, is computed before its tokens go to -inf (only the rows `pieces` names: few at a step)
-        full = logits.logsumexp(1) if ban is not None else None
-        rows = pieces[0].nonzero().squeeze(1) if pieces is not None else None  # (a read: cheap on the CPU)
-        if rows is not None and rows.numel():
-            kept = logits.index_select(0, rows)
-            row_full = kept.logsumexp(1) if full is None else None
-            logits.index_put_((rows,), kept.masked_fill(pieces[1], float("-inf")))
-        else:
-            rows = None
-        chosen_from = logits if ban is None else logits.scatter(1, ban, float("-inf"))
-        best = native.best_next(chosen_from, never_chosen(logits.device, int_at and at <= min_len), ban_eos, EOS_ID,
-                                k, normalise)
+        best = _best_next_rows(logits, bans, k, forced, normalise, extra)
         if best is not None:
-            v, i, norm = best
-            if norm is not None and full is not None:
-                v, norm = v + (norm - full)[:, None], full
-            elif norm is not None and rows is not None:
-                v[rows] += (norm[rows] - row_full)[:, None]
-                norm[rows] = row_full
-            if k == 1:
-                v, i = v[:, 0], i[:, 0]
-            forced_lp = forced_logit if forced_logit is None or norm is None else forced_logit - norm[:, None]
-            if extra is None:
-                return _with_forced(v, i, forced_lp, forced, k)
-            extra_lp = extra_logit - norm[:, None] if norm is not None else extra_logit
-            if ban is not None:
-                extra_lp = extra_lp.masked_fill((extra[:, :, None] == ban[:, None, :]).any(-1), float("-inf"))
-            if rows is not None:
-                extra_lp = extra_lp.masked_fill(pieces[0][:, None] & pieces[1][extra], float("-inf"))
-            return (*_with_forced(v, i, forced_lp, forced, k), _ban_extra(extra_lp, extra, at, min_len))
-        if rows is not None:  # (rows.c did not run: the blocks below normalise the logits as they came)
-            logits.index_put_((rows,), kept)
+            return best
     values, ids, extras = [], [], []
     blocks = logits.split(64) if cpu else (logits,)
-    n_blocks = len(blocks)
-
-    def split(x):
-        return x.split(64) if x is not None and cpu and torch.is_tensor(x) else (x,) * n_blocks
-
-    rows = split(pieces[0] if pieces is not None else None)
-    for block, fb, ab, eb, bb, rb, xb in zip(blocks, split(forced), split(at), split(extra), split(ban), rows,
-                                             split(eos_rows)):
-        lprobs = _ban(block.log_softmax(-1), ab, min_len)
+    split = (lambda x: x.split(64) if x is not None else (None,) * len(blocks)) if cpu else (lambda x: (x,))
+    for block, fb, bb, eb in zip(blocks, split(forced), bans.blocks(64, len(blocks)) if cpu else (bans,), split(extra)):
+        lprobs = block.log_softmax(-1)
         forced_lp = None if fb is None else lprobs.gather(1, fb.clamp(min=0)[:, None])
-        _banned(lprobs, bb, None if rb is None else (rb, pieces[1]))
-        if xb is not None:
-            lprobs[:, EOS_ID].masked_fill_(xb, float("-inf"))
+        bb.apply(lprobs)
         v, i = lprobs.max(-1) if k == 1 else top_k(lprobs, k) if cpu else lprobs.topk(k, dim=1)
-        if fb is not None:
-            v, i = _with_forced(v, i, forced_lp, fb, k)
+        v, i = _with_forced(v, i, forced_lp, fb, k)
         values.append(v)
         ids.append(i)
         if eb is not None:
@@ -316,24 +320,40 @@ def _best_next(decoder: Decoder, tok: torch.Tensor, at, min_len: int, k: int,
     return out if extra is None else (*out, extras[0] if len(extras) == 1 else torch.cat(extras))
 
 
-def _banned(x: torch.Tensor, ban: torch.Tensor | None, pieces: tuple[torch.Tensor, torch.Tensor] | None):
-    """`x` (R, V) with each row's `ban` (R, A) ids and, in the rows `pieces[0]`, the tokens `pieces[1]` at -inf, in
-    place (_best_next's bans)."""
-    if ban is not None:
-        x.scatter_(1, ban, float("-inf"))
-    if pieces is not None:
-        x.masked_fill_(pieces[0][:, None] & pieces[1][None, :], float("-inf"))
-    return x
-
-
-def _ban_extra(lp: torch.Tensor, ids: torch.Tensor, at, min_len: int) -> torch.Tensor:
-    """`lp` (R, C), the log-probs of `ids`, at -inf where the token is one no decoder emits (<pad>, <s>, and
-    </s> before min_len): rows.c's best_next bans those without writing them into the logits."""
-    banned = (ids == PAD_ID) | (ids == BOS_ID)
-    if min_len:
-        early = (at <= min_len) if isinstance(at, int) else (at <= min_len)[:, None]
-        banned = banned | ((ids == EOS_ID) & early)
-    return lp.masked_fill(banned, float("-inf"))
+def _best_next_rows(logits: torch.Tensor, bans: Bans, k: int, forced, normalise: bool, extra):
+    """_best_next by rows.c's best_next (None where it does not run): the never-chosen ids and the rows that may
+    not end go to the C call; a row's own bans are written into the logits, the normaliser of each such row taken
+    over the whole vocabulary first, so that the bans leave the model's distribution as it is."""
+    forced_logit = None if forced is None else logits.gather(1, forced.clamp(min=0)[:, None])
+    extra_logit = None if extra is None else logits.gather(1, extra)
+    full = logits.logsumexp(1) if bans.avoid is not None else None
+    pieces = bans.pieces
+    rows = pieces[0].nonzero().squeeze(1) if pieces is not None else None  # (a read: cheap on the CPU)
+    if rows is not None and rows.numel():  # (only the rows `pieces` names: few at a step)
+        kept = logits.index_select(0, rows)
+        row_full = kept.logsumexp(1) if full is None else None
+        logits.index_put_((rows,), kept.masked_fill(pieces[1], float("-inf")))
+    else:
+        rows = None
+    chosen_from = logits if bans.avoid is None else logits.scatter(1, bans.avoid, float("-inf"))
+    best = native.best_next(chosen_from, bans.never(logits.device), bans.no_eos(), EOS_ID, k, normalise)
+    if best is None:
+        if rows is not None:  # (the blocks normalise the logits as they came)
+            logits.index_put_((rows,), kept)
+        return None
+    v, i, norm = best
+    if norm is not None and full is not None:
+        v, norm = v + (norm - full)[:, None], full
+    elif norm is not None and rows is not None:
+        v[rows] += (norm[rows] - row_full)[:, None]
+        norm[rows] = row_full
+    if k == 1:
+        v, i = v[:, 0], i[:, 0]
+    forced_lp = forced_logit if forced_logit is None or norm is None else forced_logit - norm[:, None]
+    if extra is None:
+        return _with_forced(v, i, forced_lp, forced, k)
+    extra_lp = extra_logit - norm[:, None] if norm is not None else extra_logit
+    return (*_with_forced(v, i, forced_lp, forced, k), bans.on_columns(extra_lp, extra))
 
 
 def top_k(x: torch.Tensor, k: int, width: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -443,12 +463,12 @@ class _Greedy(_SourceSearch):
     whether with </s>; per item the same, copied when its row ends. (Token buffers have one more column, which an
     ended fixed-shape row running on past its limit writes.)"""
 
-    per_row = ("limit", "pre", "av", "tok", "tokens", "lps", "end", "eos")
+    per_row = _SourceSearch.per_row + ("tok", "tokens", "lps", "end", "eos")
 
-    def __init__(self, sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines, scores, avoid=None):
+    def __init__(self, sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines, scored, avoid=None):
         super().__init__(sm, decoder, sched, src, max_len, prefix, 1, avoid)
         B, n, device = src.size(0), sched.item.numel(), src.device
-        self.min_len, self.sampling, self.lines, self.scores = min_len, sampling, lines, scores
+        self.min_len, self.sampling, self.lines, self.scored = min_len, sampling, lines, scored
         self.out_tok = torch.zeros(B, T + 1, dtype=torch.long, device=device)
         self.out_lp = torch.zeros(B, T + 1, device=device)
         self.out_end = torch.zeros(B, dtype=torch.long, device=device)
@@ -461,15 +481,15 @@ class _Greedy(_SourceSearch):
         """Each row's next token and its log-prob, and whether it ends. With fixed shapes everything is read from
         and written to the same tensors, so that the step can be a CUDA graph."""
         forced = _forced_at(self.pre, at, 1)
-        ban = self.avoided(self.tokens, at, 1)
+        bans = Bans(at, self.min_len, self.avoided(self.tokens, at, 1))
         if self.sampling is None:
-            lp, nxt = _best_next(self.decoder, self.tok, at, self.min_len, 1, forced, self.scores, ban)
+            lp, nxt = _best_next(self.decoder, self.tok, bans, 1, forced, self.scored)
         else:
             logits = self.decoder.step(self.tok).float()
-            lprobs = _ban(logits.log_softmax(-1), at, self.min_len)
+            lprobs = Bans(at, self.min_len).apply(logits.log_softmax(-1))
             # drawn from the distribution without the banned tokens, scored by the model's own
-            allowed = lprobs if ban is None else _ban(logits.scatter(1, ban, float("-inf")).log_softmax(-1), at,
-                                                      self.min_len)
+            allowed = lprobs if bans.avoid is None else Bans(at, self.min_len).apply(
+                bans.apply_rows(logits.clone()).log_softmax(-1))
             nxt = self.sampling.choose(allowed, self.lines[self.sched.item], at)
             if forced is not None:
                 nxt = torch.where(forced >= 0, forced, nxt)
@@ -502,7 +522,7 @@ class _Greedy(_SourceSearch):
     def hypotheses(self, len_penalty: float) -> list[Hypothesis]:
         out = []
         for e, ended_eos, toks, scores in zip(*_to_lists(self.out_end, self.out_eos, self.out_tok, self.out_lp)):
-            scores = scores[:e] if self.scores else None
+            scores = scores[:e] if self.scored else None
             out.append(Hypothesis(toks[: e - 1 if ended_eos else e],
                                   sum(scores) / length_penalty(e, len_penalty) if scores is not None else None, scores))
         return out
@@ -512,14 +532,14 @@ class _Greedy(_SourceSearch):
 def greedy_decode(
     model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 0, len_penalty: float = 0.0,
     sampling: LineSampling | None = None, lines: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
-    check_every: int = 0, slots: int | None = None, scores: bool = True, avoid: torch.Tensor | None = None,
+    check_every: int = 0, slots: int | None = None, scored: bool = True, avoid: torch.Tensor | None = None,
 ) -> list[Hypothesis]:
     """Greedy decoding on the incremental decoder; one `Hypothesis` per source row (scored like beam search, beam 1).
     With `sampling`, each next token is drawn instead (`lines`: (B,) each row's index in the input, which with the
     seed keys its random numbers); the score is still the model's log-probability of the tokens chosen. `prefix`:
     (B, P) target ids each output must start with (-1 past a row's prefix), scored as the model scores them.
     `avoid`: (B, A, L) token phrases a row's output never holds (`avoid_tensor`; beam_search says how).
-    Without `scores` the hypotheses' scores are None (as CTranslate2's without return_scores): the tokens are chosen
+    Without `scored` the hypotheses' scores are None (as CTranslate2's without return_scores): the tokens are chosen
     on the logits, and the log-softmax's normaliser is not computed where that saves work (rows.c's best_next).
 
     Everything a step decides stays on the device (each row's tokens, log-probs, and the step it ended at); the
@@ -530,14 +550,14 @@ def greedy_decode(
     src: (B, S) right-padded source ids, each ending in </s>.
     """
     def make(sm, decoder, sched, max_len, T):
-        return _Greedy(sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines, scores, avoid)
+        return _Greedy(sm, decoder, sched, src, max_len, T, prefix, min_len, sampling, lines, scored, avoid)
 
     return _decode(make, model, src, 1, max_len_a, max_len_b, prefix, check_every, slots).hypotheses(len_penalty)
 
 
 def greedy_search(model, src: torch.Tensor, max_len_a: float = 1.2, max_len_b: int = 10) -> list[list[int]]:
     """Greedy decoding, just the output ids (without </s>) per source row."""
-    return [h.tokens for h in greedy_decode(model, src, max_len_a, max_len_b, scores=False)]
+    return [h.tokens for h in greedy_decode(model, src, max_len_a, max_len_b, scored=False)]
 
 
 class _Beam(_SourceSearch):
@@ -549,7 +569,7 @@ class _Beam(_SourceSearch):
     sentence s. (Token buffers have one more column, which a done sentence running on past its limit in a
     fixed-shape decoder writes.)"""
 
-    per_row = ("limit", "pre", "av", "cn", "lp_max", "floor", "full", "done", "scores")
+    per_row = _SourceSearch.per_row + ("lp_max", "floor", "full", "done", "scores")
     per_beam = ("tok", "tokens", "lps", "prog", "fresh")
 
     def __init__(self, sm, decoder, sched, src, max_len, T, prefix, K, nbest, len_penalty, min_len, token_scores,
@@ -588,7 +608,7 @@ class _Beam(_SourceSearch):
         """One step: every live beam expanded, the K best continuations kept, what ends merged into the finished
         hypotheses, and whether each sentence is done. After the first step with fixed shapes, everything is read
         from and written to the same tensors, so that it can be a CUDA graph."""
-        K, k, n, lp_alpha = self.K, self.k, self.scores.size(0), self.len_penalty
+        K, k, n, len_penalty = self.K, self.k, self.scores.size(0), self.len_penalty
         device, token_scores = self.device, self.lps is not None
         at_row = at if isinstance(at, int) else _per_beam(at, k)
         col = at if isinstance(at, int) else at[:, None]
@@ -614,12 +634,12 @@ class _Beam(_SourceSearch):
         # (on the CPU, where reading is cheap, skipped when nothing ends)
         if self.sched.fixed or self.sched.every > 1 or bool(ends.any()):
             item = self.sched.item
-            at_limit = next_scores / length_penalty(col, lp_alpha)
+            at_limit = next_scores / length_penalty(col, len_penalty)
             if self.cn is not None:  # (</s> comes only once every constraint is met; the length limit, before)
                 at_limit = at_limit - UNMET_PENALTY * missing
             _keep_finished(
                 (self.fin_score, self.fin_step, self.fin_eos, self.fin_tok, self.fin_lp, self.fin_n), item, ends, at,
-                torch.cat([cand_scores[:, :K] / length_penalty(col, lp_alpha), at_limit], 1),
+                torch.cat([cand_scores[:, :K] / length_penalty(col, len_penalty), at_limit], 1),
                 torch.cat([cand_row[:, :K], next_row], 1), torch.cat([cand_tok[:, :K], next_tok], 1),
                 self.tokens, self.lps, torch.cat([cand_lp[:, :K], next_lp], 1) if token_scores else None,
             )
@@ -627,8 +647,8 @@ class _Beam(_SourceSearch):
         else:
             new_floor, new_full = self.floor, self.full
         # done: at the max length, or settled (see beam_search)
-        settled = new_full & (new_floor >= next_scores[:, 0] / length_penalty(at + 1, lp_alpha))
-        if lp_alpha >= 0:  # (alpha < 0: lp falls as |Y| grows, no bound)
+        settled = new_full & (new_floor >= next_scores[:, 0] / length_penalty(at + 1, len_penalty))
+        if len_penalty >= 0:  # (alpha < 0: lp falls as |Y| grows, no bound)
             settled |= new_floor >= next_scores[:, 0] / self.lp_max
         new_done = ~live | at_max | settled
 
@@ -664,7 +684,7 @@ class _Beam(_SourceSearch):
         K, k, n = self.K, self.k, self.scores.size(0)
         forced, ban = _forced_at(self.pre, at, k), self.avoided(self.tokens, at_row, k)
         if self.cn is None:
-            top_lp, top_tok = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K, forced, ban=ban)
+            top_lp, top_tok = _best_next(self.decoder, self.tok, Bans(at_row, self.min_len, ban), 2 * K, forced)
             W = 2 * K
         else:
             top_lp, top_tok, W = self._with_constraints(at_row, forced, ban)  # (n * k, W)
@@ -704,8 +724,8 @@ class _Beam(_SourceSearch):
         phrase = con[..., 1:]
         nxt = phrase.gather(-1, self.prog.clamp(max=L1 - 2).unsqueeze(-1)).squeeze(-1).clamp(min=0)  # (R, C)
         pieces = (self.fresh, self.continuing) if self.continuing is not None else None
-        top_lp, top_tok, extra_lp = _best_next(self.decoder, self.tok, at_row, self.min_len, 2 * K, forced, ban=ban,
-                                               extra=nxt, pieces=pieces, eos_rows=unmet.any(1))
+        bans = Bans(at_row, self.min_len, ban, pieces, no_end=unmet.any(1))
+        top_lp, top_tok, extra_lp = _best_next(self.decoder, self.tok, bans, 2 * K, forced, extra=nxt)
         earlier = torch.ones(C, C, dtype=torch.bool, device=nxt.device).tril(-1)  # c' < c
         repeated = ((nxt[:, :, None] == top_tok[:, None, :]).any(-1)
                     | ((nxt[:, :, None] == nxt[:, None, :]) & earlier & unmet[:, None, :]).any(-1))
@@ -817,6 +837,82 @@ def beam_search(
                      avoid, constraints, continuing)
 
     return _decode(make, model, src, K, max_len_a, max_len_b, prefix, check_every, slots, constraints).hypotheses()
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How the sources of a batch are searched, set once for a run (`from_config`): greedy (a beam of 1), beam
+    search, or with `sampling` one draw a row. `scored`: compute the hypotheses' scores (greedy search without
+    them chooses on the logits and skips the normaliser); `token_scores`: keep each token's log-prob (beam search;
+    greedy keeps them whenever it scores)."""
+
+    beam_size: int = 5
+    len_penalty: float = 0.6
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    min_len: int = 0
+    nbest: int = 1
+    scored: bool = True
+    token_scores: bool = False
+    check_every: int = 0
+    sampling: LineSampling | None = None
+
+    @classmethod
+    def from_config(cls, cfg) -> SearchOptions:
+        """From a TranslateConfig."""
+        sampling = LineSampling(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed) if cfg.sampling else None
+        return cls(cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.nbest or 1,
+                   scored=cfg.tabular or cfg.sampling, token_scores=cfg.scores, check_every=cfg.check_every,
+                   sampling=sampling)
+
+    def mode(self, constrained: bool = False) -> str:
+        """"sampling", "greedy" or "beam": what `search` runs (constraints need beam search, at any beam size)."""
+        if self.sampling is not None:
+            return "sampling"
+        return "beam" if self.beam_size > 1 or constrained else "greedy"
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What each row of a batch brings besides its source, each None where no row has any: `prefix` (B, P) target
+    ids its output starts with (-1 past a row's prefix), `avoid` its phrases to avoid (`avoid_tensor`),
+    `constraints` its phrases to hold (`constraint_tensor`), `lines` (B,) the keys of its random numbers
+    (sampling: its index in the input)."""
+
+    prefix: torch.Tensor | None = None
+    avoid: torch.Tensor | None = None
+    constraints: torch.Tensor | None = None
+    lines: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, device, max_len: int, prefixes: list[list[int]] | None = None,
+              avoid: list[list[list[int]]] | None = None, constraints: list[list] | None = None,
+              lines: list[int] | None = None) -> Rows:
+        """From per-row lists (token ids; [] for none): a prefix is cut to max_len - 1 tokens."""
+        from tfcli.data.batching import pad
+
+        prefix = None
+        if prefixes is not None and any(prefixes):
+            prefix = pad([p[: max_len - 1] for p in prefixes], pad_id=-1).to(device)
+        return cls(prefix, avoid_tensor(avoid, device) if avoid is not None else None,
+                   constraint_tensor(constraints, device) if constraints is not None else None,
+                   torch.tensor(lines, device=device) if lines is not None else None)
+
+
+def search(model, src: torch.Tensor, options: SearchOptions, rows: Rows = Rows(), slots: int | None = None,
+           continuing=None) -> list[list[Hypothesis]]:
+    """The one entry for decoding a batch of sources (B, S): per row its hypotheses, best first (one for greedy
+    search and sampling, `options.nbest` for beam search). `continuing`: a function giving the (V,) tokens that
+    may not follow a constraint's last token (`beam_search`), called only where constraints are given."""
+    o = options
+    mode = o.mode(rows.constraints is not None)
+    if mode == "beam":
+        return beam_search(model, src, o.beam_size, o.len_penalty, o.max_len_a, o.max_len_b, o.nbest, o.min_len,
+                           o.token_scores, rows.prefix, o.check_every, slots, rows.avoid, rows.constraints,
+                           continuing() if rows.constraints is not None and continuing is not None else None)
+    lines = rows.lines if mode == "sampling" else None
+    return [[h] for h in greedy_decode(model, src, o.max_len_a, o.max_len_b, o.min_len, o.len_penalty, o.sampling,
+                                       lines, rows.prefix, o.check_every, slots, o.scored, rows.avoid)]
 
 
 def _keep_finished(fin, alive, ends, at, score, row, last, tokens, lps, last_lp) -> None:

@@ -22,7 +22,7 @@ from tfcli import checkpoint_meta, distributed
 from tfcli.console import Progress
 from tfcli.errors import TfcliError
 from tfcli.generate.config import TranslateConfig
-from tfcli.io import atomic_open, atomic_write_json, jsonl_items, read_inputs
+from tfcli.io import atomic_open, atomic_write_json, read_inputs
 
 # settings that do not change a line's translation (batch composition, speed, where it runs)
 _NOT_IN_OUTPUT = {"batch_size", "max_tokens", "buffer_size", "device", "threads", "part_lines"}
@@ -33,11 +33,11 @@ def parts_dir(output: str) -> Path:
 
 
 def translate_in_parts(checkpoints: list[str], inputs: list[str], output: str, cfg: TranslateConfig, resume: bool,
-                       progress: bool | None, make_translator, annotate=None, side_files: list[str] = ()) -> int:
+                       progress: bool | None, make_translator, read, side_files: list[str] = ()) -> int:
     """Translate `inputs` into `output` part by part, this process's share of the parts when launched by torchrun;
-    `make_translator(device)` builds the Translator; `annotate(items)` adds each line's own fields (its prefix,
-    its phrases to avoid or to hold) from `side_files`, which the manifest records beside the inputs. Returns the
-    number of lines this process translated."""
+    `make_translator(device)` builds the Translator; `read(items)` makes the Requests of read_inputs' items (each
+    line's own fields from its JSON or from `side_files`, which the manifest records beside the inputs). Returns
+    the number of lines this process translated."""
     if any(p == "-" for p in inputs):
         raise TfcliError("--resume and several processes read their input more than once: give files, not stdin")
     info, device = distributed.setup(cfg.device)
@@ -49,11 +49,7 @@ def translate_in_parts(checkpoints: list[str], inputs: list[str], output: str, c
         distributed.barrier(info)  # the parts directory is ready (or the main process has failed, and so do we)
         translator = make_translator(device)
         done = 0
-        lines = _lines(inputs)
-        if cfg.input_format == "jsonl":
-            lines = jsonl_items(lines)
-        if annotate is not None:
-            lines = annotate(lines)
+        lines = read(_lines(inputs))
         n_parts = 0
         with Progress("translating", None, "sent", progress if info.is_main else False) as bar:
             for part, texts in _parts(lines, cfg.part_lines):

@@ -1,17 +1,19 @@
 """`tfcli translate`: lines in, translations out, one for one and in order, so it composes in shell pipelines.
 
-Lines are read in chunks (`buffer_size` lines; one at a time from a terminal), tokenised with the checkpoint's
-source tokenizer, sorted by length into batches (`max_tokens` / `batch_size`) so little compute goes to padding, and
-decoded with batched beam or greedy search. Batches run in the order of their earliest line, and each output line
-is written (and flushed) as soon as every line before it is done, so output streams while input is still being
-translated. Empty lines give empty lines (score 0) without running the model.
+Each line is a `Request` (tfcli/generate/request.py), read in chunks (`buffer_size` lines; one at a time from a
+terminal), and goes through the stages docs/architecture.md lists: encode (the checkpoint's tokenizers and language
+tokens), split (sentences, windows), search (units sorted by length into batches, `max_tokens` / `batch_size`, so
+little compute goes to padding; batched beam or greedy search), join (a line's units on text), format. Batches run
+in the order of their earliest line, and each output line is written (and flushed) as soon as every line before it
+is done, so output streams while input is still being translated. Empty lines give empty lines (score 0) without
+running the model.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -19,24 +21,20 @@ import torch
 
 from tfcli import distributed
 from tfcli.data.batching import pad, source_ids, token_batches, width_groups
-from tfcli.data.languages import language_id, tag_id
 from tfcli.data.tokenizer import (
     clause_end_ids, continuing_ids, decode_batch, encode_batch, unk_rate, word_start_ids,
 )
 from tfcli.generate.config import TranslateConfig
-from tfcli.console import Progress, warn
+from tfcli.console import Progress, info, verbose_enabled, warn
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load_ensemble
 from tfcli.generate.alignment import default_layer, pharaoh, token_alignments, word_alignment
-from tfcli.generate.sampling import LineSampling
-from tfcli.generate.search import Hypothesis, avoid_tensor, beam_search, constraint_tensor, greedy_decode
+from tfcli.generate.request import SIDE_FILES, Request, Translation, jsonl_requests, requests, with_side_file
+from tfcli.generate.search import Hypothesis, Rows, SearchOptions, search
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import InputError, TfcliError
 from tfcli.specials import EOS_ID, UNK_ID
-from tfcli.io import (
-    encoding_errors, jsonl_items, open_output, read_inputs, read_lines, refuse_overwriting_inputs, with_avoid,
-    with_constraints, with_prefixes,
-)
+from tfcli.io import encoding_errors, open_output, read_inputs, read_lines, refuse_overwriting_inputs
 
 UNK_WARN_RATE = 0.1  # warn when more than this share of the input's tokens are <unk>
 EMPTY_WARN_RATE = 0.05  # warn when at least this share of the decoded lines (and one at least) come out empty
@@ -63,39 +61,67 @@ def _unspaced(c: str) -> bool:
     return 0x3000 <= o <= 0x30FF or 0x3400 <= o <= 0x9FFF or 0xF900 <= o <= 0xFAFF or 0xFF00 <= o <= 0xFFEF
 
 
+def _seamless(before: str, after: str) -> bool:
+    """Whether two sentences' texts join without a space: both sides of the seam Chinese or Japanese."""
+    return _unspaced(before[-1]) and _unspaced(after[0])
+
+
 def join_sentences(texts: list[str]) -> str:
     """A line's sentence translations as one text: a space between two sentences, none where both sides of the
     seam are Chinese or Japanese ("我很好。" + "你呢？" -> "我很好。你呢？"); empty ones left out."""
     out = ""
     for t in (t for t in texts if t):
-        out += t if not out or _unspaced(out[-1]) and _unspaced(t[0]) else " " + t
+        out += t if not out or _seamless(out, t) else " " + t
     return out
 
 
-def _source_language(item: tuple) -> str | None:
-    """An input item's own source language (`jsonl_items`' eighth field), or None."""
-    return item[7] if len(item) > 7 else None
+@dataclass(eq=False)
+class _Line:
+    """A request in the works: its 0-based index in the input, its source ids, the ids of its language token (first
+    in each source), forced target tokens and prefix, its phrases as target ids, and its units' span."""
+
+    request: Request
+    index: int
+    ids: list[int]
+    lead: int | None
+    forced: list[int]
+    prefix: list[int]
+    avoid: list
+    must: list
+    first: int = 0  # its first unit's index in the chunk's units
+    n: int = 0  # and how many
 
 
-class Translator:
-    """A loaded model with its tokenizers and settings; turns (name, line number, text) items into output lines."""
+@dataclass
+class _Unit:
+    """A source the search translates: a line, one of its sentences, or a window of one (`part`: its place in the
+    line); language token first, ending in </s>."""
+
+    line: _Line
+    part: int
+    src: list[int]
+
+    @property
+    def target(self) -> list[int]:
+        """The ids its output starts with: the forced language token, then (the line's first unit) its prefix."""
+        return self.line.forced + (self.line.prefix if self.part == 0 else [])
+
+
+class Pipeline:
+    """A loaded model with its tokenizers and settings; turns Requests into translations, one line at a time, in
+    the stages docs/architecture.md lists: encode -> split -> search -> join -> format."""
 
     def __init__(self, loaded: Loaded, cfg: TranslateConfig, device: torch.device):
         self.steps, self.src_tok, self.tgt_tok = loaded.steps, loaded.src_tok, loaded.tgt_tok
         self.cfg, self.device = cfg, device
+        self.options = SearchOptions.from_config(cfg)
         self.max_len = self.steps.cfg.max_len
         n_layers = self.steps.cfg.n_decoder_layers
         if cfg.alignment_layer > n_layers:
             raise TfcliError(f"--alignment-layer {cfg.alignment_layer}: the model's decoder has {n_layers} layers")
         self.alignment_layer = cfg.alignment_layer or default_layer(n_layers)
-        self.tags = loaded.tags  # a multilingual model's {language: tag id}
-        self.langs = loaded.langs  # an M2M-100-style model's {language: token id}
-        if self.langs:
-            for role, lang in (("source", cfg.src_lang), ("target", cfg.tgt_lang)):
-                if lang is not None:
-                    language_id(self.langs, lang, "--src-lang" if role == "source" else "--tgt-lang", role)
-        elif cfg.tgt_lang is not None:
-            tag_id(self.tags, cfg.tgt_lang, "--tgt-lang")
+        self.languages = loaded.languages
+        self.languages.check(cfg.src_lang, cfg.tgt_lang)
         self.precision = precision(device, cfg.dtype, loaded.steps.half)
         self.warned_unk = self.warned_empty = False
         # --split-sentences auto: the training sources' 99th percentile in tokens (None: a checkpoint without it);
@@ -111,29 +137,35 @@ class Translator:
         self.index = 0  # 0-based index of the next input line, across chunks and files
         self.decoded = self.empty = 0  # lines decoded, and of those the ones whose best output is empty
 
-    def run(self, items: Iterable[tuple[str, int, str]]) -> Iterator[str]:
-        """Yield the output for each input line, in input order (several lines for --nbest)."""
-        for index, hyps in self.hypotheses(items):
-            yield self._format(index, hyps)
+    def describe(self) -> str:
+        """The decoding plan, one line (what --verbose prints): search, precision and the step's backends."""
+        o = self.options
+        search = {"greedy": "greedy search", "beam": f"beam search (beam {o.beam_size})",
+                  "sampling": "sampling"}[o.mode()]
+        members = getattr(self.steps, "members", [self.steps])  # (an ensemble: each model's plan)
+        plans = "; ".join(dict.fromkeys(m.plan.describe() for m in members))
+        ensemble = f", an ensemble of {len(members)}" if len(members) > 1 else ""
+        return f"decoding: {search}{ensemble}, {self.cfg.dtype} on {self.device}; step: {plans}"
 
-    def hypotheses(self, items: Iterable[tuple | None]) -> Iterator[tuple[int, list[Hypothesis]]]:
-        """Yield (0-based line index, hypotheses best first) for each input line, in input order. An item is
-        (file name, line number, text), or with a fourth field the line's target prefix (`with_prefixes`), a
-        fifth its target language (`jsonl_items`; None: --tgt-lang's), a sixth and seventh its phrases to avoid and
-        to hold, an eighth its source language (None: --src-lang's). A None
-        item means that input has paused (read_inputs): what has arrived is translated now, not when the buffer
-        fills."""
+    def run(self, requests: Iterable[Request | None]) -> Iterator[str]:
+        """Yield the output for each request, in input order (several lines for --nbest)."""
+        for index, translations in self.translations(requests):
+            yield self._format(index, translations)
+
+    def translations(self, requests: Iterable[Request | None]) -> Iterator[tuple[int, list[Translation]]]:
+        """Yield (0-based line index, translations best first) for each request, in input order. A None means
+        that input has paused (read_inputs): what has arrived is translated now, not when the buffer fills."""
         tty = sys.stdin.isatty()
-        chunk: list[tuple[str, int, str]] = []
-        for item in items:
-            if item is None:
+        chunk: list[Request] = []
+        for req in requests:
+            if req is None:
                 if chunk:
                     yield from self._chunk(chunk)
                     chunk = []
                 continue
-            chunk.append(item)
+            chunk.append(req)
             # from a terminal, translate each line as it is typed
-            if len(chunk) >= self.cfg.buffer_size or (tty and item[0] == "<stdin>"):
+            if len(chunk) >= self.cfg.buffer_size or (tty and req.name == "<stdin>"):
                 yield from self._chunk(chunk)
                 chunk = []
         if chunk:
@@ -148,115 +180,106 @@ class Translator:
                  "at once: an undertrained model?); --min-len 1 forbids an empty output")
             self.warned_empty = True
 
-    def _chunk(self, chunk: list[tuple]) -> Iterator[tuple[int, list[Hypothesis]]]:
+    def _chunk(self, chunk: list[Request]) -> Iterator[tuple[int, list[Translation]]]:
+        """The stages for one chunk of requests; each line's translations yielded, in order, as soon as it and
+        every line before it are done."""
         first = self.index
         self.index += len(chunk)
-        results: dict[int, list[Hypothesis]] = {}
-        todo = []  # lines with text (or a prefix to continue); the others are done already
-        prefixes = [item[3] if len(item) > 3 else "" for item in chunk]
-        avoids = [self._phrases(item, 5, "to avoid") for item in chunk]  # per line, the target phrases it must not
-        musts = [self._phrases(item, 6, "to hold") for item in chunk]  # output, and those it must
-        for i, (_, _, text, *_) in enumerate(chunk):
-            if text.strip() or prefixes[i]:
-                todo.append(i)
-            else:  # an empty line gives one empty hypothesis, score 0, without running the model
-                results[i] = [Hypothesis([], 0.0, [], [] if self.cfg.alignment else None)]
-        ids = encode_batch(self.src_tok, [chunk[i][2] for i in todo])
-        self._check_unknowns(ids)
-        leads, forced = [], []  # per line: the source's first token (a language's), the output's (M2M-100's)
-        for i in todo:  # a multilingual model: the line's target-language tag first
-            name, lineno, *rest = chunk[i]
-            lang = rest[2] if len(rest) > 2 and rest[2] is not None else self.cfg.tgt_lang
-            if self.langs:
-                src_lang = _source_language(chunk[i]) or self.cfg.src_lang
-                leads.append(language_id(self.langs, src_lang, f"{name}:{lineno}", "source"))
-                forced.append([language_id(self.langs, lang, f"{name}:{lineno}", "target")])
-            else:
-                leads.append(tag_id(self.tags, lang, f"{name}:{lineno}"))
-                forced.append([])
-        # each line as the sources it is translated as (itself, its sentences, or windows), in order
-        units, owner, keys = [], [], []  # the sources' ids; the line (index into todo) and sampling key of each
-        spans = []  # per line (index into todo): its first source and how many
-        for k, i in enumerate(todo):
-            pieces = self._units(chunk[i], ids[k], leads[k], whole=bool(musts[i]))
-            spans.append((len(units), len(pieces)))
-            units += pieces
-            owner += [k] * len(pieces)
-            keys += [first + i + (p << 40) for p in range(len(pieces))]  # (a line's first source keyed as the line)
-        targets = None
-        if any(prefixes) or self.langs:  # a line's prefix starts its first source's translation
-            encoded = encode_batch(self.tgt_tok, [prefixes[i] for i in todo]) if any(prefixes) else [[]] * len(todo)
-            targets = [forced[k] + (encoded[k] if spans[k][0] == u else []) for u, k in enumerate(owner)]
-        src = [source_ids(seq, self.max_len) for seq in units]
-        avoid = [avoids[todo[k]] for k in owner] if any(avoids) else None
-        must = None
-        if any(musts):  # a line's constraints go with its first source (the line itself, unless past max_len)
-            must = [musts[todo[k]] if spans[k][0] == u else [] for u, k in enumerate(owner)]
-            for u, k in enumerate(owner):
-                need = sum(len(c) if isinstance(c[0], int) else min(map(len, c)) for c in must[u])
-                need += len(targets[u]) if targets is not None else 0
-                if need >= self.max_len:
-                    name, lineno = chunk[todo[k]][:2]
-                    raise InputError(name, lineno, f"its constraints and prefix are {need} target tokens, and the "
-                                     f"model's outputs hold at most {self.max_len - 1}")
-        unit_hyps: dict[int, list[Hypothesis]] = {}  # the sources decoded so far whose line is not complete
+        lines = self._encode(chunk, first)
+        results: dict[int, list[Translation]] = {}
+        for i, line in enumerate(lines):
+            if line is None:  # an empty line gives one empty translation, score 0, without running the model
+                results[i] = [Translation("", 0.0, [] if self.cfg.scores else None, [] if self.cfg.alignment else None)]
+        units: list[_Unit] = []
+        for line in filter(None, lines):
+            line.first = len(units)
+            units += [_Unit(line, p, src) for p, src in enumerate(self._split(line))]
+            line.n = len(units) - line.first
         done = 0
-        if src:
-            lengths = [len(s) for s in src]
-            if self.fixed:  # one fixed-shape decoder per source width, its places refilled as sentences finish
-                groups = width_groups(lengths, self.cfg.max_tokens, self.cfg.batch_size)
-            else:  # batches that shrink as sentences finish
-                groups = [(b, None, None) for b in token_batches(lengths, self.cfg.max_tokens, self.cfg.batch_size)]
-            groups.sort(key=lambda g: int(g[0].min()))  # earliest lines first, so output can start early
-            for batch, width, slots in groups:
-                rows = batch.tolist()
-                hyps = self.decode([src[u] for u in rows], [keys[u] for u in rows],
-                                   [targets[u] for u in rows] if targets is not None else None, width, slots,
-                                   [avoid[u] for u in rows] if avoid is not None else None,
-                                   [must[u] for u in rows] if must is not None else None)
-                unit_hyps.update(zip(rows, hyps))
-                for k in dict.fromkeys(owner[u] for u in rows):  # (each line once, in order)
-                    start, n = spans[k]
-                    if all(u in unit_hyps for u in range(start, start + n)):
-                        results[todo[k]] = self._joined([unit_hyps.pop(u) for u in range(start, start + n)],
-                                                        src[start : start + n], leads[k] is not None)
-                        self.decoded += 1
-                        self.empty += not results[todo[k]][0].tokens and not prefixes[todo[k]]
-                while done in results:
-                    yield first + done, results.pop(done)
-                    done += 1
+        for finished in self._search_units(units):
+            for line in finished:
+                results[line.index - first] = self._join(line, [finished[line][u] for u in range(line.n)],
+                                                         units[line.first : line.first + line.n])
+            while done in results:
+                yield first + done, results.pop(done)
+                done += 1
         while done < len(chunk):
             yield first + done, results.pop(done)
             done += 1
 
-    def _units(self, item: tuple, ids: list[int], lead: int | None, whole: bool = False) -> list[list[int]]:
-        """The sources a line is translated as, each without </s>, the language tag first where there is one: the
-        line itself; its sentences, where `split_sentences` says (auto: a line longer than 99% of the training
+    # --- encode: a request's text, languages and phrases as ids ----------------------------------------------
+
+    def _encode(self, chunk: list[Request], first: int) -> list[_Line | None]:
+        """Each request as a _Line (None for an empty one), every field that needs the model checked here."""
+        avoids = [self._phrases(req, req.avoid, "to avoid") for req in chunk]
+        musts = [self._phrases(req, req.constraints, "to hold") for req in chunk]
+        todo = [i for i, req in enumerate(chunk) if not req.empty]
+        ids = encode_batch(self.src_tok, [chunk[i].text for i in todo])
+        self._check_unknowns(ids)
+        prefixes = encode_batch(self.tgt_tok, [chunk[i].prefix for i in todo]) if any(
+            chunk[i].prefix for i in todo) else [[] for _ in todo]
+        lines: list[_Line | None] = [None] * len(chunk)
+        for k, i in enumerate(todo):
+            req = chunk[i]
+            tgt_lang = req.tgt_lang if req.tgt_lang is not None else self.cfg.tgt_lang
+            lead = self.languages.lead(req.src_lang or self.cfg.src_lang, tgt_lang, req.where)
+            forced = self.languages.forced(tgt_lang, req.where)
+            line = lines[i] = _Line(req, first + i, ids[k], lead, forced, prefixes[k], avoids[i], musts[i])
+            if line.must:  # (a line's constraints go with its first unit, as its prefix does)
+                need = sum(len(c) if isinstance(c[0], int) else min(map(len, c)) for c in line.must)
+                need += len(forced) + len(line.prefix)
+                if need >= self.max_len:
+                    raise InputError(req.name, req.lineno, f"its constraints and prefix are {need} target tokens, "
+                                     f"and the model's outputs hold at most {self.max_len - 1}")
+        return lines
+
+    def _phrases(self, req: Request, phrases: tuple, what: str) -> list:
+        """A request's phrases (to avoid or to hold; a tuple of texts is a set of alternatives) as target token
+        lists (a set: a list of them); a phrase with no token, or one to hold that the tokenizer reads with
+        <unk>, is an InputError naming the line."""
+        forms = [p for c in phrases for p in ([c] if isinstance(c, str) else c)]
+        ids = dict(zip(forms, encode_batch(self.tgt_tok, forms))) if forms else {}
+        hold = what == "to hold"
+        for phrase, toks in ids.items():
+            if not toks:
+                raise InputError(req.name, req.lineno, f"the phrase {what} {phrase!r} has no target tokens")
+            if UNK_ID in toks and hold:  # (a phrase to avoid with <unk> in it just never matches)
+                raise InputError(req.name, req.lineno, f"the phrase {what} {phrase!r} has a piece the target "
+                                 "vocabulary lacks (<unk>)")
+        if phrases and hold and self.cfg.sampling:
+            raise InputError(req.name, req.lineno, "constraints need beam search, not --sampling")
+        return [ids[c] if isinstance(c, str) else [ids[p] for p in c] for c in phrases]
+
+    # --- split: a line as the sources it is translated as -----------------------------------------------------
+
+    def _split(self, line: _Line) -> list[list[int]]:
+        """The sources a line is translated as, each ending in </s>, the language token first where there is one:
+        the line itself; its sentences, where `split_sentences` says (auto: a line longer than 99% of the training
         sources or than the model takes, or any line for a model known to be trained on sentences; never a line
-        with constraints, `whole`, that fits max_len); and any source longer than the model's max_len in windows of
-        as many tokens as it takes (`_windows`: cut between words), with a warning naming the line (never cut)."""
-        name, lineno, text = item[:3]
+        with constraints that fits max_len); and any source longer than the model's max_len in windows of as many
+        tokens as it takes (`_windows`: cut between words), with a warning naming the line (never cut)."""
+        req, ids, lead = line.request, line.ids, line.lead
         room = self.max_len - 1 - (lead is not None)  # tokens a source may have besides </s> and the tag
         mode = self.cfg.split_sentences
         pieces = [ids]
-        if whole and len(ids) <= room:
+        if line.must and len(ids) <= room:
             mode = "never"
         if mode == "always" or mode == "auto" and (len(ids) > room or self.on_sentences or self.trained_len is not None
                                                   and len(ids) + 1 > self.trained_len):
-            sentences = self._sentences(text, _source_language(item) or self.src_lang)
+            sentences = self._sentences(req.text, req.src_lang or self.src_lang)
             if len(sentences) > 1:
                 pieces = encode_batch(self.src_tok, sentences)
         out = []
         for seq in pieces:
             if len(seq) > room:
-                warn(f"{name}:{lineno}: a sentence of {len(seq)} tokens, longer than the model's max_len "
+                warn(f"{req.where}: a sentence of {len(seq)} tokens, longer than the model's max_len "
                      f"({self.max_len}); translating it in windows of up to {room} tokens, cut between words")
                 if self._cuts is None:
                     self._cuts = (word_start_ids(self.src_tok), clause_end_ids(self.src_tok))
                 windows = _windows(seq, room, *self._cuts)
             else:
                 windows = [seq]
-            out += [[lead, *w] if lead is not None else w for w in windows]
+            out += [source_ids([lead, *w] if lead is not None else w, self.max_len) for w in windows]
         return out
 
     def _sentences(self, text: str, lang: str | None) -> list[str]:
@@ -267,99 +290,44 @@ class Translator:
             self.splitters[lang] = splitter(lang)
         return self.splitters[lang](text)
 
-    def _joined(self, parts: list[list[Hypothesis]], srcs: list[list[int]], tagged: bool) -> list[Hypothesis]:
-        """A line's hypotheses from those of the sources it was cut into, in order: the k-th best of each joined
-        (tokens and token scores one after the other, the score the sum, alignments offset by the words before)."""
-        if len(parts) == 1:
-            return parts[0]
-        out = []
-        for r in range(min(len(p) for p in parts)):
-            hs = [p[r] for p in parts]
-            score = None if any(h.score is None for h in hs) else sum(h.score for h in hs)
-            token_scores = None if any(h.token_scores is None for h in hs) else [x for h in hs for x in h.token_scores]
-            alignment = None
-            if all(h.alignment is not None for h in hs):
-                alignment, src_off, tgt_off, last = [], 0, 0, ""
-                for h, seq in zip(hs, srcs):
-                    text = "" if self.cfg.raw else self.tgt_tok.decode(h.tokens, skip_special_tokens=False).strip()
-                    if last and text and _unspaced(last[-1]) and _unspaced(text[0]):
-                        tgt_off -= 1  # (joined without a space: the seam's two words are one, join_sentences)
-                    alignment += [(i + src_off, j + tgt_off) for i, j in h.alignment]
-                    src_off += self._words(self.src_tok, [t for t in seq[tagged:] if t != EOS_ID])
-                    tgt_off += len(h.tokens) if self.cfg.raw else len(text.split())  # (as _words counts them)
-                    last = text or last
-            out.append(Hypothesis([t for h in hs for t in h.tokens], score, token_scores, alignment,
-                                  parts=[len(h.tokens) for h in hs]))
-        return out
+    # --- search: the units in batches; each line handed on once all its units are done -------------------------
 
-    def _words(self, tok, ids: list[int]) -> int:
-        """Words of `ids` as alignments count them (tfcli.generate.alignment.word_of_token)."""
-        return len(ids) if self.cfg.raw else len(tok.decode(ids, skip_special_tokens=False).split())
+    def _search_units(self, units: list[_Unit]) -> Iterator[dict[_Line, dict[int, list[Hypothesis]]]]:
+        """Batches of units, the earliest lines first, so that output can start early; after each, the lines it
+        completed with their units' hypotheses ({line: {part: hypotheses}})."""
+        if not units:
+            return
+        lengths = [len(u.src) for u in units]
+        if self.fixed:  # one fixed-shape decoder per source width, its places refilled as sentences finish
+            groups = width_groups(lengths, self.cfg.max_tokens, self.cfg.batch_size)
+        else:  # batches that shrink as sentences finish
+            groups = [(b, None, None) for b in token_batches(lengths, self.cfg.max_tokens, self.cfg.batch_size)]
+        groups.sort(key=lambda g: int(g[0].min()))
+        pending: dict[_Line, dict[int, list[Hypothesis]]] = {}
+        for batch, width, slots in groups:
+            batch_units = [units[u] for u in batch.tolist()]
+            for unit, hyps in zip(batch_units, self.search(batch_units, width, slots)):
+                pending.setdefault(unit.line, {})[unit.part] = hyps
+            lines = dict.fromkeys(u.line for u in batch_units)  # (each line once, in order)
+            yield {line: pending.pop(line) for line in lines if len(pending.get(line, ())) == line.n}
 
-    def _phrases(self, item: tuple, field: int, what: str) -> list:
-        """An item's phrases `field` (a list: the sixth field the texts to avoid, the seventh those to hold, where
-        a list of texts is a set of alternatives) as target token lists (a set: a list of them); a phrase with no
-        token, or one to hold that the tokenizer reads with <unk>, is an InputError naming the line."""
-        phrases = item[field] if len(item) > field and item[field] else []
-        forms = [p for c in phrases for p in ([c] if isinstance(c, str) else c)]
-        ids = dict(zip(forms, encode_batch(self.tgt_tok, forms))) if forms else {}
-        for phrase, toks in ids.items():
-            if not toks:
-                raise InputError(item[0], item[1], f"the phrase {what} {phrase!r} has no target tokens")
-            if UNK_ID in toks and field == 6:  # (a phrase to avoid with <unk> in it just never matches)
-                raise InputError(item[0], item[1], f"the phrase {what} {phrase!r} has a piece the target vocabulary "
-                                 "lacks (<unk>)")
-        if phrases and field == 6 and self.cfg.sampling:
-            raise InputError(item[0], item[1], "constraints need beam search, not --sampling")
-        return [ids[c] if isinstance(c, str) else [ids[p] for p in c] for c in phrases]
-
-    def decode(self, batch: list[list[int]], lines: list[int], prefixes: list[list[int]] | None = None,
-               width: int | None = None, slots: int | None = None,
-               avoid: list[list[list[int]]] | None = None,
-               must: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
-        """Hypotheses (best first) for a batch of source id lists (each ending in </s>); `lines`: their 0-based
-        indices in the input (what a line's random numbers are keyed by when sampling); `prefixes`: target ids each
-        output starts with (an empty list: none). `width`: pad the sources to it; `slots`: sentences decoded at
-        once (a fixed-shape decoder, continuous batching), None: all. `avoid`: each source's target phrases (token
-        lists) that its output must not hold; `must`: those it must hold (beam search, at any beam size)."""
-        cfg = self.cfg
+    def search(self, units: list[_Unit], width: int | None = None, slots: int | None = None) -> list[list[Hypothesis]]:
+        """Hypotheses (best first, without the forced language token) for a batch of units. `width`: pad the
+        sources to it; `slots`: sentences decoded at once (a fixed-shape decoder, continuous batching), None: all."""
+        batch = [u.src for u in units]
         src = pad(batch, length=min(width, self.max_len) if width else None).to(self.device)
-        prefix = None
-        if prefixes is not None and any(prefixes):
-            prefix = pad([p[: self.max_len - 1] for p in prefixes], pad_id=-1).to(self.device)
-        banned = avoid_tensor(avoid, self.device) if avoid is not None else None
-        constraints = constraint_tensor(must, self.device) if must is not None else None
+        rows = Rows.build(self.device, self.max_len, [u.target for u in units], [u.line.avoid for u in units],
+                          [u.line.must if u.part == 0 else [] for u in units],
+                          [u.line.index + (u.part << 40) for u in units] if self.options.sampling else None)
         with self.precision:
-            if constraints is not None:
-                hyps = beam_search(
-                    self.steps, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
-                    nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores, prefix=prefix,
-                    check_every=cfg.check_every, slots=slots, avoid=banned, constraints=constraints,
-                    continuing=self.continuing(),
-                )
-            elif cfg.sampling:
-                sampling = LineSampling(cfg.temperature, cfg.topk, cfg.topp, cfg.seed)
-                hyps = [[h] for h in greedy_decode(
-                    self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, sampling,
-                    torch.tensor(lines, device=self.device), prefix, cfg.check_every, slots, avoid=banned,
-                )]
-            elif cfg.beam_size == 1:
-                hyps = [[h] for h in greedy_decode(
-                    self.steps, src, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.len_penalty, prefix=prefix,
-                    check_every=cfg.check_every, slots=slots, scores=cfg.tabular, avoid=banned,
-                )]
-            else:
-                hyps = beam_search(
-                    self.steps, src, cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b,
-                    nbest=cfg.nbest or 1, min_len=cfg.min_len, token_scores=cfg.scores, prefix=prefix,
-                    check_every=cfg.check_every, slots=slots, avoid=banned,
-                )
-            if cfg.alignment:
+            hyps = search(self.steps, src, self.options, rows, slots, self.continuing)
+            if self.cfg.alignment:
                 self._align(batch, src, hyps)
-        if self.langs:  # the target language's token, forced first: not part of the translation
+        if self.languages.forces:  # the target language's token, forced first: not part of the translation
+            skip = self.languages.forces
             for h in (h for hs in hyps for h in hs):
-                h.tokens = h.tokens[1:]
-                h.token_scores = h.token_scores[1:] if h.token_scores is not None else None
+                h.tokens = h.tokens[skip:]
+                h.token_scores = h.token_scores[skip:] if h.token_scores is not None else None
         return hyps
 
     def continuing(self) -> torch.Tensor | None:
@@ -377,37 +345,74 @@ class Translator:
         rows = [i for i, hs in enumerate(hyps) for _ in hs]
         flat = [h for hs in hyps for h in hs]
         aligned = token_alignments(self.steps.model, src[rows], [h.tokens for h in flat], self.alignment_layer)
-        skip = 1 if self.langs else 0  # (the forced target-language token)
+        skip = self.languages.forces
         for row, h, positions in zip(rows, flat, aligned):
             h.alignment = word_alignment(self.src_tok, self.tgt_tok, batch[row], h.tokens[skip:], positions[skip:],
-                                         self.cfg.raw, lead=1 if self.tags or self.langs else 0)
+                                         self.cfg.raw, lead=1 if self.languages.leads else 0)
 
-    def texts(self, hyps: list[Hypothesis]) -> list[str]:
-        """The hypotheses as output text: detokenised (or subword tokens with `raw`), one line each; a line
-        translated sentence by sentence, each sentence detokenised alone and joined (`join_sentences`)."""
+    # --- join: a line's units' hypotheses as its translations, on text ----------------------------------------
+
+    def _join(self, line: _Line, parts: list[list[Hypothesis]], units: list[_Unit]) -> list[Translation]:
+        """A line's translations from the hypotheses of its units, the k-th best of each joined: each unit's
+        text decoded alone and joined (`join_sentences`), token scores one after the other, the score the sum,
+        alignments offset by the words before."""
+        n = min(len(p) for p in parts)
+        ranks = [[p[r] for p in parts] for r in range(n)]
+        texts = self._texts([h for hs in ranks for h in hs])
+        out = []
+        for r, hs in enumerate(ranks):
+            pieces = texts[r * len(parts) : (r + 1) * len(parts)]
+            text = " ".join(t for t in pieces if t) if self.cfg.raw else join_sentences(pieces)
+            score = hs[0].score if len(hs) == 1 else None if any(h.score is None for h in hs) else sum(
+                h.score for h in hs)
+            token_scores = None
+            if self.cfg.scores and all(h.token_scores is not None for h in hs):
+                token_scores = [x for h in hs for x in h.token_scores]
+            alignment = None
+            if all(h.alignment is not None for h in hs):
+                alignment = self._joined_alignment(hs, pieces, units) if len(hs) > 1 else hs[0].alignment
+            # one line out per line in, whatever the detokeniser makes
+            out.append(Translation(text.replace("\r", " ").replace("\n", " "), score, token_scores, alignment))
+        self.decoded += 1
+        self.empty += not any(h.tokens for h in ranks[0]) and not line.request.prefix
+        return out
+
+    def _texts(self, hyps: list[Hypothesis]) -> list[str]:
+        """Each hypothesis as text: detokenised (or subword tokens with `raw`)."""
         if self.cfg.raw:
-            texts = [" ".join(self.tgt_tok.id_to_token(t) for t in h.tokens) for h in hyps]
-        else:
-            pieces, spans = [], []
-            for h in hyps:
-                cuts = [0, *itertools.accumulate(h.parts or [len(h.tokens)])]
-                spans.append((len(pieces), len(cuts) - 1))
-                pieces += [h.tokens[a:b] for a, b in zip(cuts, cuts[1:])]
-            decoded = decode_batch(self.tgt_tok, pieces)
-            texts = [join_sentences(decoded[a : a + n]) for a, n in spans]
-        # one line out per line in, whatever the detokeniser makes
-        return [t.replace("\r", " ").replace("\n", " ") for t in texts]
+            return [" ".join(self.tgt_tok.id_to_token(t) for t in h.tokens) for h in hyps]
+        return decode_batch(self.tgt_tok, [h.tokens for h in hyps])
 
-    def _format(self, index: int, hyps: list[Hypothesis]) -> str:
-        align = (lambda h: "\t" + pharaoh(h.alignment)) if self.cfg.alignment else (lambda h: "")
+    def _joined_alignment(self, hs: list[Hypothesis], texts: list[str], units: list[_Unit]) -> list[tuple[int, int]]:
+        """The units' word alignments as one line's: each offset by the source and target words before it."""
+        alignment, src_off, tgt_off, last = [], 0, 0, ""
+        tagged = self.languages.leads
+        for h, text, unit in zip(hs, texts, units):
+            text = "" if self.cfg.raw else text.strip()
+            if last and text and _seamless(last, text):
+                tgt_off -= 1  # (joined without a space: the seam's two words are one, join_sentences)
+            alignment += [(i + src_off, j + tgt_off) for i, j in h.alignment]
+            src_off += self._words(self.src_tok, [t for t in unit.src[tagged:] if t != EOS_ID])
+            tgt_off += len(h.tokens) if self.cfg.raw else len(text.split())  # (as _words counts them)
+            last = text or last
+        return alignment
+
+    def _words(self, tok, ids: list[int]) -> int:
+        """Words of `ids` as alignments count them (tfcli.generate.alignment.word_of_token)."""
+        return len(ids) if self.cfg.raw else len(tok.decode(ids, skip_special_tokens=False).split())
+
+    # --- format: a line's translations as output text ---------------------------------------------------------
+
+    def _format(self, index: int, translations: list[Translation]) -> str:
+        align = (lambda t: "\t" + pharaoh(t.alignment)) if self.cfg.alignment else (lambda t: "")
         if not self.cfg.tabular:
-            return self.texts(hyps[:1])[0] + align(hyps[0])
+            return translations[0].text + align(translations[0])
         lines = []
-        for h, text in zip(hyps, self.texts(hyps)):
-            line = f"{index}\t{h.score:.4f}\t{text}"
+        for t in translations:
+            line = f"{index}\t{t.score:.4f}\t{t.text}"
             if self.cfg.scores:
-                line += "\t" + " ".join(f"{s:.4f}" for s in h.token_scores)
-            lines.append(line + align(h))
+                line += "\t" + " ".join(f"{s:.4f}" for s in t.token_scores)
+            lines.append(line + align(t))
         return "\n".join(lines)
 
     def _check_unknowns(self, ids: list[list[int]]) -> None:
@@ -451,12 +456,10 @@ def output_paths(inputs: list[str], output_dir: str, suffix: str) -> list[Path]:
     return paths
 
 
-def _side_lines(path: str | None, flag: str, field: str, what: str, inputs: list[str], cfg: TranslateConfig,
-                output_dir: str | None) -> list[str] | None:
-    """The lines of a file with one line a line of the input (--prefix, --avoid), checked against the input's
-    line count where it is known before reading it."""
-    if path is None:
-        return None
+def _side_lines(field: str, path: str, inputs: list[str], cfg: TranslateConfig, output_dir: str | None) -> list[str]:
+    """The lines of a side file (request.SIDE_FILES: --prefix, --avoid, --constraints) with one line a line of the
+    input, checked against the input's line count where it is known before reading it."""
+    flag, what = f"--{field}", SIDE_FILES[field][1]
     if cfg.input_format == "jsonl":
         raise TfcliError(f"{flag}: JSONL input gives each line's {field} in its \"{field}\" field; drop {flag}")
     if output_dir is not None:
@@ -491,42 +494,39 @@ def translate(
     side_files = [f for f in (prefix_file, avoid_file, constraint_file) if f]
     sources = inputs + [p for c in checkpoints for p in input_paths(c)] + side_files
     refuse_overwriting_inputs([out or "-" for _, out in jobs], sources, hint)
-    prefixes = _side_lines(prefix_file, "--prefix", "prefix", "prefixes", inputs, cfg, output_dir)
-    avoid = _side_lines(avoid_file, "--avoid", "avoid", "lines", inputs, cfg, output_dir)
-    musts = _side_lines(constraint_file, "--constraints", "constraints", "lines", inputs, cfg, output_dir)
+    side = [(field, path, _side_lines(field, path, inputs, cfg, output_dir)) for field, path in (
+        ("prefix", prefix_file), ("avoid", avoid_file), ("constraints", constraint_file)) if path is not None]
 
-    def annotate(items):
-        if prefixes is not None:
-            items = with_prefixes(items, prefixes, prefix_file)
-        if avoid is not None:
-            items = with_avoid(items, avoid, avoid_file)
-        return with_constraints(items, musts, constraint_file) if musts is not None else items
+    def read(items):
+        """The requests of read_inputs' items: each line's text or JSON object, then its side files' fields."""
+        reqs = jsonl_requests(items) if cfg.input_format == "jsonl" else requests(items)
+        for field, path, lines in side:
+            reqs = with_side_file(reqs, field, lines, path)
+        return reqs
+
+    def make_translator(device: torch.device) -> Pipeline:
+        precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
+        translator = Pipeline(load_ensemble(checkpoints, device, cfg.dtype), cfg, device)
+        if verbose_enabled():
+            info(translator.describe())
+        return translator
 
     processes = distributed.launched().world_size
     if processes > 1 or resume:
         why = f"on {processes} processes" if processes > 1 else "with --resume"
         if output in (None, "-") or output_dir is not None:
             raise TfcliError(f"translating {why} writes one file: give -o FILE (not stdout or --output-dir)")
-        def make_translator(device: torch.device) -> Translator:
-            precision(device, cfg.dtype)
-            return Translator(load_ensemble(checkpoints, device, cfg.dtype), cfg, device)
-
         with encoding_errors(cfg.encoding_errors):
             return translate_in_parts(checkpoints, inputs, output, cfg, resume, progress, make_translator,
-                                      annotate, side_files)
-    device = resolve_device(cfg.device)
-    precision(device, cfg.dtype)  # fail on an impossible precision before loading anything
-    translator = Translator(load_ensemble(checkpoints, device, cfg.dtype), cfg, device)
+                                      read, side_files)
+    translator = make_translator(resolve_device(cfg.device))
     total = _count_lines(inputs) if (progress if progress is not None else sys.stderr.isatty()) else None
     n = 0
     with encoding_errors(cfg.encoding_errors), Progress("translating", total, "sent", progress) as bar:
         for files, out_path in jobs:
             translator.index = 0  # --nbest line numbers count within each output
             with open_output(out_path) as out:
-                items = read_inputs(files, pauses=True)
-                if cfg.input_format == "jsonl":
-                    items = jsonl_items(items)
-                for text in translator.run(annotate(items)):
+                for text in translator.run(read(read_inputs(files, pauses=True))):
                     bar.emit(out, text)
                     bar.advance(1)
                     n += 1

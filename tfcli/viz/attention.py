@@ -31,7 +31,7 @@ from tfcli import checkpoint
 
 from tfcli import checkpoint_meta
 from tfcli.data.batching import pad, source_ids
-from tfcli.data.languages import LANGUAGE_TOKENS, language_id, language_ids, language_tags, tag_id
+from tfcli.data.languages import Languages
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.errors import TfcliError
 from tfcli.generate.config import GenerateConfig
@@ -129,22 +129,19 @@ def _collect_seq2seq(model, meta, texts, targets, tgt_lang, src_lang) -> list[At
     cfg = model.cfg
     device = next(model.parameters()).device
     src_tok, tgt_tok = checkpoint_tokenizer(meta, "src"), checkpoint_tokenizer(meta, "tgt")
-    forced = []  # an M2M-100-style model's target-language token, first in the target (shown, as the model sees it)
-    if LANGUAGE_TOKENS in meta:
-        langs = language_ids(src_tok, meta[LANGUAGE_TOKENS])
-        lead = language_id(langs, src_lang, "--src-lang", "source")
-        forced = [language_id(langs, tgt_lang, "--tgt-lang", "target")]
-    elif src_lang:
+    languages = Languages(src_tok, meta)
+    if src_lang and languages.kind != "tokens":
         raise TfcliError("--src-lang names the source language token of an imported M2M-100 or NLLB model; this "
                          "model has none")
-    else:
-        lead = tag_id(language_tags(src_tok), tgt_lang, "--tgt-lang")
+    languages.check(src_lang, tgt_lang)
+    lead = languages.lead(src_lang, tgt_lang, "--src-lang" if languages.kind == "tokens" else "--tgt-lang")
+    forced = languages.forced(tgt_lang, "--tgt-lang")  # (shown first in the target, as the model sees it)
     src_seqs = [source_ids(([lead] if lead is not None else []) + ids, cfg.max_len)
                 for ids in encode_batch(src_tok, texts)]
     src = pad(src_seqs).to(device)
     if targets is None:
         prefix = torch.tensor([forced] * len(texts), device=device) if forced else None
-        tgt_seqs = [h.tokens for h in greedy_decode(model, src, prefix=prefix, scores=False)]
+        tgt_seqs = [h.tokens for h in greedy_decode(model, src, prefix=prefix, scored=False)]
     else:
         if len(targets) != len(texts):
             raise TfcliError(
