@@ -550,3 +550,21 @@ def test_import_refuses_a_path_that_is_not_a_regular_file_before_opening_it(hf_d
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and f"{target}: not a regular file" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_import_and_export_read_one_record_per_architecture():
+    """hf.ARCHS holds what sets each transformers architecture apart: the config import derives from a minimal
+    config.json of each is one that export maps back to the same record (the same class)."""
+    from tfcli.interop.hf import ARCHS, hf_arch
+    from tfcli.interop.hf_import import model_config_from_hf
+
+    seq2seq = {"d_model": 16, "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_layers": 1,
+               "decoder_layers": 1, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "vocab_size": 50, "pad_token_id": 1}
+    configs = {"marian": seq2seq, "pegasus": seq2seq, "m2m_100": seq2seq,
+               "gpt2": {"n_embd": 16, "n_head": 2, "n_layer": 1, "n_positions": 64, "vocab_size": 50}}
+    assert set(configs) == set(ARCHS)
+    for name, config in configs.items():
+        arch = ARCHS[name]
+        cfg = model_config_from_hf({"model_type": name, **config}, arch, Path("hf"))
+        assert (cfg.kind, cfg.norm, cfg.positions) == (arch.kind, arch.norm, arch.positions), name
+        assert hf_arch(cfg) is arch, name

@@ -36,7 +36,7 @@ def export(path: str | Path, to: str, out: str | Path, quantization: str | None 
     toks = {side: checkpoint.tokenizer(meta, side) for side in sides}  # checked against the model
     files = {side: checkpoint_meta.tokenizer_path(meta, side) for side in sides}
     if to == "hf":
-        arch = hf.hf_arch(cfg)
+        arch = hf.hf_arch(cfg).model_class
         hf._transformers()
     else:
         arch = "TransformerSpec" if cfg.kind == "seq2seq" else "TransformerDecoderModelSpec"

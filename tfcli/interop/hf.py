@@ -24,6 +24,7 @@ own tokens is unchanged.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -57,12 +58,50 @@ def _no_progress_bars(tr):
             logging.enable_progress_bar()
 
 
+# --- the architectures -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One transformers architecture tfcli imports and exports, and what sets it apart: the one record import,
+    export and an imported checkpoint's metadata read (never its name)."""
+
+    name: str  # its model_type
+    kind: str  # "seq2seq" or "lm"
+    norm: str  # "post" or "pre" (a pre-norm translation model has the stacks' final LayerNorms)
+    positions: str  # "sinusoidal", "fairseq" (M2M-100's table, from position 2) or "learned"
+    one_table: bool  # source and target embeddings always one table (else as share_encoder_decoder_embeddings)
+    logits_bias: bool  # final_logits_bias: the output bias
+    language_tokens: bool  # the source's language token first in the source, the target's forced first (M2M-100)
+    on_sentences: bool  # a translation model learnt from sentence pairs (translate's --split-sentences auto)
+    model_class: str  # the transformers class
+    config_class: str  # and its config's
+
+    @property
+    def final_norms(self) -> bool:
+        return self.kind == "seq2seq" and self.norm == "pre"
+
+    @property
+    def auto_class(self) -> str:
+        return "AutoModelForCausalLM" if self.kind == "lm" else "AutoModelForSeq2SeqLM"
+
+
+ARCHS = {a.name: a for a in (
+    Arch("marian", "seq2seq", "post", "sinusoidal", False, True, False, True, "MarianMTModel", "MarianConfig"),
+    Arch("pegasus", "seq2seq", "pre", "sinusoidal", True, True, False, False, "PegasusForConditionalGeneration",
+         "PegasusConfig"),
+    Arch("m2m_100", "seq2seq", "pre", "fairseq", True, False, True, True, "M2M100ForConditionalGeneration",
+         "M2M100Config"),
+    Arch("gpt2", "lm", "pre", "learned", False, False, False, False, "GPT2LMHeadModel", "GPT2Config"),
+)}
+
+
 # --- which class, and the refusals ----------------------------------------------------------------------------
 
 
-def hf_arch(cfg: ModelConfig) -> str:
-    """"marian", "pegasus", "m2m_100" or "gpt2" for `cfg`, or a one-line error naming the option no class can
-    express."""
+def hf_arch(cfg: ModelConfig) -> Arch:
+    """The architecture (ARCHS: marian, pegasus, m2m_100 or gpt2) that expresses `cfg`, or a one-line error naming
+    the option none can express."""
     def refuse(option: str, why: str):
         raise TfcliError(f"--to hf: {option} is not supported ({why}); export with --to ctranslate2 instead")
 
@@ -86,7 +125,7 @@ def hf_arch(cfg: ModelConfig) -> str:
             refuse("model.scale_embedding true", "GPT-2 does not scale its embeddings")
         if cfg.output_bias:
             refuse("model.output_bias true", "GPT-2's output projection has no bias")
-        return "gpt2"
+        return ARCHS["gpt2"]
     if cfg.positions == "fairseq":
         if cfg.norm != "pre" or not cfg.share_embeddings or not cfg.tie_output:
             refuse("model.positions fairseq with post-norm or separate embeddings",
@@ -98,13 +137,13 @@ def hf_arch(cfg: ModelConfig) -> str:
     if cfg.activation == "gelu_tanh":
         refuse("model.activation gelu_tanh", "exported translation models use relu, gelu or silu")
     if cfg.positions == "fairseq":
-        return "m2m_100"
+        return ARCHS["m2m_100"]
     if cfg.norm == "post":
-        return "marian"
+        return ARCHS["marian"]
     if not cfg.share_embeddings:
         refuse("model.share_embeddings false with model.norm pre",
                "Pegasus, the pre-norm target, has one embedding table for source and target")
-    return "pegasus"
+    return ARCHS["pegasus"]
 
 
 # --- the mapping ------------------------------------------------------------------------------------------------
@@ -115,10 +154,10 @@ def hf_arch(cfg: ModelConfig) -> str:
 #   bias  the output bias, HF's (1, V) final_logits_bias
 
 
-def _pairs(cfg: ModelConfig, arch: str) -> Iterator[tuple[str, tuple[int, int] | None, str, str]]:
+def _pairs(cfg: ModelConfig, arch: Arch) -> Iterator[tuple[str, tuple[int, int] | None, str, str]]:
     """(tfcli name, (chunk i, of n) along dim 0 or None, HF name, layout) for every weight tfcli has, biases
     included even where tfcli has none (they are exported as zeros)."""
-    if arch == "gpt2":
+    if arch.kind == "lm":
         yield from _gpt2_pairs(cfg)
         return
 
@@ -147,7 +186,7 @@ def _pairs(cfg: ModelConfig, arch: str) -> Iterator[tuple[str, tuple[int, int] |
         yield "decoder.embed.tok.weight", None, f"{m}.decoder.embed_tokens.weight", "in"
     if not cfg.tie_output:
         yield "lm_head.weight", None, "lm_head.weight", "in"
-    if cfg.output_bias and arch != "m2m_100":  # (M2M100 has none: hf_export checks it is not needed)
+    if cfg.output_bias and arch.logits_bias:  # (M2M100 has none: hf_export checks it is not needed)
         yield "lm_head.bias", None, "final_logits_bias", "bias"
     for i in range(cfg.n_encoder_layers):
         t, h = f"encoder.layers.{i}", f"{m}.encoder.layers.{i}"
@@ -166,7 +205,7 @@ def _pairs(cfg: ModelConfig, arch: str) -> Iterator[tuple[str, tuple[int, int] |
         yield from norm(f"{t}.res_cross.norm", f"{h}.encoder_attn_layer_norm")
         yield from ffn(t, h)
         yield from norm(f"{t}.res_ffn.norm", f"{h}.final_layer_norm")
-    if arch in ("pegasus", "m2m_100"):  # pre-norm: the stacks' final LayerNorms
+    if arch.final_norms:
         yield from norm("encoder.norm", f"{m}.encoder.layer_norm")
         yield from norm("decoder.norm", f"{m}.decoder.layer_norm")
 
@@ -221,10 +260,10 @@ def _from_hf(w: torch.Tensor, layout: str, perm: torch.Tensor | None) -> torch.T
     return w[:, inv] if layout == "in" else w[inv]
 
 
-def to_hf_state(model, cfg: ModelConfig, arch: str) -> dict[str, torch.Tensor]:
+def to_hf_state(model, cfg: ModelConfig, arch: Arch) -> dict[str, torch.Tensor]:
     """The HF state dict computing the same function as `model` (tfcli's missing biases become zeros)."""
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    perm = _perm(cfg.d_model) if arch != "gpt2" else None
+    perm = _perm(cfg.d_model) if arch.kind == "seq2seq" else None
     out = {}
     for t, part, h, layout in _pairs(cfg, arch):
         w = sd.get(t)
@@ -236,10 +275,10 @@ def to_hf_state(model, cfg: ModelConfig, arch: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def from_hf_state(hf: dict[str, torch.Tensor], cfg: ModelConfig, arch: str) -> dict[str, torch.Tensor]:
+def from_hf_state(hf: dict[str, torch.Tensor], cfg: ModelConfig, arch: Arch) -> dict[str, torch.Tensor]:
     """The tfcli state dict (aliases of shared/tied weights included) from an HF one, in tfcli's vocabulary order
     only if the HF model already is (`import_model` reorders)."""
-    perm = _perm(cfg.d_model) if arch != "gpt2" else None
+    perm = _perm(cfg.d_model) if arch.kind == "seq2seq" else None
     out: dict[str, torch.Tensor] = {}
     chunks: dict[str, dict[int, torch.Tensor]] = {}
     for t, part, h, layout in _pairs(cfg, arch):
@@ -269,13 +308,13 @@ def _linear_bias(name: str) -> bool:
 # --- export -----------------------------------------------------------------------------------------------------
 
 
-def hf_config(cfg: ModelConfig, arch: str, ids: dict | None = None):
+def hf_config(cfg: ModelConfig, arch: Arch, ids: dict | None = None):
     """The transformers config; `ids`: {vocab_size, pad/bos/eos/decoder_start_token_id} where the export's
     vocabulary is not tfcli's (M2M100's: `hf_export.fairseq_layout`)."""
     tr = _transformers()
     act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "swish"}[cfg.activation]
     common = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=cfg.tie_output)
-    if arch == "gpt2":
+    if arch.kind == "lm":
         return tr.GPT2Config(
             vocab_size=cfg.tgt_vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model, n_layer=cfg.n_decoder_layers,
             n_head=cfg.n_head, n_inner=cfg.d_ff, activation_function=act, resid_pdrop=cfg.dropout,
@@ -288,16 +327,10 @@ def hf_config(cfg: ModelConfig, arch: str, ids: dict | None = None):
         attention_dropout=cfg.attn_dropout, activation_dropout=0.0, max_position_embeddings=max(cfg.max_len, 1024),
         scale_embedding=cfg.scale_embedding, decoder_start_token_id=BOS_ID, forced_eos_token_id=None, **common,
     )
-    if arch == "m2m_100":
-        return tr.M2M100Config(**{**seq2seq, **(ids or {})})
-    if arch == "marian":
-        return tr.MarianConfig(decoder_vocab_size=cfg.tgt_vocab_size,
-                               share_encoder_decoder_embeddings=cfg.share_embeddings, **seq2seq)
-    return tr.PegasusConfig(**seq2seq)
+    if not arch.one_table:  # (Marian's: a target vocabulary of its own where the tables are separate)
+        seq2seq.update(decoder_vocab_size=cfg.tgt_vocab_size, share_encoder_decoder_embeddings=cfg.share_embeddings)
+    return getattr(tr, arch.config_class)(**{**seq2seq, **(ids or {})})
 
 
-def _model_class(arch: str):
-    tr = _transformers()
-    return {"marian": tr.MarianMTModel, "pegasus": tr.PegasusForConditionalGeneration,
-            "m2m_100": tr.M2M100ForConditionalGeneration,
-            "gpt2": tr.GPT2LMHeadModel}[arch]
+def _model_class(arch: Arch):
+    return getattr(_transformers(), arch.model_class)

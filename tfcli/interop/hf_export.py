@@ -64,7 +64,7 @@ def to_hf_model(model, cfg: ModelConfig, layout: Layout | None = None):
     tied = {"lm_head.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
     left = [k for k in missing if k not in tied and not any(c in k for c in computed)]
     if left or unexpected:
-        raise TfcliError(f"internal error: the {arch} mapping left {left[:3]} unset and {unexpected[:3]} unknown")
+        raise TfcliError(f"internal error: the {arch.name} mapping left {left[:3]} unset and {unexpected[:3]} unknown")
     return hf
 
 
@@ -93,7 +93,7 @@ def save_hf(model, cfg: ModelConfig, tokenizers: dict[str, Path], out_dir: Path)
     seq2seq = cfg.kind == "seq2seq"
     main = tokenizers["src" if seq2seq else "tgt"]
     layout = None
-    if hf_arch(cfg) == "m2m_100":
+    if hf_arch(cfg).positions == "fairseq":  # (M2M100's: fairseq's vocabulary layout)
         layout = fairseq_layout(model, cfg, vocab_list(json.loads(main.read_text(encoding="utf-8"))))
     hf = to_hf_model(model, cfg, layout)
     if layout is None or layout.ids["decoder_start_token_id"] == 0:  # (not an imported M2M100's layout)

@@ -13,12 +13,11 @@ from tfcli.config import to_dict
 from tfcli.data.languages import LANGUAGE_TOKENS, m2m_language_tokens
 from tfcli.data.vocab import reorder_vocabulary, vocab_list
 from tfcli.errors import TfcliError
-from tfcli.interop.hf import ABSENT_LOGIT, LAYER_NORM_EPS, _linear_bias, _pairs, from_hf_state
+from tfcli.interop.hf import ABSENT_LOGIT, ARCHS, LAYER_NORM_EPS, Arch, _linear_bias, _pairs, from_hf_state
 from tfcli.io import refuse_overwriting_inputs
 from tfcli.model.config import ModelConfig
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
-SUPPORTED = {"marian": "marian", "pegasus": "pegasus", "m2m_100": "m2m_100", "gpt2": "gpt2"}
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "swish": "silu", "silu": "silu"}
 
@@ -58,27 +57,27 @@ def _read_config(hf_dir: Path) -> dict:
     return config
 
 
-# the integer sizes each architecture's config.json must give, and the optional ones
+# the integer sizes each kind's config.json must give, and the optional ones
 _SIZES = {
-    "gpt2": (("n_embd", "n_head", "n_layer", "n_positions", "vocab_size"), ("n_inner",)),
+    "lm": (("n_embd", "n_head", "n_layer", "n_positions", "vocab_size"), ("n_inner",)),
     "seq2seq": (("d_model", "encoder_attention_heads", "decoder_attention_heads", "encoder_layers", "decoder_layers",
                  "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size"), ("decoder_vocab_size", "max_position_embeddings")),
 }
-_RATES = {"gpt2": ("resid_pdrop", "attn_pdrop", "embd_pdrop"), "seq2seq": ("dropout", "attention_dropout")}
+_RATES = {"lm": ("resid_pdrop", "attn_pdrop", "embd_pdrop"), "seq2seq": ("dropout", "attention_dropout")}
 
 
-def _check_config(config: dict, arch: str, hf_dir: Path) -> None:
+def _check_config(config: dict, arch: Arch, hf_dir: Path) -> None:
     """The keys tfcli reads, with the right types and possible values, checked before anything is allocated; an
     error names the key."""
     where = f"{hf_dir / 'config.json'}"
-    kind = "gpt2" if arch == "gpt2" else "seq2seq"
+    kind = arch.kind
     required, optional = _SIZES[kind]
     for key in required + optional:
         value = config.get(key)
         if value is None and key in optional:
             continue
         if key not in config:
-            raise TfcliError(f"{where}: no '{key}', which a {arch} config holds")
+            raise TfcliError(f"{where}: no '{key}', which a {arch.name} config holds")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TfcliError(f"{where}: {key} is {value!r}; expected a positive integer")
     for key in _RATES[kind]:
@@ -88,10 +87,10 @@ def _check_config(config: dict, arch: str, hf_dir: Path) -> None:
     eps = config.get("layer_norm_epsilon", 1e-5)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         raise TfcliError(f"{where}: layer_norm_epsilon is {eps!r}; expected a small positive number")
-    if arch == "m2m_100" and config.get("pad_token_id") != 1:  # (tfcli's "fairseq" table starts at position 2)
+    if arch.positions == "fairseq" and config.get("pad_token_id") != 1:  # (tfcli's table starts at position 2)
         raise TfcliError(f"{where}: pad_token_id is {config.get('pad_token_id')!r}; M2M-100 numbers its positions "
                          "from <pad> + 1, and tfcli's table of them from fairseq's <pad>, 1")
-    d, heads = ("n_embd", "n_head") if kind == "gpt2" else ("d_model", "encoder_attention_heads")
+    d, heads = ("n_embd", "n_head") if kind == "lm" else ("d_model", "encoder_attention_heads")
     if config[d] % config[heads]:
         raise TfcliError(f"{where}: {d} {config[d]} is not divisible by {heads} {config[heads]}")
 
@@ -99,7 +98,7 @@ def _check_config(config: dict, arch: str, hf_dir: Path) -> None:
 _FLOATS = ("F16", "BF16", "F32", "F64")
 
 
-def _weight_headers(hf_dir: Path, arch: str) -> dict[str, tuple[str, tuple[int, ...], Path]]:
+def _weight_headers(hf_dir: Path, arch: Arch) -> dict[str, tuple[str, tuple[int, ...], Path]]:
     """name -> (dtype, shape, file) of every tensor in the safetensors files, from their headers alone; integer or
     boolean tensors are refused (weights are floating point)."""
     from safetensors import safe_open
@@ -108,7 +107,7 @@ def _weight_headers(hf_dir: Path, arch: str) -> dict[str, tuple[str, tuple[int, 
     if not files:
         pickled = [p.name for p in hf_dir.glob("*.bin")]
         hint = (f" ({pickled[0]} is a pickle, which tfcli never loads; write safetensors beside it with transformers: "
-                f"python -c \"import transformers as t; t.AutoModel{'ForCausalLM' if arch == 'gpt2' else 'ForSeq2SeqLM'}"
+                f"python -c \"import transformers as t; t.{arch.auto_class}"
                 f".from_pretrained('{hf_dir}').save_pretrained('{hf_dir}', safe_serialization=True)\")"
                 if pickled else "")
         raise TfcliError(f"{hf_dir}: no model.safetensors{hint}")
@@ -132,11 +131,11 @@ def _layer_count(headers: dict, prefix: str) -> int:
     return len({name[len(prefix):].split(".", 1)[0] for name in headers if name.startswith(prefix)})
 
 
-def _check_sizes(config: dict, arch: str, headers: dict, hf_dir: Path) -> None:
+def _check_sizes(config: dict, arch: Arch, headers: dict, hf_dir: Path) -> None:
     """The config's sizes against the weights' own: layer counts, embedding rows and width. Past this, every size
     the model is built with is one the weights file holds, however large the config claims."""
     where = f"{hf_dir / 'config.json'}"
-    if arch == "gpt2":
+    if arch.kind == "lm":
         layers = {"n_layer": _layer_count(headers, "transformer.h.")}
         embedding, rows, width = "transformer.wte.weight", "vocab_size", "n_embd"
     else:
@@ -146,7 +145,7 @@ def _check_sizes(config: dict, arch: str, headers: dict, hf_dir: Path) -> None:
                          "model.shared.weight")
         rows, width = "vocab_size", "d_model"
     if embedding not in headers:
-        raise TfcliError(f"{hf_dir}: the weights lack {embedding}: not a {arch} model (model_type "
+        raise TfcliError(f"{hf_dir}: the weights lack {embedding}: not a {arch.name} model (model_type "
                          f"'{config.get('model_type')}' in config.json)?")
     for key, found in layers.items():
         if config[key] != found:
@@ -162,7 +161,7 @@ def _check_sizes(config: dict, arch: str, headers: dict, hf_dir: Path) -> None:
 _DERIVED = (".attn.bias", ".attn.masked_bias", "embed_positions.weight", "embed_positions.weights")
 
 
-def _check_weights(headers: dict, cfg: ModelConfig, arch: str, hf_dir: Path) -> None:
+def _check_weights(headers: dict, cfg: ModelConfig, arch: Arch, hf_dir: Path) -> None:
     """Every tensor maps onto the model of the config with its exact shape, and none is left over, checked on
     torch's meta device: nothing is allocated before the weights are known to fit."""
     from tfcli.model.transformer import build_model
@@ -170,7 +169,7 @@ def _check_weights(headers: dict, cfg: ModelConfig, arch: str, hf_dir: Path) -> 
     meta = {name: torch.empty(shape, device="meta") for name, (_, shape, _) in headers.items()}
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}
-        state = from_hf_state(meta, cfg, arch) if arch == "gpt2" else _seq2seq_state(meta, cfg, arch)
+        state = _hf_state(meta, cfg, arch)
     for name, value in state.items():
         if name in expected and tuple(value.shape) != expected[name]:
             raise TfcliError(f"{hf_dir}: a weight for tfcli's {name} has shape {'x'.join(map(str, value.shape))}, "
@@ -184,14 +183,14 @@ def _check_weights(headers: dict, cfg: ModelConfig, arch: str, hf_dir: Path) -> 
     unused = sorted(n for n in headers if n not in used and not n.endswith(_DERIVED))
     if unused:
         more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
-        raise TfcliError(f"{headers[unused[0]][2]}: tensor {unused[0]}{more} is not part of a {arch} model of this "
+        raise TfcliError(f"{headers[unused[0]][2]}: tensor {unused[0]}{more} is not part of a {arch.name} model of this "
                          "config.json; refusing to drop weights")
 
 
-def _arch_of(config: dict, hf_dir: Path) -> str:
+def _arch_of(config: dict, hf_dir: Path) -> Arch:
     kind = config.get("model_type")
-    if kind in SUPPORTED:
-        return SUPPORTED[kind]
+    if kind in ARCHS:
+        return ARCHS[kind]
     if kind is None:
         if config.get("format") == "tfcli-checkpoint":
             what = "is a tfcli checkpoint already (use it as it is: tfcli translate -m DIR)"
@@ -200,20 +199,20 @@ def _arch_of(config: dict, hf_dir: Path) -> str:
         else:
             what = "is not a transformers model directory (its config.json has no model_type)"
         raise TfcliError(f"{hf_dir}: {what}; tfcli import takes a Hugging Face transformers directory "
-                         f"(save_pretrained) of model_type {', '.join(SUPPORTED)}")
+                         f"(save_pretrained) of model_type {', '.join(ARCHS)}")
     raise TfcliError(f"{hf_dir}: model_type '{kind}' cannot be imported; supported: "
-                     f"{', '.join(SUPPORTED)}")
+                     f"{', '.join(ARCHS)}")
 
 
-def model_config_from_hf(config: dict, arch: str, hf_dir: Path) -> ModelConfig:
+def model_config_from_hf(config: dict, arch: Arch, hf_dir: Path) -> ModelConfig:
     """tfcli's ModelConfig for an HF config (vocabulary sizes as HF has them; biases assumed present)."""
     def need(cond: bool, what: str):
         if not cond:
             raise TfcliError(f"{hf_dir}/config.json: {what}, which tfcli models cannot express")
 
-    act = config.get("activation_function", "gelu_new" if arch == "gpt2" else "relu")
+    act = config.get("activation_function", "gelu_new" if arch.kind == "lm" else "relu")
     need(act in _ACTIVATIONS, f"activation_function '{act}'")
-    if arch == "gpt2":
+    if arch.kind == "lm":
         need(config.get("scale_attn_weights", True), "scale_attn_weights false")
         need(not config.get("scale_attn_by_inverse_layer_idx", False), "scale_attn_by_inverse_layer_idx")
         d = config["n_embd"]
@@ -226,15 +225,15 @@ def model_config_from_hf(config: dict, arch: str, hf_dir: Path) -> ModelConfig:
         )
     need(config["encoder_attention_heads"] == config["decoder_attention_heads"], "different encoder/decoder heads")
     need(config["encoder_ffn_dim"] == config["decoder_ffn_dim"], "different encoder/decoder FFN sizes")
-    share = True if arch in ("pegasus", "m2m_100") else config.get("share_encoder_decoder_embeddings", True)
-    need(arch != "m2m_100" or not config.get("layernorm_embedding", False), "layernorm_embedding")
+    share = True if arch.one_table else config.get("share_encoder_decoder_embeddings", True)
+    need(arch.positions != "fairseq" or not config.get("layernorm_embedding", False), "layernorm_embedding")
     src_v = config["vocab_size"]
     return ModelConfig(
         kind="seq2seq", src_vocab_size=src_v, tgt_vocab_size=src_v if share else config.get("decoder_vocab_size") or src_v,
         d_model=config["d_model"], n_head=config["encoder_attention_heads"], n_encoder_layers=config["encoder_layers"],
         n_decoder_layers=config["decoder_layers"], d_ff=config["encoder_ffn_dim"], dropout=config.get("dropout", 0.1),
         attn_dropout=config.get("attention_dropout", 0.0), activation=_ACTIVATIONS[act],
-        norm="post" if arch == "marian" else "pre", positions="fairseq" if arch == "m2m_100" else "sinusoidal",
+        norm=arch.norm, positions=arch.positions,
         max_len=config.get("max_position_embeddings", 1024), scale_embedding=config.get("scale_embedding", False),
         share_embeddings=share, tie_output=config.get("tie_word_embeddings", True), output_bias=True,
         layer_norm_eps=LAYER_NORM_EPS,
@@ -303,7 +302,7 @@ def _m2m_appended(hf_dir: Path, read) -> list[str]:
 
 
 # special role -> the HF config key naming its id (the decoder start is tfcli's <s>)
-def _special_ids(config: dict, tok: dict, arch: str) -> dict[int, int | None]:
+def _special_ids(config: dict, tok: dict, arch: Arch) -> dict[int, int | None]:
     unk = None
     model = tok.get("model", {})
     vocab = vocab_list(tok)
@@ -312,7 +311,7 @@ def _special_ids(config: dict, tok: dict, arch: str) -> dict[int, int | None]:
         unk = model["unk_id"]
     elif unk_token in vocab:
         unk = vocab.index(unk_token)
-    start = config.get("decoder_start_token_id") if arch != "gpt2" else config.get("bos_token_id")
+    start = config.get("decoder_start_token_id") if arch.kind == "seq2seq" else config.get("bos_token_id")
     return {PAD_ID: config.get("pad_token_id"), BOS_ID: start, EOS_ID: config.get("eos_token_id"), UNK_ID: unk}
 
 
@@ -362,7 +361,7 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
     cfg_in = dataclasses.replace(cfg, bias=True)
     _check_weights(headers, cfg_in, arch, hf_dir)  # every tensor used, every shape right, on the meta device
     weights = _read_weights(hf_dir)
-    state = from_hf_state(weights, cfg_in, arch) if arch == "gpt2" else _seq2seq_state(weights, cfg_in, arch)
+    state = _hf_state(weights, cfg_in, arch)
     src, tgt = _tokenizers(hf_dir)
     sides = {"tgt": tgt} if cfg.kind == "lm" else {"src": src, "tgt": tgt}
     for side, (path, data) in sides.items():
@@ -394,7 +393,7 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise TfcliError(f"{hf_dir}: the weights do not fit a {arch} model of its config.json "
+        raise TfcliError(f"{hf_dir}: the weights do not fit a {arch.name} model of its config.json "
                          f"({str(e).strip().splitlines()[-1].strip()})") from None
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -403,13 +402,13 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
             files[side] = Path(tmp) / f"tokenizer.{side}.json"
             files[side].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
             load_tokenizer(files[side])  # tfcli's own check of the specials
-        meta = {"model": to_dict(cfg), "step": 0, "imported_from": {"path": str(hf_dir), "model_type": arch}}
-        if arch == "m2m_100":  # the source's language first in the source, the target's forced first in the output
+        meta = {"model": to_dict(cfg), "step": 0, "imported_from": {"path": str(hf_dir), "model_type": arch.name}}
+        if arch.language_tokens:  # the source's language first in the source, the target's forced first
             meta[LANGUAGE_TOKENS] = m2m_language_tokens(toks["src"])
-        if arch in ("marian", "m2m_100"):  # OPUS-MT, M2M-100 and NLLB learnt from sentence pairs: translate's
-            meta["data"] = {"trained_on": "sentences"}  # --split-sentences auto splits every line of several
+        if arch.on_sentences:  # OPUS-MT, M2M-100 and NLLB: translate's --split-sentences auto splits every line
+            meta["data"] = {"trained_on": "sentences"}  # of several sentences
         checkpoint.save(out, model, meta, files)  # a new directory, or (force) one swapped in whole
-    return {"arch": arch, "kind": cfg.kind, "parameters": sum(p.numel() for p in model.parameters()),
+    return {"arch": arch.name, "kind": cfg.kind, "parameters": sum(p.numel() for p in model.parameters()),
             "vocab": {side: len(o) for side, o in orders.items()}}
 
 
@@ -446,8 +445,10 @@ def _saved_config(saved: dict, derived: ModelConfig, hf_dir: Path) -> ModelConfi
     return cfg
 
 
-def _seq2seq_state(weights: dict, cfg: ModelConfig, arch: str) -> dict:
-    """from_hf_state for Marian/Pegasus, where final_logits_bias is the output bias (zeros if absent)."""
+def _hf_state(weights: dict, cfg: ModelConfig, arch: Arch) -> dict:
+    """from_hf_state; for a translation model, final_logits_bias is the output bias (zeros if absent)."""
+    if arch.kind == "lm":
+        return from_hf_state(weights, cfg, arch)
     if "final_logits_bias" not in weights:
         weights = {**weights, "final_logits_bias": torch.zeros(1, cfg.tgt_vocab_size)}
     if "model.shared.weight" not in weights and cfg.share_embeddings:
