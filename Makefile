@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[test,plot,demo,recipes,interop]"
+	$(PY) -m pip install -q -e ".[test,plot,demo,recipes,interop,glossary]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -29,7 +29,7 @@ from tfcli.errors import ConfigError
 # what each method takes; the rest of TranslateConfig/GenerateConfig belongs to `load` or to the command line
 _TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
               "buffer_size", "check_every", "raw", "sampling", "temperature", "top_k", "top_p", "seed",
-              "split_sentences", "src_lang", "topk", "topp")  # (topk, topp: the old names of top_k, top_p)
+              "split_sentences", "src_lang", "glossary", "topk", "topp")  # (topk, topp: the old names of top_k, top_p)
 _NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
              "repetition_penalty", "seed", "stop", "batch_size", "check_every")
@@ -126,7 +126,9 @@ class Translator:
         sampling=True with temperature, top_k, top_p and seed: one draw a text, keyed by the seed and its index;
         prefixes: one target prefix a text ('' for none), which its translation starts with; avoid: one list of
         target phrases a text ([] for none), none of which its translation holds; constraints: one list of target
-        phrases a text ([] for none), every one of which its translation holds (beam search); tgt_lang: a multilingual
+        phrases a text ([] for none), every one of which its translation holds (beam search); glossary: a TSV/CSV
+        file (or a list of them), or a {source term: target term (or a list of alternatives)} mapping, each source
+        term found in a text making its target term a constraint (tfcli/generate/glossary.py); tgt_lang: a multilingual
         model's target language, one for all texts or a list of one a text; src_lang: the texts' language (what an
         imported M2M-100 or NLLB model needs, and the sentence splitter's rules), also one or one a text."""
         _check_options("translate", options, _TRANSLATE + ("prefixes", "tgt_lang", "avoid", "constraints"))
@@ -157,10 +159,33 @@ class Translator:
             if len(prefixes) != len(texts):
                 raise ConfigError(f"prefixes: {len(prefixes)} for {len(texts)} texts; give one a text ('' for none)")
         langs, src_langs = (_languages(options, name, texts) for name in ("tgt_lang", "src_lang"))
+        glossary = _glossary(options)
         cfg = _configured("translate", lambda: override(TranslateConfig(device=str(self.device), dtype=self.dtype),
                                                         "translate", nbest=n, **options))
         requests = [_request(i, text, prefixes, langs, src_langs, avoid, constraints) for i, text in enumerate(texts)]
-        return [t for _, t in Pipeline(self.loaded, cfg, self.device).translations(requests)]
+        return [t for _, t in Pipeline(self.loaded, cfg, self.device, glossary).translations(requests)]
+
+
+def _glossary(options: dict):
+    """`glossary=`: a file (or a list of files: left in `options`, for the config), or a {source term: target
+    term, or a list of alternative target terms} mapping (taken out, returned as a Glossary)."""
+    from tfcli.generate.glossary import Glossary, Term
+
+    value = options.get("glossary")
+    if isinstance(value, (str, os.PathLike)):
+        options["glossary"] = [str(value)]
+    elif isinstance(value, dict):
+        del options["glossary"]
+        terms = []
+        for source, target in value.items():
+            forms = [target] if isinstance(target, str) else _texts(target, f"glossary[{source!r}]")
+            if not isinstance(source, str) or not forms or not all(forms):
+                raise ConfigError(f"glossary[{source!r}]: a source term maps to a target term or a list of them")
+            terms.append(Term(source, tuple(forms), f"glossary[{source!r}]"))
+        return Glossary(terms)
+    elif value is not None:
+        options["glossary"] = [str(p) for p in value]
+    return None
 
 
 def _request(i: int, text: str, prefixes, langs, src_langs, avoid, constraints) -> Request:

@@ -77,6 +77,12 @@ def translate(
         "none; 'a ||| b': either form): every output holds each of its line's phrases, in any order (beam search "
         "with dynamic beam allocation; a beam of 4 or more).",
     ),
+    glossary: Optional[List[str]] = typer.Option(
+        None, "--glossary", metavar="FILE", rich_help_panel=_DEC,
+        help="A glossary, TSV or CSV (.csv): source term, target term ('a ||| b': either form); repeat for more. "
+        "Each source term found in a line (whole words; any case unless the term has capitals inside; inflected "
+        "forms where simplemma knows --src-lang) makes its target term one of the line's constraints.",
+    ),
     sampling: bool = typer.Option(
         False, "--sampling", rich_help_panel=_SAMPLE,
         help="Draw each translation instead of searching (back-translation): one per line, its random numbers keyed "
@@ -150,6 +156,7 @@ def translate(
     tfcli translate -m run/ --alignment test.de | cut -f2 > test.align       # Pharaoh: 0-0 1-2 2-1 ...
     tfcli translate -m en-de/ mono.en --sampling --top-k 10 --seed 3 -o synthetic.de   # back-translation
     tfcli translate -m run/ test.de --prefix starts.en       # each output continues its line of starts.en
+    tfcli translate -m run/ test.de --glossary terms.tsv     # each term found: its translation in the output
     tfcli translate -m run-a/ -m run-b/ test.de              # an ensemble: the probabilities averaged
     tfcli translate -m multi/ --tgt-lang fr test.de          # a multilingual model (prepare --lang-pairs)
     tfcli translate -m run/ a.de b.de --output-dir hyp/ --suffix .en    -> hyp/a.de.en, hyp/b.de.en
@@ -199,7 +206,7 @@ def translate(
         alignment_layer=alignment_layer, batch_size=batch_size,
         max_tokens=max_tokens, check_every=check_every, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
         threads=threads, encoding_errors=encoding_errors, tgt_lang=tgt_lang, input_format=input_format,
-        split_sentences=split_sentences, src_lang=src_lang,
+        split_sentences=split_sentences, src_lang=src_lang, glossary=glossary or None,
     )
     if output_dir is not None and output is not None:
         fail("-o FILE and --output-dir DIR exclude each other", EXIT_USAGE)

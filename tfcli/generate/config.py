@@ -48,6 +48,9 @@ class TranslateConfig:
     # the input's language, for the sentence splitter's rules (default: generic); an imported M2M-100/NLLB model
     # needs it (its token goes first in every source line)
     src_lang: Optional[str] = None
+    # glossary files (TSV or CSV: source term, target term; tfcli/generate/glossary.py): each source term found in a
+    # line makes its target term one of the line's constraints
+    glossary: list[str] = field(default_factory=list)
     batch_size: int = 64  # sentences per batch, at most
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length
@@ -79,6 +82,8 @@ class TranslateConfig:
             raise ConfigError("translate: --sampling draws one translation a line: no --nbest above 1")
         if self.alignment_layer < 0:
             raise ConfigError("translate: --alignment-layer must be 1 or more (0: the penultimate layer)")
+        if self.glossary and self.sampling:
+            raise ConfigError("translate: --glossary makes constraints, which need beam search, not --sampling")
 
     @property
     def tabular(self) -> bool:

@@ -177,9 +177,12 @@ def with_side_file(items: Iterable, field_name: str, lines: list[str], path: str
 class Translation:
     """One translation of a line: its text, its score (sum of token log-probs / ((5 + |Y|) / 6)^len_penalty, as
     `tfcli translate --nbest` prints it; a line translated sentence by sentence: the sentences' sum), with
-    `scores` each token's log p (and </s>'s), with `alignment` its (source word, target word) pairs."""
+    `scores` each token's log p (and </s>'s), with `alignment` its (source word, target word) pairs; where the
+    line has constraints (its own, a glossary's), `constraints`: each one (by its first form) and whether this
+    translation holds it."""
 
     text: str
     score: float | None
     token_scores: list[float] | None = None
     alignment: list[tuple[int, int]] | None = None
+    constraints: list[tuple[str, bool]] | None = None

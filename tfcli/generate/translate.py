@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -28,6 +28,7 @@ from tfcli.generate.config import TranslateConfig
 from tfcli.console import Progress, info, verbose_enabled, warn
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load_ensemble
+from tfcli.generate.glossary import Glossary
 from tfcli.generate.alignment import default_layer, pharaoh, token_alignments, word_alignment
 from tfcli.generate.request import SIDE_FILES, Request, Translation, jsonl_requests, requests, with_side_file
 from tfcli.generate.search import Hypothesis, Rows, SearchOptions, search
@@ -52,6 +53,22 @@ def _windows(seq: list[int], room: int, starts: set[int] | None, clause_ends: se
         start = cut
     out.append(seq[start:])
     return out
+
+
+def _starts(text: str, sentences: list[str]) -> list[int]:
+    """Where each of `text`'s sentences (in order, as the splitter gave them) starts in it."""
+    out, pos = [], 0
+    for s in sentences:
+        at = text.find(s, pos)
+        out.append(at if at >= 0 else pos)
+        pos = out[-1] + len(s) if at >= 0 else pos
+    return out
+
+
+def _holds(tokens: list[int], phrase: list[int]) -> bool:
+    """Whether `phrase` appears in `tokens`, its tokens in a row."""
+    n = len(phrase)
+    return any(tokens[i : i + n] == phrase for i in range(len(tokens) - n + 1))
 
 
 def _unspaced(c: str) -> bool:
@@ -87,7 +104,9 @@ class _Line:
     forced: list[int]
     prefix: list[int]
     avoid: list
-    must: list
+    must: list  # its own constraints (the request's), with their texts in `must_text`
+    must_text: list[str] = field(default_factory=list)
+    terms: list = field(default_factory=list)  # the glossary's matches: (match, constraint ids)
     first: int = 0  # its first unit's index in the chunk's units
     n: int = 0  # and how many
 
@@ -100,6 +119,8 @@ class _Unit:
     line: _Line
     part: int
     src: list[int]
+    must: list = field(default_factory=list)  # its constraints as target ids, and their texts (each's first form)
+    must_text: list[str] = field(default_factory=list)
 
     @property
     def target(self) -> list[int]:
@@ -111,8 +132,9 @@ class Pipeline:
     """A loaded model with its tokenizers and settings; turns Requests into translations, one line at a time, in
     the stages docs/architecture.md lists: encode -> split -> search -> join -> format."""
 
-    def __init__(self, loaded: Loaded, cfg: TranslateConfig, device: torch.device):
+    def __init__(self, loaded: Loaded, cfg: TranslateConfig, device: torch.device, glossary: Glossary | None = None):
         self.steps, self.src_tok, self.tgt_tok = loaded.steps, loaded.src_tok, loaded.tgt_tok
+        self.glossary = glossary if glossary is not None else Glossary.load(cfg.glossary) if cfg.glossary else None
         self.cfg, self.device = cfg, device
         self.options = SearchOptions.from_config(cfg)
         self.max_len = self.steps.cfg.max_len
@@ -136,6 +158,7 @@ class Pipeline:
         self._cuts = None  # the source pieces that start a word, and those that end a clause (made when needed)
         self.index = 0  # 0-based index of the next input line, across chunks and files
         self.decoded = self.empty = 0  # lines decoded, and of those the ones whose best output is empty
+        self.constrained = self.unmet = 0  # lines with constraints, and of those the ones whose best output misses one
 
     def describe(self) -> str:
         """The decoding plan, one line (what --verbose prints): search, precision and the step's backends."""
@@ -171,6 +194,9 @@ class Pipeline:
         if chunk:
             yield from self._chunk(chunk)
         self._check_empty()
+        if self.unmet:
+            warn(f"{self.unmet} of {self.constrained} line(s) with constraints miss at least one (named above)")
+            self.unmet = 0
 
     def _check_empty(self) -> None:
         """A weak model's search may end every hypothesis at </s> at once: empty lines, and no word said. Say so,
@@ -193,7 +219,7 @@ class Pipeline:
         units: list[_Unit] = []
         for line in filter(None, lines):
             line.first = len(units)
-            units += [_Unit(line, p, src) for p, src in enumerate(self._split(line))]
+            units += [_Unit(line, p, *unit) for p, unit in enumerate(self._split(line))]
             line.n = len(units) - line.first
         done = 0
         for finished in self._search_units(units):
@@ -210,7 +236,8 @@ class Pipeline:
     # --- encode: a request's text, languages and phrases as ids ----------------------------------------------
 
     def _encode(self, chunk: list[Request], first: int) -> list[_Line | None]:
-        """Each request as a _Line (None for an empty one), every field that needs the model checked here."""
+        """Each request as a _Line (None for an empty one), every field that needs the model checked here; the
+        glossary's terms found in its text (`_terms`) as constraints of their own."""
         avoids = [self._phrases(req, req.avoid, "to avoid") for req in chunk]
         musts = [self._phrases(req, req.constraints, "to hold") for req in chunk]
         todo = [i for i, req in enumerate(chunk) if not req.empty]
@@ -224,22 +251,46 @@ class Pipeline:
             tgt_lang = req.tgt_lang if req.tgt_lang is not None else self.cfg.tgt_lang
             lead = self.languages.lead(req.src_lang or self.cfg.src_lang, tgt_lang, req.where)
             forced = self.languages.forced(tgt_lang, req.where)
-            line = lines[i] = _Line(req, first + i, ids[k], lead, forced, prefixes[k], avoids[i], musts[i])
-            if line.must:  # (a line's constraints go with its first unit, as its prefix does)
-                need = sum(len(c) if isinstance(c[0], int) else min(map(len, c)) for c in line.must)
-                need += len(forced) + len(line.prefix)
-                if need >= self.max_len:
-                    raise InputError(req.name, req.lineno, f"its constraints and prefix are {need} target tokens, "
-                                     f"and the model's outputs hold at most {self.max_len - 1}")
+            texts = [c if isinstance(c, str) else c[0] for c in req.constraints]
+            line = lines[i] = _Line(req, first + i, ids[k], lead, forced, prefixes[k], avoids[i], musts[i], texts)
+            line.terms = self._terms(req)
+            self._check_conflicts(line)
         return lines
 
+    def _terms(self, req: Request) -> list:
+        """The glossary stage: the glossary's terms in the request's text (tfcli.generate.glossary), each with its
+        target forms as a constraint's token ids."""
+        if self.glossary is None or not req.text.strip():
+            return []
+        matches = self.glossary.find(req.text, req.src_lang or self.src_lang)
+        if matches and self.cfg.sampling:
+            raise InputError(req.name, req.lineno, "glossary terms need beam search, not --sampling")
+        return [(m, self._phrases(req, (m.term.constraint,), f"of the glossary ({m.term.where})")[0])
+                for m in matches]
+
+    def _check_conflicts(self, line: _Line) -> None:
+        """A phrase to hold (the request's, or a glossary term's) that is, or holds, one of the line's phrases to
+        avoid can never be output: a one-line error naming the line and both phrases."""
+        if not line.avoid:
+            return
+        req = line.request
+        held = [(text, c) for text, c in zip(line.must_text, line.must)]
+        held += [(m.term.targets[0], c) for m, c in line.terms]
+        avoided = list(zip(req.avoid, line.avoid))
+        for text, c in held:
+            forms = [c] if isinstance(c[0], int) else c
+            for a_text, a in avoided:
+                if any(_holds(f, a) for f in forms):
+                    raise InputError(req.name, req.lineno, f"the phrase to hold {text!r} holds the phrase to avoid "
+                                     f"{a_text!r}: no translation can have both; drop one of them")
+
     def _phrases(self, req: Request, phrases: tuple, what: str) -> list:
-        """A request's phrases (to avoid or to hold; a tuple of texts is a set of alternatives) as target token
-        lists (a set: a list of them); a phrase with no token, or one to hold that the tokenizer reads with
-        <unk>, is an InputError naming the line."""
+        """A request's phrases (to avoid, to hold, or of the glossary; a tuple of texts is a set of alternatives) as
+        target token lists (a set: a list of them); a phrase with no token, or one to hold that the tokenizer reads
+        with <unk>, is an InputError naming the line."""
         forms = [p for c in phrases for p in ([c] if isinstance(c, str) else c)]
         ids = dict(zip(forms, encode_batch(self.tgt_tok, forms))) if forms else {}
-        hold = what == "to hold"
+        hold = what != "to avoid"
         for phrase, toks in ids.items():
             if not toks:
                 raise InputError(req.name, req.lineno, f"the phrase {what} {phrase!r} has no target tokens")
@@ -252,35 +303,69 @@ class Pipeline:
 
     # --- split: a line as the sources it is translated as -----------------------------------------------------
 
-    def _split(self, line: _Line) -> list[list[int]]:
-        """The sources a line is translated as, each ending in </s>, the language token first where there is one:
-        the line itself; its sentences, where `split_sentences` says (auto: a line longer than 99% of the training
-        sources or than the model takes, or any line for a model known to be trained on sentences; never a line
-        with constraints that fits max_len); and any source longer than the model's max_len in windows of as many
-        tokens as it takes (`_windows`: cut between words), with a warning naming the line (never cut)."""
+    def _split(self, line: _Line) -> list[tuple[list[int], list, list[str]]]:
+        """The units a line is translated as, each (source ids ending in </s>, the language token first where there
+        is one; its constraints as ids; their texts): the line itself; its sentences, where `split_sentences` says
+        (auto: a line longer than 99% of the training sources or than the model takes, or any line for a model known
+        to be trained on sentences; never a line with constraints of its own that fits max_len); and any source
+        longer than the model's max_len in windows of as many tokens as it takes (`_windows`: cut between words),
+        with a warning naming the line (never cut). A glossary term goes with the unit its source words are in; the
+        request's own constraints with the first."""
         req, ids, lead = line.request, line.ids, line.lead
         room = self.max_len - 1 - (lead is not None)  # tokens a source may have besides </s> and the tag
         mode = self.cfg.split_sentences
-        pieces = [ids]
+        pieces = [(ids, 0, req.text)]  # (ids, where in the line it starts, its text)
         if line.must and len(ids) <= room:
             mode = "never"
         if mode == "always" or mode == "auto" and (len(ids) > room or self.on_sentences or self.trained_len is not None
                                                   and len(ids) + 1 > self.trained_len):
             sentences = self._sentences(req.text, req.src_lang or self.src_lang)
             if len(sentences) > 1:
-                pieces = encode_batch(self.src_tok, sentences)
-        out = []
-        for seq in pieces:
+                pieces = list(zip(encode_batch(self.src_tok, sentences), _starts(req.text, sentences), sentences))
+        windows, starts = [], []  # every unit's ids, and where in the line it starts
+        for seq, start, text in pieces:
             if len(seq) > room:
                 warn(f"{req.where}: a sentence of {len(seq)} tokens, longer than the model's max_len "
                      f"({self.max_len}); translating it in windows of up to {room} tokens, cut between words")
                 if self._cuts is None:
                     self._cuts = (word_start_ids(self.src_tok), clause_end_ids(self.src_tok))
-                windows = _windows(seq, room, *self._cuts)
+                cut = _windows(seq, room, *self._cuts)
+                windows += cut
+                starts += self._char_cuts(text, seq, cut, start) if line.terms else [start] * len(cut)
             else:
-                windows = [seq]
-            out += [source_ids([lead, *w] if lead is not None else w, self.max_len) for w in windows]
-        return out
+                windows.append(seq)
+                starts.append(start)
+        terms = [[] for _ in windows]
+        for m, c in line.terms:  # (each with the last unit that starts at or before it)
+            terms[max(j for j, at in enumerate(starts) if at <= m.start or j == 0)].append((m, c))
+        return [self._unit(line, w, j == 0, terms[j]) for j, w in enumerate(windows)]
+
+    def _char_cuts(self, text: str, seq: list[int], windows: list[list[int]], start: int) -> list[int]:
+        """Where in the line each window of `seq` (`text`'s ids, `text` starting at `start`) starts, by the
+        tokenizer's offsets (the first window's start where they do not line up with the ids)."""
+        enc = self.src_tok.encode(text, add_special_tokens=False)
+        if enc.ids != seq:
+            return [start] * len(windows)
+        firsts = [sum(len(w) for w in windows[:j]) for j in range(len(windows))]
+        return [start + enc.offsets[t][0] if t < len(enc.offsets) else start + len(text) for t in firsts]
+
+    def _unit(self, line: _Line, window: list[int], first: bool, terms: list) -> tuple[list[int], list, list[str]]:
+        """A unit's source ids, constraints and their texts (the request's own with the first unit, then its
+        glossary terms, each phrase once); checked to fit the model's outputs."""
+        must, texts = (list(line.must), list(line.must_text)) if first else ([], [])
+        for m, c in terms:
+            if c not in must:
+                must.append(c)
+                texts.append(m.term.targets[0])
+        if must:
+            need = sum(len(c) if isinstance(c[0], int) else min(map(len, c)) for c in must)
+            need += len(line.forced) + (len(line.prefix) if first else 0)
+            if need >= self.max_len:
+                req = line.request
+                raise InputError(req.name, req.lineno, f"its constraints and prefix are {need} target tokens, "
+                                 f"and the model's outputs hold at most {self.max_len - 1}")
+        src = source_ids([line.lead, *window] if line.lead is not None else window, self.max_len)
+        return src, must, texts
 
     def _sentences(self, text: str, lang: str | None) -> list[str]:
         """`text`'s sentences (tfcli.data.sentences) by the rules of `lang` (None: generic ones)."""
@@ -317,7 +402,7 @@ class Pipeline:
         batch = [u.src for u in units]
         src = pad(batch, length=min(width, self.max_len) if width else None).to(self.device)
         rows = Rows.build(self.device, self.max_len, [u.target for u in units], [u.line.avoid for u in units],
-                          [u.line.must if u.part == 0 else [] for u in units],
+                          [u.must for u in units],
                           [u.line.index + (u.part << 40) for u in units] if self.options.sampling else None)
         with self.precision:
             hyps = search(self.steps, src, self.options, rows, slots, self.continuing)
@@ -372,10 +457,30 @@ class Pipeline:
             if all(h.alignment is not None for h in hs):
                 alignment = self._joined_alignment(hs, pieces, units) if len(hs) > 1 else hs[0].alignment
             # one line out per line in, whatever the detokeniser makes
-            out.append(Translation(text.replace("\r", " ").replace("\n", " "), score, token_scores, alignment))
+            out.append(Translation(text.replace("\r", " ").replace("\n", " "), score, token_scores, alignment,
+                                   self._held(hs, units)))
         self.decoded += 1
         self.empty += not any(h.tokens for h in ranks[0]) and not line.request.prefix
+        if out[0].constraints is not None:
+            self._check_held(line, out[0].constraints)
         return out
+
+    @staticmethod
+    def _held(hs: list[Hypothesis], units: list[_Unit]) -> list[tuple[str, bool]] | None:
+        """Each constraint of the units (by its text) and whether their hypotheses `hs` hold it; None: none."""
+        held = [(text, any(_holds(h.tokens, f) for f in ([c] if isinstance(c[0], int) else c)))
+                for h, u in zip(hs, units) for text, c in zip(u.must_text, u.must)]
+        return held or None
+
+    def _check_held(self, line: _Line, held: list[tuple[str, bool]]) -> None:
+        """Never silent: a best translation that misses a constraint (the search reached its length limit first)
+        is a warning naming the line and the phrase; the run ends with their count."""
+        self.constrained += 1
+        missed = [text for text, ok in held if not ok]
+        if missed:
+            self.unmet += 1
+            warn(f"{line.request.where}: the translation misses the constraint(s) {', '.join(map(repr, missed))} "
+                 "(the length limit came first; a larger --max-len-a/--max-len-b gives room)")
 
     def _texts(self, hyps: list[Hypothesis]) -> list[str]:
         """Each hypothesis as text: detokenised (or subword tokens with `raw`)."""
@@ -491,7 +596,7 @@ def translate(
         ([p], str(out)) for p, out in zip(inputs, output_paths(inputs, output_dir, suffix))
     ]
     checkpoints = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
-    side_files = [f for f in (prefix_file, avoid_file, constraint_file) if f]
+    side_files = [f for f in (prefix_file, avoid_file, constraint_file) if f] + list(cfg.glossary)
     sources = inputs + [p for c in checkpoints for p in input_paths(c)] + side_files
     refuse_overwriting_inputs([out or "-" for _, out in jobs], sources, hint)
     side = [(field, path, _side_lines(field, path, inputs, cfg, output_dir)) for field, path in (
