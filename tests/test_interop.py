@@ -513,6 +513,9 @@ def test_import_checks_the_config_and_the_weights_before_allocating_or_writing(h
          "has shape"),
         (marian, dict(config=_set(encoder_ffn_dim=0)), "encoder_ffn_dim is 0"),
         (marian, dict(config=_set(decoder_layers=7)), "decoder_layers is 7, but the weights hold"),
+        (marian, dict(config=_set(scale_embedding="yes")), "scale_embedding is 'yes'; expected true or false"),
+        (gpt2, dict(config=_set(tie_word_embeddings=1)), "tie_word_embeddings is 1; expected true or false"),
+        (marian, dict(config=_set(activation_function=3)), "activation_function is 3; expected a name"),
     ]
     for source, change, message in cases:
         d = _broken(source, tmp_path, **change)

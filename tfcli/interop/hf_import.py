@@ -63,6 +63,8 @@ _SIZES = {
     "seq2seq": (("d_model", "encoder_attention_heads", "decoder_attention_heads", "encoder_layers", "decoder_layers",
                  "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size"), ("decoder_vocab_size", "max_position_embeddings")),
 }
+_FLAGS = ("scale_embedding", "tie_word_embeddings", "share_encoder_decoder_embeddings", "layernorm_embedding",
+          "scale_attn_weights", "scale_attn_by_inverse_layer_idx")  # the true/false keys tfcli reads
 _RATES = {"lm": ("resid_pdrop", "attn_pdrop", "embd_pdrop"), "seq2seq": ("dropout", "attention_dropout")}
 
 
@@ -84,6 +86,11 @@ def _check_config(config: dict, arch: Arch, hf_dir: Path) -> None:
         value = config.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise TfcliError(f"{where}: {key} is {value!r}; expected a probability in [0, 1)")
+    for key in _FLAGS:
+        if key in config and config[key] is not None and not isinstance(config[key], bool):
+            raise TfcliError(f"{where}: {key} is {config[key]!r}; expected true or false")
+    if not isinstance(config.get("activation_function", ""), str):
+        raise TfcliError(f"{where}: activation_function is {config['activation_function']!r}; expected a name")
     eps = config.get("layer_norm_epsilon", 1e-5)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         raise TfcliError(f"{where}: layer_norm_epsilon is {eps!r}; expected a small positive number")
