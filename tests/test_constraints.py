@@ -14,7 +14,9 @@ import tfcli
 from helpers import WORDS, holds, random_translator, save_model, save_word_tokenizer
 from reference_search import reference_constrained_beam_search
 from tfcli.errors import ConfigError, InputError
-from tfcli.generate.search import UNMET_PENALTY, advanced, beam_search, constraint_tensor
+from tfcli.generate.search import (
+    UNMET_PENALTY, advanced, beam_search, constraint_state, constraint_tensor, has_alternatives,
+)
 from tfcli.generate.step import StepModel
 from tfcli.specials import EOS_ID, PAD_ID
 
@@ -40,6 +42,21 @@ def test_a_phrase_advances_starts_again_and_stays_met():
     done = torch.tensor([[[3, 1]], [[2, 0]]])
     assert advanced(con[:, None], done, torch.tensor([[8], [8]])).tolist() == [[[3, 1]], [[2, 0]]]  # met for good
     assert constraint_tensor([[], []], "cpu") is None
+
+
+def test_the_state_without_alternatives_is_the_general_one():
+    """constraint_state's shortcut for rows of plain phrases (no (C, C) pairing of forms) gives exactly the general
+    computation's values, at every progress; has_alternatives tells the two kinds of batch apart."""
+    rng = random.Random(5)
+    rows = [[[rng.randrange(4, 20) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(0, 4))]
+            for _ in range(9)]
+    con = constraint_tensor(rows, "cpu")
+    assert not has_alternatives(con) and has_alternatives(constraint_tensor([[[[5], [6]]], [[7]]], "cpu"))
+    lens = (con[..., 1:] >= 0).sum(-1)
+    for _ in range(20):
+        prog = (torch.rand(con.shape[:2]) * (lens + 1)).long()
+        general, plain = constraint_state(con, prog), constraint_state(con, prog, alternatives=False)
+        assert all(torch.equal(general[k], plain[k]) for k in general)
 
 
 def _sources(n: int, seed: int, V: int):

@@ -144,10 +144,17 @@ def test_a_phrase_both_held_and_avoided_is_an_error_naming_the_line(copier, tmp_
         c.translate(["cat"], constraints=[[["egg fish", "moon"]]], avoid=[["fish"]])
     with pytest.raises(InputError, match=r"<text>:1: the phrase to hold 'moon' holds the phrase to avoid 'moon'"):
         c.translate(["cat dog"], glossary={"dog": "moon"}, avoid=[["moon"]])
-    with pytest.raises(InputError, match=r"the phrase of the glossary \(glossary\['dog'\]\) 'zebra' has a piece"):
-        c.translate(["cat dog"], glossary={"dog": "zebra"})
     assert c.translate(["cat dog"], glossary={"dog": "moon"}, avoid=[["sun"]]) == c.translate(
         ["cat dog"], constraints=[["moon"]], avoid=[["sun"]])
+
+
+def test_a_term_the_vocabulary_cannot_spell_is_said_once_and_left_out(copier, capsys):
+    c = tfcli.load(copier)
+    got = c.translate_nbest(["cat dog", "dog egg", "fish"], glossary={"dog": "zebra", "fish": "moon"}, n=1)
+    assert [hs[0].text for hs in got[:2]] == c.translate(["cat dog", "dog egg"]) and holds(got[2][0].text, "moon")
+    err = capsys.readouterr().err
+    assert err.count("the glossary's term 'zebra' (glossary['dog']) has a piece the target vocabulary lacks") == 1
+    assert "<text>:1:" in err and got[0][0].constraints is None
 
 
 def test_a_missed_constraint_is_a_warning_naming_the_line_and_the_run_counts_them(copier, tmp_path, monkeypatch,

@@ -221,12 +221,17 @@ def advanced(con: torch.Tensor, prog: torch.Tensor, tok: torch.Tensor) -> torch.
     return torch.where(prog >= lens, prog, torch.where(nxt == t, prog + 1, again))
 
 
-def constraint_state(con: torch.Tensor, prog: torch.Tensor) -> dict[str, torch.Tensor]:
+def constraint_state(con: torch.Tensor, prog: torch.Tensor, alternatives: bool = True) -> dict[str, torch.Tensor]:
     """What progress `prog` (..., C) in the phrases `con` (..., C, 1 + L) comes to: `open` (..., C), whether the
     constraint a phrase is a form of is still unmet; `missing` (...), the tokens of the unmet constraints (each by
     its shortest form); `bank`, the tokens of the met constraints (each by the form met) and the longest partial
-    match of an open phrase (one phrase at a time: a token that starts two phrases is one step, not two)."""
+    match of an open phrase (one phrase at a time: a token that starts two phrases is one step, not two).
+    Without `alternatives` (every phrase a constraint of its own: `has_alternatives` false) the same values
+    without the (C, C) pairing of forms."""
     lens = (con[..., 1:] >= 0).sum(-1)
+    if not alternatives:
+        met = prog >= lens
+        return dict(open=~met, missing=(lens * ~met).sum(-1), bank=(lens * met).sum(-1) + (prog * ~met).amax(-1))
     group = con[..., 0]
     same = group[..., :, None] == group[..., None, :]  # (..., C, C)
     C = group.size(-1)
@@ -237,6 +242,12 @@ def constraint_state(con: torch.Tensor, prog: torch.Tensor) -> dict[str, torch.T
     shortest = torch.where(same, lens[..., None, :], lens.new_tensor(1 << 30)).amin(-1)
     whole = (credit * first).sum(-1)
     return dict(open=~done, missing=(shortest * first * ~done).sum(-1), bank=whole + (prog * ~done).amax(-1))
+
+
+def has_alternatives(con: torch.Tensor) -> bool:
+    """Whether any row of `con` (`constraint_tensor`) holds a set of alternatives (two phrases of one constraint)."""
+    group = con[..., 0]
+    return bool(((group[..., :, None] == group[..., None, :]).sum((-1, -2)) > group.size(-1)).any())
 
 
 def _forced_at(prefix: torch.Tensor | None, at, beams: int) -> torch.Tensor | None:
@@ -576,6 +587,7 @@ class _Beam(_SourceSearch):
                  avoid=None, constraints=None, continuing=None):
         super().__init__(sm, decoder, sched, src, max_len, prefix, K, avoid, constraints)
         self.continuing = continuing
+        self.alternatives = constraints is not None and has_alternatives(constraints)  # (one read, at the start)
         B, n, device = src.size(0), sched.item.numel(), src.device
         self.K, self.nbest, self.len_penalty, self.min_len = K, nbest, len_penalty, min_len
         self.fin_score = torch.full((B, K), float("-inf"), device=device)
@@ -703,7 +715,7 @@ class _Beam(_SourceSearch):
         n, K, k = cand_scores.size(0), self.K, self.k
         con = self.cn[:, None].expand(-1, cand_tok.size(1), -1, -1)
         cand_prog = advanced(con, self.prog[cand_row], cand_tok)  # (n, k * W, C)
-        state = constraint_state(con, cand_prog)
+        state = constraint_state(con, cand_prog, self.alternatives)
         pick = self._by_banks(cand_scores, is_eos, state["bank"])
         C = cand_prog.size(-1)
         each = pick[..., None].expand(n, K, C)
@@ -720,7 +732,7 @@ class _Beam(_SourceSearch):
         K, k = self.K, self.k
         n, C, L1 = self.cn.shape
         con = self.cn[:, None].expand(n, k, C, L1).reshape(n * k, C, L1) if k > 1 else self.cn
-        unmet = self.open = constraint_state(con, self.prog)["open"]  # (R, C): the phrases of constraints not met
+        unmet = self.open = constraint_state(con, self.prog, self.alternatives)["open"]  # (R, C): phrases not met
         phrase = con[..., 1:]
         nxt = phrase.gather(-1, self.prog.clamp(max=L1 - 2).unsqueeze(-1)).squeeze(-1).clamp(min=0)  # (R, C)
         pieces = (self.fresh, self.continuing) if self.continuing is not None else None

@@ -159,6 +159,7 @@ class Pipeline:
         self.index = 0  # 0-based index of the next input line, across chunks and files
         self.decoded = self.empty = 0  # lines decoded, and of those the ones whose best output is empty
         self.constrained = self.unmet = 0  # lines with constraints, and of those the ones whose best output misses one
+        self.unspellable: set = set()  # the glossary's terms the target vocabulary cannot spell (said once each)
 
     def describe(self) -> str:
         """The decoding plan, one line (what --verbose prints): search, precision and the step's backends."""
@@ -265,8 +266,16 @@ class Pipeline:
         matches = self.glossary.find(req.text, req.src_lang or self.src_lang)
         if matches and self.cfg.sampling:
             raise InputError(req.name, req.lineno, "glossary terms need beam search, not --sampling")
-        return [(m, self._phrases(req, (m.term.constraint,), f"of the glossary ({m.term.where})")[0])
-                for m in matches]
+        out = []
+        for m in matches:
+            forms = encode_batch(self.tgt_tok, list(m.term.targets))
+            if all(f and UNK_ID not in f for f in forms):
+                out.append((m, forms[0] if len(forms) == 1 else forms))
+            elif m.term not in self.unspellable:  # (one term of a large glossary does not stop a file)
+                self.unspellable.add(m.term)
+                warn(f"{req.where}: the glossary's term {m.term.targets[0]!r} ({m.term.where}) has a piece the "
+                     "target vocabulary lacks (<unk>): lines holding its source term are translated without it")
+        return out
 
     def _check_conflicts(self, line: _Line) -> None:
         """A phrase to hold (the request's, or a glossary term's) that is, or holds, one of the line's phrases to
