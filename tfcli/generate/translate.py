@@ -197,7 +197,7 @@ class Pipeline:
         self._check_empty()
         if self.unmet:
             warn(f"{self.unmet} of {self.constrained} line(s) with constraints miss at least one (named above)")
-            self.unmet = 0
+        self.unmet = self.constrained = 0  # (counted again for the next file or part)
 
     def _check_empty(self) -> None:
         """A weak model's search may end every hypothesis at </s> at once: empty lines, and no word said. Say so,
