@@ -629,7 +629,7 @@ class Trainer:
             n = len(data) if not cfg.bleu_max_sentences else min(len(data), cfg.bleu_max_sentences)
             bleu = greedy_bleu(
                 self.raw, data, self.prepared, split, n, cfg.max_tokens, cfg.max_sentences, self.max_len,
-                self.device, self.autocast,
+                self.device, self.autocast, pack=self.precision == "fp32",
             ) if self.main else 0.0
             metrics["bleu"] = distributed.all_reduce_sum([bleu], self.dist, self.device)[0]
         return metrics

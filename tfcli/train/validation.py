@@ -25,22 +25,26 @@ def valid_loss(objective, data, dist, device, autocast) -> dict:
 
 @torch.inference_mode()
 def greedy_bleu(model, data, prepared, split: str, n: int, max_tokens: int, max_sentences: int, max_len: int,
-                device, autocast) -> float:
-    """Greedy-decode the first `n` valid sources as `tfcli translate --greedy` would; sacreBLEU (default
-    signature) against the cleaned references (or, where prepare kept no text, the detokenised reference ids)."""
+                device, autocast, pack: bool = False) -> float:
+    """Greedy-decode the first `n` valid sources as `tfcli translate --greedy` would (its length rule, and in fp32
+    the same packed step: the same kernels, so the same tokens); sacreBLEU (default signature) against the cleaned
+    references (or, where prepare kept no text, the detokenised reference ids). `pack`: fp32 weights (no
+    autocast), packed as translate packs them."""
     import sacrebleu
     from tokenizers import Tokenizer
 
+    from tfcli.generate.config import TranslateConfig
     from tfcli.generate.search import greedy_search
     from tfcli.generate.step import StepModel
     from tfcli.io import read_lines
 
     hyps: list[list[int]] = [[] for _ in range(n)]
-    steps = StepModel(model)  # its key/value memory is reused from batch to batch, and dropped after
+    steps = StepModel(model, pack=pack)  # its key/value memory is reused from batch to batch, and dropped after
+    rule = TranslateConfig()
     for idx in token_batches(data.src_len[:n], max_tokens, max_sentences or None):
         src = pad([source_ids(data.src[i], max_len) for i in idx]).to(device)
         with autocast():
-            for i, out in zip(idx, greedy_search(steps, src)):
+            for i, out in zip(idx, greedy_search(steps, src, rule.max_len_a, rule.max_len_b)):
                 hyps[i] = out
     tok = Tokenizer.from_file(str(prepared.tokenizer_file("tgt")))
     hyp_text = tok.decode_batch(hyps, skip_special_tokens=True)
