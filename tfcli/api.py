@@ -128,9 +128,10 @@ class Translator:
         target phrases a text ([] for none), none of which its translation holds; constraints: one list of target
         phrases a text ([] for none), every one of which its translation holds (beam search); glossary: a TSV/CSV
         file (or a list of them), or a {source term: target term (or a list of alternatives)} mapping, each source
-        term found in a text making its target term a constraint (tfcli/generate/glossary.py); tgt_lang: a multilingual
-        model's target language, one for all texts or a list of one a text; src_lang: the texts' language (what an
-        imported M2M-100 or NLLB model needs, and the sentence splitter's rules), also one or one a text."""
+        term found in a text making its target term a constraint (tfcli/generate/glossary.py); tgt_lang: a
+        multilingual model's target language, one for all texts or a list of one a text; src_lang: the texts'
+        language (what an imported M2M-100 or NLLB model needs, and the sentence splitter's rules), also one or one
+        a text."""
         _check_options("translate", options, _TRANSLATE + ("prefixes", "tgt_lang", "avoid", "constraints"))
         return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), None, options)]
 

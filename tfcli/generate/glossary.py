@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfcli.errors import InputError, TfcliError
-from tfcli.generate.request import ALTERNATIVES
+from tfcli.generate.request import forms
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _WORD = re.compile(rf"[{_CJK}]|(?:(?![{_CJK}])\w)+|[^\w\s]")
@@ -163,7 +163,7 @@ def _read(path: Path) -> list[Term]:
         source, target = fields
         if not words(source):
             raise InputError(path, lineno, f"the source term {source!r} has no word")
-        forms = tuple(f.strip() for f in target.split(ALTERNATIVES.strip()) if f.strip()) if ALTERNATIVES in target \
-            else (target,)
-        out.append(Term(source, forms, f"{path}:{lineno}"))
+        if not forms(target):
+            raise InputError(path, lineno, f"the target term {target!r} has no form between its ' ||| '")
+        out.append(Term(source, forms(target), f"{path}:{lineno}"))
     return out

@@ -139,13 +139,16 @@ def _tab_phrases(line: str) -> tuple[str, ...]:
     return tuple(p for p in line.split("\t") if p.strip())
 
 
+def forms(text: str) -> tuple[str, ...]:
+    """The forms of a phrase written as forms joined by ALTERNATIVES (any one will do), or the phrase alone."""
+    if ALTERNATIVES not in text:
+        return (text,)
+    return tuple(f.strip() for f in text.split(ALTERNATIVES.strip()) if f.strip())
+
+
 def _tab_constraints(line: str) -> tuple:
     """A --constraints FILE line: tab-separated phrases, each maybe forms joined by ALTERNATIVES."""
-    def constraint(phrase: str):
-        forms = [f.strip() for f in phrase.split(ALTERNATIVES.strip())] if ALTERNATIVES in phrase else None
-        return tuple(f for f in forms if f) if forms else phrase
-
-    return tuple(constraint(p) for p in _tab_phrases(line))
+    return tuple(forms(p) if ALTERNATIVES in p else p for p in _tab_phrases(line))
 
 
 # per side file: the Request field it fills, how a line of it reads, and what its lines are called in errors

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tfcli.data.batching import pad
 from tfcli.generate import native
 from tfcli.device import never_chosen, to_device
 from tfcli.generate.sampling import LineSampling
@@ -901,8 +902,6 @@ class Rows:
               avoid: list[list[list[int]]] | None = None, constraints: list[list] | None = None,
               lines: list[int] | None = None) -> Rows:
         """From per-row lists (token ids; [] for none): a prefix is cut to max_len - 1 tokens."""
-        from tfcli.data.batching import pad
-
         prefix = None
         if prefixes is not None and any(prefixes):
             prefix = pad([p[: max_len - 1] for p in prefixes], pad_id=-1).to(device)

@@ -159,7 +159,7 @@ class Pipeline:
         self.index = 0  # 0-based index of the next input line, across chunks and files
         self.decoded = self.empty = 0  # lines decoded, and of those the ones whose best output is empty
         self.constrained = self.unmet = 0  # lines with constraints, and of those the ones whose best output misses one
-        self.unspellable: set = set()  # the glossary's terms the target vocabulary cannot spell (said once each)
+        self.term_ids: dict = {}  # each glossary term met: its target forms' ids (None: the vocabulary cannot spell it)
 
     def describe(self) -> str:
         """The decoding plan, one line (what --verbose prints): search, precision and the step's backends."""
@@ -268,13 +268,15 @@ class Pipeline:
             raise InputError(req.name, req.lineno, "glossary terms need beam search, not --sampling")
         out = []
         for m in matches:
-            forms = encode_batch(self.tgt_tok, list(m.term.targets))
-            if all(f and UNK_ID not in f for f in forms):
-                out.append((m, forms[0] if len(forms) == 1 else forms))
-            elif m.term not in self.unspellable:  # (one term of a large glossary does not stop a file)
-                self.unspellable.add(m.term)
-                warn(f"{req.where}: the glossary's term {m.term.targets[0]!r} ({m.term.where}) has a piece the "
-                     "target vocabulary lacks (<unk>): lines holding its source term are translated without it")
+            if m.term not in self.term_ids:  # (each term encoded once; one the vocabulary cannot spell said once)
+                forms = encode_batch(self.tgt_tok, list(m.term.targets))
+                ok = all(f and UNK_ID not in f for f in forms)
+                self.term_ids[m.term] = (forms[0] if len(forms) == 1 else forms) if ok else None
+                if not ok:  # (one term of a large glossary does not stop a file)
+                    warn(f"{req.where}: the glossary's term {m.term.targets[0]!r} ({m.term.where}) has a piece the "
+                         "target vocabulary lacks (<unk>): lines holding its source term are translated without it")
+            if self.term_ids[m.term] is not None:
+                out.append((m, self.term_ids[m.term]))
         return out
 
     def _check_conflicts(self, line: _Line) -> None:
@@ -299,7 +301,7 @@ class Pipeline:
         with <unk>, is an InputError naming the line."""
         forms = [p for c in phrases for p in ([c] if isinstance(c, str) else c)]
         ids = dict(zip(forms, encode_batch(self.tgt_tok, forms))) if forms else {}
-        hold = what != "to avoid"
+        hold = what == "to hold"
         for phrase, toks in ids.items():
             if not toks:
                 raise InputError(req.name, req.lineno, f"the phrase {what} {phrase!r} has no target tokens")
