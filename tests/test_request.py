@@ -80,7 +80,7 @@ def test_the_record_carries_what_a_stage_adds_without_changing_the_translation(c
     translator = Pipeline(load(str(copier), torch.device("cpu"), "seq2seq"), TranslateConfig(device="cpu"),
                             torch.device("cpu"))
     plain = [Request("cat dog", "in.txt", 1), Request("egg", "in.txt", 2)]
-    marked = [dataclasses.replace(r, extra={"markup": [(0, "<b>")]}) for r in plain]
+    marked = [dataclasses.replace(r, extra={"offsets": [(0, 4)]}) for r in plain]
     assert list(translator.run(marked)) == list(translator.run(plain)) == ["cat dog", "egg"]
 
 

@@ -29,7 +29,8 @@ from tfcli.errors import ConfigError
 # what each method takes; the rest of TranslateConfig/GenerateConfig belongs to `load` or to the command line
 _TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
               "buffer_size", "check_every", "raw", "sampling", "temperature", "top_k", "top_p", "seed",
-              "split_sentences", "src_lang", "glossary", "topk", "topp")  # (topk, topp: the old names of top_k, top_p)
+              "split_sentences", "src_lang", "glossary", "input_format", "protect", "placeholders", "keep_tags",
+              "topk", "topp")  # (topk, topp: the old names of top_k, top_p)
 _NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
              "repetition_penalty", "seed", "stop", "batch_size", "check_every")
@@ -128,7 +129,9 @@ class Translator:
         target phrases a text ([] for none), none of which its translation holds; constraints: one list of target
         phrases a text ([] for none), every one of which its translation holds (beam search); glossary: a TSV/CSV
         file (or a list of them), or a {source term: target term (or a list of alternatives)} mapping, each source
-        term found in a text making its target term a constraint (tfcli/generate/glossary.py); tgt_lang: a
+        term found in a text making its target term a constraint (tfcli/generate/glossary.py); input_format: "xml"
+        or "html" for texts with inline markup, the tags put back around the words they enclosed, with
+        placeholders, protect (regular expressions) and keep_tags (elements copied whole; tfcli/formats/); tgt_lang: a
         multilingual model's target language, one for all texts or a list of one a text; src_lang: the texts'
         language (what an imported M2M-100 or NLLB model needs, and the sentence splitter's rules), also one or one
         a text."""
@@ -146,6 +149,26 @@ class Translator:
             raise TypeError(f"n: expected an int, got {type(n).__name__}")
         return self._nbest(_texts(texts, "texts"), n, options)
 
+    def translate_file(self, path: str, output: str, **options) -> int:
+        """Translate a whole file with its structure kept (input_format: "auto" by its extension, or html-page,
+        markdown, srt, vtt, po, xliff, json; overwrite: PO/XLIFF entries with a translation too; other options as
+        for `translate`), written atomically to `output`; returns the segments translated."""
+        from tfcli.formats import files
+        from tfcli.generate.config import TranslateConfig
+        from tfcli.generate.translate import Pipeline, _translate_file
+        from tfcli.io import refuse_overwriting_inputs
+
+        _check_options("translate_file", options, _TRANSLATE + ("tgt_lang", "overwrite"))
+        glossary = _glossary(options)
+        fmt = files.choose(options.pop("input_format", "auto"), str(path))
+        if fmt not in files.FILE_FORMATS:
+            raise ConfigError(f"translate_file(): {path} is read as {fmt}, not a file format: give input_format=, "
+                              f"one of {', '.join(files.FILE_FORMATS)} (or use translate() for lines)")
+        cfg = _configured("translate_file", lambda: override(TranslateConfig(device=str(self.device), dtype=self.dtype),
+                                                              "translate", input_format=fmt, **options))
+        refuse_overwriting_inputs([str(output)], [str(path)], "choose another output")
+        return _translate_file(Pipeline(self.loaded, cfg, self.device, glossary), cfg, str(path), str(output), False)
+
     def _nbest(self, texts: list[str], n: int | None, options: dict) -> list[list[Translation]]:
         """`n` None: the best translation of each text, unscored (its score is not read: greedy search skips it)."""
         from tfcli.generate.config import TranslateConfig
@@ -161,6 +184,9 @@ class Translator:
                 raise ConfigError(f"prefixes: {len(prefixes)} for {len(texts)} texts; give one a text ('' for none)")
         langs, src_langs = (_languages(options, name, texts) for name in ("tgt_lang", "src_lang"))
         glossary = _glossary(options)
+        if options.get("input_format", "text") not in ("auto", "text", "xml", "html"):
+            raise ConfigError(f"input_format: {options['input_format']!r}: translate() takes texts (text, xml, html); "
+                              "translate_file() takes files")
         cfg = _configured("translate", lambda: override(TranslateConfig(device=str(self.device), dtype=self.dtype),
                                                         "translate", nbest=n, **options))
         requests = [_request(i, text, prefixes, langs, src_langs, avoid, constraints) for i, text in enumerate(texts)]

@@ -423,6 +423,21 @@ def read_lines(path: os.PathLike | str, *, rstrip: bool = False, allow_nul: bool
     return [line.rstrip() for line in lines] if rstrip else list(lines)
 
 
+def read_text(path: os.PathLike | str) -> str:
+    """A whole text file (`-`: stdin), CRLF read as LF, a leading BOM left out; bad bytes an InputError naming the
+    line, as iter_lines raises."""
+    name = "<stdin>" if str(path) == "-" else str(path)
+    f = open_text(path)
+    try:
+        raw = f.read()
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise TfcliError(f"{name}: cannot read: {e}") from e
+    finally:
+        if str(path) != "-":
+            f.close()
+    return "\n".join(decode_line(line, name, k + 1, _encoding_errors.get()) for k, line in enumerate(raw.split(b"\n")))
+
+
 __all__ = [
     "atomic_open",
     "atomic_write_text",
@@ -433,6 +448,7 @@ __all__ = [
     "encoding_errors",
     "iter_lines",
     "read_lines",
+    "read_text",
     "refuse_overwriting_inputs",
     "run_lock",
 ]

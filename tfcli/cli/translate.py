@@ -44,9 +44,29 @@ def translate(
     ),
     input_format: Optional[str] = typer.Option(
         None, "--input-format", metavar="FORMAT", rich_help_panel=_FMT,
-        help='text, or jsonl: each line {"text": ..., "tgt_lang": ..., "src_lang": ..., "prefix": ..., "avoid": '
-        '[...], "constraints": [...]} (all but the text optional: the line\'s own languages, prefix and phrases) '
-        r"\[default: text].",
+        help='Lines: text; jsonl (each line {"text": ..., "tgt_lang": ..., "src_lang": ..., "prefix": ..., "avoid": '
+        '[...], "constraints": [...]}, all but the text optional); xml or html (each line a fragment with inline '
+        "markup: the tags put back around the words they enclosed). Whole files, their structure kept: html-page, "
+        "markdown, srt, vtt, po, xliff, json. auto: by the file's extension (.html .md .srt .vtt .po .xlf .json "
+        r".jsonl; text otherwise and for stdin) \[default: auto].",
+    ),
+    protect: Optional[List[str]] = typer.Option(
+        None, "--protect", metavar="REGEX", rich_help_panel=_FMT,
+        help="Text matching REGEX is copied untouched, put back next to the words around it (repeatable).",
+    ),
+    placeholders: Optional[str] = typer.Option(
+        None, "--placeholders", metavar="WHEN", rich_help_panel=_FMT,
+        help="Copy placeholders untouched (printf %s %1$d, %(name)s, {name}, {{var}}, ICU, BBCode, URLs, e-mail "
+        r"addresses): auto (every format but text and jsonl), always, never \[default: auto].",
+    ),
+    keep_tags: Optional[List[str]] = typer.Option(
+        None, "--keep-tags", metavar="NAME", rich_help_panel=_FMT,
+        help="Elements copied whole, content untranslated (repeatable; besides code, kbd, samp, var, pre, script, "
+        'style and translate="no" or class="notranslate" in HTML).',
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", rich_help_panel=_FMT,
+        help="po, xliff: also translate the entries that have a translation (default: keep them).",
     ),
     output_dir: Optional[str] = typer.Option(
         None, "--output-dir", metavar="DIR", show_default=False,
@@ -160,6 +180,9 @@ def translate(
     tfcli translate -m run-a/ -m run-b/ test.de              # an ensemble: the probabilities averaged
     tfcli translate -m multi/ --tgt-lang fr test.de          # a multilingual model (prepare --lang-pairs)
     tfcli translate -m run/ a.de b.de --output-dir hyp/ --suffix .en    -> hyp/a.de.en, hyp/b.de.en
+    tfcli translate -m en-de/ messages.pot -o de.po                 # a PO file: msgstr filled, marked fuzzy
+    tfcli translate -m en-de/ page.html -o page.de.html             # tags, scripts and attributes kept
+    tfcli translate -m en-de/ --input-format xml tagged.en          # a line: Click <b>Save</b> -> ... <b>...</b>
     torchrun --nproc_per_node 4 $(which tfcli) translate -m run/ big.de -o big.en
 
     On several processes (torchrun: one per GPU, or CPU processes with a share of the cores each) every process
@@ -196,6 +219,7 @@ def translate(
         refuse_unused(ctx, ["beam_size"], "is not used with --greedy (a beam of 1); give one of them")
     check_choice("--dtype", dtype, choices_of(TranslateConfig, "dtype"))
     check_choice("--input-format", input_format, choices_of(TranslateConfig, "input_format"))
+    check_choice("--placeholders", placeholders, choices_of(TranslateConfig, "placeholders"))
     check_choice("--split-sentences", split_sentences, choices_of(TranslateConfig, "split_sentences"))
     check_choice("--encoding-errors", encoding_errors, choices_of(TranslateConfig, "encoding_errors"))
     cfg = run(
@@ -206,7 +230,8 @@ def translate(
         alignment_layer=alignment_layer, batch_size=batch_size,
         max_tokens=max_tokens, check_every=check_every, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
         threads=threads, encoding_errors=encoding_errors, tgt_lang=tgt_lang, input_format=input_format,
-        split_sentences=split_sentences, src_lang=src_lang, glossary=glossary or None,
+        split_sentences=split_sentences, src_lang=src_lang, glossary=glossary or None, protect=protect or None,
+        placeholders=placeholders, keep_tags=keep_tags or None, overwrite=overwrite or None,
     )
     if output_dir is not None and output is not None:
         fail("-o FILE and --output-dir DIR exclude each other", EXIT_USAGE)

@@ -37,9 +37,18 @@ class TranslateConfig:
     # a multilingual model: the language to translate into (its tag >>xx<< goes first in every source line; an
     # imported M2M-100/NLLB model's token is forced first in every output)
     tgt_lang: Optional[str] = None
-    # jsonl: each input line a JSON object {"text": ..., "tgt_lang": ..., "prefix": ...}, the last two optional (a
-    # line's own target language and prefix)
-    input_format: Literal["text", "jsonl"] = "text"
+    # text: a line is a sentence (or a document); jsonl: each line a JSON object {"text": ..., "tgt_lang": ...,
+    # "prefix": ...}, all but the text optional; xml, html: each line a fragment with inline markup, the tags put back
+    # by word alignment (tfcli/formats/markup.py); html-page, markdown, srt, vtt, po, xliff, json: a whole file in
+    # that format, its structure kept (tfcli/formats/files.py); auto: a file by its extension (text for stdin)
+    input_format: Literal["auto", "text", "jsonl", "xml", "html", "html-page", "markdown", "srt", "vtt", "po",
+                          "xliff", "json"] = "auto"
+    # placeholders (printf, %(name)s, {name}, {{var}}, ICU, BBCode, URLs, e-mail addresses) copied untouched:
+    # auto: in every format but text and jsonl; always; never
+    placeholders: Literal["auto", "always", "never"] = "auto"
+    protect: list[str] = field(default_factory=list)  # regular expressions of the user's own text to copy untouched
+    keep_tags: list[str] = field(default_factory=list)  # elements (xml, html) copied whole, content untranslated
+    overwrite: bool = False  # po, xliff: translate entries that have a translation already (default: keep it)
     # documents: a line is translated sentence by sentence, the translations joined on its one output line: auto (a
     # line longer than 99% of the model's training sources, or than its max_len; every line for an imported model,
     # trained on sentence pairs), always, or never; whatever this says, a sentence longer than max_len is
@@ -82,6 +91,8 @@ class TranslateConfig:
             raise ConfigError("translate: --sampling draws one translation a line: no --nbest above 1")
         if self.alignment_layer < 0:
             raise ConfigError("translate: --alignment-layer must be 1 or more (0: the penultimate layer)")
+        if self.raw and self.input_format not in ("auto", "text", "jsonl"):
+            raise ConfigError(f"translate: --raw prints subword tokens; --input-format {self.input_format} needs text")
         if self.glossary and self.sampling:
             raise ConfigError("translate: --glossary makes constraints, which need beam search, not --sampling")
 

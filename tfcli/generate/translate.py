@@ -11,6 +11,7 @@ running the model.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from tfcli.console import Progress, info, verbose_enabled, warn
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load_ensemble
 from tfcli.generate.glossary import Glossary
+from tfcli.formats import files, markup as markups
+from tfcli.formats.placeholders import pattern as placeholder_pattern
 from tfcli.generate.alignment import default_layer, pharaoh, token_alignments, word_alignment
 from tfcli.generate.request import SIDE_FILES, Request, Translation, jsonl_requests, requests, with_side_file
 from tfcli.generate.search import Hypothesis, Rows, SearchOptions, search
@@ -160,6 +163,13 @@ class Pipeline:
         self.decoded = self.empty = 0  # lines decoded, and of those the ones whose best output is empty
         self.constrained = self.unmet = 0  # lines with constraints, and of those the ones whose best output misses one
         self.term_ids: dict = {}  # each glossary term met: its target forms' ids (None: the vocabulary cannot spell it)
+        # the markup stage: a line's inline markup (--input-format xml/html, or what a file format's reader says) and
+        # its placeholders taken out before encode, put back after join (tfcli/formats/markup.py)
+        self.line_markup = cfg.input_format if cfg.input_format in ("xml", "html") else None
+        builtin = cfg.placeholders == "always" or (cfg.placeholders == "auto" and cfg.input_format not in (
+            "auto", "text", "jsonl"))
+        self.protect = placeholder_pattern(builtin, cfg.protect)
+        self.keep_tags = frozenset(t.lower() for t in cfg.keep_tags)
 
     def describe(self) -> str:
         """The decoding plan, one line (what --verbose prints): search, precision and the step's backends."""
@@ -212,11 +222,13 @@ class Pipeline:
         every line before it are done."""
         first = self.index
         self.index += len(chunk)
+        chunk = [self._unmark(req) for req in chunk]
         lines = self._encode(chunk, first)
         results: dict[int, list[Translation]] = {}
         for i, line in enumerate(lines):
             if line is None:  # an empty line gives one empty translation, score 0, without running the model
-                results[i] = [Translation("", 0.0, [] if self.cfg.scores else None, [] if self.cfg.alignment else None)]
+                empty = Translation("", 0.0, [] if self.cfg.scores else None, [] if self.cfg.alignment else None)
+                results[i] = self._restore(chunk[i], [empty], [])
         units: list[_Unit] = []
         for line in filter(None, lines):
             line.first = len(units)
@@ -233,6 +245,34 @@ class Pipeline:
         while done < len(chunk):
             yield first + done, results.pop(done)
             done += 1
+
+    # --- markup: tags and placeholders out of the text, and back into the translation -------------------------
+
+    def _unmark(self, req: Request) -> Request:
+        """The markup stage: a request whose text has markup (its `extra["markup"]`: a reader's name, or a Markup a
+        file format's reader made; --input-format xml/html; placeholders to protect) with its text the plain text
+        and the Markup in `extra`; malformed XML is an InputError naming the line (and column)."""
+        kind = req.extra.get("markup", self.line_markup or ("text" if self.protect else None))
+        if kind is None or isinstance(kind, markups.Markup):
+            return req if kind is None else dataclasses.replace(req, text=kind.plain)
+        try:
+            m = markups.READERS[kind](req.text, self.protect, self.keep_tags)
+        except markups.MarkupError as e:
+            where = f" at column {e.column}" if e.column else ""
+            raise InputError(req.name, req.lineno, f"{e}{where}") from None
+        return dataclasses.replace(req, text=m.plain, extra={**req.extra, "markup": m})
+
+    def _restore(self, req: Request, translations: list[Translation], units: list[_Unit]) -> list[Translation]:
+        """Each translation with the request's markup put back (Markup.render, by the word alignment over the
+        source words the aligner saw); the alignment kept only where --alignment asked for it."""
+        m = req.extra.get("markup")
+        if not isinstance(m, markups.Markup):
+            return translations
+        lead = self.languages.leads
+        src_words = [w for u in units for w in self.src_tok.decode(
+            [t for t in u.src[lead:] if t != EOS_ID], skip_special_tokens=False).split()]
+        return [dataclasses.replace(t, text=m.render(t.text, t.alignment, src_words),
+                                    alignment=t.alignment if self.cfg.alignment else None) for t in translations]
 
     # --- encode: a request's text, languages and phrases as ids ----------------------------------------------
 
@@ -417,8 +457,9 @@ class Pipeline:
                           [u.line.index + (u.part << 40) for u in units] if self.options.sampling else None)
         with self.precision:
             hyps = search(self.steps, src, self.options, rows, slots, self.continuing)
-            if self.cfg.alignment:
-                self._align(batch, src, hyps)
+            aligned = [self.cfg.alignment or _tagged(u.line.request) for u in units]
+            if any(aligned):
+                self._align(batch, src, hyps, aligned)
         if self.languages.forces:  # the target language's token, forced first: not part of the translation
             skip = self.languages.forces
             for h in (h for hs in hyps for h in hs):
@@ -436,10 +477,11 @@ class Pipeline:
             self._continuing = out.to(self.device)
         return self._continuing if bool(self._continuing.any()) else None
 
-    def _align(self, batch: list[list[int]], src: torch.Tensor, hyps: list[list[Hypothesis]]) -> None:
-        """Each hypothesis's word alignment (every n-best one), from one teacher-forced pass over the batch."""
-        rows = [i for i, hs in enumerate(hyps) for _ in hs]
-        flat = [h for hs in hyps for h in hs]
+    def _align(self, batch: list[list[int]], src: torch.Tensor, hyps: list[list[Hypothesis]], which: list[bool]) -> None:
+        """The word alignment of each hypothesis (every n-best one) of the units `which` says, from one
+        teacher-forced pass."""
+        rows = [i for i, hs in enumerate(hyps) if which[i] for _ in hs]
+        flat = [h for i, hs in enumerate(hyps) if which[i] for h in hs]
         aligned = token_alignments(self.steps.model, src[rows], [h.tokens for h in flat], self.alignment_layer)
         skip = self.languages.forces
         for row, h, positions in zip(rows, flat, aligned):
@@ -474,7 +516,7 @@ class Pipeline:
         self.empty += not any(h.tokens for h in ranks[0]) and not line.request.prefix
         if out[0].constraints is not None:
             self._check_held(line, out[0].constraints)
-        return out
+        return self._restore(line.request, out, units)
 
     @staticmethod
     def _held(hs: list[Hypothesis], units: list[_Unit]) -> list[tuple[str, bool]] | None:
@@ -543,6 +585,12 @@ class Pipeline:
             )
 
 
+def _tagged(req: Request) -> bool:
+    """Whether a request's markup has nodes to put back (its translation needs the word alignment)."""
+    m = req.extra.get("markup")
+    return isinstance(m, markups.Markup) and bool(m.root.children)
+
+
 def _count_lines(inputs: list[str]) -> int | None:
     """Lines in plain input files (for the progress bar's total); None when reading stdin or compressed files."""
     if any(p == "-" or p.endswith(".gz") or not os.path.isfile(p) for p in inputs):
@@ -576,7 +624,7 @@ def _side_lines(field: str, path: str, inputs: list[str], cfg: TranslateConfig, 
     """The lines of a side file (request.SIDE_FILES: --prefix, --avoid, --constraints) with one line a line of the
     input, checked against the input's line count where it is known before reading it."""
     flag, what = f"--{field}", SIDE_FILES[field][1]
-    if cfg.input_format == "jsonl":
+    if files.choose(cfg.input_format, inputs[0]) == "jsonl":
         raise TfcliError(f"{flag}: JSONL input gives each line's {field} in its \"{field}\" field; drop {flag}")
     if output_dir is not None:
         raise TfcliError(f"{flag} holds one line per input line of one output: use -o FILE, not --output-dir")
@@ -586,6 +634,27 @@ def _side_lines(field: str, path: str, inputs: list[str], cfg: TranslateConfig, 
     if total is not None and total != len(lines):
         raise TfcliError(f"{path}: {len(lines)} {what} for {total} input lines; give one a line")
     return lines
+
+
+def _translate_file(translator: Pipeline, cfg: TranslateConfig, path: str, out_path: str | None,
+                    progress: bool | None) -> int:
+    """One file in a file format (tfcli.formats.files): read whole, its segments translated, written whole and
+    atomically (nothing where it does not parse); returns the segment count."""
+    from tfcli.io import read_text
+
+    with encoding_errors(cfg.encoding_errors):
+        text = read_text(path)
+    doc = files.read(cfg.input_format, "<stdin>" if path == "-" else path, text, cfg.overwrite)
+    translator.index = 0
+    outs = []
+    with Progress("translating", len(doc.segments), "seg", progress) as bar:
+        for _, translations in translator.translations(iter(doc.segments)):
+            outs.append(translations[0].text)
+            bar.advance(1)
+    result = doc.write(outs)
+    with open_output(out_path) as out:
+        out.write(result)
+    return len(outs)
 
 
 def translate(
@@ -607,6 +676,12 @@ def translate(
         ([p], str(out)) for p, out in zip(inputs, output_paths(inputs, output_dir, suffix))
     ]
     checkpoints = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
+    kinds = sorted({files.choose(cfg.input_format, p) for p in inputs})
+    if len(kinds) > 1:
+        raise TfcliError(f"the inputs are in different formats ({', '.join(kinds)}): translate them in separate "
+                         "runs, or give one --input-format")
+    cfg = dataclasses.replace(cfg, input_format=kinds[0])
+    cfg.validate()
     side_files = [f for f in (prefix_file, avoid_file, constraint_file) if f] + list(cfg.glossary)
     sources = inputs + [p for c in checkpoints for p in input_paths(c)] + side_files
     refuse_overwriting_inputs([out or "-" for _, out in jobs], sources, hint)
@@ -628,6 +703,14 @@ def translate(
         return translator
 
     processes = distributed.launched().world_size
+    if cfg.input_format in files.FILE_FORMATS:
+        why = ("--resume" if resume else "several processes" if processes > 1 else "--prefix/--avoid/--constraints"
+               if side else "--nbest/--scores/--alignment" if cfg.tabular or cfg.alignment else None)
+        if why:
+            raise TfcliError(f"--input-format {cfg.input_format} translates whole files, one output file each: "
+                             f"{why} is for line formats")
+        translator = make_translator(resolve_device(cfg.device))
+        return sum(_translate_file(translator, cfg, path, out, progress) for (paths, out) in jobs for path in paths)
     if processes > 1 or resume:
         why = f"on {processes} processes" if processes > 1 else "with --resume"
         if output in (None, "-") or output_dir is not None:
@@ -639,10 +722,10 @@ def translate(
     total = _count_lines(inputs) if (progress if progress is not None else sys.stderr.isatty()) else None
     n = 0
     with encoding_errors(cfg.encoding_errors), Progress("translating", total, "sent", progress) as bar:
-        for files, out_path in jobs:
+        for paths, out_path in jobs:
             translator.index = 0  # --nbest line numbers count within each output
             with open_output(out_path) as out:
-                for text in translator.run(read(read_inputs(files, pauses=True))):
+                for text in translator.run(read(read_inputs(paths, pauses=True))):
                     bar.emit(out, text)
                     bar.advance(1)
                     n += 1

@@ -1,0 +1,270 @@
+"""Markup, placeholders and file formats (tfcli/formats/): tags and placeholders put back by word alignment, each
+format's structure kept, checked with the parsers users' tools use, on real files (tests/data/formats/README.md)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tfcli.cli import app
+from tfcli.formats import files, markup
+from tfcli.formats.placeholders import pattern
+
+DATA = Path(__file__).parent / "data" / "formats"
+TAGGED = (DATA / "salesforce-ende-dev.xml.en").read_text().splitlines()
+
+
+def cli(*args, **kw):
+    return CliRunner().invoke(app, [str(a) for a in args], **kw)
+
+
+def structure(text: str, ordered: bool = False):
+    """The element tree's shape: names and children, recursively (`ordered`: the children in order, as the
+    localization-xml-mt scorer compares them; else as a multiset, since a translation may reorder siblings)."""
+    def shape(e):
+        children = [shape(c) for c in e]
+        return (e.tag, children if ordered else sorted(children))
+    return shape(ET.fromstring(f"<ROOT>{text}</ROOT>"))
+
+
+def untagged(text: str) -> str:
+    """The text with its tags removed, unescaped."""
+    return markup.unescape(re.sub(r"<[^>]+>", "", text))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tags_come_back_well_formed_around_any_alignment(seed):
+    """Whatever the alignment (random here, including words aligned to nothing), the output parses as XML, has
+    the source's elements with the same nesting and order, and with its tags removed is exactly the translation."""
+    rng = random.Random(seed)
+    for line in TAGGED:
+        m = markup.read_xml(line)
+        n = len(m.plain.split())
+        target = " ".join(f"w{j}" for j in range(rng.randint(0, n + 3)))
+        words = len(target.split())
+        pairs = [(rng.randrange(n), j) for j in range(words) if rng.random() < 0.8]
+        out = m.render(target, pairs)
+        assert structure(out, ordered=True) == structure(line, ordered=True), (line, out)
+        assert untagged(out) == target
+
+
+def test_the_identity_alignment_gives_the_source_back():
+    for line in TAGGED:
+        m = markup.read_xml(line)
+        n = len(m.plain.split())
+        assert m.render(m.plain, [(i, i) for i in range(n)]) == line
+    m = markup.read_xml("Click <a href=\"x\">continue</a>. \"<i>quoted</i>\"")
+    assert m.render("Weiter. \"zitiert\"", [(0, 0), (1, 0), (2, 1)]) == "<a href=\"x\">Weiter</a>. \"<i>zitiert</i>\""
+
+
+def test_reordered_words_take_their_tags_with_them():
+    m = markup.read_xml("Click <b>Save</b> now")
+    assert m.render("jetzt Speichern klicken", [(0, 2), (1, 1), (2, 0)]) == "jetzt <b>Speichern</b> klicken"
+    m = markup.read_xml("<b>bold</b> and <i>italic</i>")  # (siblings keep their order: the second gives way)
+    assert m.render("kursiv und fett", [(0, 2), (1, 1), (2, 0)]) == "kursiv und <b>fett</b><i></i>"
+
+
+def test_html_fragments_keep_void_and_untranslated_elements():
+    m = markup.read_html('Run <code>ls -l</code> then<br>press <span class="notranslate">OK</span> &amp; go')
+    assert m.plain == "Run then press & go"
+    n = len(m.plain.split())
+    out = m.render(m.plain, [(i, i) for i in range(n)])
+    assert out == 'Run <code>ls -l</code> then <br>press <span class="notranslate">OK</span> &amp; go'
+    assert markup.read_html("a <p>b").render("x y", [(0, 0), (1, 1)]) == "x <p>y"  # (left open, as written)
+    with pytest.raises(markup.MarkupError) as e:
+        markup.read_xml("a <b>x</i>")
+    assert e.value.column == 9
+
+
+@pytest.mark.parametrize("text, found", [
+    ("Delete %d files from %s?", ["%d", "%s"]),
+    ("Hello %(name)s, you have %1$d new {count} messages", ["%(name)s", "%1$d", "{count}"]),
+    ("{count, plural, one {# file} other {# files}} left", ["{count, plural, one {# file} other {# files}}"]),
+    ("This value should be of type {{ type }}.", ["{{ type }}"]),
+    ("Write to help@example.org or see https://example.org/a?b=c.", ["help@example.org", "https://example.org/a?b=c"]),
+    ("[b]bold[/b] and [url=http://x.org]link[/url]", ["[b]", "[/b]", "[url=http://x.org]", "[/url]"]),
+    ("100% sure, 50 % off", []),
+])
+def test_placeholders_are_found_and_come_back_exactly_as_often(text, found):
+    p = pattern(True)
+    assert [m.group() for m in p.finditer(text)] == found
+    m = markup.read_text(text, p)
+    rng = random.Random(0)
+    n = len(m.plain.split())
+    target = " ".join(f"w{j}" for j in range(n))
+    out = m.render(target, [(rng.randrange(max(n, 1)), j) for j in range(n)])
+    for f in found:
+        assert out.count(f) == text.count(f), out
+    for f in sorted(found, key=len, reverse=True):
+        out = out.replace(f, " ")
+    assert " ".join(out.split()) == target
+
+
+def test_protect_takes_the_users_patterns():
+    p = pattern(False, [r"ACME-\d+"])
+    assert markup.read_text("see ACME-42 now", p).plain == "see now"
+    with pytest.raises(Exception, match="--protect"):
+        pattern(False, ["("])
+
+
+def test_xml_lines_through_the_copier(copier, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("cat <b>dog</b> egg\n<i>moon <b>sun</b></i> tree\ncat %d dog {name}\n<br/>\n\n")
+    res = cli("translate", "-m", copier, src, "--input-format", "xml")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines() == ["cat <b>dog</b> egg", "<i>moon <b>sun</b></i> tree", "cat %d dog {name}",
+                                       "<br/>", ""]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("cat <b>dog</b>\ncat <b>dog</i>\n")
+    out = tmp_path / "out.txt"
+    res = cli("translate", "-m", copier, bad, "--input-format", "xml", "-o", out)
+    assert res.exit_code == 1 and f"{bad}:2: not well-formed XML (mismatched tag) at column 13" in res.output
+    assert not out.exists()
+
+
+def test_markup_leaves_the_translation_as_without_tags(random_checkpoint, tmp_path):
+    """Exactness: the output with its tags removed is the translation of the source with its tags removed."""
+    from helpers import WORDS
+
+    rng = random.Random(1)
+    tagged, plain = [], []
+    for _ in range(12):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(1, 9))]
+        a = rng.randrange(len(words))
+        b = rng.randrange(a, len(words))
+        words[a] = "<b>" + words[a]
+        words[b] = words[b] + "</b>"
+        tagged.append(" ".join(words))
+        plain.append(untagged(" ".join(words)))
+    (tmp_path / "tagged.txt").write_text("\n".join(tagged) + "\n")
+    (tmp_path / "plain.txt").write_text("\n".join(plain) + "\n")
+    res = cli("translate", "-m", random_checkpoint, tmp_path / "tagged.txt", "--input-format", "xml")
+    ref = cli("translate", "-m", random_checkpoint, tmp_path / "plain.txt")
+    assert res.exit_code == 0 and ref.exit_code == 0, res.output
+    outs = res.stdout.splitlines()
+    assert [untagged(o) for o in outs] == ref.stdout.splitlines()
+    assert all(structure(o, ordered=True) == structure(t, ordered=True) for o, t in zip(outs, tagged))
+
+
+def translate_file(model, name, tmp_path, *flags):
+    out = tmp_path / ("out-" + name)
+    res = cli("translate", "-m", model, DATA / name, "-o", out, *flags)
+    assert res.exit_code == 0, res.output
+    return out.read_text()
+
+
+def test_po_fills_msgstr_marks_fuzzy_and_passes_msgfmt(copier, tmp_path):
+    import polib
+
+    text = translate_file(copier, "djangojs.po", tmp_path)
+    po = polib.pofile(text)
+    entries = [e for e in po if e.msgid]
+    assert all(e.msgstr and "fuzzy" in e.flags for e in entries)
+    assert po.find("Available %s").msgstr.endswith("%s") and "perl-format" in po.find("Available %s").flags
+    assert text.startswith("# SOME DESCRIPTIVE TITLE.") and "#: contrib/admin/media/js/calendar.js:24" in text
+    if shutil.which("msgfmt"):
+        subprocess.run(["msgfmt", "--check-format", "-o", "/dev/null", tmp_path / "out-djangojs.po"], check=True)
+    broken = tmp_path / "broken.po"
+    broken.write_text((DATA / "djangojs.po").read_text().replace('msgid "Add"', 'msgid "Add'))
+    res = cli("translate", "-m", copier, broken, "-o", tmp_path / "x.po")
+    assert res.exit_code == 1 and f"{broken}:28: not a PO line" in res.output and not (tmp_path / "x.po").exists()
+
+
+def test_xliff_writes_targets_and_keeps_existing_ones(copier, tmp_path):
+    from lxml import etree
+
+    ns = {"x": "urn:oasis:names:tc:xliff:document:1.2"}
+    kept = translate_file(copier, "validators.en.xlf", tmp_path)
+    assert kept.replace(' xmlns="urn:oasis:names:tc:xliff:document:1.2" version="1.2"', ' version="1.2" '
+                        'xmlns="urn:oasis:names:tc:xliff:document:1.2"') == (DATA / "validators.en.xlf").read_text()
+    new = etree.fromstring(translate_file(copier, "validators.en.xlf", tmp_path, "--overwrite").encode())
+    targets = new.findall(".//x:target", ns)
+    assert len(targets) == 3 and all(t.get("state") == "needs-review-translation" for t in targets)
+    assert "{{ size }}" in targets[2].text and targets[2].text.count("{{ suffix }}") == 2
+    ng = etree.fromstring(translate_file(copier, "messages.xlf", tmp_path).encode())
+    target = ng.find(".//x:target", ns)
+    assert [c.get("id") for c in target] == ["INTERPOLATION"]
+    assert ng.find(".//x:context-group", ns) is not None
+
+
+def test_subtitles_keep_cues_times_and_numbers(copier, tmp_path):
+    import srt
+    import webvtt
+
+    src = list(srt.parse((DATA / "styles2.srt").read_text()))
+    out = list(srt.parse(translate_file(copier, "styles2.srt", tmp_path)))
+    assert [(s.index, s.start, s.end) for s in out] == [(s.index, s.start, s.end) for s in src]
+    assert all(s.content.startswith("<font color=") and s.content.endswith("</font>") for s in out)
+    text = translate_file(copier, "sample.vtt", tmp_path)
+    vtt, source = webvtt.from_string(text), webvtt.from_string((DATA / "sample.vtt").read_text())
+    assert [(c.start, c.end) for c in vtt.captions] == [(c.start, c.end) for c in source.captions]
+    assert all(c.raw_text.strip() for c in vtt.captions)  # (raw: .text drops what looks like a tag, <unk>)
+    bad = tmp_path / "bad.srt"
+    bad.write_text((DATA / "styles2.srt").read_text().replace("00:00:32,439", "00:00:3x,439"))
+    res = cli("translate", "-m", copier, bad, "-o", tmp_path / "x.srt")
+    assert res.exit_code == 1 and f"{bad}:10: a cue time that does not parse" in res.output
+
+
+def test_an_html_page_keeps_everything_but_its_text(copier, tmp_path):
+    source = (DATA / "404.html").read_text()
+    out = translate_file(copier, "404.html", tmp_path)
+    style = re.search(r"<style>.*</style>", source, re.DOTALL).group()
+    assert style in out and out.startswith("<!doctype html>\n<html lang=\"en\">") and out.endswith("-->\n")
+    assert "Not Found" not in out and "<title>" in out and "</h1>" in out
+    skeleton = lambda t: re.sub(r">[^<]*<", "><", t)  # noqa: E731
+    assert skeleton(out) == skeleton(source)
+
+
+def test_markdown_keeps_code_links_and_blocks(copier, tmp_path):
+    from markdown_it import MarkdownIt
+
+    source = (DATA / "markdown-it-py.md").read_text()
+    out = translate_file(copier, "markdown-it-py.md", tmp_path)
+    assert "```bash\nconda install -c conda-forge markdown-it-py\n```" in out
+    assert "(http://spec.commonmark.org/)" in out and "<https://markdown-it-py.readthedocs.io>" in out
+    kinds = lambda t: [tok.type for tok in MarkdownIt("commonmark").parse(t) if tok.type != "inline"]  # noqa: E731
+    assert kinds(out) == kinds(source)
+
+
+def test_json_keeps_keys_and_structure(copier, tmp_path):
+    source = json.loads((DATA / "package.nls.json").read_text())
+    text = translate_file(copier, "package.nls.json", tmp_path)
+    out = json.loads(text)
+    assert list(out) == list(source) and text.startswith('{\n\t"displayName": ')
+    assert "<br>" in out["markdown.preview.breaks.desc"]
+    res = cli("translate", "-m", copier, DATA / "translation.json", "-o", tmp_path / "x.json")
+    assert res.exit_code == 1 and "translation.json:4: not valid JSON" in res.output
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_formats_are_chosen_by_extension_and_refuse_line_options(copier, tmp_path):
+    assert [files.choose("auto", p) for p in ["a.po", "b.HTML", "c.md", "d.xlf", "-", "e.txt", "f.srt.gz"]] == [
+        "po", "html-page", "markdown", "xliff", "text", "text", "srt"]
+    assert files.choose("text", "a.po") == "text"
+    res = cli("translate", "-m", copier, DATA / "djangojs.po", "--nbest", "2")
+    assert res.exit_code == 1 and "--nbest/--scores/--alignment is for line formats" in res.output
+    res = cli("translate", "-m", copier, DATA / "djangojs.po", DATA / "sample.vtt")
+    assert res.exit_code == 1 and "different formats" in res.output
+    res = cli("translate", "-m", copier, DATA / "djangojs.po", "-o", DATA / "djangojs.po")
+    assert res.exit_code != 0
+
+
+def test_the_api_translates_markup_and_files(copier, tmp_path):
+    import tfcli
+
+    translator = tfcli.load(str(copier), device="cpu")
+    assert translator.translate(["cat <b>dog</b> egg", "a &amp; b"], input_format="xml")[0] == "cat <b>dog</b> egg"
+    assert translator.translate(["cat dog"], protect=["dog"]) == ["cat dog"]
+    out = tmp_path / "de.po"
+    assert translator.translate_file(DATA / "djangojs.po", out) == 6  # (six messages)
+    assert 'msgstr "<unk> %s"' in out.read_text()
+    with pytest.raises(Exception, match="translate_file"):
+        translator.translate(["x"], input_format="po")

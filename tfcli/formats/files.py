@@ -1,0 +1,551 @@
+"""Files translated with their structure kept: each format's reader gives the file's translatable segments as
+Requests (their `extra["markup"]`: how the markup stage reads each: tfcli.formats.markup), and a writer that puts the
+translations back; everything else in the file is written as it was.
+
+| format | reader | segments | kept |
+| --- | --- | --- | --- |
+| html-page | html.parser (the standard library's), offsets | the inline content of each block element; alt, title, placeholder and aria-label values | every byte outside the segments; script, style, code, pre |
+| markdown | markdown-it-py (CommonMark + tables) | paragraphs, headings, list items, table cells, quotes | code blocks, inline code, link targets, images, HTML blocks, front matter |
+| srt, vtt | a strict cue reader (times checked) | sentences, across cues; their words given back to their cues by alignment | cue numbers, identifiers, times, settings, NOTE/STYLE blocks |
+| po | polib | empty msgstr (plural forms per the header's nplurals), each line of a msgid alone | comments, contexts, flags (machine output marked fuzzy), existing translations unless --overwrite |
+| xliff | lxml | source of each trans-unit (1.2) or segment (2.x), inline elements put back | the document; a target written after its source, existing ones unless --overwrite |
+| json | the standard library's json | every string value, each line alone | keys, structure, key order, indentation |
+
+Torch-free: the translator sees only Requests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tfcli.errors import InputError
+from tfcli.formats import markup as markups
+from tfcli.generate.request import Request
+
+LINE_FORMATS = ("text", "jsonl", "xml", "html")
+FILE_FORMATS = ("html-page", "markdown", "srt", "vtt", "po", "xliff", "json")
+EXTENSIONS = {".jsonl": "jsonl", ".html": "html-page", ".htm": "html-page", ".xhtml": "html-page",
+              ".md": "markdown", ".markdown": "markdown", ".srt": "srt", ".vtt": "vtt", ".po": "po", ".pot": "po",
+              ".xlf": "xliff", ".xliff": "xliff", ".json": "json"}
+
+
+def choose(fmt: str, path: str) -> str:
+    """The format of input `path` under --input-format `fmt`: `auto` by the extension (text for stdin and unknown
+    ones; a compressed file by the extension before .gz)."""
+    if fmt != "auto":
+        return fmt
+    if path == "-":
+        return "text"
+    name = path[:-3] if path.endswith(".gz") else path
+    return EXTENSIONS.get(Path(name).suffix.lower(), "text")
+
+
+@dataclass
+class Document:
+    """A file read: its segments to translate (in order) and the function that writes the file with their
+    translations (one text a segment, in the same order)."""
+
+    segments: list[Request]
+    write: Callable[[list[str]], str]
+
+
+def read(fmt: str, path: str, text: str, overwrite: bool = False) -> Document:
+    """The file `path` (its contents `text`) in format `fmt` as a Document; an InputError naming the line where
+    it does not parse."""
+    return READERS[fmt](path, text, overwrite)
+
+
+def _line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _lines(text: str, path: str, lineno: int, kind) -> list[Request]:
+    """A string value translated line by line (a newline inside it kept): its lines' Requests."""
+    return [Request(line, path, lineno + k, extra={"markup": kind}) for k, line in enumerate(text.split("\n"))]
+
+
+def _kind(text: str) -> str:
+    """A message's markup: tags where it holds one, else text (placeholders only)."""
+    return "tags" if re.search(r"</?[A-Za-z][\w-]*(\s[^<>]*)?/?>", text) else "text"
+
+
+# --- html-page ----------------------------------------------------------------------------------------------------
+
+_SEGMENT_BREAKS = markups.BLOCK | {"html", "head", "body", "title", "option", "button", "caption", "label",
+                                   "legend", "summary", "details", "select", "textarea", "img"}
+_SKIP = {"script", "style", "template", "textarea"}
+_ATTRIBUTES = ("alt", "title", "placeholder", "aria-label")
+
+
+def _html_page(path: str, text: str, overwrite: bool) -> Document:
+    from html.parser import HTMLParser
+
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+    cuts: list[tuple[int, int, str]] = []  # (start, end, how it is read: "html" or "attr")
+    state = {"seg": 0, "skip": 0}
+
+    def offset(parser) -> int:
+        line, col = parser.getpos()
+        return starts[line - 1] + col
+
+    def boundary(at: int, end: int) -> None:
+        if not state["skip"] and state["seg"] < at:
+            cuts.append((state["seg"], at, "html"))
+        state["seg"] = end
+
+    class Reader(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            at = offset(self)
+            raw = self.get_starttag_text()
+            if not state["skip"]:
+                for m in re.finditer(r"""\s(%s)\s*=\s*("([^"]*)"|'([^']*)')""" % "|".join(_ATTRIBUTES), raw,
+                                     re.IGNORECASE):
+                    group = 3 if m.group(3) is not None else 4
+                    if m.group(group).strip():
+                        cuts.append((at + m.start(group), at + m.end(group), "attr"))
+            if tag in _SEGMENT_BREAKS or tag in _SKIP:
+                boundary(at, at + len(raw))
+            if tag in _SKIP:
+                state["skip"] += 1
+
+        def handle_startendtag(self, tag, attrs):
+            self.handle_starttag(tag, attrs)
+
+        def handle_endtag(self, tag):
+            at = offset(self)
+            end = text.find(">", at) + 1 or len(text)
+            if tag in _SKIP:
+                state["skip"] = max(state["skip"] - 1, 0)
+                state["seg"] = end
+            elif tag in _SEGMENT_BREAKS:
+                boundary(at, end)
+
+        def handle_decl(self, decl):
+            at = offset(self)
+            boundary(at, at + len(decl) + 3)
+
+    reader = Reader(convert_charrefs=True)
+    reader.feed(text)
+    reader.close()
+    boundary(len(text), len(text))
+    cuts.sort()
+    segments, places = [], []
+    for start, end, how in cuts:
+        chunk = text[start:end]
+        if how == "html":
+            if not _has_text(chunk):
+                continue
+            lead, body, trail = _strip(chunk)
+            segments.append(Request(body, path, _line_of(text, start), extra={"markup": "html"}))
+            places.append((start, end, lead, trail, None))
+        else:
+            import html as html_lib
+
+            segments.append(Request(html_lib.unescape(chunk), path, _line_of(text, start), extra={"markup": "text"}))
+            places.append((start, end, "", "", "attr"))
+
+    def write(outs: list[str]) -> str:
+        import html as html_lib
+
+        pieces, pos = [], 0
+        for (start, end, lead, trail, how), out in zip(places, outs):
+            pieces += [text[pos:start], lead, html_lib.escape(out) if how else out, trail]
+            pos = end
+        return "".join(pieces) + text[pos:]
+
+    return Document(segments, write)
+
+
+def _has_text(chunk: str) -> bool:
+    """Whether an HTML chunk holds text outside its tags and comments."""
+    bare = re.sub(r"<!--.*?-->|<[^>]*>", " ", chunk, flags=re.DOTALL)
+    return bool(re.sub(r"&nbsp;|&#160;", " ", bare).strip())
+
+
+def _strip(chunk: str) -> tuple[str, str, str]:
+    body = chunk.strip()
+    if not body:
+        return chunk, "", ""
+    lead = chunk[: chunk.index(body[0])]
+    return lead, body, chunk[len(lead) + len(body):]
+
+
+# --- markdown -----------------------------------------------------------------------------------------------------
+
+def _markdown(path: str, text: str, overwrite: bool) -> Document:
+    from markdown_it import MarkdownIt
+
+    lines = text.split("\n")
+    body = text
+    front = re.match(r"---\n.*?\n(---|\.\.\.)\n", text, re.DOTALL)
+    if front:  # (front matter: blank lines to the parser, kept as written)
+        body = "\n" * front.group().count("\n") + text[front.end():]
+    tokens = MarkdownIt("commonmark").enable("table").parse(body)
+    segments, edits = [], []  # edits: (line, start, end) of each content line of a segment, first line first
+    cursor: dict[int, int] = {}
+    block_map = None
+    for tok in tokens:
+        if tok.map is not None:
+            block_map = tok.map
+        if tok.type != "inline" or not tok.content.strip() or block_map is None:
+            continue
+        where = []
+        line = block_map[0]
+        for content_line in tok.content.split("\n"):
+            while line < block_map[1]:
+                at = lines[line].find(content_line.strip(), cursor.get(line, 0))
+                if at >= 0:
+                    where.append((line, at, at + len(content_line.strip())))
+                    cursor[line] = at + len(content_line.strip())
+                    break
+                line += 1
+        if len(where) != len(tok.content.split("\n")):
+            continue  # (content the parser rewrote beyond finding: left as written)
+        segments.append(Request(tok.content, path, where[0][0] + 1, extra={"markup": _markdown_markup(tok)}))
+        edits.append(where)
+
+    def write(outs: list[str]) -> str:
+        new = list(lines)
+        changes: dict[int, list] = {}
+        for where, out in zip(edits, outs):
+            for k, (line, a, b) in enumerate(where):
+                changes.setdefault(line, []).append((a, b, out if k == 0 else ""))
+        dropped = set()
+        for line, spans in changes.items():
+            s = new[line]
+            for a, b, rep in sorted(spans, reverse=True):
+                s = s[:a] + rep + s[b:]
+            if not s.strip(" >") and line not in (w[0][0] for w in edits):
+                dropped.add(line)  # (a paragraph's later line, now empty: the paragraph is one line)
+            new[line] = s
+        return "\n".join(s for i, s in enumerate(new) if i not in dropped)
+
+    return Document(segments, write)
+
+
+def _markdown_markup(tok) -> markups.Markup:
+    """An inline token's children as a Markup: emphasis, strong, strikethrough and links paired nodes (a link's
+    target kept), inline code, images, autolinks and inline HTML fixed."""
+    b = markups.Builder()
+    children = tok.children or []
+    i = 0
+    while i < len(children):
+        c = children[i]
+        kind = c.type
+        if kind == "text":
+            b.text(c.content)
+        elif kind in ("softbreak", "hardbreak"):
+            b.text(" ")
+        elif kind == "code_inline":
+            b.fixed(c.markup + c.content + c.markup, placeholder=True)
+        elif kind == "image":
+            title = c.attrs.get("title")
+            b.fixed(f"![{c.content}]({c.attrs.get('src', '')}" + (f' "{title}"' if title else "") + ")",
+                    placeholder=True)
+        elif kind == "html_inline":
+            b.fixed(c.content)
+        elif kind == "link_open" and c.markup == "autolink":
+            j = next((k for k in range(i, len(children)) if children[k].type == "link_close"), len(children) - 1)
+            b.fixed(f"<{children[i + 1].content if i + 1 < j else c.attrs.get('href', '')}>", placeholder=True)
+            i = j
+        elif kind == "link_open":
+            b.open("[")
+        elif kind == "link_close":
+            opener = next(t for t in reversed(children[:i]) if t.type == "link_open")
+            title = opener.attrs.get("title")
+            b.close(f"]({opener.attrs.get('href', '')}" + (f' "{title}"' if title else "") + ")")
+        elif kind.endswith("_open"):
+            b.open(c.markup)
+        elif kind.endswith("_close"):
+            b.close(c.markup)
+        else:
+            b.text(c.content)
+        i += 1
+    return b.done()
+
+
+# --- subtitles ----------------------------------------------------------------------------------------------------
+
+_SRT_TIME = r"\d{1,2}:\d{2}:\d{2}[,.]\d{3}"
+_VTT_TIME = r"(?:\d{2,}:)?\d{2}:\d{2}\.\d{3}"
+_SENTENCE_END = re.compile(r"[.!?…♪:;\"»”)\]]\s*$")
+_CUES_A_SENTENCE = 5  # at most this many cues joined into one segment
+
+
+def _subtitles(fmt: str) -> Callable:
+    timing = re.compile(rf"^({_SRT_TIME}|{_VTT_TIME})\s+-->\s+({_SRT_TIME}|{_VTT_TIME})(\s.*)?$")
+
+    def reader(path: str, text: str, overwrite: bool) -> Document:
+        lines = text.split("\n")
+        cues = []  # [first text line, last text line + 1]
+        i = 0
+        if fmt == "vtt":
+            if not lines or not lines[0].lstrip("\ufeff").startswith("WEBVTT"):
+                raise InputError(path, 1, 'a WebVTT file starts with "WEBVTT"')
+            while i < len(lines) and lines[i].strip():
+                i += 1  # (the header)
+        while i < len(lines):
+            if not lines[i].strip():
+                i += 1
+                continue
+            start = i
+            while i < len(lines) and lines[i].strip():
+                i += 1
+            block = lines[start:i]
+            if fmt == "vtt" and re.match(r"(NOTE|STYLE|REGION)(\s|$)", block[0]):
+                continue
+            k = next((k for k, line in enumerate(block[:2]) if "-->" in line), None)
+            if k is None:
+                raise InputError(path, start + 1, f"a cue without a time line (\"00:00:01{',' if fmt == 'srt' else '.'}"
+                                                  f"000 --> 00:00:02{',' if fmt == 'srt' else '.'}000\")")
+            m = timing.match(block[k].strip())
+            if not m or not re.fullmatch(_SRT_TIME if fmt == "srt" else _VTT_TIME, m.group(1)) or not re.fullmatch(
+                    _SRT_TIME if fmt == "srt" else _VTT_TIME, m.group(2)):
+                raise InputError(path, start + k + 1, f"a cue time that does not parse: {block[k].strip()!r}")
+            if fmt == "srt" and k == 1 and not block[0].strip().isdigit():
+                raise InputError(path, start + 1, f"a cue number that is not a number: {block[0].strip()!r}")
+            if start + k + 1 < i:
+                cues.append((start + k + 1, i))
+        groups, group = [], []
+        for k, cue in enumerate(cues):
+            group.append(cue)
+            last = re.sub(r"<[^>]*>", "", lines[cue[1] - 1])
+            after = re.sub(r"<[^>]*>", "", lines[cues[k + 1][0]]).lstrip() if k + 1 < len(cues) else ""
+            # a sentence runs on into the next cue when this one has no final punctuation and the next starts in
+            # lower case
+            if _SENTENCE_END.search(last) or not after[:1].islower() or len(group) >= _CUES_A_SENTENCE:
+                groups.append(group)
+                group = []
+        if group:
+            groups.append(group)
+        segments = []
+        for g in groups:
+            fragment = " ".join(f'<tfcli-cue n="{n}">' + " ".join(lines[a:b]) + "</tfcli-cue>"
+                                for n, (a, b) in enumerate(g))
+            m = markups.read_html(fragment, escape=lambda s: s)
+            segments.append(Request(m.plain, path, g[0][0] + 1, extra={"markup": m}))
+
+        def write(outs: list[str]) -> str:
+            new = list(lines)
+            for g, out in zip(groups, outs):
+                texts = _cue_texts(out, len(g))
+                for (a, b), cue_text in zip(g, texts):
+                    new[a:b] = [_wrap(cue_text, b - a)] + [None] * (b - a - 1)
+            return "\n".join(line for line in new if line is not None)
+
+        return Document(segments, write)
+
+    return reader
+
+
+def _cue_texts(rendered: str, n: int) -> list[str]:
+    """A rendered segment's text of each cue (its tfcli-cue element's; words outside any go to the cue before);
+    a cue left with no word takes half of its neighbour's, so that no cue is empty."""
+    texts = [""] * n
+    current = 0
+    for piece in re.split(r'(<tfcli-cue n="\d+">|</tfcli-cue>)', rendered):
+        m = re.match(r'<tfcli-cue n="(\d+)">', piece)
+        if m:
+            current = int(m.group(1))
+        elif piece != "</tfcli-cue>":
+            texts[current] += piece
+    texts = [" ".join(t.split()) for t in texts]
+    for k in range(n):
+        if not re.sub(r"<[^>]*>", "", texts[k]).strip() and "<" not in texts[k]:
+            donor = next((d for d in sorted(range(n), key=lambda d: abs(d - k))
+                          if len(texts[d].split()) > 1 and "<" not in texts[d]), None)
+            if donor is not None:
+                words = texts[donor].split()
+                half = len(words) // 2
+                give, keep = (words[half:], words[:half]) if donor < k else (words[:half], words[half:])
+                texts[k], texts[donor] = " ".join(give), " ".join(keep)
+    return texts
+
+
+def _wrap(text: str, n_lines: int) -> str:
+    """A cue's text on as many lines as the source cue had (at most 2), broken at the space nearest the middle."""
+    if n_lines < 2 or " " not in text:
+        return text
+    mid = len(text) // 2
+    spaces = [m.start() for m in re.finditer(" ", text)]
+    cut = min(spaces, key=lambda s: abs(s - mid))
+    return text[:cut] + "\n" + text[cut + 1:]
+
+
+# --- po -----------------------------------------------------------------------------------------------------------
+
+_PO_LINE = re.compile(r'^\s*(?:#.*|(?:msgctxt|msgid|msgid_plural|msgstr(?:\[\d+\])?)\s+"(?:[^"\\]|\\.)*"\s*'
+                      r'|"(?:[^"\\]|\\.)*"\s*|)$')
+
+
+def _po(path: str, text: str, overwrite: bool) -> Document:
+    import polib
+
+    for k, line in enumerate(text.split("\n")):
+        if not _PO_LINE.match(line):
+            raise InputError(path, k + 1, f"not a PO line (a keyword and a quoted string, a string, or a # comment): "
+                                          f"{line.strip()[:60]!r}")
+    try:
+        po = polib.pofile(text, wrapwidth=_po_width(text))
+    except (OSError, ValueError) as e:
+        m = re.search(r"line (\d+)", str(e))
+        raise InputError(path, int(m.group(1)) if m else 1, f"not a PO file ({e})") from None
+    forms = re.search(r"nplurals\s*=\s*(\d+)", po.metadata.get("Plural-Forms", ""))
+    nplurals = int(forms.group(1)) if forms else 2
+    todo, segments = [], []
+    for entry in po:
+        if entry.obsolete or not entry.msgid:
+            continue
+        done = any(entry.msgstr_plural.values()) if entry.msgid_plural else bool(entry.msgstr)
+        if done and not overwrite:
+            continue
+        sources = [entry.msgid] + ([entry.msgid_plural] if entry.msgid_plural else [])
+        spans = []
+        for source in sources:
+            reqs = _lines(source, path, entry.linenum, _kind(source))
+            spans.append(len(reqs))
+            segments += reqs
+        todo.append((entry, spans))
+
+    def write(outs: list[str]) -> str:
+        pos = 0
+        for entry, spans in todo:
+            texts = []
+            for n in spans:
+                texts.append("\n".join(outs[pos : pos + n]))
+                pos += n
+            if entry.msgid_plural:  # (form 0 the singular's translation, the others the plural's)
+                entry.msgstr_plural = {k: texts[0] if k == 0 else texts[1] for k in range(nplurals)}
+            else:
+                entry.msgstr = texts[0]
+            if "fuzzy" not in entry.flags:
+                entry.flags.append("fuzzy")
+        return str(po) + ("\n" if text.endswith("\n") else "")
+
+    return Document(segments, write)
+
+
+def _po_width(text: str) -> int:
+    """The line width the file was wrapped to (gettext's 79 unless a longer string line shows a wider one)."""
+    longest = max((len(line) for line in text.split("\n") if line.startswith('"')), default=0)
+    return 79 if longest <= 80 else longest + 1
+
+
+# --- xliff --------------------------------------------------------------------------------------------------------
+
+def _xliff(path: str, text: str, overwrite: bool) -> Document:
+    from lxml import etree
+
+    try:
+        root = etree.fromstring(text.encode(), etree.XMLParser(remove_blank_text=False, resolve_entities=False))
+    except etree.XMLSyntaxError as e:
+        raise InputError(path, e.lineno or 1, f"not well-formed XML ({e.msg})") from None
+    ns = etree.QName(root).namespace or ""
+    version = root.get("version", "")
+    if etree.QName(root).localname != "xliff" or not version.startswith(("1.", "2.")):
+        raise InputError(path, 1, "not an XLIFF file (an <xliff version=\"1.2\" or \"2.x\"> root)")
+    q = (lambda name: f"{{{ns}}}{name}") if ns else (lambda name: name)
+    holders = root.iter(q("trans-unit")) if version.startswith("1.") else root.iter(q("segment"))
+    todo, segments = [], []
+    for holder in holders:
+        if holder.get("translate") == "no" or (version.startswith("2.") and
+                                               holder.getparent().get("translate") == "no"):
+            continue
+        source = holder.find(q("source"))
+        target = holder.find(q("target"))
+        if source is None or (target is not None and _inner(target, ns).strip() and not overwrite):
+            continue
+        inner = _inner(source, ns)
+        if not inner.strip():
+            continue
+        segments.append(Request(inner, path, source.sourceline or 1, extra={"markup": "xml"}))
+        todo.append((holder, source, target))
+
+    def write(outs: list[str]) -> str:
+        for (holder, source, target), out in zip(todo, outs):
+            new = etree.fromstring(f'<target xmlns="{ns}">{out}</target>' if ns else f"<target>{out}</target>")
+            if target is not None:
+                new.attrib.update({k: v for k, v in target.attrib.items() if k != "state"})
+                new.tail = target.tail
+                holder.replace(target, new)
+            else:
+                new.tail = source.tail
+                source.addnext(new)
+            if version.startswith("1."):
+                new.set("state", "needs-review-translation")
+            else:
+                holder.set("state", "translated")
+        declaration = re.match(r"<\?xml[^>]*\?>\s*", text)
+        body = etree.tostring(root.getroottree(), encoding="unicode")
+        return (declaration.group() if declaration else "") + body + ("\n" if text.endswith("\n") else "")
+
+    return Document(segments, write)
+
+
+def _inner(element, ns: str) -> str:
+    """An element's content as XML text (its children written without the document's namespace declaration)."""
+    from lxml import etree
+
+    out = markups.xml_escape(element.text or "")
+    for child in element:
+        out += etree.tostring(child, encoding="unicode", with_tail=True)
+    return out.replace(f' xmlns="{ns}"', "") if ns else out
+
+
+# --- json ---------------------------------------------------------------------------------------------------------
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"(\s*:)?')
+
+
+def _json(path: str, text: str, overwrite: bool) -> Document:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(path, e.lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+    values = [m.start() for m in _JSON_STRING.finditer(text) if not m.group(1)]  # (string values, in order)
+    strings: list[tuple[list, object]] = []
+
+    def walk(node, trail):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, trail + [k])
+        elif isinstance(node, list):
+            for k, v in enumerate(node):
+                walk(v, trail + [k])
+        elif isinstance(node, str):
+            strings.append((trail, node))
+
+    walk(data, [])
+    segments, spans = [], []
+    for n, (trail, value) in enumerate(strings):
+        lineno = _line_of(text, values[n]) if n < len(values) else 1
+        reqs = _lines(value, path, lineno, _kind(value)) if value.strip() else []
+        spans.append(len(reqs))
+        segments += reqs
+    indent = re.search(r"\n([ \t]+)\S", text)
+
+    def write(outs: list[str]) -> str:
+        pos = 0
+        for (trail, value), n in zip(strings, spans):
+            if not n:
+                continue
+            holder = data
+            for key in trail[:-1]:
+                holder = holder[key]
+            holder[trail[-1]] = "\n".join(outs[pos : pos + n])
+            pos += n
+        result = data if strings and strings[0][0] else ("\n".join(outs[:spans[0]]) if spans and spans[0] else data)
+        dumped = json.dumps(result, ensure_ascii=False, indent=indent.group(1) if indent else None)
+        return dumped + ("\n" if text.endswith("\n") else "")
+
+    return Document(segments, write)
+
+
+READERS = {"html-page": _html_page, "markdown": _markdown, "srt": _subtitles("srt"), "vtt": _subtitles("vtt"),
+           "po": _po, "xliff": _xliff, "json": _json}
+assert set(READERS) == set(FILE_FORMATS)
+
