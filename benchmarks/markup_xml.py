@@ -47,9 +47,9 @@ def tree(text: str):
 
 def pieces(text: str) -> list[str]:
     """The text between tags, unescaped (the scorer's segments for XML-BLEU)."""
-    from tfcli.formats.markup import unescape
+    import html
 
-    return [unescape(p) for p in re.split(r"<[^>]+>", text)]
+    return [html.unescape(p) for p in re.split(r"<[^>]+>", text)]
 
 
 def main() -> None:
@@ -65,8 +65,7 @@ def main() -> None:
     import sacrebleu
 
     import tfcli
-    from tfcli.formats.markup import read_xml
-    from tfcli.formats.placeholders import pattern
+    from tfcli.formats import placeholder_pattern as pattern, read_xml
     from tfcli.runtime import tune_process
 
     tune_process("cpu", args.threads)

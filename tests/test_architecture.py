@@ -118,6 +118,7 @@ ENTRY_POINTS = {
     "tfcli.specials": {"BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "SPECIAL_TOKENS"},
     "tfcli.errors": {"TfcliError"},
     "tfcli.io": {"atomic_write_text"},
+    "tfcli.formats": {"read_xml", "read_html", "Markup", "placeholder_pattern"},
 }
 # switches a benchmark flips in a process of its own (`python -c "import tfcli.x as m; m.NAME = ...; <the command>"`)
 # to measure what the choice behind each buys

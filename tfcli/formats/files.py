@@ -472,8 +472,10 @@ def _xliff(path: str, text: str, overwrite: bool) -> Document:
                 new.attrib.update({k: v for k, v in target.attrib.items() if k != "state"})
                 new.tail = target.tail
                 holder.replace(target, new)
-            else:
+            else:  # (after its source, indented as the source is)
+                before = source.getprevious()
                 new.tail = source.tail
+                source.tail = (before.tail if before is not None else holder.text) or source.tail
                 source.addnext(new)
             if version.startswith("1."):
                 new.set("state", "needs-review-translation")
