@@ -94,6 +94,20 @@ def portable(text: str, root: Path | str = ROOT) -> str:
     return _MACHINE_PATH.sub(short, text)
 
 
+def best_of(ways: dict, repeats: int) -> tuple[dict, dict]:
+    """Each way (name -> a function of no arguments) run `repeats` times, the ways in turn, side by side: (the last
+    output of each, its times in seconds)."""
+    import time
+
+    outputs, times = {}, {name: [] for name in ways}
+    for _ in range(repeats):
+        for name, f in ways.items():
+            start = time.perf_counter()
+            outputs[name] = f()
+            times[name].append(time.perf_counter() - start)
+    return outputs, times
+
+
 def write_results(out: str | Path, result: dict, markdown: str, quiet: bool = False) -> None:
     """OUT.json and OUT.md (OUT is a path without suffix), each written whole (temp + rename: a run killed at a time
     limit leaves the last complete version), without this machine's paths (`portable`), and the Markdown on stdout

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import cpu_name, write_results
+from common import best_of, cpu_name, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -107,12 +107,7 @@ def main() -> None:
     opts = dict(beam_size=args.beam, batch_size=args.batch, src_lang="en")
     ways = {"without glossary": lambda: t.translate(lines, **opts),
             "with glossary": lambda: t.translate(lines, glossary=glossary, **opts)}
-    times, outputs = {name: [] for name in ways}, {}
-    for _ in range(args.repeats):
-        for name, f in ways.items():
-            start = time.perf_counter()
-            outputs[name] = f()
-            times[name].append(time.perf_counter() - start)
+    outputs, times = best_of(ways, args.repeats)
     # the task's own setup: each sentence with its own dictionary as its glossary (one call a sentence; a sentence
     # without terms is its translation without a glossary, which does not depend on its batch)
     start = time.perf_counter()

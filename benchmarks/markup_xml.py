@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import cpu_name, write_results
+from common import best_of, cpu_name, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -79,12 +79,7 @@ def main() -> None:
     opts = dict(beam_size=args.beam, batch_size=args.batch)
     ways = {"xml": lambda: t.translate(tagged, input_format="xml", **opts),
             "plain": lambda: t.translate(plain, placeholders="never", **opts)}  # (plain: already without them)
-    times, outs = {w: [] for w in ways}, {}
-    for _ in range(args.repeats):
-        for name, f in ways.items():
-            start = time.perf_counter()
-            outs[name] = f()
-            times[name].append(time.perf_counter() - start)
+    outs, times = best_of(ways, args.repeats)
     xml = outs["xml"]
     trees = [tree(o) for o in xml]
     ref_trees = [tree(r) for r in refs]

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import SHARED_DATA, cpu_name, write_results
+from common import SHARED_DATA, best_of, cpu_name, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -63,13 +63,7 @@ def main() -> None:
     ways = {"sentence by sentence": by_sentence,
             "never": lambda: t.translate(paras, split_sentences="never", src_lang=args.src, **opts),
             "auto": lambda: t.translate(paras, split_sentences="auto", src_lang=args.src, **opts)}
-    times = {name: [] for name in ways}
-    outputs = {}
-    for _ in range(args.repeats):
-        for name, f in ways.items():
-            start = time.perf_counter()
-            outputs[name] = f()
-            times[name].append(time.perf_counter() - start)
+    outputs, times = best_of(ways, args.repeats)
     ref_way = outputs["sentence by sentence"]
     res = {"command": shlex.join([".venv/bin/python", "benchmarks/translate_documents.py", *sys.argv[1:]]),
            "cpu": cpu_name(), "threads": args.threads, "checkpoint": str(checkpoint_meta.resolve(args.checkpoint)),

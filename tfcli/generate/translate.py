@@ -268,6 +268,8 @@ class Pipeline:
         m = req.extra.get("markup")
         if not isinstance(m, markups.Markup):
             return translations
+        if not m.root.children:  # (nothing to put back: the words, escaped as the format writes them)
+            return [dataclasses.replace(t, text=m.render(t.text, None)) for t in translations]
         lead = self.languages.leads
         src_words = [w for u in units for w in self.src_tok.decode(
             [t for t in u.src[lead:] if t != EOS_ID], skip_special_tokens=False).split()]
