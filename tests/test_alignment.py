@@ -62,3 +62,74 @@ def test_subword_tokens_map_to_their_words_and_pairs_merge():
     assert word_of_token(tok, [0, 1, 2, 3, 4, 5], raw=False) == [0, 0, 0, 1, 2, 2]
     assert word_of_token(tok, [0, 1, 2], raw=True) == [0, 1, 2]
     assert pharaoh([(1, 0), (0, 0), (1, 0), (2, 1), (0, 2)]) == "0-0 1-0 2-1 0-2"
+
+
+def test_word_starts_from_metaspace_pieces_are_those_of_decoding_each_prefix():
+    """The one-pass word count over SentencePiece-style pieces equals the definition (the words of each prefix's
+    decoding) on trained tokenizers, over random ids: lone "▁" pieces, special tokens and all."""
+    import random
+    from pathlib import Path
+
+    from tfcli.data.tokenizer import train_tokenizer
+    from tfcli.generate.alignment import _metaspace
+
+    text = (Path(__file__).parent / "data" / "formats" / "markdown-it-py.md").read_text().splitlines()
+    rng = random.Random(0)
+    for kind in ("bpe", "unigram"):
+        tok = train_tokenizer(kind, text, 300)
+        assert _metaspace(tok) == "▁"
+        for _ in range(200):
+            ids = [rng.randrange(tok.get_vocab_size()) for _ in range(rng.randrange(1, 25))]
+            slow = [max(len(tok.decode(ids[: i + 1], skip_special_tokens=False).split()), 1) - 1
+                    for i in range(len(ids))]
+            assert word_of_token(tok, ids, raw=False) == slow, [tok.id_to_token(i) for i in ids]
+
+
+def test_the_aligning_layers_weights_are_the_full_forwards():
+    """Decoder.cross_weights (the layers up to the aligning one, then its attention alone) gives the weights a
+    full teacher-forced forward hands back, in every layer placement the models use."""
+    import torch
+
+    from tfcli.model.config import preset
+    from tfcli.model.transformer import build_model
+
+    for kw in ({}, {"norm": "pre"}, {"norm": "pre", "n_kv_head": 2, "qk_norm": True}):
+        model = build_model(preset("toy", src_vocab_size=40, tgt_vocab_size=40, **kw)).eval()
+        src = torch.randint(4, 40, (3, 7))
+        src[1, 5:] = 0
+        tgt = torch.randint(4, 40, (3, 6))
+        attn = {"encoder": [], "self": [], "cross": []}
+        with torch.inference_mode():
+            memory, mask = model.encode(src, attn_out=attn)
+            model.decode(tgt, memory, mask, attn_out=attn)
+            for layer in range(1, model.cfg.n_decoder_layers + 1):
+                ours = model.decoder.cross_weights(tgt, memory, mask, layer)
+                torch.testing.assert_close(ours, attn["cross"][layer - 1].float(), atol=1e-5, rtol=1e-4)
+
+
+def test_alignment_reads_the_encoder_output_the_search_computed(copier):
+    """The alignment pass takes each row's encoder output from the search's own encoding (Remembered), and encodes
+    only rows the search never saw."""
+    import torch
+
+    from tfcli.generate.alignment import Remembered
+    from tfcli.generate.step import step_model
+    from tfcli import checkpoint
+
+    model, _ = checkpoint.load(copier)
+    inner = step_model(model)
+    sm, encoded = Remembered(inner), []
+    encode = inner.encode
+    inner.encode = lambda src: encoded.append(len(src)) or encode(src)
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0], [10, 2, 0, 0]])
+    with torch.inference_mode():
+        sm.encode(src[:2])
+        sm.encode(src[2:])
+        memory, mask = sm.recall(src[[2, 0, 0]])
+        assert encoded == [2, 1]
+        direct, direct_mask = encode(src[[2, 0, 0]])
+        torch.testing.assert_close(memory, direct)
+        assert torch.equal(mask, direct_mask)
+        other = torch.tensor([[11, 12, 2, 0]])
+        torch.testing.assert_close(sm.recall(other)[0], encode(other)[0])
+        assert encoded == [2, 1, 1]

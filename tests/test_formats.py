@@ -65,6 +65,20 @@ def test_the_identity_alignment_gives_the_source_back():
     assert m.render("Weiter. \"zitiert\"", [(0, 0), (1, 0), (2, 1)]) == "<a href=\"x\">Weiter</a>. \"<i>zitiert</i>\""
 
 
+def test_the_aligners_words_are_found_in_the_plain_text():
+    """The source words the aligner saw (a tokenizer's decoding: unknown characters, words split or joined) are
+    mapped onto the plain text's words: equal words as words, the stretches between them by their characters."""
+    plain = "If you don’t have a forecast, click Add a Forecast Type".split()
+    seen = "If you don<unk>t have a fore cast, click Add a Forecast Type".split()
+    assert markup._word_map(seen, plain) == [0, 1, 2, 3, 4, 5, 5, 6, 7, 8, 9, 10]
+    assert markup._word_map("a b".split(), "ab".split()) == [0, 0]
+    assert markup._word_map("x a extra b".split(), "a b".split()) == [0, 0, 0, 1]
+    m = markup.read_xml("If you don’t have <b>a forecast</b>, click")
+    aligned = [(i, i) for i in range(len(seen[:8]))]
+    assert m.render("If you don’t have a fore cast, click", aligned, seen[:8]) == (
+        "If you don’t have <b>a fore cast</b>, click")
+
+
 def test_reordered_words_take_their_tags_with_them():
     m = markup.read_xml("Click <b>Save</b> now")
     assert m.render("jetzt Speichern klicken", [(0, 2), (1, 1), (2, 0)]) == "jetzt <b>Speichern</b> klicken"

@@ -80,8 +80,24 @@ class Markup:
 
 
 def _word_map(aligned: list[str], plain: list[str]) -> list[int]:
-    """For each word of `aligned` (a tokenizer's decoding of `plain`), the word of `plain` it is in: the two
-    compared character by character without spaces (difflib where the tokenizer changed characters)."""
+    """For each word of `aligned` (a tokenizer's decoding of `plain`), the word of `plain` it is in: the words
+    that are the same matched as words, the stretches between them character by character without spaces
+    (difflib, where the tokenizer changed characters or spaces)."""
+    if not plain:
+        return [0] * len(aligned)
+    out: list[int] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, aligned, plain, autojunk=False).get_opcodes():
+        if tag == "equal":
+            out += range(j1, j2)
+        elif j1 == j2:  # (words the tokenizer added: with the plain word before them)
+            out += [min(max(j1 - 1, 0), len(plain) - 1)] * (i2 - i1)
+        else:
+            out += [j1 + k for k in _char_map(aligned[i1:i2], plain[j1:j2])]
+    return out
+
+
+def _char_map(aligned: list[str], plain: list[str]) -> list[int]:
+    """`_word_map` of a stretch whose words differ: characters matched, spaces left out."""
     a, p = "".join(aligned), "".join(plain)
     owner_p = [k for k, w in enumerate(plain) for _ in w]
     starts, pos = [], 0
@@ -97,7 +113,7 @@ def _word_map(aligned: list[str], plain: list[str]) -> list[int]:
     out = []
     for s, w in zip(starts, aligned):
         hits = [where[s + k] for k in range(len(w)) if where[s + k] >= 0]
-        out.append(hits[0] if hits else round(s * len(plain) / max(len(a), 1)) if plain else 0)
+        out.append(hits[0] if hits else min(round(s * len(plain) / max(len(a), 1)), len(plain) - 1))
     return out
 
 

@@ -1,8 +1,8 @@
 """Word alignments from the cross-attention (fairseq `--print-alignment`, Marian `--alignment hard`).
 
 For each output token y_t, the source token that the chosen decoder layer's cross-attention (heads averaged) weighs
-most, in a teacher-forced pass over the source and the finished hypothesis; the source's </s> and padding are
-never chosen. Tokens are then mapped to words: source words are the input line's whitespace-separated words, target
+most, in a teacher-forced pass over the finished hypothesis that runs the decoder only up to that layer's attention,
+on the encoder output the search decoded from; the source's </s> and padding are never chosen. Tokens are then mapped to words: source words are the input line's whitespace-separated words, target
 words the output text's (with `raw`, the printed subword tokens on both sides), and a pair of words is aligned when
 any of their tokens are. Written in Pharaoh format, `i-j` for source word i and target word j (0-based), in target
 order. The default layer is the penultimate: its attention aligns best in a standard Transformer (Garg et al.
@@ -17,25 +17,66 @@ from tfcli.data.batching import pad
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 
 
+CHUNK = 16  # hypotheses a teacher-forced pass takes at once, sorted by length
+
+
 def default_layer(n_layers: int) -> int:
     """The 1-based decoder layer whose cross-attention aligns: the penultimate (the only one of a 1-layer decoder)."""
     return max(n_layers - 1, 1)
 
 
 @torch.inference_mode()
-def token_alignments(model, src: torch.Tensor, hyps: list[list[int]], layer: int) -> list[list[int]]:
+def token_alignments(model, src: torch.Tensor, hyps: list[list[int]], layer: int, encode=None) -> list[list[int]]:
     """For each hypothesis (its tokens, without </s>) of the source row of the same index in `src` (B, S): the
-    source position each of its tokens is aligned to."""
+    source position each of its tokens is aligned to. `encode`: src -> (memory, mask), the encoder output the search
+    decoded from (`Remembered.recall`; the model's own `encode` by default), called once for the distinct rows. Only the decoder layers up to the aligning one
+    run, and of that one only its attention."""
     if not any(hyps):
         return [[] for _ in hyps]
-    tgt_in = pad([[BOS_ID] + h for h in hyps]).to(src.device)  # query t predicts hypothesis token t
-    attn: dict[str, list[torch.Tensor]] = {"encoder": [], "self": [], "cross": []}
-    memory, mem_mask = model.encode(src, attn_out=attn)
-    model.decode(tgt_in, memory, mem_mask, attn_out=attn)
-    weights = attn["cross"][layer - 1].float().mean(1)  # (B, T, S), heads averaged
-    weights = weights.masked_fill(((src == PAD_ID) | (src == EOS_ID))[:, None, :], float("-inf"))
-    best = weights.argmax(-1).tolist()
-    return [row[: len(h)] for row, h in zip(best, hyps)]
+    rows, index = torch.unique(src, dim=0, return_inverse=True)
+    memory, mem_mask = (encode or model.encode)(rows)
+    out: list[list[int]] = [[] for _ in hyps]
+    order = sorted(range(len(hyps)), key=lambda i: len(hyps[i]))  # similar lengths together: little padding
+    for at in range(0, len(order), CHUNK):
+        part = [i for i in order[at : at + CHUNK] if hyps[i]]
+        if not part:
+            continue
+        tgt_in = pad([[BOS_ID] + hyps[i] for i in part]).to(src.device)  # query t predicts hypothesis token t
+        take = index[torch.tensor(part, device=index.device)]
+        weights = model.decoder.cross_weights(tgt_in, memory[take], mem_mask[take], layer).mean(1)  # heads averaged
+        weights = weights.masked_fill(((rows[take] == PAD_ID) | (rows[take] == EOS_ID))[:, None, :], float("-inf"))
+        for i, best in zip(part, weights.argmax(-1).tolist()):
+            out[i] = best[: len(hyps[i])]
+    return out
+
+
+class Remembered:
+    """A StepModel that keeps the encoder outputs the search computes, so that the alignment pass reads each
+    source row's instead of encoding it again (`recall`). Everything else is the StepModel's own."""
+
+    def __init__(self, sm):
+        self.sm, self.kept = sm, []
+
+    def __getattr__(self, name):
+        return getattr(self.sm, name)
+
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        memory, mask = self.sm.encode(src)
+        self.kept.append((src, memory, mask))
+        return memory, mask
+
+    def recall(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder output and mask of the rows `src`, as `encode` gave them (found by their ids, on the device:
+        no wait for it); rows it never saw are encoded now."""
+        seen = [k for k in self.kept if k[0].size(1) == src.size(1)]
+        if not seen:
+            return self.sm.encode(src)
+        ids, memory, mask = (torch.cat(t) for t in zip(*seen))
+        same = (src[:, None, :] == ids[None, :, :]).all(-1)  # (B, kept)
+        if not bool(same.any(1).all()):
+            return self.sm.encode(src)
+        at = same.float().argmax(1)
+        return memory[at], mask[at]
 
 
 def word_of_token(tok, ids: list[int], raw: bool) -> list[int]:
@@ -43,11 +84,30 @@ def word_of_token(tok, ids: list[int], raw: bool) -> list[int]:
     decoded text (with `raw`: each token is a word). A token that starts no new word belongs to the word before."""
     if raw:
         return list(range(len(ids)))
-    words, out = 0, []
-    for i in range(len(ids)):
-        words = max(len(tok.decode(ids[: i + 1], skip_special_tokens=False).split()), 1)
-        out.append(words - 1)
-    return out
+    replacement = _metaspace(tok)
+    if replacement is not None:  # decoding only turns the replacement into spaces: the pieces, counted in one pass
+        out, words, space = [], 0, True
+        for piece in (tok.id_to_token(i) or "" for i in ids):
+            text = piece.replace(replacement, " ")
+            if text:  # (its first word continues the one before when neither side has a space)
+                words += len(text.split()) - (not space and not text[0].isspace())
+                space = text[-1].isspace()
+            out.append(max(words, 1) - 1)
+        return out
+    prefixes = [ids[: i + 1] for i in range(len(ids))]  # (any decoder: the words of each prefix's decoding)
+    if hasattr(tok, "decode_batch"):
+        texts = tok.decode_batch(prefixes, skip_special_tokens=False)
+    else:
+        texts = [tok.decode(p, skip_special_tokens=False) for p in prefixes]
+    return [max(len(t.split()), 1) - 1 for t in texts]
+
+
+def _metaspace(tok) -> str | None:
+    """The replacement character of a tokenizer whose decoder is a plain Metaspace (SentencePiece's), else None."""
+    from tokenizers import decoders
+
+    decoder = getattr(tok, "decoder", None)
+    return decoder.replacement if isinstance(decoder, decoders.Metaspace) else None
 
 
 def pharaoh(pairs: list[tuple[int, int]]) -> str:

@@ -32,7 +32,7 @@ from tfcli.generate.loader import Loaded, load_ensemble
 from tfcli.generate.glossary import Glossary
 from tfcli.formats import files, markup as markups
 from tfcli.formats.placeholders import pattern as placeholder_pattern
-from tfcli.generate.alignment import default_layer, pharaoh, token_alignments, word_alignment
+from tfcli.generate.alignment import Remembered, default_layer, pharaoh, token_alignments, word_alignment
 from tfcli.generate.request import SIDE_FILES, Request, Translation, jsonl_requests, requests, with_side_file
 from tfcli.generate.search import Hypothesis, Rows, SearchOptions, search
 from tfcli.generate.shards import translate_in_parts
@@ -457,11 +457,13 @@ class Pipeline:
         rows = Rows.build(self.device, self.max_len, [u.target for u in units], [u.line.avoid for u in units],
                           [u.must for u in units],
                           [u.line.index + (u.part << 40) for u in units] if self.options.sampling else None)
+        aligned = [self.cfg.alignment or _tagged(u.line.request) for u in units]
+        # (the alignment reads the encoder outputs the search computed; an ensemble aligns with its first model)
+        steps = Remembered(self.steps) if any(aligned) and not hasattr(self.steps, "members") else self.steps
         with self.precision:
-            hyps = search(self.steps, src, self.options, rows, slots, self.continuing)
-            aligned = [self.cfg.alignment or _tagged(u.line.request) for u in units]
+            hyps = search(steps, src, self.options, rows, slots, self.continuing)
             if any(aligned):
-                self._align(batch, src, hyps, aligned)
+                self._align(batch, src, hyps, aligned, steps)
         if self.languages.forces:  # the target language's token, forced first: not part of the translation
             skip = self.languages.forces
             for h in (h for hs in hyps for h in hs):
@@ -479,12 +481,14 @@ class Pipeline:
             self._continuing = out.to(self.device)
         return self._continuing if bool(self._continuing.any()) else None
 
-    def _align(self, batch: list[list[int]], src: torch.Tensor, hyps: list[list[Hypothesis]], which: list[bool]) -> None:
+    def _align(self, batch: list[list[int]], src: torch.Tensor, hyps: list[list[Hypothesis]], which: list[bool],
+               steps) -> None:
         """The word alignment of each hypothesis (every n-best one) of the units `which` says, from one
-        teacher-forced pass."""
+        teacher-forced pass of the decoder up to the aligning layer. `steps`: the StepModel that searched."""
         rows = [i for i, hs in enumerate(hyps) if which[i] for _ in hs]
         flat = [h for i, hs in enumerate(hyps) if which[i] for h in hs]
-        aligned = token_alignments(self.steps.model, src[rows], [h.tokens for h in flat], self.alignment_layer)
+        encode = steps.recall if isinstance(steps, Remembered) else steps.members[0].encode
+        aligned = token_alignments(steps.model, src[rows], [h.tokens for h in flat], self.alignment_layer, encode)
         skip = self.languages.forces
         for row, h, positions in zip(rows, flat, aligned):
             h.alignment = word_alignment(self.src_tok, self.tgt_tok, batch[row], h.tokens[skip:], positions[skip:],

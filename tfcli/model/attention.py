@@ -99,3 +99,16 @@ class MultiHeadAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.d_model)
         return self.out_proj(y), weights
 
+    def cross_weights(self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """softmax(Q K^T / sqrt(d_head) + mask) of a cross-attention, (B, n_head, T, S), without its product with V
+        or the output projection: what word alignment reads."""
+        assert self.cross
+        q = self._heads(self.q_proj(x))
+        k = self._heads(self.kv_proj(memory).split(self.fused_rows, dim=-1)[0])
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        scores = q.float() @ self._share(k).float().transpose(-1, -2) * self.d_head**-0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return scores.softmax(-1)
+

@@ -191,3 +191,9 @@ class DecoderLayer(nn.Module):
 
             x = self.res_cross(x, cross_attn)
         return self.res_ffn(x, self.ffn)
+
+    def cross_weights(self, x, memory, memory_mask, rope=None, pos=None) -> torch.Tensor:
+        """The cross-attention weights (B, n_head, T, S) this layer computes on x: its causal self-attention, then
+        only the weights of its cross-attention (MultiHeadAttention.cross_weights)."""
+        x = self.res_self(x, lambda h: self.self_attn(h, is_causal=True, rope=rope, pos=pos)[0])
+        return self.cross_attn.cross_weights(self.res_cross.norm(x) if self.res_cross.pre else x, memory, memory_mask)

@@ -108,14 +108,27 @@ class Decoder(nn.Module):
         """tgt: (B, T) ids; each position sees itself and those before it (the fused causal kernel). is_causal is a
         constant True, also for T = 1 (one query, one key: the same): a test on T would be a symbolic bool under
         torch.compile's dynamic shapes, which SDPA refuses (a graph break per layer)."""
-        T = tgt.size(1)
-        pos = torch.arange(T, device=tgt.device)
-        x = self.embed(tgt, pos, T)
-        # (a closure, not functools.partial: Dynamo before torch 2.3 cannot trace a partial of a module)
-        rope = (lambda x, p: self.rope(x, p, T)) if self.rope is not None else None
+        x, rope, pos = self._inputs(tgt)
         for layer in self.layers:
             x = layer(x, None, True, memory, memory_mask, rope, pos, attn_out)
         return self.norm(x)
+
+    def cross_weights(self, tgt: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor,
+                      layer: int) -> torch.Tensor:
+        """The cross-attention weights (B, n_head, T, S) of the 1-based decoder layer `layer` under teacher forcing
+        on `tgt`, the same as `forward(attn_out=...)` gives, from the layers before it and its own attention only."""
+        x, rope, pos = self._inputs(tgt)
+        for lay in self.layers[: layer - 1]:
+            x = lay(x, None, True, memory, memory_mask, rope, pos)
+        return self.layers[layer - 1].cross_weights(x, memory, memory_mask, rope, pos)
+
+    def _inputs(self, tgt: torch.Tensor):
+        """The embedded `tgt`, the RoPE function (or None) and the positions, as every layer takes them."""
+        T = tgt.size(1)
+        pos = torch.arange(T, device=tgt.device)
+        # (a closure, not functools.partial: Dynamo before torch 2.3 cannot trace a partial of a module)
+        rope = (lambda x, p: self.rope(x, p, T)) if self.rope is not None else None
+        return self.embed(tgt, pos, T), rope, pos
 
 
 class EncoderDecoder(nn.Module):
