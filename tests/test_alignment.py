@@ -133,3 +133,9 @@ def test_alignment_reads_the_encoder_output_the_search_computed(copier):
         other = torch.tensor([[11, 12, 2, 0]])
         torch.testing.assert_close(sm.recall(other)[0], encode(other)[0])
         assert encoded == [2, 1, 1]
+
+
+def test_an_ensemble_aligns_with_its_first_model(copier):
+    translator = tfcli.load([str(copier), str(copier)], device="cpu")
+    nbest = translator.translate_nbest(["cat dog egg"], n=1, alignment=True)
+    assert nbest[0][0].text == "cat dog egg" and nbest[0][0].alignment == [(0, 0), (1, 1), (2, 2)]

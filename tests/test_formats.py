@@ -168,6 +168,24 @@ def test_markup_leaves_the_translation_as_without_tags(random_checkpoint, tmp_pa
     assert all(structure(o, ordered=True) == structure(t, ordered=True) for o, t in zip(outs, tagged))
 
 
+def test_html_attributes_that_are_text_are_translated_on_their_own(random_checkpoint):
+    """alt, title, placeholder and aria-label values are translated as sentences of their own (the same output as
+    translating them alone), put back in their tags; the rest of the line as without them."""
+    import html
+
+    import tfcli
+
+    t = tfcli.load(str(random_checkpoint), device="cpu")
+    lines = ['cat <img alt="dog egg" src="x.png"> moon', '<a href="u" title="tree sun" aria-label="pig">rat</a> queen']
+    out = t.translate(lines, input_format="html")
+    alone = t.translate(["dog egg", "tree sun", "pig", "cat moon", "rat queen"])
+    alt = re.search(r'alt="([^"]*)"', out[0]).group(1)
+    assert html.unescape(alt) == alone[0] and 'src="x.png"' in out[0]
+    title, label = re.search(r'title="([^"]*)" aria-label="([^"]*)"', out[1]).groups()
+    assert (html.unescape(title), html.unescape(label)) == (alone[1], alone[2]) and 'href="u"' in out[1]
+    assert [untagged(o) for o in out] == alone[3:]
+
+
 def translate_file(model, name, tmp_path, *flags):
     out = tmp_path / ("out-" + name)
     res = cli("translate", "-m", model, DATA / name, "-o", out, *flags)

@@ -76,9 +76,8 @@ def _kind(text: str) -> str:
 # --- html-page ----------------------------------------------------------------------------------------------------
 
 _SEGMENT_BREAKS = markups.BLOCK | {"html", "head", "body", "title", "option", "button", "caption", "label",
-                                   "legend", "summary", "details", "select", "textarea", "img"}
+                                   "legend", "summary", "details", "select", "textarea"}
 _SKIP = {"script", "style", "template", "textarea"}
-_ATTRIBUTES = ("alt", "title", "placeholder", "aria-label")
 
 
 def _html_page(path: str, text: str, overwrite: bool) -> Document:
@@ -102,11 +101,7 @@ def _html_page(path: str, text: str, overwrite: bool) -> Document:
             at = offset(self)
             raw = self.get_starttag_text()
             if not state["skip"]:
-                for m in re.finditer(r"""\s(%s)\s*=\s*("([^"]*)"|'([^']*)')""" % "|".join(_ATTRIBUTES), raw,
-                                     re.IGNORECASE):
-                    group = 3 if m.group(3) is not None else 4
-                    if m.group(group).strip():
-                        cuts.append((at + m.start(group), at + m.end(group), "attr"))
+                cuts.extend((at + a, at + z, "attr") for a, z in markups.text_attributes(raw))
             if tag in _SEGMENT_BREAKS or tag in _SKIP:
                 boundary(at, at + len(raw))
             if tag in _SKIP:
@@ -133,9 +128,13 @@ def _html_page(path: str, text: str, overwrite: bool) -> Document:
     reader.close()
     boundary(len(text), len(text))
     cuts.sort()
+    # a segment with text translates the attributes of the tags inside it itself (Markup.attributes)
+    inside = [(s, e) for s, e, how in cuts if how == "html" and _has_text(text[s:e])]
     segments, places = [], []
     for start, end, how in cuts:
         chunk = text[start:end]
+        if how == "attr" and any(s <= start < e for s, e in inside):
+            continue
         if how == "html":
             if not _has_text(chunk):
                 continue

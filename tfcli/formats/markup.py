@@ -47,6 +47,31 @@ class Node:
             yield from c.walk()
 
 
+ATTRIBUTES = ("alt", "title", "placeholder", "aria-label")  # HTML attributes whose values are text to translate
+_ATTRIBUTE = re.compile(r"""\s(%s)\s*=\s*(?:"([^"]*)"|'([^']*)')""" % "|".join(ATTRIBUTES), re.IGNORECASE)
+
+
+def text_attributes(tag: str) -> list[tuple[int, int]]:
+    """Where the values of a start tag's `ATTRIBUTES` that hold text are, (start, end) in `tag`, last first."""
+    out = []
+    for m in _ATTRIBUTE.finditer(tag):
+        group = 2 if m.group(2) is not None else 3
+        if m.group(group).strip():
+            out.append(m.span(group))
+    return out[::-1]
+
+
+@dataclass(eq=False)
+class Attribute:
+    """An attribute value that is text (`ATTRIBUTES`): characters [start, end) of its node's `open`, and the value
+    unescaped (what is translated)."""
+
+    node: Node
+    start: int
+    end: int
+    text: str
+
+
 @dataclass
 class Markup:
     """A segment read: `plain` (what is translated), the node tree under `root`, and how a target word is written
@@ -55,18 +80,25 @@ class Markup:
     plain: str
     root: Node
     escape: Callable[[str], str] = staticmethod(lambda s: s)
+    attributes: list["Attribute"] = field(default_factory=list)  # attribute values translated on their own
 
     @property
     def nodes(self) -> list[Node]:
         return list(self.root.walk())
 
-    def render(self, target: str, alignment: list[tuple[int, int]] | None, src_words: list[str] | None = None) -> str:
+    def render(self, target: str, alignment: list[tuple[int, int]] | None, src_words: list[str] | None = None,
+               attributes: list[str] | None = None) -> str:
         """`target` (the translation of `plain`) with the nodes put back. `alignment`: (source word, target word)
         pairs, the source words being `src_words` (the words the aligner saw: the decoded source), mapped here onto
-        `plain`'s words; None or [] puts every node next to its neighbours by position alone."""
+        `plain`'s words; None or [] puts every node next to its neighbours by position alone. `attributes`: the
+        translations of `self.attributes`' values (None: as they were)."""
         words = target.split()
         if not self.root.children:
             return " ".join(self.escape(w) for w in words)
+        opens: dict[Node, str] = {}
+        for a, text in zip(self.attributes, attributes or ()):  # (from the last in a tag, so offsets hold)
+            tag = opens.get(a.node, a.node.open)
+            opens[a.node] = tag[: a.start] + html.escape(text) + tag[a.end :]
         src_map = _word_map(src_words, self.plain.split()) if src_words is not None else None
         to_tgt: dict[int, list[int]] = {}
         for i, j in alignment or ():
@@ -76,7 +108,7 @@ class Markup:
                 i = src_map[i]
             if 0 <= j < len(words):
                 to_tgt.setdefault(i, []).append(j)
-        return _Layout(self, words, to_tgt).text()
+        return _Layout(self, words, to_tgt, opens).text()
 
 
 def _word_map(aligned: list[str], plain: list[str]) -> list[int]:
@@ -120,8 +152,8 @@ def _char_map(aligned: list[str], plain: list[str]) -> list[int]:
 class _Layout:
     """The nodes placed over the target words, then written out."""
 
-    def __init__(self, markup: Markup, words: list[str], to_tgt: dict[int, list[int]]):
-        self.m, self.words, self.to_tgt = markup, words, to_tgt
+    def __init__(self, markup: Markup, words: list[str], to_tgt: dict[int, list[int]], opens: dict[Node, str]):
+        self.m, self.words, self.to_tgt, self.opens = markup, words, to_tgt, opens
         spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", markup.plain)]
         self.starts, self.ends = [s for s, _ in spans], [e for _, e in spans]
         self.span: dict[Node, tuple[int, int]] = {}
@@ -187,11 +219,12 @@ class _Layout:
         for c in node.children:
             a, b = self.span[c]
             out += list(range(j, a))
+            tag = self.opens.get(c, c.open)
             if c.fixed:
-                out.append((c.open, c.glue, 0))
+                out.append((tag, c.glue, 0))
             else:
                 inner = self._items(c, a, b)
-                out += [(c.open, NEXT, self._cut(c.start, a, lead=True) if b > a else 0)] + inner
+                out += [(tag, NEXT, self._cut(c.start, a, lead=True) if b > a else 0)] + inner
                 out.append((c.close, PREV, self._cut(c.end, b - 1, lead=False) if b > a else 0))
             j = b
         return out + list(range(j, hi))
@@ -425,11 +458,16 @@ def _matching(events: list, i: int) -> int:
 def read_html(segment: str, protect: re.Pattern | None = None, keep: frozenset = frozenset(),
               escape: Callable[[str], str] = xml_escape) -> Markup:
     """A segment of HTML (as browsers read it: never an error): void elements fixed, `KEEP` elements and `keep`
-    copied whole, an element left open closed by nothing (as written), a stray end tag kept where it stands."""
+    copied whole, an element left open closed by nothing (as written), a stray end tag kept where it stands; the
+    text values of `ATTRIBUTES` (alt, title, ...) in `Markup.attributes`, to be translated on their own."""
     from html.parser import HTMLParser
 
     keep = KEEP | keep
     b = Builder(protect, escape)
+    attributes: list[Attribute] = []
+
+    def values(node: Node) -> None:
+        attributes.extend(Attribute(node, a, z, html.unescape(node.open[a:z])) for a, z in text_attributes(node.open))
     starts = [0] + [m.end() for m in re.finditer("\n", segment)]
     offset = lambda pos: starts[pos[0] - 1] + pos[1]  # noqa: E731 (getpos's (line, column) as an offset)
     kept: list = []  # [(name, start offset, depth)] while inside a kept element
@@ -443,14 +481,17 @@ def read_html(segment: str, protect: re.Pattern | None = None, keep: frozenset =
                 return
             if tag in VOID:
                 b.fixed(raw, breaks=tag in BLOCK)
+                values(b.stack[-1].children[-1])
             elif _kept(tag, dict(attrs), keep):
                 kept.append((tag, at))
             else:
                 b.open(raw, breaks=tag in BLOCK)
+                values(b.stack[-1])
 
         def handle_startendtag(self, tag, attrs):
             if not kept:
                 b.fixed(self.get_starttag_text(), breaks=tag in BLOCK)
+                values(b.stack[-1].children[-1])
 
         def handle_endtag(self, tag):
             at = offset(self.getpos())
@@ -493,7 +534,9 @@ def read_html(segment: str, protect: re.Pattern | None = None, keep: frozenset =
         b.fixed(segment[kept[0][1]:], placeholder=True)
     while b.depth:
         b.close("")
-    return b.done()
+    out = b.done()
+    out.attributes = attributes
+    return out
 
 
 def _name(tag: str) -> str:

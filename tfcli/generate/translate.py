@@ -112,6 +112,7 @@ class _Line:
     terms: list = field(default_factory=list)  # the glossary's matches: (match, constraint ids)
     first: int = 0  # its first unit's index in the chunk's units
     n: int = 0  # and how many
+    attributes: list[int] = field(default_factory=list)  # of those, the last ones: each attribute value's (markup)
 
 
 @dataclass
@@ -232,8 +233,9 @@ class Pipeline:
         units: list[_Unit] = []
         for line in filter(None, lines):
             line.first = len(units)
-            units += [_Unit(line, p, *unit) for p, unit in enumerate(self._split(line))]
-            line.n = len(units) - line.first
+            attributes = self._attribute_units(line)
+            units += [_Unit(line, p, *unit) for p, unit in enumerate(self._split(line) + sum(attributes, []))]
+            line.n, line.attributes = len(units) - line.first, [len(a) for a in attributes]
         done = 0
         for finished in self._search_units(units):
             for line in finished:
@@ -262,9 +264,11 @@ class Pipeline:
             raise InputError(req.name, req.lineno, f"{e}{where}") from None
         return dataclasses.replace(req, text=m.plain, extra={**req.extra, "markup": m})
 
-    def _restore(self, req: Request, translations: list[Translation], units: list[_Unit]) -> list[Translation]:
+    def _restore(self, req: Request, translations: list[Translation], units: list[_Unit],
+                 attributes: list[str] | None = None) -> list[Translation]:
         """Each translation with the request's markup put back (Markup.render, by the word alignment over the
-        source words the aligner saw); the alignment kept only where --alignment asked for it."""
+        source words the aligner saw; `attributes`: its attribute values' translations); the alignment kept only
+        where --alignment asked for it."""
         m = req.extra.get("markup")
         if not isinstance(m, markups.Markup):
             return translations
@@ -273,8 +277,21 @@ class Pipeline:
         lead = self.languages.leads
         src_words = [w for u in units for w in self.src_tok.decode(
             [t for t in u.src[lead:] if t != EOS_ID], skip_special_tokens=False).split()]
-        return [dataclasses.replace(t, text=m.render(t.text, t.alignment, src_words),
+        return [dataclasses.replace(t, text=m.render(t.text, t.alignment, src_words, attributes),
                                     alignment=t.alignment if self.cfg.alignment else None) for t in translations]
+
+    def _attribute_units(self, line: _Line) -> list[list[tuple[list[int], list, list[str]]]]:
+        """The units of each of the line's attribute values that are text (alt, title, ...: Markup.attributes),
+        translated as sentences of their own after the line's text: windows where one is longer than the model
+        takes, no constraints."""
+        m = line.request.extra.get("markup")
+        if not isinstance(m, markups.Markup) or not m.attributes:
+            return []
+        room = self.max_len - 1 - (line.lead is not None)
+        if self._cuts is None:
+            self._cuts = (word_start_ids(self.src_tok), clause_end_ids(self.src_tok))
+        return [[self._unit(line, w, False, []) for w in _windows(ids, room, *self._cuts)]
+                for ids in encode_batch(self.src_tok, [a.text for a in m.attributes])]
 
     # --- encode: a request's text, languages and phrases as ids ----------------------------------------------
 
@@ -457,7 +474,9 @@ class Pipeline:
         rows = Rows.build(self.device, self.max_len, [u.target for u in units], [u.line.avoid for u in units],
                           [u.must for u in units],
                           [u.line.index + (u.part << 40) for u in units] if self.options.sampling else None)
-        aligned = [self.cfg.alignment or _tagged(u.line.request) for u in units]
+        # (a line's attribute values, its last units, are put back whole: no alignment)
+        aligned = [self.cfg.alignment or _tagged(u.line.request) and u.part < u.line.n - sum(u.line.attributes)
+                   for u in units]
         # (the alignment reads the encoder outputs the search computed; an ensemble aligns with its first model)
         steps = Remembered(self.steps) if any(aligned) and not hasattr(self.steps, "members") else self.steps
         with self.precision:
@@ -500,6 +519,12 @@ class Pipeline:
         """A line's translations from the hypotheses of its units, the k-th best of each joined: each unit's
         text decoded alone and joined (`join_sentences`), token scores one after the other, the score the sum,
         alignments offset by the words before."""
+        attributes = None
+        if line.attributes:  # (the attribute values' units, last: each one's best translation, into the markup)
+            k = sum(line.attributes)
+            best = iter(self._texts([p[0] for p in parts[-k:]]))
+            attributes = [join_sentences([next(best) for _ in range(n)]) for n in line.attributes]
+            parts, units = parts[:-k], units[:-k]
         n = min(len(p) for p in parts)
         ranks = [[p[r] for p in parts] for r in range(n)]
         texts = self._texts([h for hs in ranks for h in hs])
@@ -522,7 +547,7 @@ class Pipeline:
         self.empty += not any(h.tokens for h in ranks[0]) and not line.request.prefix
         if out[0].constraints is not None:
             self._check_held(line, out[0].constraints)
-        return self._restore(line.request, out, units)
+        return self._restore(line.request, out, units, attributes)
 
     @staticmethod
     def _held(hs: list[Hypothesis], units: list[_Unit]) -> list[tuple[str, bool]] | None:
