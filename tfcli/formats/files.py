@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tfcli.console import warn
 from tfcli.errors import InputError
 from tfcli.formats import markup as markups
 from tfcli.generate.request import Request
@@ -53,10 +54,10 @@ class Document:
     write: Callable[[list[str]], str]
 
 
-def read(fmt: str, path: str, text: str, overwrite: bool = False) -> Document:
+def read(fmt: str, path: str, text: str, overwrite: bool = False, tgt_lang: str | None = None) -> Document:
     """The file `path` (its contents `text`) in format `fmt` as a Document; an InputError naming the line where
-    it does not parse."""
-    return READERS[fmt](path, text, overwrite)
+    it does not parse. `tgt_lang`: the target language, where known (written where the format names it)."""
+    return READERS[fmt](path, text, overwrite, tgt_lang)
 
 
 def _line_of(text: str, pos: int) -> int:
@@ -80,7 +81,7 @@ _SEGMENT_BREAKS = markups.BLOCK | {"html", "head", "body", "title", "option", "b
 _SKIP = {"script", "style", "template", "textarea"}
 
 
-def _html_page(path: str, text: str, overwrite: bool) -> Document:
+def _html_page(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document:
     from html.parser import HTMLParser
 
     starts = [0] + [m.end() for m in re.finditer("\n", text)]
@@ -175,7 +176,7 @@ def _strip(chunk: str) -> tuple[str, str, str]:
 
 # --- markdown -----------------------------------------------------------------------------------------------------
 
-def _markdown(path: str, text: str, overwrite: bool) -> Document:
+def _markdown(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document:
     from markdown_it import MarkdownIt
 
     lines = text.split("\n")
@@ -278,7 +279,7 @@ _CUES_A_SENTENCE = 5  # at most this many cues joined into one segment
 def _subtitles(fmt: str) -> Callable:
     timing = re.compile(rf"^({_SRT_TIME}|{_VTT_TIME})\s+-->\s+({_SRT_TIME}|{_VTT_TIME})(\s.*)?$")
 
-    def reader(path: str, text: str, overwrite: bool) -> Document:
+    def reader(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document:
         lines = text.split("\n")
         cues = []  # [first text line, last text line + 1]
         i = 0
@@ -381,7 +382,7 @@ _PO_LINE = re.compile(r'^\s*(?:#.*|(?:msgctxt|msgid|msgid_plural|msgstr(?:\[\d+\
                       r'|"(?:[^"\\]|\\.)*"\s*|)$')
 
 
-def _po(path: str, text: str, overwrite: bool) -> Document:
+def _po(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document:
     import polib
 
     for k, line in enumerate(text.split("\n")):
@@ -423,6 +424,8 @@ def _po(path: str, text: str, overwrite: bool) -> Document:
                 entry.msgstr = texts[0]
             if "fuzzy" not in entry.flags:
                 entry.flags.append("fuzzy")
+        if tgt_lang and todo and not po.metadata.get("Language"):
+            po.metadata["Language"] = tgt_lang
         return str(po) + ("\n" if text.endswith("\n") else "")
 
     return Document(segments, write)
@@ -436,7 +439,7 @@ def _po_width(text: str) -> int:
 
 # --- xliff --------------------------------------------------------------------------------------------------------
 
-def _xliff(path: str, text: str, overwrite: bool) -> Document:
+def _xliff(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document:
     from lxml import etree
 
     try:
@@ -451,8 +454,7 @@ def _xliff(path: str, text: str, overwrite: bool) -> Document:
     holders = root.iter(q("trans-unit")) if version.startswith("1.") else root.iter(q("segment"))
     todo, segments = [], []
     for holder in holders:
-        if holder.get("translate") == "no" or (version.startswith("2.") and
-                                               holder.getparent().get("translate") == "no"):
+        if not _translatable(holder):
             continue
         source = holder.find(q("source"))
         target = holder.find(q("target"))
@@ -466,7 +468,7 @@ def _xliff(path: str, text: str, overwrite: bool) -> Document:
 
     def write(outs: list[str]) -> str:
         for (holder, source, target), out in zip(todo, outs):
-            new = etree.fromstring(f'<target xmlns="{ns}">{out}</target>' if ns else f"<target>{out}</target>")
+            new = etree.fromstring(f"<target{_declarations(source)}>{out}</target>")
             if target is not None:
                 new.attrib.update({k: v for k, v in target.attrib.items() if k != "state"})
                 new.tail = target.tail
@@ -480,21 +482,51 @@ def _xliff(path: str, text: str, overwrite: bool) -> Document:
                 new.set("state", "needs-review-translation")
             else:
                 holder.set("state", "translated")
+        tag = re.search(r"<(?:\w+:)?xliff\b[^>]*>", text).group()  # (lxml would write its namespaces first)
+        if todo and tgt_lang:  # (XLIFF 2 wants trgLang on a document with targets; 1.2 target-language on a file)
+            if version.startswith("2.") and root.get("trgLang") is None:
+                tag = tag[:-1] + f' trgLang="{tgt_lang}">'
+            for f in root.iter(q("file")) if version.startswith("1.") else ():
+                if f.get("target-language") is None:
+                    f.set("target-language", tgt_lang)
+        if todo and version.startswith("2.") and root.get("trgLang") is None and not tgt_lang:
+            warn(f"{path}: XLIFF 2 wants trgLang on <xliff> once it holds targets, and the target language is not "
+                 "known here: set it in the file (or give a multilingual model's --tgt-lang)")
         declaration = re.match(r"<\?xml[^>]*\?>\s*", text)
+        etree.cleanup_namespaces(root)
         body = etree.tostring(root.getroottree(), encoding="unicode")
+        body = re.sub(r"<(?:\w+:)?xliff\b[^>]*>", lambda _: tag, body, count=1)
         return (declaration.group() if declaration else "") + body + ("\n" if text.endswith("\n") else "")
 
     return Document(segments, write)
 
 
+def _translatable(holder) -> bool:
+    """Whether a trans-unit (1.2) or segment (2.x) is to be translated: the `translate` of the nearest element
+    around it (itself included) that has one, as both versions inherit it (yes where none has)."""
+    for e in (holder, *holder.iterancestors()):
+        if e.get("translate") is not None:
+            return e.get("translate") != "no"
+    return True
+
+
+def _declarations(element) -> str:
+    """The namespace declarations in scope at `element`, as attributes."""
+    return "".join(f' xmlns="{uri}"' if prefix is None else f' xmlns:{prefix}="{uri}"'
+                   for prefix, uri in element.nsmap.items())
+
+
 def _inner(element, ns: str) -> str:
-    """An element's content as XML text (its children written without the document's namespace declaration)."""
+    """An element's content as XML text, its children written without the namespace declarations in scope
+    around them (those of the document)."""
     from lxml import etree
 
     out = markups.xml_escape(element.text or "")
     for child in element:
         out += etree.tostring(child, encoding="unicode", with_tail=True)
-    return out.replace(f' xmlns="{ns}"', "") if ns else out
+    for declaration in re.findall(r'\s(?:xmlns(?::[\w.-]+)?="[^"]*")', _declarations(element)):
+        out = out.replace(declaration, "")
+    return out
 
 
 # --- json ---------------------------------------------------------------------------------------------------------
@@ -502,7 +534,7 @@ def _inner(element, ns: str) -> str:
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"(\s*:)?')
 
 
-def _json(path: str, text: str, overwrite: bool) -> Document:
+def _json(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

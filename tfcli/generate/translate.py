@@ -675,7 +675,7 @@ def _translate_file(translator: Pipeline, cfg: TranslateConfig, path: str, out_p
 
     with encoding_errors(cfg.encoding_errors):
         text = read_text(path)
-    doc = files.read(cfg.input_format, "<stdin>" if path == "-" else path, text, cfg.overwrite)
+    doc = files.read(cfg.input_format, "<stdin>" if path == "-" else path, text, cfg.overwrite, cfg.tgt_lang)
     translator.index = 0
     outs = []
     with Progress("translating", len(doc.segments), "seg", progress) as bar:
