@@ -322,6 +322,14 @@ def test_markdown_keeps_code_links_and_blocks(copier, tmp_path):
     assert "(http://spec.commonmark.org/)" in out and "<https://markdown-it-py.readthedocs.io>" in out
     kinds = lambda t: [tok.type for tok in MarkdownIt("commonmark").parse(t) if tok.type != "inline"]  # noqa: E731
     assert kinds(out) == kinds(source)
+    # links keep the form they were written in: a reference keeps its label (a shortcut [text] gets its label,
+    # as its text is translated); the badges (images in links, no word) are left as written
+    assert "][md-plugins]" in out and "][md-performance]" in out and out.count("][markdown-it]") == 3
+    badges = source.split("\n\n")[1]
+    assert badges.startswith("[![Github-CI][github-ci]][github-link]\n") and badges in out
+    links = lambda t: [(tok.attrs.get("href"), tok.attrs.get("src")) for block in MarkdownIt("commonmark").parse(t)  # noqa: E731
+                       for tok in block.children or () if tok.type in ("link_open", "image")]
+    assert links(out) == links(source)
 
 
 def test_json_keeps_keys_and_structure(copier, tmp_path):

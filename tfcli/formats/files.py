@@ -5,7 +5,7 @@ translations back; everything else in the file is written as it was.
 | format | reader | segments | kept |
 | --- | --- | --- | --- |
 | html-page | html.parser (the standard library's), offsets | the inline content of each block element; alt, title, placeholder and aria-label values | every byte outside the segments; script, style, code, pre |
-| markdown | markdown-it-py (CommonMark + tables) | paragraphs, headings, list items, table cells, quotes | code blocks, inline code, link targets, images, HTML blocks, front matter |
+| markdown | markdown-it-py (CommonMark + tables) | paragraphs, headings, list items, table cells, quotes | code blocks, inline code, link targets and images as written (inline or reference), HTML blocks, front matter |
 | srt, vtt | a strict cue reader (times checked) | sentences, across cues; their words given back to their cues by alignment | cue numbers, identifiers, times, settings, NOTE/STYLE blocks |
 | po | polib | empty msgstr (plural forms per the header's nplurals), each line of a msgid alone | comments, contexts, flags (machine output marked fuzzy), existing translations unless --overwrite |
 | xliff | lxml | source of each trans-unit (1.2) or segment (2.x), inline elements put back | the document; a target written after its source, existing ones unless --overwrite |
@@ -205,7 +205,10 @@ def _markdown(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Do
                 line += 1
         if len(where) != len(tok.content.split("\n")):
             continue  # (content the parser rewrote beyond finding: left as written)
-        segments.append(Request(tok.content, path, where[0][0] + 1, extra={"markup": _markdown_markup(tok)}))
+        markup = _markdown_markup(tok)
+        if not markup.plain:
+            continue  # (images, code and links without a word: nothing to translate, left as written)
+        segments.append(Request(tok.content, path, where[0][0] + 1, extra={"markup": markup}))
         edits.append(where)
 
     def write(outs: list[str]) -> str:
@@ -227,11 +230,81 @@ def _markdown(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Do
     return Document(segments, write)
 
 
+class _Brackets:
+    """The links and images of an inline token's source (`content`), in order, as written: what a link's closing
+    is (`](target "title")`, `][label]`), and an image's whole text, which the parser's tokens no longer say."""
+
+    def __init__(self, content: str):
+        self.s = content
+        self.at = {True: 0, False: 0}  # where the next image's, and the next link's, search starts
+
+    def _skip(self, k: int) -> int:
+        """Past a backslash escape or a code span at k (k itself where there is neither)."""
+        if self.s[k] == "\\":
+            return k + 2
+        if self.s[k] == "`":
+            run = re.match(r"`+", self.s[k:]).group()
+            end = self.s.find(run, k + len(run))
+            return end + len(run) if end >= 0 else k + len(run)
+        return k
+
+    def _match(self, start: int) -> int | None:
+        """The index of the `]` that closes the `[` at `start`."""
+        depth, k = 0, start
+        while k < len(self.s):
+            if self._skip(k) != k:
+                k = self._skip(k)
+                continue
+            depth += {"[": 1, "]": -1}.get(self.s[k], 0)
+            if depth == 0:
+                return k
+            k += 1
+        return None
+
+    def _tail(self, k: int) -> int:
+        """The end of what follows a link text's `]` at k: `(...)` (parentheses balanced), `[label]`, or nothing."""
+        if self.s.startswith("(", k + 1):
+            depth, j = 0, k + 1
+            while j < len(self.s):
+                if self.s[j] == "\\":
+                    j += 2
+                    continue
+                depth += {"(": 1, ")": -1}.get(self.s[j], 0)
+                if depth == 0:
+                    return j + 1
+                j += 1
+        m = re.match(r"\[(?:[^\]\\]|\\.)*\]", self.s[k + 1 :])
+        return k + 1 + m.end() if m else k + 1
+
+    def next(self, image: bool) -> tuple[str, str] | None:
+        """The next link's (text, closing) or image's (text, whole source); None where the source does not show it."""
+        k = self.at[image]
+        while k < len(self.s):
+            if self._skip(k) != k:
+                k = self._skip(k)
+            elif self.s[k] == "[" and (self.s[k - 1 : k] == "!") == image:
+                break
+            elif self.s[k] == "[" and not image:  # (an image, its label too, is no link)
+                close = self._match(k)
+                k = self._tail(close) if close is not None else k + 1
+            else:
+                k += 1
+        close = self._match(k) if k < len(self.s) else None
+        if close is None:
+            return None
+        end = self._tail(close)
+        self.at[image] = end
+        return self.s[k + 1 : close], self.s[k - 1 : end] if image else self.s[close:end]
+
+
 def _markdown_markup(tok) -> markups.Markup:
     """An inline token's children as a Markup: emphasis, strong, strikethrough and links paired nodes (a link's
-    target kept), inline code, images, autolinks and inline HTML fixed."""
+    target kept as written: inline, or a reference, whose label a shortcut `[text]` gets, since its text is
+    translated), inline code, images, autolinks and inline HTML fixed."""
     b = markups.Builder()
     children = tok.children or []
+    raw = _Brackets(tok.content)
+    closings: list[str] = []
     i = 0
     while i < len(children):
         c = children[i]
@@ -244,8 +317,9 @@ def _markdown_markup(tok) -> markups.Markup:
             b.fixed(c.markup + c.content + c.markup, placeholder=True)
         elif kind == "image":
             title = c.attrs.get("title")
-            b.fixed(f"![{c.content}]({c.attrs.get('src', '')}" + (f' "{title}"' if title else "") + ")",
-                    placeholder=True)
+            written = raw.next(image=True)
+            b.fixed(written[1] if written else f"![{c.content}]({c.attrs.get('src', '')}" + (
+                f' "{title}"' if title else "") + ")", placeholder=True)
         elif kind == "html_inline":
             b.fixed(c.content)
         elif kind == "link_open" and c.markup == "autolink":
@@ -253,11 +327,17 @@ def _markdown_markup(tok) -> markups.Markup:
             b.fixed(f"<{children[i + 1].content if i + 1 < j else c.attrs.get('href', '')}>", placeholder=True)
             i = j
         elif kind == "link_open":
+            title = c.attrs.get("title")
+            closing = f"]({c.attrs.get('href', '')}" + (f' "{title}"' if title else "") + ")"
+            written = raw.next(image=False)
+            if written is not None:
+                text, close = written
+                # (a shortcut or collapsed reference is labelled by its text: the label kept, not the translation)
+                closing = close if close not in ("]", "][]") else f"][{text}]"
+            closings.append(closing)
             b.open("[")
         elif kind == "link_close":
-            opener = next(t for t in reversed(children[:i]) if t.type == "link_open")
-            title = opener.attrs.get("title")
-            b.close(f"]({opener.attrs.get('href', '')}" + (f' "{title}"' if title else "") + ")")
+            b.close(closings.pop() if closings else "]")
         elif kind.endswith("_open"):
             b.open(c.markup)
         elif kind.endswith("_close"):

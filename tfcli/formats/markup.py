@@ -278,15 +278,21 @@ _PUNCT = set(".,;:!?)]}\"'«»“”‘’…(¿¡[{")
 def _gap(pieces: list[tuple[str, str]], before: bool, after: bool) -> str:
     """The pieces between two words (`before`/`after`: a word is there) with the spaces between them: the words'
     one space before the first piece not stuck to the word before (else after the last), and a space on each side
-    of a spaced (ALONE) piece where something stands."""
+    of a spaced (ALONE) piece where something stands, the opening tags just before it and the closing ones just
+    after it going with it (`[![badge](b.svg)](url)`: spaced as a whole)."""
     m = len(pieces)
     space = [False] * (m + 1)  # space[b]: a space before piece b (b == m: before the word after)
     if before and after:
         space[next((i for i, (_, side) in enumerate(pieces) if side != PREV), m)] = True
     for i, (_, side) in enumerate(pieces):
         if side == ALONE:
-            space[i] = space[i] or i > 0 or before
-            space[i + 1] = space[i + 1] or i < m - 1 or after
+            a, z = i, i
+            while a > 0 and pieces[a - 1][1] == NEXT:
+                a -= 1
+            while z < m - 1 and pieces[z + 1][1] == PREV:
+                z += 1
+            space[a] = space[a] or a > 0 or before
+            space[z + 1] = space[z + 1] or z < m - 1 or after
     out = [(" " if space[b] else "") + text for b, (text, _) in enumerate(pieces)]
     return "".join(out) + (" " if space[m] else "")
 
