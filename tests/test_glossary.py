@@ -136,6 +136,32 @@ def test_the_command_line_glossary_with_jsonl_and_constraints(copier, tmp_path):
     assert res.exit_code == 1 and "--glossary makes constraints, which need beam search" in res.output
 
 
+def test_jsonl_output_says_which_terms_each_translation_holds(copier, tmp_path):
+    """--jsonl: one object a translation, with the line's constraints (its own and the glossary's) and whether
+    the translation holds each; the other fields as --nbest, --scores and --alignment give them."""
+    src, g = tmp_path / "in.jsonl", tmp_path / "g.tsv"
+    src.write_text(json.dumps({"text": "cat dog", "constraints": ["egg"]}) + "\n" + json.dumps({"text": "fish"})
+                   + "\n\n")
+    g.write_text("dog\tmoon\n")
+    res = cli("translate", "-m", copier, src, "--input-format", "jsonl", "--glossary", g, "--jsonl")
+    assert res.exit_code == 0, res.output
+    first, second, third = map(json.loads, res.stdout.splitlines())
+    assert first["index"] == 0 and holds(first["text"], "moon") and holds(first["text"], "egg")
+    assert first["constraints"] == [{"phrase": "egg", "held": True}, {"phrase": "moon", "held": True}]
+    assert "constraints" not in second and second["text"] == "fish" and set(second) == {"index", "text", "score"}
+    assert third == {"index": 2, "text": "", "score": 0.0}
+    plain = cli("translate", "-m", copier, src, "--input-format", "jsonl", "--glossary", g, "--nbest", "2",
+                "--scores", "--alignment")
+    res = cli("translate", "-m", copier, src, "--input-format", "jsonl", "--glossary", g, "--nbest", "2",
+              "--scores", "--alignment", "--jsonl")
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    tabs = [line.split("\t") for line in plain.stdout.splitlines()]
+    assert [(r["index"], r["rank"], r["text"]) for r in rows] == [(int(t[0]), k, t[2]) for t, k in zip(
+        tabs, [0, 1, 0, 1, 0])]
+    assert all(" ".join(f"{x:.4f}" for x in r["token_scores"]) == t[3] for r, t in zip(rows, tabs))
+    assert all(" ".join(f"{i}-{j}" for i, j in r["alignment"]) == t[-1] for r, t in zip(rows, tabs) if r["text"])
+
+
 def test_a_phrase_both_held_and_avoided_is_an_error_naming_the_line(copier, tmp_path):
     c = tfcli.load(copier)
     with pytest.raises(InputError, match=r"<text>:2: the phrase to hold 'dog' holds the phrase to avoid 'dog'"):

@@ -124,6 +124,11 @@ def translate(
     scores: bool = typer.Option(
         False, "--scores", rich_help_panel=_FMT, help="Add per-token log-probs (uses the --nbest format)."
     ),
+    jsonl: bool = typer.Option(
+        False, "--jsonl", rich_help_panel=_FMT,
+        help="One JSON object a translation: index, text, score, and what --nbest, --scores, --alignment and the "
+             "line's constraints add (format below).",
+    ),
     raw: bool = typer.Option(False, "--raw", rich_help_panel=_FMT, help="Print subword tokens, not detokenised text."),
     alignment: bool = typer.Option(
         False, "--alignment", rich_help_panel=_FMT,
@@ -200,6 +205,9 @@ def translate(
     --alignment adds a last tab-separated field: the words aligned, "i-j" for source word i and output word j
     (0-based, whitespace-separated words; subword tokens with --raw), each output token aligned to the source token
     that the cross-attention of --alignment-layer (heads averaged) weighs most.
+    With --jsonl, one JSON object a translation instead: {"index", "text", "score"}, "rank" with --nbest,
+    "token_scores" with --scores, "alignment" ([[i, j], ...]) with --alignment, and where the line has constraints
+    (--constraints, JSONL "constraints", --glossary terms) "constraints": [{"phrase", "held"}, ...].
     """
     from tfcli.runtime import tune_process
     from tfcli.generate.config import translate_config
@@ -225,7 +233,8 @@ def translate(
     cfg = run(
         translate_config, config,
         beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
-        min_len=min_len, nbest=nbest, scores=scores or None, raw=raw or None, alignment=alignment or None,
+        min_len=min_len, nbest=nbest, scores=scores or None, jsonl=jsonl or None, raw=raw or None,
+        alignment=alignment or None,
         sampling=sampling or None, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         alignment_layer=alignment_layer, batch_size=batch_size,
         max_tokens=max_tokens, check_every=check_every, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,

@@ -25,6 +25,10 @@ class TranslateConfig:
     min_len: int = 0  # no </s> before this many output tokens
     nbest: Optional[int] = None  # print the N best per input as "i<TAB>score<TAB>hypothesis"
     scores: bool = False  # add the per-token log-probs (implies the nbest format)
+    # one JSON object a translation: {"index", "text", "score"}, with --nbest "rank", with --scores "token_scores",
+    # with --alignment "alignment" ([source word, target word] pairs), where the line has constraints (its own, a
+    # glossary's) "constraints" ([{"phrase", "held"}])
+    jsonl: bool = False
     raw: bool = False  # print subword tokens instead of detokenised text
     # sampling (back-translation): each line drawn with random numbers keyed by (seed, its index in the input)
     sampling: bool = False

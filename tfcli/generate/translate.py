@@ -12,6 +12,7 @@ running the model.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -32,7 +33,9 @@ from tfcli.generate.loader import Loaded, load_ensemble
 from tfcli.generate.glossary import Glossary
 from tfcli.formats import files, markup as markups
 from tfcli.formats.placeholders import pattern as placeholder_pattern
-from tfcli.generate.alignment import Remembered, default_layer, pharaoh, token_alignments, word_alignment
+from tfcli.generate.alignment import (
+    Remembered, default_layer, pharaoh, token_alignments, word_alignment, word_pairs,
+)
 from tfcli.generate.request import SIDE_FILES, Request, Translation, jsonl_requests, requests, with_side_file
 from tfcli.generate.search import Hypothesis, Rows, SearchOptions, search
 from tfcli.generate.shards import translate_in_parts
@@ -593,6 +596,9 @@ class Pipeline:
     # --- format: a line's translations as output text ---------------------------------------------------------
 
     def _format(self, index: int, translations: list[Translation]) -> str:
+        if self.cfg.jsonl:
+            return "\n".join(json.dumps(self._record(index, rank, t), ensure_ascii=False)
+                             for rank, t in enumerate(translations if self.cfg.nbest is not None else translations[:1]))
         align = (lambda t: "\t" + pharaoh(t.alignment)) if self.cfg.alignment else (lambda t: "")
         if not self.cfg.tabular:
             return translations[0].text + align(translations[0])
@@ -603,6 +609,18 @@ class Pipeline:
                 line += "\t" + " ".join(f"{s:.4f}" for s in t.token_scores)
             lines.append(line + align(t))
         return "\n".join(lines)
+
+    def _record(self, index: int, rank: int, t: Translation) -> dict:
+        """A translation as --jsonl writes it (TranslateConfig.jsonl)."""
+        out = {"index": index, **({"rank": rank} if self.cfg.nbest is not None else {}), "text": t.text,
+               "score": None if t.score is None else round(t.score, 4)}
+        if self.cfg.scores:
+            out["token_scores"] = [round(x, 4) for x in t.token_scores or ()]
+        if self.cfg.alignment:
+            out["alignment"] = [list(p) for p in word_pairs(t.alignment or ())]
+        if t.constraints is not None:
+            out["constraints"] = [{"phrase": text, "held": held} for text, held in t.constraints]
+        return out
 
     def _check_unknowns(self, ids: list[list[int]]) -> None:
         if self.warned_unk or not ids:
@@ -736,7 +754,8 @@ def translate(
     processes = distributed.launched().world_size
     if cfg.input_format in files.FILE_FORMATS:
         why = ("--resume" if resume else "several processes" if processes > 1 else "--prefix/--avoid/--constraints"
-               if side else "--nbest/--scores/--alignment" if cfg.tabular or cfg.alignment else None)
+               if side else "--nbest/--scores/--alignment/--jsonl" if cfg.tabular or cfg.alignment or cfg.jsonl
+               else None)
         if why:
             raise TfcliError(f"--input-format {cfg.input_format} translates whole files, one output file each: "
                              f"{why} is for line formats")
