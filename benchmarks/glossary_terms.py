@@ -153,7 +153,8 @@ def main() -> None:
           "",
           f"- time, with the glossary over without: {ratio:.2f}x (target: at most 1.5x)",
           f"- terms found more than once in a source: {twice[0]}; of those, as often in the output with their "
-          f"sentence's own dictionary: {twice[1]} (the search holds each phrase once)",
+          f"sentence's own dictionary: {twice[1]} (each occurrence is a constraint of its own, the next waiting "
+          "for the one before)",
           f"- BLEU signature: `{res['bleu_signature']}`; chrF++: `{res['chrf_signature']}`", "",
           f"Command: `{res['command']}`.", ""]
     write_results(args.out, res, "\n".join(md))

@@ -131,6 +131,9 @@ def reference_constrained_beam_search(
     src = torch.tensor([src_ids])
     forms = [(g, list(ph)) for g, con in enumerate(constraints)
              for ph in (con if con and not isinstance(con[0], int) else [con])]
+    # a constraint given again waits for the one before it: it moves on only once that one is met
+    waits = {g: max((h for h in range(g) if constraints[h] == constraints[g]), default=None)
+             for g in range(len(constraints))}
     max_len = int(max_lengths(model, src, max_len_a, max_len_b, None, constraint_tensor([constraints], "cpu"))[0])
     beams = [([], torch.zeros(()), [], [0] * len(forms))]  # (tokens, summed log-prob, token log-probs, progress)
     finished: list[Hypothesis] = []
@@ -143,11 +146,13 @@ def reference_constrained_beam_search(
                 lprobs[EOS_ID] = float("-inf")
             top = lprobs.topk(2 * K).indices.tolist()
             proposed = list(top)
+            ready = {g: waits[g] is None or waits[g] in met for g in waits}
             for (g, ph), p in zip(forms, prog):
-                if g not in met and ph[p] not in proposed:
+                if g not in met and ready[g] and ph[p] not in proposed:
                     proposed.append(ph[p])
             totals = (score + lprobs).tolist()
-            candidates += [(totals[t], b, t, float(lprobs[t]), [_advance(ph, p, t) for (_, ph), p in zip(forms, prog)])
+            candidates += [(totals[t], b, t, float(lprobs[t]),
+                            [_advance(ph, p, t) if ready[g] else 0 for (g, ph), p in zip(forms, prog)])
                            for t in proposed if totals[t] > float("-inf")]
         candidates.sort(key=lambda c: -c[0])
         lp_step = length_penalty(step, len_penalty)

@@ -348,7 +348,7 @@ def test_formats_are_chosen_by_extension_and_refuse_line_options(copier, tmp_pat
         "po", "html-page", "markdown", "xliff", "text", "text", "srt"]
     assert files.choose("text", "a.po") == "text"
     res = cli("translate", "-m", copier, DATA / "djangojs.po", "--nbest", "2")
-    assert res.exit_code == 1 and "--nbest/--scores/--alignment is for line formats" in res.output
+    assert res.exit_code == 1 and "--nbest/--scores/--alignment/--jsonl is for line formats" in res.output
     res = cli("translate", "-m", copier, DATA / "djangojs.po", DATA / "sample.vtt")
     assert res.exit_code == 1 and "different formats" in res.output
     res = cli("translate", "-m", copier, DATA / "djangojs.po", "-o", DATA / "djangojs.po")

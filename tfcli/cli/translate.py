@@ -206,7 +206,7 @@ def translate(
     (0-based, whitespace-separated words; subword tokens with --raw), each output token aligned to the source token
     that the cross-attention of --alignment-layer (heads averaged) weighs most.
     With --jsonl, one JSON object a translation instead: {"index", "text", "score"}, "rank" with --nbest,
-    "token_scores" with --scores, "alignment" ([[i, j], ...]) with --alignment, and where the line has constraints
+    "token_scores" with --scores, "alignment" ([\\[i, j], ...]) with --alignment, and where the line has constraints
     (--constraints, JSONL "constraints", --glossary terms) "constraints": [{"phrase", "held"}, ...].
     """
     from tfcli.runtime import tune_process

@@ -53,7 +53,7 @@ def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int,
     if prefix is not None:
         longest = torch.maximum(longest, (prefix >= 0).sum(1) + 1)
     if constraints is not None:  # (the words they add are not in the source's length; every form counted)
-        longest = longest + (constraints[..., 1:] >= 0).sum((1, 2))
+        longest = longest + (constraints[..., 2:] >= 0).sum((1, 2))
     return longest.clamp(max=model.cfg.max_len)
 
 
@@ -187,49 +187,75 @@ UNMET_PENALTY = 1e4  # subtracted from a finished hypothesis's score per constra
 
 
 def constraint_tensor(constraints: list[list], device) -> torch.Tensor | None:
-    """Each row's constraints as one (rows, C, 1 + L) tensor. A constraint is a phrase (a token id list) or a set
-    of alternatives (a list of such lists: any one of them does); each alternative is a phrase of the tensor, its
-    column 0 the constraint it is a form of, then its tokens left-aligned with -1 after them (a row with fewer
-    gets empty phrases, each a constraint of its own, met from the start). None where no row has one."""
-    rows = [[alt for c, con in enumerate(row) for alt in _forms(con, c)] for row in constraints]
+    """Each row's constraints as one (rows, C, 2 + L) tensor. A constraint is a phrase (a token id list) or a set
+    of alternatives (a list of such lists: any one of them does); each alternative is a phrase of the tensor: its
+    column 0 the constraint it is a form of, column 1 the constraint it waits for (-1: none), then its tokens
+    left-aligned with -1 after them (a row with fewer gets empty phrases, each a constraint of its own, met from
+    the start). A constraint given again in a row (a glossary term found twice) waits for the one before it: it
+    moves on only once that one is met, so the output holds the phrase as often as it is given. None where no row
+    has one."""
+    rows = []
+    for row in constraints:
+        forms, last = [], {}
+        for c, con in enumerate(row):
+            key = repr(con)
+            forms += [(c, last.get(key, -1), t) for _, t in _forms(con, c)]
+            last[key] = c
+        rows.append(forms)
     C = max(map(len, rows), default=0)
     if not C:
         return None
-    L = max(len(t) for row in rows for _, t in row)
-    out = torch.full((len(rows), C, 1 + L), -1, dtype=torch.long)
+    L = max(len(t) for row in rows for _, _, t in row)
+    out = torch.full((len(rows), C, 2 + L), -1, dtype=torch.long)
     out[:, :, 0] = torch.arange(C) + C  # (the empty phrases' own constraints)
     for r, row in enumerate(rows):
-        for c, (group, t) in enumerate(row):
-            out[r, c, 0] = group
-            out[r, c, 1 : 1 + len(t)] = torch.tensor(t)
+        for c, (group, wait, t) in enumerate(row):
+            out[r, c, 0], out[r, c, 1] = group, wait
+            out[r, c, 2 : 2 + len(t)] = torch.tensor(t)
     return out.to(device)
+
+
+def has_waits(con: torch.Tensor) -> bool:
+    """Whether any phrase of `con` (`constraint_tensor`) waits for another (a constraint given twice in a row)."""
+    return bool((con[..., 1] >= 0).any())
+
+
+def ready(con: torch.Tensor, prog: torch.Tensor) -> torch.Tensor:
+    """(..., C) whether each phrase of `con` may move on at progress `prog`: it waits for nothing, or the
+    constraint it waits for is met (by any of its forms)."""
+    met = prog >= (con[..., 2:] >= 0).sum(-1)
+    wait = con[..., 1]
+    return (wait < 0) | ((con[..., 0][..., None, :] == wait[..., :, None]) & met[..., None, :]).any(-1)
 
 
 def _forms(con: list, c: int) -> list[tuple[int, list[int]]]:
     return [(c, list(t)) for t in con] if con and not isinstance(con[0], int) else [(c, list(con))]
 
 
-def advanced(con: torch.Tensor, prog: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-    """Each phrase's progress after `tok`. con (..., C, 1 + L): the phrases (`constraint_tensor`); prog (..., C):
+def advanced(con: torch.Tensor, prog: torch.Tensor, tok: torch.Tensor, waits: bool = False) -> torch.Tensor:
+    """Each phrase's progress after `tok`. con (..., C, 2 + L): the phrases (`constraint_tensor`); prog (..., C):
     how many of each phrase's tokens end the output so far (its length, for good, once it has been output whole);
     tok (...): the next token. A phrase goes one token on where `tok` is its next, starts again at 1 where `tok`
-    is its first, else back to 0."""
-    phrase = con[..., 1:]
+    is its first, else back to 0; with `waits` (`has_waits`), one that waits stays at 0 until it is `ready`."""
+    phrase = con[..., 2:]
     lens = (phrase >= 0).sum(-1)
     nxt = phrase.gather(-1, prog.clamp(max=phrase.size(-1) - 1).unsqueeze(-1)).squeeze(-1)
     t = tok.unsqueeze(-1)
     again = (phrase[..., 0] == t).long()
-    return torch.where(prog >= lens, prog, torch.where(nxt == t, prog + 1, again))
+    moved = torch.where(nxt == t, prog + 1, again)
+    if waits:
+        moved = moved * ready(con, prog)
+    return torch.where(prog >= lens, prog, moved)
 
 
 def constraint_state(con: torch.Tensor, prog: torch.Tensor, alternatives: bool = True) -> dict[str, torch.Tensor]:
-    """What progress `prog` (..., C) in the phrases `con` (..., C, 1 + L) comes to: `open` (..., C), whether the
+    """What progress `prog` (..., C) in the phrases `con` (..., C, 2 + L) comes to: `open` (..., C), whether the
     constraint a phrase is a form of is still unmet; `missing` (...), the tokens of the unmet constraints (each by
     its shortest form); `bank`, the tokens of the met constraints (each by the form met) and the longest partial
     match of an open phrase (one phrase at a time: a token that starts two phrases is one step, not two).
     Without `alternatives` (every phrase a constraint of its own: `has_alternatives` false) the same values
     without the (C, C) pairing of forms."""
-    lens = (con[..., 1:] >= 0).sum(-1)
+    lens = (con[..., 2:] >= 0).sum(-1)
     if not alternatives:
         met = prog >= lens
         return dict(open=~met, missing=(lens * ~met).sum(-1), bank=(lens * met).sum(-1) + (prog * ~met).amax(-1))
@@ -588,7 +614,9 @@ class _Beam(_SourceSearch):
                  avoid=None, constraints=None, continuing=None):
         super().__init__(sm, decoder, sched, src, max_len, prefix, K, avoid, constraints)
         self.continuing = continuing
-        self.alternatives = constraints is not None and has_alternatives(constraints)  # (one read, at the start)
+        # (each read once, at the start)
+        self.alternatives = constraints is not None and has_alternatives(constraints)
+        self.waits = constraints is not None and has_waits(constraints)
         B, n, device = src.size(0), sched.item.numel(), src.device
         self.K, self.nbest, self.len_penalty, self.min_len = K, nbest, len_penalty, min_len
         self.fin_score = torch.full((B, K), float("-inf"), device=device)
@@ -715,7 +743,7 @@ class _Beam(_SourceSearch):
         phrase (n, K, C), whether its token met a constraint (n, K)), the candidates chosen by `_by_banks`."""
         n, K, k = cand_scores.size(0), self.K, self.k
         con = self.cn[:, None].expand(-1, cand_tok.size(1), -1, -1)
-        cand_prog = advanced(con, self.prog[cand_row], cand_tok)  # (n, k * W, C)
+        cand_prog = advanced(con, self.prog[cand_row], cand_tok, self.waits)  # (n, k * W, C)
         state = constraint_state(con, cand_prog, self.alternatives)
         pick = self._by_banks(cand_scores, is_eos, state["bank"])
         C = cand_prog.size(-1)
@@ -734,15 +762,16 @@ class _Beam(_SourceSearch):
         n, C, L1 = self.cn.shape
         con = self.cn[:, None].expand(n, k, C, L1).reshape(n * k, C, L1) if k > 1 else self.cn
         unmet = self.open = constraint_state(con, self.prog, self.alternatives)["open"]  # (R, C): phrases not met
-        phrase = con[..., 1:]
-        nxt = phrase.gather(-1, self.prog.clamp(max=L1 - 2).unsqueeze(-1)).squeeze(-1).clamp(min=0)  # (R, C)
+        phrase = con[..., 2:]
+        nxt = phrase.gather(-1, self.prog.clamp(max=L1 - 3).unsqueeze(-1)).squeeze(-1).clamp(min=0)  # (R, C)
         pieces = (self.fresh, self.continuing) if self.continuing is not None else None
         bans = Bans(at_row, self.min_len, ban, pieces, no_end=unmet.any(1))
         top_lp, top_tok, extra_lp = _best_next(self.decoder, self.tok, bans, 2 * K, forced, extra=nxt)
+        live = unmet & ready(con, self.prog) if self.waits else unmet  # (a phrase that waits proposes nothing yet)
         earlier = torch.ones(C, C, dtype=torch.bool, device=nxt.device).tril(-1)  # c' < c
         repeated = ((nxt[:, :, None] == top_tok[:, None, :]).any(-1)
-                    | ((nxt[:, :, None] == nxt[:, None, :]) & earlier & unmet[:, None, :]).any(-1))
-        off = ~unmet | repeated
+                    | ((nxt[:, :, None] == nxt[:, None, :]) & earlier & live[:, None, :]).any(-1))
+        off = ~live | repeated
         if forced is not None:
             off = off | (forced >= 0)[:, None]
         return torch.cat([top_lp, extra_lp.masked_fill(off, float("-inf"))], 1), torch.cat([top_tok, nxt], 1), \
@@ -755,7 +784,7 @@ class _Beam(_SourceSearch):
         the second best of each, ...), so that hypotheses that have met fewer constraints still keep places beside
         those that met more. Returned in score order."""
         n, M = scores.shape
-        banks = self.cn.size(1) * (self.cn.size(2) - 1) + 1  # (at most C * L constraint tokens)
+        banks = self.cn.size(1) * (self.cn.size(2) - 2) + 1  # (at most C * L constraint tokens)
         ok = ~is_eos & (scores > float("-inf"))
         member = ((bank[..., None] == torch.arange(banks, device=bank.device)) & ok[..., None]).long()  # (n, M, banks)
         rank = (member.cumsum(1) * member).sum(-1) - 1  # within its bank, by score

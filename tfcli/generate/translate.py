@@ -77,6 +77,24 @@ def _holds(tokens: list[int], phrase: list[int]) -> bool:
     return any(tokens[i : i + n] == phrase for i in range(len(tokens) - n + 1))
 
 
+def _times(tokens: list[int], constraint: list) -> int:
+    """How often a constraint (a phrase, or alternative phrases) appears in `tokens`, each time after the last
+    (as the search counts a constraint given more than once: search.constraint_tensor)."""
+    forms = [constraint] if isinstance(constraint[0], int) else constraint
+    n, i = 0, 0
+    while True:
+        ends = [e for f in forms for e in [_end(tokens, f, i)] if e is not None]
+        if not ends:
+            return n
+        n, i = n + 1, min(ends)
+
+
+def _end(tokens: list[int], phrase: list[int], start: int) -> int | None:
+    """Where the first whole `phrase` at or after `start` in `tokens` ends, or None."""
+    n = len(phrase)
+    return next((i + n for i in range(start, len(tokens) - n + 1) if tokens[i : i + n] == phrase), None)
+
+
 def _unspaced(c: str) -> bool:
     """Whether `c` belongs to writing that puts no space between sentences: Chinese and Japanese characters and
     their full-width punctuation (U+3000-U+30FF, U+3400-U+9FFF, U+F900-U+FAFF, U+FF00-U+FFEF)."""
@@ -424,10 +442,11 @@ class Pipeline:
 
     def _unit(self, line: _Line, window: list[int], first: bool, terms: list) -> tuple[list[int], list, list[str]]:
         """A unit's source ids, constraints and their texts (the request's own with the first unit, then its
-        glossary terms, each phrase once); checked to fit the model's outputs."""
+        glossary terms, a term found k times given k times); checked to fit the model's outputs."""
         must, texts = (list(line.must), list(line.must_text)) if first else ([], [])
-        for m, c in terms:
-            if c not in must:
+        found = [c for _, c in terms]
+        for m, c in terms:  # (a term found k times is held k times; the request's own phrases count towards it)
+            if must.count(c) < found.count(c):
                 must.append(c)
                 texts.append(m.term.targets[0])
         if must:
@@ -555,8 +574,12 @@ class Pipeline:
     @staticmethod
     def _held(hs: list[Hypothesis], units: list[_Unit]) -> list[tuple[str, bool]] | None:
         """Each constraint of the units (by its text) and whether their hypotheses `hs` hold it; None: none."""
-        held = [(text, any(_holds(h.tokens, f) for f in ([c] if isinstance(c[0], int) else c)))
-                for h, u in zip(hs, units) for text, c in zip(u.must_text, u.must)]
+        held = []
+        for h, u in zip(hs, units):
+            seen: dict[str, int] = {}  # (a constraint given k times is held by its k-th time)
+            for text, c in zip(u.must_text, u.must):
+                seen[repr(c)] = seen.get(repr(c), 0) + 1
+                held.append((text, _times(h.tokens, c) >= seen[repr(c)]))
         return held or None
 
     def _check_held(self, line: _Line, held: list[tuple[str, bool]]) -> None:
