@@ -8,7 +8,7 @@ sentence gets one or two phrases of one to three words drawn from its reference 
 translation lacks (seeded; a sentence whose translation already holds its whole reference gets none), and is
 translated again with them as `constraints=`. Reported: sacreBLEU of both against the references, the share of
 the phrases found in the constrained output (the hit rate), and the best time of --repeats for each way (the
-target: constrained at most 2x unconstrained). Results: benchmarks/results/constraints.{json,md}, the CPU named.
+target: constrained at most 1.5x unconstrained). Results: benchmarks/results/constraints.{json,md}, the CPU named.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def main() -> None:
            "bleu": {name: b.score for name, b in bleu.items()},
            "bleu_signature": str(metric.get_signature()),
            "bleu_sentences_with_constraints": sub, "best_s": {name: min(v) for name, v in times.items()},
-           "time_ratio": ratio, "target_time_ratio": 2.0}
+           "time_ratio": ratio, "target_time_ratio": 1.5}
     md = [f"# Terminology constraints: Multi30k test2016 {args.src}->{args.tgt}", "",
           f"CPU: {res['cpu']}, {args.threads} threads. Checkpoint `{args.checkpoint}`; beam {args.beam}, batch "
           f"{args.batch}; best of {args.repeats}; {res['date']}. Written by `benchmarks/constraints.py`. "
@@ -112,7 +112,7 @@ def main() -> None:
           "| way | sacreBLEU | on the sentences with constraints | seconds |", "| --- | ---: | ---: | ---: |",
           *(f"| {name} | {bleu[name].score:.2f} | {sub[name]:.2f} | {min(times[name]):.2f} |" for name in ways), "",
           f"- hit rate (phrases found in the constrained output): {hit:.1%}",
-          f"- time, constrained over unconstrained: {ratio:.2f}x (target: at most 2x)",
+          f"- time, constrained over unconstrained: {ratio:.2f}x (target: at most 1.5x)",
           f"- sacreBLEU signature: `{res['bleu_signature']}`", "", f"Command: `{res['command']}`.", ""]
     write_results(args.out, res, "\n".join(md))
 

@@ -16,6 +16,7 @@ from reference_search import reference_constrained_beam_search
 from tfcli.errors import ConfigError, InputError
 from tfcli.generate.search import (
     UNMET_PENALTY, advanced, beam_search, constraint_state, constraint_tensor, has_alternatives, has_waits,
+    ready,
 )
 from tfcli.generate.step import StepModel
 from tfcli.specials import EOS_ID, PAD_ID
@@ -31,13 +32,14 @@ def met(seq: list[int], con: list) -> bool:
 
 
 def test_a_phrase_advances_starts_again_and_stays_met():
-    """constraint_tensor: each phrase its constraint's number, the one it waits for (-1: none), then its tokens (a
-    set of alternatives: one number for its forms; an empty phrase a constraint of its own); advanced: a phrase's
-    progress."""
+    """constraint_tensor: each phrase its constraint's number, the one it waits for (-1: none), its length, then its
+    tokens (a set of alternatives: one number for its forms; an empty phrase a constraint of its own); advanced: a
+    phrase's progress."""
     con = constraint_tensor([[[5, 6, 7], [9]], [[4, 4]]], "cpu")
-    assert con.tolist() == [[[0, -1, 5, 6, 7], [1, -1, 9, -1, -1]], [[0, -1, 4, 4, -1], [3, -1, -1, -1, -1]]]
+    assert con.tolist() == [[[0, -1, 3, 5, 6, 7], [1, -1, 1, 9, -1, -1]],
+                            [[0, -1, 2, 4, 4, -1], [3, -1, 0, -1, -1, -1]]]
     assert constraint_tensor([[[[5], [6, 7]], [8]]], "cpu").tolist() == [
-        [[0, -1, 5, -1], [0, -1, 6, 7], [1, -1, 8, -1]]]
+        [[0, -1, 1, 5, -1], [0, -1, 2, 6, 7], [1, -1, 1, 8, -1]]]
     prog = torch.tensor([[[1, 0]], [[1, 0]]])  # (2 sentences, 1 candidate, C = 2)
     assert advanced(con[:, None], prog, torch.tensor([[6], [4]])).tolist() == [[[2, 0]], [[2, 0]]]
     assert advanced(con[:, None], prog, torch.tensor([[5], [7]])).tolist() == [[[1, 0]], [[0, 0]]]  # again; lost
@@ -55,11 +57,11 @@ def test_a_constraint_given_twice_waits_for_its_first_time():
     assert has_waits(con) and not has_waits(constraint_tensor([[[5, 6], [7]]], "cpu"))
     prog = torch.zeros(1, 4, dtype=torch.long)  # (the row's fourth phrase: an empty one, met from the start)
     for tok, want in [(5, [1, 0, 0, 0]), (6, [2, 0, 0, 0]), (5, [2, 0, 1, 0]), (6, [2, 0, 2, 0])]:
-        prog = advanced(con[:1], prog, torch.tensor([tok]), waits=True)
+        prog = advanced(con[:1], prog, torch.tensor([tok]), ready(con[:1], prog))
         assert prog.tolist() == [want]
     prog = torch.zeros(1, 4, dtype=torch.long)
     for tok, want in [(9, [0, 1, 0, 0]), (8, [1, 1, 1, 0])]:  # (the first set met by 9, then 8 meets the second)
-        prog = advanced(con[1:], prog, torch.tensor([tok]), waits=True)
+        prog = advanced(con[1:], prog, torch.tensor([tok]), ready(con[1:], prog))
         assert prog.tolist() == [want]
 
 
@@ -71,7 +73,7 @@ def test_the_state_without_alternatives_is_the_general_one():
             for _ in range(9)]
     con = constraint_tensor(rows, "cpu")
     assert not has_alternatives(con) and has_alternatives(constraint_tensor([[[[5], [6]]], [[7]]], "cpu"))
-    lens = (con[..., 2:] >= 0).sum(-1)
+    lens = con[..., 2]
     for _ in range(20):
         prog = (torch.rand(con.shape[:2]) * (lens + 1)).long()
         general, plain = constraint_state(con, prog), constraint_state(con, prog, alternatives=False)

@@ -53,7 +53,7 @@ def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int,
     if prefix is not None:
         longest = torch.maximum(longest, (prefix >= 0).sum(1) + 1)
     if constraints is not None:  # (the words they add are not in the source's length; every form counted)
-        longest = longest + (constraints[..., 2:] >= 0).sum((1, 2))
+        longest = longest + constraints[..., 2].sum(1)
     return longest.clamp(max=model.cfg.max_len)
 
 
@@ -187,10 +187,10 @@ UNMET_PENALTY = 1e4  # subtracted from a finished hypothesis's score per constra
 
 
 def constraint_tensor(constraints: list[list], device) -> torch.Tensor | None:
-    """Each row's constraints as one (rows, C, 2 + L) tensor. A constraint is a phrase (a token id list) or a set
+    """Each row's constraints as one (rows, C, 3 + L) tensor. A constraint is a phrase (a token id list) or a set
     of alternatives (a list of such lists: any one of them does); each alternative is a phrase of the tensor: its
-    column 0 the constraint it is a form of, column 1 the constraint it waits for (-1: none), then its tokens
-    left-aligned with -1 after them (a row with fewer gets empty phrases, each a constraint of its own, met from
+    column 0 the constraint it is a form of, column 1 the constraint it waits for (-1: none), column 2 its length
+    (read at every step: kept, not counted), then its tokens left-aligned with -1 after them (a row with fewer gets empty phrases, each a constraint of its own, met from
     the start). A constraint given again in a row (a glossary term found twice) waits for the one before it: it
     moves on only once that one is met, so the output holds the phrase as often as it is given. None where no row
     has one."""
@@ -206,12 +206,13 @@ def constraint_tensor(constraints: list[list], device) -> torch.Tensor | None:
     if not C:
         return None
     L = max(len(t) for row in rows for _, _, t in row)
-    out = torch.full((len(rows), C, 2 + L), -1, dtype=torch.long)
+    out = torch.full((len(rows), C, 3 + L), -1, dtype=torch.long)
     out[:, :, 0] = torch.arange(C) + C  # (the empty phrases' own constraints)
+    out[:, :, 2] = 0
     for r, row in enumerate(rows):
         for c, (group, wait, t) in enumerate(row):
-            out[r, c, 0], out[r, c, 1] = group, wait
-            out[r, c, 2 : 2 + len(t)] = torch.tensor(t)
+            out[r, c, 0], out[r, c, 1], out[r, c, 2] = group, wait, len(t)
+            out[r, c, 3 : 3 + len(t)] = torch.tensor(t)
     return out.to(device)
 
 
@@ -223,7 +224,7 @@ def has_waits(con: torch.Tensor) -> bool:
 def ready(con: torch.Tensor, prog: torch.Tensor) -> torch.Tensor:
     """(..., C) whether each phrase of `con` may move on at progress `prog`: it waits for nothing, or the
     constraint it waits for is met (by any of its forms)."""
-    met = prog >= (con[..., 2:] >= 0).sum(-1)
+    met = prog >= con[..., 2]
     wait = con[..., 1]
     return (wait < 0) | ((con[..., 0][..., None, :] == wait[..., :, None]) & met[..., None, :]).any(-1)
 
@@ -232,30 +233,31 @@ def _forms(con: list, c: int) -> list[tuple[int, list[int]]]:
     return [(c, list(t)) for t in con] if con and not isinstance(con[0], int) else [(c, list(con))]
 
 
-def advanced(con: torch.Tensor, prog: torch.Tensor, tok: torch.Tensor, waits: bool = False) -> torch.Tensor:
-    """Each phrase's progress after `tok`. con (..., C, 2 + L): the phrases (`constraint_tensor`); prog (..., C):
+def advanced(con: torch.Tensor, prog: torch.Tensor, tok: torch.Tensor, ready: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """Each phrase's progress after `tok`. con (..., C, 3 + L): the phrases (`constraint_tensor`); prog (..., C):
     how many of each phrase's tokens end the output so far (its length, for good, once it has been output whole);
     tok (...): the next token. A phrase goes one token on where `tok` is its next, starts again at 1 where `tok`
-    is its first, else back to 0; with `waits` (`has_waits`), one that waits stays at 0 until it is `ready`."""
-    phrase = con[..., 2:]
-    lens = (phrase >= 0).sum(-1)
+    is its first, else back to 0; where `ready` (..., C) (`ready` of `prog`: constraints given twice) is False,
+    it stays at 0."""
+    phrase, lens = con[..., 3:], con[..., 2]
     nxt = phrase.gather(-1, prog.clamp(max=phrase.size(-1) - 1).unsqueeze(-1)).squeeze(-1)
     t = tok.unsqueeze(-1)
     again = (phrase[..., 0] == t).long()
     moved = torch.where(nxt == t, prog + 1, again)
-    if waits:
-        moved = moved * ready(con, prog)
+    if ready is not None:
+        moved = moved * ready
     return torch.where(prog >= lens, prog, moved)
 
 
 def constraint_state(con: torch.Tensor, prog: torch.Tensor, alternatives: bool = True) -> dict[str, torch.Tensor]:
-    """What progress `prog` (..., C) in the phrases `con` (..., C, 2 + L) comes to: `open` (..., C), whether the
+    """What progress `prog` (..., C) in the phrases `con` (..., C, 3 + L) comes to: `open` (..., C), whether the
     constraint a phrase is a form of is still unmet; `missing` (...), the tokens of the unmet constraints (each by
     its shortest form); `bank`, the tokens of the met constraints (each by the form met) and the longest partial
     match of an open phrase (one phrase at a time: a token that starts two phrases is one step, not two).
     Without `alternatives` (every phrase a constraint of its own: `has_alternatives` false) the same values
     without the (C, C) pairing of forms."""
-    lens = (con[..., 2:] >= 0).sum(-1)
+    lens = con[..., 2]
     if not alternatives:
         met = prog >= lens
         return dict(open=~met, missing=(lens * ~met).sum(-1), bank=(lens * met).sum(-1) + (prog * ~met).amax(-1))
@@ -608,7 +610,7 @@ class _Beam(_SourceSearch):
     fixed-shape decoder writes.)"""
 
     per_row = _SourceSearch.per_row + ("lp_max", "floor", "full", "done", "scores")
-    per_beam = ("tok", "tokens", "lps", "prog", "fresh")
+    per_beam = ("tok", "tokens", "lps", "prog", "open", "fresh")
 
     def __init__(self, sm, decoder, sched, src, max_len, T, prefix, K, nbest, len_penalty, min_len, token_scores,
                  avoid=None, constraints=None, continuing=None):
@@ -639,6 +641,8 @@ class _Beam(_SourceSearch):
         # each beam's progress in each of its sentence's constraints (`advanced`)
         self.prog = torch.zeros(n, constraints.size(1), dtype=torch.long, device=device) if constraints is not None \
             else None
+        # and which of them are of a constraint it has not met (`constraint_state`'s open; an empty phrase is met)
+        self.open = self.cn[..., 2] > 0 if constraints is not None else None
         # and whether its last token ended a constraint (a piece that would continue that word is not taken)
         self.fresh = torch.zeros(n, dtype=torch.bool, device=device) if constraints is not None else None
 
@@ -660,8 +664,8 @@ class _Beam(_SourceSearch):
             # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
             next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
         else:
-            pick, missing, next_prog, next_fresh = self._constrained_pick(cand_scores, is_eos, cand_beam, cand_row,
-                                                                          cand_tok)
+            pick, missing, next_prog, next_open, next_fresh = self._constrained_pick(cand_scores, is_eos, cand_beam,
+                                                                                     cand_row, cand_tok)
             next_scores = cand_scores.gather(1, pick)
         next_beam, next_tok, next_row = cand_beam.gather(1, pick), cand_tok.gather(1, pick), cand_row.gather(1, pick)
         cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
@@ -704,6 +708,7 @@ class _Beam(_SourceSearch):
             _write_at(new_lps, at_row, next_lp.flatten())
         new = dict(scores=next_scores, tokens=new_tokens, lps=new_lps, tok=next_tok.flatten(), floor=new_floor,
                    full=new_full, done=new_done, prog=next_prog.flatten(0, 1) if self.cn is not None else None,
+                   open=next_open.flatten(0, 1) if self.cn is not None else None,
                    fresh=next_fresh.flatten() if self.cn is not None else None)
         if self.sched.fixed and k == K:  # in place: the same tensors at every step
             for name, value in new.items():
@@ -740,17 +745,19 @@ class _Beam(_SourceSearch):
 
     def _constrained_pick(self, cand_scores, is_eos, cand_beam, cand_row, cand_tok):
         """With constraints: (pick (n, K), the constraint tokens each picked candidate misses, its progress in each
-        phrase (n, K, C), whether its token met a constraint (n, K)), the candidates chosen by `_by_banks`."""
+        phrase (n, K, C), which phrases are of a constraint it has not met (n, K, C), whether its token met a
+        constraint (n, K)), the candidates chosen by `_by_banks`."""
         n, K, k = cand_scores.size(0), self.K, self.k
         con = self.cn[:, None].expand(-1, cand_tok.size(1), -1, -1)
-        cand_prog = advanced(con, self.prog[cand_row], cand_tok, self.waits)  # (n, k * W, C)
+        cand_prog = advanced(con, self.prog[cand_row], cand_tok,
+                             self.ready[cand_row] if self.waits else None)  # (n, k * W, C)
         state = constraint_state(con, cand_prog, self.alternatives)
         pick = self._by_banks(cand_scores, is_eos, state["bank"])
         C = cand_prog.size(-1)
         each = pick[..., None].expand(n, K, C)
         still = state["open"].gather(1, each)
         before = self.open.view(n, k, C).gather(1, cand_beam.gather(1, pick)[..., None].expand(n, K, C))
-        return pick, state["missing"].gather(1, pick), cand_prog.gather(1, each), (before & ~still).any(-1)
+        return pick, state["missing"].gather(1, pick), cand_prog.gather(1, each), still, (before & ~still).any(-1)
 
     def _with_constraints(self, at_row, forced, ban):
         """Each beam's candidates with constraints: its 2K best tokens and, after them, the next token of each
@@ -760,14 +767,14 @@ class _Beam(_SourceSearch):
         W = 2K + C."""
         K, k = self.K, self.k
         n, C, L1 = self.cn.shape
-        con = self.cn[:, None].expand(n, k, C, L1).reshape(n * k, C, L1) if k > 1 else self.cn
-        unmet = self.open = constraint_state(con, self.prog, self.alternatives)["open"]  # (R, C): phrases not met
-        phrase = con[..., 2:]
-        nxt = phrase.gather(-1, self.prog.clamp(max=L1 - 3).unsqueeze(-1)).squeeze(-1).clamp(min=0)  # (R, C)
+        con, prog, unmet = self.cn[:, None].expand(n, k, C, L1), self.prog.view(n, k, C), self.open  # (R = n * k)
+        nxt = con[..., 3:].gather(-1, prog.clamp(max=L1 - 4).unsqueeze(-1)).view(n * k, C).clamp(min=0)  # (R, C)
         pieces = (self.fresh, self.continuing) if self.continuing is not None else None
         bans = Bans(at_row, self.min_len, ban, pieces, no_end=unmet.any(1))
         top_lp, top_tok, extra_lp = _best_next(self.decoder, self.tok, bans, 2 * K, forced, extra=nxt)
-        live = unmet & ready(con, self.prog) if self.waits else unmet  # (a phrase that waits proposes nothing yet)
+        if self.waits:  # (each beam's, for its candidates too: `_constrained_pick`)
+            self.ready = ready(con, prog).view(n * k, C)
+        live = unmet & self.ready if self.waits else unmet  # (a phrase that waits proposes nothing yet)
         earlier = torch.ones(C, C, dtype=torch.bool, device=nxt.device).tril(-1)  # c' < c
         repeated = ((nxt[:, :, None] == top_tok[:, None, :]).any(-1)
                     | ((nxt[:, :, None] == nxt[:, None, :]) & earlier & live[:, None, :]).any(-1))
@@ -784,10 +791,15 @@ class _Beam(_SourceSearch):
         the second best of each, ...), so that hypotheses that have met fewer constraints still keep places beside
         those that met more. Returned in score order."""
         n, M = scores.shape
-        banks = self.cn.size(1) * (self.cn.size(2) - 2) + 1  # (at most C * L constraint tokens)
+        banks = self.cn.size(1) * (self.cn.size(2) - 3) + 1  # (at most C * L constraint tokens)
         ok = ~is_eos & (scores > float("-inf"))
-        member = ((bank[..., None] == torch.arange(banks, device=bank.device)) & ok[..., None]).long()  # (n, M, banks)
-        rank = (member.cumsum(1) * member).sum(-1) - 1  # within its bank, by score
+        # each candidate's rank within its bank, by score (the candidates come sorted): grouped by bank, in order
+        pos = torch.arange(M, device=scores.device).expand(n, M)
+        order = (torch.where(ok, bank, banks) * M + pos).argsort(dim=1)
+        grouped = bank.masked_fill(~ok, banks).gather(1, order)
+        starts = torch.ones_like(grouped, dtype=torch.bool)
+        starts[:, 1:] = grouped[:, 1:] != grouped[:, :-1]
+        rank = torch.empty_like(pos).scatter_(1, order, pos - torch.where(starts, pos, 0).cummax(1).values)
         key = rank * banks + (banks - 1 - bank)
         key = torch.where(ok, key, M * banks + torch.arange(M, device=scores.device))
         return key.topk(self.K, dim=1, largest=False).indices.sort(1).values
@@ -807,6 +819,7 @@ class _Beam(_SourceSearch):
             self.lps[beams] = 0
         if self.prog is not None:
             self.prog[beams], self.fresh[beams] = 0, False
+            self.open[beams] = (self.cn[rows, :, 2] > 0).repeat_interleave(self.K, 0)
 
     def hypotheses(self) -> list[list[Hypothesis]]:
         out = []
@@ -841,7 +854,7 @@ def beam_search(
     every hypothesis must start with (-1 past a row's prefix): while a row is in its prefix each beam has one way
     on, the prefix's next token, scored as the model scores it. `avoid`: (B, A, L) token phrases no hypothesis of
     the row outputs (`avoid_tensor`): the token that would complete one is never chosen (a prefix still is).
-    `constraints`: (B, C, 1 + L) token phrases every hypothesis of the row must output, in any order, or for a set
+    `constraints`: (B, C, 3 + L) token phrases every hypothesis of the row must output, in any order, or for a set
     of alternatives one of them (`constraint_tensor`): dynamic beam allocation (Post & Vilar 2018) in its vectorised form (Hu et al. 2019).
     Each beam also proposes the next token of each constraint it has not met, the continuing beams are chosen by
     `_Beam._by_banks`, and </s> is banned until every constraint is met; the length limit grows by the constraints'
