@@ -14,9 +14,10 @@ import tfcli
 from helpers import WORDS, holds, random_translator, save_model, save_word_tokenizer
 from reference_search import reference_constrained_beam_search
 from tfcli.errors import ConfigError, InputError
+from tfcli.generate import native
 from tfcli.generate.search import (
     UNMET_PENALTY, advanced, beam_search, constraint_state, constraint_tensor, has_alternatives, has_waits,
-    ready,
+    pick_by_banks, ready,
 )
 from tfcli.generate.step import StepModel
 from tfcli.specials import EOS_ID, PAD_ID
@@ -95,6 +96,46 @@ def _sources(n: int, seed: int, V: int):
             row.append(rng.choice(row))
     width = max(map(len, srcs))
     return srcs, cons, torch.tensor([s + [PAD_ID] * (width - len(s)) for s in srcs])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_c_picks_the_candidates_its_torch_form_picks(seed, monkeypatch):
+    """pick_by_banks on the CPU (rows.c's constrained_pick) gives the same integers as its torch form, on random
+    states: plain phrases, alternatives, a constraint given twice, empty places; candidates that end, score -inf,
+    tie, or repeat a token."""
+    if native.library() is None:
+        pytest.skip("rows.c is not built here (no C compiler)")
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+
+    def phrase():
+        return [rng.randrange(4, 12) for _ in range(rng.randint(1, 3))]
+
+    rows = []
+    for _ in range(6):
+        row = [phrase() if rng.random() < 0.7 else [phrase(), phrase()] for _ in range(rng.randint(0, 3))]
+        rows.append(row + row[:1] if row and rng.random() < 0.5 else row)  # (given twice: the copy waits)
+    con = constraint_tensor(rows, "cpu")
+    n, C = con.shape[:2]
+    k, K = 3, 3
+    M = k * (2 * K + C)
+    prog = (torch.rand(n * k, C, generator=g) * (con[:, None, :, 2].expand(n, k, C).reshape(n * k, C) + 1)).long()
+    beam_con = con[:, None].expand(n, k, -1, -1).reshape(n * k, C, -1)
+    alternatives = has_alternatives(con)
+    open_ = constraint_state(beam_con, prog, alternatives)["open"]
+    waits = ready(beam_con, prog) if has_waits(con) else None
+    scores = torch.randn(n, M, generator=g).round(decimals=1).sort(1, descending=True).values  # (ties)
+    scores[:, -3:] = float("-inf")
+    tok = torch.randint(4, 12, (n, M), generator=g)
+    tok[torch.rand(n, M, generator=g) < 0.1] = EOS_ID
+    beam = torch.randint(0, k, (n, M), generator=g)
+    args = (scores, tok, beam, con, prog, waits, open_, alternatives, K, k)
+    fast = native.constrained_pick(scores, tok, beam, EOS_ID, con, prog, waits, open_, alternatives, K, k)
+    assert fast is not None
+    monkeypatch.setattr(native, "constrained_pick", lambda *a: None)
+    slow = pick_by_banks(*args)
+    for name, a, b in zip(("pick", "missing", "progress", "open", "fresh"), fast, slow):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("which", ["plain", "packed", "static"])

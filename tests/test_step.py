@@ -710,7 +710,7 @@ def test_best_next_refuses_in_c_what_its_buffers_cannot_hold():
         ban = torch.arange(n_ban, dtype=torch.long)
         values, ids = torch.full((130,), 7.0), torch.full((130,), -5, dtype=torch.long)  # (R x k, row-major)
         before = x.clone()
-        assert lib.best_next(x.data_ptr(), 2, 300, ban.data_ptr(), n_ban, None, 2, k, values.data_ptr(),
+        assert lib.best_next(x.data_ptr(), 2, 300, ban.data_ptr(), n_ban, None, 2, None, None, k, values.data_ptr(),
                              ids.data_ptr(), None) == status
         if status:
             assert torch.equal(x, before) and (values == 7.0).all() and (ids == -5).all()

@@ -145,6 +145,14 @@ def test_the_c_choice_of_next_tokens_is_the_log_softmaxs_top_k(V):
         # unnormalised (a greedy search that is not scored): the same tokens, and their logits
         logits, same_ids, none = native.best_next(x.clone(), ban, ban_eos, EOS_ID, k, normalise=False)
         assert none is None and torch.equal(same_ids, ids) and torch.equal(logits, x.gather(1, ids))
+        # pieces that may not follow (a constraint's end), in some rows: never chosen there, still normalised over
+        after, cont = torch.arange(70) % 4 == 1, torch.arange(V) % 2 == 1
+        cont[x[after].argmax(1)[:2]] = True  # (two such rows' best among them; at least k left in every row)
+        p_values, p_ids, p_norm = native.best_next(x.clone(), ban, ban_eos, EOS_ID, k, pieces=(after, cont))
+        assert torch.equal(p_norm, norm) and torch.equal(p_values, x.gather(1, p_ids) - norm[:, None])
+        assert torch.equal(p_ids[~after], ids[~after]) and not cont[p_ids[after]].any()
+        kept = x.masked_fill(ref == float("-inf"), float("-inf")).masked_fill(after[:, None] & cont, float("-inf"))
+        assert torch.equal(p_ids, kept.neg().sort(stable=True)[1][:, :k])
 
 
 @pytest.mark.parametrize("which", ["copier", "random", "packed"])

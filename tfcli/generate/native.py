@@ -16,6 +16,9 @@ compiler is found.
   attention, in the same order, so the same bits), described by `LayerArgs`; tfcli.generate.step says when it runs.
 - `best_next`: a search's k best next tokens a row, chosen on the logits, with their log-probs (the log-softmax
   over the vocabulary never written out).
+- `constrained_pick`: a constrained beam search's choice of its continuing candidates (dynamic beam allocation),
+  the same integers as its torch form (tfcli.generate.search.pick_by_banks) in one call where that takes some
+  thirty small operators a step.
 """
 
 from __future__ import annotations
@@ -144,32 +147,57 @@ def layers_kernel():
 
 
 def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, eos: int, k: int,
-              normalise: bool = True):
+              normalise: bool = True, pieces: tuple[torch.Tensor, torch.Tensor] | None = None):
     """rows.c's best_next on logits x (R, V), fp32, contiguous, on the CPU: each row's k best tokens by log-prob,
     the tokens `ban` (int64 ids) and, in the rows where `ban_eos` (R,) is True, `eos` excluded: (log-probs (R, k),
     ids (R, k), each row's log-softmax normaliser (R,)); without `normalise`, (logits, ids, None), one pass over x
-    instead of two. The banned logits are set to -inf in x. None where the kernel does not run (as `fp32_kernel`),
-    k is past its 64 or `ban` past its 7 ids."""
+    instead of two. The banned logits are set to -inf in x. `pieces`: ((R,) rows, (V,) tokens, both bool): in those
+    rows none of those tokens is chosen (the normaliser still over every token). None where the kernel does not run
+    (as `fp32_kernel`), k is past its 64 or `ban` past its 7 ids."""
     if (fp32_kernel() is None or not 1 <= k <= 64 or ban.numel() > 7 or x.dtype != torch.float32
-            or not x.is_contiguous()):
+            or not x.is_contiguous() or (pieces is not None and pieces[1].numel() != x.size(1))):
         return None
     R, V = x.shape
     values, ids, norm = torch.empty(R, k), torch.empty(R, k, dtype=torch.long), torch.empty(R) if normalise else None
     if ban_eos is not None:
         ban_eos = ban_eos.to(torch.uint8).contiguous()
+    after, cont = (None, None) if pieces is None else (p.contiguous() for p in pieces)  # (bool: one byte, 0 or 1)
     status = library().best_next(x.data_ptr(), R, V, ban.data_ptr(), ban.numel(),
-                                 None if ban_eos is None else ban_eos.data_ptr(), eos, k, values.data_ptr(),
-                                 ids.data_ptr(), None if norm is None else norm.data_ptr())
+                                 None if ban_eos is None else ban_eos.data_ptr(), eos,
+                                 None if after is None else after.data_ptr(), None if cont is None else cont.data_ptr(),
+                                 k, values.data_ptr(), ids.data_ptr(), None if norm is None else norm.data_ptr())
     if status:
         raise RuntimeError(f"rows.c's best_next refused k={k} with {ban.numel()} banned ids")
     return values, ids, norm
+
+
+def constrained_pick(scores: torch.Tensor, tok: torch.Tensor, beam: torch.Tensor, eos: int, con: torch.Tensor,
+                     prog: torch.Tensor, ready: torch.Tensor | None, open_: torch.Tensor, alternatives: bool, K: int,
+                     k: int):
+    """rows.c's constrained_pick (search.pick_by_banks says what it computes): (pick, missing, progress, open,
+    fresh), or None where it does not run (no library, or not fp32 on the CPU)."""
+    lib = library()
+    if lib is None or scores.dtype != torch.float32 or scores.device.type != "cpu":
+        return None
+    n, M = scores.shape
+    C, L = con.size(1), con.size(2) - 3
+    args = [x.contiguous() for x in (scores, tok, beam, con, prog, open_)]
+    ready = ready.contiguous() if ready is not None else None
+    out = (torch.empty(n, K, dtype=torch.long), torch.empty(n, K, dtype=torch.long),
+           torch.empty(n, K, C, dtype=torch.long), torch.empty(n, K, C, dtype=torch.bool),
+           torch.empty(n, K, dtype=torch.bool))
+    ptr = [x.data_ptr() for x in args]
+    if lib.constrained_pick(n, M, K, k, C, L, *ptr[:3], eos, *ptr[3:5], None if ready is None else ready.data_ptr(),
+                            ptr[5], int(alternatives), *(x.data_ptr() for x in out)):
+        return None
+    return out
 
 
 _SOURCE = Path(__file__).with_name("rows.c")
 
 
 _SYMBOLS = ("quantize_rows", "dequantize_rows", "linear_rows", "linear_rows_avx2", "linear_rows_supported",
-            "attend_rows", "decode_layers", "decode_layers_avx2", "best_next", "struct_layout")
+            "attend_rows", "decode_layers", "decode_layers_avx2", "best_next", "constrained_pick", "struct_layout")
 
 
 class _Untrusted(OSError):
@@ -226,8 +254,11 @@ def library():
         layers.argtypes = [ctypes.POINTER(LayerArgs), i64, p, p, i64, i64, i64, i64, i64, i64, i64, i64, p, i64,
                            i64, p, i64, ctypes.c_float]
         layers.restype = None
-    lib.best_next.argtypes = [p, i64, i64, p, i64, p, i64, i64, p, p, p]
+    lib.best_next.argtypes = [p, i64, i64, p, i64, p, i64, p, p, i64, p, p, p]
     lib.best_next.restype = ctypes.c_int
+    lib.constrained_pick.argtypes = [i64, i64, i64, i64, i64, i64, p, p, p, i64, p, p, p, p, ctypes.c_int, p, p, p,
+                                     p, p]
+    lib.constrained_pick.restype = ctypes.c_int
     lib.struct_layout.argtypes, lib.struct_layout.restype = [p], None
     mismatch = layout_mismatch(lib)
     if mismatch:

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -389,14 +390,17 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
  * null); the k largest logits left, with their ids, best first (of equal values the lower id first); and the
  * log-softmax's normaliser over every token, banned or not, norm[r] = m + log(sum_j e^(x_j - m)), m = max_j x_j (the
  * sum in eight lanes, token j in lane j % 8, the banned tokens' terms in one more block, the lanes added in a fixed
- * order). The k best are returned as log-probs x_j - norm[r] in values and ids (each R x k): the log-softmax's order
+ * order). In the rows where after[r] is set (after may be null: a constrained search's rows whose last token ended a
+ * constraint), no token j with cont[j] set is among the k (the normaliser is still over every token). The k best are
+ * returned as log-probs x_j - norm[r] in values and ids (each R x k): the log-softmax's order
  * is the logits', so they are chosen on the logits and only they are normalised. Two passes over a row; its result
  * depends on that row alone. With norm null (a greedy search whose scores nobody reads) the second pass is skipped
  * and values holds the k best logits. Returns 0; or -1, having done nothing, unless 1 <= k <= 64 and nb <= 7 (the
  * sizes of its buffers). */
 __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V, const int64_t *ban, int64_t nb,
-                                                const uint8_t *ban_eos, int64_t eos, int64_t k, float *values,
-                                                int64_t *ids, float *norm) {
+                                                const uint8_t *ban_eos, int64_t eos, const uint8_t *after,
+                                                const uint8_t *cont, int64_t k, float *values, int64_t *ids,
+                                                float *norm) {
     if (k < 1 || k > 64 || nb < 0 || nb > 7) return -1;
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN)
     for (int64_t r = 0; r < R; r++) {
@@ -410,6 +414,8 @@ __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V
         int64_t bi[64];
         for (int64_t i = 0; i < k; i++) bv[i] = -INFINITY, bi[i] = 0;
         __m256 mv = _mm256_loadu_ps(banned), kth = _mm256_set1_ps(-INFINITY);
+        const uint8_t *skip = after && after[r] ? cont : NULL; /* (never chosen here; still in the normaliser) */
+        float tail = -INFINITY;                                 /* (the max of a last part block, where skipped) */
         for (int64_t j0 = 0; j0 < V; j0 += 8) {
             const int64_t nj = V - j0 < 8 ? V - j0 : 8;
             if (nj == 8) {
@@ -419,7 +425,8 @@ __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V
             }
             for (int64_t j = j0; j < j0 + nj; j++) {
                 const float val = xr[j];
-                if (!(val > bv[k - 1])) continue;
+                if (nj < 8 && val > tail) tail = val;
+                if (!(val > bv[k - 1]) || (skip && skip[j])) continue;
                 int64_t p = k - 1;
                 while (p > 0 && bv[p - 1] < val) bv[p] = bv[p - 1], bi[p] = bi[p - 1], p--;
                 bv[p] = val, bi[p] = j;
@@ -432,7 +439,7 @@ __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V
         }
         float lane[8];
         _mm256_storeu_ps(lane, mv);
-        float m = bv[0];
+        float m = bv[0] > tail ? bv[0] : tail;
         for (int l = 0; l < 8; l++) m = lane[l] > m ? lane[l] : m;
         /* pass 2: sum_j e^(x_j - m), the banned tokens' -inf giving zeros; the last V % 8 tokens and the banned
          * ones each a block filled with -inf */
@@ -451,6 +458,97 @@ __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V
         norm[r] = nr;
         for (int64_t i = 0; i < k; i++) values[r * k + i] = bv[i] - nr, ids[r * k + i] = bi[i];
     }
+    return 0;
+}
+
+/* One step of a constrained beam search's choice (tfcli.generate.search: `pick_by_banks`, whose torch form gives the
+ * same integers): for each of n sentences, its M candidates (scores sorted best first, tokens, the beam of k each
+ * came from) against its C phrases (con: n x C x (3 + L): the constraint each is a form of, the one it waits for,
+ * its length, its tokens). Each candidate's progress in each phrase after its token (`advanced`: on where the token
+ * is the phrase's next, again at 1 where it is its first, else 0; held at 0 where its beam's `ready` is 0; for good
+ * once met), what that comes to (`constraint_state`: the phrases of unmet constraints, the tokens missing, the
+ * bank), and the K continuing candidates by banks (each bank's best in turn, the fullest bank first; candidates
+ * that end or score -inf last), in candidate order. Out: pick (n x K), missing (n x K), the picked candidates'
+ * progress (n x K x C) and open phrases (n x K x C), and whether its token met a constraint (n x K). Returns -1
+ * (nothing written) where K > M or scratch memory cannot be had. */
+int constrained_pick(int64_t n, int64_t M, int64_t K, int64_t k, int64_t C, int64_t L, const float *scores,
+                     const int64_t *tok, const int64_t *beam, int64_t eos, const int64_t *con, const int64_t *prog,
+                     const uint8_t *ready, const uint8_t *open, int alternatives, int64_t *pick, int64_t *missing,
+                     int64_t *next_prog, uint8_t *next_open, uint8_t *fresh) {
+    if (K > M) return -1;
+    const int64_t W3 = 3 + L, banks = C * L + 1;
+    int64_t *cp = malloc(sizeof(int64_t) * (M * C + 3 * M + banks)), *bank = cp + M * C, *miss = bank + M;
+    int64_t *key = miss + M, *count = key + M;
+    uint8_t *op = malloc((size_t)(M * C > 0 ? M * C : 1));
+    if (!cp || !op) {
+        free(cp), free(op);
+        return -1;
+    }
+    for (int64_t s = 0; s < n; s++) {
+        const int64_t *cs = con + s * C * W3;
+        for (int64_t m = 0; m < M; m++) {
+            const int64_t row = s * k + beam[s * M + m], t = tok[s * M + m];
+            int64_t *np = cp + m * C;
+            for (int64_t c = 0; c < C; c++) {
+                const int64_t p = prog[row * C + c], len = cs[c * W3 + 2], *ph = cs + c * W3 + 3;
+                int64_t v = p;
+                if (p < len) {
+                    v = ph[p] == t ? p + 1 : ph[0] == t ? 1 : 0;
+                    if (ready && !ready[row * C + c]) v = 0;
+                }
+                np[c] = v;
+            }
+            int64_t whole = 0, part = 0, lack = 0;
+            for (int64_t c = 0; c < C; c++) {
+                const int64_t len = cs[c * W3 + 2], group = cs[c * W3];
+                int done = np[c] >= len, first = 1;
+                int64_t credit = done ? len : 0, shortest = len;
+                if (alternatives)
+                    for (int64_t d = 0; d < C; d++) {
+                        if (cs[d * W3] != group) continue;
+                        const int64_t dl = cs[d * W3 + 2];
+                        first &= d >= c;
+                        if (np[d] >= dl) done = 1, credit = dl > credit ? dl : credit;
+                        shortest = dl < shortest ? dl : shortest;
+                    }
+                op[m * C + c] = (uint8_t)!done;
+                if (first) whole += credit, lack += done ? 0 : shortest;
+                if (!done && np[c] > part) part = np[c];
+            }
+            bank[m] = whole + part < banks ? whole + part : banks - 1;
+            miss[m] = lack;
+        }
+        for (int64_t b = 0; b < banks; b++) count[b] = 0;
+        for (int64_t m = 0; m < M; m++) {
+            const int ok = tok[s * M + m] != eos && scores[s * M + m] > -INFINITY;
+            key[m] = ok ? count[bank[m]]++ * banks + (banks - 1 - bank[m]) : M * banks + m;
+        }
+        /* the K smallest keys (all different), then in candidate order */
+        int64_t *out = pick + s * K;
+        for (int64_t j = 0; j < K; j++) {
+            int64_t best = -1;
+            for (int64_t m = 0; m < M; m++)
+                if (key[m] >= 0 && (best < 0 || key[m] < key[best])) best = m;
+            out[j] = best;
+            key[best] = -1;
+        }
+        for (int64_t j = 1; j < K; j++)
+            for (int64_t i = j; i > 0 && out[i - 1] > out[i]; i--) {
+                const int64_t x = out[i];
+                out[i] = out[i - 1], out[i - 1] = x;
+            }
+        for (int64_t j = 0; j < K; j++) {
+            const int64_t m = out[j], row = s * k + beam[s * M + m], o = (s * K + j) * C;
+            uint8_t met = 0;
+            missing[s * K + j] = miss[m];
+            for (int64_t c = 0; c < C; c++) {
+                next_prog[o + c] = cp[m * C + c], next_open[o + c] = op[m * C + c];
+                met |= open[row * C + c] && !op[m * C + c];
+            }
+            fresh[s * K + j] = met;
+        }
+    }
+    free(cp), free(op);
     return 0;
 }
 

@@ -279,6 +279,45 @@ def has_alternatives(con: torch.Tensor) -> bool:
     return bool(((group[..., :, None] == group[..., None, :]).sum((-1, -2)) > group.size(-1)).any())
 
 
+def pick_by_banks(scores: torch.Tensor, tok: torch.Tensor, beam: torch.Tensor, con: torch.Tensor, prog: torch.Tensor,
+                  ready: torch.Tensor | None, open_: torch.Tensor, alternatives: bool, K: int, k: int):
+    """A constrained beam search's continuing candidates, by dynamic beam allocation (Post & Vilar 2018). Each
+    sentence's candidates `scores`, `tok`, `beam` (n, M; sorted best first; the beam of k each extends) are
+    taken on by their progress in the phrases `con` (n, C, 3 + L) after their token (`advanced`, from their beam's
+    `prog` (n * k, C), held where its `ready` is False) and grouped by bank (`constraint_state`); each bank's best
+    are taken in turn, the fullest bank first (its best, then every other bank's best, then the second best of
+    each, ...), so that hypotheses that have met fewer constraints keep places beside those that met more;
+    candidates that end (</s>) or score -inf only after all others. Returns (pick (n, K) in candidate order, the
+    constraint tokens each picked one misses (n, K), its progress (n, K, C), which of its phrases are of an unmet
+    constraint (n, K, C), whether its token met a constraint that its beam (`open_`, (n * k, C)) had not (n, K)).
+    On the CPU one call of rows.c (native.constrained_pick: the same integers), else these operators."""
+    fast = native.constrained_pick(scores, tok, beam, EOS_ID, con, prog, ready, open_, alternatives, K, k)
+    if fast is not None:
+        return fast
+    n, M = scores.shape
+    C = con.size(1)
+    row = beam + (torch.arange(n, device=beam.device) * k)[:, None]
+    cons = con[:, None].expand(-1, M, -1, -1)
+    cand_prog = advanced(cons, prog[row], tok, ready[row] if ready is not None else None)  # (n, M, C)
+    state = constraint_state(cons, cand_prog, alternatives)
+    banks = C * (con.size(2) - 3) + 1  # (at most C * L constraint tokens)
+    bank = state["bank"]
+    ok = (tok != EOS_ID) & (scores > float("-inf"))
+    # each candidate's rank within its bank, by score (the candidates come sorted): grouped by bank, in order
+    pos = torch.arange(M, device=scores.device).expand(n, M)
+    order = (torch.where(ok, bank, banks) * M + pos).argsort(dim=1)
+    grouped = bank.masked_fill(~ok, banks).gather(1, order)
+    starts = torch.ones_like(grouped, dtype=torch.bool)
+    starts[:, 1:] = grouped[:, 1:] != grouped[:, :-1]
+    rank = torch.empty_like(pos).scatter_(1, order, pos - torch.where(starts, pos, 0).cummax(1).values)
+    key = torch.where(ok, rank * banks + (banks - 1 - bank), M * banks + pos)
+    pick = key.topk(K, dim=1, largest=False).indices.sort(1).values
+    each = pick[..., None].expand(n, K, C)
+    still = state["open"].gather(1, each)
+    before = open_[row.gather(1, pick)]
+    return pick, state["missing"].gather(1, pick), cand_prog.gather(1, each), still, (before & ~still).any(-1)
+
+
 def _forced_at(prefix: torch.Tensor | None, at, beams: int) -> torch.Tensor | None:
     """(rows,) the token each row must take at output position `at` (1-based; an int, or (n,) per sentence), -1
     where it is free; None when no row is forced. `prefix`: (n, P) target prefix ids per live sentence, -1 past each
@@ -361,32 +400,21 @@ def _best_next(decoder: Decoder, tok: torch.Tensor, bans: Bans, k: int, forced: 
 
 
 def _best_next_rows(logits: torch.Tensor, bans: Bans, k: int, forced, normalise: bool, extra):
-    """_best_next by rows.c's best_next (None where it does not run): the never-chosen ids and the rows that may
-    not end go to the C call; a row's own bans are written into the logits, the normaliser of each such row taken
-    over the whole vocabulary first, so that the bans leave the model's distribution as it is."""
+    """_best_next by rows.c's best_next (None where it does not run): the never-chosen ids, the rows that may not
+    end and the pieces that may not follow a constraint go to the C call; the phrases to avoid are written into the
+    logits, each row's normaliser taken over the whole vocabulary first, so that the bans leave the model's
+    distribution as it is."""
     forced_logit = None if forced is None else logits.gather(1, forced.clamp(min=0)[:, None])
     extra_logit = None if extra is None else logits.gather(1, extra)
     full = logits.logsumexp(1) if bans.avoid is not None else None
-    pieces = bans.pieces
-    rows = pieces[0].nonzero().squeeze(1) if pieces is not None else None  # (a read: cheap on the CPU)
-    if rows is not None and rows.numel():  # (only the rows `pieces` names: few at a step)
-        kept = logits.index_select(0, rows)
-        row_full = kept.logsumexp(1) if full is None else None
-        logits.index_put_((rows,), kept.masked_fill(pieces[1], float("-inf")))
-    else:
-        rows = None
     chosen_from = logits if bans.avoid is None else logits.scatter(1, bans.avoid, float("-inf"))
-    best = native.best_next(chosen_from, bans.never(logits.device), bans.no_eos(), EOS_ID, k, normalise)
+    best = native.best_next(chosen_from, bans.never(logits.device), bans.no_eos(), EOS_ID, k, normalise,
+                            bans.pieces)
     if best is None:
-        if rows is not None:  # (the blocks normalise the logits as they came)
-            logits.index_put_((rows,), kept)
         return None
     v, i, norm = best
     if norm is not None and full is not None:
         v, norm = v + (norm - full)[:, None], full
-    elif norm is not None and rows is not None:
-        v[rows] += (norm[rows] - row_full)[:, None]
-        norm[rows] = row_full
     if k == 1:
         v, i = v[:, 0], i[:, 0]
     forced_lp = forced_logit if forced_logit is None or norm is None else forced_logit - norm[:, None]
@@ -664,8 +692,9 @@ class _Beam(_SourceSearch):
             # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
             next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)
         else:
-            pick, missing, next_prog, next_open, next_fresh = self._constrained_pick(cand_scores, is_eos, cand_beam,
-                                                                                     cand_row, cand_tok)
+            pick, missing, next_prog, next_open, next_fresh = pick_by_banks(
+                cand_scores, cand_tok, cand_beam, self.cn, self.prog, self.ready if self.waits else None, self.open,
+                self.alternatives, K, k)
             next_scores = cand_scores.gather(1, pick)
         next_beam, next_tok, next_row = cand_beam.gather(1, pick), cand_tok.gather(1, pick), cand_row.gather(1, pick)
         cand_lp = top_lp.gather(1, cand_idx) if token_scores else None
@@ -726,7 +755,7 @@ class _Beam(_SourceSearch):
         A candidate among its sentence's 2K best (beam, token) pairs is among its own beam's 2K best tokens, so
         each beam proposes its 2K best and the sentence picks 2K of those k * 2K: no beam score is added to, and no
         topk runs over, all k * V pairs. With constraints each beam proposes more (`_with_constraints`), and all
-        are kept: the continuing beams are chosen by `_by_banks`."""
+        are kept: the continuing beams are chosen by `pick_by_banks`."""
         K, k, n = self.K, self.k, self.scores.size(0)
         forced, ban = _forced_at(self.pre, at, k), self.avoided(self.tokens, at_row, k)
         if self.cn is None:
@@ -743,22 +772,6 @@ class _Beam(_SourceSearch):
         beam = torch.div(cand_idx, W, rounding_mode="floor")
         return top_lp, cand_scores, cand_idx, beam, top_tok.view(n, k * W).gather(1, cand_idx)
 
-    def _constrained_pick(self, cand_scores, is_eos, cand_beam, cand_row, cand_tok):
-        """With constraints: (pick (n, K), the constraint tokens each picked candidate misses, its progress in each
-        phrase (n, K, C), which phrases are of a constraint it has not met (n, K, C), whether its token met a
-        constraint (n, K)), the candidates chosen by `_by_banks`."""
-        n, K, k = cand_scores.size(0), self.K, self.k
-        con = self.cn[:, None].expand(-1, cand_tok.size(1), -1, -1)
-        cand_prog = advanced(con, self.prog[cand_row], cand_tok,
-                             self.ready[cand_row] if self.waits else None)  # (n, k * W, C)
-        state = constraint_state(con, cand_prog, self.alternatives)
-        pick = self._by_banks(cand_scores, is_eos, state["bank"])
-        C = cand_prog.size(-1)
-        each = pick[..., None].expand(n, K, C)
-        still = state["open"].gather(1, each)
-        before = self.open.view(n, k, C).gather(1, cand_beam.gather(1, pick)[..., None].expand(n, K, C))
-        return pick, state["missing"].gather(1, pick), cand_prog.gather(1, each), still, (before & ~still).any(-1)
-
     def _with_constraints(self, at_row, forced, ban):
         """Each beam's candidates with constraints: its 2K best tokens and, after them, the next token of each
         constraint it has not met (where another candidate of the beam is not that token already, and no prefix
@@ -772,7 +785,7 @@ class _Beam(_SourceSearch):
         pieces = (self.fresh, self.continuing) if self.continuing is not None else None
         bans = Bans(at_row, self.min_len, ban, pieces, no_end=unmet.any(1))
         top_lp, top_tok, extra_lp = _best_next(self.decoder, self.tok, bans, 2 * K, forced, extra=nxt)
-        if self.waits:  # (each beam's, for its candidates too: `_constrained_pick`)
+        if self.waits:  # (each beam's, for its candidates too: `pick_by_banks`)
             self.ready = ready(con, prog).view(n * k, C)
         live = unmet & self.ready if self.waits else unmet  # (a phrase that waits proposes nothing yet)
         earlier = torch.ones(C, C, dtype=torch.bool, device=nxt.device).tril(-1)  # c' < c
@@ -783,26 +796,6 @@ class _Beam(_SourceSearch):
             off = off | (forced >= 0)[:, None]
         return torch.cat([top_lp, extra_lp.masked_fill(off, float("-inf"))], 1), torch.cat([top_tok, nxt], 1), \
             2 * K + C
-
-    def _by_banks(self, scores: torch.Tensor, is_eos: torch.Tensor, bank: torch.Tensor) -> torch.Tensor:
-        """(n, K) the continuing beams, by dynamic beam allocation (Post & Vilar 2018): the candidates `scores`
-        (n, M; sorted, best first) that do not end grouped by `bank` (n, M; `constraint_state`); each
-        bank's best candidates taken in turn, the fullest bank first (its best, then every other bank's best, then
-        the second best of each, ...), so that hypotheses that have met fewer constraints still keep places beside
-        those that met more. Returned in score order."""
-        n, M = scores.shape
-        banks = self.cn.size(1) * (self.cn.size(2) - 3) + 1  # (at most C * L constraint tokens)
-        ok = ~is_eos & (scores > float("-inf"))
-        # each candidate's rank within its bank, by score (the candidates come sorted): grouped by bank, in order
-        pos = torch.arange(M, device=scores.device).expand(n, M)
-        order = (torch.where(ok, bank, banks) * M + pos).argsort(dim=1)
-        grouped = bank.masked_fill(~ok, banks).gather(1, order)
-        starts = torch.ones_like(grouped, dtype=torch.bool)
-        starts[:, 1:] = grouped[:, 1:] != grouped[:, :-1]
-        rank = torch.empty_like(pos).scatter_(1, order, pos - torch.where(starts, pos, 0).cummax(1).values)
-        key = rank * banks + (banks - 1 - bank)
-        key = torch.where(ok, key, M * banks + torch.arange(M, device=scores.device))
-        return key.topk(self.K, dim=1, largest=False).indices.sort(1).values
 
     def ended_rows(self) -> torch.Tensor:
         return self.done
@@ -857,7 +850,7 @@ def beam_search(
     `constraints`: (B, C, 3 + L) token phrases every hypothesis of the row must output, in any order, or for a set
     of alternatives one of them (`constraint_tensor`): dynamic beam allocation (Post & Vilar 2018) in its vectorised form (Hu et al. 2019).
     Each beam also proposes the next token of each constraint it has not met, the continuing beams are chosen by
-    `_Beam._by_banks`, and </s> is banned until every constraint is met; the length limit grows by the constraints'
+    `pick_by_banks`, and </s> is banned until every constraint is met; the length limit grows by the constraints'
     tokens, and a hypothesis that still reaches it with some unmet scores UNMET_PENALTY less per missing token (the
     best of those is returned only where no hypothesis met them all). `continuing`: (V,) the tokens that continue
     the word before them (SentencePiece pieces without "▁"), none of which may follow a constraint's last token, so
