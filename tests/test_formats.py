@@ -303,6 +303,26 @@ def test_subtitles_keep_cues_times_and_numbers(copier, tmp_path):
     assert res.exit_code == 1 and f"{bad}:10: a cue time that does not parse" in res.output
 
 
+def test_a_sentence_across_cues_is_one_segment_and_its_words_go_back_to_its_cues(tmp_path):
+    """sample.vtt's second sentence runs over three cues: read as one segment (the cues' lines joined), and with a
+    model that copies it word for word (the identity alignment) each cue gets back its own words."""
+    import webvtt
+
+    from helpers import copy_model, save_model, save_word_tokenizer
+
+    source = (DATA / "sample.vtt").read_text()
+    doc = files.read("vtt", "sample.vtt", source)
+    assert len(doc.segments) == 2
+    assert doc.segments[1].text.startswith("So in order") and doc.segments[1].text.endswith("my test account.")
+    words = lambda t: re.findall(r"\w+|[^\w\s]+", t)  # noqa: E731  (the word tokenizer's pieces)
+    vocab = sorted({w for seg in doc.segments for w in words(seg.text)})
+    model = save_model(tmp_path / "copier", copy_model(n_words=len(vocab), max_len=64),
+                       save_word_tokenizer(tmp_path / "tok", vocab))
+    out = webvtt.from_string(translate_file(model, "sample.vtt", tmp_path))
+    cues = webvtt.from_string(source).captions
+    assert [words(c.raw_text) for c in out.captions] == [words(c.raw_text) for c in cues]
+
+
 def test_an_html_page_keeps_everything_but_its_text(copier, tmp_path):
     source = (DATA / "404.html").read_text()
     out = translate_file(copier, "404.html", tmp_path)
@@ -330,6 +350,23 @@ def test_markdown_keeps_code_links_and_blocks(copier, tmp_path):
     links = lambda t: [(tok.attrs.get("href"), tok.attrs.get("src")) for block in MarkdownIt("commonmark").parse(t)  # noqa: E731
                        for tok in block.children or () if tok.type in ("link_open", "image")]
     assert links(out) == links(source)
+
+
+def test_markdown_keeps_front_matter_and_tables(copier, tmp_path):
+    """A docs page with YAML front matter and a table of <kbd> keys and links: the front matter as written, the
+    table's cells translated with the table's structure, its keys (<kbd>) and link targets kept."""
+    from markdown_it import MarkdownIt
+
+    source = (DATA / "keyboard-shortcuts.md").read_text()
+    out = translate_file(copier, "keyboard-shortcuts.md", tmp_path)
+    front = source[: source.index("---\n## About")] + "---\n"
+    assert out.startswith(front)
+    parse = lambda t: MarkdownIt("commonmark").enable("table").parse(t[len(front):])  # noqa: E731
+    assert [tok.type for tok in parse(out)] == [tok.type for tok in parse(source)]
+    assert sum(tok.type == "td_open" for tok in parse(out)) == 14
+    assert re.findall(r"<kbd>.</kbd>", out) == re.findall(r"<kbd>.</kbd>", source)
+    assert re.findall(r"\]\(([^)]*)\)", out) == re.findall(r"\]\(([^)]*)\)", source)
+    assert "Activates the file finder" not in out
 
 
 def test_json_keeps_keys_and_structure(copier, tmp_path):

@@ -5,7 +5,7 @@ translations back; everything else in the file is written as it was.
 | format | reader | segments | kept |
 | --- | --- | --- | --- |
 | html-page | html.parser (the standard library's), offsets | the inline content of each block element; alt, title, placeholder and aria-label values | every byte outside the segments; script, style, code, pre |
-| markdown | markdown-it-py (CommonMark + tables) | paragraphs, headings, list items, table cells, quotes | code blocks, inline code, link targets and images as written (inline or reference), HTML blocks, front matter |
+| markdown | markdown-it-py (CommonMark + tables) | paragraphs, headings, list items, table cells, quotes | code blocks, inline code, untranslated inline HTML (`<kbd>`...), link targets and images as written (inline or reference), HTML blocks, front matter |
 | srt, vtt | a strict cue reader (times checked) | sentences, across cues; their words given back to their cues by alignment | cue numbers, identifiers, times, settings, NOTE/STYLE blocks |
 | po | polib | empty msgstr (plural forms per the header's nplurals), each line of a msgid alone | comments, contexts, flags (machine output marked fuzzy), existing translations unless --overwrite |
 | xliff | lxml | source of each trans-unit (1.2) or segment (2.x), inline elements put back | the document; a target written after its source, existing ones unless --overwrite |
@@ -297,6 +297,43 @@ class _Brackets:
         return self.s[k + 1 : close], self.s[k - 1 : end] if image else self.s[close:end]
 
 
+_HTML_OPEN = re.compile(r"<([A-Za-z][\w-]*)((?:\s[^<>]*)?)>$")
+
+
+def _kept_html_end(children: list, i: int) -> int | None:
+    """Where inline HTML children[i], the opening tag of an element whose content is never translated
+    (markup.KEEP, translate="no", class="notranslate"), is closed: the index of its closing tag (the same name,
+    nested ones counted); None where it is no such tag or is not closed in the paragraph."""
+    m = _HTML_OPEN.match(children[i].content.strip())
+    if not m or m.group(2).rstrip().endswith("/"):
+        return None
+    name = m.group(1).lower()
+    attrs = dict(re.findall(r'([\w-]+)\s*=\s*["\']?([^"\'\s>]*)', m.group(2)))
+    if not markups.untranslated(name, attrs, markups.KEEP):
+        return None
+    depth = 0
+    for j in range(i, len(children)):
+        if children[j].type != "html_inline":
+            continue
+        tag = children[j].content.strip().lower()
+        if re.match(rf"<{name}[\s>]", tag):
+            depth += 1
+        elif re.fullmatch(rf"</{name}\s*>", tag):
+            depth -= 1
+            if not depth:
+                return j
+    return None
+
+
+def _written(tok) -> str:
+    """An inline token as its source has it (near enough for text inside a kept element)."""
+    if tok.type == "code_inline":
+        return tok.markup + tok.content + tok.markup
+    if tok.type in ("softbreak", "hardbreak"):
+        return "\n"
+    return tok.content if tok.type in ("text", "html_inline") else tok.markup
+
+
 def _markdown_markup(tok) -> markups.Markup:
     """An inline token's children as a Markup: emphasis, strong, strikethrough and links paired nodes (a link's
     target kept as written: inline, or a reference, whose label a shortcut `[text]` gets, since its text is
@@ -321,7 +358,12 @@ def _markdown_markup(tok) -> markups.Markup:
             b.fixed(written[1] if written else f"![{c.content}]({c.attrs.get('src', '')}" + (
                 f' "{title}"' if title else "") + ")", placeholder=True)
         elif kind == "html_inline":
-            b.fixed(c.content)
+            end = _kept_html_end(children, i)
+            if end is None:
+                b.fixed(c.content)
+            else:  # (a <code>, <kbd>, translate="no" ... element: copied whole, placed as a word)
+                b.fixed("".join(_written(t) for t in children[i : end + 1]), placeholder=True)
+                i = end
         elif kind == "link_open" and c.markup == "autolink":
             j = next((k for k in range(i, len(children)) if children[k].type == "link_close"), len(children) - 1)
             b.fixed(f"<{children[i + 1].content if i + 1 < j else c.attrs.get('href', '')}>", placeholder=True)

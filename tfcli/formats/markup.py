@@ -401,7 +401,7 @@ BLOCK = frozenset("address article aside blockquote dd div dl dt figcaption figu
                   "header hr li main nav ol p section table tbody td tfoot th thead tr ul br".split())
 
 
-def _kept(name: str, attrs: dict, keep: frozenset) -> bool:
+def untranslated(name: str, attrs: dict, keep: frozenset) -> bool:
     """Whether an element's content is copied untouched: its name is kept, or it says translate="no" or has the
     class notranslate (Google's and DeepL's convention)."""
     return (name.lower() in keep or str(attrs.get("translate", "")).lower() == "no"
@@ -439,7 +439,7 @@ def read_xml(segment: str, protect: re.Pattern | None = None, keep: frozenset = 
             b.text(name)
         elif kind == "fixed":
             b.fixed(raw[i])
-        elif kind == "open" and (_kept(name, attrs, keep) or raw[i].endswith("/>")):
+        elif kind == "open" and (untranslated(name, attrs, keep) or raw[i].endswith("/>")):
             j = _matching(events, i)
             b.fixed("".join(raw[i : j + 1]), placeholder=not raw[i].endswith("/>"))
             i = j
@@ -488,7 +488,7 @@ def read_html(segment: str, protect: re.Pattern | None = None, keep: frozenset =
             if tag in VOID:
                 b.fixed(raw, breaks=tag in BLOCK)
                 values(b.stack[-1].children[-1])
-            elif _kept(tag, dict(attrs), keep):
+            elif untranslated(tag, dict(attrs), keep):
                 kept.append((tag, at))
             else:
                 b.open(raw, breaks=tag in BLOCK)
