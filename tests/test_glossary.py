@@ -4,9 +4,11 @@ constraints never fail silently (a phrase both held and avoided is an error, a m
 
 from __future__ import annotations
 
+import html
 import json
 import random
 import re
+import xml.etree.ElementTree as ET
 
 import pytest
 from typer.testing import CliRunner
@@ -120,6 +122,26 @@ def test_a_term_goes_with_the_sentence_or_window_its_words_are_in(copier):
     out = c.translate_nbest([long], beam_size=3, glossary=terms, n=1)[0][0]
     assert out.constraints == [("moon", True)]
     assert out.text.split().index("moon") > 30  # (in the second window's translation, beside its word)
+
+
+def test_a_glossary_on_tagged_lines_and_files_holds_the_term_and_keeps_the_tags(copier, tmp_path):
+    """With inline markup the glossary sees the plain text: a tagged line's output without its tags is the plain
+    line's output with the glossary, the term's target held, the tags put back well-formed; the same in a file
+    format (a PO catalogue's msgstr)."""
+    c = tfcli.load(copier)
+    terms = {"goat": "moon"}
+    tagged = ["cat <b>fish goat</b> egg.", "<i>hat</i> ice jam."]
+    plain = c.translate([re.sub(r"<[^>]+>", "", t) for t in tagged], beam_size=3, glossary=terms)
+    out = c.translate(tagged, beam_size=3, glossary=terms, input_format="xml", split_sentences="always")
+    assert [html.unescape(re.sub(r"<[^>]+>", "", o)) for o in out] == plain and holds(plain[0], "moon")
+    for o in out:
+        ET.fromstring(f"<r>{o}</r>")  # (well-formed)
+    assert out[0].count("<b>") == 1 and out[1].startswith("<i>")
+    po = tmp_path / "in.po"
+    po.write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+                  'msgid "cat fish goat egg."\nmsgstr ""\n')
+    c.translate_file(po, tmp_path / "out.po", glossary=terms, beam_size=3)
+    assert f'msgstr "{plain[0]}"' in (tmp_path / "out.po").read_text()
 
 
 def cli(*args, **kw):
