@@ -217,6 +217,11 @@ class Isolated:
             raise RuntimeError(f"{self.name} (in its own process) failed:\n{value}")
         return value
 
+    def peak_rss(self) -> int:
+        """The process's peak resident memory so far, in bytes (its model, its work, and the libraries it loaded)."""
+        self._conn.send(("rss",))
+        return self._reply()
+
     def close(self) -> None:
         if self._proc.is_alive():
             self._conn.send(("stop",))
@@ -246,6 +251,10 @@ def _serve(conn, factory, args, threads: int) -> None:
         message = conn.recv()
         if message[0] == "stop":
             return
+        if message[0] == "rss":  # (VmHWM, not getrusage's ru_maxrss, which keeps the forking parent's peak)
+            status = Path("/proc/self/status").read_text()
+            conn.send((True, int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024))
+            continue
         try:
             start = time.perf_counter()
             out = runner.run(*message[1:])

@@ -50,6 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 CT2_TARGET, HF_TARGET = 1.0, 2.5  # tfcli's speed over CTranslate2's (every case) and over HF generate's (beam search)
+# the published families' shapes (--shape): their configs' values, random weights; exported to transformers as the
+# family's own class (tc-big: MarianMT; M2M-100 and NLLB-200, fairseq positions: M2M100) and to CTranslate2
+SHAPES = {
+    "tc-big": dict(arch="big", vocab=54776, layers=6, norm="post", positions="sinusoidal"),
+    "m2m100-418m": dict(arch="big", vocab=128112, layers=12, norm="pre", positions="fairseq"),
+    "nllb-600m": dict(arch="big", vocab=256206, layers=12, norm="pre", positions="fairseq"),
+}
 
 
 # --- the same function -----------------------------------------------------------------------------------------
@@ -212,8 +219,11 @@ def compare(runners, batches, beam, length, alpha, repeats, forced=True) -> tupl
 
 def synthetic(args, tmp: Path) -> dict:
     torch.manual_seed(0)
-    cfg = preset(args.arch, src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, norm="post", dropout=0.0,
-                 share_embeddings=True, tie_output=True, max_len=512, activation=args.activation)
+    shape = SHAPES.get(args.shape, {})
+    layers = dict(n_encoder_layers=shape["layers"], n_decoder_layers=shape["layers"]) if shape else {}
+    cfg = preset(args.arch, src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, norm=shape.get("norm", "post"),
+                 positions=shape.get("positions", "sinusoidal"), dropout=0.0, share_embeddings=True,
+                 tie_output=True, max_len=512, activation=args.activation, **layers)
     model = build_model(cfg).eval()
     vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(len(SPECIAL_TOKENS), args.vocab)]
     hf_dir, ct2_dir = export_peers(model, vocab, tmp)
@@ -222,8 +232,9 @@ def synthetic(args, tmp: Path) -> dict:
     lengths = rng.integers(args.src_len - 5, args.src_len + 6, size=args.sentences)
     sents = sorted(([int(t) for t in rng.integers(4, args.vocab, size=n)] for n in lengths), key=len)
     runners = start_runners(tmp / "ckpt", hf_dir, ct2_dir, vocab, args.threads, int8=args.int8)
-    out = {"model": f"{args.arch}-shaped random seq2seq, post-norm, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} x "
-                    f"{cfg.d_model}, ffn {cfg.d_ff}, {cfg.n_head} heads, {cfg.activation}, vocab {args.vocab}",
+    out = {"model": f"{args.shape or args.arch}-shaped random seq2seq, {cfg.norm}-norm, {cfg.positions} positions, "
+                    f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} x {cfg.d_model}, ffn {cfg.d_ff}, {cfg.n_head} "
+                    f"heads, {cfg.activation}, vocab {args.vocab}",
            "max_logit_difference_tfcli_vs_marian": diff, "sentences": len(sents),
            "mean_src_len_with_eos": float(np.mean([len(s) + 1 for s in sents])), "runs": []}
     for bs in args.batch_sizes:
@@ -233,6 +244,7 @@ def synthetic(args, tmp: Path) -> dict:
             print(f"synthetic: batch size {bs}, beam {beam} ...", file=sys.stderr, flush=True)
             run[f"beam{beam}"], _ = compare(runners, batches, beam, args.out_len, args.alpha, args.repeats)
         out["runs"].append(run)
+    out["peak_rss_mb"] = {r.name: r.peak_rss() / 2**20 for r in runners}
     for r in runners:
         r.close()
     return out
@@ -338,7 +350,7 @@ def markdown(res: dict) -> str:
              f"Machine: {res['nproc']} CPUs ({res['cpu']}), torch {res['torch']}, transformers {res['transformers']}, "
              f"ctranslate2 {res['ctranslate2']}, threads {res['threads']}. Measured {res['date']}.", ""]
     syn = res["synthetic"]
-    lines += ["## Synthetic: same weights in tfcli, HF MarianMT and CTranslate2 (float32), forced output length", "",
+    lines += ["## Synthetic: same weights in tfcli, HF (its family's class) and CTranslate2, forced output length", "",
               f"{syn['model']}; {syn['sentences']} sentences of mean source length "
               f"{syn['mean_src_len_with_eos']:.1f} (with </s>), output length forced to {res['out_len']} tokens. "
               f"Best of {res['repeats']} interleaved runs.", "",
@@ -369,6 +381,10 @@ def markdown(res: dict) -> str:
             lines.append(f"| {bs} | {name} | {r['tfcli_int8']['sent_per_s']:.1f} | {r['ct2_int8']['sent_per_s']:.1f} | "
                          f"{r['tfcli_int8_over_ct2_int8']:.2f}x | {r['tfcli_int8_over_tfcli']:.2f}x | "
                          f"{r['tfcli_int8_over_hf']:.2f}x |")
+    if "peak_rss_mb" in syn:
+        lines += ["", "Peak memory of each system's process (RSS; each process also holds torch's libraries, which "
+                  "CTranslate2's users do not load: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in
+                                                               syn["peak_rss_mb"].items()) + ")."]
     load = f"at start {res['load_average_at_start']}, at end {res['load_average_at_end']}"
     lines += ["", f"Max logit difference tfcli vs its transformers export: {syn['max_logit_difference_tfcli_vs_marian']:.1e}. "
               f"Load average (1, 5, 15 min) {load}: the machine may have been shared.", ""]
@@ -423,6 +439,8 @@ def main():
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--arch", default="small", help="the synthetic model's preset (base: the OPUS-MT base shape)")
     p.add_argument("--activation", default="relu", help="the synthetic model's FFN activation (silu: OPUS-MT's swish)")
+    p.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                   help="a published family's shape for the synthetic model (sets --arch, --vocab, layers, norm)")
     p.add_argument("--int8", action="store_true", help="also tfcli --dtype int8 and CTranslate2 int8 (synthetic part)")
     p.add_argument("--skip-real", action="store_true", help="the synthetic part only")
     p.add_argument("--repeats", type=int, default=3)
@@ -437,6 +455,8 @@ def main():
     p.add_argument("--out", default=str(RESULTS / "translate_speed"))
     args = p.parse_args()
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if args.shape:
+        args.arch, args.vocab = SHAPES[args.shape]["arch"], SHAPES[args.shape]["vocab"]
     args.real_repeats = args.real_repeats or args.repeats
 
     import ctranslate2
