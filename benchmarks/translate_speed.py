@@ -74,7 +74,11 @@ def check_same_function(model, marian, n=4, length=12) -> float:
     tgt[:, 0] = BOS_ID
     with torch.inference_mode():
         ours = model(src, tgt)
-        theirs = marian(input_ids=src, attention_mask=(src != PAD_ID).long(), decoder_input_ids=tgt).logits
+        # (M2M100's layout is fairseq's: <s> 0, <pad> 1, where tfcli has <pad> 0, <s> 1; every other id the same)
+        swap = (lambda x: torch.where(x < 2, 1 - x, x)) if marian.config.pad_token_id == 1 else (lambda x: x)
+        theirs = marian(input_ids=swap(src), attention_mask=(src != PAD_ID).long(), decoder_input_ids=swap(tgt)).logits
+        if marian.config.pad_token_id == 1:
+            theirs = theirs[..., swap(torch.arange(theirs.size(-1)))]
     diff = float((ours - theirs).abs().max())
     assert diff < 1e-3, f"the transformers export differs from the tfcli model (max logit difference {diff})"
     return diff
