@@ -374,3 +374,31 @@ def test_the_presets_table_in_the_training_docs_is_the_presets():
         assert (kind == "encoder-decoder") == (cfg.kind == "seq2seq"), name
         assert [layers, d_model, ffn, heads] == [want_layers, str(cfg.d_model), str(cfg.d_ff), str(cfg.n_head)], name
         assert [params, bare] == [f"{total / 1e6:.2f}M", f"{(total - embeddings) / 1e6:.2f}M"], name
+
+
+@pytest.mark.parametrize("kind", ["tied-shared-fairseq", "untied-sinusoidal", "lm-rope"])
+def test_a_loaded_checkpoint_is_the_saved_model_with_its_ties(kind, tmp_path):
+    """checkpoint.load builds the model on the meta device and takes the file's tensors: every parameter and buffer
+    equals the saved model's, a tied output layer and shared embeddings stay one parameter (training the loaded
+    model moves them together), and the position tables that are not saved are computed."""
+    from helpers import WORDS, save_model, save_word_tokenizer
+    from tfcli import checkpoint
+    from tfcli.specials import SPECIAL_TOKENS
+
+    v = len(SPECIAL_TOKENS) + len(WORDS)
+    torch.manual_seed(0)
+    if kind == "lm-rope":
+        cfg = preset("toy", kind="lm", tgt_vocab_size=v, d_model=64, d_ff=128, max_len=32, positions="rope")
+    else:
+        tied = kind.startswith("tied")
+        cfg = preset("toy", src_vocab_size=v, tgt_vocab_size=v, d_model=64, d_ff=128, max_len=32,
+                     share_embeddings=tied, tie_output=tied, positions="fairseq" if tied else "sinusoidal")
+    model = build_model(cfg).eval()
+    loaded, _ = checkpoint.load(save_model(tmp_path / "ckpt", model, save_word_tokenizer(tmp_path / "tok", WORDS)))
+    want, got = model.state_dict(), loaded.state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), loaded.buffers()))
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in loaded.named_parameters()]
+    assert all(p.requires_grad and not p.is_meta for p in loaded.parameters())
+    if kind.startswith("tied"):
+        assert loaded.lm_head.weight is loaded.decoder.embed.tok.weight is loaded.encoder.embed.tok.weight

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model, save_model
+from safetensors.torch import load_file, save_model
 
 import tfcli
 from tfcli.checkpoint_meta import CONFIG, FORMAT, FORMAT_VERSION, WEIGHTS, model_config, read_meta, resolve, tokenizer_path
@@ -42,13 +42,11 @@ def load(path: os.PathLike | str | dict, device: str | torch.device = "cpu") -> 
     `path` may be the meta that `read_meta` returned, so that a caller who looked first reads config.json once."""
     meta = path if isinstance(path, dict) else read_meta(path)
     cfg = model_config(meta)
-    with torch.random.fork_rng(devices=[]):  # the initial weights are overwritten: the caller's random stream stays
-        model = build_model(cfg)
     weights = Path(meta["dir"]) / WEIGHTS
     if not weights.exists():
         raise CheckpointError(f"{weights}: missing")
     try:
-        missing, unexpected = load_model(model, weights, strict=False, device=str(device))
+        model, missing, unexpected = _load_weights(cfg, weights, str(device))
     except SafetensorError as e:
         raise CheckpointError(f"{weights}: corrupt or truncated safetensors file ({e})") from None
     except RuntimeError as e:  # shape mismatch: weights from another architecture or vocabulary
@@ -61,6 +59,34 @@ def load(path: os.PathLike | str | dict, device: str | torch.device = "cpu") -> 
         )
     model.to(device).eval()
     return model, meta
+
+
+def _load_weights(cfg, weights: Path, device: str) -> tuple[torch.nn.Module, list[str], list[str]]:
+    """The model of `cfg` holding the file's tensors, with (missing, unexpected) names. Built on the meta device and
+    given the tensors read (not copied into freshly initialised ones: no random initialisation of weights the file
+    replaces, and no second copy of the model while loading); a parameter known by several names (tied output
+    layer, shared embeddings) stays one, and the buffers that are not saved (position tables) are computed."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    own = dict(model.named_parameters(remove_duplicate=False))
+    state = {k: t.to(own[k].dtype) if k in own and t.dtype != own[k].dtype else t
+             for k, t in load_file(str(weights), device=device).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    for group in names.values():  # (the file holds one name of each tied group: the others are made that one)
+        held = [n for n in group if n in state]
+        if held and len(group) > 1:
+            value = model.get_parameter(held[0])
+            for n in group:
+                owner, _, attr = n.rpartition(".")
+                setattr(model.get_submodule(owner), attr, value)
+            missing = [m for m in missing if m not in group]
+    for module in model.modules():
+        if hasattr(module, "compute_buffers"):
+            module.compute_buffers(device)
+    return model, missing, unexpected
 
 
 def save(
