@@ -32,6 +32,19 @@ ONEDNN_MIN_ROWS = 32
 _EXACT_SUM = 2**24  # integers up to this are exact in float32
 
 
+def quantize_weight(w: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """(one scale per output row, max |w| / 127; w in int8 by those scales, rounded half to even), a block of `rows`
+    rows at a time, so that no full-size float temporary is made (a 256k-word output layer's is 1 GB, which the
+    heap then keeps: tfcli.runtime.keep_freed_memory)."""
+    scale = torch.empty(w.size(0))
+    wq = torch.empty(w.shape, dtype=torch.int8)
+    for i in range(0, w.size(0), rows):
+        block = w[i : i + rows]
+        scale[i : i + rows] = block.abs().amax(dim=1).clamp(min=1e-12) / 127
+        wq[i : i + rows] = torch.round(block / scale[i : i + rows, None])
+    return scale, wq
+
+
 class Int8Linear:
     """`module` (nn.Linear) in int8: `self(x)` for 2-d fp32 x, or `self(x, residual)` = x W^T + b + residual; with
     `relu`, max(0, .) after the bias."""
@@ -40,8 +53,7 @@ class Int8Linear:
         """`engines`: which of "fbgemm" and "onednn" to use (default: those available; oneDNN only on a CPU with AMX
         unless fbgemm is missing); with both, calls of fewer than ONEDNN_MIN_ROWS rows go to fbgemm."""
         w = module.weight.detach().float().contiguous()
-        self.w_scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-        wq = torch.round(w / self.w_scale[:, None]).to(torch.int8)
+        self.w_scale, wq = quantize_weight(w)
         self.bias = module.bias.detach().float().contiguous() if module.bias is not None else None
         self.relu = relu
         if engines is None:

@@ -55,10 +55,13 @@ class RowLinear:
         w = module.weight.detach().float()
         self.N, self.K = w.shape
         Np = -(-self.N // PAD) * PAD
-        # W in column blocks of NB outputs, each K x NB (rows.c reads a block's weights in order), zero past N
-        padded = torch.zeros(Np, self.K)
-        padded[: self.N] = w
-        self.wt = padded.view(Np // NB, NB, self.K).transpose(1, 2).contiguous()
+        # W in column blocks of NB outputs, each K x NB (rows.c reads a block's weights in order), zero past N;
+        # written in place, without a padded copy of W (a 256k-word output layer's is 1 GB, which the heap keeps)
+        self.wt = torch.zeros(Np // NB, self.K, NB)
+        full = self.N // NB
+        self.wt[:full].copy_(w[: full * NB].view(full, NB, self.K).transpose(1, 2))
+        if self.N > full * NB:
+            self.wt[full, :, : self.N - full * NB] = w[full * NB :].t()
         self.bias = None
         if module.bias is not None:
             self.bias = torch.zeros(Np)
