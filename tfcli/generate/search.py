@@ -190,10 +190,10 @@ def constraint_tensor(constraints: list[list], device) -> torch.Tensor | None:
     """Each row's constraints as one (rows, C, 3 + L) tensor. A constraint is a phrase (a token id list) or a set
     of alternatives (a list of such lists: any one of them does); each alternative is a phrase of the tensor: its
     column 0 the constraint it is a form of, column 1 the constraint it waits for (-1: none), column 2 its length
-    (read at every step: kept, not counted), then its tokens left-aligned with -1 after them (a row with fewer gets empty phrases, each a constraint of its own, met from
-    the start). A constraint given again in a row (a glossary term found twice) waits for the one before it: it
-    moves on only once that one is met, so the output holds the phrase as often as it is given. None where no row
-    has one."""
+    (read at every step: kept, not counted), then its tokens left-aligned with -1 after them (a row with fewer gets
+    empty phrases, each a constraint of its own, met from the start). A constraint given again in a row (a glossary
+    term found twice) waits for the one before it: it moves on only once that one is met, so the output holds the
+    phrase as often as it is given. None where no row has one."""
     rows = []
     for row in constraints:
         forms, last = [], {}
