@@ -367,6 +367,9 @@ def test_markdown_keeps_front_matter_and_tables(copier, tmp_path):
     assert re.findall(r"<kbd>.</kbd>", out) == re.findall(r"<kbd>.</kbd>", source)
     assert re.findall(r"\]\(([^)]*)\)", out) == re.findall(r"\]\(([^)]*)\)", source)
     assert "Activates the file finder" not in out
+    # (an element's attributes read as the HTML readers read them: a class list that holds notranslate)
+    inline = files.read("markdown", "x.md", 'Press <span class="key notranslate">Ctrl</span> or <b>Esc</b>.\n')
+    assert inline.segments[0].extra["markup"].plain == "Press or Esc."
 
 
 def test_json_keeps_keys_and_structure(copier, tmp_path):

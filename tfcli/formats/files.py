@@ -297,20 +297,20 @@ class _Brackets:
         return self.s[k + 1 : close], self.s[k - 1 : end] if image else self.s[close:end]
 
 
-_HTML_OPEN = re.compile(r"<([A-Za-z][\w-]*)((?:\s[^<>]*)?)>$")
-
-
 def _kept_html_end(children: list, i: int) -> int | None:
     """Where inline HTML children[i], the opening tag of an element whose content is never translated
     (markup.KEEP, translate="no", class="notranslate"), is closed: the index of its closing tag (the same name,
     nested ones counted); None where it is no such tag or is not closed in the paragraph."""
-    m = _HTML_OPEN.match(children[i].content.strip())
-    if not m or m.group(2).rstrip().endswith("/"):
+    from html.parser import HTMLParser
+
+    opened: list[tuple[str, dict]] = []  # (the tag and its attributes as read_html's parser reads them)
+    parser = HTMLParser()
+    parser.handle_starttag = lambda tag, attrs: opened.append((tag, dict(attrs)))
+    parser.feed(children[i].content.strip())
+    parser.close()
+    if len(opened) != 1 or not markups.untranslated(*opened[0], markups.KEEP):
         return None
-    name = m.group(1).lower()
-    attrs = dict(re.findall(r'([\w-]+)\s*=\s*["\']?([^"\'\s>]*)', m.group(2)))
-    if not markups.untranslated(name, attrs, markups.KEEP):
-        return None
+    name = opened[0][0]
     depth = 0
     for j in range(i, len(children)):
         if children[j].type != "html_inline":
