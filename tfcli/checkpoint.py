@@ -68,10 +68,10 @@ def _load_weights(cfg, weights: Path, device: str) -> tuple[torch.nn.Module, lis
     layer, shared embeddings) stays one, and the buffers that are not saved (position tables) are computed."""
     with torch.device("meta"):
         model = build_model(cfg)
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
     own = dict(model.named_parameters(remove_duplicate=False))
+    names: dict[int, list[str]] = {}  # (each parameter's names: a tied one has several)
+    for name, p in own.items():
+        names.setdefault(id(p), []).append(name)
     state = {k: t.to(own[k].dtype) if k in own and t.dtype != own[k].dtype else t
              for k, t in load_file(str(weights), device=device).items()}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
