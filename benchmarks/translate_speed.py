@@ -23,6 +23,13 @@
     the same 1,000 sentences (pre-tokenised for the peers; tfcli, through its API, is given the text), natural
     output lengths, alpha 0, BLEU and agreement per system.
 
+With --int8, CTranslate2's int8 runs a model converted with `quantization="int8"` (what its documentation has
+int8 users do: a quarter of the bytes to read and hold), tfcli's the same fp32 checkpoint with `--dtype int8`.
+With --shape, (1) also reports each system's time from a command's start to its first output line (load and one
+sentence at the beam size; best of --repeats fresh processes) and that process's peak memory (GNU time's maximum
+RSS): `tfcli translate` as a user runs it (stdin to stdout), CTranslate2 as a Python script that imports
+ctranslate2 alone (its users need no torch).
+
 Each measurement is repeated (--repeats), systems interleaved, and the best time is kept (the machine may be
 shared). Results: benchmarks/results/translate_speed.{json,md}.
 """
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -167,16 +175,65 @@ def hf_runner(directory: str) -> HFRunner:
 
 
 def start_runners(ckpt: Path, hf_dir: Path, ct2_dir: Path, vocab: list[str], threads: int,
-                  lines: dict | None = None, int8: bool = False) -> list:
-    """tfcli, HF and CT2 (with `int8`, tfcli --dtype int8 and CTranslate2 int8 too), each in a process of its own
-    (benchmarks/common.py: Isolated says why)."""
+                  lines: dict | None = None, int8: Path | None = None) -> list:
+    """tfcli, HF and CT2 (with `int8`, the CTranslate2 int8 model's directory: tfcli --dtype int8 and CTranslate2
+    int8 too), each in a process of its own (benchmarks/common.py: Isolated says why)."""
     runners = [Isolated("tfcli", TfcliRunner, str(ckpt), vocab, lines, threads=threads),
                Isolated("hf", hf_runner, str(hf_dir), threads=threads),
                Isolated("ct2", CT2Runner, str(ct2_dir), vocab, threads, threads=threads)]
     if int8:
         runners += [Isolated("tfcli_int8", TfcliRunner, str(ckpt), vocab, lines, "int8", threads=threads),
-                    Isolated("ct2_int8", CT2Runner, str(ct2_dir), vocab, threads, "int8", threads=threads)]
+                    Isolated("ct2_int8", CT2Runner, str(int8), vocab, threads, "int8", threads=threads)]
     return runners
+
+
+_CT2_FIRST_LINE = """
+import sys
+import ctranslate2
+path, compute_type, threads, beam, length, line = sys.argv[1:]
+t = ctranslate2.Translator(path, device="cpu", compute_type=compute_type, intra_threads=int(threads), inter_threads=1)
+r = t.translate_batch([line.split()], beam_size=int(beam), max_decoding_length=int(length),
+                      min_decoding_length=int(length), length_penalty=0.0, suppress_sequences=[["<pad>"], ["<s>"]])
+print(" ".join(r[0].hypotheses[0]), flush=True)
+"""
+
+
+def first_line(cmd: list[str], stdin: str) -> tuple[float, int, str]:
+    """(seconds from the start of `cmd` to its first output line, its peak RSS in bytes, that line)."""
+    with tempfile.NamedTemporaryFile() as rss:
+        t = time.perf_counter()
+        p = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        p.stdin.write(stdin)
+        p.stdin.close()
+        line = p.stdout.readline()
+        dt = time.perf_counter() - t
+        p.stdout.read()
+        if p.wait():
+            raise RuntimeError(f"{shlex.join(cmd)}: exit status {p.returncode}")
+        return dt, int(Path(rss.name).read_text().split()[-1]) * 1024, line.strip()
+
+
+def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, args) -> dict:
+    """`first_line` of `tfcli translate` (fp32; with `int8_dir`, --dtype int8 too) and of CTranslate2's script
+    on `ct2_dir` (float32) and `int8_dir` (int8), on one source line: best of args.repeats each, interleaved."""
+    L, b, threads = str(args.out_len), str(args.beam), str(args.threads)
+    tfcli = [sys.executable, "-m", "tfcli", "translate", "-m", str(ckpt), "-b", b, "--len-penalty", "0",
+             "--max-len-a", "0", "--max-len-b", L, "--min-len", L, "--raw", "--threads", threads, "-q"]
+    ct2 = [sys.executable, "-c", _CT2_FIRST_LINE]
+    cmds = {"tfcli": tfcli, "ct2": ct2 + [str(ct2_dir), "float32", threads, b, L, line]}
+    if int8_dir is not None:
+        cmds |= {"tfcli_int8": tfcli + ["--dtype", "int8"], "ct2_int8": ct2 + [str(int8_dir), "int8", threads, b, L, line]}
+    runs: dict[str, list] = {name: [] for name in cmds}
+    for _ in range(args.repeats):
+        for name, cmd in cmds.items():
+            runs[name].append(first_line(cmd, line + "\n"))
+    out = {name: {"seconds": min(r[0] for r in rs), "times_s": [r[0] for r in rs],
+                  "peak_rss_mb": max(r[1] for r in rs) / 2**20, "line": rs[0][2]} for name, rs in runs.items()}
+    for name in cmds:
+        if name != "tfcli":
+            out[name]["same_line_as_tfcli"] = out[name]["line"] == out["tfcli"]["line"]
+    return out
 
 
 def _until_eos(ids: list[int]) -> list[int]:
@@ -235,7 +292,13 @@ def synthetic(args, tmp: Path) -> dict:
     rng = np.random.default_rng(0)
     lengths = rng.integers(args.src_len - 5, args.src_len + 6, size=args.sentences)
     sents = sorted(([int(t) for t in rng.integers(4, args.vocab, size=n)] for n in lengths), key=len)
-    runners = start_runners(tmp / "ckpt", hf_dir, ct2_dir, vocab, args.threads, int8=args.int8)
+    int8_dir = None
+    if args.int8:
+        from tfcli.interop import export
+
+        int8_dir = tmp / "ct2_int8"
+        export(tmp / "ckpt", "ctranslate2", int8_dir, quantization="int8")
+    runners = start_runners(tmp / "ckpt", hf_dir, ct2_dir, vocab, args.threads, int8=int8_dir)
     out = {"model": f"{args.shape or args.arch}-shaped random seq2seq, {cfg.norm}-norm, {cfg.positions} positions, "
                     f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} x {cfg.d_model}, ffn {cfg.d_ff}, {cfg.n_head} "
                     f"heads, {cfg.activation}, vocab {args.vocab}",
@@ -251,6 +314,9 @@ def synthetic(args, tmp: Path) -> dict:
     out["peak_rss_mb"] = {r.name: r.peak_rss() / 2**20 for r in runners}
     for r in runners:
         r.close()
+    if args.shape:
+        print("synthetic: time to the first line ...", file=sys.stderr, flush=True)
+        out["first_line"] = first_lines(tmp / "ckpt", ct2_dir, int8_dir, " ".join(vocab[t] for t in sents[0]), args)
     return out
 
 
@@ -377,7 +443,8 @@ def markdown(res: dict) -> str:
     int8 = [(run["batch_size"], run[key]) for run in syn["runs"] for key in (f"beam{res['beam']}", "beam1")
             if "tfcli_int8" in run[key]]
     if int8:
-        lines += ["", "int8 (tfcli `--dtype int8`, CTranslate2 `compute_type=int8`), the same runs:", "",
+        lines += ["", "int8 (tfcli `--dtype int8` on the fp32 checkpoint, CTranslate2 `compute_type=int8` on its "
+                  "int8-converted model), the same runs:", "",
                   "| batch size | decoding | tfcli int8 sent/s | CT2 int8 sent/s | tfcli int8 / CT2 int8 | "
                   "tfcli int8 / tfcli fp32 | tfcli int8 / HF |", "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
         for bs, r in int8:
@@ -389,6 +456,27 @@ def markdown(res: dict) -> str:
         lines += ["", "Peak memory of each system's process (RSS; each process also holds torch's libraries, which "
                   "CTranslate2's users do not load: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in
                                                                syn["peak_rss_mb"].items()) + ")."]
+        peak = syn["peak_rss_mb"]
+        if "tfcli_int8" in peak:
+            x = peak["tfcli_int8"] / peak["ct2_int8"]
+            lines.append(f"- int8: tfcli {peak['tfcli_int8']:,.0f} MB, CT2 {peak['ct2_int8']:,.0f} MB: **{x:.2f}x** "
+                         f"({'met' if x <= 1.1 else 'NOT met'}: at most CTranslate2's int8 + 10%)")
+    if "first_line" in syn:
+        fl = syn["first_line"]
+        lines += ["", f"Time from a command's start to its first output line (one sentence, beam {res['beam']}, "
+                  f"{res['out_len']} tokens; load included; best of {res['repeats']} fresh processes) and that "
+                  "process's peak memory (GNU time's maximum RSS): `tfcli translate` (stdin to stdout) and a "
+                  "CTranslate2 script that imports ctranslate2 alone; CT2 int8 reads a model converted to int8.", "",
+                  "| system | first line (s) | peak RSS (MB) | same line as tfcli |", "| --- | ---: | ---: | --- |"]
+        for name, r in fl.items():
+            same = "" if name == "tfcli" else ("yes" if r["same_line_as_tfcli"] else "no")
+            lines.append(f"| {name} | {r['seconds']:.2f} | {r['peak_rss_mb']:,.0f} | {same} |")
+        for ours, peer in (("tfcli", "ct2"), ("tfcli_int8", "ct2_int8")):
+            if ours in fl:
+                x = fl[peer]["seconds"] / fl[ours]["seconds"]
+                lines.append(f"- {ours} first line {fl[ours]['seconds']:.2f} s, {peer} {fl[peer]['seconds']:.2f} s: "
+                             f"**{x:.2f}x** CTranslate2's speed to the first line ({'met' if x >= 1 else 'NOT met'}: "
+                             f"no slower than CTranslate2)")
     load = f"at start {res['load_average_at_start']}, at end {res['load_average_at_end']}"
     lines += ["", f"Max logit difference tfcli vs its transformers export: {syn['max_logit_difference_tfcli_vs_marian']:.1e}. "
               f"Load average (1, 5, 15 min) {load}: the machine may have been shared.", ""]

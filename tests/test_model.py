@@ -2,8 +2,10 @@
 test_step.py)."""
 
 import math
+import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -376,11 +378,14 @@ def test_the_presets_table_in_the_training_docs_is_the_presets():
         assert [params, bare] == [f"{total / 1e6:.2f}M", f"{(total - embeddings) / 1e6:.2f}M"], name
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["read", "mapped"])
 @pytest.mark.parametrize("kind", ["tied-shared-fairseq", "untied-sinusoidal", "lm-rope"])
-def test_a_loaded_checkpoint_is_the_saved_model_with_its_ties(kind, tmp_path):
-    """checkpoint.load builds the model on the meta device and takes the file's tensors: every parameter and buffer
-    equals the saved model's, a tied output layer and shared embeddings stay one parameter (training the loaded
-    model moves them together), and the position tables that are not saved are computed."""
+def test_a_loaded_checkpoint_is_the_saved_model_with_its_ties(kind, mapped, tmp_path):
+    """checkpoint.load builds the model without drawing its weights and takes the file's tensors (read, or mapped):
+    every parameter and buffer equals the saved model's, a tied output layer and shared embeddings stay one
+    parameter (training the loaded model moves them together), and the position tables that are not saved are
+    computed. Loading draws nothing from the random stream. A mapped model written to leaves its file as it was,
+    and saves (a copy of each tensor: they share the file's memory) to the same bytes as the model it equals."""
     from helpers import WORDS, save_model, save_word_tokenizer
     from tfcli import checkpoint
     from tfcli.specials import SPECIAL_TOKENS
@@ -394,7 +399,10 @@ def test_a_loaded_checkpoint_is_the_saved_model_with_its_ties(kind, tmp_path):
         cfg = preset("toy", src_vocab_size=v, tgt_vocab_size=v, d_model=64, d_ff=128, max_len=32,
                      share_embeddings=tied, tie_output=tied, positions="fairseq" if tied else "sinusoidal")
     model = build_model(cfg).eval()
-    loaded, _ = checkpoint.load(save_model(tmp_path / "ckpt", model, save_word_tokenizer(tmp_path / "tok", WORDS)))
+    ckpt = save_model(tmp_path / "ckpt", model, save_word_tokenizer(tmp_path / "tok", WORDS))
+    rng = torch.get_rng_state()
+    loaded, meta = checkpoint.load(ckpt, mapped=mapped)
+    assert torch.equal(torch.get_rng_state(), rng)
     want, got = model.state_dict(), loaded.state_dict()
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     assert all(torch.equal(a, b) for a, b in zip(model.buffers(), loaded.buffers()))
@@ -402,3 +410,50 @@ def test_a_loaded_checkpoint_is_the_saved_model_with_its_ties(kind, tmp_path):
     assert all(p.requires_grad and not p.is_meta for p in loaded.parameters())
     if kind.startswith("tied"):
         assert loaded.lm_head.weight is loaded.decoder.embed.tok.weight is loaded.encoder.embed.tok.weight
+    weights = ckpt / "model.safetensors"
+    before = weights.read_bytes()
+    again = checkpoint.save(tmp_path / "again", loaded, {k: v for k, v in meta.items() if k != "dir"},
+                            {"src": ckpt / "tokenizer.src.json", "tgt": ckpt / "tokenizer.tgt.json"}
+                            if cfg.kind == "seq2seq" else {"tgt": ckpt / "tokenizer.tgt.json"})
+    assert (again / "model.safetensors").read_bytes() == before
+    with torch.no_grad():
+        for p in loaded.parameters():
+            p.add_(1.0)
+    assert weights.read_bytes() == before
+    assert all(torch.equal(p, q + 1.0) for p, q in zip(loaded.parameters(), model.parameters()))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pages given back through Linux's madvise")
+def test_pages_of_a_mapped_checkpoint_are_given_back_and_written_ones_kept(tmp_path):
+    """`checkpoint.paged`: on exit the pages of a mapped checkpoint's tensor leave the process (/proc/self/pagemap:
+    not present) and are read again from the file when touched; a page this process wrote to is its own, and keeps
+    what was written."""
+    import mmap
+
+    from safetensors.torch import save_file
+
+    from tfcli import checkpoint
+
+    w = torch.arange(64 * mmap.PAGESIZE // 4, dtype=torch.float32).view(64, -1)
+    save_file({"w": w}, str(tmp_path / "w.safetensors"))
+    t = checkpoint.read_weights(tmp_path / "w.safetensors")["w"]
+    per_page = mmap.PAGESIZE // 4
+
+    def present() -> np.ndarray:  # of each whole page of t
+        first = -(-t.data_ptr() // mmap.PAGESIZE)
+        n = (t.data_ptr() + t.numel() * 4) // mmap.PAGESIZE - first
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(first * 8)
+            return (np.frombuffer(f.read(n * 8), dtype=np.uint64) >> np.uint64(63)).astype(bool)
+
+    with checkpoint.paged(t):
+        assert present().all() and torch.equal(t, w)
+    assert not present().any()
+    assert torch.equal(t, w)  # read again
+    t.view(-1)[10 * per_page + 5] = -1.0  # a page of its own now
+    with checkpoint.paged(t):
+        pass
+    assert present().sum() == 1 and t.view(-1)[10 * per_page + 5] == -1.0
+    want = w.clone()
+    want.view(-1)[10 * per_page + 5] = -1.0
+    assert torch.equal(t, want)

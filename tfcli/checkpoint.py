@@ -4,13 +4,20 @@ never a pickle, and the tokenizers checked against the model they belong to."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
+import sys
+import weakref
+from collections import Counter
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_model
+from safetensors.torch import load_file, save_file
 
 import tfcli
 from tfcli.checkpoint_meta import CONFIG, FORMAT, FORMAT_VERSION, WEIGHTS, model_config, read_meta, resolve, tokenizer_path
@@ -37,18 +44,19 @@ def tokenizer(meta: dict, side: str):
     return tok
 
 
-def load(path: os.PathLike | str | dict, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict]:
+def load(path: os.PathLike | str | dict, device: str | torch.device = "cpu",
+         mapped: bool = False) -> tuple[torch.nn.Module, dict]:
     """Build the model from the checkpoint's config and load its weights; returns (model in eval mode, meta).
-    `path` may be the meta that `read_meta` returned, so that a caller who looked first reads config.json once."""
+    `path` may be the meta that `read_meta` returned, so that a caller who looked first reads config.json once.
+    `mapped` (on the CPU): the weights are the file's pages, mapped copy-on-write (`read_weights`), not a copy
+    read into memory: what a caller that only reads them wants (nothing is read until touched; `paged`)."""
     meta = path if isinstance(path, dict) else read_meta(path)
     cfg = model_config(meta)
     weights = Path(meta["dir"]) / WEIGHTS
     if not weights.exists():
         raise CheckpointError(f"{weights}: missing")
     try:
-        model, missing, unexpected = _load_weights(cfg, weights, str(device))
-    except SafetensorError as e:
-        raise CheckpointError(f"{weights}: corrupt or truncated safetensors file ({e})") from None
+        model, missing, unexpected = _load_weights(cfg, weights, mapped and torch.device(device).type == "cpu")
     except RuntimeError as e:  # shape mismatch: weights from another architecture or vocabulary
         first = str(e).strip().splitlines()[-1].strip()
         raise CheckpointError(f"{weights}: does not match the model in {CONFIG}: {first}") from None
@@ -61,19 +69,18 @@ def load(path: os.PathLike | str | dict, device: str | torch.device = "cpu") -> 
     return model, meta
 
 
-def _load_weights(cfg, weights: Path, device: str) -> tuple[torch.nn.Module, list[str], list[str]]:
-    """The model of `cfg` holding the file's tensors, with (missing, unexpected) names. Built on the meta device and
-    given the tensors read (not copied into freshly initialised ones: no random initialisation of weights the file
-    replaces, and no second copy of the model while loading); a parameter known by several names (tied output
-    layer, shared embeddings) stays one, and the buffers that are not saved (position tables) are computed."""
-    with torch.device("meta"):
-        model = build_model(cfg)
+def _load_weights(cfg, weights: Path, mapped: bool) -> tuple[torch.nn.Module, list[str], list[str]]:
+    """The model of `cfg` holding the file's tensors, with (missing, unexpected) names. Built without drawing its
+    random initial weights (memory allocated and never touched: no pages) and given the tensors read, not copied into
+    the model's own; a parameter known by several names (tied output layer, shared embeddings) stays one."""
+    with _Uninitialised():
+        model = build_model(cfg, init=False)
     own = dict(model.named_parameters(remove_duplicate=False))
     names: dict[int, list[str]] = {}  # (each parameter's names: a tied one has several)
     for name, p in own.items():
         names.setdefault(id(p), []).append(name)
-    state = {k: t.to(own[k].dtype) if k in own and t.dtype != own[k].dtype else t
-             for k, t in load_file(str(weights), device=device).items()}
+    state = {k: t.to(own[k].dtype) if k in own and t.dtype != own[k].dtype else t if mapped else t.clone()
+             for k, t in read_weights(weights).items()}  # (clones: memory of their own, the map let go)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     for group in names.values():  # (the file holds one name of each tied group: the others are made that one)
         held = [n for n in group if n in state]
@@ -83,10 +90,119 @@ def _load_weights(cfg, weights: Path, device: str) -> tuple[torch.nn.Module, lis
                 owner, _, attr = n.rpartition(".")
                 setattr(model.get_submodule(owner), attr, value)
             missing = [m for m in missing if m not in group]
-    for module in model.modules():
-        if hasattr(module, "compute_buffers"):
-            module.compute_buffers(device)
     return model, missing, unexpected
+
+
+class _Uninitialised(TorchFunctionMode):
+    """torch's modules' random initialisers do nothing (the weights they would draw are replaced at once)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _INITIALISERS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
+_INITIALISERS = {getattr(torch.nn.init, f) for f in ("normal_", "uniform_", "trunc_normal_", "xavier_uniform_",
+                                                     "xavier_normal_", "kaiming_uniform_", "kaiming_normal_")}
+_INITIALISERS |= {torch.Tensor.normal_, torch.Tensor.uniform_}
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+_MAPPED: "weakref.WeakValueDictionary[int, mmap.mmap]" = weakref.WeakValueDictionary()  # address -> live map
+_LINUX = sys.platform.startswith("linux")
+_POPULATE_READ = 22  # madvise(2): fault the pages in, one call (Linux 5.14+)
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file (8 bytes of header length, a JSON header naming each tensor's dtype, shape
+    and byte range, then the data) as views of the file mapped copy-on-write: writing to one changes this process's
+    copy, never the file. CheckpointError where the file is not whole."""
+
+    def corrupt(why: str):
+        return CheckpointError(f"{path}: corrupt or truncated safetensors file ({why})")
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        n = int.from_bytes(f.read(8), "little")
+        if size < 8 or n > size - 8:
+            raise corrupt("no header")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise corrupt(f"unreadable header: {e}") from None
+        if not isinstance(header, dict):
+            raise corrupt("unreadable header")
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    data = torch.frombuffer(m, dtype=torch.uint8)
+    _MAPPED[data.data_ptr()] = m
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, (start, end) = _DTYPES[entry["dtype"]], entry["data_offsets"]
+            shape = torch.Size(entry["shape"])
+            start, end = start + 8 + n, end + 8 + n
+        except (KeyError, TypeError, ValueError):
+            raise corrupt(f"{name}: unreadable entry {entry!r}") from None
+        itemsize = dtype.itemsize
+        if not 8 + n <= start <= end <= size or end - start != itemsize * shape.numel() or min(shape, default=0) < 0:
+            raise corrupt(f"{name}: its bytes are not in the file")
+        raw = data[start:end] if start % itemsize == 0 else data[start:end].clone()  # (views need aligned starts)
+        out[name] = raw.view(dtype).view(shape)
+    return out
+
+
+@contextmanager
+def paged(t: torch.Tensor):
+    """For code that reads `t` once to make a copy of its own (packed or int8 decoding): where `t` is a mapped
+    checkpoint's (`load(mapped=True)`), its pages are faulted in at once on entry (one call, not a fault a page)
+    and given back to the OS on exit, those that are still the file's: they stay in the page cache, and are read
+    from there again when next touched; pages this process wrote to are its own, and kept. Elsewhere, nothing."""
+    pages = _pages(t) if _LINUX else None
+    if pages is not None:
+        m, first, last = pages
+        with suppress(OSError):  # (a kernel without it: faults as usual)
+            m.madvise(_POPULATE_READ, first, last - first)
+    try:
+        yield t
+    finally:
+        if pages is not None:
+            _give_back(*pages)
+
+
+def _pages(t: torch.Tensor):
+    """(map, first, last): the whole pages of `t` within the mapped checkpoint it is a view of, or None."""
+    base = t.untyped_storage().data_ptr() if t.device.type == "cpu" else None
+    m = _MAPPED.get(base) if base is not None else None
+    if m is None or not t.numel() or not t.is_contiguous():
+        return None
+    offset = t.data_ptr() - base
+    first = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = (offset + t.numel() * t.element_size()) // mmap.PAGESIZE * mmap.PAGESIZE
+    return (m, first, last) if last > first else None
+
+
+def _give_back(m: mmap.mmap, first: int, last: int) -> None:
+    """Unmap the pages in [first, last) of `m` that are still the file's (/proc/self/pagemap: present and
+    file-backed); MADV_DONTNEED on a page this process wrote to would drop what it wrote."""
+    base = torch.frombuffer(m, dtype=torch.uint8, count=1).data_ptr()
+    n = (last - first) // mmap.PAGESIZE
+    try:
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek((base + first) // mmap.PAGESIZE * 8)
+            flags = np.frombuffer(f.read(n * 8), dtype=np.uint64)
+    except OSError:
+        return
+    if len(flags) != n:
+        return
+    ours = ((flags >> np.uint64(63)) & (flags >> np.uint64(61)) & np.uint64(1)).astype(np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], ours, [0]))))  # starts and ends of runs of file pages
+    for a, b in zip(edges[::2].tolist(), edges[1::2].tolist()):
+        m.madvise(mmap.MADV_DONTNEED, first + a * mmap.PAGESIZE, (b - a) * mmap.PAGESIZE)
 
 
 def save(
@@ -106,7 +222,8 @@ def save(
     with atomic_dir(path, overwrite=True, needs=needs) as tmp:
         try:
             fault_point(WEIGHTS)
-            save_model(model, str(tmp / WEIGHTS))
+            tensors, metadata = _state_to_save(model)
+            save_file(tensors, str(tmp / WEIGHTS), metadata=metadata)
         except SafetensorError as e:  # the Rust writer's I/O errors (a full disk) are not OSErrors
             raise CheckpointError(f"{path}: cannot write: {e}{space_needed(needs)}") from None
         names = {}
@@ -122,14 +239,31 @@ def save(
         }
         atomic_write_text(tmp / CONFIG, json.dumps(full, indent=2, ensure_ascii=False) + "\n")
         if trainer_tensors is not None:
-            from safetensors.torch import save_file
-
             try:
                 save_file({k: v.contiguous() for k, v in trainer_tensors.items()}, str(tmp / "trainer_state.safetensors"))
             except SafetensorError as e:
                 raise CheckpointError(f"{path}: cannot write: {e}{space_needed(needs)}") from None
             atomic_write_text(tmp / "trainer_state.json", json.dumps(trainer_json or {}, indent=2) + "\n")
     return path
+
+
+def _state_to_save(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) for safetensors' save_file, as its save_model writes them: a tensor known by several
+    names (tied weights) once, under the first name in sorted order, the metadata naming it for each other name.
+    A tensor that shares its memory with other tensors (a mapped checkpoint's weights share the file's) is copied:
+    safetensors writes each tensor's storage whole."""
+    groups: dict[tuple, list[str]] = {}
+    state = model.state_dict()
+    for name, t in state.items():
+        groups.setdefault((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()), []).append(name)
+    kept = {min(names): names for names in groups.values()}
+    storages = Counter(state[name].untyped_storage().data_ptr() for name in kept)
+    tensors, metadata = {}, {}
+    for name, names in kept.items():
+        t = state[name]
+        tensors[name] = t.clone() if storages[t.untyped_storage().data_ptr()] > 1 else t.contiguous()
+        metadata.update({other: name for other in names if other != name})
+    return tensors, metadata or None
 
 
 def load_trainer_state(path: os.PathLike | str) -> tuple[dict[str, torch.Tensor], dict]:

@@ -224,7 +224,7 @@ def evaluate_checkpoint(ckpt, data_dir, cfg: PerplexityConfig) -> PerplexityResu
         raise TfcliError(f"{data.path}: monolingual data, but {meta['dir']} is a translation model; it needs parallel data")
     sides = ["src", "tgt"] if kind == "seq2seq" else ["tgt"]
     check_tokenizers(meta, data, sides)
-    model, meta = checkpoint.load(meta["dir"], device)
+    model, meta = checkpoint.load(meta["dir"], device, mapped=True)
 
     tgt = data.sequences(cfg.split, "tgt")
     result = PerplexityResult(meta["dir"], str(data.path), cfg.split, kind, len(tgt), 0, 0.0)

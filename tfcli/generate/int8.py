@@ -23,6 +23,7 @@ import warnings
 import torch
 from torch import nn
 
+from tfcli.checkpoint import paged
 from tfcli.device import int8_engines
 from tfcli.generate import native
 
@@ -39,9 +40,9 @@ def quantize_weight(w: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, to
     scale = torch.empty(w.size(0))
     wq = torch.empty(w.shape, dtype=torch.int8)
     for i in range(0, w.size(0), rows):
-        block = w[i : i + rows]
-        scale[i : i + rows] = block.abs().amax(dim=1).clamp(min=1e-12) / 127
-        wq[i : i + rows] = torch.round(block / scale[i : i + rows, None])
+        with paged(w[i : i + rows]) as block:  # (a mapped checkpoint's pages given back block by block)
+            scale[i : i + rows] = block.abs().amax(dim=1).clamp(min=1e-12) / 127
+            wq[i : i + rows] = torch.round(block / scale[i : i + rows, None])
     return scale, wq
 
 

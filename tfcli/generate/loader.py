@@ -44,7 +44,7 @@ def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32",
         want = "a translation (seq2seq)" if kind == "seq2seq" else "a language model (lm)"
         hint = "tfcli lm-generate" if cfg.kind == "lm" else "tfcli translate"
         raise CheckpointError(f"{meta['dir']}: is a {cfg.kind} model, not {want}; use `{hint}`")
-    model, meta = checkpoint.load(meta, device)
+    model, meta = checkpoint.load(meta, device, mapped=True)
     toks = {side: checkpoint.tokenizer(meta, side) for side in (("src", "tgt") if cfg.kind == "seq2seq" else ("tgt",))}
     if half is None:
         half = half_weights(device, dtype)

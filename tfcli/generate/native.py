@@ -37,7 +37,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tfcli.checkpoint import paged
+
 NB = 32  # outputs a column block of the weights (rows.c)
+_PACK_BLOCKS = 128  # column blocks packed at a time (RowLinear)
 PAD = 64  # weights are padded with zeros to a multiple of this many outputs (the widest tile, rows.c)
 
 
@@ -59,7 +62,10 @@ class RowLinear:
         # written in place, without a padded copy of W (a 256k-word output layer's is 1 GB, which the heap keeps)
         self.wt = torch.zeros(Np // NB, self.K, NB)
         full = self.N // NB
-        self.wt[:full].copy_(w[: full * NB].view(full, NB, self.K).transpose(1, 2))
+        for i in range(0, full, _PACK_BLOCKS):  # (a mapped checkpoint's pages given back block by block)
+            j = min(i + _PACK_BLOCKS, full)
+            with paged(w[i * NB : j * NB]) as rows:
+                self.wt[i:j].copy_(rows.view(j - i, NB, self.K).transpose(1, 2))
         if self.N > full * NB:
             self.wt[full, :, : self.N - full * NB] = w[full * NB :].t()
         self.bias = None

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfcli.checkpoint import paged
 from tfcli.generate import backend, native
 from tfcli.generate.int8 import Int8Linear
 from tfcli.generate.schedule import StepGraph
@@ -680,9 +681,29 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
 
     mode "packed": the weights reordered for oneDNN once (a plain GEMM re-packs them on every call; a decoding step
     calls each layer with few rows, so that is a large share of its work), and each layer one fused call. "rows":
-    `tfcli.generate.native.RowLinear`. "int8": see `tfcli.generate.int8`. "plain": F.linear."""
+    `tfcli.generate.native.RowLinear`. "int8": see `tfcli.generate.int8`. "plain": F.linear. Where a mode copies
+    the weights, a mapped checkpoint's own pages are given back once read (tfcli.checkpoint.paged; RowLinear and
+    Int8Linear a block at a time)."""
+    if mode != "plain":
+        return _copied(module, mode, act, residual, norm_in, norm_out)
+    w, b = module.weight, module.bias
+
+    def base(x):
+        return F.linear(x, w, b)
+
+    if residual:
+        return lambda x, r: base(x) + r
+    f = ACTIVATIONS.get(act)
+    if f is None:
+        return base
+    return lambda x: f(base(x))
+
+
+def _copied(module: nn.Linear, mode: str, act: str | None, residual: bool, norm_in, norm_out):
+    """`_linear` in the modes that run on a copy of the weights: "packed", "rows" and "int8"."""
     if mode == "packed":
-        weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 64)
+        with paged(module.weight.detach()) as w:
+            weight = torch.ops.mkldnn._reorder_linear_weight(w, 64)
         bias = module.bias.detach() if module.bias is not None else None
         if residual:
             binary = torch.ops.mkldnn._linear_pointwise.binary
@@ -702,14 +723,4 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
         if residual or act in (None, "relu"):
             return linear
         return _Activated(linear, act)
-    w, b = module.weight, module.bias
-
-    def base(x):
-        return F.linear(x, w, b)
-
-    if residual:
-        return lambda x, r: base(x) + r
-    f = ACTIVATIONS.get(act)
-    if f is None:
-        return base
-    return lambda x: f(base(x))
+    raise ValueError(f"unknown linear mode {mode!r}")

@@ -30,7 +30,7 @@ def export(path: str | Path, to: str, out: str | Path, quantization: str | None 
     refuse_overwriting_inputs([out], checkpoint_meta.input_paths(path), "choose another -o")
     if out.exists():
         raise TfcliError(f"{out}: already exists; remove it or choose another -o")
-    model, meta = checkpoint.load(path)
+    model, meta = checkpoint.load(path, mapped=True)
     cfg = checkpoint_meta.model_config(meta)
     sides = ("src", "tgt") if cfg.kind == "seq2seq" else ("tgt",)
     toks = {side: checkpoint.tokenizer(meta, side) for side in sides}  # checked against the model

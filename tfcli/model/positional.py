@@ -42,10 +42,6 @@ class SinusoidalPositions(nn.Module):
         self.d_model, self.style = d_model, style
         self.register_buffer("pe", sinusoidal_table(max_len, d_model, style), persistent=False)
 
-    def compute_buffers(self, device) -> None:
-        """The table again, on `device` (a model built on the meta device has none: tfcli.checkpoint.load)."""
-        self.pe = sinusoidal_table(self.pe.size(0), self.d_model, self.style).to(device)
-
     def forward(self, pos: torch.Tensor, end: int | None = None) -> torch.Tensor:
         """`end`: the largest position + 1, where the caller knows it (a full forward: the length). Else growing the
         table reads the largest position from `pos`, which waits for the GPU; under torch.compile that read would
@@ -85,10 +81,6 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.d_head, self.base = d_head, base
         self._build(max_len)
-
-    def compute_buffers(self, device) -> None:
-        """The tables again, on `device` (as SinusoidalPositions.compute_buffers)."""
-        self._build(self.cos.size(0), device)
 
     def _build(self, n: int, device=None):
         inv_freq = 1.0 / (self.base ** (torch.arange(0, self.d_head, 2, dtype=torch.float32, device=device) / self.d_head))

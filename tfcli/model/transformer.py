@@ -143,7 +143,6 @@ class EncoderDecoder(nn.Module):
         self.encoder = Encoder(cfg, src_embed)
         self.decoder = Decoder(cfg, tgt_embed, cfg.n_decoder_layers, cross=True)
         self.lm_head = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
-        init_weights(self, cfg)
         if cfg.tie_output:
             self.lm_head.weight = tgt_embed.tok.weight
 
@@ -182,7 +181,6 @@ class DecoderOnlyLM(nn.Module):
         embed = Embeddings(cfg, cfg.tgt_vocab_size)
         self.decoder = Decoder(cfg, embed, cfg.n_decoder_layers, cross=False)
         self.lm_head = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
-        init_weights(self, cfg)
         if cfg.tie_output:
             self.lm_head.weight = embed.tok.weight
 
@@ -226,8 +224,13 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
                 module.weight.data[module.padding_idx].zero_()
 
 
-def build_model(cfg: ModelConfig) -> EncoderDecoder | DecoderOnlyLM:
-    return EncoderDecoder(cfg) if cfg.kind == "seq2seq" else DecoderOnlyLM(cfg)
+def build_model(cfg: ModelConfig, init: bool = True) -> EncoderDecoder | DecoderOnlyLM:
+    """The model of `cfg`, its weights drawn by `init_weights` (`init`), or left as torch's modules make them, for
+    a caller that replaces them (tfcli.checkpoint.load)."""
+    model = EncoderDecoder(cfg) if cfg.kind == "seq2seq" else DecoderOnlyLM(cfg)
+    if init:
+        init_weights(model, cfg)
+    return model
 
 
 def count_parameters(model: nn.Module) -> int:

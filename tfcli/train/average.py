@@ -60,7 +60,7 @@ def average_checkpoints(
     first_cfg = None
     model = meta = None
     for d in dirs:
-        model, meta = checkpoint.load(d, "cpu")
+        model, meta = checkpoint.load(d, "cpu", mapped=True)
         cfg = checkpoint_meta.model_config(meta)
         if first_cfg is None:
             first_cfg = cfg

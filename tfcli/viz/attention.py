@@ -384,7 +384,7 @@ def write_attention(
             raise TfcliError("the PNGs need matplotlib: pip install 'tfcli[plot]' (or drop --no-html for the HTML page)")
         warn("no matplotlib: writing the HTML page only (pip install 'tfcli[plot]' for the PNGs)")
         png = False
-    model, meta = checkpoint.load(ckpt, resolve_device(device))
+    model, meta = checkpoint.load(ckpt, resolve_device(device), mapped=True)
     lm = model.cfg.kind == "lm"
     available = ["self"] if lm else ["encoder", "self", "cross"]
     kinds = list(kinds) if kinds else available
