@@ -1,5 +1,6 @@
-"""Loading and saving checkpoints (see tfcli/checkpoint_meta.py for the format): the weights through safetensors,
-never a pickle, and the tokenizers checked against the model they belong to."""
+"""Loading and saving checkpoints (see tfcli/checkpoint_meta.py for the format): the weights in safetensors files
+(read into memory, or mapped copy-on-write), never a pickle, and the tokenizers checked against the model they
+belong to."""
 
 from __future__ import annotations
 
@@ -48,15 +49,16 @@ def load(path: os.PathLike | str | dict, device: str | torch.device = "cpu",
          mapped: bool = False) -> tuple[torch.nn.Module, dict]:
     """Build the model from the checkpoint's config and load its weights; returns (model in eval mode, meta).
     `path` may be the meta that `read_meta` returned, so that a caller who looked first reads config.json once.
-    `mapped` (on the CPU): the weights are the file's pages, mapped copy-on-write (`read_weights`), not a copy
-    read into memory: what a caller that only reads them wants (nothing is read until touched; `paged`)."""
+    `mapped`: on the CPU the weights are the file's pages, mapped copy-on-write (`read_weights`), not a copy read
+    into memory: what a caller that only reads them wants (nothing is read until touched; `paged`). On another
+    device they are copied there from the mapped file either way."""
     meta = path if isinstance(path, dict) else read_meta(path)
     cfg = model_config(meta)
     weights = Path(meta["dir"]) / WEIGHTS
     if not weights.exists():
         raise CheckpointError(f"{weights}: missing")
     try:
-        model, missing, unexpected = _load_weights(cfg, weights, mapped and torch.device(device).type == "cpu")
+        model, missing, unexpected = _load_weights(cfg, weights, mapped or torch.device(device).type != "cpu")
     except RuntimeError as e:  # shape mismatch: weights from another architecture or vocabulary
         first = str(e).strip().splitlines()[-1].strip()
         raise CheckpointError(f"{weights}: does not match the model in {CONFIG}: {first}") from None
