@@ -378,6 +378,24 @@ def test_the_presets_table_in_the_training_docs_is_the_presets():
         assert [params, bare] == [f"{total / 1e6:.2f}M", f"{(total - embeddings) / 1e6:.2f}M"], name
 
 
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
+def test_a_tied_output_layer_keeps_the_embeddings_initialisation(kind):
+    """init_weights draws the embeddings from N(0, d^-1/2) and the linear layers Xavier-uniform (|w| at most
+    sqrt(6 / (fan_in + fan_out))); the output layer tied to the embedding table is that table, initialised as an
+    embedding (the tie is made after the drawing), so values past the Xavier bound are there."""
+    torch.manual_seed(0)
+    vocab = dict(src_vocab_size=2000, tgt_vocab_size=2000) if kind == "seq2seq" else dict(tgt_vocab_size=2000)
+    tied = build_model(preset("toy", kind=kind, tie_output=True, **vocab))
+    untied = build_model(preset("toy", kind=kind, tie_output=False, **vocab))
+    d = tied.cfg.d_model
+    bound = math.sqrt(6 / (2000 + d))
+    assert tied.lm_head.weight is tied.decoder.embed.tok.weight
+    w, w_untied = tied.lm_head.weight.detach(), untied.lm_head.weight.detach()
+    assert float(w.abs().max()) > 1.5 * bound
+    assert float(w.std()) == pytest.approx(d**-0.5, rel=0.05)
+    assert float(w_untied.abs().max()) <= bound
+
+
 @pytest.mark.parametrize("mapped", [False, True], ids=["read", "mapped"])
 @pytest.mark.parametrize("kind", ["tied-shared-fairseq", "untied-sinusoidal", "lm-rope"])
 def test_a_loaded_checkpoint_is_the_saved_model_with_its_ties(kind, mapped, tmp_path):

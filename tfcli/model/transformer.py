@@ -134,7 +134,7 @@ class Decoder(nn.Module):
 class EncoderDecoder(nn.Module):
     """The 2017 Transformer for translation: p(y_t | y_<t, x) = softmax(Decoder(y_<t, Encoder(x)) W_out)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, init: bool = True):
         super().__init__()
         assert cfg.kind == "seq2seq"
         self.cfg = cfg
@@ -143,6 +143,8 @@ class EncoderDecoder(nn.Module):
         self.encoder = Encoder(cfg, src_embed)
         self.decoder = Decoder(cfg, tgt_embed, cfg.n_decoder_layers, cross=True)
         self.lm_head = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
+        if init:  # (before the tie: a tied table keeps the embedding's initialisation)
+            init_weights(self, cfg)
         if cfg.tie_output:
             self.lm_head.weight = tgt_embed.tok.weight
 
@@ -174,13 +176,15 @@ class EncoderDecoder(nn.Module):
 class DecoderOnlyLM(nn.Module):
     """A GPT-style language model: p(x_t | x_<t) = softmax(Decoder(x_<t) W_out)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, init: bool = True):
         super().__init__()
         assert cfg.kind == "lm"
         self.cfg = cfg
         embed = Embeddings(cfg, cfg.tgt_vocab_size)
         self.decoder = Decoder(cfg, embed, cfg.n_decoder_layers, cross=False)
         self.lm_head = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
+        if init:
+            init_weights(self, cfg)
         if cfg.tie_output:
             self.lm_head.weight = embed.tok.weight
 
@@ -227,10 +231,7 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
 def build_model(cfg: ModelConfig, init: bool = True) -> EncoderDecoder | DecoderOnlyLM:
     """The model of `cfg`, its weights drawn by `init_weights` (`init`), or left as torch's modules make them, for
     a caller that replaces them (tfcli.checkpoint.load)."""
-    model = EncoderDecoder(cfg) if cfg.kind == "seq2seq" else DecoderOnlyLM(cfg)
-    if init:
-        init_weights(model, cfg)
-    return model
+    return EncoderDecoder(cfg, init) if cfg.kind == "seq2seq" else DecoderOnlyLM(cfg, init)
 
 
 def count_parameters(model: nn.Module) -> int:
