@@ -166,7 +166,7 @@ def paged(t: torch.Tensor):
     from there again when next touched; pages this process wrote to are its own, and kept. Elsewhere, nothing."""
     pages = _pages(t) if _LINUX else None
     if pages is not None:
-        m, first, last = pages
+        m, _, first, last = pages
         with suppress(OSError):  # (a kernel without it: faults as usual)
             m.madvise(_POPULATE_READ, first, last - first)
     try:
@@ -177,7 +177,8 @@ def paged(t: torch.Tensor):
 
 
 def _pages(t: torch.Tensor):
-    """(map, first, last): the whole pages of `t` within the mapped checkpoint it is a view of, or None."""
+    """(map, its address, first, last): the whole pages of `t` within the mapped checkpoint it is a view of (offsets
+    in the map), or None."""
     base = t.untyped_storage().data_ptr() if t.device.type == "cpu" else None
     m = _MAPPED.get(base) if base is not None else None
     if m is None or not t.numel() or not t.is_contiguous():
@@ -185,13 +186,12 @@ def _pages(t: torch.Tensor):
     offset = t.data_ptr() - base
     first = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
     last = (offset + t.numel() * t.element_size()) // mmap.PAGESIZE * mmap.PAGESIZE
-    return (m, first, last) if last > first else None
+    return (m, base, first, last) if last > first else None
 
 
-def _give_back(m: mmap.mmap, first: int, last: int) -> None:
-    """Unmap the pages in [first, last) of `m` that are still the file's (/proc/self/pagemap: present and
-    file-backed); MADV_DONTNEED on a page this process wrote to would drop what it wrote."""
-    base = torch.frombuffer(m, dtype=torch.uint8, count=1).data_ptr()
+def _give_back(m: mmap.mmap, base: int, first: int, last: int) -> None:
+    """Unmap the pages in [first, last) of `m` (at address `base`) that are still the file's (/proc/self/pagemap:
+    present and file-backed); MADV_DONTNEED on a page this process wrote to would drop what it wrote."""
     n = (last - first) // mmap.PAGESIZE
     try:
         with open("/proc/self/pagemap", "rb") as f:
