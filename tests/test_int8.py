@@ -20,9 +20,10 @@ pytestmark = pytest.mark.skipif(not device.int8_available(), reason="this torch 
 
 
 def engines() -> list[str]:
-    """The engines this torch build has that sum exactly (on a CPU without AMX oneDNN is not chosen, but works
-    where it has VNNI; without, its 16-bit pair sums saturate, and it is never used)."""
-    out = []
+    """The engines here that sum exactly: rows.c's where it runs, and this torch build's (on a CPU without AMX
+    oneDNN is not chosen, but works where it has VNNI; without, its 16-bit pair sums saturate, and it is never
+    used)."""
+    out = ["rows"] if native.int8_kernel() is not None else []
     if device.int8_engines()[:1] == ("fbgemm",):
         out.append("fbgemm")
     onednn = getattr(torch.ops, "onednn", None)
@@ -48,20 +49,35 @@ def oracle(lin: torch.nn.Linear, x: torch.Tensor, residual=None, relu=False) -> 
     return y.relu() if relu else y
 
 
-@pytest.mark.parametrize("engine", ["fbgemm", "onednn"])
-@pytest.mark.parametrize("k", [64, 1024])
-def test_an_int8_layer_is_its_exact_integer_formula_on_every_engine(engine, k):
-    if engine not in engines():
+def rows_version(version: str, monkeypatch) -> None:
+    """Int8Linear's "rows" engine on rows.c's `version` (linear_int8: AVX-512 VNNI; linear_int8_avx2), or a skip."""
+    lib = native.library()
+    if native.int8_kernel() is None or lib.linear_int8_supported() < (2 if version == "linear_int8" else 1):
+        pytest.skip(f"rows.c's {version} does not run here (no C compiler, or the CPU lacks its instructions)")
+    monkeypatch.setattr(native, "int8_kernel", lambda: getattr(lib, version))
+
+
+@pytest.mark.parametrize("engine", ["fbgemm", "onednn", "linear_int8", "linear_int8_avx2"])
+@pytest.mark.parametrize("k, n", [(64, 48), (1024, 48), (37, 130), (2200, 70)])
+def test_an_int8_layer_is_its_exact_integer_formula_on_every_engine(engine, k, n, monkeypatch):
+    """Every engine, rows.c's int8 kernel in both its versions among them, computes the oracle's integer sums and
+    float roundings; rows.c's on every mix of its row tiles (up to 6 rows, then the rest; AVX2 2), with outputs
+    past its 64-wide blocks and inputs past its groups of four, and past K * 63 * 127 = 2^24."""
+    if engine.startswith("linear_int8"):
+        rows_version(engine, monkeypatch)
+        engine = "rows"
+    elif engine not in engines():
         pytest.skip(f"no {engine} int8 linear in this torch build")
     torch.manual_seed(0)
-    lin = torch.nn.Linear(k, 48)
-    layer = Int8Linear(lin, engines=(engine,))
+    lin = torch.nn.Linear(k, n)
+    layer, relu = Int8Linear(lin, engines=(engine,)), Int8Linear(lin, relu=True, engines=(engine,))
+    counts = (1, 5, 40) if engine != "rows" else (1, 2, 3, 7, 13, 40)
     with torch.inference_mode():
-        for rows in (1, 5, 40):
+        for rows in counts:
             x = torch.randn(rows, k) * torch.rand(rows, 1) * 4  # rows of different ranges
             assert torch.equal(layer(x), oracle(lin, x))
-            r = torch.randn(rows, 48)
-            assert torch.equal(Int8Linear(lin, relu=True, engines=(engine,))(x, r), oracle(lin, x, r, relu=True))
+            r = torch.randn(n, rows).T  # (strided)
+            assert torch.equal(relu(x, r), oracle(lin, x, r, relu=True))
 
 
 def test_a_rows_result_does_not_depend_on_the_other_rows_or_the_engine_chosen_by_their_number():
@@ -104,18 +120,28 @@ def test_long_rows_are_served_by_one_engine():
     """Past K * 63 * 127 = 2^24 the engines' float sums could round differently: one engine serves every call."""
     layer = Int8Linear(torch.nn.Linear(2200, 4), engines=("fbgemm", "onednn"))
     assert layer.fbgemm is None and layer.onednn is not None
+    if "rows" in engines():
+        layer = Int8Linear(torch.nn.Linear(2200, 4), engines=("rows", "onednn"))
+        assert layer.rows is None and layer.onednn is not None
     layer = Int8Linear(torch.nn.Linear(2000, 4), engines=tuple(engines()))
     assert (layer.fbgemm is not None) == ("fbgemm" in engines())
 
 
 def test_engines_follow_the_cpu(monkeypatch):
     monkeypatch.setattr(device, "cpu_has_amx", lambda: False)
-    without = device.int8_engines()
+    monkeypatch.setattr(int8, "cpu_has_amx", lambda: False)
+    without, default_without = device.int8_engines(), int8.default_engines()
     monkeypatch.setattr(device, "cpu_has_amx", lambda: True)
-    with_amx = device.int8_engines()
+    monkeypatch.setattr(int8, "cpu_has_amx", lambda: True)
+    with_amx, default_with_amx = device.int8_engines(), int8.default_engines()
     if "fbgemm" in without:
         assert without == ("fbgemm",)
         assert with_amx == (("fbgemm", "onednn") if "onednn" in engines() else ("fbgemm",))
+    if "rows" in engines():  # rows.c's kernel in fbgemm's place
+        assert default_without == ("rows",)
+        assert default_with_amx == (("rows", "onednn") if "onednn" in with_amx else ("rows",))
+    else:
+        assert (default_without, default_with_amx) == (without, with_amx)
 
 
 def test_the_compiled_row_kernels_give_the_torch_fallbacks_results(monkeypatch):

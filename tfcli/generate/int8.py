@@ -4,16 +4,19 @@ y = x W^T + b with W in int8, one scale per output row (max |w| mapped to 127), 
 scale per row (per token), symmetrically to 7 bits: s_r = max_j |x_rj| / 63, q_rj = round(x_rj / s_r). Then
 y_rj = s_r * w_j * sum_k q_rk W_jk + b_j. The integer sums are exact, so a sentence's translation is the same in any
 batch, next to any other sentences (a scale for the whole call, as torch's dynamic quantisation takes, made it
-depend on them). 7 bits, not 8: fbgemm's AVX2/AVX-512 kernels add pairs of u8 x s8 products in 16 bits, which 8-bit
-inputs could saturate.
+depend on them). 7 bits, not 8: fbgemm's AVX2/AVX-512 kernels, and rows.c's AVX2 one, add pairs of u8 x s8
+products in 16 bits, which 8-bit inputs could saturate.
 
-Two engines run the integer product: fbgemm (cheap to set up: few rows) and, on a CPU with AMX, oneDNN (its tiles
-win on many rows). Both return the exact sum as a float times w_j (exact while K * 63 * 127 < 2^24, i.e. K <= 2,097;
-beyond that one engine serves every call), so which engine served a call changes nothing.
+Three engines run the integer product: rows.c's linear_int8 (tfcli.generate.native.int8_kernel: AVX-512 VNNI or
+AVX2; loading reorders the int8 weights, nothing more, and a call quantises its rows itself), fbgemm (torch's;
+where rows.c's kernel does not run) and, on a CPU with AMX, oneDNN for calls of many rows (its tiles win there).
+Each computes the exact integer sum and returns it as a float times w_j, then * s_r, + b (+ a residual, ReLU) in
+that order, so which engine served a call changes nothing (where K * 63 * 127 >= 2^24, i.e. K > 2,097, a sum
+may round on its way to a float, perhaps otherwise in oneDNN: there one engine serves every call).
 
-Quantising the rows and applying s_r, b (and a residual or ReLU) are one pass each in a small C file (rows.c, built
-once per machine with the system's C compiler: tfcli.generate.native); without a compiler the same operations run as
-torch ops, a little slower, with the same results bit for bit.
+Quantising the rows and applying s_r, b (and a residual or ReLU) around fbgemm and oneDNN are one pass each in the
+same C file (rows.c, built once per machine with the system's C compiler: tfcli.generate.native); without a
+compiler the same operations run as torch ops, a little slower, with the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -22,28 +25,36 @@ import warnings
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from tfcli.checkpoint import paged
-from tfcli.device import int8_engines
+from tfcli.device import cpu_has_amx, int8_engines
 from tfcli.generate import native
 
 LEVELS = 63  # |q| <= 63: 7 bits
-# on a CPU with AMX, calls with at least this many rows go to oneDNN, fewer to fbgemm
+# on a CPU with AMX, calls with at least this many rows go to oneDNN, fewer to rows.c's kernel or fbgemm
 ONEDNN_MIN_ROWS = 32
 _EXACT_SUM = 2**24  # integers up to this are exact in float32
 
 
-def quantize_weight(w: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """(one scale per output row, max |w| / 127; w in int8 by those scales, rounded half to even), a block of `rows`
-    rows at a time, so that no full-size float temporary is made (a 256k-word output layer's is 1 GB, which the
-    heap then keeps: tfcli.runtime.keep_freed_memory)."""
-    scale = torch.empty(w.size(0))
-    wq = torch.empty(w.shape, dtype=torch.int8)
+def quantize_weight(w: torch.Tensor, rows: int = 4096):
+    """w's rows quantised, `rows` at a time: yields (first row, one scale per row (max |w| / 127), the block in int8
+    by those scales, rounded half to even), so that no full-size float temporary is made (a 256k-word output
+    layer's is 1 GB, which the heap then keeps: tfcli.runtime.keep_freed_memory) and a mapped checkpoint's pages
+    are given back block by block."""
     for i in range(0, w.size(0), rows):
-        with paged(w[i : i + rows]) as block:  # (a mapped checkpoint's pages given back block by block)
-            scale[i : i + rows] = block.abs().amax(dim=1).clamp(min=1e-12) / 127
-            wq[i : i + rows] = torch.round(block / scale[i : i + rows, None])
-    return scale, wq
+        with paged(w[i : i + rows]) as block:
+            scale = block.abs().amax(dim=1).clamp(min=1e-12) / 127
+            yield i, scale, torch.round(block / scale[:, None]).to(torch.int8)
+
+
+def default_engines() -> tuple[str, ...]:
+    """rows.c's linear_int8 ("rows", tfcli.generate.native.int8_kernel) where it runs, with oneDNN for calls of
+    many rows on a CPU with AMX; elsewhere torch's (tfcli.device.int8_engines)."""
+    engines = int8_engines()
+    if native.int8_kernel() is None:
+        return engines
+    return ("rows", "onednn") if "onednn" in engines and cpu_has_amx() else ("rows",)
 
 
 class Int8Linear:
@@ -51,25 +62,38 @@ class Int8Linear:
     `relu`, max(0, .) after the bias."""
 
     def __init__(self, module: nn.Linear, relu: bool = False, engines: tuple[str, ...] | None = None):
-        """`engines`: which of "fbgemm" and "onednn" to use (default: those available; oneDNN only on a CPU with AMX
-        unless fbgemm is missing); with both, calls of fewer than ONEDNN_MIN_ROWS rows go to fbgemm."""
-        w = module.weight.detach().float().contiguous()
-        self.w_scale, wq = quantize_weight(w)
-        self.bias = module.bias.detach().float().contiguous() if module.bias is not None else None
+        """`engines`: which of "rows", "fbgemm" and "onednn" to use (default: `default_engines()`); with two, calls
+        of fewer than ONEDNN_MIN_ROWS rows go to the first."""
+        w = module.weight.detach().float()
+        self.N, self.K = N, K = w.shape
         self.relu = relu
         if engines is None:
-            engines = int8_engines()
+            engines = default_engines()
         if not engines:
-            raise RuntimeError("int8: this torch build has neither fbgemm's nor oneDNN's int8 linear layers")
-        if w.size(1) * LEVELS * 127 >= _EXACT_SUM:  # engines could round the sum differently: one serves all
+            raise RuntimeError("int8: neither rows.c nor this torch build has int8 linear layers")
+        if K * LEVELS * 127 >= _EXACT_SUM:  # engines could round the sum differently: one serves all
             engines = engines[-1:]
+        self.w_scale = torch.empty(-(-N // 64) * 64 if "rows" in engines else N)
+        wq = torch.empty(N, K, dtype=torch.int8) if set(engines) - {"rows"} else None
+        self.rows = _Packed(N, K) if "rows" in engines else None
+        for i, scale, block in quantize_weight(w):
+            self.w_scale[i : i + len(block)] = scale
+            if wq is not None:
+                wq[i : i + len(block)] = block
+            if self.rows is not None:
+                self.rows.add(i, block)
+        self.w_scale[N:] = 0
+        self.bias = None
+        if module.bias is not None:
+            self.bias = torch.zeros(len(self.w_scale))
+            self.bias[:N] = module.bias.detach().float()
         self.fbgemm = self.onednn = None
         if "fbgemm" in engines:
             previous = torch.backends.quantized.engine
             with warnings.catch_warnings():  # torch marks its quantised tensor types as deprecated
                 warnings.simplefilter("ignore")
                 q = torch._make_per_channel_quantized_tensor(
-                    wq, self.w_scale.double(), torch.zeros(len(w), dtype=torch.long), 0)
+                    wq, self.w_scale[:N].double(), torch.zeros(N, dtype=torch.long), 0)
                 engine = "x86" if "x86" in torch.backends.quantized.supported_engines else "fbgemm"
                 try:  # a process-wide setting, restored at once; the packed weights keep their engine
                     torch.backends.quantized.engine = engine
@@ -78,19 +102,56 @@ class Int8Linear:
                     torch.backends.quantized.engine = previous
         if "onednn" in engines:
             self.onednn = torch.ops.onednn.qlinear_prepack(wq, None)
-            self._zeros = torch.zeros(len(w), dtype=torch.long)
-        self.min_rows = ONEDNN_MIN_ROWS if self.fbgemm is not None else 0
+            self._zeros = torch.zeros(N, dtype=torch.long)
+        self.min_rows = ONEDNN_MIN_ROWS if len(engines) > 1 else 0
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
         if self.onednn is not None and x.size(0) >= self.min_rows:
             q, s = quantize_rows(x, as_int8=True)
-            y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.onednn, self.w_scale, self._zeros, None, 1.0, 0,
-                                                   torch.float32, "none", [], "")
+            y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.onednn, self.w_scale[: self.N], self._zeros, None,
+                                                   1.0, 0, torch.float32, "none", [], "")
+        elif self.rows is not None:
+            return self.rows(x, self.w_scale, self.bias, residual, self.relu)
         else:
             q, s = quantize_rows(x, as_int8=False)  # fbgemm takes integer-valued floats, quantised again exactly
             y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, LEVELS + 1, self.fbgemm)
-        return dequantize_rows(y, s, self.bias, residual, self.relu)
+        return dequantize_rows(y, s, None if self.bias is None else self.bias[: self.N], residual, self.relu)
+
+
+class _Packed:
+    """int8 weights as rows.c's linear_int8 reads them (blocks of 64 outputs, groups of four inputs; see rows.c),
+    with each output's sum of weights, and its call."""
+
+    def __init__(self, N: int, K: int):
+        self.N, self.K, self.K4 = N, K, -(-K // 4)
+        self.wp = torch.zeros(-(-N // 64), self.K4, 64, 4, dtype=torch.int8)
+        self.cs = torch.zeros(len(self.wp) * 64, dtype=torch.int32)
+        self.kernel = native.int8_kernel()
+        if self.kernel is None:
+            raise RuntimeError("rows.c's int8 kernel does not run here (see tfcli.generate.native.int8_kernel)")
+
+    def add(self, i: int, block: torch.Tensor) -> None:
+        """Rows i.. of W (int8; i a multiple of 64)."""
+        n = len(block)
+        self.cs[i : i + n] = block.sum(dim=1, dtype=torch.int32)
+        block = F.pad(block, (0, self.K4 * 4 - self.K, 0, -n % 64))  # (a copy only where K % 4 or n % 64)
+        self.wp[i // 64 : i // 64 + len(block) // 64].copy_(block.view(-1, 64, self.K4, 4).transpose(1, 2))
+
+    def __call__(self, x: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                 residual: torch.Tensor | None, relu: bool) -> torch.Tensor:
+        M = x.size(0)
+        y = torch.empty(M, self.N)
+        if residual is not None and residual.stride(1) != 1:
+            residual = residual.contiguous()
+        if M:
+            xq, s = torch.empty(M, self.K4 * 4, dtype=torch.uint8), torch.empty(M)
+            self.kernel(x.data_ptr(), M, self.K, self.N, float(LEVELS), self.wp.data_ptr(), self.cs.data_ptr(),
+                        w_scale.data_ptr(), None if bias is None else bias.data_ptr(),
+                        None if residual is None else residual.data_ptr(),
+                        0 if residual is None else residual.stride(0), int(relu), y.data_ptr(), xq.data_ptr(),
+                        s.data_ptr())
+        return y
 
 
 def quantize_rows(x: torch.Tensor, as_int8: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,8 @@
 and called through ctypes on tensors' memory (plain C, no torch headers). Each has a torch fallback, used where no
 compiler is found.
 
-- int8's row quantisation and dequantisation (tfcli.generate.int8), bit for bit its torch fallback.
+- int8's row quantisation and dequantisation (tfcli.generate.int8), bit for bit its torch fallback, and its
+  linear layers (`int8_kernel()`: rows.c's linear_int8, AVX-512 VNNI or AVX2), bit for bit fbgemm's path.
 - `RowLinear`: fp32 linear layers of the decoder's steps and the output layer, y = x W^T + b (+ a residual, then a
   ReLU). Each output is one fused multiply-add chain over the input from the bias, the same whatever the number of
   rows, so a row's result depends on that row alone (a sentence's translation on that sentence alone), as with
@@ -140,6 +141,21 @@ def fp32_kernel():
     return None
 
 
+def int8_kernel():
+    """rows.c's linear_int8 for this CPU (its AVX-512 VNNI or its AVX2 version: the same results), or None where
+    neither runs (as `fp32_kernel`: no library, no AVX2, or torch's kernels held to plain x86-64; AVX-512 VNNI only
+    where torch's run AVX-512)."""
+    lib = library()
+    if lib is None:
+        return None
+    level, capability = lib.linear_int8_supported(), torch.backends.cpu.get_cpu_capability()
+    if level == 2 and capability == "AVX512":
+        return lib.linear_int8
+    if level >= 1 and capability in ("AVX2", "AVX512"):
+        return lib.linear_int8_avx2
+    return None
+
+
 def attention_kernel():
     """rows.c's attend_rows (tfcli.generate.step's fp32 attention on the CPU, the encoder's and the decoder's), where
     the fp32 row kernel runs (the same conditions: `fp32_kernel`); None elsewhere."""
@@ -206,7 +222,8 @@ _SOURCE = Path(__file__).with_name("rows.c")
 
 
 _SYMBOLS = ("quantize_rows", "dequantize_rows", "linear_rows", "linear_rows_avx2", "linear_rows_supported",
-            "attend_rows", "decode_layers", "decode_layers_avx2", "best_next", "constrained_pick", "struct_layout")
+            "linear_int8", "linear_int8_avx2", "linear_int8_supported", "attend_rows", "decode_layers",
+            "decode_layers_avx2", "best_next", "constrained_pick", "struct_layout")
 
 
 class _Untrusted(OSError):
@@ -256,6 +273,10 @@ def library():
         linear.argtypes = [p, p, p, p, i64, ctypes.c_int, p, i64, i64, i64, p, ctypes.c_int, ctypes.c_float, p]
         linear.restype = None
     lib.linear_rows_supported.argtypes, lib.linear_rows_supported.restype = [], ctypes.c_int
+    for linear in (lib.linear_int8, lib.linear_int8_avx2):
+        linear.argtypes = [p, i64, i64, i64, ctypes.c_float, p, p, p, p, p, i64, ctypes.c_int, p, p, p]
+        linear.restype = None
+    lib.linear_int8_supported.argtypes, lib.linear_int8_supported.restype = [], ctypes.c_int
     lib.attend_rows.argtypes = [p, i64, i64, i64, p, i64, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64,
                                 i64, i64, i64, i64, i64, i64, ctypes.c_float, p]
     lib.attend_rows.restype = None

@@ -648,6 +648,165 @@ void struct_layout(int64_t *out) {
     out[4] = (int64_t)offsetof(layer_t, mem_v);
 }
 
+/* int8 linear layers (tfcli.generate.int8, engine "rows"): y (M x N) = (float)(q W^T)[r, j] * ws[j] * s[r], then
+ * + b[j] (b may be null), + res[r, j] (may be null; row stride ldr), max(y, 0) when relu: the operations, in their
+ * order, of fbgemm's path through int8.py (fbgemm's float output, then dequantize_rows), so the same bits. q and s
+ * are quantize_rows' of x, taken in the call (into xq, M x 4*K4 bytes, and s). W (int8, |w| <= 127) comes packed in
+ * blocks of 64 outputs: block c, group k4 of four inputs, holds the 64 outputs' four weights each (byte
+ * 256*(c*K4 + k4) + 4*o + i: output 64c + o, input 4*k4 + i), zero past N (to a multiple of 64) and past K (to a
+ * multiple of 4); cs[j] = sum_k W[j, k]. A row goes in as u = q + 64 (1..127: the instructions multiply unsigned
+ * by signed bytes), so a sum is sum u w - 64 cs[j], exact in 32 bits. AVX-512 VNNI (vpdpbusd: four products into
+ * a lane) runs tiles of up to 6 rows x 64 outputs; AVX2 (vpmaddubsw: pairs into 16 bits, at most 2 * 127 * 127 <
+ * 2^15, never saturated; vpmaddwd: into 32) tiles of up to 2 rows x 32 outputs. */
+typedef void (*i8tile_fn)(const uint8_t *, int64_t, const int8_t *, const int32_t *, const float *, const float *,
+                          const float *, const float *, int64_t, int, float *, int64_t, int64_t, int);
+
+#define I8TILE(ISA, TARGET, VEC, IVEC, LANES, LOADI, BCAST, DOT, CVT, LOAD, SET1, ZERO, MUL, ADD, MAX, STORE, SUBI,  \
+               SHLI, R, V)                                                                                           \
+    static __attribute__((target(TARGET))) void i8tile_##ISA##_##R(                                                   \
+        const uint8_t *restrict xq, int64_t K4, const int8_t *restrict wp, const int32_t *restrict cs,               \
+        const float *restrict ws, const float *restrict s, const float *restrict b, const float *restrict res,       \
+        int64_t ldr, int relu, float *restrict y, int64_t ldy, int64_t j0, int nj) {                                 \
+        IVEC acc[R][V];                                                                                               \
+        const int8_t *w[V]; /* vector v: outputs j0 + LANES*v.., in block (j0 + LANES*v) / 64 */                     \
+        _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) {                                                         \
+            const int64_t j = j0 + LANES * v;                                                                         \
+            w[v] = wp + j / 64 * 256 * K4 + j % 64 * 4;                                                               \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r][v] = (IVEC){0};                                \
+        }                                                                                                             \
+        for (int64_t k = 0; k < K4; k++) {                                                                            \
+            IVEC wv[V];                                                                                               \
+            _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) wv[v] = LOADI(w[v] + 256 * k);                        \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                     \
+                int32_t four;                                                                                         \
+                memcpy(&four, xq + r * 4 * K4 + 4 * k, 4);                                                            \
+                const IVEC xv = BCAST(four);                                                                          \
+                _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) acc[r][v] = DOT(acc[r][v], xv, wv[v]);            \
+            }                                                                                                         \
+        }                                                                                                             \
+        VEC f[R][V]; /* (float)(sum) * ws[j] * s[r] + b[j] */                                                     \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                         \
+            const VEC sr = SET1(s[r]);                                                                                \
+            _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) {                                                     \
+                const int64_t j = j0 + LANES * v;                                                                     \
+                const IVEC sum = SUBI(acc[r][v], SHLI(LOADI(cs + j), 6));                                             \
+                f[r][v] = MUL(MUL(CVT(sum), LOAD(ws + j)), sr);                                                       \
+                if (b) f[r][v] = ADD(f[r][v], LOAD(b + j));                                                           \
+            }                                                                                                         \
+        }                                                                                                             \
+        if (nj == LANES * V) { /* the whole tile: the residual and the ReLU on the registers */                      \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                       \
+                _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) {                                                 \
+                    VEC a = f[r][v];                                                                                  \
+                    if (res) a = ADD(a, LOAD(res + r * ldr + j0 + LANES * v));                                        \
+                    if (relu) a = MAX(a, ZERO()); /* (+0 at -0 and NaN, as x > 0 ? x : 0) */                        \
+                    STORE(y + r * ldy + j0 + LANES * v, a);                                                           \
+                }                                                                                                     \
+            return;                                                                                                   \
+        }                                                                                                             \
+        float out[R][LANES * V];                                                                                      \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                           \
+            _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) STORE(out[r] + LANES * v, f[r][v]);                   \
+        for (int r = 0; r < R; r++) {                                                                                 \
+            if (res)                                                                                                  \
+                for (int j = 0; j < nj; j++) out[r][j] = out[r][j] + res[r * ldr + j0 + j];                           \
+            if (relu)                                                                                                 \
+                for (int j = 0; j < nj; j++) out[r][j] = out[r][j] > 0.0f ? out[r][j] : 0.0f;                         \
+            memcpy(y + r * ldy + j0, out[r], sizeof(float) * nj);                                                     \
+        }                                                                                                             \
+    }
+#define LOADI512(p) _mm512_loadu_si512((const void *)(p))
+/* acc + the sums of four u8 x s8 products (vpdpbusd), in inline assembly: GCC's intrinsic copies and spills the
+ * accumulators every step */
+static inline __attribute__((always_inline, target("avx512f,avx512vnni"))) __m512i dot512(__m512i acc, __m512i x,
+                                                                                          __m512i w) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+    return acc;
+}
+#define DOT512(acc, x, w) dot512(acc, x, w)
+#define SET1PS512(v) _mm512_set1_ps(v)
+#define I8TILE512(R)                                                                                                  \
+    I8TILE(avx512, "avx512f,avx512bw,avx512vnni,avx2,fma", __m512, __m512i, 16, LOADI512, _mm512_set1_epi32, DOT512, \
+           _mm512_cvtepi32_ps, _mm512_loadu_ps, SET1PS512, _mm512_setzero_ps, _mm512_mul_ps, _mm512_add_ps,          \
+           _mm512_max_ps, _mm512_storeu_ps, _mm512_sub_epi32, _mm512_slli_epi32, R, 4)
+#define LOADI256(p) _mm256_loadu_si256((const __m256i *)(p))
+#define DOT256(acc, x, w) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x, w), _mm256_set1_epi16(1)))
+#define SET1PS256(v) _mm256_set1_ps(v)
+#define I8TILE256(R)                                                                                                  \
+    I8TILE(avx2, "avx2,fma", __m256, __m256i, 8, LOADI256, _mm256_set1_epi32, DOT256, _mm256_cvtepi32_ps,            \
+           _mm256_loadu_ps, SET1PS256, _mm256_setzero_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_max_ps,               \
+           _mm256_storeu_ps, _mm256_sub_epi32, _mm256_slli_epi32, R, 4)
+I8TILE512(1)
+I8TILE512(2)
+I8TILE512(3)
+I8TILE512(4)
+I8TILE512(5)
+I8TILE512(6)
+I8TILE256(1)
+I8TILE256(2)
+
+static const i8tile_fn I8TILES_AVX512[7] = {0, i8tile_avx512_1, i8tile_avx512_2, i8tile_avx512_3, i8tile_avx512_4,
+                                            i8tile_avx512_5, i8tile_avx512_6};
+static const i8tile_fn I8TILES_AVX2[3] = {0, i8tile_avx2_1, i8tile_avx2_2};
+
+/* quantize_rows' s and q of one row of K, as u = q + 64 into 4*K4 bytes (zero past K) */
+static inline __attribute__((always_inline)) void quantize_u8(const float *xr, int64_t K, int64_t K4, float levels,
+                                                               uint8_t *u, float *s) {
+    uint32_t mb = 0;
+    for (int64_t j = 0; j < K; j++) {
+        uint32_t bits;
+        memcpy(&bits, xr + j, sizeof bits);
+        bits &= 0x7fffffffu;
+        mb = bits > mb ? bits : mb;
+    }
+    float m;
+    memcpy(&m, &mb, sizeof m);
+    const float sr = (m > 1e-30f ? m : 1e-30f) / levels;
+    *s = sr;
+    for (int64_t j = 0; j < K; j++) u[j] = (uint8_t)((int)nearbyintf(xr[j] / sr) + 64);
+    for (int64_t j = K; j < 4 * K4; j++) u[j] = 0;
+}
+
+/* the rows in tiles of RF, then the last M % RF as one tile, over spans of 64 outputs (a block of W: every row tile
+ * runs over it while it is in the caches), the spans split over the OpenMP threads */
+#define I8LINEAR(NAME, TARGET, TILES, RF, WIDTH)                                                                      \
+    __attribute__((target(TARGET))) void NAME(const float *x, int64_t M, int64_t K, int64_t N, float levels,         \
+                                              const int8_t *wp, const int32_t *cs, const float *ws, const float *b,  \
+                                              const float *res, int64_t ldr, int relu, float *y, uint8_t *xq,        \
+                                              float *s) {                                                             \
+        const int64_t K4 = (K + 3) / 4, full = M / RF, spans = (N + 63) / 64;                                         \
+        const int rest = (int)(M % RF);                                                                               \
+        _Pragma("omp parallel if (M * N * K >= 8 * PARALLEL_MIN)") {                                                  \
+            _Pragma("omp for schedule(static)") for (int64_t r = 0; r < M; r++)                                       \
+                quantize_u8(x + r * K, K, K4, levels, xq + r * 4 * K4, s + r);                                        \
+            _Pragma("omp for schedule(static)") for (int64_t c = 0; c < spans; c++) {                                 \
+                const int64_t end = (c + 1) * 64 < N ? (c + 1) * 64 : N;                                              \
+                for (int64_t j0 = c * 64; j0 < end; j0 += WIDTH) {                                                    \
+                    const int nj = end - j0 < WIDTH ? (int)(end - j0) : WIDTH;                                        \
+                    for (int64_t t = 0; t <= full; t++) {                                                             \
+                        const int R = t < full ? RF : rest;                                                           \
+                        if (R)                                                                                        \
+                            TILES[R](xq + t * RF * 4 * K4, K4, wp, cs, ws, s + t * RF, b,                             \
+                                     res ? res + t * RF * ldr : 0, ldr, relu, y + t * RF * N, N, j0, nj);             \
+                    }                                                                                                 \
+                }                                                                                                     \
+            }                                                                                                         \
+        }                                                                                                             \
+    }
+I8LINEAR(linear_int8, "avx512f,avx512bw,avx512vnni,avx2,fma", I8TILES_AVX512, 6, 64)
+I8LINEAR(linear_int8_avx2, "avx2,fma", I8TILES_AVX2, 2, 32)
+
+/* which version of linear_int8 this CPU runs: 2 AVX-512 with VNNI (linear_int8), 1 AVX2 (linear_int8_avx2), 0 neither */
+int linear_int8_supported(void) {
+#if defined(__GNUC__) && defined(__x86_64__)
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") ? 2 : 1;
+#else
+    return 0;
+#endif
+}
+
 /* which version of linear_rows this CPU runs: 2 AVX-512 (F and FMA: linear_rows), 1 AVX2 and FMA
  * (linear_rows_avx2), 0 neither */
 int linear_rows_supported(void) {
