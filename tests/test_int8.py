@@ -326,3 +326,28 @@ def test_a_planted_library_is_never_loaded(monkeypatch, tmp_path):
     (cache / "tfcli").chmod(0o777)
     lib, caught = _build_fresh(monkeypatch, cache)
     assert lib is None and not marker.exists() and len(caught) == 1 and "not private" in caught[0]
+
+
+def test_rows_c_quantises_weights_as_the_torch_ops_do(monkeypatch):
+    """rows.c's quantize_weight: the scales and int8 weights of the torch ops it replaces, byte for byte (rows of
+    every range, an all-zero one, ties at .5 steps), and the same into rows.c's blocks as into plain rows."""
+    if native.library() is None:
+        pytest.skip("the row kernels could not be built here (no C compiler)")
+    torch.manual_seed(3)
+    w = torch.randn(150, 37) * torch.rand(150, 1) * 3
+    w[4] = 0
+    w[7, :3] = torch.tensor([127.0, 0.5, -1.5])  # (scale 1: ties round to even)
+    w[7, 3:] = 0
+    wq = torch.empty(150, 37, dtype=torch.int8)
+    packed = int8._Packed(150, 37) if native.int8_kernel() is not None else None
+    scale = int8.quantize_weight(w, wq, packed, rows=64)
+    monkeypatch.setattr(native, "library", lambda: None)
+    wq_ref = torch.empty(150, 37, dtype=torch.int8)
+    scale_ref = int8.quantize_weight(w, wq_ref, rows=64)
+    assert torch.equal(wq, wq_ref) and torch.equal(scale[:150], scale_ref) and wq[7, :3].tolist() == [127, 0, -2]
+    if packed is not None:
+        plain = torch.zeros(packed.wp.size(0) * 64, packed.K4 * 4, dtype=torch.int8)
+        plain[:150, :37] = wq_ref  # rows.c's blocks, read back as rows
+        assert torch.equal(packed.wp.transpose(1, 2).reshape(-1, packed.K4 * 4), plain)
+        assert torch.equal(packed.cs[:150], wq_ref.sum(dim=1, dtype=torch.int32)) and not packed.cs[150:].any()
+        assert not scale[150:].any()

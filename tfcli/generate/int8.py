@@ -25,7 +25,6 @@ import warnings
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from tfcli.checkpoint import paged
 from tfcli.device import cpu_has_amx, int8_engines
@@ -37,15 +36,30 @@ ONEDNN_MIN_ROWS = 32
 _EXACT_SUM = 2**24  # integers up to this are exact in float32
 
 
-def quantize_weight(w: torch.Tensor, rows: int = 4096):
-    """w's rows quantised, `rows` at a time: yields (first row, one scale per row (max |w| / 127), the block in int8
-    by those scales, rounded half to even), so that no full-size float temporary is made (a 256k-word output
-    layer's is 1 GB, which the heap then keeps: tfcli.runtime.keep_freed_memory) and a mapped checkpoint's pages
-    are given back block by block."""
-    for i in range(0, w.size(0), rows):
+def quantize_weight(w: torch.Tensor, wq: torch.Tensor | None = None, packed: "_Packed | None" = None,
+                    rows: int = 4096) -> torch.Tensor:
+    """One scale per output row of w (max |w| / 127, zero past w's rows where `packed` has more) and w in int8 by
+    those scales, rounded half to even, into `wq` (N x K) and/or `packed` (rows.c's blocks, which need rows.c).
+    rows.c's quantize_weight writes them in one pass with no temporaries (torch's ops made several the size of a
+    block, which the heap then keeps: tfcli.runtime.keep_freed_memory), the same bytes as the torch ops that run
+    without rows.c; `rows` at a time, so that a mapped checkpoint's pages are given back block by block."""
+    lib = native.library()
+    N, K = w.shape
+    scale = torch.zeros(len(packed.cs) if packed is not None else N)
+    for i in range(0, N, rows):
         with paged(w[i : i + rows]) as block:
-            scale = block.abs().amax(dim=1).clamp(min=1e-12) / 127
-            yield i, scale, torch.round(block / scale[:, None]).to(torch.int8)
+            n = len(block)
+            if lib is not None:
+                block = block.contiguous()
+                lib.quantize_weight(block.data_ptr(), n, K, K, None if wq is None else wq[i].data_ptr(),
+                                    None if packed is None else packed.wp[i // 64].data_ptr(),
+                                    None if packed is None else packed.cs[i].data_ptr(), scale[i].data_ptr())
+            elif packed is not None:
+                raise RuntimeError("rows.c's int8 blocks need rows.c (tfcli.generate.native.library)")
+            else:
+                scale[i : i + n] = block.abs().amax(dim=1).clamp(min=1e-12) / 127
+                wq[i : i + n] = torch.round(block / scale[i : i + n, None])
+    return scale
 
 
 def default_engines() -> tuple[str, ...]:
@@ -73,16 +87,9 @@ class Int8Linear:
             raise RuntimeError("int8: neither rows.c nor this torch build has int8 linear layers")
         if K * LEVELS * 127 >= _EXACT_SUM:  # engines could round the sum differently: one serves all
             engines = engines[-1:]
-        self.w_scale = torch.empty(-(-N // 64) * 64 if "rows" in engines else N)
         wq = torch.empty(N, K, dtype=torch.int8) if set(engines) - {"rows"} else None
         self.rows = _Packed(N, K) if "rows" in engines else None
-        for i, scale, block in quantize_weight(w):
-            self.w_scale[i : i + len(block)] = scale
-            if wq is not None:
-                wq[i : i + len(block)] = block
-            if self.rows is not None:
-                self.rows.add(i, block)
-        self.w_scale[N:] = 0
+        self.w_scale = quantize_weight(w, wq, self.rows)
         self.bias = None
         if module.bias is not None:
             self.bias = torch.zeros(len(self.w_scale))
@@ -130,13 +137,6 @@ class _Packed:
         self.kernel = native.int8_kernel()
         if self.kernel is None:
             raise RuntimeError("rows.c's int8 kernel does not run here (see tfcli.generate.native.int8_kernel)")
-
-    def add(self, i: int, block: torch.Tensor) -> None:
-        """Rows i.. of W (int8; i a multiple of 64)."""
-        n = len(block)
-        self.cs[i : i + n] = block.sum(dim=1, dtype=torch.int32)
-        block = F.pad(block, (0, self.K4 * 4 - self.K, 0, -n % 64))  # (a copy only where K % 4 or n % 64)
-        self.wp[i // 64 : i // 64 + len(block) // 64].copy_(block.view(-1, 64, self.K4, 4).transpose(1, 2))
 
     def __call__(self, x: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                  residual: torch.Tensor | None, relu: bool) -> torch.Tensor:

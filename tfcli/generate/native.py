@@ -222,8 +222,8 @@ _SOURCE = Path(__file__).with_name("rows.c")
 
 
 _SYMBOLS = ("quantize_rows", "dequantize_rows", "linear_rows", "linear_rows_avx2", "linear_rows_supported",
-            "linear_int8", "linear_int8_avx2", "linear_int8_supported", "attend_rows", "decode_layers",
-            "decode_layers_avx2", "best_next", "constrained_pick", "struct_layout")
+            "linear_int8", "linear_int8_avx2", "linear_int8_supported", "quantize_weight", "attend_rows",
+            "decode_layers", "decode_layers_avx2", "best_next", "constrained_pick", "struct_layout")
 
 
 class _Untrusted(OSError):
@@ -277,6 +277,8 @@ def library():
         linear.argtypes = [p, i64, i64, i64, ctypes.c_float, p, p, p, p, p, i64, ctypes.c_int, p, p, p]
         linear.restype = None
     lib.linear_int8_supported.argtypes, lib.linear_int8_supported.restype = [], ctypes.c_int
+    lib.quantize_weight.argtypes = [p, i64, i64, i64, p, p, p, p]
+    lib.quantize_weight.restype = None
     lib.attend_rows.argtypes = [p, i64, i64, i64, p, i64, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64,
                                 i64, i64, i64, i64, i64, i64, ctypes.c_float, p]
     lib.attend_rows.restype = None

@@ -796,6 +796,40 @@ static inline __attribute__((always_inline)) void quantize_u8(const float *xr, i
 I8LINEAR(linear_int8, "avx512f,avx512bw,avx512vnni,avx2,fma", I8TILES_AVX512, 6, 64)
 I8LINEAR(linear_int8_avx2, "avx2,fma", I8TILES_AVX2, 2, 32)
 
+/* W's rows quantised as tfcli.generate.int8.quantize_weight does (the same IEEE operations: the same bytes): for
+ * each of its N rows (row stride ldw), ws = max(max_k |w_k|, 1e-12) / 127 and q_k = round(w_k / ws), half to even;
+ * written as plain rows into wq (N x K) where it is not null, and into wp in linear_int8's blocks (the first row
+ * a multiple of 64 into the whole matrix; rows past N and inputs past K left as they are: zero) with cs, the sum
+ * of each row's q, where wp is not null. */
+CLONES void quantize_weight(const float *w, int64_t N, int64_t K, int64_t ldw, int8_t *wq, int8_t *wp, int32_t *cs,
+                            float *ws) {
+    const int64_t K4 = (K + 3) / 4;
+#pragma omp parallel for schedule(static) if (N * K >= PARALLEL_MIN)
+    for (int64_t j = 0; j < N; j++) {
+        const float *wr = w + j * ldw;
+        uint32_t mb = 0;
+        for (int64_t k = 0; k < K; k++) {
+            uint32_t bits;
+            memcpy(&bits, wr + k, sizeof bits);
+            bits &= 0x7fffffffu;
+            mb = bits > mb ? bits : mb;
+        }
+        float m;
+        memcpy(&m, &mb, sizeof m);
+        const float sj = (m > 1e-12f ? m : 1e-12f) / 127.0f;
+        ws[j] = sj;
+        int32_t sum = 0;
+        int8_t *row = wq ? wq + j * K : 0, *block = wp ? wp + j / 64 * 256 * K4 + j % 64 * 4 : 0;
+        for (int64_t k = 0; k < K; k++) {
+            const int8_t q = (int8_t)nearbyintf(wr[k] / sj);
+            sum += q;
+            if (row) row[k] = q;
+            if (block) block[k / 4 * 256 + k % 4] = q;
+        }
+        if (cs) cs[j] = sum;
+    }
+}
+
 /* which version of linear_int8 this CPU runs: 2 AVX-512 with VNNI (linear_int8), 1 AVX2 (linear_int8_avx2), 0 neither */
 int linear_int8_supported(void) {
 #if defined(__GNUC__) && defined(__x86_64__)
