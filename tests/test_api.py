@@ -219,3 +219,22 @@ def test_config_json_is_read_once_per_load(copier, counter, tmp_path, monkeypatc
         result = CliRunner().invoke(app, [str(a) for a in args])
         assert result.exit_code == 0, result.output
         assert len(reads) == 1, args
+
+
+def test_a_shared_tokenizer_file_is_parsed_once(tmp_path):
+    """Source and target tokenizer files of the same bytes give one Tokenizer for both sides; files that differ
+    (here: the same tokenizer written with another layout) are each loaded."""
+    import json
+
+    from helpers import save_random_translator
+    from tfcli.generate import loader
+
+    ckpt = save_random_translator(tmp_path, seed=0)
+    shared = loader.load(str(ckpt), torch.device("cpu"), "seq2seq")
+    assert shared.src_tok is shared.tgt_tok
+    src = ckpt / json.loads((ckpt / "config.json").read_text())["tokenizers"]["src"]
+    src.write_text(json.dumps(json.loads(src.read_text()), indent=1))
+    apart = loader.load(str(ckpt), torch.device("cpu"), "seq2seq")
+    assert apart.src_tok is not apart.tgt_tok
+    line = " ".join(WORDS[:5])
+    assert apart.src_tok.encode(line).ids == shared.src_tok.encode(line).ids

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import filecmp
 from dataclasses import dataclass
 
 import torch
@@ -45,12 +46,24 @@ def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32",
         hint = "tfcli lm-generate" if cfg.kind == "lm" else "tfcli translate"
         raise CheckpointError(f"{meta['dir']}: is a {cfg.kind} model, not {want}; use `{hint}`")
     model, meta = checkpoint.load(meta, device, mapped=True)
-    toks = {side: checkpoint.tokenizer(meta, side) for side in (("src", "tgt") if cfg.kind == "seq2seq" else ("tgt",))}
+    toks = {"tgt": checkpoint.tokenizer(meta, "tgt")}
+    if cfg.kind == "seq2seq":
+        toks["src"] = toks["tgt"] if _shared_tokenizer(meta) else checkpoint.tokenizer(meta, "src")
     if half is None:
         half = half_weights(device, dtype)
     decoding = copy.deepcopy(model).to(DTYPES[dtype]) if half else model
     steps = StepModel(decoding, pack=dtype == "fp32", int8=dtype == "int8")
     return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps, Languages(toks.get("src"), meta))
+
+
+def _shared_tokenizer(meta: dict) -> bool:
+    """Whether the source and target tokenizer files are the same bytes (a shared vocabulary: M2M-100, NLLB and
+    joint-vocabulary models), so that one Tokenizer serves both sides (parsing NLLB's is a fifth of a second)."""
+    src, tgt = (checkpoint_meta.tokenizer_path(meta, side) for side in ("src", "tgt"))
+    try:
+        return src is not None and tgt is not None and filecmp.cmp(src, tgt, shallow=False)
+    except OSError:
+        return False  # (checkpoint.tokenizer names the missing file)
 
 
 def load_ensemble(paths: list[str], device: torch.device, dtype: str = "fp32", half: bool | None = None) -> Loaded:
