@@ -238,3 +238,22 @@ def test_a_shared_tokenizer_file_is_parsed_once(tmp_path):
     assert apart.src_tok is not apart.tgt_tok
     line = " ".join(WORDS[:5])
     assert apart.src_tok.encode(line).ids == shared.src_tok.encode(line).ids
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_mapped_checkpoints_embedding_rows_read_from_the_file_translate_the_same(dtype, tmp_path, monkeypatch):
+    """Decoding looks up a large mapped embedding table by reading the file (tfcli.checkpoint.rows_reader): the
+    same translations as lookups in memory."""
+    from helpers import save_random_translator
+    from tfcli import checkpoint
+    from tfcli.generate import int8
+
+    if dtype == "int8" and not int8.default_engines():
+        pytest.skip("no int8 linear layers here")
+    ckpt = save_random_translator(tmp_path, seed=4)
+    lines = [" ".join(WORDS[i : i + 6]) for i in range(0, 30, 3)]
+    want = tfcli.load(str(ckpt), dtype=dtype).translate(lines, beam_size=3)
+    monkeypatch.setattr(checkpoint, "READ_ROWS_MIN", 0)
+    reading = tfcli.load(str(ckpt), dtype=dtype)
+    assert reading.loaded.steps.tok.__name__ == "read"  # (the file's rows, not the map's)
+    assert reading.translate(lines, beam_size=3) == want

@@ -485,3 +485,37 @@ def test_pages_of_a_mapped_checkpoint_are_given_back_and_written_ones_kept(tmp_p
     want = w.clone()
     want.view(-1)[10 * per_page + 5] = -1.0
     assert torch.equal(t, want)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pages read through Linux's pagemap")
+def test_rows_of_a_large_mapped_table_are_read_from_the_file(tmp_path, monkeypatch):
+    """`checkpoint.rows_reader` on a mapped table of at least READ_ROWS_MIN bytes: F.embedding's rows, read from the
+    file (none of the table's pages enter the process); an id out of range is an IndexError. A table this process
+    wrote to, or a smaller one, is looked up in memory (the write seen)."""
+    import mmap
+
+    from safetensors.torch import save_file
+
+    from tfcli import checkpoint
+
+    w = torch.randn(256, mmap.PAGESIZE // 4)  # a page a row
+    save_file({"w": w}, str(tmp_path / "w.safetensors"))
+    t = checkpoint.read_weights(tmp_path / "w.safetensors")["w"]
+
+    def present() -> np.ndarray:  # of each page of t
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(t.data_ptr() // mmap.PAGESIZE * 8)
+            return (np.frombuffer(f.read(len(t) * 8), dtype=np.uint64) >> np.uint64(63)).astype(bool)
+
+    monkeypatch.setattr(checkpoint, "READ_ROWS_MIN", t.numel() * 4)
+    rows = checkpoint.rows_reader(t)
+    ids = torch.tensor([[3, 200, 3], [0, 255, 17]])
+    assert torch.equal(rows(ids), torch.nn.functional.embedding(ids, w)) and rows(ids[:, :0]).shape == (2, 0, len(w[0]))
+    assert not present().any()
+    with pytest.raises(IndexError):
+        rows(torch.tensor([256]))
+    t[7, 5] = 1.0  # a page of this process's own
+    assert checkpoint.rows_reader(t)(torch.tensor([7]))[0, 5] == 1.0
+    monkeypatch.setattr(checkpoint, "READ_ROWS_MIN", t.numel() * 4 + 1)
+    assert torch.equal(checkpoint.rows_reader(t)(ids), torch.nn.functional.embedding(ids, t))
+    assert present()[[3, 200, 0, 255, 17]].all()

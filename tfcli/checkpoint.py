@@ -113,9 +113,16 @@ _INITIALISERS |= {torch.Tensor.normal_, torch.Tensor.uniform_}
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
            "BOOL": torch.bool}
-_MAPPED: "weakref.WeakValueDictionary[int, mmap.mmap]" = weakref.WeakValueDictionary()  # address -> live map
+_MAPPED: "weakref.WeakValueDictionary[int, _Map]" = weakref.WeakValueDictionary()  # address -> live map
 _LINUX = sys.platform.startswith("linux")
 _POPULATE_READ = 22  # madvise(2): fault the pages in, one call (Linux 5.14+)
+
+
+class _Map(mmap.mmap):
+    """A checkpoint file mapped copy-on-write, with a descriptor of the file kept open for `rows_reader`'s reads
+    (closed with the map)."""
+
+    fd: int
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -137,7 +144,9 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
             raise corrupt(f"unreadable header: {e}") from None
         if not isinstance(header, dict):
             raise corrupt("unreadable header")
-        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        m = _Map(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        m.fd = os.dup(f.fileno())
+        weakref.finalize(m, os.close, m.fd)
     data = torch.frombuffer(m, dtype=torch.uint8)
     _MAPPED[data.data_ptr()] = m
     out = {}
@@ -176,6 +185,64 @@ def paged(t: torch.Tensor):
             _give_back(*pages)
 
 
+READ_ROWS_MIN = 64 * 2**20  # tables smaller than this are looked up in the map (a few pages; no system calls)
+
+
+def rows_reader(table: torch.Tensor):
+    """ids -> table[ids] (`ids` of any shape, rows stacked after it), the same bytes as F.embedding. Where `table`
+    is a mapped checkpoint's (`load(mapped=True)`) of at least READ_ROWS_MIN bytes and this process has written to
+    none of its pages, the rows are read from the file (pread), so that a lookup never maps the file's pages: the
+    kernel maps a faulted page's neighbours with it, and NLLB's 1 GB embedding table held 700 MB of a process's
+    memory after 32 sentences. Decoding takes the table as it is when decoding is set up, as it copies every other
+    weight then. Elsewhere, a lookup in the tensor."""
+    nbytes = table.numel() * table.element_size()
+    base = table.untyped_storage().data_ptr() if table.device.type == "cpu" else None
+    m = _MAPPED.get(base) if _LINUX and base is not None else None
+    if m is None or table.dim() != 2 or not table.is_contiguous() or nbytes < READ_ROWS_MIN:
+        return lambda ids: torch.nn.functional.embedding(ids, table)
+    V, d = table.shape
+    size, start = d * table.element_size(), table.data_ptr() - base
+    page = mmap.PAGESIZE
+    if _written(base, start // page * page, -(-(start + nbytes) // page) * page):
+        return lambda ids: torch.nn.functional.embedding(ids, table)
+
+    def read(ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).tolist()
+        out = torch.empty(len(flat), d, dtype=table.dtype)
+        view = memoryview(out.numpy()).cast("B") if len(flat) else None
+        for i, row in enumerate(flat):
+            if not 0 <= row < V:
+                raise IndexError(f"index {row} is out of range for an embedding table of {V} rows")
+            if os.preadv(m.fd, [view[i * size : (i + 1) * size]], start + row * size) != size:
+                raise CheckpointError("a mapped checkpoint file was cut short while in use")
+        return out.view(*ids.shape, d)
+
+    return read
+
+
+def _written(base: int, first: int, last: int) -> bool:
+    """Whether this process wrote to any page in [first, last) of the map at `base` (/proc/self/pagemap: present
+    and not the file's, or swapped out), or cannot tell."""
+    flags = _page_flags(base, first, last)
+    if flags is None:
+        return True
+    one = np.uint64(1)
+    anon = (flags >> np.uint64(63)) & ~(flags >> np.uint64(61)) & one
+    return bool((anon | (flags >> np.uint64(62)) & one).any())
+
+
+def _page_flags(base: int, first: int, last: int):
+    """/proc/self/pagemap's entries for the pages in [first, last) of the map at `base`, or None."""
+    n = (last - first) // mmap.PAGESIZE
+    try:
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek((base + first) // mmap.PAGESIZE * 8)
+            flags = np.frombuffer(f.read(n * 8), dtype=np.uint64)
+    except OSError:
+        return None
+    return flags if len(flags) == n else None
+
+
 def _pages(t: torch.Tensor):
     """(map, its address, first, last): the whole pages of `t` within the mapped checkpoint it is a view of (offsets
     in the map), or None."""
@@ -192,14 +259,8 @@ def _pages(t: torch.Tensor):
 def _give_back(m: mmap.mmap, base: int, first: int, last: int) -> None:
     """Unmap the pages in [first, last) of `m` (at address `base`) that are still the file's (/proc/self/pagemap:
     present and file-backed); MADV_DONTNEED on a page this process wrote to would drop what it wrote."""
-    n = (last - first) // mmap.PAGESIZE
-    try:
-        with open("/proc/self/pagemap", "rb") as f:
-            f.seek((base + first) // mmap.PAGESIZE * 8)
-            flags = np.frombuffer(f.read(n * 8), dtype=np.uint64)
-    except OSError:
-        return
-    if len(flags) != n:
+    flags = _page_flags(base, first, last)
+    if flags is None:
         return
     ours = ((flags >> np.uint64(63)) & (flags >> np.uint64(61)) & np.uint64(1)).astype(np.int8)
     edges = np.flatnonzero(np.diff(np.concatenate(([0], ours, [0]))))  # starts and ends of runs of file pages

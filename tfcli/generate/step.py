@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tfcli.checkpoint import paged
+from tfcli.checkpoint import paged, rows_reader
 from tfcli.generate import backend, native
 from tfcli.generate.int8 import Int8Linear
 from tfcli.generate.schedule import StepGraph
@@ -80,6 +80,7 @@ class StepModel:
         self.attend_rows = native.attention_kernel() if plan.attention == "c" else None
         decoder = parts.decoder
         self.embed, self.rope = decoder.embed, decoder.rope
+        self.tok = rows_reader(decoder.embed.tok.weight)  # (lookups that map none of a checkpoint file's pages)
         self.layers = [_Layer(layer, plan.linear) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
         self.lm_head = _linear(parts.lm_head, plan.linear)
@@ -93,6 +94,8 @@ class StepModel:
         self.encoder_layers = None  # the model's own encoder
         if self.encoder is not None and plan.encoder != "model":
             self.encoder_layers = [_Layer(layer, plan.encoder) for layer in self.encoder.layers]
+            table = self.encoder.embed.tok.weight
+            self.src_tok = self.tok if table is decoder.embed.tok.weight else rows_reader(table)
             self.encoder_norm = _norm(self.encoder.norm)
         self._workspace: torch.Tensor | None = None
 
@@ -108,7 +111,7 @@ class StepModel:
         mask = self.model.src_mask(src)
         n, S = src.shape
         D, H, H_kv, dh = self.cfg.d_model, self.cfg.n_head, self.cfg.kv_heads, self.cfg.d_head
-        x = self.encoder.embed(src, torch.arange(S, device=src.device), S).reshape(n * S, -1)
+        x = self.encoder.embed(src, torch.arange(S, device=src.device), S, self.src_tok(src)).reshape(n * S, -1)
         real = _real_rows(mask)  # the rows the linear layers and norms run on: the real tokens'
         if real is not None:
             x = x[real]
@@ -309,7 +312,7 @@ class IncrementalDecoder:
 
     def _embed(self, tok: torch.Tensor, pos) -> torch.Tensor:
         embed = self.sm.embed
-        return torch.add(self.positions[pos], embed.tok(tok), alpha=embed.scale)
+        return torch.add(self.positions[pos], self.sm.tok(tok), alpha=embed.scale)
 
     def _layers(self, x, start, r: int, L: int, self_bias, pos, last_only: bool = False) -> torch.Tensor:
         """x: (n*r, d_model), r new positions (or beams) per row written from slot `start` (an int, or a (r,) tensor

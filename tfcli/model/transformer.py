@@ -33,9 +33,11 @@ class Embeddings(nn.Module):
             self.pos = None
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, end: int | None = None) -> torch.Tensor:
-        """`end`: the largest position + 1 if the caller knows it (no read from the GPU; see positional.py)."""
-        x = self.tok(ids) * self.scale
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, end: int | None = None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`end`: the largest position + 1 if the caller knows it (no read from the GPU; see positional.py). `rows`:
+        tok(ids), looked up by the caller (decoding reads a mapped checkpoint's table from the file)."""
+        x = (self.tok(ids) if rows is None else rows) * self.scale
         if self.pos is not None:
             x = x + self.pos(pos, end)
         return self.dropout(x)
