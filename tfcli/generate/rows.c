@@ -730,7 +730,16 @@ static inline __attribute__((always_inline, target("avx512f,avx512vnni"))) __m51
            _mm512_cvtepi32_ps, _mm512_loadu_ps, SET1PS512, _mm512_setzero_ps, _mm512_mul_ps, _mm512_add_ps,          \
            _mm512_max_ps, _mm512_storeu_ps, _mm512_sub_epi32, _mm512_slli_epi32, R, 4)
 #define LOADI256(p) _mm256_loadu_si256((const __m256i *)(p))
-#define DOT256(acc, x, w) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x, w), _mm256_set1_epi16(1)))
+/* acc + the sums of four u8 x s8 products (pairs in 16 bits, then pairs of those in 32), in inline assembly, as
+ * dot512 */
+static inline __attribute__((always_inline, target("avx2"))) __m256i dot256(__m256i acc, __m256i x, __m256i w) {
+    __m256i t;
+    __asm__("vpmaddubsw %3, %2, %1\n\tvpmaddwd %4, %1, %1\n\tvpaddd %1, %0, %0"
+            : "+x"(acc), "=&x"(t)
+            : "x"(x), "x"(w), "x"(_mm256_set1_epi16(1)));
+    return acc;
+}
+#define DOT256(acc, x, w) dot256(acc, x, w)
 #define SET1PS256(v) _mm256_set1_ps(v)
 #define I8TILE256(R)                                                                                                  \
     I8TILE(avx2, "avx2,fma", __m256, __m256i, 8, LOADI256, _mm256_set1_epi32, DOT256, _mm256_cvtepi32_ps,            \
