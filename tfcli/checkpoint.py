@@ -196,10 +196,10 @@ def rows_reader(table: torch.Tensor):
     memory after 32 sentences. Decoding takes the table as it is when decoding is set up, as it copies every other
     weight then. Elsewhere, a lookup in the tensor."""
     nbytes = table.numel() * table.element_size()
-    base = table.untyped_storage().data_ptr() if table.device.type == "cpu" else None
-    m = _MAPPED.get(base) if _LINUX and base is not None else None
-    if m is None or table.dim() != 2 or not table.is_contiguous() or nbytes < READ_ROWS_MIN:
+    pages = _pages(table) if _LINUX and table.dim() == 2 and nbytes >= READ_ROWS_MIN else None
+    if pages is None:
         return lambda ids: torch.nn.functional.embedding(ids, table)
+    m, base = pages[:2]
     V, d = table.shape
     size, start = d * table.element_size(), table.data_ptr() - base
     page = mmap.PAGESIZE

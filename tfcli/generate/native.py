@@ -131,14 +131,7 @@ def fp32_kernel():
     runs: no C library (no compiler), a CPU without AVX2 and FMA, or torch's own CPU kernels held to plain x86-64
     (ATEN_CPU_CAPABILITY=default; held to avx2, the AVX2 version runs, as on a CPU without AVX-512)."""
     lib = library()
-    if lib is None:
-        return None
-    level, capability = lib.linear_rows_supported(), torch.backends.cpu.get_cpu_capability()
-    if level == 2 and capability == "AVX512":
-        return lib.linear_rows
-    if level >= 1 and capability in ("AVX2", "AVX512"):
-        return lib.linear_rows_avx2
-    return None
+    return None if lib is None else _version(lib.linear_rows_supported(), lib.linear_rows, lib.linear_rows_avx2)
 
 
 def int8_kernel():
@@ -146,13 +139,17 @@ def int8_kernel():
     neither runs (as `fp32_kernel`: no library, no AVX2, or torch's kernels held to plain x86-64; AVX-512 VNNI only
     where torch's run AVX-512)."""
     lib = library()
-    if lib is None:
-        return None
-    level, capability = lib.linear_int8_supported(), torch.backends.cpu.get_cpu_capability()
+    return None if lib is None else _version(lib.linear_int8_supported(), lib.linear_int8, lib.linear_int8_avx2)
+
+
+def _version(level: int, avx512, avx2):
+    """Of a kernel's two versions, the one this CPU runs (`level`: rows.c's answer, 2 AVX-512, 1 AVX2, 0 neither)
+    within what torch's own CPU kernels are held to (ATEN_CPU_CAPABILITY), or None."""
+    capability = torch.backends.cpu.get_cpu_capability()
     if level == 2 and capability == "AVX512":
-        return lib.linear_int8
+        return avx512
     if level >= 1 and capability in ("AVX2", "AVX512"):
-        return lib.linear_int8_avx2
+        return avx2
     return None
 
 

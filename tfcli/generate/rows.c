@@ -24,6 +24,21 @@
 #define CLONES
 #endif
 
+/* max_j |x[j]| over n floats: for floats without their sign bit, the order of the values is that of the bits as
+ * unsigned integers, and an integer max vectorises (a float max does not without -ffast-math) */
+static inline __attribute__((always_inline)) float absmax(const float *x, int64_t n) {
+    uint32_t mb = 0;
+    for (int64_t j = 0; j < n; j++) {
+        uint32_t b;
+        memcpy(&b, x + j, sizeof b);
+        b &= 0x7fffffffu;
+        mb = b > mb ? b : mb;
+    }
+    float m;
+    memcpy(&m, &mb, sizeof m);
+    return m;
+}
+
 /* x (rows x cols, row stride ld) -> s[r] = max(max_j |x[r, j]|, 1e-30) / levels and q[r, j] = round(x[r, j] / s[r])
  * (half to even), |q| <= levels: as int8 into q8 when it is not null, else as float into qf. */
 CLONES void quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld, float levels, int8_t *q8,
@@ -31,17 +46,7 @@ CLONES void quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld
 #pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * ld;
-        /* max |x|: for floats without their sign bit, the order of the values is that of the bits as unsigned
-         * integers, and an integer max vectorises (a float max does not without -ffast-math) */
-        uint32_t mb = 0;
-        for (int64_t j = 0; j < cols; j++) {
-            uint32_t b;
-            memcpy(&b, xr + j, sizeof b);
-            b &= 0x7fffffffu;
-            mb = b > mb ? b : mb;
-        }
-        float m;
-        memcpy(&m, &mb, sizeof m);
+        const float m = absmax(xr, cols);
         float sr = (m > 1e-30f ? m : 1e-30f) / levels;
         s[r] = sr;
         if (q8) {
@@ -85,6 +90,30 @@ CLONES void dequantize_rows(float *y, int64_t rows, int64_t cols, const float *s
  * over them; the last M % 8 (or M % 3) rows are one tile as wide as the accumulators allow, so that a step's few
  * rows still have enough independent chains to fill the FMA units. The tiles are split over the OpenMP threads,
  * column units outer. The accumulators are read at constant indices only (else GCC keeps them on the stack). */
+/* A tile's results src[R][V] (vectors of LANES floats) into y: + res, then max(., 0) when relu; a tile of fewer
+ * than LANES * V outputs (nj) through a buffer */
+#define TILE_STORE(VEC, LANES, LOAD, ZERO, ADD, MAX, STORE, R, V, src)                                                \
+    if (nj == LANES * V) { /* the whole tile: the residual and the ReLU on the registers */                          \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                            \
+            _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) {                                                      \
+                VEC a = src[r][v];                                                                                     \
+                if (res) a = ADD(a, LOAD(res + r * ldr + j0 + LANES * v));                                             \
+                if (relu) a = MAX(a, ZERO()); /* (max(x, +0) is +0 at -0 and NaN, as x > 0 ? x : 0) */                 \
+                STORE(y + r * ldy + j0 + LANES * v, a);                                                                \
+            }                                                                                                          \
+        return;                                                                                                        \
+    }                                                                                                                  \
+    float out[R][LANES * V];                                                                                           \
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                                \
+        _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) STORE(out[r] + LANES * v, src[r][v]);                      \
+    for (int r = 0; r < R; r++) {                                                                                      \
+        if (res)                                                                                                       \
+            for (int j = 0; j < nj; j++) out[r][j] = out[r][j] + res[r * ldr + j0 + j];                                \
+        if (relu)                                                                                                      \
+            for (int j = 0; j < nj; j++) out[r][j] = out[r][j] > 0.0f ? out[r][j] : 0.0f;                              \
+        memcpy(y + r * ldy + j0, out[r], sizeof(float) * nj);                                                          \
+    }
+
 typedef void (*tile_fn)(const float *, int64_t, const float *, const float *, const float *, int64_t, int, float *,
                         int64_t, int64_t, int);
 
@@ -108,26 +137,7 @@ typedef void (*tile_fn)(const float *, int64_t, const float *, const float *, co
                 _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) acc[r][v] = FMA(xv, wv[v], acc[r][v]);             \
             }                                                                                                          \
         }                                                                                                              \
-        if (nj == LANES * V) { /* the whole tile: the residual and the ReLU on the registers */                      \
-            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                        \
-                _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) {                                                  \
-                    VEC a = acc[r][v];                                                                                 \
-                    if (res) a = ADD(a, LOAD(res + r * ldr + j0 + LANES * v));                                         \
-                    if (relu) a = MAX(a, ZERO()); /* (max(x, +0) is +0 at -0 and NaN, as x > 0 ? x : 0) */             \
-                    STORE(y + r * ldy + j0 + LANES * v, a);                                                            \
-                }                                                                                                      \
-            return;                                                                                                    \
-        }                                                                                                              \
-        float out[R][LANES * V];                                                                                       \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                            \
-            _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) STORE(out[r] + LANES * v, acc[r][v]);                  \
-        for (int r = 0; r < R; r++) {                                                                                  \
-            if (res)                                                                                                   \
-                for (int j = 0; j < nj; j++) out[r][j] = out[r][j] + res[r * ldr + j0 + j];                            \
-            if (relu)                                                                                                  \
-                for (int j = 0; j < nj; j++) out[r][j] = out[r][j] > 0.0f ? out[r][j] : 0.0f;                          \
-            memcpy(y + r * ldy + j0, out[r], sizeof(float) * nj);                                                      \
-        }                                                                                                              \
+        TILE_STORE(VEC, LANES, LOAD, ZERO, ADD, MAX, STORE, R, V, acc);                                              \
     }
 #define TILE512(R, V)                                                                                                  \
     TILE(avx512, "avx512f,avx2,fma", __m512, 16, _mm512_loadu_ps, _mm512_setzero_ps, _mm512_set1_ps_from,            \
@@ -694,26 +704,7 @@ typedef void (*i8tile_fn)(const uint8_t *, int64_t, const int8_t *, const int32_
                 if (b) f[r][v] = ADD(f[r][v], LOAD(b + j));                                                           \
             }                                                                                                         \
         }                                                                                                             \
-        if (nj == LANES * V) { /* the whole tile: the residual and the ReLU on the registers */                      \
-            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                       \
-                _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) {                                                 \
-                    VEC a = f[r][v];                                                                                  \
-                    if (res) a = ADD(a, LOAD(res + r * ldr + j0 + LANES * v));                                        \
-                    if (relu) a = MAX(a, ZERO()); /* (+0 at -0 and NaN, as x > 0 ? x : 0) */                        \
-                    STORE(y + r * ldy + j0 + LANES * v, a);                                                           \
-                }                                                                                                     \
-            return;                                                                                                   \
-        }                                                                                                             \
-        float out[R][LANES * V];                                                                                      \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                           \
-            _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) STORE(out[r] + LANES * v, f[r][v]);                   \
-        for (int r = 0; r < R; r++) {                                                                                 \
-            if (res)                                                                                                  \
-                for (int j = 0; j < nj; j++) out[r][j] = out[r][j] + res[r * ldr + j0 + j];                           \
-            if (relu)                                                                                                 \
-                for (int j = 0; j < nj; j++) out[r][j] = out[r][j] > 0.0f ? out[r][j] : 0.0f;                         \
-            memcpy(y + r * ldy + j0, out[r], sizeof(float) * nj);                                                     \
-        }                                                                                                             \
+        TILE_STORE(VEC, LANES, LOAD, ZERO, ADD, MAX, STORE, R, V, f);                                                \
     }
 #define LOADI512(p) _mm512_loadu_si512((const void *)(p))
 /* acc + the sums of four u8 x s8 products (vpdpbusd), in inline assembly: GCC's intrinsic copies and spills the
@@ -761,15 +752,7 @@ static const i8tile_fn I8TILES_AVX2[3] = {0, i8tile_avx2_1, i8tile_avx2_2};
 /* quantize_rows' s and q of one row of K, as u = q + 64 into 4*K4 bytes (zero past K) */
 static inline __attribute__((always_inline)) void quantize_u8(const float *xr, int64_t K, int64_t K4, float levels,
                                                                uint8_t *u, float *s) {
-    uint32_t mb = 0;
-    for (int64_t j = 0; j < K; j++) {
-        uint32_t bits;
-        memcpy(&bits, xr + j, sizeof bits);
-        bits &= 0x7fffffffu;
-        mb = bits > mb ? bits : mb;
-    }
-    float m;
-    memcpy(&m, &mb, sizeof m);
+    const float m = absmax(xr, K);
     const float sr = (m > 1e-30f ? m : 1e-30f) / levels;
     *s = sr;
     for (int64_t j = 0; j < K; j++) u[j] = (uint8_t)((int)nearbyintf(xr[j] / sr) + 64);
@@ -816,15 +799,7 @@ CLONES void quantize_weight(const float *w, int64_t N, int64_t K, int64_t ldw, i
 #pragma omp parallel for schedule(static) if (N * K >= PARALLEL_MIN)
     for (int64_t j = 0; j < N; j++) {
         const float *wr = w + j * ldw;
-        uint32_t mb = 0;
-        for (int64_t k = 0; k < K; k++) {
-            uint32_t bits;
-            memcpy(&bits, wr + k, sizeof bits);
-            bits &= 0x7fffffffu;
-            mb = bits > mb ? bits : mb;
-        }
-        float m;
-        memcpy(&m, &mb, sizeof m);
+        const float m = absmax(wr, K);
         const float sj = (m > 1e-12f ? m : 1e-12f) / 127.0f;
         ws[j] = sj;
         int32_t sum = 0;
