@@ -63,6 +63,24 @@ def test_top_k_keeps_the_k_most_likely():
     torch.testing.assert_close(top_k_filter(logits, 3)[0, [1, 3, 4]], logits[0, [1, 3, 4]])  # untouched
 
 
+@pytest.mark.parametrize("k", [1, 7, 40, 64, 65])
+def test_top_k_filter_is_torchs_topk_exactly(k):
+    """The filter (rows.c's best_next where it runs, torch's topk past k = 64) keeps exactly what torch's topk
+    k-th value keeps: rows of random logits with ties, -inf, fewer than k finite values, odd widths."""
+    g = torch.Generator().manual_seed(k)
+    logits = torch.randn(6, 8003, generator=g)
+    logits[1] = (logits[1] * 4).round()  # many ties, the k-th among them
+    logits[2, ::3] = NEG
+    logits[3, 5:] = NEG  # five finite values: the k-th is -inf where k > 5
+    logits[4, 100] = float("inf")
+    logits[5] = 0.0
+    expected = logits.masked_fill(logits < logits.topk(k, dim=-1).values[:, -1:], NEG)
+    before = logits.clone()
+    assert torch.equal(top_k_filter(logits, k), expected)
+    assert torch.equal(logits, before)  # the input untouched
+    assert torch.equal(top_k_filter(logits.t().contiguous().t(), k), expected)  # not contiguous: torch's topk
+
+
 def test_top_p_keeps_the_smallest_nucleus():
     logits = logits_of([0.05, 0.5, 0.15, 0.3])  # sorted: 0.5 (1), 0.3 (3), 0.15 (2), 0.05 (0)
     assert kept(top_p_filter(logits, 0.4)) == [1]

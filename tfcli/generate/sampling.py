@@ -15,22 +15,30 @@ from dataclasses import dataclass
 import torch
 
 from tfcli.device import never_chosen
+from tfcli.generate import native
+from tfcli.torch_compat import is_compiling
 
 NEG_INF = float("-inf")
+_NO_IDS = torch.empty(0, dtype=torch.long)  # (best_next's banned ids: none)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(z / T): T < 1 sharpens the distribution, T > 1 flattens it."""
     if temperature <= 0:
         raise ValueError("temperature must be positive (use greedy decoding for T -> 0)")
-    return logits / temperature
+    return logits if temperature == 1.0 else logits / temperature  # (x / 1 is x, bit for bit)
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the k highest logits per row (and any tied with the k-th), set the rest to -inf. k <= 0: no filter."""
+    """Keep the k highest logits per row (and any tied with the k-th), set the rest to -inf. k <= 0: no filter.
+    On the CPU the k-th value comes from rows.c's best_next where it runs (one pass over a row; the same value as
+    torch's topk for rows without NaN)."""
     if k <= 0 or k >= logits.size(-1):
         return logits
-    kth = logits.topk(k, dim=-1).values[..., -1:]
+    best = None
+    if logits.device.type == "cpu" and logits.dim() == 2 and not is_compiling():
+        best = native.best_next(logits, _NO_IDS, None, 0, k, normalise=False)
+    kth = (best[0] if best is not None else logits.topk(k, dim=-1).values)[..., -1:]
     return logits.masked_fill(logits < kth, NEG_INF)
 
 
