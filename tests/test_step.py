@@ -562,7 +562,7 @@ def test_decoder_steps_on_the_row_kernel_and_on_onednn_match_the_full_forward(no
 def test_the_attention_kernel_is_softmax_attention_at_every_head_size_and_length(dh, layout):
     """rows.c's attend_rows against softmax attention in float64, for head sizes that fill its registers or not and
     slot counts around its blocks of 8 and 32, keys by slot (the decoder's own) or transposed (the source's), slots
-    masked with -inf; a row's output the same bits alone as in a batch of three."""
+    masked with -inf (what they hold never read); a row's output the same bits alone as in a batch of three."""
     from tfcli.generate import native
     from tfcli.generate.step import _attend_rows
 
@@ -580,13 +580,19 @@ def test_the_attention_kernel_is_softmax_attention_at_every_head_size_and_length
         k = keys.contiguous() if layout == "by slot" else keys.transpose(2, 3).contiguous()
         k_strides = (k.stride(0), k.stride(1), *((k.stride(2), 1) if layout == "by slot" else (1, k.stride(2))))
 
-        def attend(rows):
+        def attend(rows, k=k, values=values):
             kr, vr, br = k[rows].contiguous(), values[rows].contiguous(), bias[rows].contiguous()
             strides = (kr.stride(0), kr.stride(1), *k_strides[2:])
             return _attend_rows(kernel, q[rows].contiguous(), kr, strides, vr, vr.stride()[:3], br, br.stride()[:3],
                                 H_kv, L, dh**-0.5)
 
         y = attend(slice(None))
+        # the padded row's masked slots are never read: their values in both layouts, their keys by slot
+        unread_k, unread_v = k.clone(), values.clone()
+        unread_v[1, :, L // 2 + 1:] = float("nan")
+        if layout == "by slot":
+            unread_k[1, :, L // 2 + 1:] = float("nan")
+        assert torch.equal(attend(slice(None), unread_k, unread_v), y)
         qh = q.double().view(n, r, H_kv, G, dh)
         scores = torch.einsum("nrhgd,nhsd->nhgrs", qh, keys.double()) * dh**-0.5 + bias.double()[:, :, None]
         ref = torch.einsum("nhgrs,nhsd->nrhgd", scores.softmax(-1), values.double()).reshape(n * r, -1)

@@ -284,15 +284,16 @@ static inline __attribute__((always_inline, target("avx2,fma"))) __m256 exp8(__m
     return _mm256_andnot_ps(zero, _mm256_mul_ps(q, _mm256_castsi256_ps(e)));
 }
 
-/* the dot products of q (dh) with nb <= 8 keys k + l*ks, each as eight lanes of fmaf chains over d summed by sum8;
- * lane l holds key l's (0 past nb) */
-static inline __attribute__((always_inline, target("avx2,fma"))) __m256 dots_by_slot(const float *q, const float *k,
-                                                                                     int64_t ks, int64_t dh, int nb) {
+/* the dot products of q (dh) with nb <= 8 keys k + at[l]*ks, each as eight lanes of fmaf chains over d summed by
+ * sum8x8; lane l holds key at[l]'s (0 past nb): a key's result is the same in any lane, beside any other keys */
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 dots_at(const float *q, const float *k,
+                                                                                int64_t ks, const int64_t *at,
+                                                                                int64_t dh, int nb) {
     __m256 lanes[8];
     for (int l = 0; l < 8; l++) lanes[l] = _mm256_setzero_ps();
     for (int64_t d0 = 0; d0 < dh; d0 += 8) {
         const __m256 qd = _mm256_loadu_ps(q + d0);
-        for (int l = 0; l < nb; l++) lanes[l] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + l * ks + d0), lanes[l]);
+        for (int l = 0; l < nb; l++) lanes[l] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + at[l] * ks + d0), lanes[l]);
     }
     return sum8x8(lanes);
 }
@@ -360,13 +361,21 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
         const float *kh_ = k + i * kn + h * kh, *vh_ = v + i * vn + h * vh;
         const float *bs = bias + i * bn + h * bh + j * bj;
         float p[Lp > 0 ? Lp : 8];
-        if (ks != 1) /* by slot: each slot's eight lanes of fmaf chains over d, then sum8 */
-            for (int64_t s0 = 0; s0 < L; s0 += 8) {
-                const int nb = L - s0 < 8 ? (int)(L - s0) : 8;
-                _mm256_storeu_ps(p + s0, nb == 8 ? dots_by_slot(qv, kh_ + s0 * ks, ks, dh, 8)
-                                                 : dots_by_slot(qv, kh_ + s0 * ks, ks, dh, nb));
+        if (ks != 1) { /* by slot: each slot's eight lanes of fmaf chains over d, then sum8; the keys of slots under
+                        * bias -inf (another beam's, padding) are not read: their p_s is -inf whatever the product */
+            int64_t seen[Lp > 0 ? Lp : 8], ns = 0;
+            for (int64_t s = 0; s < L; s++) {
+                p[s] = -INFINITY;
+                if (bs[s] != -INFINITY) seen[ns++] = s;
             }
-        else /* transposed: one fmaf chain over d a slot */
+            for (int64_t i0 = 0; i0 < ns; i0 += 8) {
+                const int nb = ns - i0 < 8 ? (int)(ns - i0) : 8;
+                float dots[8];
+                _mm256_storeu_ps(dots, nb == 8 ? dots_at(qv, kh_, ks, seen + i0, dh, 8)
+                                               : dots_at(qv, kh_, ks, seen + i0, dh, nb));
+                for (int l = 0; l < nb; l++) p[seen[i0 + l]] = dots[l];
+            }
+        } else /* transposed: one fmaf chain over d a slot */
             for (int64_t s0 = 0; s0 < L; s0 += 64) dots_transposed(qv, kh_ + s0, kd, dh, L - s0, p + s0);
         for (int64_t s = 0; s < L; s++) p[s] = alpha * p[s] + bs[s];
         for (int64_t s = L; s < Lp; s++) p[s] = -INFINITY;
