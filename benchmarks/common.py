@@ -43,6 +43,60 @@ def cpu_name() -> str:
     return f"{model} ({isa})" if isa else model
 
 
+_FMA_LOOP = r"""
+#include <immintrin.h>
+#include <stdio.h>
+#include <time.h>
+#ifdef __AVX512F__
+typedef __m512 vec;
+#define SET1 _mm512_set1_ps
+#define FMA _mm512_fmadd_ps
+#define LANES 16
+#else
+typedef __m256 vec;
+#define SET1 _mm256_set1_ps
+#define FMA _mm256_fmadd_ps
+#define LANES 8
+#endif
+int main(void) {
+    vec a[12], b = SET1(0.999999f), c = SET1(1e-7f);
+    for (int i = 0; i < 12; i++) a[i] = SET1((float)i);
+    const long n = 200000000;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long k = 0; k < n; k++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = FMA(a[i], b, c); /* twelve independent chains in registers */
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    float sink = 0;
+    for (int i = 0; i < 12; i++) sink += ((float *)&a[i])[0];
+    printf("%f %f\n", n * 12.0 * LANES * 2 / ((t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec)) / 1e9, sink);
+    return 0;
+}
+"""
+
+
+def fma_peak_gflops(threads: int) -> float | None:
+    """This CPU's fp32 multiply-add peak in GFLOP/s over `threads` cores, measured: a loop of independent FMAs of its
+    widest vectors (AVX-512, else AVX2), compiled here with the system's C compiler and run in `threads` processes
+    at once (their rates summed). No fp32 program multiplies faster on this machine. None without a compiler."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = Path(tmp) / "fma.c", Path(tmp) / "fma"
+        src.write_text(_FMA_LOOP)
+        if subprocess.run([cc, "-O2", "-march=native", "-o", str(exe), str(src)], capture_output=True).returncode:
+            return None
+        runs = [subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True) for _ in range(threads)]
+        return sum(float(r.communicate()[0].split()[0]) for r in runs)
+
+
 def trained_precision(run: Path) -> str | None:
     """fp32, bf16 or fp16: what a `tfcli train` run trained in, from its log's first lines (the config's `auto` or
     `native-bf16` resolves by the machine)."""

@@ -28,7 +28,9 @@ int8 users do: a quarter of the bytes to read and hold), tfcli's the same fp32 c
 With --shape, (1) also reports each system's time from a command's start to its first output line (load and one
 sentence at the beam size; best of --repeats fresh processes) and that process's peak memory (GNU time's maximum
 RSS): `tfcli translate` as a user runs it (stdin to stdout), CTranslate2 as a Python script that imports
-ctranslate2 alone (its users need no torch).
+ctranslate2 alone (its users need no torch), and Python importing torch alone (no program on torch prints sooner).
+(1) also reports the fp32 arithmetic floor of each run: the linear layers' least multiply-adds at this CPU's FMA
+peak, measured in the same run (common.fma_peak_gflops), against HF's and tfcli's times.
 
 Each measurement is repeated (--repeats), systems interleaved, and the best time is kept (the machine may be
 shared). Results: benchmarks/results/translate_speed.{json,md}.
@@ -48,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import SHARED_DATA, Isolated, cpu_name, export_peers, write_results
+from common import SHARED_DATA, Isolated, cpu_name, export_peers, fma_peak_gflops, write_results
 from tfcli.data import pad, source_ids
 from tfcli.errors import TfcliError
 from tfcli.model import build_model, preset
@@ -221,7 +223,8 @@ def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, arg
     tfcli = [sys.executable, "-m", "tfcli", "translate", "-m", str(ckpt), "-b", b, "--len-penalty", "0",
              "--max-len-a", "0", "--max-len-b", L, "--min-len", L, "--raw", "--threads", threads, "-q"]
     ct2 = [sys.executable, "-c", _CT2_FIRST_LINE]
-    cmds = {"tfcli": tfcli, "ct2": ct2 + [str(ct2_dir), "float32", threads, b, L, line]}
+    cmds = {"tfcli": tfcli, "ct2": ct2 + [str(ct2_dir), "float32", threads, b, L, line],
+            "import_torch": [sys.executable, "-c", "import sys, torch; print(sys.stdin.readline().strip(), flush=True)"]}
     if int8_dir is not None:
         cmds |= {"tfcli_int8": tfcli + ["--dtype", "int8"], "ct2_int8": ct2 + [str(int8_dir), "int8", threads, b, L, line]}
     runs: dict[str, list] = {name: [] for name in cmds}
@@ -231,7 +234,7 @@ def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, arg
     out = {name: {"seconds": min(r[0] for r in rs), "times_s": [r[0] for r in rs],
                   "peak_rss_mb": max(r[1] for r in rs) / 2**20, "line": rs[0][2]} for name, rs in runs.items()}
     for name in cmds:
-        if name != "tfcli":
+        if name not in ("tfcli", "import_torch"):
             out[name]["same_line_as_tfcli"] = out[name]["line"] == out["tfcli"]["line"]
     return out
 
@@ -275,6 +278,28 @@ def compare(runners, batches, beam, length, alpha, repeats, forced=True) -> tupl
     return res, outputs
 
 
+def linear_gflop(cfg, src_lens: list[int], out_len: int, beam: int) -> float:
+    """The linear layers' arithmetic (2 x multiply-adds, GFLOP) that translating sentences of `src_lens` source
+    tokens (</s> included) to exactly `out_len` tokens takes at the least, whatever the implementation: each source
+    token through the encoder's layers and each decoder layer's source key/value projection; each decoding step of
+    each hypothesis (one at the first step, `beam` after) through the decoder's layers and the output layer.
+    Attention, norms, softmax and search are left out: the floor is lower than any real run's work."""
+    d, f, dkv, V = cfg.d_model, cfg.d_ff, cfg.kv_heads * cfg.d_head, cfg.tgt_vocab_size
+    ffn = (3 if cfg.activation in ("swiglu", "geglu") else 2) * d * f  # (a gated FFN: three projections)
+    encoder = cfg.n_encoder_layers * (d * (d + 2 * dkv) + d * d + ffn) + cfg.n_decoder_layers * 2 * d * dkv
+    decoder = cfg.n_decoder_layers * (d * (d + 2 * dkv) + 3 * d * d + ffn) + d * V
+    rows = len(src_lens) * (1 + beam * (out_len - 1))
+    return 2 * (sum(src_lens) * encoder + rows * decoder) / 1e9
+
+
+def arithmetic_floor(run: dict, gflop: float, peak: float) -> dict:
+    """What the linear layers' `gflop` take at this CPU's FMA `peak` (GFLOP/s over the run's threads), against the
+    run's times: the most any fp32 system could be faster than HF here, and the share of the peak tfcli ran at."""
+    floor_s = gflop / peak
+    return {"linear_gflop": gflop, "floor_s": floor_s, "hf_over_floor": run["hf"]["best_s"] / floor_s,
+            "tfcli_share_of_peak": floor_s / run["tfcli"]["best_s"]}
+
+
 # --- the parts -------------------------------------------------------------------------------------------------
 
 
@@ -314,6 +339,13 @@ def synthetic(args, tmp: Path) -> dict:
     out["peak_rss_mb"] = {r.name: r.peak_rss() / 2**20 for r in runners}
     for r in runners:
         r.close()
+    out["fma_peak_gflops"] = peak = fma_peak_gflops(args.threads)  # (nothing else running)
+    if peak:
+        src_lens = [len(s) + 1 for s in sents]
+        for run in out["runs"]:
+            for beam in (args.beam, 1):
+                gflop = linear_gflop(cfg, src_lens, args.out_len, beam)
+                run[f"beam{beam}"]["fp32_floor"] = arithmetic_floor(run[f"beam{beam}"], gflop, peak)
     if args.shape:
         print("synthetic: time to the first line ...", file=sys.stderr, flush=True)
         out["first_line"] = first_lines(tmp / "ckpt", ct2_dir, int8_dir, " ".join(vocab[t] for t in sents[0]), args)
@@ -440,6 +472,23 @@ def markdown(res: dict) -> str:
                for name, r in ((f"beam {res['beam']}", b), ("greedy", g))]
         lines.append(f"- batch size {run['batch_size']}: tfcli/CT2 {', '.join(ct2)}; tfcli/HF beam {res['beam']} "
                      f"**{b['tfcli_over_hf']:.2f}** ({'met' if b['tfcli_over_hf'] >= HF_TARGET else 'NOT met'})")
+    if syn.get("fma_peak_gflops"):
+        lines += ["", f"fp32 arithmetic floor: this CPU's FMA peak over {res['threads']} threads, measured in this run "
+                  f"(independent multiply-adds of its widest vectors, one process a thread), is "
+                  f"{syn['fma_peak_gflops']:.0f} GFLOP/s; the linear layers' least arithmetic for these sentences "
+                  "(encoder, source keys/values, one hypothesis at the first step and every beam after, output "
+                  "layer; attention and search left out) takes the floor time at that rate. No fp32 system can "
+                  "beat HF here by more than HF's time over the floor:", "",
+                  "| batch size | decoding | linear GFLOP | floor (s) | HF (s) | most any fp32 system can be over HF "
+                  "| tfcli (s) | tfcli's share of the peak |", "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for run in syn["runs"]:
+            for key in (f"beam{res['beam']}", "beam1"):
+                r, f = run[key], run[key].get("fp32_floor")
+                if f:
+                    name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+                    lines.append(f"| {run['batch_size']} | {name} | {f['linear_gflop']:,.0f} | {f['floor_s']:.2f} | "
+                                 f"{r['hf']['best_s']:.2f} | {f['hf_over_floor']:.2f}x | {r['tfcli']['best_s']:.2f} | "
+                                 f"{f['tfcli_share_of_peak']:.0%} |")
     int8 = [(run["batch_size"], run[key]) for run in syn["runs"] for key in (f"beam{res['beam']}", "beam1")
             if "tfcli_int8" in run[key]]
     if int8:
@@ -469,7 +518,7 @@ def markdown(res: dict) -> str:
                   "CTranslate2 script that imports ctranslate2 alone; CT2 int8 reads a model converted to int8.", "",
                   "| system | first line (s) | peak RSS (MB) | same line as tfcli |", "| --- | ---: | ---: | --- |"]
         for name, r in fl.items():
-            same = "" if name == "tfcli" else ("yes" if r["same_line_as_tfcli"] else "no")
+            same = "yes" if r.get("same_line_as_tfcli") else "" if name in ("tfcli", "import_torch") else "no"
             lines.append(f"| {name} | {r['seconds']:.2f} | {r['peak_rss_mb']:,.0f} | {same} |")
         for ours, peer in (("tfcli", "ct2"), ("tfcli_int8", "ct2_int8")):
             if ours in fl:
@@ -477,6 +526,12 @@ def markdown(res: dict) -> str:
                 lines.append(f"- {ours} first line {fl[ours]['seconds']:.2f} s, {peer} {fl[peer]['seconds']:.2f} s: "
                              f"**{x:.2f}x** CTranslate2's speed to the first line ({'met' if x >= 1 else 'NOT met'}: "
                              f"no slower than CTranslate2)")
+        if "import_torch" in fl:
+            t = fl["import_torch"]["seconds"]
+            lines.append(f"- import_torch: Python starting, importing torch alone and echoing its input line: {t:.2f} s, "
+                         "before any of tfcli's own work; a program on torch cannot print sooner "
+                         f"(CT2 int8's whole first line: {fl['ct2_int8']['seconds']:.2f} s)" if "ct2_int8" in fl else
+                         f"- import_torch: Python starting and importing torch alone: {t:.2f} s")
     load = f"at start {res['load_average_at_start']}, at end {res['load_average_at_end']}"
     lines += ["", f"Max logit difference tfcli vs its transformers export: {syn['max_logit_difference_tfcli_vs_marian']:.1e}. "
               f"Load average (1, 5, 15 min) {load}: the machine may have been shared.", ""]
