@@ -479,6 +479,21 @@ def test_the_row_kernel_is_a_linear_layer_whose_rows_do_not_depend_on_each_other
         assert f(x[:0]).shape == (0, n_out)
 
 
+@pytest.mark.parametrize("n_out, n_in", [(100, 256), (64, 37), (33, 64), (8300, 9), (130, 1031)])
+def test_the_row_kernels_weights_are_w_in_column_blocks_zero_past_its_outputs(n_out, n_in, monkeypatch):
+    """RowLinear's copy of W (rows.c's pack_blocks): block b holds W[32b + c, k] at [b, k, c], zero from row N on
+    to the padded width; more blocks than one packing call takes (8300 outputs), K not a multiple of 8."""
+    native = row_kernel("linear_rows_avx2")
+    monkeypatch.setattr(native, "_PACK_BLOCKS", 100)
+    lin = torch.nn.Linear(n_in, n_out)
+    w = lin.weight.detach()
+    blocks = -(-n_out // native.PAD) * native.PAD // native.NB
+    want = torch.zeros(blocks * native.NB, n_in)
+    want[:n_out] = w
+    got = native.RowLinear(lin).wt
+    assert torch.equal(got, want.view(blocks, native.NB, n_in).transpose(1, 2))
+
+
 @pytest.mark.parametrize("version", ["linear_rows", "linear_rows_avx2"])
 @pytest.mark.parametrize("norm_input", [True, False])
 def test_the_row_kernel_norms_its_input_or_its_output_rows_in_the_same_call(norm_input, version, monkeypatch):

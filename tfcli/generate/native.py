@@ -58,20 +58,18 @@ class RowLinear:
             raise RuntimeError("the fp32 row kernel is not available here (see tfcli.generate.native.fp32_kernel)")
         w = module.weight.detach().float()
         self.N, self.K = w.shape
-        Np = -(-self.N // PAD) * PAD
+        blocks = -(-self.N // PAD) * PAD // NB
         # W in column blocks of NB outputs, each K x NB (rows.c reads a block's weights in order), zero past N;
-        # written in place, without a padded copy of W (a 256k-word output layer's is 1 GB, which the heap keeps)
-        self.wt = torch.zeros(Np // NB, self.K, NB)
-        full = self.N // NB
-        for i in range(0, full, _PACK_BLOCKS):  # (a mapped checkpoint's pages given back block by block)
-            j = min(i + _PACK_BLOCKS, full)
+        # written by rows.c's pack_blocks, without a padded copy of W (a 256k-word output layer's is 1 GB)
+        self.wt = torch.empty(blocks, self.K, NB)
+        for i in range(0, blocks, _PACK_BLOCKS):  # (a mapped checkpoint's pages given back block by block)
+            j = min(i + _PACK_BLOCKS, blocks)
             with paged(w[i * NB : j * NB]) as rows:
-                self.wt[i:j].copy_(rows.view(j - i, NB, self.K).transpose(1, 2))
-        if self.N > full * NB:
-            self.wt[full, :, : self.N - full * NB] = w[full * NB :].t()
+                rows = rows.contiguous()
+                library().pack_blocks(rows.data_ptr(), rows.size(0), self.K, j - i, self.wt[i].data_ptr())
         self.bias = None
         if module.bias is not None:
-            self.bias = torch.zeros(Np)
+            self.bias = torch.zeros(blocks * NB)
             self.bias[: self.N] = module.bias.detach().float()
         self.relu = int(relu)
         self.norm, self.ln, self.eps = 0, None, 0.0  # rows.c: norm 1 on the input, 2 on the output
@@ -218,7 +216,7 @@ def constrained_pick(scores: torch.Tensor, tok: torch.Tensor, beam: torch.Tensor
 _SOURCE = Path(__file__).with_name("rows.c")
 
 
-_SYMBOLS = ("quantize_rows", "dequantize_rows", "linear_rows", "linear_rows_avx2", "linear_rows_supported",
+_SYMBOLS = ("quantize_rows", "dequantize_rows", "pack_blocks", "linear_rows", "linear_rows_avx2", "linear_rows_supported",
             "linear_int8", "linear_int8_avx2", "linear_int8_supported", "quantize_weight", "attend_rows",
             "decode_layers", "decode_layers_avx2", "best_next", "constrained_pick", "struct_layout")
 
@@ -266,6 +264,7 @@ def library():
     lib.quantize_rows.restype = None
     lib.dequantize_rows.argtypes = [p, i64, i64, p, p, p, i64, ctypes.c_int]
     lib.dequantize_rows.restype = None
+    lib.pack_blocks.argtypes, lib.pack_blocks.restype = [p, i64, i64, i64, p], None
     for linear in (lib.linear_rows, lib.linear_rows_avx2):
         linear.argtypes = [p, p, p, p, i64, ctypes.c_int, p, i64, i64, i64, p, ctypes.c_int, ctypes.c_float, p]
         linear.restype = None

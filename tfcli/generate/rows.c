@@ -253,6 +253,47 @@ static void linear_tiles(const tile_fn *tile, const int *width, int RF, const fl
     }
 }
 
+/* W's n rows (row-major, K wide) as `blocks` column blocks of 32 outputs, the layout linear_rows reads: output
+ * row 32b + c's weight k at wt[(b*K + k)*32 + c], zero from row n on. A full block goes through 8 x 8 transposes
+ * in registers (eight rows' eight weights in, eight outputs' rows out), the rest element by element. AVX2: the
+ * caller runs it where linear_rows_supported (a copy; the same bytes on any CPU). */
+__attribute__((target("avx2"))) void pack_blocks(const float *w, int64_t n, int64_t K, int64_t blocks, float *wt) {
+#pragma omp parallel for schedule(static) if (blocks * K * 32 >= 16 * PARALLEL_MIN)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t rows = n - 32 * b < 0 ? 0 : n - 32 * b < 32 ? n - 32 * b : 32;
+        const float *in = w + 32 * b * K;
+        float *out = wt + b * K * 32;
+        int64_t k0 = 0;
+        if (rows == 32)
+            for (; k0 + 8 <= K; k0 += 8)
+                for (int c0 = 0; c0 < 32; c0 += 8) {
+                    __m256 r[8], t[8];
+                    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(in + (c0 + i) * K + k0);
+                    for (int i = 0; i < 8; i += 2) {
+                        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+                    }
+                    for (int i = 0; i < 8; i += 4)
+                        for (int h = 0; h < 2; h++) {
+                            r[i + h] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], 0x44);
+                            r[i + h + 2] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], 0xEE);
+                        }
+                    /* r[0..3]: columns 0, 2, 1, 3 of rows 0-3 (low lanes) and columns 4, 6, 5, 7 (high lanes);
+                     * r[4..7] the same of rows 4-7 */
+                    static const int col[4] = {0, 2, 1, 3};
+                    for (int i = 0; i < 4; i++) {
+                        _mm256_storeu_ps(out + (k0 + col[i]) * 32 + c0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                        _mm256_storeu_ps(out + (k0 + col[i] + 4) * 32 + c0,
+                                         _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+                    }
+                }
+        for (int64_t k = k0; k < K; k++) {
+            for (int64_t c = 0; c < rows; c++) out[k * 32 + c] = in[c * K + k];
+            for (int64_t c = rows; c < 32; c++) out[k * 32 + c] = 0.0f;
+        }
+    }
+}
+
 void linear_rows(const float *x, const float *wt, const float *b, const float *res, int64_t ldr, int relu, float *y,
                  int64_t M, int64_t K, int64_t N, const float *ln, int norm, float eps, float *xn) {
     linear_tiles(TILES_AVX512, WIDTH_AVX512, 8, x, wt, b, res, ldr, relu, y, M, K, N, ln, norm, eps, xn);
