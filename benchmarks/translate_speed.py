@@ -224,7 +224,7 @@ def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, arg
              "--max-len-a", "0", "--max-len-b", L, "--min-len", L, "--raw", "--threads", threads, "-q"]
     ct2 = [sys.executable, "-c", _CT2_FIRST_LINE]
     cmds = {"tfcli": tfcli, "ct2": ct2 + [str(ct2_dir), "float32", threads, b, L, line],
-            "import_torch": [sys.executable, "-c", "import sys, torch; print(sys.stdin.readline().strip(), flush=True)"]}
+            "import_torch": [sys.executable, "-u", "-c", "import sys, torch; print(sys.stdin.readline().strip())"]}
     if int8_dir is not None:
         cmds |= {"tfcli_int8": tfcli + ["--dtype", "int8"], "ct2_int8": ct2 + [str(int8_dir), "int8", threads, b, L, line]}
     runs: dict[str, list] = {name: [] for name in cmds}
@@ -480,7 +480,8 @@ def markdown(res: dict) -> str:
                   "layer; attention and search left out) takes the floor time at that rate. No fp32 system can "
                   "beat HF here by more than HF's time over the floor:", "",
                   "| batch size | decoding | linear GFLOP | floor (s) | HF (s) | most any fp32 system can be over HF "
-                  "| tfcli (s) | tfcli's share of the peak |", "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| tfcli (s) | tfcli's share of the peak |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for run in syn["runs"]:
             for key in (f"beam{res['beam']}", "beam1"):
                 r, f = run[key], run[key].get("fp32_floor")
@@ -528,10 +529,9 @@ def markdown(res: dict) -> str:
                              f"no slower than CTranslate2)")
         if "import_torch" in fl:
             t = fl["import_torch"]["seconds"]
-            lines.append(f"- import_torch: Python starting, importing torch alone and echoing its input line: {t:.2f} s, "
-                         "before any of tfcli's own work; a program on torch cannot print sooner "
-                         f"(CT2 int8's whole first line: {fl['ct2_int8']['seconds']:.2f} s)" if "ct2_int8" in fl else
-                         f"- import_torch: Python starting and importing torch alone: {t:.2f} s")
+            peer = f" (CT2 int8's whole first line: {fl['ct2_int8']['seconds']:.2f} s)" if "ct2_int8" in fl else ""
+            lines.append(f"- import_torch: Python starting, importing torch alone and echoing its input line: "
+                         f"{t:.2f} s, before any of tfcli's own work; a program on torch cannot print sooner{peer}")
     load = f"at start {res['load_average_at_start']}, at end {res['load_average_at_end']}"
     lines += ["", f"Max logit difference tfcli vs its transformers export: {syn['max_logit_difference_tfcli_vs_marian']:.1e}. "
               f"Load average (1, 5, 15 min) {load}: the machine may have been shared.", ""]
