@@ -484,6 +484,7 @@ def test_the_row_kernels_weights_are_w_in_column_blocks_zero_past_its_outputs(n_
     """RowLinear's copy of W (rows.c's pack_blocks): block b holds W[32b + c, k] at [b, k, c], zero from row N on
     to the padded width; more blocks than one packing call takes (8300 outputs), K not a multiple of 8."""
     native = row_kernel("linear_rows_avx2")
+    monkeypatch.setattr(native, "fp32_kernel", lambda: native.library().linear_rows_avx2)
     monkeypatch.setattr(native, "_PACK_BLOCKS", 100)
     lin = torch.nn.Linear(n_in, n_out)
     w = lin.weight.detach()
