@@ -339,17 +339,33 @@ static inline __attribute__((always_inline, target("avx2,fma"))) __m256 dots_at(
     return sum8x8(lanes);
 }
 
-/* the dot products of q (dh) with up to 64 keys transposed, key l's element d at k[d*kd + l], n of them real: each
- * one fmaf chain over d (eight keys in a register's lanes, up to eight registers at once), into out[0 : 8*ceil(n/8)]
- * (0 past n) */
-static inline __attribute__((always_inline, target("avx2,fma"))) void dots_transposed(const float *q, const float *k,
-                                                                                      int64_t kd, int64_t dh,
-                                                                                      int64_t n, float *out) {
+/* dots_at with nb a constant in each call (so that its lanes are registers, not memory) */
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 dots_at_any(const float *q, const float *k,
+                                                                                    int64_t ks, const int64_t *at,
+                                                                                    int64_t dh, int nb) {
+    switch (nb) {
+    case 1: return dots_at(q, k, ks, at, dh, 1);
+    case 2: return dots_at(q, k, ks, at, dh, 2);
+    case 3: return dots_at(q, k, ks, at, dh, 3);
+    case 4: return dots_at(q, k, ks, at, dh, 4);
+    case 5: return dots_at(q, k, ks, at, dh, 5);
+    case 6: return dots_at(q, k, ks, at, dh, 6);
+    case 7: return dots_at(q, k, ks, at, dh, 7);
+    default: return dots_at(q, k, ks, at, dh, 8);
+    }
+}
+
+/* the dot products of q (dh) with up to 64 keys transposed, key l's element d at k[d*kd + l], m of them real: each
+ * one fmaf chain over d (eight keys in a register's lanes, nb = ceil(m/8) registers at once), into out[0 : 8*nb]
+ * (0 past m) */
+static inline __attribute__((always_inline, target("avx2,fma"))) void dots_transposed_nb(const float *q,
+                                                                                         const float *k, int64_t kd,
+                                                                                         int64_t dh, int m, int nb,
+                                                                                         float *out) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const int m = n < 64 ? (int)n : 64, nb = (m + 7) / 8;
     __m256i in[8];
     __m256 acc[8];
-    for (int b = 0; b < 8; b++) {
+    for (int b = 0; b < nb; b++) {
         in[b] = _mm256_cmpgt_epi32(_mm256_set1_epi32(m - 8 * b), lane);
         acc[b] = _mm256_setzero_ps();
     }
@@ -359,6 +375,23 @@ static inline __attribute__((always_inline, target("avx2,fma"))) void dots_trans
             acc[b] = _mm256_fmadd_ps(qd, _mm256_maskload_ps(k + d * kd + 8 * b, in[b]), acc[b]);
     }
     for (int b = 0; b < nb; b++) _mm256_storeu_ps(out + 8 * b, acc[b]);
+}
+
+/* (nb, the registers in use, a constant in each call: the accumulators stay registers) */
+static inline __attribute__((always_inline, target("avx2,fma"))) void dots_transposed(const float *q, const float *k,
+                                                                                      int64_t kd, int64_t dh,
+                                                                                      int64_t n, float *out) {
+    const int m = n < 64 ? (int)n : 64;
+    switch ((m + 7) / 8) {
+    case 1: dots_transposed_nb(q, k, kd, dh, m, 1, out); break;
+    case 2: dots_transposed_nb(q, k, kd, dh, m, 2, out); break;
+    case 3: dots_transposed_nb(q, k, kd, dh, m, 3, out); break;
+    case 4: dots_transposed_nb(q, k, kd, dh, m, 4, out); break;
+    case 5: dots_transposed_nb(q, k, kd, dh, m, 5, out); break;
+    case 6: dots_transposed_nb(q, k, kd, dh, m, 6, out); break;
+    case 7: dots_transposed_nb(q, k, kd, dh, m, 7, out); break;
+    default: dots_transposed_nb(q, k, kd, dh, m, 8, out); break;
+    }
 }
 
 /* out (nv * 8 floats) = sum_s (p_s / sum) v_s[0 : nv*8] over the L slots in order (v_s at v + s*vs), the slots with
@@ -412,8 +445,7 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
             for (int64_t i0 = 0; i0 < ns; i0 += 8) {
                 const int nb = ns - i0 < 8 ? (int)(ns - i0) : 8;
                 float dots[8];
-                _mm256_storeu_ps(dots, nb == 8 ? dots_at(qv, kh_, ks, seen + i0, dh, 8)
-                                               : dots_at(qv, kh_, ks, seen + i0, dh, nb));
+                _mm256_storeu_ps(dots, dots_at_any(qv, kh_, ks, seen + i0, dh, nb));
                 for (int l = 0; l < nb; l++) p[seen[i0 + l]] = dots[l];
             }
         } else /* transposed: one fmaf chain over d a slot */
