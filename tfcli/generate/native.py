@@ -217,8 +217,8 @@ _SOURCE = Path(__file__).with_name("rows.c")
 
 
 _SYMBOLS = ("quantize_rows", "dequantize_rows", "pack_blocks", "linear_rows", "linear_rows_avx2",
-            "linear_rows_supported", "linear_int8", "linear_int8_avx2", "linear_int8_supported", "quantize_weight", "attend_rows",
-            "decode_layers", "decode_layers_avx2", "best_next", "constrained_pick", "struct_layout")
+            "linear_rows_supported", "linear_int8", "linear_int8_avx2", "linear_int8_supported", "quantize_weight",
+            "attend_rows", "decode_layers", "decode_layers_avx2", "best_next", "constrained_pick", "struct_layout")
 
 
 class _Untrusted(OSError):

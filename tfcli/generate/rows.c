@@ -325,34 +325,18 @@ static inline __attribute__((always_inline, target("avx2,fma"))) __m256 exp8(__m
     return _mm256_andnot_ps(zero, _mm256_mul_ps(q, _mm256_castsi256_ps(e)));
 }
 
-/* the dot products of q (dh) with nb <= 8 keys k + at[l]*ks, each as eight lanes of fmaf chains over d summed by
- * sum8x8; lane l holds key at[l]'s (0 past nb): a key's result is the same in any lane, beside any other keys */
+/* the dot products of q (dh) with the eight keys k + at[l]*ks, each as eight lanes of fmaf chains over d summed by
+ * sum8x8 (lane l: key at[l]'s): a key's result is the same in any lane, beside any other keys */
 static inline __attribute__((always_inline, target("avx2,fma"))) __m256 dots_at(const float *q, const float *k,
                                                                                 int64_t ks, const int64_t *at,
-                                                                                int64_t dh, int nb) {
+                                                                                int64_t dh) {
     __m256 lanes[8];
     for (int l = 0; l < 8; l++) lanes[l] = _mm256_setzero_ps();
     for (int64_t d0 = 0; d0 < dh; d0 += 8) {
         const __m256 qd = _mm256_loadu_ps(q + d0);
-        for (int l = 0; l < nb; l++) lanes[l] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + at[l] * ks + d0), lanes[l]);
+        for (int l = 0; l < 8; l++) lanes[l] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + at[l] * ks + d0), lanes[l]);
     }
     return sum8x8(lanes);
-}
-
-/* dots_at with nb a constant in each call (so that its lanes are registers, not memory) */
-static inline __attribute__((always_inline, target("avx2,fma"))) __m256 dots_at_any(const float *q, const float *k,
-                                                                                    int64_t ks, const int64_t *at,
-                                                                                    int64_t dh, int nb) {
-    switch (nb) {
-    case 1: return dots_at(q, k, ks, at, dh, 1);
-    case 2: return dots_at(q, k, ks, at, dh, 2);
-    case 3: return dots_at(q, k, ks, at, dh, 3);
-    case 4: return dots_at(q, k, ks, at, dh, 4);
-    case 5: return dots_at(q, k, ks, at, dh, 5);
-    case 6: return dots_at(q, k, ks, at, dh, 6);
-    case 7: return dots_at(q, k, ks, at, dh, 7);
-    default: return dots_at(q, k, ks, at, dh, 8);
-    }
 }
 
 /* the dot products of q (dh) with up to 64 keys transposed, key l's element d at k[d*kd + l], m of them real: each
@@ -442,11 +426,11 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
                 p[s] = -INFINITY;
                 if (bs[s] != -INFINITY) seen[ns++] = s;
             }
+            for (int64_t i = ns; i % 8; i++) seen[i] = ns ? seen[ns - 1] : 0; /* (a last group's spare lanes) */
             for (int64_t i0 = 0; i0 < ns; i0 += 8) {
-                const int nb = ns - i0 < 8 ? (int)(ns - i0) : 8;
                 float dots[8];
-                _mm256_storeu_ps(dots, dots_at_any(qv, kh_, ks, seen + i0, dh, nb));
-                for (int l = 0; l < nb; l++) p[seen[i0 + l]] = dots[l];
+                _mm256_storeu_ps(dots, dots_at(qv, kh_, ks, seen + i0, dh));
+                for (int l = 0; l < 8 && i0 + l < ns; l++) p[seen[i0 + l]] = dots[l];
             }
         } else /* transposed: one fmaf chain over d a slot */
             for (int64_t s0 = 0; s0 < L; s0 += 64) dots_transposed(qv, kh_ + s0, kd, dh, L - s0, p + s0);
