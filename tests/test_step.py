@@ -2,6 +2,7 @@
 the beams' reordering, rows leaving, norm placement, activation, positions, left-padded prompts, and packed or plain
 weights."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -534,6 +535,35 @@ def test_the_row_kernels_avx512_and_avx2_versions_give_the_same_bits(monkeypatch
         assert torch.equal(a, b)
 
 
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")  # (torch's, on switching oneDNN off and on)
+@pytest.mark.parametrize("act", ["gelu", "silu"])
+def test_the_row_kernels_gelu_and_silu_are_torchs_vectorised_kernels_bit_for_bit(act):
+    """rows.c's GELU and SiLU (native.activate_, what a row-kernel layer applies, decode_layers too) give the bits of
+    ATen's AVX2 and AVX-512 kernels (torch's own: F.gelu runs oneDNN's unless oneDNN is off) over many magnitudes,
+    float bit patterns across the whole range, and the edges (+-0, +-inf, NaN, denormals, exp's cut-offs); close to
+    the exact function in float64; and a value's result is the same wherever it sits in a tensor of any length."""
+    native = row_kernel()
+    f = {"gelu": F.gelu, "silu": F.silu}[act]
+    torch.manual_seed(5)
+    edges = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, -1e-45, 1e-38, -1e-38, 9.2, -9.2, 15.0, -15.0, 87.5,
+             -87.5, 89.0, -89.0, 104.0, -104.0, 150.0, -150.0, 3e38, -3e38]
+    x = torch.cat([torch.randn(1 << 16) * s for s in (0.01, 1.0, 4.0, 30.0)]
+                  + [torch.arange(-2**31, 2**31, 2**31 // 2**15, dtype=torch.int64).to(torch.int32).view(torch.float32),
+                     torch.tensor(edges + [0.0] * (64 - len(edges)))])
+    got = native.activate_(x.clone(), act)
+    finite = torch.isfinite(x) & (x.abs() < 1e30)
+    want64 = f(x[finite].double())
+    torch.testing.assert_close(got[finite].double(), want64, atol=1e-6, rtol=1e-6)
+    for n in (1, 7, 8, 37, 100):  # a tail of its own, at any offset
+        for at in (0, 3, 77):
+            assert torch.equal(native.activate_(x[at:at + n].clone(), act), got[at:at + n])
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return  # (torch's generic build computes another erf)
+    with torch.backends.mkldnn.flags(enabled=False):  # blocks of 4096: torch's vector loop, one thread, no scalar tail
+        want = torch.cat([f(x[i:i + 4096]) for i in range(0, x.numel(), 4096)])
+    assert ((got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())).all()
+
+
 def test_the_row_kernel_follows_torchs_cpu_capability(monkeypatch):
     native = row_kernel()
     lib = native.library()
@@ -652,7 +682,8 @@ def test_the_attention_kernel_gives_a_sentence_the_same_bits_alone_and_beside_lo
 @pytest.mark.parametrize("kind, overrides", [
     ("seq2seq", dict(norm="pre")), ("seq2seq", dict(norm="post", n_kv_head=2)), ("seq2seq", dict(qk_norm=True)),
     ("seq2seq", dict(n_kv_head=1, qk_norm=True, norm="post")), ("lm", dict(activation="relu2", qk_norm=True)),
-    ("lm", dict(activation="relu2", positions="sinusoidal", norm="post", n_kv_head=2))])
+    ("lm", dict(activation="relu2", positions="sinusoidal", norm="post", n_kv_head=2)),
+    ("lm", dict(activation="gelu", positions="learned")), ("seq2seq", dict(activation="silu", norm="post"))])
 def test_a_steps_layers_in_one_c_call_are_its_kernels_one_call_at_a_time(kind, overrides):
     """rows.c's decode_layers runs what the step would run through RowLinear and attend_rows one call at a time, so
     the logits are the same bit for bit, through beams reordered, rows leaving and (language models) left-padded

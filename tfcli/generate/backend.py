@@ -54,7 +54,7 @@ IMPLEMENTS: dict[str, dict[str, frozenset | None]] = {
     "attn_dropout": _EVERY,
     "zero_init_residual": _EVERY,
     # the layer's arithmetic
-    "activation": dict(_EVERY, whole=frozenset({"relu", "relu2"})),  # rows.c: ReLU, then the square
+    "activation": dict(_EVERY, whole=frozenset({"relu", "relu2", "gelu", "silu"})),  # rows.c's linear_t.act
     "norm": _EVERY,  # pre or post: RowLinear norms its input or its output rows
     "rms_norm": dict(_EVERY, whole=frozenset({False})),  # rows.c folds LayerNorm into the linear layers
     "qk_norm": _EVERY,  # decode_layers: the RMSNorm gains in its call

@@ -15,6 +15,8 @@ compiler is found.
   torch would launch seven small operators a layer, and the encoder's); a row's result depends on that row alone.
 - `layers_kernel()`: a decoder's layers for one step in one call (rows.c's decode_layers: the same row kernel and
   attention, in the same order, so the same bits), described by `LayerArgs`; tfcli.generate.step says when it runs.
+- `activate_`: the row kernels' GELU and SiLU (after RowLinear, and in decode_layers), the bits of torch's vectorised
+  kernels on any CPU.
 - `best_next`: a search's k best next tokens a row, chosen on the logits, with their log-probs (the log-softmax
   over the vocabulary never written out).
 - `constrained_pick`: a constrained beam search's choice of its continuing candidates (dynamic beam allocation),
@@ -166,6 +168,19 @@ def layers_kernel():
     return lib.decode_layers if kernel is lib.linear_rows else lib.decode_layers_avx2
 
 
+ACTIVATIONS = {"gelu": 3, "silu": 4}  # rows.c's activate (and linear_t.act): the activations it has
+
+
+def activate_(x: torch.Tensor, act: str) -> torch.Tensor:
+    """GELU (erf form) or SiLU (`act`) on fp32 CPU `x` in place by rows.c's activate, as the row kernels' layers
+    apply it (decode_layers too): the bits of torch's vectorised kernels (ATen's, AVX2 or AVX-512) on any CPU, where
+    torch's F.gelu and F.silu run oneDNN's, whose bits follow the CPU it picks. Only where `fp32_kernel()` is not
+    None; returns x (a contiguous copy of a strided x)."""
+    x = x.contiguous()
+    library().activate(x.data_ptr(), x.data_ptr(), x.numel(), ACTIVATIONS[act])
+    return x
+
+
 def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, eos: int, k: int,
               normalise: bool = True, pieces: tuple[torch.Tensor, torch.Tensor] | None = None):
     """rows.c's best_next on logits x (R, V), fp32, contiguous, on the CPU: each row's k best tokens by log-prob,
@@ -218,7 +233,8 @@ _SOURCE = Path(__file__).with_name("rows.c")
 
 _SYMBOLS = ("quantize_rows", "dequantize_rows", "pack_blocks", "linear_rows", "linear_rows_avx2",
             "linear_rows_supported", "linear_int8", "linear_int8_avx2", "linear_int8_supported", "quantize_weight",
-            "attend_rows", "decode_layers", "decode_layers_avx2", "best_next", "constrained_pick", "struct_layout")
+            "attend_rows", "decode_layers", "decode_layers_avx2", "activate", "best_next", "constrained_pick",
+            "struct_layout")
 
 
 class _Untrusted(OSError):
@@ -282,6 +298,7 @@ def library():
         layers.argtypes = [ctypes.POINTER(LayerArgs), i64, p, p, i64, i64, i64, i64, i64, i64, i64, i64, p, i64,
                            i64, p, i64, ctypes.c_float]
         layers.restype = None
+    lib.activate.argtypes, lib.activate.restype = [p, p, i64, ctypes.c_int], None
     lib.best_next.argtypes = [p, i64, i64, p, i64, p, i64, p, p, i64, p, p, p]
     lib.best_next.restype = ctypes.c_int
     lib.constrained_pick.argtypes = [i64, i64, i64, i64, i64, i64, p, p, p, i64, p, p, p, p, ctypes.c_int, p, p, p,

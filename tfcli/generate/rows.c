@@ -325,6 +325,68 @@ static inline __attribute__((always_inline, target("avx2,fma"))) __m256 exp8(__m
     return _mm256_andnot_ps(zero, _mm256_mul_ps(q, _mm256_castsi256_ps(e)));
 }
 
+/* e^y for eight floats as SLEEF's expf_u10 computes it, the exp of torch's vectorised CPU kernels (AVX2 or AVX-512:
+ * the same operations lane by lane): y - q ln 2 in two parts, q = rint(y / ln 2), a degree-6 polynomial, times
+ * 2^(q/2) twice; 0 below -104, +inf above 100. Every step is one IEEE operation: the same bits on any CPU. */
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 exp_sleef8(__m256 y) {
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(y, _mm256_set1_ps(1.44269504088896340736f)));
+    const __m256 qf = _mm256_cvtepi32_ps(q), one = _mm256_set1_ps(1.0f);
+    __m256 s = _mm256_fmadd_ps(qf, _mm256_set1_ps(-0.693145751953125f), y);
+    s = _mm256_fmadd_ps(qf, _mm256_set1_ps(-1.428606765330187045e-06f), s);
+    __m256 u = _mm256_set1_ps(0.000198527617612853646278381f);
+    u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.00139304355252534151077271f));
+    u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.00833336077630519866943359f));
+    u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.0416664853692054748535156f));
+    u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.166666671633720397949219f));
+    u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.5f));
+    u = _mm256_add_ps(one, _mm256_fmadd_ps(_mm256_mul_ps(s, s), u, s));
+    const __m256i half = _mm256_srai_epi32(q, 1), bias = _mm256_set1_epi32(127);
+    u = _mm256_mul_ps(u, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23)));
+    u = _mm256_mul_ps(u, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(q, half), bias), 23)));
+    u = _mm256_andnot_ps(_mm256_cmp_ps(y, _mm256_set1_ps(-104.0f), _CMP_LT_OQ), u);
+    return _mm256_blendv_ps(u, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(_mm256_set1_ps(100.0f), y, _CMP_LT_OQ));
+}
+
+/* GELU, x/2 (1 + erf(x / sqrt 2)), as torch's vectorised CPU kernel computes it: erf(z) by Abramowitz and Stegun's
+ * 7.1.26, sign(z) (1 - r(t) t e^(-z^2)), t = 1 / (1 + p|z|), r of degree 4, e^ by exp_sleef8 */
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 gelu8(__m256 x) {
+    const __m256 neg0 = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752440f));
+    const __m256 sign = _mm256_and_ps(neg0, z), a = _mm256_xor_ps(sign, z);
+    const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), a, one));
+    __m256 r = _mm256_fmadd_ps(_mm256_set1_ps(1.061405429f), t, _mm256_set1_ps(-1.453152027f));
+    r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(1.421413741f));
+    r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(-0.284496736f));
+    r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(0.254829592f));
+    const __m256 e = _mm256_xor_ps(neg0, exp_sleef8(_mm256_xor_ps(neg0, _mm256_mul_ps(z, z))));
+    const __m256 erf = _mm256_xor_ps(sign, _mm256_fmadd_ps(_mm256_mul_ps(e, t), r, one));
+    return _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5f)), _mm256_add_ps(one, erf));
+}
+
+/* SiLU, x / (1 + e^-x), as torch's vectorised CPU kernel computes it (e^ by exp_sleef8) */
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 silu8(__m256 x) {
+    const __m256 e = exp_sleef8(_mm256_xor_ps(_mm256_set1_ps(-0.0f), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+/* y = act(x) over n floats (y may be x), act 3 GELU (gelu8) or 4 SiLU (silu8), eight at a time (the last n % 8 in
+ * a block of their own): a value's result never depends on its neighbours */
+__attribute__((target("avx2,fma"))) void activate(const float *x, float *y, int64_t n, int act) {
+    const int64_t n8 = n / 8 * 8;
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
+    for (int64_t j = 0; j < n8; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        _mm256_storeu_ps(y + j, act == 3 ? gelu8(v) : silu8(v));
+    }
+    if (n8 < n) {
+        float block[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        memcpy(block, x + n8, sizeof(float) * (n - n8));
+        const __m256 v = _mm256_loadu_ps(block);
+        _mm256_storeu_ps(block, act == 3 ? gelu8(v) : silu8(v));
+        memcpy(y + n8, block, sizeof(float) * (n - n8));
+    }
+}
+
 /* the dot products of q (dh) with the eight keys k + at[l]*ks, each as eight lanes of fmaf chains over d summed by
  * sum8x8 (lane l: key at[l]'s): a key's result is the same in any lane, beside any other keys */
 static inline __attribute__((always_inline, target("avx2,fma"))) __m256 dots_at(const float *q, const float *k,
@@ -634,7 +696,7 @@ int constrained_pick(int64_t n, int64_t M, int64_t K, int64_t k, int64_t C, int6
 typedef struct {
     const float *wt, *b, *ln; /* the weights in column blocks, the bias (or null), LayerNorm weight | bias (or null) */
     int64_t K, N;
-    int32_t act;  /* 0 none, 1 ReLU, 2 ReLU^2 (both exact: the same bits as torch's) */
+    int32_t act;  /* 0 none, 1 ReLU, 2 ReLU^2 (both exact: the same bits as torch's), 3 GELU, 4 SiLU (activate) */
     int32_t norm; /* 0 none, 1 on the input rows, 2 on the output rows */
     float eps;
 } linear_t;
@@ -657,6 +719,7 @@ static void linear_call(const tile_fn *tile, const int *width, int RF, const lin
                  f->norm, f->eps, xn);
     if (f->act == 2)
         for (int64_t j = 0; j < n; j++) y[j] = y[j] * y[j];
+    if (f->act == 3 || f->act == 4) activate(y, y, n, f->act);
 }
 
 /* x (M x D, M = n*r: r new positions or beams a row) -> the last layer's output, in place. The r positions are

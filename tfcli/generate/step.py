@@ -22,8 +22,8 @@ the first step of beam search). Arranged for inference speed:
 - On the CPU in fp32 the attention (a step's, to itself and to the source, and the encoder's) is one C call a layer
   for all rows and heads where it is built (`tfcli.generate.native.attention_kernel`), instead of seven small torch
   operators; its sums run in an order that no batch's shape changes, so a sentence's encoder output and logits are
-  the same alone and in any batch. Where every layer runs on those kernels (LayerNorm, a ReLU or ReLU^2 FFN, no
-  RoPE), a step's layers are one C call (`tfcli.generate.native.layers_kernel`: the same kernels in the same order,
+  the same alone and in any batch. Where every layer runs on those kernels (LayerNorm, a ReLU, ReLU^2, GELU or SiLU
+  FFN, no RoPE), a step's layers are one C call (`tfcli.generate.native.layers_kernel`: the same kernels in the same order,
   without the hundred-odd Python-level operators around them).
 - With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8:
   weights quantised once, one scale per output row; activations at each call, one scale per row
@@ -40,6 +40,8 @@ its positions from its first real token, and nobody attends to the padding.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -620,18 +622,18 @@ class _Layer:
 
     def kernel_args(self) -> native.LayerArgs:
         """This layer as rows.c's decode_layers runs it (the batch's memory for the decoder to fill in), where the
-        plan has it run there (tfcli.generate.backend: ReLU or ReLU^2, LayerNorms folded into the row kernel's
+        plan has it run there (tfcli.generate.backend: ReLU, ReLU^2, GELU or SiLU, LayerNorms folded into the row kernel's
         calls, QK-norm's RMSNorm gains in the call)."""
         cross = hasattr(self, "cross_q")
         w1, act = self.ffn_hidden, None
         if isinstance(w1, _Activated):
-            w1, act = w1.linear, 2  # (rows.c: ReLU, then the square)
+            w1, act = w1.linear, _C_ACTIVATIONS.get(w1.act)
         linears = [self.qkv, self.self_out, w1, self.w2] + ([self.cross_q, self.cross_out] if cross else [])
         norms = [self.norm_self_in, self.norm_self_out, self.norm_ffn_in, self.norm_ffn_out]
         norms += [self.norm_cross_in, self.norm_cross_out] if cross else []
         qk = [self.q_norm, self.k_norm, self.cross_q_norm]
         if (not all(isinstance(f, native.RowLinear) for f in linears) or any(f is not _identity for f in norms)
-                or (act is not None and self.ffn_hidden.act != "relu2")):
+                or (isinstance(self.ffn_hidden, _Activated) and act is None)):
             raise RuntimeError("internal error: tfcli.generate.backend's table lets decode_layers run a layer it "
                                "cannot")
         gains = [None if f is _identity else f.weight.data_ptr() for f in qk]
@@ -647,12 +649,18 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+_C_ACTIVATIONS = {"relu2": 2, **native.ACTIVATIONS}  # what decode_layers applies after w1 (rows.c's linear_t.act)
+
+
 class _Activated:
-    """act(linear(x)), the activation in torch after a row-kernel or int8 layer (`linear`); decode_layers applies
-    the ones rows.c has (ReLU^2) in its call."""
+    """act(linear(x)) after a row-kernel or int8 layer (`linear`): in torch, or after a row-kernel layer by rows.c
+    where it has `act` (native.activate_: the bits decode_layers gives); decode_layers applies those in
+    _C_ACTIVATIONS in its call."""
 
     def __init__(self, linear, act: str):
         self.linear, self.act, self.f = linear, act, ACTIVATIONS[act]
+        if act in native.ACTIVATIONS and isinstance(linear, native.RowLinear):
+            self.f = functools.partial(native.activate_, act=act)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.f(self.linear(x))
