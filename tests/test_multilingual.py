@@ -59,6 +59,12 @@ def test_prepare_writes_one_split_per_direction_each_source_after_its_tag(corpus
     tags = language_tags(tok)
     v = tok.get_vocab_size()
     assert tags == {"de": v - 3, "en": v - 2, "fr": v - 1}  # added after the trained pieces, in language order
+    # found in the file's text, the same; and through the vocabulary where the file escapes > and <
+    file = prep.tokenizer_file("src")
+    assert language_tags(tok, file) == tags
+    escaped = tmp_path / "escaped.json"
+    escaped.write_text(Path(file).read_text().replace(">", "\\u003e").replace("<", "\\u003C"))
+    assert language_tags(load_tokenizer(escaped), escaped) == tags
     assert prep.vocab_size("src") == v
     # a tag is never read from text: the string ">>fr<<" is plain characters
     assert tags["fr"] not in tok.encode(">>fr<< de1", add_special_tokens=False).ids
