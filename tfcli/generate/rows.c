@@ -341,8 +341,9 @@ static inline __attribute__((always_inline, target("avx2,fma"))) __m256 exp_slee
     u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.5f));
     u = _mm256_add_ps(one, _mm256_fmadd_ps(_mm256_mul_ps(s, s), u, s));
     const __m256i half = _mm256_srai_epi32(q, 1), bias = _mm256_set1_epi32(127);
-    u = _mm256_mul_ps(u, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23)));
-    u = _mm256_mul_ps(u, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(q, half), bias), 23)));
+    const __m256i e1 = _mm256_slli_epi32(_mm256_add_epi32(half, bias), 23);
+    const __m256i e2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(q, half), bias), 23);
+    u = _mm256_mul_ps(_mm256_mul_ps(u, _mm256_castsi256_ps(e1)), _mm256_castsi256_ps(e2));
     u = _mm256_andnot_ps(_mm256_cmp_ps(y, _mm256_set1_ps(-104.0f), _CMP_LT_OQ), u);
     return _mm256_blendv_ps(u, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(_mm256_set1_ps(100.0f), y, _CMP_LT_OQ));
 }

@@ -23,8 +23,8 @@ the first step of beam search). Arranged for inference speed:
   for all rows and heads where it is built (`tfcli.generate.native.attention_kernel`), instead of seven small torch
   operators; its sums run in an order that no batch's shape changes, so a sentence's encoder output and logits are
   the same alone and in any batch. Where every layer runs on those kernels (LayerNorm, a ReLU, ReLU^2, GELU or SiLU
-  FFN, no RoPE), a step's layers are one C call (`tfcli.generate.native.layers_kernel`: the same kernels in the same order,
-  without the hundred-odd Python-level operators around them).
+  FFN, no RoPE), a step's layers are one C call (`tfcli.generate.native.layers_kernel`: the same kernels in the
+  same order, without the hundred-odd Python-level operators around them).
 - With `int8=True` (CPU), every linear layer of the encoder and the decoder and the output projection run in int8:
   weights quantised once, one scale per output row; activations at each call, one scale per row
   (tfcli.generate.int8), so that a row's result never depends on the other rows.
@@ -622,8 +622,8 @@ class _Layer:
 
     def kernel_args(self) -> native.LayerArgs:
         """This layer as rows.c's decode_layers runs it (the batch's memory for the decoder to fill in), where the
-        plan has it run there (tfcli.generate.backend: ReLU, ReLU^2, GELU or SiLU, LayerNorms folded into the row kernel's
-        calls, QK-norm's RMSNorm gains in the call)."""
+        plan has it run there (tfcli.generate.backend: ReLU, ReLU^2, GELU or SiLU, LayerNorms folded into the row
+        kernel's calls, QK-norm's RMSNorm gains in the call)."""
         cross = hasattr(self, "cross_q")
         w1, act = self.ffn_hidden, None
         if isinstance(w1, _Activated):
