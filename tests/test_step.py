@@ -382,11 +382,11 @@ def test_freed_memory_is_kept_on_glibc():
     assert res.stdout.split() == ["False", "True", "True", "True"]
 
 
-def test_int8_steps_stay_close_to_the_full_forward():
-
+@pytest.mark.parametrize("activation", ["relu", "gelu"])  # (GELU by rows.c where its kernels run)
+def test_int8_steps_stay_close_to_the_full_forward(activation):
     if not int8_available():
         pytest.skip("this torch build has no quantised int8 linear layers")
-    model, _ = model_for()
+    model, _ = model_for(activation=activation)
     sm = StepModel(model, int8=True)
     src = torch.randint(4, V, (2, 7), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():

@@ -653,13 +653,13 @@ _C_ACTIVATIONS = {"relu2": 2, **native.ACTIVATIONS}  # what decode_layers applie
 
 
 class _Activated:
-    """act(linear(x)) after a row-kernel or int8 layer (`linear`): in torch, or after a row-kernel layer by rows.c
-    where it has `act` (native.activate_: the bits decode_layers gives); decode_layers applies those in
-    _C_ACTIVATIONS in its call."""
+    """act(linear(x)) after a row-kernel or int8 layer (`linear`): by rows.c where it has `act` and its kernels run
+    (native.activate_: the bits decode_layers gives, the same on every CPU), else in torch; decode_layers applies
+    those in _C_ACTIVATIONS in its call."""
 
     def __init__(self, linear, act: str):
         self.linear, self.act, self.f = linear, act, ACTIVATIONS[act]
-        if act in native.ACTIVATIONS and isinstance(linear, native.RowLinear):
+        if act in native.ACTIVATIONS and native.fp32_kernel() is not None:
             self.f = functools.partial(native.activate_, act=act)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
