@@ -173,9 +173,9 @@ ACTIVATIONS = {"gelu": 3, "silu": 4}  # rows.c's activate (and linear_t.act): th
 
 def activate_(x: torch.Tensor, act: str) -> torch.Tensor:
     """GELU (erf form) or SiLU (`act`) on fp32 CPU `x` in place by rows.c's activate, as the row kernels' layers
-    apply it (decode_layers too): the bits of torch's vectorised kernels (ATen's, AVX2 or AVX-512) on any CPU, where
-    torch's F.gelu and F.silu run oneDNN's, whose bits follow the CPU it picks. Only where `fp32_kernel()` is not
-    None; returns x (a contiguous copy of a strided x)."""
+    apply it (decode_layers too): the bits of torch's vectorised kernels (ATen's, AVX2 or AVX-512) on any CPU (F.gelu
+    runs oneDNN's GELU, whose bits follow the instruction set oneDNN picks). Only where `fp32_kernel()` is not None;
+    returns x (a contiguous copy of a strided x)."""
     x = x.contiguous()
     library().activate(x.data_ptr(), x.data_ptr(), x.numel(), ACTIVATIONS[act])
     return x
