@@ -21,6 +21,7 @@ import os
 import re
 from pathlib import Path
 
+from tfcli.checkpoint_meta import tokenizer_path
 from tfcli.errors import ConfigError
 
 _CODE = r"[A-Za-z][A-Za-z0-9_-]{0,15}"  # fr, pt_BR, zho_Hans
@@ -139,10 +140,10 @@ class Languages:
     tags (>>fr<<, Marian's: the target's tag first in the source) and tokens (M2M-100/NLLB: the source's token
     first in the source, the target's forced first in the output)."""
 
-    def __init__(self, tok, meta: dict, file: str | os.PathLike | None = None):
-        """`tok`: the source tokenizer (None for a language model), read from `file` (language_tags)."""
+    def __init__(self, tok, meta: dict):
+        """`tok`: the checkpoint's source tokenizer (None for a language model); `meta` its config.json."""
         self.tokens = language_ids(tok, meta[LANGUAGE_TOKENS]) if LANGUAGE_TOKENS in meta and tok is not None else {}
-        self.tags = {} if self.tokens or tok is None else language_tags(tok, file)
+        self.tags = {} if self.tokens or tok is None else language_tags(tok, tokenizer_path(meta, "src"))
         self.kind = "tokens" if self.tokens else "tags" if self.tags else "none"
 
     @property

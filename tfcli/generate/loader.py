@@ -53,8 +53,7 @@ def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32",
         half = half_weights(device, dtype)
     decoding = copy.deepcopy(model).to(DTYPES[dtype]) if half else model
     steps = StepModel(decoding, pack=dtype == "fp32", int8=dtype == "int8")
-    return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps,
-                  Languages(toks.get("src"), meta, checkpoint_meta.tokenizer_path(meta, "src")))
+    return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps, Languages(toks.get("src"), meta))
 
 
 def _shared_tokenizer(meta: dict) -> bool:

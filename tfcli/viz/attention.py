@@ -129,7 +129,7 @@ def _collect_seq2seq(model, meta, texts, targets, tgt_lang, src_lang) -> list[At
     cfg = model.cfg
     device = next(model.parameters()).device
     src_tok, tgt_tok = checkpoint_tokenizer(meta, "src"), checkpoint_tokenizer(meta, "tgt")
-    languages = Languages(src_tok, meta, checkpoint_meta.tokenizer_path(meta, "src"))
+    languages = Languages(src_tok, meta)
     if src_lang and languages.kind != "tokens":
         raise TfcliError("--src-lang names the source language token of an imported M2M-100 or NLLB model; this "
                          "model has none")
