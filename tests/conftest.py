@@ -1,8 +1,14 @@
 import os
-from pathlib import Path
 
-import pytest
-import torch
+# pytest-xdist runs a worker per core, each with torch's OpenMP threads on every core: threads that spin at a
+# barrier (libgomp's default) then wait on ones the other workers took, and small operators take many times their
+# time. Waiting threads sleep instead (read when torch loads OpenMP: before it is imported; subprocesses inherit it).
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from helpers import WORDS, random_translator, save_copier, save_counter, save_model, save_word_tokenizer
 
