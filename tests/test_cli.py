@@ -429,3 +429,19 @@ def test_option_defaults_in_help_come_from_the_config_dataclasses():
                 assert stated[0] == _shown(value), (command, p.name, stated[0], value)
                 checked += 1
     assert checked > 40
+
+
+def test_the_collector_skips_the_start_and_collects_during_the_work(copier):
+    """`python -m tfcli`: no collection while a command's modules import (torch's objects, which live to the end,
+    are frozen out of the collector's passes when the command starts its work), and the collector on after that,
+    so that a long run's garbage is still collected."""
+    probe = ("import atexit, gc, sys; from tfcli import __main__ as m; frozen = []; "
+             "gc.callbacks.append(lambda phase, info: phase == 'start' and frozen.append(gc.get_freeze_count())); "
+             "atexit.register(lambda: print(gc.isenabled(), gc.get_freeze_count(), *frozen[:1], file=sys.stderr)); "
+             "sys.argv = ['tfcli'] + sys.argv[1:]; m.main()")
+    r = subprocess.run([sys.executable, "-c", probe, "translate", "-m", str(copier), "--threads", "1", "-q"],
+                       input="cat dog\n", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "cat dog\n", r.stderr
+    enabled, frozen, *first = r.stderr.strip().splitlines()[-1].split()
+    assert enabled == "True" and int(frozen) > 50_000  # torch's modules, among others
+    assert all(int(n) > 50_000 for n in first)  # the first collection (if any) came after the freeze

@@ -3,6 +3,7 @@ code, the options several commands take (each defined once), and the checks of f
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import sys
@@ -124,6 +125,7 @@ def fail(message: str, code: int = EXIT_ERROR) -> None:
 
 def run(fn, *args, **kwargs):
     """Call `fn`, turning user errors into one-line messages and exit codes (tracebacks only with --debug)."""
+    _imports_done()
     try:
         result = fn(*args, **kwargs)
         raise_if_interrupted()  # a signal whose KeyboardInterrupt was lost in C code still ends in status 130
@@ -161,6 +163,15 @@ def run(fn, *args, **kwargs):
             fail(f"out of memory{tried}; use a smaller model or lower --batch-size / --max-tokens")
         first = (str(e).strip().splitlines() or [""])[0]
         fail(f"internal error: {type(e).__name__}: {first} (run with --debug for the traceback, and please report it)")
+
+
+def _imports_done() -> None:
+    """A command has imported what it needs when it first calls `run`: the garbage collector that the entry point
+    held off during the imports (tfcli.__main__) goes on, leaving out of its passes every object there is now
+    (gc.freeze: modules, functions, classes that live to the end of the process)."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 def _exit_interrupted() -> None:
