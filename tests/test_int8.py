@@ -328,16 +328,22 @@ def test_a_planted_library_is_never_loaded(monkeypatch, tmp_path):
     assert lib is None and not marker.exists() and len(caught) == 1 and "not private" in caught[0]
 
 
-def test_rows_c_quantises_weights_as_the_torch_ops_do(monkeypatch):
-    """rows.c's quantize_weight: the scales and int8 weights of the torch ops it replaces, byte for byte (rows of
-    every range, an all-zero one, ties at .5 steps), and the same into rows.c's blocks as into plain rows."""
+@pytest.mark.parametrize("isa", [0, 1, 2])
+def test_rows_c_quantises_weights_as_the_torch_ops_do(isa, monkeypatch):
+    """rows.c's quantize_weight, in each of its versions (`isa`: plain C, AVX2, AVX-512): the scales and int8
+    weights of the torch ops it replaces, byte for byte (rows of every range, an all-zero one, ties at .5 steps,
+    widths past the vectors'), and the same into rows.c's blocks as into plain rows."""
     if native.library() is None:
         pytest.skip("the row kernels could not be built here (no C compiler)")
+    if isa > native.vector_isa():
+        pytest.skip(f"this CPU (or ATEN_CPU_CAPABILITY) does not run version {isa}")
+    monkeypatch.setattr(native, "vector_isa", lambda: isa)
     torch.manual_seed(3)
     w = torch.randn(150, 37) * torch.rand(150, 1) * 3
     w[4] = 0
     w[7, :3] = torch.tensor([127.0, 0.5, -1.5])  # (scale 1: ties round to even)
     w[7, 3:] = 0
+    w[9, 0], w[9, 1:] = 127, torch.arange(-18.5, 17.5)  # (scale 1) ties in the vectors' lanes and in the tail
     wq = torch.empty(150, 37, dtype=torch.int8)
     packed = int8._Packed(150, 37) if native.int8_kernel() is not None else None
     scale = int8.quantize_weight(w, wq, packed, rows=64)

@@ -53,7 +53,8 @@ def quantize_weight(w: torch.Tensor, wq: torch.Tensor | None = None, packed: "_P
                 block = block.contiguous()
                 lib.quantize_weight(block.data_ptr(), n, K, K, None if wq is None else wq[i].data_ptr(),
                                     None if packed is None else packed.wp[i // 64].data_ptr(),
-                                    None if packed is None else packed.cs[i].data_ptr(), scale[i].data_ptr())
+                                    None if packed is None else packed.cs[i].data_ptr(), scale[i].data_ptr(),
+                                    native.vector_isa())
             elif packed is not None:
                 raise RuntimeError("rows.c's int8 blocks need rows.c (tfcli.generate.native.library)")
             else:

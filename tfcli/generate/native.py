@@ -142,6 +142,14 @@ def int8_kernel():
     return None if lib is None else _version(lib.linear_int8_supported(), lib.linear_int8, lib.linear_int8_avx2)
 
 
+def vector_isa() -> int:
+    """The vectors of rows.c's exact helpers that run here (quantize_weight's isa): 2 AVX-512, 1 AVX2, 0 none (plain
+    C; no library, or torch's kernels held to plain x86-64), as `fp32_kernel` chooses. Every level gives the same
+    bytes; tests hold each to the others."""
+    lib = library()
+    return 0 if lib is None else _version(lib.linear_rows_supported(), 2, 1) or 0
+
+
 def _version(level: int, avx512, avx2):
     """Of a kernel's two versions, the one this CPU runs (`level`: rows.c's answer, 2 AVX-512, 1 AVX2, 0 neither)
     within what torch's own CPU kernels are held to (ATEN_CPU_CAPABILITY), or None."""
@@ -289,7 +297,7 @@ def library():
         linear.argtypes = [p, i64, i64, i64, ctypes.c_float, p, p, p, p, p, i64, ctypes.c_int, p, p, p]
         linear.restype = None
     lib.linear_int8_supported.argtypes, lib.linear_int8_supported.restype = [], ctypes.c_int
-    lib.quantize_weight.argtypes = [p, i64, i64, i64, p, p, p, p]
+    lib.quantize_weight.argtypes = [p, i64, i64, i64, p, p, p, p, ctypes.c_int]
     lib.quantize_weight.restype = None
     lib.attend_rows.argtypes = [p, i64, i64, i64, p, i64, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64,
                                 i64, i64, i64, i64, i64, i64, ctypes.c_float, p]

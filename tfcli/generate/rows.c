@@ -918,28 +918,96 @@ static inline __attribute__((always_inline)) void quantize_u8(const float *xr, i
 I8LINEAR(linear_int8, "avx512f,avx512bw,avx512vnni,avx2,fma", I8TILES_AVX512, 6, 64)
 I8LINEAR(linear_int8_avx2, "avx2,fma", I8TILES_AVX2, 2, 32)
 
+/* One row of W quantised (ws, its scale, given): q_k = round(w_k / ws) half to even into row (when not null) and into
+ * block (linear_int8's layout: q_k at block[k / 4 * 256 + k % 4], when not null); returns the sum of the q_k. The
+ * vector versions do the same IEEE operations (a division, a rounding to nearest even; the conversions of integers
+ * up to 127 are exact): the same bytes. */
+static inline __attribute__((always_inline)) int32_t quantize_tail(const float *w, int64_t k, int64_t K, float ws,
+                                                                   int8_t *row, int8_t *block) {
+    int32_t sum = 0;
+    for (; k < K; k++) {
+        const int8_t q = (int8_t)nearbyintf(w[k] / ws);
+        sum += q;
+        if (row) row[k] = q;
+        if (block) block[k / 4 * 256 + k % 4] = q;
+    }
+    return sum;
+}
+
+static int32_t quantize_row_c(const float *w, int64_t K, float ws, int8_t *row, int8_t *block) {
+    return quantize_tail(w, 0, K, ws, row, block);
+}
+
+#if defined(__x86_64__)
+static __attribute__((target("avx512f"))) int32_t quantize_row_avx512(const float *w, int64_t K, float ws,
+                                                                        int8_t *row, int8_t *block) {
+    const __m512 s = _mm512_set1_ps(ws);
+    __m512i acc = _mm512_setzero_si512();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(w + k), s),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i q = _mm512_cvtps_epi32(r);
+        acc = _mm512_add_epi32(acc, q);
+        const __m128i b = _mm512_cvtepi32_epi8(q);
+        if (row) _mm_storeu_si128((__m128i *)(row + k), b);
+        if (block) {
+            int32_t g[4];
+            _mm_storeu_si128((__m128i *)g, b);
+            for (int i = 0; i < 4; i++) memcpy(block + (k / 4 + i) * 256, g + i, 4);
+        }
+    }
+    return _mm512_reduce_add_epi32(acc) + quantize_tail(w, k, K, ws, row, block);
+}
+
+static __attribute__((target("avx2"))) int32_t quantize_row_avx2(const float *w, int64_t K, float ws, int8_t *row,
+                                                                  int8_t *block) {
+    const __m256 s = _mm256_set1_ps(ws);
+    __m256i acc = _mm256_setzero_si256();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(w + k), s),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i q = _mm256_cvtps_epi32(r);
+        acc = _mm256_add_epi32(acc, q);
+        const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        const __m128i b = _mm_packs_epi16(h, h); /* (|q| <= 127: no saturation) */
+        int32_t g[4];
+        _mm_storeu_si128((__m128i *)g, b);
+        if (row) memcpy(row + k, g, 8);
+        if (block) {
+            memcpy(block + k / 4 * 256, g, 4);
+            memcpy(block + (k / 4 + 1) * 256, g + 1, 4);
+        }
+    }
+    int32_t lane[8];
+    _mm256_storeu_si256((__m256i *)lane, acc);
+    int32_t sum = 0;
+    for (int i = 0; i < 8; i++) sum += lane[i];
+    return sum + quantize_tail(w, k, K, ws, row, block);
+}
+#endif
+
 /* W's rows quantised as tfcli.generate.int8.quantize_weight does (the same IEEE operations: the same bytes): for
  * each of its N rows (row stride ldw), ws = max(max_k |w_k|, 1e-12) / 127 and q_k = round(w_k / ws), half to even;
  * written as plain rows into wq (N x K) where it is not null, and into wp in linear_int8's blocks (the first row
  * a multiple of 64 into the whole matrix; rows past N and inputs past K left as they are: zero) with cs, the sum
- * of each row's q, where wp is not null. */
+ * of each row's q, where wp is not null. isa: 2 AVX-512, 1 AVX2, 0 plain C (the same bytes). */
 CLONES void quantize_weight(const float *w, int64_t N, int64_t K, int64_t ldw, int8_t *wq, int8_t *wp, int32_t *cs,
-                            float *ws) {
+                            float *ws, int isa) {
     const int64_t K4 = (K + 3) / 4;
+    int32_t (*row_fn)(const float *, int64_t, float, int8_t *, int8_t *) = quantize_row_c;
+#if defined(__x86_64__)
+    if (isa == 2) row_fn = quantize_row_avx512;
+    if (isa == 1) row_fn = quantize_row_avx2;
+#endif
 #pragma omp parallel for schedule(static) if (N * K >= PARALLEL_MIN)
     for (int64_t j = 0; j < N; j++) {
         const float *wr = w + j * ldw;
         const float m = absmax(wr, K);
         const float sj = (m > 1e-12f ? m : 1e-12f) / 127.0f;
         ws[j] = sj;
-        int32_t sum = 0;
-        int8_t *row = wq ? wq + j * K : 0, *block = wp ? wp + j / 64 * 256 * K4 + j % 64 * 4 : 0;
-        for (int64_t k = 0; k < K; k++) {
-            const int8_t q = (int8_t)nearbyintf(wr[k] / sj);
-            sum += q;
-            if (row) row[k] = q;
-            if (block) block[k / 4 * 256 + k % 4] = q;
-        }
+        const int32_t sum = row_fn(wr, K, sj, wq ? wq + j * K : 0, wp ? wp + j / 64 * 256 * K4 + j % 64 * 4 : 0);
         if (cs) cs[j] = sum;
     }
 }
