@@ -26,7 +26,7 @@
 With --int8, CTranslate2's int8 runs a model converted with `quantization="int8"` (what its documentation has
 int8 users do: a quarter of the bytes to read and hold), tfcli's the same fp32 checkpoint with `--dtype int8`.
 With --shape, (1) also reports each system's time from a command's start to its first output line (load and one
-sentence at the beam size; best of --repeats fresh processes) and that process's peak memory (GNU time's maximum
+sentence at the beam size; best of --first-line-repeats fresh processes) and that process's peak memory (GNU time's maximum
 RSS): `tfcli translate` as a user runs it (stdin to stdout), CTranslate2 as a Python script that imports
 ctranslate2 alone (its users need no torch), and Python importing torch alone (no program on torch prints sooner).
 (1) also reports the fp32 arithmetic floor of each run: the linear layers' least multiply-adds at this CPU's FMA
@@ -218,7 +218,8 @@ def first_line(cmd: list[str], stdin: str) -> tuple[float, int, str]:
 
 def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, args) -> dict:
     """`first_line` of `tfcli translate` (fp32; with `int8_dir`, --dtype int8 too) and of CTranslate2's script
-    on `ct2_dir` (float32) and `int8_dir` (int8), on one source line: best of args.repeats each, interleaved."""
+    on `ct2_dir` (float32) and `int8_dir` (int8), on one source line: best of args.first_line_repeats each,
+    interleaved."""
     L, b, threads = str(args.out_len), str(args.beam), str(args.threads)
     tfcli = [sys.executable, "-m", "tfcli", "translate", "-m", str(ckpt), "-b", b, "--len-penalty", "0",
              "--max-len-a", "0", "--max-len-b", L, "--min-len", L, "--raw", "--threads", threads, "-q"]
@@ -228,7 +229,7 @@ def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, arg
     if int8_dir is not None:
         cmds |= {"tfcli_int8": tfcli + ["--dtype", "int8"], "ct2_int8": ct2 + [str(int8_dir), "int8", threads, b, L, line]}
     runs: dict[str, list] = {name: [] for name in cmds}
-    for _ in range(args.repeats):
+    for _ in range(args.first_line_repeats):
         for name, cmd in cmds.items():
             runs[name].append(first_line(cmd, line + "\n"))
     out = {name: {"seconds": min(r[0] for r in rs), "times_s": [r[0] for r in rs],
@@ -514,7 +515,8 @@ def markdown(res: dict) -> str:
     if "first_line" in syn:
         fl = syn["first_line"]
         lines += ["", f"Time from a command's start to its first output line (one sentence, beam {res['beam']}, "
-                  f"{res['out_len']} tokens; load included; best of {res['repeats']} fresh processes) and that "
+                  f"{res['out_len']} tokens; load included; best of {res.get('first_line_repeats', res['repeats'])} fresh "
+                  "processes) and that "
                   "process's peak memory (GNU time's maximum RSS): `tfcli translate` (stdin to stdout) and a "
                   "CTranslate2 script that imports ctranslate2 alone; CT2 int8 reads a model converted to int8.", "",
                   "| system | first line (s) | peak RSS (MB) | same line as tfcli |", "| --- | ---: | ---: | --- |"]
@@ -594,6 +596,9 @@ def main():
     p.add_argument("--real-repeats", type=int, default=None,
                    help="interleaved runs of the Multi30k side-by-side part (default: --repeats; its runs are short, "
                         "and a best of few moves with the machine's load)")
+    p.add_argument("--first-line-repeats", type=int, default=5,
+                   help="fresh processes a system's time to the first line is the best of (each a few seconds; a "
+                        "best of two moved by 0.3 s between runs on a noisy machine)")
     p.add_argument("--checkpoint", default=None, help="trained checkpoint for the Multi30k `tfcli translate` part")
     p.add_argument("--peer-checkpoint", default=None,
                    help="trained post-norm de->en checkpoint for the Multi30k side-by-side part")
@@ -615,7 +620,7 @@ def main():
         "nproc": os.cpu_count(), "cpu": cpu_name(), "torch": torch.__version__,
         "transformers": transformers.__version__, "ctranslate2": ctranslate2.__version__, "threads": args.threads,
         "date": time.strftime("%Y-%m-%d %H:%M"), "beam": args.beam, "out_len": args.out_len, "repeats": args.repeats,
-        "real_repeats": args.real_repeats,
+        "real_repeats": args.real_repeats, "first_line_repeats": args.first_line_repeats,
         "load_average_at_start": os.getloadavg(),
     }
     with tempfile.TemporaryDirectory() as tmp:
