@@ -445,3 +445,27 @@ def test_the_collector_skips_the_start_and_collects_during_the_work(copier):
     enabled, frozen, *first = r.stderr.strip().splitlines()[-1].split()
     assert enabled == "True" and int(frozen) > 50_000  # torch's modules, among others
     assert all(int(n) > 50_000 for n in first)  # the first collection (if any) came after the freeze
+
+
+def test_a_given_thread_count_is_used_without_watching_the_cpus(monkeypatch):
+    """`--threads N` on the command line: OMP_NUM_THREADS and RAYON_NUM_THREADS are N before torch loads, and the
+    start skips its 0.1 s look at what other work keeps busy; OMP_NUM_THREADS already set is the user's choice."""
+    from tfcli.cli import process
+
+    assert [process.threads_flag(a) for a in (["-m", "ck", "--threads", "2"], ["--threads=3"], ["--threads", "0"],
+                                              ["--threads", "x"], ["--", "--threads", "2"], ["--threads"], [])] \
+        == [2, 3, None, None, None, None, None]
+
+    def watched(sample_s):
+        raise AssertionError("the CPUs were watched")
+
+    monkeypatch.setattr(process, "busy_cores", watched)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    assert process.choose_threads(given=3) == 3
+    assert os.environ["OMP_NUM_THREADS"] == "3" and os.environ["RAYON_NUM_THREADS"] == "3"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert process.choose_threads(given=3) is None and os.environ["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setattr(process, "busy_cores", lambda sample_s: 0.0)  # no --threads: the watch decides
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert process.choose_threads() == process.usable_cores()

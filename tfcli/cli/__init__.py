@@ -16,7 +16,7 @@ import sys
 # the commands, registered on `app` in the order `tfcli --help` lists them: the pipeline's order
 from tfcli.cli import prepare, train, config, average, interop, translate, generate, eval, viz  # noqa: F401, I001
 from tfcli.cli.common import app, fail, run
-from tfcli.cli.process import COMPUTING, choose_threads
+from tfcli.cli.process import COMPUTING, choose_threads, threads_flag
 from tfcli.errors import EXIT_INTERRUPTED, interrupt
 
 __all__ = ["app", "main", "run", "fail"]
@@ -36,7 +36,7 @@ def main() -> None:
         signal.signal(sig, interrupt)
     sys.unraisablehook = _unraisable
     if len(sys.argv) > 1 and sys.argv[1] in COMPUTING and not {"--help", "-h"} & set(sys.argv):
-        choose_threads()  # (before torch loads: it reads OMP_NUM_THREADS once)
+        choose_threads(given=threads_flag(sys.argv[2:]))  # (before torch loads: it reads OMP_NUM_THREADS once)
     try:
         app()
     except SystemExit as e:

@@ -13,10 +13,11 @@ COMPUTING = ("train", "translate", "lm-generate", "eval", "prepare", "attention"
 SAMPLE_S = 0.1  # how long the CPUs are watched at start
 
 
-def choose_threads(sample_s: float = SAMPLE_S) -> int | None:
+def choose_threads(sample_s: float = SAMPLE_S, given: int | None = None) -> int | None:
     """Before torch loads: OMP_NUM_THREADS (torch's and oneDNN's threads) and RAYON_NUM_THREADS (the tokenizers')
     set to the cores this process may use that other work is not using now; returns the count, or None where the
-    user chose (OMP_NUM_THREADS set; `--threads` is applied later and wins over both).
+    user chose (OMP_NUM_THREADS set). `given`: the command's --threads (`threads_flag`), used as it is, without the
+    look at the CPUs (tfcli.runtime.tune_process applies it to torch later; the tokenizers take it from here).
 
     Why: a thread of an OpenMP team that shares its core with another process's busy thread is late to every
     barrier, and the others spin there waiting for it: beside one busy thread on 2 cores, 2 threads made training
@@ -26,11 +27,23 @@ def choose_threads(sample_s: float = SAMPLE_S) -> int | None:
     that comes later is not followed (give --threads)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
-    cores = usable_cores()
-    threads = max(1, cores - round(busy_cores(sample_s)))
+    threads = given or max(1, usable_cores() - round(busy_cores(sample_s)))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     return threads
+
+
+def threads_flag(args: list[str]) -> int | None:
+    """The positive count a command line's --threads gives (`--threads N` or `--threads=N`, before any `--`), or None
+    (absent, 0 or not a number: the command reads it then and says what is wrong)."""
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        value = args[i + 1] if a == "--threads" and i + 1 < len(args) else a[len("--threads="):] \
+            if a.startswith("--threads=") else None
+        if value is not None:
+            return int(value) if value.isdigit() and int(value) > 0 else None
+    return None
 
 
 def usable_cores() -> int:
