@@ -23,14 +23,14 @@
     the same 1,000 sentences (pre-tokenised for the peers; tfcli, through its API, is given the text), natural
     output lengths, alpha 0, BLEU and agreement per system.
 
-With --int8, CTranslate2's int8 runs a model converted with `quantization="int8"` (what its documentation has
-int8 users do: a quarter of the bytes to read and hold), tfcli's the same fp32 checkpoint with `--dtype int8`.
-With --shape, (1) also reports each system's time from a command's start to its first output line (load and one
-sentence at the beam size; best of --first-line-repeats fresh processes) and that process's peak memory (GNU time's maximum
-RSS): `tfcli translate` as a user runs it (stdin to stdout), CTranslate2 as a Python script that imports
-ctranslate2 alone (its users need no torch), and Python importing torch alone (no program on torch prints sooner).
-(1) also reports the fp32 arithmetic floor of each run: the linear layers' least multiply-adds at this CPU's FMA
-peak, measured in the same run (common.fma_peak_gflops), against HF's and tfcli's times.
+With --int8, CTranslate2's int8 runs a model converted with `quantization="int8"` (what its documentation has int8
+users do: a quarter of the bytes to read and hold), tfcli's the same fp32 checkpoint with `--dtype int8`. With
+--shape, (1) also reports each system's time from a command's start to its first output line (load and one sentence
+at the beam size; best of --first-line-repeats fresh processes) and that process's peak memory (GNU time's maximum
+RSS): `tfcli translate` as a user runs it (stdin to stdout), CTranslate2 as a Python script that imports ctranslate2
+alone (its users need no torch), and Python importing torch alone (no program on torch prints sooner). (1) also
+reports the fp32 arithmetic floor of each run: the linear layers' least multiply-adds at this CPU's FMA peak,
+measured in the same run (common.fma_peak_gflops), against HF's and tfcli's times.
 
 Each measurement is repeated (--repeats), systems interleaved, and the best time is kept (the machine may be
 shared). Results: benchmarks/results/translate_speed.{json,md}.
@@ -515,8 +515,8 @@ def markdown(res: dict) -> str:
     if "first_line" in syn:
         fl = syn["first_line"]
         lines += ["", f"Time from a command's start to its first output line (one sentence, beam {res['beam']}, "
-                  f"{res['out_len']} tokens; load included; best of {res.get('first_line_repeats', res['repeats'])} fresh "
-                  "processes) and that "
+                  f"{res['out_len']} tokens; load included; best of "
+                  f"{res.get('first_line_repeats', res['repeats'])} fresh processes) and that "
                   "process's peak memory (GNU time's maximum RSS): `tfcli translate` (stdin to stdout) and a "
                   "CTranslate2 script that imports ctranslate2 alone; CT2 int8 reads a model converted to int8.", "",
                   "| system | first line (s) | peak RSS (MB) | same line as tfcli |", "| --- | ---: | ---: | --- |"]

@@ -39,10 +39,13 @@ def threads_flag(args: list[str]) -> int | None:
     for i, a in enumerate(args):
         if a == "--":
             break
-        value = args[i + 1] if a == "--threads" and i + 1 < len(args) else a[len("--threads="):] \
-            if a.startswith("--threads=") else None
-        if value is not None:
-            return int(value) if value.isdigit() and int(value) > 0 else None
+        if a == "--threads":
+            value = args[i + 1] if i + 1 < len(args) else ""
+        elif a.startswith("--threads="):
+            value = a.partition("=")[2]
+        else:
+            continue
+        return int(value) if value.isdigit() and int(value) > 0 else None
     return None
 
 

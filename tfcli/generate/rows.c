@@ -934,10 +934,6 @@ static inline __attribute__((always_inline)) int32_t quantize_tail(const float *
     return sum;
 }
 
-static int32_t quantize_row_c(const float *w, int64_t K, float ws, int8_t *row, int8_t *block) {
-    return quantize_tail(w, 0, K, ws, row, block);
-}
-
 #if defined(__x86_64__)
 static __attribute__((target("avx512f"))) int32_t quantize_row_avx512(const float *w, int64_t K, float ws,
                                                                         int8_t *row, int8_t *block) {
@@ -996,7 +992,7 @@ static __attribute__((target("avx2"))) int32_t quantize_row_avx2(const float *w,
 CLONES void quantize_weight(const float *w, int64_t N, int64_t K, int64_t ldw, int8_t *wq, int8_t *wp, int32_t *cs,
                             float *ws, int isa) {
     const int64_t K4 = (K + 3) / 4;
-    int32_t (*row_fn)(const float *, int64_t, float, int8_t *, int8_t *) = quantize_row_c;
+    int32_t (*row_fn)(const float *, int64_t, float, int8_t *, int8_t *) = 0; /* isa 0: the loop, inlined here */
 #if defined(__x86_64__)
     if (isa == 2) row_fn = quantize_row_avx512;
     if (isa == 1) row_fn = quantize_row_avx2;
@@ -1007,7 +1003,8 @@ CLONES void quantize_weight(const float *w, int64_t N, int64_t K, int64_t ldw, i
         const float m = absmax(wr, K);
         const float sj = (m > 1e-12f ? m : 1e-12f) / 127.0f;
         ws[j] = sj;
-        const int32_t sum = row_fn(wr, K, sj, wq ? wq + j * K : 0, wp ? wp + j / 64 * 256 * K4 + j % 64 * 4 : 0);
+        int8_t *row = wq ? wq + j * K : 0, *block = wp ? wp + j / 64 * 256 * K4 + j % 64 * 4 : 0;
+        const int32_t sum = row_fn ? row_fn(wr, K, sj, row, block) : quantize_tail(wr, 0, K, sj, row, block);
         if (cs) cs[j] = sum;
     }
 }
