@@ -10,6 +10,7 @@ tokens first, saved as the prepared format expects. Tasks:
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -126,6 +127,36 @@ def tiny_train_config(data: Path | str, out: Path | str, **overrides):
     )
     fields.update(overrides)
     return TrainConfig(**fields)
+
+
+def poisoned(monkeypatch, bad) -> dict:
+    """The training loss is NaN (so are its gradients) at the steps `bad(step)` holds for (1-based); returns, by
+    step, whether the step changed the weights or the optimizer's state."""
+    import torch
+
+    import tfcli.train.trainer as trainer_module
+
+    real_step, real_loss = trainer_module.Trainer._step, trainer_module.batch_loss
+    now, changed = {}, {}
+
+    def state(t):
+        opt = [v.clone() for st in t.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        return [p.detach().clone() for p in t.raw.parameters()] + opt
+
+    def step(trainer, *a):
+        now["step"] = trainer.step + 1
+        before = state(trainer)
+        real_step(trainer, *a)
+        after = state(trainer)
+        changed[now["step"]] = len(before) != len(after) or not all(map(torch.equal, before, after))
+
+    def loss(model, batch):
+        value, nll = real_loss(model, batch)
+        return (value * math.nan if bad(now["step"]) else value), nll
+
+    monkeypatch.setattr(trainer_module.Trainer, "_step", step)
+    monkeypatch.setattr(trainer_module, "batch_loss", loss)
+    return changed
 
 
 def train_tiny_checkpoint(

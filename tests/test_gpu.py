@@ -9,6 +9,7 @@ hand-built models (tests/helpers.py) decide every token by 20 logits or more, so
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import torch
 
 import tfcli
 from tfcli.data.tokenizer import encode_batch
-from helpers import make_parallel_prepared, tiny_train_config
+from helpers import make_parallel_prepared, poisoned, tiny_train_config
 from tfcli.train.trainer import run as run_cli_config
 from tfcli.train.trainer import train
 
@@ -104,6 +105,19 @@ def test_resume_on_the_gpu_continues_the_run(tmp_path, parallel, device):
     assert part.keys() == full.keys()
     for s in full:
         assert part[s] == pytest.approx(full[s], rel=0.05)
+
+
+@pytest.mark.parametrize("device", [CUDA])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_a_nan_step_on_the_gpu_makes_no_update(tmp_path, parallel, monkeypatch, device, precision):
+    """A NaN loss at step 3: fused AdamW skips the update on the device (fp16: the GradScaler does), the weights
+    stay finite, and the log counts the skip and leaves the loss out."""
+    changed = poisoned(monkeypatch, lambda step: step == 3)
+    losses = _run(parallel, tmp_path / "run", device, steps=5, precision=precision)
+    assert changed[3] is False and (changed[5] is True or precision == "fp16")  # (fp16: perhaps an overflow)
+    assert math.isnan(losses[3]) and all(math.isfinite(losses[s]) for s in (1, 2, 4, 5))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in records if r["split"] == "train" and r["step"] == 3] == [1]
 
 
 @pytest.mark.parametrize("device", [CUDA])

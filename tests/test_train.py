@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from helpers import make_mono_prepared, make_parallel_prepared, tiny_train_config, train_tiny_checkpoint
+from helpers import make_mono_prepared, make_parallel_prepared, poisoned, tiny_train_config, train_tiny_checkpoint
 from tfcli import checkpoint
 from tfcli import checkpoint_meta
 from tfcli.data.batching import lm_stream
@@ -36,7 +36,7 @@ from tfcli.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_KEYS = {"step", "epoch", "time", "split", "loss", "nll", "ppl", "lr", "src_tokens_per_s", "tgt_tokens_per_s",
-              "padding_fraction", "grad_norm"}
+              "padding_fraction", "grad_norm", "skipped"}
 VALID_KEYS = {"step", "epoch", "time", "split", "loss", "ppl"}
 
 
@@ -574,6 +574,51 @@ def test_resume_rejects_a_changed_architecture_and_corrupt_checkpoints(tmp_path,
     (ckpt / "trainer_state.json").write_bytes(files["trainer_state.json"])
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == files  # nothing else was touched
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["BEST", "LATEST", ckpt.name]
+
+
+# --- updates whose gradients are not finite -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_step_with_nan_gradients_makes_no_update_and_is_logged(tmp_path, parallel, monkeypatch, optimizer):
+    """AdamW (torch's fused: skipped on the device) and Muon (skipped on the host): a NaN step leaves the weights
+    and every moment as they were, the run goes on, and the log counts it, its loss left out."""
+    changed = poisoned(monkeypatch, lambda step: step in (3, 5))
+    train(tiny_train_config(parallel, tmp_path / "run", max_steps=8, valid_every=8, log_every=1, valid_bleu=False,
+                            optimizer=optimizer))
+    assert changed == {step: step not in (3, 5) for step in range(1, 9)}
+    assert all(torch.isfinite(t).all() for t in weights(tmp_path / "run").values())
+    records = [r for r in metrics(tmp_path / "run") if r["split"] == "train"]
+    assert [r["skipped"] for r in records] == [int(r["step"] in (3, 5)) for r in records]
+    assert all(math.isnan(r["loss"]) == (r["step"] in (3, 5)) for r in records)
+    if optimizer == "adamw":  # AdamW's step count: the updates made
+        state = load_file(str(_latest(tmp_path / "run") / "trainer_state.safetensors"))
+        assert {float(v) for k, v in state.items() if k.endswith(".step")} == {6.0}
+
+
+def test_a_diverged_run_stops_before_its_good_checkpoints_are_rotated_out(tmp_path, parallel, monkeypatch):
+    """NaN from step 5 on, DIVERGED_AFTER 3: steps 5 and 6 are skipped (the checkpoint at 6 holds step 4's weights),
+    step 7 is the third in a row: a one-line error that says what to do, and no checkpoint after 6. Resumed, the
+    count goes on from the checkpoint's (the same error at step 7); resumed once the loss is sound, it trains on."""
+    import tfcli.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "DIVERGED_AFTER", 3)
+    poisoned(monkeypatch, lambda step: step >= 5)
+    run = tmp_path / "run"
+    cfg = dict(max_steps=12, valid_every=2, log_every=1, valid_bleu=False, keep_last=2)
+    message = r"training diverged: the last 3 updates \(to step 7\) were skipped.*lower --lr.*step-0*6 is whole"
+    with pytest.raises(TfcliError, match=message):
+        train(tiny_train_config(parallel, run, **cfg))
+    assert _latest(run).name.endswith("6") and sorted(p.name for p in (run / "checkpoints").glob("step-*"))[-1] \
+        == _latest(run).name
+    four = load_file(str(run / "checkpoints" / _latest(run).name.replace("6", "4") / "model.safetensors"))
+    assert all(torch.equal(four[k], v) for k, v in weights(run).items())
+    assert json.loads((_latest(run) / "trainer_state.json").read_text())["skipped_in_row"] == 2
+    with pytest.raises(TfcliError, match=message):
+        run_cli_config(None, {"out": str(run), "resume": True})
+    monkeypatch.undo()
+    result = run_cli_config(None, {"out": str(run), "resume": True})
+    assert result.step == 12 and all(torch.isfinite(t).all() for t in weights(run).values())
 
 
 def _cli(*args, **kw):

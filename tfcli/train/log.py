@@ -5,7 +5,9 @@ metrics.jsonl keys (other tools, e.g. `tfcli plot`, read them):
   every line   step, epoch, time (seconds of training so far), split ("train" | "valid")
   train        loss (label-smoothed, per target token), nll (plain cross-entropy per target token), ppl, lr,
                src_tokens_per_s, tgt_tokens_per_s (non-padding tokens; 0 source tokens for a language model),
-               padding_fraction, grad_norm, and on a GPU mfu and max_mem_gib (peak allocated GPU memory so far)
+               padding_fraction, grad_norm, skipped (updates skipped since the last line: inf or NaN gradients;
+               loss and nll are over the steps whose loss was finite, NaN where none was), and on a GPU mfu and
+               max_mem_gib (peak allocated GPU memory so far)
   valid        loss, nll, ppl, and bleu for translation; a multilingual model's per direction under "directions"
                ({"de-en": {loss, nll, ppl, bleu}, ...}), the others their mean
 """
@@ -49,6 +51,8 @@ def format_record(r: dict) -> str:
         if r["src_tokens_per_s"]:
             parts.append(f"src tok/s {_si(r['src_tokens_per_s'])}")
         parts.append(f"pad {100 * r['padding_fraction']:.1f}%")
+        if r.get("skipped"):
+            parts.append(f"{r['skipped']} updates skipped (inf/NaN gradients)")
         if "mfu" in r:
             parts.append(f"MFU {100 * r['mfu']:.1f}%")
         if "max_mem_gib" in r:

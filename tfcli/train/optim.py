@@ -104,3 +104,18 @@ class MuonAdamW(torch.optim.Optimizer):
         # p -= lr * m_hat / (sqrt(v_hat) + eps), with m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t)
         denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(group["eps"])
         p.addcdiv_(m, denom, value=-lr / (1 - beta1**t))
+
+
+def step_if_finite(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:
+    """`optimizer.step()` where `finite` (a 0-d bool tensor: the gradients' norm is finite) holds, else no update at
+    all: weights, moments and step counts stay as they were (an inf or NaN gradient would make every later weight
+    NaN). torch's fused AdamW skips on the device (its `found_inf`, as under a GradScaler), so a GPU step never waits
+    for the answer; another optimizer reads it on the host."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf = (~finite).float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif bool(finite):
+        optimizer.step()

@@ -6,6 +6,12 @@ of a step is the sum over all its target tokens divided by their total count (ov
 the update does not depend on how the step is split across processes or accumulation. Everything a step depends on
 (weights, optimizer moments, RNG states, the position in the batch list) goes into each checkpoint, so a resumed run
 reaches the same weights as an uninterrupted one.
+
+A step whose gradients are not finite (inf or NaN: a loss that blew up) makes no update: the weights and the
+optimizer's state stay as they were (in fp16 the GradScaler skips it and lowers its scale), the step counts on, and
+the log says how many were skipped. DIVERGED_AFTER of them in a row (in fp16, of those whose loss was not finite
+either) end the run with an error at the next log step or checkpoint, which is then not written, so that the
+checkpoints kept (their weights never touched by a skipped step) are not rotated out by later ones.
 """
 
 from __future__ import annotations
@@ -45,13 +51,14 @@ from tfcli.train.data import Batch, ParallelData, StreamData
 from tfcli.train.flops import gpu_peak_flops, train_flops
 from tfcli.train.log import MetricsLog, ppl
 from tfcli.train.model_config import run_model_config
-from tfcli.train.optim import MuonAdamW, muon_parameters
+from tfcli.train.optim import MuonAdamW, muon_parameters, step_if_finite
 from tfcli.train.loss import Objective, batch_loss
 from tfcli.train.profiling import StepProfiler
 from tfcli.train.schedule import learning_rate
 from tfcli.train.validation import greedy_bleu, valid_loss
 from tfcli.torch_compat import cpu_has_native_bf16, fused_adamw, grad_scaler
 
+DIVERGED_AFTER = 10  # updates skipped in a row (inf or NaN gradients) that end a run
 
 
 @dataclass
@@ -215,9 +222,11 @@ class Trainer:
         self.best: dict | None = None  # {"value", "step", "name"}
         self.bad_validations = 0
         self.last_valid: dict = {}
+        self.in_row = 0  # diverging steps in a row (`_step`; on the device while training: never read at a step)
         if self.resume_from is not None:
             self._load_state(self.resume_from)
             self.planned = self.planned and bool(self.cfg.max_minutes and self.cfg.max_steps)  # a plan this run keeps
+        self.in_row = torch.tensor(self.in_row, device=self.device)
 
     def _setup_schedule(self, saved: dict | None) -> list:
         """The steps per epoch, the run's length and its learning-rate schedule, and the time budget's plan;
@@ -482,13 +491,15 @@ class Trainer:
     def _step(self, batches: list[Batch], global_tokens: float) -> None:
         """One update from this process's micro-batches; the loss is normalised by the step's global token count."""
         scale = self.dist.world_size / global_tokens  # DDP averages gradients over processes; undo that
+        step_acc, tokens = 0.0, 0
         for i, b in enumerate(batches):
             b_dev = b.to(self.device)
             with distributed.no_sync(self.model, last=i == len(batches) - 1):
                 with self.autocast():
                     loss, nll = batch_loss(self.model, b_dev)
                 self.scaler.scale(loss * scale).backward()
-            self.acc += torch.stack([loss.detach().float(), nll.float()])
+            step_acc = step_acc + torch.stack([loss.detach().float(), nll.float()])
+            tokens += b.tgt_tokens
             self.counts += np.array([b.src_tokens, b.tgt_tokens, b.slots, 0.0])
             if self.device.type == "cuda":
                 self.counts[3] += train_flops(self.model_cfg, b.src_tokens, b.tgt_tokens, b.src_pairs, b.tgt_pairs,
@@ -499,9 +510,21 @@ class Trainer:
         self.lr = self._lr(self.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+        finite = torch.isfinite(self.grad_norm)  # (the same on every process: DDP's gradients are all-reduced)
+        if self.scaler.is_enabled():  # fp16: the scaler skips an update with inf/NaN gradients
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            step_if_finite(self.optimizer, finite)
         self.optimizer.zero_grad(set_to_none=True)
+        sound = torch.isfinite(step_acc).all()
+        self.skipped += (~finite).long()
+        # diverging: a skipped update, but in fp16 only one whose loss was not finite either (a loss scale too large
+        # for the gradients is the scaler's to lower)
+        bad = (~finite & ~sound if self.scaler.is_enabled() else ~finite).long()
+        self.in_row = (self.in_row + bad) * bad
+        losses = torch.cat([step_acc, torch.full((1,), float(tokens), device=self.device)])
+        self.acc += torch.where(sound, losses, 0.0)  # (the finite losses, and their tokens)
 
     def _lr(self, step: int) -> float:
         c = self.cfg
@@ -532,7 +555,10 @@ class Trainer:
                            warning=True)
 
     def _reset_interval(self) -> None:
-        self.acc = torch.zeros(2, device=self.device)  # summed loss, summed nll (on the device: no sync per step)
+        # summed loss, summed nll and their target tokens, of the steps whose loss was finite; the updates skipped
+        # (on the device: no sync per step)
+        self.acc = torch.zeros(3, device=self.device)
+        self.skipped = torch.zeros((), dtype=torch.int64, device=self.device)
         self.counts = np.zeros(4)  # src tokens, tgt tokens, slots, model FLOPs
         self.interval_start = time.perf_counter()
         self.excluded = 0.0  # seconds spent validating/saving within the interval
@@ -546,15 +572,18 @@ class Trainer:
         return self.elapsed + time.perf_counter() - self.run_start
 
     def _log_train(self) -> None:
-        local = self.acc.tolist() + self.counts.tolist()  # .tolist(): the one device sync per log step
-        loss, nll, src, tgt, slots, flops = distributed.all_reduce_sum(local, self.dist, self.device)
+        # .tolist(), .item(): the device syncs of a log step (the skip counts are the same on every process)
+        local = self.acc.tolist() + self.counts.tolist()
+        skipped, in_row = int(self.skipped.item()), int(self.in_row.item())
+        loss, nll, kept, src, tgt, slots, flops = distributed.all_reduce_sum(local, self.dist, self.device)
         dt = max(time.perf_counter() - self.interval_start - self.excluded, 1e-9)
+        loss, nll = (loss / kept, nll / kept) if kept else (math.nan, math.nan)  # (no finite loss)
         record = {
             "step": self.step, "epoch": self._epoch(), "time": round(self._time(), 3), "split": "train",
-            "loss": loss / tgt, "nll": nll / tgt, "ppl": ppl(nll / tgt), "lr": self.lr,
+            "loss": loss, "nll": nll, "ppl": ppl(nll), "lr": self.lr,
             "src_tokens_per_s": src / dt, "tgt_tokens_per_s": tgt / dt,
             "padding_fraction": 1.0 - (src + tgt) / slots if slots else 0.0,
-            "grad_norm": float(self.grad_norm),
+            "grad_norm": float(self.grad_norm), "skipped": skipped,
         }
         if self.device.type == "cuda":
             if self.peak_flops:
@@ -562,6 +591,15 @@ class Trainer:
             record["max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30  # this rank's peak so far
         self.log.write(record)
         self._reset_interval()
+        self._check_diverged(in_row)
+
+    def _check_diverged(self, in_row: int) -> None:
+        """End a run whose last DIVERGED_AFTER steps or more were skipped for inf or NaN gradients (`_step`)."""
+        if in_row >= DIVERGED_AFTER:
+            raise TfcliError(
+                f"training diverged: the last {in_row} updates (to step {self.step}) were skipped, their gradients "
+                f"inf or NaN; lower --lr or raise --warmup, then resume: {self._resume_hint()}"
+            )
 
     # --- validation and checkpoints -------------------------------------------------------------------------------
 
@@ -586,6 +624,7 @@ class Trainer:
 
     def _validate_and_save_unguarded(self) -> bool:
         """Validate, checkpoint, and decide on early stopping (the same decision on every rank)."""
+        self._check_diverged(int(self.in_row.item()))  # (before a validation the checkpoint would not follow)
         t0 = time.perf_counter()
         is_best, stop = False, False
         if self.valid_data:
@@ -635,7 +674,10 @@ class Trainer:
         return metrics
 
     def _save(self, is_best: bool) -> None:
-        """Checkpoint with the full trainer state (rank 0 writes; every rank contributes its RNG state)."""
+        """Checkpoint with the full trainer state (rank 0 writes; every rank contributes its RNG state); none where
+        the run has diverged (`_check_diverged`)."""
+        in_row = int(self.in_row.item())
+        self._check_diverged(in_row)
         rng = torch.get_rng_state()
         torch_states = distributed.gather_tensors(rng, self.dist, self.device)
         cuda_states = []
@@ -648,7 +690,7 @@ class Trainer:
                 "world_size": self.dist.world_size, "elapsed": self._time(), "best": self.best,
                 "bad_validations": self.bad_validations, "last_valid": self.last_valid,
                 "total_steps": self.total_steps, "schedule_anchor": list(self.anchor) if self.anchor else None,
-                "budget_planned": self.planned,
+                "budget_planned": self.planned, "skipped_in_row": in_row,
             }
             tensors, state = pack_state(self.optimizer, self.scaler, torch_states, cuda_states, counters)
             meta = {
@@ -697,6 +739,7 @@ class Trainer:
         self.anchor = (int(anchor[0]), float(anchor[1])) if anchor else None
         self.saved_total = state.get("total_steps")
         self.planned = bool(state.get("budget_planned"))
+        self.in_row = int(state.get("skipped_in_row", 0))
 
     def close(self) -> None:
         self.profiler.close()
