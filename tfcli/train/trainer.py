@@ -596,10 +596,10 @@ class Trainer:
     def _check_diverged(self, in_row: int) -> None:
         """End a run whose last DIVERGED_AFTER steps or more were skipped for inf or NaN gradients (`_step`)."""
         if in_row >= DIVERGED_AFTER:
-            raise TfcliError(
-                f"training diverged: the last {in_row} updates (to step {self.step}) were skipped, their gradients "
-                f"inf or NaN; lower --lr or raise --warmup, then resume: {self._resume_hint()}"
-            )
+            again = (f"then resume: {self._resume_hint()}" if (self.ckpt_dir / "LATEST").exists()
+                     else "then start again (no checkpoint yet)")
+            raise TfcliError(f"training diverged: the last {in_row} updates (to step {self.step}) were skipped, their "
+                             f"gradients inf or NaN; lower --lr or raise --warmup, {again}")
 
     # --- validation and checkpoints -------------------------------------------------------------------------------
 
