@@ -32,6 +32,7 @@ from tfcli.train.flops import gpu_peak_flops, matmul_params
 from tfcli.train.loss import label_smoothed_loss
 from tfcli.train.schedule import learning_rate
 from tfcli.train.trainer import run as run_cli_config
+from tfcli.train.checkpoints import step_name as checkpoint_name
 from tfcli.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -619,6 +620,22 @@ def test_a_diverged_run_stops_before_its_good_checkpoints_are_rotated_out(tmp_pa
     monkeypatch.undo()
     result = run_cli_config(None, {"out": str(run), "resume": True})
     assert result.step == 12 and all(torch.isfinite(t).all() for t in weights(run).values())
+
+
+def test_no_checkpoint_is_deleted_while_updates_are_skipped(tmp_path, parallel, monkeypatch):
+    """keep_last 1, a checkpoint every step, NaN from step 4 on: the checkpoints of steps 4 and 5 (written while
+    updates were skipped) delete none of the earlier ones, so step 3's, from before the divergence, is still there."""
+    import tfcli.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "DIVERGED_AFTER", 3)
+    poisoned(monkeypatch, lambda step: step >= 4)
+    run = tmp_path / "run"
+    with pytest.raises(TfcliError, match=r"the last 3 updates \(to step 6\)"):
+        train(tiny_train_config(parallel, run, max_steps=12, valid_every=1, log_every=1, valid_bleu=False,
+                                keep_last=1))
+    names = {p.name for p in (run / "checkpoints").glob("step-*")}
+    assert {checkpoint_name(3), checkpoint_name(4), checkpoint_name(5)} <= names
+    assert checkpoint_name(2) not in names or checkpoint_name(2) == (run / "checkpoints" / "BEST").read_text().strip()
 
 
 def _cli(*args, **kw):

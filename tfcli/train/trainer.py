@@ -10,8 +10,9 @@ reaches the same weights as an uninterrupted one.
 A step whose gradients are not finite (inf or NaN: a loss that blew up) makes no update: the weights and the
 optimizer's state stay as they were (in fp16 the GradScaler skips it and lowers its scale), the step counts on, and
 the log says how many were skipped. DIVERGED_AFTER of them in a row (in fp16, of those whose loss was not finite
-either) end the run with an error at the next log step or checkpoint, which is then not written, so that the
-checkpoints kept (their weights never touched by a skipped step) are not rotated out by later ones.
+either) end the run with an error at the next log step or checkpoint, which is then not written; and no checkpoint
+is deleted (`--keep-last`) while updates are being skipped, so that those from before a divergence are still there
+to go back to.
 """
 
 from __future__ import annotations
@@ -707,9 +708,11 @@ class Trainer:
             if is_best:
                 atomic_write_text(self.ckpt_dir / "BEST", name + "\n")
             atomic_write_text(self.ckpt_dir / "LATEST", name + "\n")
-            # keep the last K checkpoints (K = max(keep_last, average_last)) and the best one
-            keep = max(self.cfg.keep_last, self.cfg.average_last)
-            prune(self.ckpt_dir, keep, {self.best["name"]} if self.best else set())
+            # keep the last K checkpoints (K = max(keep_last, average_last)) and the best one; while updates are
+            # being skipped, every one (those from before the skips may be what a diverged run goes back to)
+            if not in_row:
+                keep = max(self.cfg.keep_last, self.cfg.average_last)
+                prune(self.ckpt_dir, keep, {self.best["name"]} if self.best else set())
         distributed.barrier(self.dist)
 
     def _average(self, k: int) -> None:
