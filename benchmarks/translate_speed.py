@@ -28,7 +28,9 @@ users do: a quarter of the bytes to read and hold), tfcli's the same fp32 checkp
 --shape, (1) also reports each system's time from a command's start to its first output line (load and one sentence
 at the beam size; best of --first-line-repeats fresh processes) and that process's peak memory (GNU time's maximum
 RSS): `tfcli translate` as a user runs it (stdin to stdout), CTranslate2 as a Python script that imports ctranslate2
-alone (its users need no torch), and Python importing torch alone (no program on torch prints sooner). (1) also
+alone (its users need no torch), and Python importing torch alone (no program on torch prints sooner); tfcli int8
+both quantising at load and on the checkpoint after `tfcli quantize` (int8 weights stored once, as CTranslate2's
+int8 model is converted once). (1) also
 reports the fp32 arithmetic floor of each run: the linear layers' least multiply-adds at this CPU's FMA peak,
 measured in the same run (common.fma_peak_gflops), against HF's and tfcli's times.
 
@@ -227,7 +229,15 @@ def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, arg
     cmds = {"tfcli": tfcli, "ct2": ct2 + [str(ct2_dir), "float32", threads, b, L, line],
             "import_torch": [sys.executable, "-u", "-c", "import sys, torch; print(sys.stdin.readline().strip())"]}
     if int8_dir is not None:
-        cmds |= {"tfcli_int8": tfcli + ["--dtype", "int8"], "ct2_int8": ct2 + [str(int8_dir), "int8", threads, b, L, line]}
+        stored = ckpt.with_name(ckpt.name + "-quantized")  # the checkpoint's files, and `tfcli quantize`'s beside them
+        stored.mkdir()
+        for f in ckpt.iterdir():
+            (stored / f.name).symlink_to(f.resolve())
+        subprocess.run([sys.executable, "-m", "tfcli", "quantize", str(stored)], check=True, capture_output=True)
+        at = tfcli.index("-m") + 1
+        cmds |= {"tfcli_int8": tfcli + ["--dtype", "int8"],
+                 "tfcli_int8_quantized": tfcli[:at] + [str(stored)] + tfcli[at + 1 :] + ["--dtype", "int8"],
+                 "ct2_int8": ct2 + [str(int8_dir), "int8", threads, b, L, line]}
     runs: dict[str, list] = {name: [] for name in cmds}
     for _ in range(args.first_line_repeats):
         for name, cmd in cmds.items():
@@ -237,6 +247,9 @@ def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, arg
     for name in cmds:
         if name not in ("tfcli", "import_torch"):
             out[name]["same_line_as_tfcli"] = out[name]["line"] == out["tfcli"]["line"]
+    if "tfcli_int8_quantized" in out:
+        stored = out["tfcli_int8_quantized"]
+        stored["same_line_as_tfcli_int8"] = stored["line"] == out["tfcli_int8"]["line"]
     return out
 
 
@@ -518,17 +531,22 @@ def markdown(res: dict) -> str:
                   f"{res['out_len']} tokens; load included; best of "
                   f"{res.get('first_line_repeats', res['repeats'])} fresh processes) and that "
                   "process's peak memory (GNU time's maximum RSS): `tfcli translate` (stdin to stdout) and a "
-                  "CTranslate2 script that imports ctranslate2 alone; CT2 int8 reads a model converted to int8.", "",
+                  "CTranslate2 script that imports ctranslate2 alone; CT2 int8 reads a model converted to int8, "
+                  "tfcli_int8 quantises the fp32 checkpoint at load, tfcli_int8_quantized maps the int8 weights "
+                  "`tfcli quantize` stored beside it.", "",
                   "| system | first line (s) | peak RSS (MB) | same line as tfcli |", "| --- | ---: | ---: | --- |"]
         for name, r in fl.items():
             same = "yes" if r.get("same_line_as_tfcli") else "" if name in ("tfcli", "import_torch") else "no"
             lines.append(f"| {name} | {r['seconds']:.2f} | {r['peak_rss_mb']:,.0f} | {same} |")
-        for ours, peer in (("tfcli", "ct2"), ("tfcli_int8", "ct2_int8")):
+        for ours, peer in (("tfcli", "ct2"), ("tfcli_int8", "ct2_int8"), ("tfcli_int8_quantized", "ct2_int8")):
             if ours in fl:
                 x = fl[peer]["seconds"] / fl[ours]["seconds"]
                 lines.append(f"- {ours} first line {fl[ours]['seconds']:.2f} s, {peer} {fl[peer]['seconds']:.2f} s: "
                              f"**{x:.2f}x** CTranslate2's speed to the first line ({'met' if x >= 1 else 'NOT met'}: "
                              f"no slower than CTranslate2)")
+        if "tfcli_int8_quantized" in fl:
+            same = "the same" if fl["tfcli_int8_quantized"]["same_line_as_tfcli_int8"] else "NOT the same"
+            lines.append(f"- tfcli_int8_quantized's line is {same} as tfcli_int8's")
         if "import_torch" in fl:
             t = fl["import_torch"]["seconds"]
             peer = f" (CT2 int8's whole first line: {fl['ct2_int8']['seconds']:.2f} s)" if "ct2_int8" in fl else ""

@@ -357,3 +357,112 @@ def test_rows_c_quantises_weights_as_the_torch_ops_do(isa, monkeypatch):
         assert torch.equal(packed.wp.transpose(1, 2).reshape(-1, packed.K4 * 4), plain)
         assert torch.equal(packed.cs[:150], wq_ref.sum(dim=1, dtype=torch.int32)) and not packed.cs[150:].any()
         assert not scale[150:].any()
+
+
+def test_pack_and_unpack_are_rows_c_blocks_read_as_rows():
+    """int8.pack (the torch layout of rows.c's blocks, for a file written where rows.c does not run) puts w[j, k]
+    at block j / 64, group k / 4, lane j % 64, byte k % 4, zeros past the weights; unpack reads it back."""
+    torch.manual_seed(0)
+    wq = torch.randint(-127, 128, (130, 37), dtype=torch.int8)
+    wp, cs = int8.pack(wq)
+    assert wp.shape == (3, 10, 64, 4) and cs.shape == (192,)
+    for j, k in [(0, 0), (63, 36), (64, 5), (129, 33), (77, 4)]:
+        assert wp[j // 64, k // 4, j % 64, k % 4] == wq[j, k]
+    assert not wp[2, :, 2:].any() and not wp[:, 9, :, 1:].any()  # past row 130, past column 37
+    assert torch.equal(cs[:130], wq.sum(dim=1, dtype=torch.int32)) and not cs[130:].any()
+    assert torch.equal(int8.unpack(wp, 130, 37), wq)
+
+
+def _quantize_cli(ckpt):
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    return CliRunner().invoke(app, ["quantize", str(ckpt)])
+
+
+def _no_quantising(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("quantised at load")
+
+    monkeypatch.setattr(int8, "quantize_weight", refuse)
+
+
+@pytest.mark.parametrize("engine", ["rows", "fbgemm"])
+def test_a_quantized_checkpoint_decodes_as_before_without_quantising_at_load(engine, tmp_path, monkeypatch):
+    """`tfcli quantize` writes what decoding would quantise at load: mapped from the file (quantize_weight never
+    called), the same translations and LM outputs, on rows.c's kernel and on fbgemm (the blocks read back as rows);
+    other dtypes do not read the file."""
+    if engine not in engines():
+        pytest.skip(f"{engine} does not run here")
+    monkeypatch.setattr(int8, "default_engines", lambda: (engine,))
+    from helpers import save_counter
+
+    ckpt = save_random_translator(tmp_path, 5)
+    lm = save_counter(tmp_path, WORDS[:6])
+    rng = random.Random(1)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(20)]
+    before = {beam: tfcli.load(str(ckpt), device="cpu", dtype="int8").translate(texts, beam_size=beam)
+              for beam in (4, 1)}
+    prompts = [WORDS[0], f"{WORDS[2]} {WORDS[3]}"]
+    lm_before = tfcli.load(str(lm), device="cpu", dtype="int8").generate(prompts, max_new_tokens=8)
+    fp32 = tfcli.load(str(ckpt), device="cpu").translate(texts)
+    for path in (ckpt, lm):
+        res = _quantize_cli(path)
+        assert res.exit_code == 0, res.output
+        assert (path / "model.int8.safetensors").is_file() and "model.int8.safetensors" in res.output
+    _no_quantising(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        translator = tfcli.load(str(ckpt), device="cpu", dtype="int8")
+        assert {beam: translator.translate(texts, beam_size=beam) for beam in (4, 1)} == before
+        assert tfcli.load(str(lm), device="cpu", dtype="int8").generate(prompts, max_new_tokens=8) == lm_before
+        assert tfcli.load(str(ckpt), device="cpu").translate(texts) == fp32
+
+
+def test_an_int8_file_not_made_from_the_checkpoints_weights_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    """Weights replaced after `tfcli quantize`, or a file whose layers are not the model's: a warning naming the
+    file and the fix, and the weights quantised at load (the translations of the weights there now)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ckpt = save_random_translator(tmp_path / "a", 5)
+    other = save_random_translator(tmp_path / "b", 6)
+    texts = [" ".join(WORDS[:5]), WORDS[7]]
+    want = tfcli.load(str(other), device="cpu", dtype="int8").translate(texts)
+    assert _quantize_cli(ckpt).exit_code == 0
+    (ckpt / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
+    with pytest.warns(RuntimeWarning, match=r"model.int8.safetensors: made from other weights .*`tfcli quantize"):
+        assert tfcli.load(str(ckpt), device="cpu", dtype="int8").translate(texts) == want
+    from safetensors.torch import load_file, save_file
+
+    assert _quantize_cli(ckpt).exit_code == 0  # made again from the weights there now: used without a word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tfcli.load(str(ckpt), device="cpu", dtype="int8").translate(texts) == want
+    path = ckpt / "model.int8.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        header = f.metadata()
+    tensors = load_file(str(path))
+    layer = next(k for k in tensors if k.endswith(".wp"))[: -len("wp")]
+    save_file({k.replace(layer, "nowhere."): t for k, t in tensors.items()}, str(path), metadata=header)
+    with pytest.warns(RuntimeWarning, match="no layer nowhere"):
+        assert tfcli.load(str(ckpt), device="cpu", dtype="int8").translate(texts) == want
+    save_file(tensors, str(path), metadata=header | {"format_version": "99"})
+    with pytest.warns(RuntimeWarning, match="int8 format 99"):
+        assert tfcli.load(str(ckpt), device="cpu", dtype="int8").translate(texts) == want
+
+
+def test_a_corrupt_int8_file_is_one_line_naming_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    ckpt = save_random_translator(tmp_path, 5)
+    (tmp_path / "in.txt").write_text(f"{WORDS[0]} {WORDS[1]}\n")
+    (ckpt / "model.int8.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    res = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "--dtype", "int8", str(tmp_path / "in.txt")])
+    assert res.exit_code == 1
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "model.int8.safetensors: unreadable" in errors[0] and "tfcli quantize" in errors[0]

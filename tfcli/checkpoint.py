@@ -4,6 +4,7 @@ belong to."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import os
@@ -218,6 +219,30 @@ def rows_reader(table: torch.Tensor):
         return out.view(*ids.shape, d)
 
     return read
+
+
+def fingerprint(tensors: list[torch.Tensor], samples: int = 32, run: int = 64) -> str:
+    """A hash of each tensor's dtype, shape and `samples` evenly spaced runs of `run` bytes (its first and last
+    among them): what tells, without reading them all, that a file made from some weights (`tfcli quantize`'s int8
+    copy) was made from these. Any training or fine-tuning changes every run. A mapped checkpoint's tensors are
+    read from its file (pread), so that no page of the map is faulted in."""
+    h = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        h.update(f"{t.dtype} {tuple(t.shape)}".encode())
+        nbytes = t.numel() * t.element_size()
+        n = min(run, nbytes)
+        starts = sorted({(nbytes - n) * i // max(samples - 1, 1) for i in range(samples)})
+        base = t.untyped_storage().data_ptr()
+        m = _MAPPED.get(base) if t.device.type == "cpu" and t.is_contiguous() else None
+        if m is not None:
+            offset = t.data_ptr() - base
+            for start in starts:
+                h.update(os.pread(m.fd, n, offset + start))
+        else:
+            raw = t.detach().cpu().contiguous().view(-1).view(torch.uint8)
+            for start in starts:
+                h.update(raw[start : start + n].numpy().tobytes())
+    return h.hexdigest()
 
 
 def _written(base: int, first: int, last: int) -> bool:

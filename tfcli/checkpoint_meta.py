@@ -3,6 +3,8 @@ Loading and saving weights: tfcli/checkpoint.py.
 
     CKPT/
       model.safetensors          the weights (tied matrices stored once)
+      model.int8.safetensors     its linear layers in int8 as decoding runs them (optional: `tfcli quantize`;
+                                 tfcli.generate.loader), with a fingerprint of the weights they were made from
       config.json                format version, tfcli version, resolved model/train/data config, step, metrics,
                                  and the tokenizer files below
       tokenizer.src.json         Hugging Face tokenizers files copied from the prepared directory, so
@@ -29,6 +31,7 @@ from tfcli.model.config import ModelConfig
 FORMAT = "tfcli-checkpoint"
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
+INT8_WEIGHTS = "model.int8.safetensors"
 CONFIG = "config.json"
 
 

@@ -295,8 +295,8 @@ Dtype = Annotated[Optional[str], typer.Option(
     "--dtype", rich_help_panel=_RUN,
     help="fp32, bf16 or fp16 (on a GPU a copy of the weights in that dtype; on the CPU bf16 autocast; fp16 needs "
     "CUDA), or int8 (the CPU: every linear layer in int8, its "
-    "inputs with a scale per token, so an output never depends on its batch; faster than fp32 from 256-wide models "
-    "up, slower below: docs/performance.md)" + _default(_T.dtype)
+    "inputs with a scale per token, so an output never depends on its batch; faster than fp32 from 128-wide models "
+    "up: docs/performance.md; `tfcli quantize` stores them for a faster start)" + _default(_T.dtype)
 )]
 SplitSentences = Annotated[Optional[str], typer.Option(
     "--split-sentences", metavar="WHEN", rich_help_panel=_DEC,

@@ -1,4 +1,4 @@
-"""`tfcli export` and `tfcli import`."""
+"""`tfcli export`, `tfcli import` and `tfcli quantize`."""
 
 from __future__ import annotations
 
@@ -68,3 +68,24 @@ def import_(
     info = run(import_model, source, output, force)
     vocab = ", ".join(f"{side} {n}" for side, n in info["vocab"].items())
     print(f"{output}: {info['arch']} -> tfcli {info['kind']}, {info['parameters'] / 1e6:.2f}M parameters, vocabulary {vocab}")
+
+
+@app.command("quantize")
+def quantize(
+    model: str = typer.Argument(..., metavar="RUN_OR_CKPT", show_default=False, help="Checkpoint or run directory."),
+    quiet: Quiet = False,
+):
+    """Store a checkpoint's linear layers in int8, as `--dtype int8` runs them, beside its weights.
+
+    tfcli quantize run/                  (the run's best checkpoint)
+    tfcli translate -m run/ --dtype int8 test.de
+
+    `--dtype int8` (translate, lm-generate, eval) then maps these instead of quantising the weights at every start:
+    the same outputs, a faster start (docs/performance.md). The file, model.int8.safetensors, records a fingerprint
+    of the weights it was made from: where they change, it is ignored with a warning until quantized again. The fp32
+    weights stay: every other dtype, training and export read them. Written atomically.
+    """
+    from tfcli.generate.loader import quantize as write_int8
+
+    path = run(write_int8, model)
+    print(f"{path}: {path.stat().st_size / 2**20:,.0f} MB")

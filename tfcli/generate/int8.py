@@ -25,6 +25,7 @@ import warnings
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from tfcli.checkpoint import paged
 from tfcli.device import cpu_has_amx, int8_engines
@@ -76,10 +77,12 @@ class Int8Linear:
     """`module` (nn.Linear) in int8: `self(x)` for 2-d fp32 x, or `self(x, residual)` = x W^T + b + residual; with
     `relu`, max(0, .) after the bias."""
 
-    def __init__(self, module: nn.Linear, relu: bool = False, engines: tuple[str, ...] | None = None):
+    def __init__(self, module: nn.Linear, relu: bool = False, engines: tuple[str, ...] | None = None,
+                 store: "Int8Weights | None" = None):
         """`engines`: which of "rows", "fbgemm" and "onednn" to use (default: `default_engines()`); with two, calls
-        of fewer than ONEDNN_MIN_ROWS rows go to the first."""
-        w = module.weight.detach().float()
+        of fewer than ONEDNN_MIN_ROWS rows go to the first. `store`: where the module's int8 weights are read from
+        when it holds them (a checkpoint's `tfcli quantize` file), and put when they are quantised here."""
+        w = module.weight.detach()
         self.N, self.K = N, K = w.shape
         self.relu = relu
         if engines is None:
@@ -88,9 +91,18 @@ class Int8Linear:
             raise RuntimeError("int8: neither rows.c nor this torch build has int8 linear layers")
         if K * LEVELS * 127 >= _EXACT_SUM:  # engines could round the sum differently: one serves all
             engines = engines[-1:]
-        wq = torch.empty(N, K, dtype=torch.int8) if set(engines) - {"rows"} else None
-        self.rows = _Packed(N, K) if "rows" in engines else None
-        self.w_scale = quantize_weight(w, wq, self.rows)
+        stored = None if store is None else store.get(module)
+        if stored is not None:
+            wp, cs, self.w_scale = stored
+            self.rows = _Packed(N, K, wp, cs) if "rows" in engines else None
+            wq = unpack(wp, N, K) if set(engines) - {"rows"} else None
+        else:
+            wq = torch.empty(N, K, dtype=torch.int8) if set(engines) - {"rows"} else None
+            self.rows = _Packed(N, K) if "rows" in engines else None
+            self.w_scale = quantize_weight(w.float(), wq, self.rows)
+            if store is not None:
+                wp, cs = (self.rows.wp, self.rows.cs) if self.rows is not None else pack(wq)
+                store.put(module, wp, cs, F.pad(self.w_scale, (0, len(cs) - len(self.w_scale))))
         self.bias = None
         if module.bias is not None:
             self.bias = torch.zeros(len(self.w_scale))
@@ -131,10 +143,11 @@ class _Packed:
     """int8 weights as rows.c's linear_int8 reads them (blocks of 64 outputs, groups of four inputs; see rows.c),
     with each output's sum of weights, and its call."""
 
-    def __init__(self, N: int, K: int):
+    def __init__(self, N: int, K: int, wp: torch.Tensor | None = None, cs: torch.Tensor | None = None):
+        """Empty blocks for quantize_weight to fill, or `wp` and `cs` as `pack` returns them."""
         self.N, self.K, self.K4 = N, K, -(-K // 4)
-        self.wp = torch.zeros(-(-N // 64), self.K4, 64, 4, dtype=torch.int8)
-        self.cs = torch.zeros(len(self.wp) * 64, dtype=torch.int32)
+        self.wp = torch.zeros(-(-N // 64), self.K4, 64, 4, dtype=torch.int8) if wp is None else wp
+        self.cs = torch.zeros(len(self.wp) * 64, dtype=torch.int32) if cs is None else cs
         self.kernel = native.int8_kernel()
         if self.kernel is None:
             raise RuntimeError("rows.c's int8 kernel does not run here (see tfcli.generate.native.int8_kernel)")
@@ -153,6 +166,66 @@ class _Packed:
                         0 if residual is None else residual.stride(0), int(relu), y.data_ptr(), xq.data_ptr(),
                         s.data_ptr())
         return y
+
+
+def pack(wq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(wp, cs) of int8 `wq` (N x K) in torch: rows.c's blocks (`_Packed`: zeros past N and K) and each output's sum
+    of weights, the bytes quantize_weight writes there."""
+    N, K = wq.shape
+    padded = torch.zeros(-(-N // 64) * 64, -(-K // 4) * 4, dtype=torch.int8)
+    padded[:N, :K] = wq
+    return padded.view(-1, 64, padded.size(1) // 4, 4).transpose(1, 2).contiguous(), padded.sum(1, dtype=torch.int32)
+
+
+def unpack(wp: torch.Tensor, N: int, K: int) -> torch.Tensor:
+    """The int8 weights (N x K) in rows.c's blocks `wp`, as plain rows (for fbgemm and oneDNN)."""
+    return wp.transpose(1, 2).reshape(-1, wp.size(1) * 4)[:N, :K].contiguous()
+
+
+class Int8Weights:
+    """The int8 weights of a model's linear layers as decoding runs them, by module name: (wp, cs, scale), rows.c's
+    blocks with each output's sum of weights and scale (`_Packed`; scale zero past N). Read from the file `tfcli
+    quantize` writes beside a checkpoint's weights (tfcli.generate.loader), so that decoding maps them instead of
+    quantising them at every load, or filled as an Int8Linear quantises its weights, to write that file."""
+
+    def __init__(self, model: nn.Module, tensors: dict[str, torch.Tensor] | None = None):
+        self.names: dict[int, str] = {}
+        for name, m in model.named_modules(remove_duplicate=False):
+            self.names.setdefault(id(m), name)
+        self.tensors = dict(tensors or {})
+
+    def get(self, module: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        name = self.names.get(id(module))
+        if name is None or f"{name}.wp" not in self.tensors:
+            return None
+        return self.tensors[f"{name}.wp"], self.tensors[f"{name}.cs"], self.tensors[f"{name}.scale"]
+
+    def put(self, module: nn.Linear, wp: torch.Tensor, cs: torch.Tensor, scale: torch.Tensor) -> None:
+        name = self.names[id(module)]
+        self.tensors |= {f"{name}.wp": wp, f"{name}.cs": cs, f"{name}.scale": scale}
+
+    def modules(self) -> list[str]:
+        """The names of the modules held, in order."""
+        return sorted({k.rsplit(".", 1)[0] for k in self.tensors})
+
+    def mismatch(self, model: nn.Module) -> str | None:
+        """Why these tensors cannot be `model`'s linear layers (a name it lacks, a shape it does not have), or None."""
+        for name in self.modules():
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:
+                return f"no layer {name}"
+            if not isinstance(module, nn.Linear):
+                return f"{name} is not a linear layer"
+            N, K = module.weight.shape
+            blocks = -(-N // 64)
+            want = {"wp": ((blocks, -(-K // 4), 64, 4), torch.int8), "cs": ((blocks * 64,), torch.int32),
+                    "scale": ((blocks * 64,), torch.float32)}
+            for part, (shape, dtype) in want.items():
+                t = self.tensors.get(f"{name}.{part}")
+                if t is None or tuple(t.shape) != shape or t.dtype != dtype:
+                    return f"{name}.{part} is not {dtype} of shape {shape}"
+        return None
 
 
 def quantize_rows(x: torch.Tensor, as_int8: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,7 +49,7 @@ from torch import nn
 
 from tfcli.checkpoint import paged, rows_reader
 from tfcli.generate import backend, native
-from tfcli.generate.int8 import Int8Linear
+from tfcli.generate.int8 import Int8Linear, Int8Weights
 from tfcli.generate.schedule import StepGraph
 from tfcli.model.layers import ACTIVATIONS, Sublayers, gate_activation
 from tfcli.model.norm import RMSNorm
@@ -66,12 +66,13 @@ class StepModel:
     the key/value memory it reuses from batch to batch."""
 
     def __init__(self, model: nn.Module, pack: bool = False, int8: bool = False, static: bool | None = None,
-                 allow: tuple[str, ...] = backend.BACKENDS):
+                 allow: tuple[str, ...] = backend.BACKENDS, int8_weights: Int8Weights | None = None):
         """`pack`: pre-pack the linear weights for oneDNN and run the decoder on rows.c's kernels (fp32 on the CPU
         only; elsewhere, or where torch lacks the ops, it is ignored). `int8`: run the linear layers in int8 (CPU;
         see `tfcli.device.int8_available`). `static`: batches step through a `StaticDecoder` (fixed shapes, on
         CUDA replayed as a CUDA graph); None: on CUDA only. `allow`: the backends that may run; which do is
-        `tfcli.generate.backend.choose`'s decision (`self.plan`)."""
+        `tfcli.generate.backend.choose`'s decision (`self.plan`). `int8_weights`: where int8 layers read their
+        weights already quantised, and put those they quantise (tfcli.generate.int8.Int8Weights)."""
         self.model, self.cfg = model, model.cfg
         parts = model.parts()  # the interface the model documents (tfcli.model.transformer.Parts)
         weight = parts.lm_head.weight
@@ -83,9 +84,9 @@ class StepModel:
         decoder = parts.decoder
         self.embed, self.rope = decoder.embed, decoder.rope
         self.tok = rows_reader(decoder.embed.tok.weight)  # (lookups that map none of a checkpoint file's pages)
-        self.layers = [_Layer(layer, plan.linear) for layer in decoder.layers]
+        self.layers = [_Layer(layer, plan.linear, int8_weights) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
-        self.lm_head = _linear(parts.lm_head, plan.linear)
+        self.lm_head = _linear(parts.lm_head, plan.linear, store=int8_weights)
         self.layer_args, self.decode_layers = None, None  # rows.c's decode_layers: every layer in one call
         if plan.whole:
             args = [layer.kernel_args() for layer in self.layers]
@@ -95,7 +96,7 @@ class StepModel:
         self.encoder = parts.encoder
         self.encoder_layers = None  # the model's own encoder
         if self.encoder is not None and plan.encoder != "model":
-            self.encoder_layers = [_Layer(layer, plan.encoder) for layer in self.encoder.layers]
+            self.encoder_layers = [_Layer(layer, plan.encoder, int8_weights) for layer in self.encoder.layers]
             table = self.encoder.embed.tok.weight
             self.src_tok = self.tok if table is decoder.embed.tok.weight else rows_reader(table)
             self.encoder_norm = _norm(self.encoder.norm)
@@ -598,27 +599,28 @@ class _Layer:
     """One decoder (or encoder) layer as the functions a step calls: LayerNorms where the norm placement puts them
     (identity elsewhere), and linear layers with the activation or the residual addition fused in."""
 
-    def __init__(self, layer: Sublayers, mode: str):
+    def __init__(self, layer: Sublayers, mode: str, store: Int8Weights | None = None):
         pre = layer.pre_norm
+        linear = functools.partial(_linear, mode=mode, store=store)
         self.norm_self_in, self.norm_self_out, first, last = _placed(layer.self_norm, pre, mode)
-        self.qkv = _linear(layer.qkv, mode, norm_in=first)
+        self.qkv = linear(layer.qkv, norm_in=first)
         self.q_norm, self.k_norm = layer.q_norm or _identity, layer.k_norm or _identity
         self.cross_q_norm, self.cross_k_norm = layer.cross_q_norm or _identity, layer.cross_k_norm or _identity
-        self.self_out = _linear(layer.self_out, mode, residual=True, norm_out=last)
+        self.self_out = linear(layer.self_out, residual=True, norm_out=last)
         if layer.cross_q is not None:
             self.norm_cross_in, self.norm_cross_out, first, last = _placed(layer.cross_norm, pre, mode)
-            self.cross_q = _linear(layer.cross_q, mode, norm_in=first)
-            self.cross_kv = _linear(layer.cross_kv, mode)
-            self.cross_out = _linear(layer.cross_out, mode, residual=True, norm_out=last)
+            self.cross_q = linear(layer.cross_q, norm_in=first)
+            self.cross_kv = linear(layer.cross_kv)
+            self.cross_out = linear(layer.cross_out, residual=True, norm_out=last)
         gated = layer.w3 is not None  # (two layers read the normed input: it is normed once, apart)
         self.norm_ffn_in, self.norm_ffn_out, first, last = _placed(layer.ffn_norm, pre, mode, gated)
-        w1 = _linear(layer.w1, mode, act=gate_activation(layer.activation), norm_in=first)
+        w1 = linear(layer.w1, act=gate_activation(layer.activation), norm_in=first)
         if layer.w3 is None:
             self.ffn_hidden = w1
         else:  # gated: act(w1 x) * w3 x
-            w3 = _linear(layer.w3, mode)
+            w3 = linear(layer.w3)
             self.ffn_hidden = lambda x: w1(x).mul_(w3(x))
-        self.w2 = _linear(layer.w2, mode, residual=True, norm_out=last)
+        self.w2 = linear(layer.w2, residual=True, norm_out=last)
 
     def kernel_args(self) -> native.LayerArgs:
         """This layer as rows.c's decode_layers runs it (the batch's memory for the decoder to fill in), where the
@@ -686,7 +688,8 @@ def _norm(module: nn.Module):
 
 
 def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool = False,
-            norm_in: nn.LayerNorm | None = None, norm_out: nn.LayerNorm | None = None):
+            norm_in: nn.LayerNorm | None = None, norm_out: nn.LayerNorm | None = None,
+            store: Int8Weights | None = None):
     """x -> act(x W^T + b), or with `residual` (x, r) -> x W^T + b + r, for 2-d x; in mode "rows" with `norm_in`
     x normed first, with `norm_out` the result normed last.
 
@@ -694,9 +697,9 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
     calls each layer with few rows, so that is a large share of its work), and each layer one fused call. "rows":
     `tfcli.generate.native.RowLinear`. "int8": see `tfcli.generate.int8`. "plain": F.linear. Where a mode copies
     the weights, a mapped checkpoint's own pages are given back once read (tfcli.checkpoint.paged; RowLinear and
-    Int8Linear a block at a time)."""
+    Int8Linear a block at a time). `store`: Int8Linear's (mode "int8")."""
     if mode != "plain":
-        return _copied(module, mode, act, residual, norm_in, norm_out)
+        return _copied(module, mode, act, residual, norm_in, norm_out, store)
     w, b = module.weight, module.bias
 
     def base(x):
@@ -710,7 +713,7 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
     return lambda x: f(base(x))
 
 
-def _copied(module: nn.Linear, mode: str, act: str | None, residual: bool, norm_in, norm_out):
+def _copied(module: nn.Linear, mode: str, act: str | None, residual: bool, norm_in, norm_out, store):
     """`_linear` in the modes that run on a copy of the weights: "packed", "rows" and "int8"."""
     if mode == "packed":
         with paged(module.weight.detach()) as w:
@@ -727,7 +730,7 @@ def _copied(module: nn.Linear, mode: str, act: str | None, residual: bool, norm_
         return lambda x: linear(x, weight, bias, attr, [], algorithm)
     if mode in ("int8", "rows"):  # the residual and a ReLU applied in their last pass
         if mode == "int8":
-            linear = Int8Linear(module, relu=act == "relu")
+            linear = Int8Linear(module, relu=act == "relu", store=store)
         else:
             norm = norm_in if norm_in is not None else norm_out
             linear = native.RowLinear(module, relu=act == "relu", norm=norm, norm_input=norm_in is not None)
