@@ -223,10 +223,13 @@ def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, arg
     on `ct2_dir` (float32) and `int8_dir` (int8), on one source line: best of args.first_line_repeats each,
     interleaved."""
     L, b, threads = str(args.out_len), str(args.beam), str(args.threads)
-    tfcli = [sys.executable, "-m", "tfcli", "translate", "-m", str(ckpt), "-b", b, "--len-penalty", "0",
-             "--max-len-a", "0", "--max-len-b", L, "--min-len", L, "--raw", "--threads", threads, "-q"]
+
+    def tfcli(path: Path) -> list[str]:
+        return [sys.executable, "-m", "tfcli", "translate", "-m", str(path), "-b", b, "--len-penalty", "0",
+                "--max-len-a", "0", "--max-len-b", L, "--min-len", L, "--raw", "--threads", threads, "-q"]
+
     ct2 = [sys.executable, "-c", _CT2_FIRST_LINE]
-    cmds = {"tfcli": tfcli, "ct2": ct2 + [str(ct2_dir), "float32", threads, b, L, line],
+    cmds = {"tfcli": tfcli(ckpt), "ct2": ct2 + [str(ct2_dir), "float32", threads, b, L, line],
             "import_torch": [sys.executable, "-u", "-c", "import sys, torch; print(sys.stdin.readline().strip())"]}
     if int8_dir is not None:
         stored = ckpt.with_name(ckpt.name + "-quantized")  # the checkpoint's files, and `tfcli quantize`'s beside them
@@ -234,9 +237,8 @@ def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, arg
         for f in ckpt.iterdir():
             (stored / f.name).symlink_to(f.resolve())
         subprocess.run([sys.executable, "-m", "tfcli", "quantize", str(stored)], check=True, capture_output=True)
-        at = tfcli.index("-m") + 1
-        cmds |= {"tfcli_int8": tfcli + ["--dtype", "int8"],
-                 "tfcli_int8_quantized": tfcli[:at] + [str(stored)] + tfcli[at + 1 :] + ["--dtype", "int8"],
+        cmds |= {"tfcli_int8": tfcli(ckpt) + ["--dtype", "int8"],
+                 "tfcli_int8_quantized": tfcli(stored) + ["--dtype", "int8"],
                  "ct2_int8": ct2 + [str(int8_dir), "int8", threads, b, L, line]}
     runs: dict[str, list] = {name: [] for name in cmds}
     for _ in range(args.first_line_repeats):
