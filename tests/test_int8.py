@@ -466,3 +466,13 @@ def test_a_corrupt_int8_file_is_one_line_naming_it(tmp_path):
     assert res.exit_code == 1
     errors = [line for line in res.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "model.int8.safetensors: unreadable" in errors[0] and "tfcli quantize" in errors[0]
+
+
+def test_quantize_where_int8_cannot_run_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    ckpt = save_random_translator(tmp_path, 5)
+    before = sorted(p.name for p in ckpt.iterdir())
+    monkeypatch.setattr(device, "int8_available", lambda: False)
+    res = _quantize_cli(ckpt)
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert res.exit_code == 1 and len(errors) == 1 and "no quantised int8 linear layers" in errors[0], res.output
+    assert sorted(p.name for p in ckpt.iterdir()) == before

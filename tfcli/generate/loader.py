@@ -13,7 +13,7 @@ import torch
 from tfcli import checkpoint
 
 from tfcli import checkpoint_meta
-from tfcli.device import DTYPES
+from tfcli.device import DTYPES, precision
 from tfcli.data.languages import Languages
 from tfcli.errors import CheckpointError
 from tfcli.generate.int8 import Int8Weights
@@ -99,6 +99,7 @@ def quantize(path: str) -> Path:
 
     from tfcli.io import atomic_open, fault_point
 
+    precision(torch.device("cpu"), "int8")  # (int8 missing from this torch build: the one line --dtype int8 gives)
     meta = checkpoint_meta.read_meta(path)
     model, meta = checkpoint.load(meta, "cpu", mapped=True)
     store = Int8Weights(model)
@@ -106,8 +107,8 @@ def quantize(path: str) -> Path:
         warnings.simplefilter("ignore")  # (said below, as an error)
         steps = StepModel(model, int8=True, int8_weights=store)
     if steps.plan.linear != "int8" or not store.tensors:
-        raise CheckpointError(f"{meta['dir']}: this model does not decode in int8 here (tfcli translate --dtype "
-                              "int8 says why); nothing written")
+        why = "; ".join(steps.plan.declined)
+        raise CheckpointError(f"{meta['dir']}: int8 is not implemented for this model ({why}); nothing written")
     out = Path(meta["dir"]) / checkpoint_meta.INT8_WEIGHTS
     header = {"format": INT8_FORMAT, "format_version": str(INT8_FORMAT_VERSION),
               "weights": _fingerprint(store, model)}
