@@ -373,12 +373,16 @@ def test_pack_and_unpack_are_rows_c_blocks_read_as_rows():
     assert torch.equal(int8.unpack(wp, 130, 37), wq)
 
 
-def _quantize_cli(ckpt):
+def _cli(*args):
     from typer.testing import CliRunner
 
     from tfcli.cli import app
 
-    return CliRunner().invoke(app, ["quantize", str(ckpt)])
+    return CliRunner().invoke(app, list(args))
+
+
+def _quantize_cli(ckpt):
+    return _cli("quantize", str(ckpt))
 
 
 def _no_quantising(monkeypatch):
@@ -407,6 +411,9 @@ def test_a_quantized_checkpoint_decodes_as_before_without_quantising_at_load(eng
     prompts = [WORDS[0], f"{WORDS[2]} {WORDS[3]}"]
     lm_before = tfcli.load(str(lm), device="cpu", dtype="int8").generate(prompts, max_new_tokens=8)
     fp32 = tfcli.load(str(ckpt), device="cpu").translate(texts)
+    (tmp_path / "in.txt").write_text(texts[0] + "\n")
+    verbose = ["translate", "-m", str(ckpt), "--dtype", "int8", "-v", str(tmp_path / "in.txt")]
+    assert "int8 (weights quantised at load; tfcli quantize stores them)" in _cli(*verbose).stderr
     for path in (ckpt, lm):
         res = _quantize_cli(path)
         assert res.exit_code == 0, res.output
@@ -418,6 +425,7 @@ def test_a_quantized_checkpoint_decodes_as_before_without_quantising_at_load(eng
         assert {beam: translator.translate(texts, beam_size=beam) for beam in (4, 1)} == before
         assert tfcli.load(str(lm), device="cpu", dtype="int8").generate(prompts, max_new_tokens=8) == lm_before
         assert tfcli.load(str(ckpt), device="cpu").translate(texts) == fp32
+    assert "int8 (weights stored by tfcli quantize) on cpu" in _cli(*verbose).stderr
 
 
 def test_an_int8_file_not_made_from_the_checkpoints_weights_is_ignored_with_a_warning(tmp_path, monkeypatch):

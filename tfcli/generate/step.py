@@ -80,6 +80,8 @@ class StepModel:
         self.half = weight.dtype in (torch.bfloat16, torch.float16)
         self.plan = plan = backend.choose(model.cfg, weight.device, weight.dtype, pack, int8, static, allow)
         self.static = plan.static
+        # (int8 weights read from a store that holds them: `tfcli quantize`'s file, not quantised now)
+        self.int8_stored = plan.linear == "int8" and int8_weights is not None and bool(int8_weights.tensors)
         self.attend_rows = native.attention_kernel() if plan.attention == "c" else None
         decoder = parts.decoder
         self.embed, self.rope = decoder.embed, decoder.rope

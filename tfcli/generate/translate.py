@@ -201,7 +201,11 @@ class Pipeline:
         members = getattr(self.steps, "members", [self.steps])  # (an ensemble: each model's plan)
         plans = "; ".join(dict.fromkeys(m.plan.describe() for m in members))
         ensemble = f", an ensemble of {len(members)}" if len(members) > 1 else ""
-        return f"decoding: {search}{ensemble}, {self.cfg.dtype} on {self.device}; step: {plans}"
+        dtype = self.cfg.dtype
+        if any(m.plan.linear == "int8" for m in members):
+            dtype += (" (weights stored by tfcli quantize)" if all(m.int8_stored for m in members)
+                      else " (weights quantised at load; tfcli quantize stores them)")
+        return f"decoding: {search}{ensemble}, {dtype} on {self.device}; step: {plans}"
 
     def run(self, requests: Iterable[Request | None]) -> Iterator[str]:
         """Yield the output for each request, in input order (several lines for --nbest)."""
