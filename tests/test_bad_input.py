@@ -859,3 +859,42 @@ def test_import_of_a_config_nested_too_deep_to_read_is_bad_input(tmp_path):
     (hf / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     failed(cli("import", hf, "-o", tmp_path / "out"), str(hf / "config.json"), "unreadable")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kernels", ["rows.c", "torch"])
+def test_a_checkpoint_whose_weights_hold_nan_fails_in_one_line_never_prints_what_it_chose(kernels, tmp_path,
+                                                                                          monkeypatch):
+    """A checkpoint whose weights hold NaN (a diverged run's, a broken conversion) computes no numbers: translate
+    (beam, greedy, sampling, with or without scores) and lm-generate stop at its first line with one line naming the
+    checkpoint and the input line, on rows.c's kernels (best_next finds the NaN) and on torch's operators (the
+    scores carry it); --dtype int8 at load, naming the tensor. Before, rows.c printed <pad> tokens and exit 0."""
+    from helpers import WORDS, random_translator, save_counter, save_model as save_checkpoint, save_word_tokenizer
+    from tfcli.generate import native
+
+    if kernels == "torch":
+        monkeypatch.setattr(native, "library", lambda: None)
+    elif native.fp32_kernel() is None:
+        pytest.skip("rows.c's kernels do not run here")
+    model = random_translator(3)
+    with torch.no_grad():
+        model.decoder.layers[0].ffn.w1.weight[5, 7] = float("nan")  # (through the ReLU: it must stay NaN)
+    ckpt = save_checkpoint(tmp_path / "ckpt", model, save_word_tokenizer(tmp_path / "tok", WORDS))
+    src = tmp_path / "in.txt"
+    src.write_text(f"{WORDS[0]} {WORDS[1]}\n{WORDS[2]}\n")
+    for flags in ([], ["--greedy"], ["--greedy", "--scores"], ["--sampling", "--seed", "1"]):
+        res = cli("translate", "-m", ckpt, src, *flags)
+        failed(res, str(ckpt), "not numbers (NaN)", "input line")
+        assert res.stdout == ""
+    from tfcli import device
+
+    if device.int8_available():
+        failed(cli("translate", "-m", ckpt, src, "--dtype", "int8"), "model.safetensors",
+               "decoder.layers.0.ffn.w1.weight holds NaN or inf")
+    lm = save_counter(tmp_path, WORDS[:6])
+    weights = load_file(str(lm / "model.safetensors"))
+    weights["decoder.layers.0.ffn.w1.weight"][0, 0] = float("nan")
+    from safetensors.torch import save_file
+
+    save_file(weights, str(lm / "model.safetensors"))
+    for flags in (["--greedy"], ["--top-k", "3", "--seed", "1"]):
+        failed(cli("lm-generate", "-m", lm, WORDS[0], "--max-new-tokens", "4", *flags), str(lm), "not numbers (NaN)")

@@ -150,6 +150,7 @@ def test_the_compiled_row_kernels_give_the_torch_fallbacks_results(monkeypatch):
     torch.manual_seed(2)
     x = torch.randn(37, 300) * torch.rand(37, 1) * 3
     x[5] = 0  # an all-zero row
+    x[6, 3], x[7, 299], x[8, 0] = float("nan"), float("inf"), float("-inf")  # rows that give no numbers: s NaN, q 0
     y = torch.randn(37, 50)
     bias, residual = torch.randn(50), torch.randn(50, 37).T  # a strided residual
     compiled = [quantize_rows(x, as_int8=True), quantize_rows(x, as_int8=False)]
@@ -159,10 +160,14 @@ def test_the_compiled_row_kernels_give_the_torch_fallbacks_results(monkeypatch):
     fallback = [quantize_rows(x, as_int8=True), quantize_rows(x, as_int8=False)]
     assert compiled[0][0].dtype == torch.int8 and compiled[1][0].dtype == torch.float32
     for (q, s), (q_ref, s_ref) in zip(compiled, fallback):
-        assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
-    assert torch.equal(out[0], dequantize_rows(y.clone(), compiled[0][1], bias, residual, False))
-    assert torch.equal(out[1], dequantize_rows(y.clone(), compiled[0][1], bias, residual, True))
-    assert torch.equal(out[2], dequantize_rows(y.clone(), compiled[0][1], None, None, False))
+        assert torch.equal(q, q_ref) and torch.equal(s.nan_to_num(-1), s_ref.nan_to_num(-1))
+        assert s[6:9].isnan().all() and not s[:6].isnan().any() and not q[6:9].any()
+    def same(a, b):  # bit for bit, NaN where NaN (the rows of s NaN)
+        return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+
+    assert same(out[0], dequantize_rows(y.clone(), compiled[0][1], bias, residual, False))
+    assert same(out[1], dequantize_rows(y.clone(), compiled[0][1], bias, residual, True))
+    assert same(out[2], dequantize_rows(y.clone(), compiled[0][1], None, None, False)) and out[2][6:9].isnan().all()
 
 
 def test_without_a_compiler_int8_warns_once_and_runs_on_torch_ops(monkeypatch, tmp_path):
@@ -484,3 +489,30 @@ def test_quantize_where_int8_cannot_run_is_one_line_and_writes_nothing(tmp_path,
     errors = [line for line in res.output.splitlines() if line.startswith("error:")]
     assert res.exit_code == 1 and len(errors) == 1 and "no quantised int8 linear layers" in errors[0], res.output
     assert sorted(p.name for p in ckpt.iterdir()) == before
+
+
+@pytest.mark.parametrize("isa", [0, 1, 2, "torch"])
+def test_a_weight_row_holding_nan_or_inf_quantises_to_a_nan_scale(isa, monkeypatch):
+    """rows.c's quantize_weight (each version) and its torch form: a row with NaN or inf gets scale NaN and q 0
+    (converting NaN to an integer is undefined in C), the other rows as ever; Int8Linear refuses such weights."""
+    if isa != "torch" and (native.library() is None or isa > native.vector_isa()):
+        pytest.skip(f"rows.c's version {isa} does not run here")
+    if isa == "torch":
+        monkeypatch.setattr(native, "library", lambda: None)
+    else:
+        monkeypatch.setattr(native, "vector_isa", lambda: isa)
+    torch.manual_seed(4)
+    w = torch.randn(70, 37)
+    w[3, 5], w[40, 36], w[41, 0] = float("nan"), float("inf"), float("-inf")
+    wq = torch.full((70, 37), 9, dtype=torch.int8)
+    scale = int8.quantize_weight(w, wq)
+    bad = [3, 40, 41]
+    good = [r for r in range(70) if r not in bad]
+    assert scale[bad].isnan().all() and not wq[bad].any()
+    want = w[good].abs().amax(dim=1) / 127
+    assert torch.equal(scale[good], want) and torch.equal(wq[good], torch.round(w[good] / want[:, None]).to(torch.int8))
+    lin = torch.nn.Linear(37, 70)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    with pytest.raises(tfcli.errors.NotANumber):
+        Int8Linear(lin, engines=("fbgemm",) if isa == "torch" else None)

@@ -775,3 +775,24 @@ def test_many_empty_translations_are_said_once_with_the_flag_that_forbids_them(t
     assert len(warnings) == 1 and "2 of 2 translation(s) are empty" in warnings[0] and "--min-len 1" in warnings[0]
     r = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "--device", "cpu", "--min-len", "1"], input=text)
     assert r.exit_code == 0 and all(r.stdout.splitlines()[:2]) and "empty" not in r.stderr
+
+
+def test_best_next_says_when_a_rows_logits_hold_nan():
+    """rows.c's best_next chooses nothing from a row holding NaN (anywhere: a full block, the last partial block,
+    a banned id) and says so (NotANumber); -inf and finite rows are chosen from as ever."""
+    from tfcli.errors import NotANumber
+    from tfcli.generate import native
+
+    if native.fp32_kernel() is None:
+        pytest.skip("rows.c's kernels do not run here")
+    torch.manual_seed(0)
+    ban = torch.tensor([0, 1], dtype=torch.long)
+    x = torch.randn(3, 21)
+    x[1, :5] = float("-inf")
+    assert native.best_next(x.clone(), ban, None, 2, 3)[1].tolist() == x[:, 2:].topk(3).indices.add(2).tolist()
+    for at in (3, 20, 1):
+        y = x.clone()
+        y[2, at] = float("nan")
+        for normalise in (True, False):
+            with pytest.raises(NotANumber, match="not numbers"):
+                native.best_next(y.clone(), ban, None, 2, 3, normalise)

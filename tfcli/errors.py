@@ -45,6 +45,16 @@ class CheckpointError(TfcliError):
     """A checkpoint that is missing, corrupt, or does not fit the model/tokenizer asked for."""
 
 
+class NotANumber(TfcliError):
+    """A model whose weights or outputs hold NaN or inf (a diverged run's checkpoint, a broken conversion, an
+    activation past fp16's range): decoding stops rather than print what such a model chose. `module`: the layer
+    whose weights hold them, where known."""
+
+    def __init__(self, message: str, module=None):
+        super().__init__(message)
+        self.module = module
+
+
 # --- interruption -------------------------------------------------------------------------------------------
 # The CLI turns SIGINT/SIGTERM into KeyboardInterrupt. C code that calls back into Python (an extension module being
 # imported, say) can swallow that exception, so the signal is also remembered, and every commit (the rename of an

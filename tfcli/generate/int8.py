@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from tfcli.checkpoint import paged
 from tfcli.device import cpu_has_amx, int8_engines
+from tfcli.errors import NotANumber
 from tfcli.generate import native
 
 LEVELS = 63  # |q| <= 63: 7 bits
@@ -59,8 +60,8 @@ def quantize_weight(w: torch.Tensor, wq: torch.Tensor | None = None, packed: "_P
             elif packed is not None:
                 raise RuntimeError("rows.c's int8 blocks need rows.c (tfcli.generate.native.library)")
             else:
-                scale[i : i + n] = block.abs().amax(dim=1).clamp(min=1e-12) / 127
-                wq[i : i + n] = torch.round(block / scale[i : i + n, None])
+                scale[i : i + n] = _row_scale(block.abs().amax(dim=1), 1e-12, 127)
+                wq[i : i + n] = torch.round(block / scale[i : i + n, None]).nan_to_num_(0)
     return scale
 
 
@@ -103,6 +104,8 @@ class Int8Linear:
             if store is not None:
                 wp, cs = (self.rows.wp, self.rows.cs) if self.rows is not None else pack(wq)
                 store.put(module, wp, cs, F.pad(self.w_scale, (0, len(cs) - len(self.w_scale))))
+        if not self.w_scale.isfinite().all():  # (NaN: a row of the weights holds NaN or inf, quantize_weight)
+            raise NotANumber("weights that hold NaN or inf", module)
         self.bias = None
         if module.bias is not None:
             self.bias = torch.zeros(len(self.w_scale))
@@ -230,11 +233,11 @@ class Int8Weights:
 
 def quantize_rows(x: torch.Tensor, as_int8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, s) for contiguous 2-d fp32 x: s (rows, 1) = max(max |x_r|, 1e-30) / LEVELS, q = round(x / s), int8 or
-    integer-valued fp32."""
+    integer-valued fp32; s NaN and q 0 in a row holding NaN or inf (_row_scale)."""
     lib = native.library()
     if lib is None:
-        s = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30).div_(LEVELS)
-        q = (x / s).round_()
+        s = _row_scale(x.abs().amax(dim=1, keepdim=True), 1e-30, LEVELS)
+        q = (x / s).round_().nan_to_num_(0)
         return (q.to(torch.int8) if as_int8 else q), s
     rows, cols = x.shape
     q = torch.empty(rows, cols, dtype=torch.int8 if as_int8 else torch.float32)
@@ -242,6 +245,12 @@ def quantize_rows(x: torch.Tensor, as_int8: bool) -> tuple[torch.Tensor, torch.T
     q8, qf = (q.data_ptr(), None) if as_int8 else (None, q.data_ptr())
     lib.quantize_rows(x.data_ptr(), rows, cols, cols, float(LEVELS), q8, qf, s.data_ptr())
     return q, s
+
+
+def _row_scale(m: torch.Tensor, floor: float, levels: float) -> torch.Tensor:
+    """max(m, floor) / levels, NaN where m is NaN or inf (rows.c's row_scale: what is made from such a row is NaN,
+    never a number)."""
+    return m.clamp(min=floor).div_(levels).masked_fill_(~m.isfinite(), float("nan"))
 
 
 def dequantize_rows(y: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,

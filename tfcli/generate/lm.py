@@ -25,7 +25,9 @@ from tfcli.console import Progress, warn
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.generate.config import GenerateConfig
 from tfcli.device import precision, resolve_device, to_device
+from tfcli.errors import NotANumber
 from tfcli.generate.loader import Loaded, load
+from tfcli.generate.native import NAN_MESSAGE
 from tfcli.generate.sampling import line_uniforms, next_token
 from tfcli.generate.schedule import Schedule, read_every
 from tfcli.generate.step import StepModel, step_model
@@ -82,6 +84,9 @@ def generate_ids(
     return search.out
 
 
+_NAN = -2  # (in _Continue.fresh: the row's logits held NaN)
+
+
 class _Continue:
     """Language-model generation as a `schedule.Search`. Per decoder row, on the device: its prompt's index in the
     input (`line`), how many new ids it has, whether it has ended, the ids of the steps since the last read (-1:
@@ -130,7 +135,8 @@ class _Continue:
         nxt = next_token(logits, self.history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p,
                          cfg.repetition_penalty, uniforms=uniforms)
         new = ~self.ended & (nxt != EOS_ID)
-        self.fresh[:, self.since] = torch.where(new, nxt, -1)
+        # (a row whose logits hold NaN chose nothing: read() says so)
+        self.fresh[:, self.since] = torch.where(self.logits.isnan().any(-1), _NAN, torch.where(new, nxt, -1))
         self.count += new
         self.ended |= ~new | (self.count >= cfg.max_new_tokens)
         self.since += 1
@@ -152,6 +158,8 @@ class _Continue:
             if p < 0:
                 continue
             for t in got[r]:
+                if t == _NAN:
+                    raise NotANumber(f"{NAN_MESSAGE} (generating for prompt {self.lines[p] + 1})")
                 if t < 0:
                     break
                 self.out[p].append(t)
@@ -306,7 +314,8 @@ def lm_generate(
     bar = Progress("generating", len(samples), "samples", False if stream else progress)
     with open_output(output) as out, bar:
         # enumerate, not zip: the generator must run to its end (its summary warning comes after the last sample)
-        for i, continuation in enumerate(continuations(loaded, samples, cfg, device, out if stream else None)):
+        for i, continuation in enumerate(_named(continuations(loaded, samples, cfg, device, out if stream else None),
+                                                loaded.meta["dir"])):
             text = samples[i]
             if cfg.jsonl:
                 index, sample = divmod(i, cfg.num_samples)
@@ -317,6 +326,14 @@ def lm_generate(
             bar.advance(1)
             written += 1
     return written
+
+
+def _named(items: Iterator[str], checkpoint: str) -> Iterator[str]:
+    """`items`, NotANumber naming the checkpoint whose outputs were NaN."""
+    try:
+        yield from items
+    except NotANumber as e:
+        raise NotANumber(f"{checkpoint}: {e}") from None
 
 
 def continuations(loaded: Loaded, texts: list[str], cfg: GenerateConfig, device: torch.device,

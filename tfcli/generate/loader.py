@@ -15,7 +15,7 @@ from tfcli import checkpoint
 from tfcli import checkpoint_meta
 from tfcli.device import DTYPES, precision
 from tfcli.data.languages import Languages
-from tfcli.errors import CheckpointError
+from tfcli.errors import CheckpointError, NotANumber
 from tfcli.generate.int8 import Int8Weights
 from tfcli.generate.step import StepModel
 from tfcli.model.config import ModelConfig
@@ -56,8 +56,21 @@ def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32",
         half = half_weights(device, dtype)
     decoding = copy.deepcopy(model).to(DTYPES[dtype]) if half else model
     stored = stored_int8(meta, model) if dtype == "int8" and device.type == "cpu" else None
-    steps = StepModel(decoding, pack=dtype == "fp32", int8=dtype == "int8", int8_weights=stored)
+    steps = _steps(decoding, meta, pack=dtype == "fp32", int8=dtype == "int8", int8_weights=stored)
     return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps, Languages(toks.get("src"), meta))
+
+
+def _steps(model: torch.nn.Module, meta: dict, **options) -> StepModel:
+    """StepModel(model, **options), where a layer's weights hold NaN or inf (found where decoding copies them: int8)
+    one line naming the checkpoint's tensor."""
+    try:
+        return StepModel(model, **options)
+    except NotANumber as e:
+        name = next((n for n, m in model.named_modules() if m is e.module), None)
+        if name is None:
+            raise
+        raise CheckpointError(f"{Path(meta['dir']) / checkpoint_meta.WEIGHTS}: {name}.weight holds NaN or inf: a "
+                              "model that computes no numbers (a diverged run's? use an earlier checkpoint)") from None
 
 
 def _shared_tokenizer(meta: dict) -> bool:
@@ -105,7 +118,7 @@ def quantize(path: str) -> Path:
     store = Int8Weights(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (said below, as an error)
-        steps = StepModel(model, int8=True, int8_weights=store)
+        steps = _steps(model, meta, int8=True, int8_weights=store)
     if steps.plan.linear != "int8" or not store.tensors:
         why = "; ".join(steps.plan.declined)
         raise CheckpointError(f"{meta['dir']}: int8 is not implemented for this model ({why}); nothing written")

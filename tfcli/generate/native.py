@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from tfcli.checkpoint import paged
+from tfcli.errors import NotANumber
 
 NB = 32  # outputs a column block of the weights (rows.c)
 _PACK_BLOCKS = 128  # column blocks packed at a time (RowLinear)
@@ -189,6 +190,11 @@ def activate_(x: torch.Tensor, act: str) -> torch.Tensor:
     return x
 
 
+NAN_LOGITS = 2  # rows.c's best_next: a row's logits hold NaN
+NAN_MESSAGE = ("the model's next-token scores are not numbers (NaN): its weights hold NaN or inf, or an activation "
+               "overflowed")
+
+
 def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, eos: int, k: int,
               normalise: bool = True, pieces: tuple[torch.Tensor, torch.Tensor] | None = None):
     """rows.c's best_next on logits x (R, V), fp32, contiguous, on the CPU: each row's k best tokens by log-prob,
@@ -196,7 +202,7 @@ def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, 
     ids (R, k), each row's log-softmax normaliser (R,)); without `normalise`, (logits, ids, None), one pass over x
     instead of two. The banned logits are set to -inf in x. `pieces`: ((R,) rows, (V,) tokens, both bool): in those
     rows none of those tokens is chosen (the normaliser still over every token). None where the kernel does not run
-    (as `fp32_kernel`), k is past its 64 or `ban` past its 7 ids."""
+    (as `fp32_kernel`), k is past its 64 or `ban` past its 7 ids. NotANumber where a row's logits hold NaN."""
     if (fp32_kernel() is None or not 1 <= k <= 64 or ban.numel() > 7 or x.dtype != torch.float32
             or not x.is_contiguous() or (pieces is not None and pieces[1].numel() != x.size(1))):
         return None
@@ -209,6 +215,8 @@ def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, 
                                  None if ban_eos is None else ban_eos.data_ptr(), eos,
                                  None if after is None else after.data_ptr(), None if cont is None else cont.data_ptr(),
                                  k, values.data_ptr(), ids.data_ptr(), None if norm is None else norm.data_ptr())
+    if status == NAN_LOGITS:
+        raise NotANumber(NAN_MESSAGE)
     if status:
         raise RuntimeError(f"rows.c's best_next refused k={k} with {ban.numel()} banned ids")
     return values, ids, norm

@@ -39,17 +39,27 @@ static inline __attribute__((always_inline)) float absmax(const float *x, int64_
     return m;
 }
 
+/* the scale of a row whose largest |value| is m: max(m, floor) / levels, or NaN where m is NaN or inf (the row's
+ * values then quantised to 0: converting NaN to an integer is undefined) */
+static inline float row_scale(float m, float floor, float levels) {
+    return isfinite(m) ? (m > floor ? m : floor) / levels : NAN;
+}
+
 /* x (rows x cols, row stride ld) -> s[r] = max(max_j |x[r, j]|, 1e-30) / levels and q[r, j] = round(x[r, j] / s[r])
- * (half to even), |q| <= levels: as int8 into q8 when it is not null, else as float into qf. */
+ * (half to even), |q| <= levels: as int8 into q8 when it is not null, else as float into qf. A row holding NaN or
+ * inf gets s[r] NaN and q 0 (row_scale), so that what is made from it is NaN, never a number. */
 CLONES void quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld, float levels, int8_t *q8,
                           float *qf, float *s) {
 #pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * ld;
         const float m = absmax(xr, cols);
-        float sr = (m > 1e-30f ? m : 1e-30f) / levels;
+        float sr = row_scale(m, 1e-30f, levels);
         s[r] = sr;
-        if (q8) {
+        if (isnan(sr)) {
+            if (q8) memset(q8 + r * cols, 0, cols);
+            else memset(qf + r * cols, 0, sizeof(float) * cols);
+        } else if (q8) {
             int8_t *qr = q8 + r * cols;
             for (int64_t j = 0; j < cols; j++) qr[j] = (int8_t)nearbyintf(xr[j] / sr);
         } else {
@@ -58,6 +68,10 @@ CLONES void quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld
         }
     }
 }
+
+/* max(v, 0) as torch's ReLU gives it: NaN stays NaN (a model computing no numbers never turns into one that does),
+ * -0 gives +0; the vector forms are MAX(ZERO, v) + ZERO (MAX: the second operand where either is NaN) */
+#define RELU(v) ((0.0f > (v) ? 0.0f : (v)) + 0.0f)
 
 /* In place on y (rows x cols, contiguous): y = y * s[r], then + bias[j] (bias may be null), then + res[r, j] (res may
  * be null; row stride ld_res), then max(y, 0) when relu. */
@@ -71,7 +85,7 @@ CLONES void dequantize_rows(float *y, int64_t rows, int64_t cols, const float *s
             float v = yr[j] * sr;
             if (bias) v = v + bias[j];
             if (res) v = v + res[r * ld_res + j];
-            if (relu) v = v > 0.0f ? v : 0.0f;
+            if (relu) v = RELU(v);
             yr[j] = v;
         }
     }
@@ -98,7 +112,7 @@ CLONES void dequantize_rows(float *y, int64_t rows, int64_t cols, const float *s
             _Pragma("GCC unroll 8") for (int v = 0; v < V; v++) {                                                      \
                 VEC a = src[r][v];                                                                                     \
                 if (res) a = ADD(a, LOAD(res + r * ldr + j0 + LANES * v));                                             \
-                if (relu) a = MAX(a, ZERO()); /* (max(x, +0) is +0 at -0 and NaN, as x > 0 ? x : 0) */                 \
+                if (relu) a = ADD(MAX(ZERO(), a), ZERO()); /* (RELU: NaN kept, +0 at -0) */                        \
                 STORE(y + r * ldy + j0 + LANES * v, a);                                                                \
             }                                                                                                          \
         return;                                                                                                        \
@@ -110,7 +124,7 @@ CLONES void dequantize_rows(float *y, int64_t rows, int64_t cols, const float *s
         if (res)                                                                                                       \
             for (int j = 0; j < nj; j++) out[r][j] = out[r][j] + res[r * ldr + j0 + j];                                \
         if (relu)                                                                                                      \
-            for (int j = 0; j < nj; j++) out[r][j] = out[r][j] > 0.0f ? out[r][j] : 0.0f;                              \
+            for (int j = 0; j < nj; j++) out[r][j] = RELU(out[r][j]);                                                  \
         memcpy(y + r * ldy + j0, out[r], sizeof(float) * nj);                                                          \
     }
 
@@ -534,13 +548,15 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
  * returned as log-probs x_j - norm[r] in values and ids (each R x k): the log-softmax's order
  * is the logits', so they are chosen on the logits and only they are normalised. Two passes over a row; its result
  * depends on that row alone. With norm null (a greedy search whose scores nobody reads) the second pass is skipped
- * and values holds the k best logits. Returns 0; or -1, having done nothing, unless 1 <= k <= 64 and nb <= 7 (the
- * sizes of its buffers). */
+ * and values holds the k best logits. Returns 0; 2 where a row's logits hold NaN (a model that computes no numbers:
+ * no token is chosen from them); or -1, having done nothing, unless 1 <= k <= 64 and nb <= 7 (the sizes of its
+ * buffers). */
 __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V, const int64_t *ban, int64_t nb,
                                                 const uint8_t *ban_eos, int64_t eos, const uint8_t *after,
                                                 const uint8_t *cont, int64_t k, float *values, int64_t *ids,
                                                 float *norm) {
     if (k < 1 || k > 64 || nb < 0 || nb > 7) return -1;
+    int nan = 0;
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN)
     for (int64_t r = 0; r < R; r++) {
         float *xr = x + r * V;
@@ -553,6 +569,7 @@ __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V
         int64_t bi[64];
         for (int64_t i = 0; i < k; i++) bv[i] = -INFINITY, bi[i] = 0;
         __m256 mv = _mm256_loadu_ps(banned), kth = _mm256_set1_ps(-INFINITY);
+        __m256 unordered = _mm256_cmp_ps(mv, mv, _CMP_UNORD_Q); /* (lanes that met a NaN) */
         const uint8_t *skip = after && after[r] ? cont : NULL; /* (never chosen here; still in the normaliser) */
         float tail = -INFINITY;                                 /* (the max of a last part block, where skipped) */
         for (int64_t j0 = 0; j0 < V; j0 += 8) {
@@ -560,17 +577,24 @@ __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V
             if (nj == 8) {
                 const __m256 v = _mm256_loadu_ps(xr + j0);
                 mv = _mm256_max_ps(mv, v);
+                unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
                 if (!_mm256_movemask_ps(_mm256_cmp_ps(v, kth, _CMP_GT_OQ))) continue;
             }
             for (int64_t j = j0; j < j0 + nj; j++) {
                 const float val = xr[j];
                 if (nj < 8 && val > tail) tail = val;
+                if (nj < 8 && isnan(val)) unordered = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
                 if (!(val > bv[k - 1]) || (skip && skip[j])) continue;
                 int64_t p = k - 1;
                 while (p > 0 && bv[p - 1] < val) bv[p] = bv[p - 1], bi[p] = bi[p - 1], p--;
                 bv[p] = val, bi[p] = j;
             }
             kth = _mm256_set1_ps(bv[k - 1]);
+        }
+        if (_mm256_movemask_ps(unordered)) {
+#pragma omp atomic write
+            nan = 1;
+            continue;
         }
         if (!norm) {
             for (int64_t i = 0; i < k; i++) values[r * k + i] = bv[i], ids[r * k + i] = bi[i];
@@ -597,7 +621,7 @@ __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V
         norm[r] = nr;
         for (int64_t i = 0; i < k; i++) values[r * k + i] = bv[i] - nr, ids[r * k + i] = bi[i];
     }
-    return 0;
+    return nan ? 2 : 0;
 }
 
 /* One step of a constrained beam search's choice (tfcli.generate.search: `pick_by_banks`, whose torch form gives the
@@ -883,9 +907,11 @@ static const i8tile_fn I8TILES_AVX2[3] = {0, i8tile_avx2_1, i8tile_avx2_2};
 static inline __attribute__((always_inline)) void quantize_u8(const float *xr, int64_t K, int64_t K4, float levels,
                                                                uint8_t *u, float *s) {
     const float m = absmax(xr, K);
-    const float sr = (m > 1e-30f ? m : 1e-30f) / levels;
+    const float sr = row_scale(m, 1e-30f, levels);
     *s = sr;
-    for (int64_t j = 0; j < K; j++) u[j] = (uint8_t)((int)nearbyintf(xr[j] / sr) + 64);
+    if (isnan(sr)) memset(u, 64, K);
+    else
+        for (int64_t j = 0; j < K; j++) u[j] = (uint8_t)((int)nearbyintf(xr[j] / sr) + 64);
     for (int64_t j = K; j < 4 * K4; j++) u[j] = 0;
 }
 
@@ -988,7 +1014,8 @@ static __attribute__((target("avx2"))) int32_t quantize_row_avx2(const float *w,
  * each of its N rows (row stride ldw), ws = max(max_k |w_k|, 1e-12) / 127 and q_k = round(w_k / ws), half to even;
  * written as plain rows into wq (N x K) where it is not null, and into wp in linear_int8's blocks (the first row
  * a multiple of 64 into the whole matrix; rows past N and inputs past K left as they are: zero) with cs, the sum
- * of each row's q, where wp is not null. isa: 2 AVX-512, 1 AVX2, 0 plain C (the same bytes). */
+ * of each row's q, where wp is not null. isa: 2 AVX-512, 1 AVX2, 0 plain C (the same bytes). A row holding NaN or
+ * inf: ws NaN and q 0 (row_scale). */
 CLONES void quantize_weight(const float *w, int64_t N, int64_t K, int64_t ldw, int8_t *wq, int8_t *wp, int32_t *cs,
                             float *ws, int isa) {
     const int64_t K4 = (K + 3) / 4;
@@ -1001,9 +1028,17 @@ CLONES void quantize_weight(const float *w, int64_t N, int64_t K, int64_t ldw, i
     for (int64_t j = 0; j < N; j++) {
         const float *wr = w + j * ldw;
         const float m = absmax(wr, K);
-        const float sj = (m > 1e-12f ? m : 1e-12f) / 127.0f;
+        const float sj = row_scale(m, 1e-12f, 127.0f);
         ws[j] = sj;
         int8_t *row = wq ? wq + j * K : 0, *block = wp ? wp + j / 64 * 256 * K4 + j % 64 * 4 : 0;
+        if (isnan(sj)) { /* (NaN or inf in the row: zeros, and the scale says so) */
+            for (int64_t k = 0; k < K; k++) {
+                if (row) row[k] = 0;
+                if (block) block[k / 4 * 256 + k % 4] = 0;
+            }
+            if (cs) cs[j] = 0;
+            continue;
+        }
         const int32_t sum = row_fn ? row_fn(wr, K, sj, row, block) : quantize_tail(wr, 0, K, sj, row, block);
         if (cs) cs[j] = sum;
     }

@@ -24,6 +24,7 @@ import torch
 from tfcli.data.batching import pad
 from tfcli.generate import native
 from tfcli.device import never_chosen, to_device
+from tfcli.errors import NotANumber
 from tfcli.generate.sampling import LineSampling
 from tfcli.generate.schedule import Decoder, Schedule, read_every, search_graph
 from tfcli.generate.step import step_model
@@ -590,6 +591,7 @@ class _Greedy(_SourceSearch):
     def hypotheses(self, len_penalty: float) -> list[Hypothesis]:
         out = []
         for e, ended_eos, toks, scores in zip(*_to_lists(self.out_end, self.out_eos, self.out_tok, self.out_lp)):
+            _numbers(scores[:e])
             scores = scores[:e] if self.scored else None
             out.append(Hypothesis(toks[: e - 1 if ended_eos else e],
                                   sum(scores) / length_penalty(e, len_penalty) if scores is not None else None, scores))
@@ -820,6 +822,7 @@ class _Beam(_SourceSearch):
         host = _to_lists(self.fin_score, self.fin_step, self.fin_eos, self.fin_tok,
                          *((self.fin_lp,) if token_scores else ()))
         for score, ended, eos, toks, *lp in zip(*host):
+            _numbers(score)
             out.append([Hypothesis(toks[j][: ended[j] - eos[j]], score[j], lp[0][j][: ended[j]] if lp else None)
                         for j in range(self.nbest)])
         return out
@@ -959,6 +962,13 @@ def search(model, src: torch.Tensor, options: SearchOptions, rows: Rows = Rows()
     lines = rows.lines if mode == "sampling" else None
     return [[h] for h in greedy_decode(model, src, o.max_len_a, o.max_len_b, o.min_len, o.len_penalty, o.sampling,
                                        lines, rows.prefix, o.check_every, slots, o.scored, rows.avoid)]
+
+
+def _numbers(values: list[float]) -> None:
+    """NotANumber where a hypothesis' scores hold NaN: what a model whose weights or activations hold NaN or inf
+    gives (rows.c's best_next says so at once; torch's search carries the NaN into the scores)."""
+    if any(v != v for v in values):
+        raise NotANumber(native.NAN_MESSAGE)
 
 
 def _keep_finished(fin, alive, ends, at, score, row, last, tokens, lps, last_lp) -> None:

@@ -56,9 +56,9 @@ from tfcli.model.norm import RMSNorm
 from tfcli.torch_compat import cpu_autocast_dtype
 
 # oneDNN's fused linear + activation: (attr, algorithm)
-_ONEDNN_ACTIVATIONS = {
-    None: ("none", ""), "relu": ("relu", "none"), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"),
-}
+# the activations oneDNN applies in the linear layer's call; not ReLU, whose post-op turns NaN into 0 (F.relu keeps
+# it: a model whose weights hold NaN must compute NaN, and decoding then says so, tfcli.errors.NotANumber)
+_ONEDNN_ACTIVATIONS = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh")}
 
 
 class StepModel:
@@ -725,6 +725,8 @@ def _copied(module: nn.Linear, mode: str, act: str | None, residual: bool, norm_
             binary = torch.ops.mkldnn._linear_pointwise.binary
             return lambda x, r: binary(x, r, weight, bias, "add")
         linear = torch.ops.mkldnn._linear_pointwise.default
+        if act == "relu":
+            return lambda x: linear(x, weight, bias, "none", [], "").relu_()
         if act not in _ONEDNN_ACTIVATIONS:  # one oneDNN does not fuse
             f = ACTIVATIONS[act]
             return lambda x: f(linear(x, weight, bias, "none", [], ""))

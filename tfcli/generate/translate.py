@@ -39,7 +39,7 @@ from tfcli.generate.alignment import (
 from tfcli.generate.request import SIDE_FILES, Request, Translation, jsonl_requests, requests, with_side_file
 from tfcli.generate.search import Hypothesis, Rows, SearchOptions, search
 from tfcli.generate.shards import translate_in_parts
-from tfcli.errors import InputError, TfcliError
+from tfcli.errors import InputError, NotANumber, TfcliError
 from tfcli.specials import EOS_ID, UNK_ID
 from tfcli.io import encoding_errors, open_output, read_inputs, read_lines, refuse_overwriting_inputs
 
@@ -161,6 +161,7 @@ class Pipeline:
         self.steps, self.src_tok, self.tgt_tok = loaded.steps, loaded.src_tok, loaded.tgt_tok
         self.glossary = glossary if glossary is not None else Glossary.load(cfg.glossary) if cfg.glossary else None
         self.cfg, self.device = cfg, device
+        self.checkpoint = loaded.meta["dir"]
         self.options = SearchOptions.from_config(cfg)
         self.max_len = self.steps.cfg.max_len
         n_layers = self.steps.cfg.n_decoder_layers
@@ -506,7 +507,12 @@ class Pipeline:
         # (the alignment reads the encoder outputs the search computed; an ensemble aligns with its first model)
         steps = Remembered(self.steps) if any(aligned) and not hasattr(self.steps, "members") else self.steps
         with self.precision:
-            hyps = search(steps, src, self.options, rows, slots, self.continuing)
+            try:
+                hyps = search(steps, src, self.options, rows, slots, self.continuing)
+            except NotANumber as e:
+                lines = sorted({u.line.index + 1 for u in units})
+                where = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}"
+                raise NotANumber(f"{self.checkpoint}: {e} (translating input {where})") from None
             if any(aligned):
                 self._align(batch, src, hyps, aligned, steps)
         if self.languages.forces:  # the target language's token, forced first: not part of the translation
