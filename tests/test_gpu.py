@@ -236,6 +236,32 @@ def test_translation_on_the_gpu_is_the_cpus(copier, device, dtype):
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-3)
 
 
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_model_computing_nan_stops_decoding_on_the_gpu(tmp_path, device, dtype):
+    """Weights holding NaN: translation (greedy, beam, through the CUDA graph of the fixed-shape search) and
+    generation raise NotANumber instead of returning what such a model chose (on the CPU too: bf16 autocast)."""
+    from helpers import WORDS, random_translator, save_counter, save_model, save_word_tokenizer
+    from safetensors.torch import load_file, save_file
+
+    from tfcli.errors import NotANumber
+
+    model = random_translator(3)
+    with torch.no_grad():
+        model.decoder.layers[0].ffn.w1.weight[5, 7] = float("nan")
+    ckpt = save_model(tmp_path / "ckpt", model, save_word_tokenizer(tmp_path / "tok", WORDS))
+    translator = tfcli.load(str(ckpt), device=device, dtype=dtype)
+    for beam in (1, 4):
+        with pytest.raises(NotANumber, match="not numbers"):
+            translator.translate([f"{WORDS[0]} {WORDS[1]}", WORDS[2]], beam_size=beam)
+    lm = save_counter(tmp_path, WORDS[:6])
+    weights = load_file(str(lm / "model.safetensors"))
+    weights["decoder.layers.0.ffn.w1.weight"][0, 0] = float("nan")
+    save_file(weights, str(lm / "model.safetensors"))
+    with pytest.raises(NotANumber, match="not numbers"):
+        tfcli.load(str(lm), device=device, dtype=dtype).generate([WORDS[0]], max_new_tokens=4, greedy=True)
+
+
 @pytest.mark.parametrize("device", [CUDA])
 def test_constraints_on_the_gpu_are_the_cpus(copier, device):
     """Constrained beam search in the fixed-shape decoder (refilled places, CUDA graphs): the CPU's translations,
