@@ -105,7 +105,7 @@ class Int8Linear:
                 wp, cs = (self.rows.wp, self.rows.cs) if self.rows is not None else pack(wq)
                 store.put(module, wp, cs, F.pad(self.w_scale, (0, len(cs) - len(self.w_scale))))
         if not self.w_scale.isfinite().all():  # (NaN: a row of the weights holds NaN or inf, quantize_weight)
-            raise NotANumber("weights that hold NaN or inf", module)
+            raise NotANumber(f"a linear layer's weights ({N} x {K}) hold NaN or inf", module)
         self.bias = None
         if module.bias is not None:
             self.bias = torch.zeros(len(self.w_scale))

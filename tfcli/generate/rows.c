@@ -69,8 +69,8 @@ CLONES void quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld
     }
 }
 
-/* max(v, 0) as torch's ReLU gives it: NaN stays NaN (a model computing no numbers never turns into one that does),
- * -0 gives +0; the vector forms are MAX(ZERO, v) + ZERO (MAX: the second operand where either is NaN) */
+/* max(v, 0), NaN kept as torch's ReLU keeps it (a model that computes no numbers never turns into one that does),
+ * +0 at -0; the vector forms are MAX(ZERO, v) + ZERO (MAX: the second operand where either is NaN) */
 #define RELU(v) ((0.0f > (v) ? 0.0f : (v)) + 0.0f)
 
 /* In place on y (rows x cols, contiguous): y = y * s[r], then + bias[j] (bias may be null), then + res[r, j] (res may
