@@ -232,12 +232,11 @@ def fingerprint(tensors: list[torch.Tensor], samples: int = 32, run: int = 64) -
         nbytes = t.numel() * t.element_size()
         n = min(run, nbytes)
         starts = sorted({(nbytes - n) * i // max(samples - 1, 1) for i in range(samples)})
-        base = t.untyped_storage().data_ptr()
-        m = _MAPPED.get(base) if t.device.type == "cpu" and t.is_contiguous() else None
-        if m is not None:
-            offset = t.data_ptr() - base
+        pages = _pages(t)
+        if pages is not None:
+            m, base = pages[:2]
             for start in starts:
-                h.update(os.pread(m.fd, n, offset + start))
+                h.update(os.pread(m.fd, n, t.data_ptr() - base + start))
         else:
             raw = t.detach().cpu().contiguous().view(-1).view(torch.uint8)
             for start in starts:

@@ -591,8 +591,9 @@ class _Greedy(_SourceSearch):
     def hypotheses(self, len_penalty: float) -> list[Hypothesis]:
         out = []
         for e, ended_eos, toks, scores in zip(*_to_lists(self.out_end, self.out_eos, self.out_tok, self.out_lp)):
-            _numbers(scores[:e])
-            scores = scores[:e] if self.scored else None
+            lps = scores[:e]
+            _numbers(lps)
+            scores = lps if self.scored else None
             out.append(Hypothesis(toks[: e - 1 if ended_eos else e],
                                   sum(scores) / length_penalty(e, len_penalty) if scores is not None else None, scores))
         return out
