@@ -28,9 +28,9 @@ users do: a quarter of the bytes to read and hold), tfcli's the same fp32 checkp
 --shape, (1) also reports each system's time from a command's start to its first output line (load and one sentence
 at the beam size; best of --first-line-repeats fresh processes) and that process's peak memory (GNU time's maximum
 RSS): `tfcli translate` as a user runs it (stdin to stdout), CTranslate2 as a Python script that imports ctranslate2
-alone (its users need no torch), and Python importing torch alone (no program on torch prints sooner); tfcli int8
-both quantising at load and on the checkpoint after `tfcli quantize` (int8 weights stored once, as CTranslate2's
-int8 model is converted once). (1) also
+alone (its users need no torch), and Python importing torch alone (no program on torch prints sooner); tfcli fp32
+and int8 both making their layers at load and on the checkpoint after `tfcli quantize --dtype fp32` and `--dtype
+int8` (the layers stored once in the layout decoding reads, as CTranslate2's model is converted once). (1) also
 reports the fp32 arithmetic floor of each run: the linear layers' least multiply-adds at this CPU's FMA peak,
 measured in the same run (common.fma_peak_gflops), against HF's and tfcli's times.
 
@@ -219,7 +219,8 @@ def first_line(cmd: list[str], stdin: str) -> tuple[float, int, str]:
 
 
 def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, args) -> dict:
-    """`first_line` of `tfcli translate` (fp32; with `int8_dir`, --dtype int8 too) and of CTranslate2's script
+    """`first_line` of `tfcli translate` (fp32, and after `tfcli quantize --dtype fp32`; with `int8_dir`, --dtype int8
+    too, at load and after `tfcli quantize`) and of CTranslate2's script
     on `ct2_dir` (float32) and `int8_dir` (int8), on one source line: best of args.first_line_repeats each,
     interleaved."""
     L, b, threads = str(args.out_len), str(args.beam), str(args.threads)
@@ -231,12 +232,16 @@ def first_lines(ckpt: Path, ct2_dir: Path, int8_dir: Path | None, line: str, arg
     ct2 = [sys.executable, "-c", _CT2_FIRST_LINE]
     cmds = {"tfcli": tfcli(ckpt), "ct2": ct2 + [str(ct2_dir), "float32", threads, b, L, line],
             "import_torch": [sys.executable, "-u", "-c", "import sys, torch; print(sys.stdin.readline().strip())"]}
+    stored = ckpt.with_name(ckpt.name + "-quantized")  # the checkpoint's files, and `tfcli quantize`'s beside them
+    stored.mkdir()
+    for f in ckpt.iterdir():
+        (stored / f.name).symlink_to(f.resolve())
+    dtypes = ["fp32"] + (["int8"] if int8_dir is not None else [])
+    for dtype in dtypes:
+        subprocess.run([sys.executable, "-m", "tfcli", "quantize", str(stored), "--dtype", dtype], check=True,
+                       capture_output=True)
+    cmds["tfcli_quantized"] = tfcli(stored)
     if int8_dir is not None:
-        stored = ckpt.with_name(ckpt.name + "-quantized")  # the checkpoint's files, and `tfcli quantize`'s beside them
-        stored.mkdir()
-        for f in ckpt.iterdir():
-            (stored / f.name).symlink_to(f.resolve())
-        subprocess.run([sys.executable, "-m", "tfcli", "quantize", str(stored)], check=True, capture_output=True)
         cmds |= {"tfcli_int8": tfcli(ckpt) + ["--dtype", "int8"],
                  "tfcli_int8_quantized": tfcli(stored) + ["--dtype", "int8"],
                  "ct2_int8": ct2 + [str(int8_dir), "int8", threads, b, L, line]}
@@ -534,13 +539,15 @@ def markdown(res: dict) -> str:
                   f"{res.get('first_line_repeats', res['repeats'])} fresh processes) and that "
                   "process's peak memory (GNU time's maximum RSS): `tfcli translate` (stdin to stdout) and a "
                   "CTranslate2 script that imports ctranslate2 alone; CT2 int8 reads a model converted to int8, "
-                  "tfcli_int8 quantises the fp32 checkpoint at load, tfcli_int8_quantized maps the int8 weights "
-                  "`tfcli quantize` stored beside it.", "",
+                  "tfcli_int8 quantises the fp32 checkpoint at load; tfcli_quantized and tfcli_int8_quantized map "
+                  "the layers `tfcli quantize --dtype fp32` and `--dtype int8` stored beside it (fp32: the "
+                  "decoder's in the row kernel's layout, which tfcli packs at load).", "",
                   "| system | first line (s) | peak RSS (MB) | same line as tfcli |", "| --- | ---: | ---: | --- |"]
         for name, r in fl.items():
             same = "yes" if r.get("same_line_as_tfcli") else "" if name in ("tfcli", "import_torch") else "no"
             lines.append(f"| {name} | {r['seconds']:.2f} | {r['peak_rss_mb']:,.0f} | {same} |")
-        for ours, peer in (("tfcli", "ct2"), ("tfcli_int8", "ct2_int8"), ("tfcli_int8_quantized", "ct2_int8")):
+        for ours, peer in (("tfcli", "ct2"), ("tfcli_quantized", "ct2"), ("tfcli_int8", "ct2_int8"),
+                           ("tfcli_int8_quantized", "ct2_int8")):
             if ours in fl:
                 x = fl[peer]["seconds"] / fl[ours]["seconds"]
                 lines.append(f"- {ours} first line {fl[ours]['seconds']:.2f} s, {peer} {fl[peer]['seconds']:.2f} s: "

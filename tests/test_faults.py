@@ -550,15 +550,19 @@ def test_an_output_creates_its_missing_directories_or_says_what_is_in_the_way(tm
         assert r.exit_code == 1 and "nope" in r.stderr  # the input's error, not the output's directory
 
 
-@pytest.mark.skipif(not __import__("tfcli.device").device.int8_available(), reason="no int8 linear layers here")
-def test_quantize_interrupted_at_any_write_leaves_the_checkpoint_as_it_was(tmp_path):
+@pytest.mark.parametrize("dtype", ["int8", "fp32"])
+def test_quantize_interrupted_at_any_write_leaves_the_checkpoint_as_it_was(dtype, tmp_path):
     from helpers import save_random_translator
+    from tfcli.device import int8_available, onednn_available
+    from tfcli.generate.native import fp32_kernel
 
+    if not (int8_available() if dtype == "int8" else fp32_kernel() is not None and onednn_available()):
+        pytest.skip(f"{dtype} decoding's stored layout is not used here")
     ckpt = save_random_translator(tmp_path, 5)
     before = sorted(p.name for p in ckpt.iterdir())
 
     def check():
-        assert sorted(p.name for p in ckpt.iterdir()) == before  # no int8 file, no temp file
+        assert sorted(p.name for p in ckpt.iterdir()) == before  # no stored file, no temp file
 
-    assert _each_fault(["quantize", ckpt], check) >= 1
-    assert (ckpt / "model.int8.safetensors").is_file()
+    assert _each_fault(["quantize", ckpt, "--dtype", dtype], check) >= 1
+    assert (ckpt / f"model.{dtype}.safetensors").is_file()

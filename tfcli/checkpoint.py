@@ -292,6 +292,29 @@ def _give_back(m: mmap.mmap, base: int, first: int, last: int) -> None:
         m.madvise(mmap.MADV_DONTNEED, first + a * mmap.PAGESIZE, (b - a) * mmap.PAGESIZE)
 
 
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.int32: "I32", torch.int8: "I8", torch.float16: "F16",
+                       torch.bfloat16: "BF16", torch.int64: "I64", torch.uint8: "U8"}
+
+
+def write_tensors(f, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """`tensors` to the open binary file `f` in the safetensors format (`read_weights`, safetensors' own readers),
+    a tensor at a time: no copy of the whole file in memory (a 256k-word output layer's fp32 blocks are 1 GB)."""
+    header, offset = {}, 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    if metadata:
+        header["__metadata__"] = metadata
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # (the data starts 8-byte aligned)
+    f.write(len(raw).to_bytes(8, "little") + raw)
+    for name in sorted(tensors):
+        f.write(memoryview(tensors[name].detach().contiguous().view(-1).view(torch.uint8).numpy()))
+
+
 def save(
     path: os.PathLike | str,
     model: torch.nn.Module,

@@ -4,7 +4,9 @@ Loading and saving weights: tfcli/checkpoint.py.
     CKPT/
       model.safetensors          the weights (tied matrices stored once)
       model.int8.safetensors     its linear layers in int8 as decoding runs them (optional: `tfcli quantize`;
-                                 tfcli.generate.loader), with a fingerprint of the weights they were made from
+                                 tfcli.generate.stored), with a fingerprint of the weights they were made from
+      model.fp32.safetensors     its decoder's linear layers in the fp32 row kernel's layout (optional: `tfcli
+                                 quantize --dtype fp32`), the same way
       config.json                format version, tfcli version, resolved model/train/data config, step, metrics,
                                  and the tokenizer files below
       tokenizer.src.json         Hugging Face tokenizers files copied from the prepared directory, so
@@ -31,7 +33,7 @@ from tfcli.model.config import ModelConfig
 FORMAT = "tfcli-checkpoint"
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
-INT8_WEIGHTS = "model.int8.safetensors"
+STORED_WEIGHTS = {"int8": "model.int8.safetensors", "fp32": "model.fp32.safetensors"}  # tfcli.generate.stored
 CONFIG = "config.json"
 
 

@@ -73,19 +73,29 @@ def import_(
 @app.command("quantize")
 def quantize(
     model: str = typer.Argument(..., metavar="RUN_OR_CKPT", show_default=False, help="Checkpoint or run directory."),
+    dtype: str = typer.Option(
+        "int8", "--dtype", metavar="DTYPE",
+        help="int8: every linear layer quantised; fp32: the decoder's linear layers and the output layer in the row "
+        "kernel's layout (no quantisation).",
+    ),
     quiet: Quiet = False,
 ):
-    """Store a checkpoint's linear layers in int8, as `--dtype int8` runs them, beside its weights.
+    """Store a checkpoint's linear layers as `--dtype DTYPE` decodes them on the CPU, beside its weights.
 
-    tfcli quantize run/                  (the run's best checkpoint)
+    tfcli quantize run/                  (the run's best checkpoint; int8)
     tfcli translate -m run/ --dtype int8 test.de
+    tfcli quantize run/ --dtype fp32     (fp32 decoding on the row kernel: its layout)
 
-    `--dtype int8` (translate, lm-generate, eval) then maps these instead of quantising the weights at every start:
-    the same outputs, a faster start (docs/performance.md). The file, model.int8.safetensors, records a fingerprint
-    of the weights it was made from: where they change, it is ignored with a warning until quantized again. The fp32
-    weights stay: every other dtype, training and export read them. Written atomically.
+    Decoding then maps these instead of making them at every start (quantising the weights for int8, reordering
+    them for fp32): the same outputs, a faster start, and pages that every process decoding the model shares
+    (docs/performance.md). As CTranslate2's models, converted once. The file (model.int8.safetensors,
+    model.fp32.safetensors) records a fingerprint of the weights it was made from: where they change, it is
+    ignored with a warning until quantized again. The checkpoint's own weights stay: training, export and every
+    other dtype read them. fp32 stores the decoder's and the output layer's weights a second time (1.3 GB for an
+    M2M-100 418M). Written atomically.
     """
-    from tfcli.generate.loader import quantize as write_int8
+    from tfcli.generate.loader import quantize as store_layers
 
-    path = run(write_int8, model)
+    check_choice("--dtype", dtype, ("int8", "fp32"))
+    path = run(store_layers, model, dtype)
     print(f"{path}: {path.stat().st_size / 2**20:,.0f} MB")

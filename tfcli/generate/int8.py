@@ -31,6 +31,7 @@ from tfcli.checkpoint import paged
 from tfcli.device import cpu_has_amx, int8_engines
 from tfcli.errors import NotANumber
 from tfcli.generate import native
+from tfcli.generate.stored import StoredWeights
 
 LEVELS = 63  # |q| <= 63: 7 bits
 # on a CPU with AMX, calls with at least this many rows go to oneDNN, fewer to rows.c's kernel or fbgemm
@@ -79,10 +80,11 @@ class Int8Linear:
     `relu`, max(0, .) after the bias."""
 
     def __init__(self, module: nn.Linear, relu: bool = False, engines: tuple[str, ...] | None = None,
-                 store: "Int8Weights | None" = None):
+                 store: StoredWeights | None = None):
         """`engines`: which of "rows", "fbgemm" and "onednn" to use (default: `default_engines()`); with two, calls
-        of fewer than ONEDNN_MIN_ROWS rows go to the first. `store`: where the module's int8 weights are read from
-        when it holds them (a checkpoint's `tfcli quantize` file), and put when they are quantised here."""
+        of fewer than ONEDNN_MIN_ROWS rows go to the first. `store` (tfcli.generate.stored, int8): where the
+        module's int8 weights are read from when it holds them (`tfcli quantize`'s file), and put when they are
+        quantised here."""
         w = module.weight.detach()
         self.N, self.K = N, K = w.shape
         self.relu = relu
@@ -94,7 +96,7 @@ class Int8Linear:
             engines = engines[-1:]
         stored = None if store is None else store.get(module)
         if stored is not None:
-            wp, cs, self.w_scale = stored
+            wp, cs, self.w_scale = stored["wp"], stored["cs"], stored["scale"]
             self.rows = _Packed(N, K, wp, cs) if "rows" in engines else None
             wq = unpack(wp, N, K) if set(engines) - {"rows"} else None
         else:
@@ -103,7 +105,7 @@ class Int8Linear:
             self.w_scale = quantize_weight(w.float(), wq, self.rows)
             if store is not None:
                 wp, cs = (self.rows.wp, self.rows.cs) if self.rows is not None else pack(wq)
-                store.put(module, wp, cs, F.pad(self.w_scale, (0, len(cs) - len(self.w_scale))))
+                store.put(module, wp=wp, cs=cs, scale=F.pad(self.w_scale, (0, len(cs) - len(self.w_scale))))
         if not self.w_scale.isfinite().all():  # (NaN: a row of the weights holds NaN or inf, quantize_weight)
             raise NotANumber(f"a linear layer's weights ({N} x {K}) hold NaN or inf", module)
         self.bias = None
@@ -183,52 +185,6 @@ def pack(wq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def unpack(wp: torch.Tensor, N: int, K: int) -> torch.Tensor:
     """The int8 weights (N x K) in rows.c's blocks `wp`, as plain rows (for fbgemm and oneDNN)."""
     return wp.transpose(1, 2).reshape(-1, wp.size(1) * 4)[:N, :K].contiguous()
-
-
-class Int8Weights:
-    """The int8 weights of a model's linear layers as decoding runs them, by module name: (wp, cs, scale), rows.c's
-    blocks with each output's sum of weights and scale (`_Packed`; scale zero past N). Read from the file `tfcli
-    quantize` writes beside a checkpoint's weights (tfcli.generate.loader), so that decoding maps them instead of
-    quantising them at every load, or filled as an Int8Linear quantises its weights, to write that file."""
-
-    def __init__(self, model: nn.Module, tensors: dict[str, torch.Tensor] | None = None):
-        self.names: dict[int, str] = {}
-        for name, m in model.named_modules(remove_duplicate=False):
-            self.names.setdefault(id(m), name)
-        self.tensors = dict(tensors or {})
-
-    def get(self, module: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        name = self.names.get(id(module))
-        if name is None or f"{name}.wp" not in self.tensors:
-            return None
-        return self.tensors[f"{name}.wp"], self.tensors[f"{name}.cs"], self.tensors[f"{name}.scale"]
-
-    def put(self, module: nn.Linear, wp: torch.Tensor, cs: torch.Tensor, scale: torch.Tensor) -> None:
-        name = self.names[id(module)]
-        self.tensors |= {f"{name}.wp": wp, f"{name}.cs": cs, f"{name}.scale": scale}
-
-    def modules(self) -> list[str]:
-        """The names of the modules held, in order."""
-        return sorted({k.rsplit(".", 1)[0] for k in self.tensors})
-
-    def mismatch(self, model: nn.Module) -> str | None:
-        """Why these tensors cannot be `model`'s linear layers (a name it lacks, a shape it does not have), or None."""
-        for name in self.modules():
-            try:
-                module = model.get_submodule(name)
-            except AttributeError:
-                return f"no layer {name}"
-            if not isinstance(module, nn.Linear):
-                return f"{name} is not a linear layer"
-            N, K = module.weight.shape
-            blocks = -(-N // 64)
-            want = {"wp": ((blocks, -(-K // 4), 64, 4), torch.int8), "cs": ((blocks * 64,), torch.int32),
-                    "scale": ((blocks * 64,), torch.float32)}
-            for part, (shape, dtype) in want.items():
-                t = self.tensors.get(f"{name}.{part}")
-                if t is None or tuple(t.shape) != shape or t.dtype != dtype:
-                    return f"{name}.{part} is not {dtype} of shape {shape}"
-        return None
 
 
 def quantize_rows(x: torch.Tensor, as_int8: bool) -> tuple[torch.Tensor, torch.Tensor]:

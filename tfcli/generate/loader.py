@@ -16,7 +16,7 @@ from tfcli import checkpoint_meta
 from tfcli.device import DTYPES, precision
 from tfcli.data.languages import Languages
 from tfcli.errors import CheckpointError, NotANumber
-from tfcli.generate.int8 import Int8Weights
+from tfcli.generate import stored
 from tfcli.generate.step import StepModel
 from tfcli.model.config import ModelConfig
 
@@ -55,8 +55,8 @@ def load(path: str, device: torch.device, kind: str | None, dtype: str = "fp32",
     if half is None:
         half = half_weights(device, dtype)
     decoding = copy.deepcopy(model).to(DTYPES[dtype]) if half else model
-    stored = stored_int8(meta, model) if dtype == "int8" and device.type == "cpu" else None
-    steps = _steps(decoding, meta, pack=dtype == "fp32", int8=dtype == "int8", int8_weights=stored)
+    store = stored.read(meta, model, dtype) if dtype in stored.FORMATS and device.type == "cpu" else None
+    steps = _steps(decoding, meta, pack=dtype == "fp32", int8=dtype == "int8", stored=store)
     return Loaded(model, cfg, meta, toks.get("src"), toks["tgt"], steps, Languages(toks.get("src"), meta))
 
 
@@ -101,68 +101,25 @@ def load_ensemble(paths: list[str], device: torch.device, dtype: str = "fp32", h
     return Loaded(first.model, first.cfg, first.meta, first.src_tok, first.tgt_tok, steps, first.languages)
 
 
-INT8_FORMAT, INT8_FORMAT_VERSION = "tfcli-int8", 1
-
-
-def quantize(path: str) -> Path:
-    """Write the checkpoint's linear layers in int8 as decoding runs them (tfcli.generate.int8) beside its weights
-    (checkpoint_meta.INT8_WEIGHTS, atomically), so that `--dtype int8` maps them instead of quantising at every
-    load: the same translations, a faster start. Returns the file's path."""
-    from safetensors.torch import save
-
-    from tfcli.io import atomic_open, fault_point
-
-    precision(torch.device("cpu"), "int8")  # (int8 missing from this torch build: the one line --dtype int8 gives)
+def quantize(path: str, dtype: str = "int8") -> Path:
+    """Write the checkpoint's linear layers as `--dtype dtype` decodes them on the CPU (int8: quantised; fp32: the
+    decoder's in the row kernel's layout) beside its weights (tfcli.generate.stored, atomically), so that decoding
+    maps them instead of making them at every load: the same outputs, a faster start. Returns the file's path."""
+    if dtype not in stored.FORMATS:
+        raise ValueError(f"dtype {dtype!r}: quantize stores {' or '.join(stored.FORMATS)}")
+    cpu = torch.device("cpu")
+    precision(cpu, dtype)  # (int8 missing from this torch build: the one line --dtype int8 gives)
     meta = checkpoint_meta.read_meta(path)
-    model, meta = checkpoint.load(meta, "cpu", mapped=True)
-    store = Int8Weights(model)
+    model, meta = checkpoint.load(meta, cpu, mapped=True)
+    store = stored.StoredWeights(dtype, model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (said below, as an error)
-        steps = _steps(model, meta, int8=True, int8_weights=store)
-    if steps.plan.linear != "int8" or not store.tensors:
+        steps = _steps(model, meta, pack=dtype == "fp32", int8=dtype == "int8", stored=store)
+    if not store.tensors:
         why = "; ".join(steps.plan.declined)
-        raise CheckpointError(f"{meta['dir']}: int8 is not implemented for this model ({why}); nothing written")
-    out = Path(meta["dir"]) / checkpoint_meta.INT8_WEIGHTS
-    header = {"format": INT8_FORMAT, "format_version": str(INT8_FORMAT_VERSION),
-              "weights": _fingerprint(store, model)}
-    data = save({k: t.contiguous() for k, t in store.tensors.items()}, metadata=header)
-    with atomic_open(out, "wb") as f:
-        fault_point(checkpoint_meta.INT8_WEIGHTS)
-        f.write(data)
-    return out
-
-
-def stored_int8(meta: dict, model: torch.nn.Module) -> Int8Weights | None:
-    """The int8 weights `tfcli quantize` wrote beside the checkpoint's, mapped; None where there are none, or (with
-    a warning) where they were not made from the weights the checkpoint holds now."""
-    path = Path(meta["dir"]) / checkpoint_meta.INT8_WEIGHTS
-    if not path.is_file():
-        return None
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            header = f.metadata() or {}
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path}: unreadable ({e}); delete it, or write it again with `tfcli quantize "
-                              f"{meta['dir']}`") from None
-    if header.get("format") != INT8_FORMAT or not str(header.get("format_version", "")).isdigit():
-        raise CheckpointError(f"{path}: not a tfcli int8 weights file; delete it, or write it again with `tfcli "
-                              f"quantize {meta['dir']}`")
-    if int(header["format_version"]) > INT8_FORMAT_VERSION:
-        why = f"written in int8 format {header['format_version']}, this tfcli reads up to {INT8_FORMAT_VERSION}"
-    else:
-        store = Int8Weights(model, checkpoint.read_weights(path))
-        why = store.mismatch(model)
-        if why is None and header.get("weights") != _fingerprint(store, model):
-            why = f"made from other weights than its {checkpoint_meta.WEIGHTS} holds now"
-        if why is None:
-            return store
-    warnings.warn(f"{path}: {why}; quantising at load instead (run `tfcli quantize {meta['dir']}` again)",
-                  RuntimeWarning, stacklevel=3)
-    return None
-
-
-def _fingerprint(store: Int8Weights, model: torch.nn.Module) -> str:
-    """What ties an int8 file to the weights it was made from: `checkpoint.fingerprint` of its layers' weights."""
-    return checkpoint.fingerprint([model.get_submodule(name).weight for name in store.modules()])
+        if dtype == "int8":
+            raise CheckpointError(f"{meta['dir']}: int8 is not implemented for this model ({why}); nothing written")
+        why = f"this model ({why})" if why else ("here (rows.c unbuilt: no C compiler; a CPU without AVX2 and FMA; "
+                                                 "or ATEN_CPU_CAPABILITY=default)")
+        raise CheckpointError(f"{meta['dir']}: the fp32 row kernel does not run {why}; nothing written")
+    return stored.write(store, model, meta)

@@ -48,28 +48,43 @@ _PACK_BLOCKS = 128  # column blocks packed at a time (RowLinear)
 PAD = 64  # weights are padded with zeros to a multiple of this many outputs (the widest tile, rows.c)
 
 
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """fp32 W (N x K) as rows.c's row kernel reads it: column blocks of NB outputs, each K x NB (a block's weights
+    in the order it reads them), zero past N to a multiple of PAD. Written by rows.c's pack_blocks, without a padded
+    copy of W (a 256k-word output layer's is 1 GB), a mapped checkpoint's pages given back block by block."""
+    N, K = w.shape
+    blocks = -(-N // PAD) * PAD // NB
+    wt = torch.empty(blocks, K, NB)
+    for i in range(0, blocks, _PACK_BLOCKS):
+        j = min(i + _PACK_BLOCKS, blocks)
+        with paged(w[i * NB : j * NB]) as rows:
+            rows = rows.contiguous()
+            library().pack_blocks(rows.data_ptr(), rows.size(0), K, j - i, wt[i].data_ptr())
+    return wt
+
+
 class RowLinear:
     """`module` (nn.Linear, fp32) on the CPU as rows.c's linear_rows: `self(x)` for 2-d fp32 x, or
     `self(x, residual)` = x W^T + b + residual; with `relu`, max(0, .) next. With `norm` (an nn.LayerNorm) the
     layer norms its input rows first (`norm_input`: a pre-norm sublayer's first layer) or its output rows last (a
-    post-norm sublayer's last, after the residual), in the same call. Only where `fp32_kernel()` is not None."""
+    post-norm sublayer's last, after the residual), in the same call. `store` (an fp32 StoredWeights,
+    tfcli.generate.stored): where the packed weights are read from when it holds them (`tfcli quantize --dtype
+    fp32`'s file), and put when they are packed here. Only where `fp32_kernel()` is not None."""
 
     def __init__(self, module: nn.Linear, relu: bool = False, norm: nn.LayerNorm | None = None,
-                 norm_input: bool = False):
+                 norm_input: bool = False, store=None):
         self.kernel = fp32_kernel()
         if self.kernel is None:
             raise RuntimeError("the fp32 row kernel is not available here (see tfcli.generate.native.fp32_kernel)")
-        w = module.weight.detach().float()
-        self.N, self.K = w.shape
-        blocks = -(-self.N // PAD) * PAD // NB
-        # W in column blocks of NB outputs, each K x NB (rows.c reads a block's weights in order), zero past N;
-        # written by rows.c's pack_blocks, without a padded copy of W (a 256k-word output layer's is 1 GB)
-        self.wt = torch.empty(blocks, self.K, NB)
-        for i in range(0, blocks, _PACK_BLOCKS):  # (a mapped checkpoint's pages given back block by block)
-            j = min(i + _PACK_BLOCKS, blocks)
-            with paged(w[i * NB : j * NB]) as rows:
-                rows = rows.contiguous()
-                library().pack_blocks(rows.data_ptr(), rows.size(0), self.K, j - i, self.wt[i].data_ptr())
+        self.N, self.K = module.weight.shape
+        stored = None if store is None else store.get(module)
+        if stored is not None:
+            self.wt = stored["wt"]
+        else:
+            self.wt = pack(module.weight.detach().float())
+            if store is not None:
+                store.put(module, wt=self.wt)
+        blocks = len(self.wt)
         self.bias = None
         if module.bias is not None:
             self.bias = torch.zeros(blocks * NB)

@@ -49,7 +49,8 @@ from torch import nn
 
 from tfcli.checkpoint import paged, rows_reader
 from tfcli.generate import backend, native
-from tfcli.generate.int8 import Int8Linear, Int8Weights
+from tfcli.generate.int8 import Int8Linear
+from tfcli.generate.stored import StoredWeights
 from tfcli.generate.schedule import StepGraph
 from tfcli.model.layers import ACTIVATIONS, Sublayers, gate_activation
 from tfcli.model.norm import RMSNorm
@@ -66,13 +67,14 @@ class StepModel:
     the key/value memory it reuses from batch to batch."""
 
     def __init__(self, model: nn.Module, pack: bool = False, int8: bool = False, static: bool | None = None,
-                 allow: tuple[str, ...] = backend.BACKENDS, int8_weights: Int8Weights | None = None):
+                 allow: tuple[str, ...] = backend.BACKENDS, stored: StoredWeights | None = None):
         """`pack`: pre-pack the linear weights for oneDNN and run the decoder on rows.c's kernels (fp32 on the CPU
         only; elsewhere, or where torch lacks the ops, it is ignored). `int8`: run the linear layers in int8 (CPU;
         see `tfcli.device.int8_available`). `static`: batches step through a `StaticDecoder` (fixed shapes, on
         CUDA replayed as a CUDA graph); None: on CUDA only. `allow`: the backends that may run; which do is
-        `tfcli.generate.backend.choose`'s decision (`self.plan`). `int8_weights`: where int8 layers read their
-        weights already quantised, and put those they quantise (tfcli.generate.int8.Int8Weights)."""
+        `tfcli.generate.backend.choose`'s decision (`self.plan`). `stored` (tfcli.generate.stored): where the
+        linear layers read their weights already in the layout they run on (int8, or fp32 on the row kernel), and
+        put those they make; a store of the other dtype is not read."""
         self.model, self.cfg = model, model.cfg
         parts = model.parts()  # the interface the model documents (tfcli.model.transformer.Parts)
         weight = parts.lm_head.weight
@@ -80,15 +82,17 @@ class StepModel:
         self.half = weight.dtype in (torch.bfloat16, torch.float16)
         self.plan = plan = backend.choose(model.cfg, weight.device, weight.dtype, pack, int8, static, allow)
         self.static = plan.static
-        # (int8 weights read from a store that holds them: `tfcli quantize`'s file, not quantised now)
-        self.int8_stored = plan.linear == "int8" and int8_weights is not None and bool(int8_weights.tensors)
+        if stored is not None and {"int8": "int8", "rows": "fp32"}.get(plan.linear) != stored.dtype:
+            stored = None
+        # (weights read from a store that holds them, `tfcli quantize`'s file: not made now)
+        self.stored = stored is not None and bool(stored.tensors)
         self.attend_rows = native.attention_kernel() if plan.attention == "c" else None
         decoder = parts.decoder
         self.embed, self.rope = decoder.embed, decoder.rope
         self.tok = rows_reader(decoder.embed.tok.weight)  # (lookups that map none of a checkpoint file's pages)
-        self.layers = [_Layer(layer, plan.linear, int8_weights) for layer in decoder.layers]
+        self.layers = [_Layer(layer, plan.linear, stored) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
-        self.lm_head = _linear(parts.lm_head, plan.linear, store=int8_weights)
+        self.lm_head = _linear(parts.lm_head, plan.linear, store=stored)
         self.layer_args, self.decode_layers = None, None  # rows.c's decode_layers: every layer in one call
         if plan.whole:
             args = [layer.kernel_args() for layer in self.layers]
@@ -98,7 +102,7 @@ class StepModel:
         self.encoder = parts.encoder
         self.encoder_layers = None  # the model's own encoder
         if self.encoder is not None and plan.encoder != "model":
-            self.encoder_layers = [_Layer(layer, plan.encoder, int8_weights) for layer in self.encoder.layers]
+            self.encoder_layers = [_Layer(layer, plan.encoder, stored) for layer in self.encoder.layers]
             table = self.encoder.embed.tok.weight
             self.src_tok = self.tok if table is decoder.embed.tok.weight else rows_reader(table)
             self.encoder_norm = _norm(self.encoder.norm)
@@ -601,7 +605,7 @@ class _Layer:
     """One decoder (or encoder) layer as the functions a step calls: LayerNorms where the norm placement puts them
     (identity elsewhere), and linear layers with the activation or the residual addition fused in."""
 
-    def __init__(self, layer: Sublayers, mode: str, store: Int8Weights | None = None):
+    def __init__(self, layer: Sublayers, mode: str, store: StoredWeights | None = None):
         pre = layer.pre_norm
         linear = functools.partial(_linear, mode=mode, store=store)
         self.norm_self_in, self.norm_self_out, first, last = _placed(layer.self_norm, pre, mode)
@@ -691,7 +695,7 @@ def _norm(module: nn.Module):
 
 def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool = False,
             norm_in: nn.LayerNorm | None = None, norm_out: nn.LayerNorm | None = None,
-            store: Int8Weights | None = None):
+            store: StoredWeights | None = None):
     """x -> act(x W^T + b), or with `residual` (x, r) -> x W^T + b + r, for 2-d x; in mode "rows" with `norm_in`
     x normed first, with `norm_out` the result normed last.
 
@@ -699,7 +703,7 @@ def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool
     calls each layer with few rows, so that is a large share of its work), and each layer one fused call. "rows":
     `tfcli.generate.native.RowLinear`. "int8": see `tfcli.generate.int8`. "plain": F.linear. Where a mode copies
     the weights, a mapped checkpoint's own pages are given back once read (tfcli.checkpoint.paged; RowLinear and
-    Int8Linear a block at a time). `store`: Int8Linear's (mode "int8")."""
+    Int8Linear a block at a time). `store`: RowLinear's and Int8Linear's (modes "rows" and "int8")."""
     if mode != "plain":
         return _copied(module, mode, act, residual, norm_in, norm_out, store)
     w, b = module.weight, module.bias
@@ -737,7 +741,8 @@ def _copied(module: nn.Linear, mode: str, act: str | None, residual: bool, norm_
             linear = Int8Linear(module, relu=act == "relu", store=store)
         else:
             norm = norm_in if norm_in is not None else norm_out
-            linear = native.RowLinear(module, relu=act == "relu", norm=norm, norm_input=norm_in is not None)
+            linear = native.RowLinear(module, relu=act == "relu", norm=norm, norm_input=norm_in is not None,
+                                      store=store)
         if residual or act in (None, "relu"):
             return linear
         return _Activated(linear, act)

@@ -203,9 +203,10 @@ class Pipeline:
         plans = "; ".join(dict.fromkeys(m.plan.describe() for m in members))
         ensemble = f", an ensemble of {len(members)}" if len(members) > 1 else ""
         dtype = self.cfg.dtype
-        if any(m.plan.linear == "int8" for m in members):
-            dtype += (" (weights stored by tfcli quantize)" if all(m.int8_stored for m in members)
-                      else " (weights quantised at load; tfcli quantize stores them)")
+        if all(m.stored for m in members):
+            dtype += " (weights stored by tfcli quantize)"
+        elif any(m.plan.linear == "int8" for m in members):
+            dtype += " (weights quantised at load; tfcli quantize stores them)"
         return f"decoding: {search}{ensemble}, {dtype} on {self.device}; step: {plans}"
 
     def run(self, requests: Iterable[Request | None]) -> Iterator[str]:
