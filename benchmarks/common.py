@@ -25,16 +25,21 @@ def cpu_name() -> str:
     a virtual machine's model name ("AMD EPYC") can stand for generations 2x apart, and bf16 training is native
     only on the first two. Settings that hold torch, oneDNN or CTranslate2 below the CPU's instructions (to measure
     as an older CPU runs) are named after it."""
-    model, flags = "", set()
+    model, flags, family = "", set(), ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name") and not model:
                 model = line.split(":", 1)[1].strip()
             elif line.startswith("flags") and not flags:
                 flags = set(line.split(":", 1)[1].split())
+            elif line.startswith("cpu family") and not family:
+                family = line.split(":", 1)[1].strip()
     except OSError:
         pass
     model = model or platform.processor() or platform.machine()
+    zen = {"25": "Zen 4" if "avx512f" in flags else "Zen 3", "26": "Zen 5"}.get(family)  # (AMD's family numbers)
+    if model.startswith("AMD") and zen and "Zen" not in model:
+        model = f"{model} {zen}"  # Zen 5's FMA peak is twice Zen 4's: the same "AMD EPYC" in a virtual machine
     isa = next((name for name, flag in (("AMX", "amx_bf16"), ("AVX-512 BF16", "avx512_bf16"),
                                         ("AVX-512", "avx512f"), ("AVX2", "avx2")) if flag in flags), None)
     caps = [f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "CT2_FORCE_CPU_ISA")
