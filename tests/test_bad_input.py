@@ -898,3 +898,10 @@ def test_a_checkpoint_whose_weights_hold_nan_fails_in_one_line_never_prints_what
     save_file(weights, str(lm / "model.safetensors"))
     for flags in (["--greedy"], ["--top-k", "3", "--seed", "1"]):
         failed(cli("lm-generate", "-m", lm, WORDS[0], "--max-new-tokens", "4", *flags), str(lm), "not numbers (NaN)")
+    # logits that overflow to +inf (a finite weight times a large activation): their softmax is NaN, nothing chosen
+    weights = load_file(str(lm / "model.safetensors"))
+    weights["decoder.layers.0.ffn.w1.weight"][0, 0] = 0.0
+    weights["lm_head.weight"][weights["lm_head.weight"] > 0] = 3e38
+    save_file(weights, str(lm / "model.safetensors"))
+    for flags in (["--greedy"], ["--top-k", "3", "--seed", "1"], ["--seed", "1"]):
+        failed(cli("lm-generate", "-m", lm, WORDS[0], "--max-new-tokens", "4", *flags), str(lm), "not numbers (NaN)")

@@ -778,8 +778,8 @@ def test_many_empty_translations_are_said_once_with_the_flag_that_forbids_them(t
 
 
 def test_best_next_says_when_a_rows_logits_hold_nan():
-    """rows.c's best_next chooses nothing from a row holding NaN (anywhere: a full block, the last partial block,
-    a banned id) and says so (NotANumber); -inf and finite rows are chosen from as ever."""
+    """rows.c's best_next chooses nothing from a row holding NaN or +inf (anywhere: a full block, the last partial
+    block, a banned id) and says so (NotANumber); -inf and finite rows are chosen from as ever."""
     from tfcli.errors import NotANumber
     from tfcli.generate import native
 
@@ -791,8 +791,9 @@ def test_best_next_says_when_a_rows_logits_hold_nan():
     x[1, :5] = float("-inf")
     assert native.best_next(x.clone(), ban, None, 2, 3)[1].tolist() == x[:, 2:].topk(3).indices.add(2).tolist()
     for at in (3, 20, 1):
-        y = x.clone()
-        y[2, at] = float("nan")
-        for normalise in (True, False):
-            with pytest.raises(NotANumber, match="not numbers"):
-                native.best_next(y.clone(), ban, None, 2, 3, normalise)
+        for bad in (float("nan"), float("inf")):  # (+inf: its log-softmax is NaN, the normaliser written out or not)
+            y = x.clone()
+            y[2, at] = bad
+            for normalise in (True, False):
+                with pytest.raises(NotANumber, match="not numbers"):
+                    native.best_next(y.clone(), ban, None, 2, 3, normalise)

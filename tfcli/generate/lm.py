@@ -135,8 +135,9 @@ class _Continue:
         nxt = next_token(logits, self.history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p,
                          cfg.repetition_penalty, uniforms=uniforms)
         new = ~self.ended & (nxt != EOS_ID)
-        # (a row whose logits hold NaN chose nothing: read() says so; amax keeps NaN, in one pass without a mask)
-        self.fresh[:, self.since] = torch.where(self.logits.amax(-1).isnan(), _NAN, torch.where(new, nxt, -1))
+        # (a row whose logits hold NaN or +inf chose nothing, its softmax NaN: read() says so; amax keeps NaN, in one
+        # pass without a mask)
+        self.fresh[:, self.since] = torch.where(self.logits.amax(-1).isfinite(), torch.where(new, nxt, -1), _NAN)
         self.count += new
         self.ended |= ~new | (self.count >= cfg.max_new_tokens)
         self.since += 1

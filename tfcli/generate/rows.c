@@ -548,8 +548,8 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
  * returned as log-probs x_j - norm[r] in values and ids (each R x k): the log-softmax's order
  * is the logits', so they are chosen on the logits and only they are normalised. Two passes over a row; its result
  * depends on that row alone. With norm null (a greedy search whose scores nobody reads) the second pass is skipped
- * and values holds the k best logits. Returns 0; 2 where a row's logits hold NaN (a model that computes no numbers:
- * no token is chosen from them); or -1, having done nothing, unless 1 <= k <= 64 and nb <= 7 (the sizes of its
+ * and values holds the k best logits. Returns 0; 2 where a row's logits hold NaN or +inf (a model that computes no
+ * numbers, whose log-softmax is NaN with or without the normaliser written out: no token is chosen from them); or -1, having done nothing, unless 1 <= k <= 64 and nb <= 7 (the sizes of its
  * buffers). */
 __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V, const int64_t *ban, int64_t nb,
                                                 const uint8_t *ban_eos, int64_t eos, const uint8_t *after,
@@ -591,7 +591,11 @@ __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V
             }
             kth = _mm256_set1_ps(bv[k - 1]);
         }
-        if (_mm256_movemask_ps(unordered)) {
+        float lane[8];
+        _mm256_storeu_ps(lane, mv);
+        float m = bv[0] > tail ? bv[0] : tail;
+        for (int l = 0; l < 8; l++) m = lane[l] > m ? lane[l] : m;
+        if (_mm256_movemask_ps(unordered) || m == INFINITY) { /* (+inf: the normaliser, and its log-probs, NaN) */
 #pragma omp atomic write
             nan = 1;
             continue;
@@ -600,10 +604,6 @@ __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V
             for (int64_t i = 0; i < k; i++) values[r * k + i] = bv[i], ids[r * k + i] = bi[i];
             continue;
         }
-        float lane[8];
-        _mm256_storeu_ps(lane, mv);
-        float m = bv[0] > tail ? bv[0] : tail;
-        for (int l = 0; l < 8; l++) m = lane[l] > m ? lane[l] : m;
         /* pass 2: sum_j e^(x_j - m), the banned tokens' -inf giving zeros; the last V % 8 tokens and the banned
          * ones each a block filled with -inf */
         const __m256 mb = _mm256_set1_ps(m);
