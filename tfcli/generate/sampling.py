@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from tfcli.device import never_chosen
+from tfcli.errors import NotANumber
 from tfcli.generate import native
 from tfcli.torch_compat import is_compiling
 
@@ -32,12 +33,16 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k highest logits per row (and any tied with the k-th), set the rest to -inf. k <= 0: no filter.
     On the CPU the k-th value comes from rows.c's best_next where it runs (one pass over a row; the same value as
-    torch's topk for rows without NaN)."""
+    torch's topk), except where a row holds NaN or +inf, which best_next refuses to choose from: torch's topk filters
+    those as it filters any row, and what draws from them finds them (their softmax is NaN)."""
     if k <= 0 or k >= logits.size(-1):
         return logits
     best = None
     if logits.device.type == "cpu" and logits.dim() == 2 and not is_compiling():
-        best = native.best_next(logits, _NO_IDS, None, 0, k, normalise=False)
+        try:
+            best = native.best_next(logits, _NO_IDS, None, 0, k, normalise=False)
+        except NotANumber:
+            best = None
     kth = (best[0] if best is not None else logits.topk(k, dim=-1).values)[..., -1:]
     return logits.masked_fill(logits < kth, NEG_INF)
 
