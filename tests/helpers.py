@@ -21,6 +21,17 @@ from tfcli.specials import SPECIAL_TOKENS
 WORDS = "apple bird cat dog egg fish goat hat ice jam kite lamp moon nest owl pig queen rat sun tree".split()
 
 
+def stored_layout_decoded(dtype: str) -> bool:
+    """Whether decoding in `dtype` ("int8" or "fp32") runs here on the layout `tfcli quantize --dtype` stores for it
+    (fp32: the row kernel, which needs rows.c and oneDNN's packing)."""
+    from tfcli import device
+    from tfcli.generate import native
+
+    if dtype == "int8":
+        return device.int8_available()
+    return native.fp32_kernel() is not None and device.onednn_available()
+
+
 def word_tokenizer(words: list[str]):
     """A `tokenizers` WordLevel tokenizer over `words`, specials first (ids 0-3); decode joins with spaces."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers

@@ -552,11 +552,9 @@ def test_an_output_creates_its_missing_directories_or_says_what_is_in_the_way(tm
 
 @pytest.mark.parametrize("dtype", ["int8", "fp32"])
 def test_quantize_interrupted_at_any_write_leaves_the_checkpoint_as_it_was(dtype, tmp_path):
-    from helpers import save_random_translator
-    from tfcli.device import int8_available, onednn_available
-    from tfcli.generate.native import fp32_kernel
+    from helpers import save_random_translator, stored_layout_decoded
 
-    if not (int8_available() if dtype == "int8" else fp32_kernel() is not None and onednn_available()):
+    if not stored_layout_decoded(dtype):
         pytest.skip(f"{dtype} decoding's stored layout is not used here")
     ckpt = save_random_translator(tmp_path, 5)
     before = sorted(p.name for p in ckpt.iterdir())

@@ -11,21 +11,15 @@ import pytest
 import torch
 
 import tfcli
-from helpers import WORDS, save_counter, save_random_translator
+from helpers import WORDS, save_counter, save_random_translator, stored_layout_decoded
 from tfcli import checkpoint, device
 from tfcli.generate import int8, native
 from tfcli.generate.stored import PARTS
 
 
-def _runs(dtype: str) -> bool:
-    """Whether decoding in `dtype` runs on the layout stored for it here."""
-    if dtype == "int8":
-        return device.int8_available()
-    return native.fp32_kernel() is not None and device.onednn_available()
-
-
 def _needs(dtype: str):
-    return pytest.mark.skipif(not _runs(dtype), reason=f"{dtype} decoding's stored layout is not used here")
+    return pytest.mark.skipif(not stored_layout_decoded(dtype), reason=f"{dtype} decoding's stored layout is not used "
+                              "here")
 
 
 def _cli(*args):
@@ -106,7 +100,7 @@ def test_the_fp32_file_holds_the_row_kernels_blocks_of_the_decoders_layers_only(
     """model.fp32.safetensors: each of the decoder's linear layers and the output layer as native.pack lays it out
     (rows.c's blocks; tests/test_step.py holds pack to its definition), with its fingerprint; no encoder layer (the
     encoder packs for oneDNN)."""
-    if not _runs("fp32"):
+    if not stored_layout_decoded("fp32"):
         pytest.skip("the fp32 row kernel does not run here")
     from safetensors import safe_open
 

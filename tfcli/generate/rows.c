@@ -549,8 +549,8 @@ __attribute__((target("avx2,fma"))) void attend_rows(const float *q, int64_t qn,
  * is the logits', so they are chosen on the logits and only they are normalised. Two passes over a row; its result
  * depends on that row alone. With norm null (a greedy search whose scores nobody reads) the second pass is skipped
  * and values holds the k best logits. Returns 0; 2 where a row's logits hold NaN or +inf (a model that computes no
- * numbers, whose log-softmax is NaN with or without the normaliser written out: no token is chosen from them); or -1, having done nothing, unless 1 <= k <= 64 and nb <= 7 (the sizes of its
- * buffers). */
+ * numbers, whose log-softmax is NaN with or without the normaliser written out: no token is chosen from them); or
+ * -1, having done nothing, unless 1 <= k <= 64 and nb <= 7 (the sizes of its buffers). */
 __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V, const int64_t *ban, int64_t nb,
                                                 const uint8_t *ban_eos, int64_t eos, const uint8_t *after,
                                                 const uint8_t *cont, int64_t k, float *values, int64_t *ids,
