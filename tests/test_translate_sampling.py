@@ -98,3 +98,20 @@ def test_line_uniforms_with_a_step_per_row_are_the_ones_with_one_step():
         per_row = line_uniforms(seed, lines, steps)
         for i in range(len(lines)):
             assert per_row[i] == line_uniforms(seed, lines[i : i + 1], int(steps[i]))[0]
+
+
+def test_a_few_rows_draw_in_python_ints_the_numbers_of_the_tensor_form():
+    """line_uniforms computes up to _HOST_ROWS rows on the CPU in Python ints: the same bits as the int64 tensor form
+    (used for more rows, and on a GPU), for any seed (negative ones too), line and step, one step or a step a row."""
+    from tfcli.generate import sampling
+
+    rng = random.Random(0)
+    pad = torch.zeros(sampling._HOST_ROWS, dtype=torch.long)  # (more rows than the host form takes)
+    for _ in range(300):
+        seed = rng.choice([rng.randrange(2**62), rng.randrange(100), -rng.randrange(2**40)])
+        R = rng.randint(1, sampling._HOST_ROWS)
+        lines = torch.tensor([rng.choice([rng.randrange(2**40), rng.randrange(100)]) for _ in range(R)])
+        steps = torch.tensor([rng.choice([rng.randrange(2**34), rng.randrange(300)]) for _ in range(R)])
+        for step, tensor_step in ((steps, torch.cat([steps, pad])), (int(steps[0]), int(steps[0]))):
+            tensor_form = sampling.line_uniforms(seed, torch.cat([lines, pad]), tensor_step)[:R]
+            assert torch.equal(sampling.line_uniforms(seed, lines, step), tensor_form)

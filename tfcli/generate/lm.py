@@ -128,12 +128,12 @@ class _Continue:
                 if self.fixed:
                     self._after_fixed_step()
         cfg, logits = self.cfg, self.logits
-        if cfg.ignore_eos or cfg.min_new_tokens:  # </s> is not allowed yet (or ever)
+        if cfg.min_new_tokens and not cfg.ignore_eos:  # </s> is not allowed yet (with ignore_eos: never)
             logits = logits.clone()
-            logits[:, EOS_ID].masked_fill_((self.count < cfg.min_new_tokens) | cfg.ignore_eos, float("-inf"))
+            logits[:, EOS_ID].masked_fill_(self.count < cfg.min_new_tokens, float("-inf"))
         uniforms = None if cfg.greedy else line_uniforms(self.seed, self.line, self.count + 1)
         nxt = next_token(logits, self.history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p,
-                         cfg.repetition_penalty, uniforms=uniforms)
+                         cfg.repetition_penalty, uniforms=uniforms, ban_eos=cfg.ignore_eos)
         new = ~self.ended & (nxt != EOS_ID)
         # (a row whose logits hold NaN or +inf chose nothing, its softmax NaN: read() says so; amax keeps NaN, in one
         # pass without a mask)

@@ -81,10 +81,11 @@ def next_token(
     repetition_penalty: float = 1.0,
     generator: torch.Generator | None = None,
     uniforms: torch.Tensor | None = None,
+    ban_eos: bool = False,
 ) -> torch.Tensor:
-    """(B,) next ids from (B, V) logits. <pad> and <s> are never chosen. Sampling draws from `uniforms` ((B,), one
-    number a row: `line_uniforms`) where given, else from `generator`."""
-    logits = logits.float().index_fill(-1, never_chosen(logits.device), NEG_INF)
+    """(B,) next ids from (B, V) logits. <pad> and <s> are never chosen, nor </s> with `ban_eos`. Sampling draws
+    from `uniforms` ((B,), one number a row: `line_uniforms`) where given, else from `generator`."""
+    logits = logits.float().index_fill(-1, never_chosen(logits.device, ban_eos), NEG_INF)
     logits = apply_repetition_penalty(logits, previous, repetition_penalty)
     if greedy:
         return logits.argmax(-1)
@@ -113,15 +114,33 @@ def _signed(c: int) -> int:
     return c - (1 << 64) if c >= 1 << 63 else c
 
 
+_HOST_ROWS = 16  # rows on the CPU up to which line_uniforms works in Python ints (a few ops instead of ~15 kernels)
+
+
 def line_uniforms(seed: int, lines: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
     """(R,) float64 uniforms in [0, 1), one per row: a function of (seed, the row's line index, step) only. `step`:
-    an int, or each row's ((R,) tensor; int64 arithmetic wraps as the int's does modulo 2^64, so both agree)."""
+    an int, or each row's ((R,) tensor; int64 arithmetic wraps as the int's does modulo 2^64, so both agree). A few
+    rows on the CPU are computed in Python ints: the same numbers."""
+    if lines.device.type == "cpu" and lines.numel() <= _HOST_ROWS and not is_compiling():
+        steps = step.tolist() if isinstance(step, torch.Tensor) else [step] * lines.numel()
+        return torch.tensor([_uniform(seed, line, s) for line, s in zip(lines.tolist(), steps)], dtype=torch.float64)
     if isinstance(step, int):
         key = _signed((seed * 0x9E3779B97F4A7C15 + step * 0xD1B54A32D192ED03) & _MASK64)
     else:
         key = step.to(torch.int64) * _signed(0xD1B54A32D192ED03) + _signed(seed * 0x9E3779B97F4A7C15 & _MASK64)
     x = _splitmix64(lines.to(torch.int64) * _signed(0xA0761D6478BD642F) + key)
     return ((x >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
+
+
+def _uniform(seed: int, line: int, step: int) -> float:
+    """line_uniforms' number for one row, in Python ints reduced modulo 2^64."""
+    x = (seed * 0x9E3779B97F4A7C15 + step * 0xD1B54A32D192ED03 + line * 0xA0761D6478BD642F) & _MASK64
+    x ^= x >> 30
+    x = x * 0xBF58476D1CE4E5B9 & _MASK64
+    x ^= x >> 27
+    x = x * 0x94D049BB133111EB & _MASK64
+    x ^= x >> 31
+    return (x >> 11) / (1 << 53)
 
 
 def sample_by_uniforms(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
