@@ -447,6 +447,38 @@ def test_the_collector_skips_the_start_and_collects_during_the_work(copier):
     assert all(int(n) > 50_000 for n in first)  # the first collection (if any) came after the freeze
 
 
+def test_the_watch_of_the_cpus_takes_out_this_processs_own_work_and_sleeps_only_the_rest(monkeypatch):
+    """The command line begins its look at the CPUs before its imports: the busy share of each CPU since then, less
+    this process's own CPU time over the interval, after at least the sample time (sleeping only what is left)."""
+    from tfcli import cpu_watch
+
+    clock = {"wall": 10.0, "own": 3.0}
+    slept = []
+
+    class FakeTime:
+        monotonic = staticmethod(lambda: clock["wall"])
+        process_time = staticmethod(lambda: clock["own"])
+
+        @staticmethod
+        def sleep(s):
+            slept.append(s)
+            clock["wall"] += s
+
+    ticks = iter([{"cpu0": (100, 1000), "cpu1": (50, 1000)}, {"cpu0": (109, 1010), "cpu1": (51, 1010)}])
+    monkeypatch.setattr(cpu_watch, "time", FakeTime)
+    monkeypatch.setattr(cpu_watch.Watch, "_ticks", lambda self: next(ticks))
+    watch = cpu_watch.Watch()
+    clock["wall"] += 0.07  # the imports: 0.07 s, 0.05 s of it this process's CPU time
+    clock["own"] += 0.05
+    # busy 9 of cpu0's 10 ticks and 1 of cpu1's: 1.0 core, less this process's 0.05 s over 0.1 s: 0.5
+    assert watch.busy_cores(0.1) == pytest.approx(0.5) and slept == [pytest.approx(0.03)]
+    # a watch begun longer ago than the sample sleeps nothing
+    ticks = iter([{"cpu0": (0, 100)}, {"cpu0": (0, 200)}])
+    watch = cpu_watch.Watch()
+    clock["wall"] += 0.5
+    assert watch.busy_cores(0.1) == 0.0 and slept[-1] == 0.0
+
+
 def test_a_given_thread_count_is_used_without_watching_the_cpus(monkeypatch):
     """`--threads N` on the command line: OMP_NUM_THREADS and RAYON_NUM_THREADS are N before torch loads, and the
     start skips its 0.1 s look at what other work keeps busy; OMP_NUM_THREADS already set is the user's choice."""
@@ -456,7 +488,7 @@ def test_a_given_thread_count_is_used_without_watching_the_cpus(monkeypatch):
                                               ["--threads", "x"], ["--", "--threads", "2"], ["--threads"], [])] \
         == [2, 3, None, None, None, None, None]
 
-    def watched(sample_s):
+    def watched(sample_s, watch=None):
         raise AssertionError("the CPUs were watched")
 
     monkeypatch.setattr(process, "busy_cores", watched)
@@ -466,6 +498,6 @@ def test_a_given_thread_count_is_used_without_watching_the_cpus(monkeypatch):
     assert os.environ["OMP_NUM_THREADS"] == "3" and os.environ["RAYON_NUM_THREADS"] == "3"
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert process.choose_threads(given=3) is None and os.environ["OMP_NUM_THREADS"] == "1"
-    monkeypatch.setattr(process, "busy_cores", lambda sample_s: 0.0)  # no --threads: the watch decides
+    monkeypatch.setattr(process, "busy_cores", lambda sample_s, watch=None: 0.0)  # no --threads: the watch decides
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert process.choose_threads() == process.usable_cores()

@@ -236,7 +236,7 @@ def test_an_error_after_an_interrupt_lost_in_the_start_exits_130():
     "cannot load module more than once per process"): outside any command, the entry point still ends in
     `interrupted` and 130, without a traceback; the same error with no signal stays an error."""
     code = ("import tfcli.cli as c, tfcli.errors as e, tfcli.__main__ as m\n"
-            "def start():\n"
+            "def start(watch=None):\n"
             "    e._signalled = {signal}\n"
             "    raise ImportError('cannot load module more than once per process')\n"
             "c.main = start\n"
@@ -259,7 +259,7 @@ def test_a_signal_inside_an_import_waits_for_the_import_to_end(tmp_path):
         "whole = True\n")
     code = ("import sys, time, tfcli.cli as c, tfcli.__main__ as m\n"
             f"sys.path.insert(0, {str(tmp_path)!r})\n"
-            "def start():\n"
+            "def start(watch=None):\n"
             "    import slow_module\n"
             "    print('whole' if slow_module.whole else 'cut', flush=True)\n"
             "    time.sleep(10)\n"

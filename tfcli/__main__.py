@@ -3,13 +3,15 @@ imports, so that a signal at any moment of the start ends in `interrupted` and s
 
 The garbage collector is held off while the command's modules import (tfcli.cli.common.run lets it go on): torch
 alone leaves some 170,000 objects that live as long as the process, and the collector's full passes over them, as
-they pile up, cost a quarter of a second of every command's start."""
+they pile up, cost a quarter of a second of every command's start. The look at how busy the CPUs are, which picks a
+computing command's thread count, begins here too, so that those imports run while it watches."""
 
 import gc
 import os
 import signal
 import sys
 
+from tfcli.cpu_watch import Watch
 from tfcli.errors import EXIT_INTERRUPTED, interrupt, was_interrupted
 
 
@@ -17,10 +19,11 @@ def main() -> None:
     gc.disable()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, interrupt)
+    watch = Watch()
     try:
         from tfcli.cli import main as cli_main
 
-        cli_main()
+        cli_main(watch)
     except KeyboardInterrupt:  # outside a command's own handling (its imports, its arguments being read)
         _interrupted()
     except Exception:  # an interrupt lost inside an import surfaces as another error (numpy: "cannot load module

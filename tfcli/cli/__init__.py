@@ -17,6 +17,7 @@ import sys
 from tfcli.cli import prepare, train, config, average, interop, translate, generate, eval, viz  # noqa: F401, I001
 from tfcli.cli.common import app, fail, run
 from tfcli.cli.process import COMPUTING, choose_threads, threads_flag
+from tfcli.cpu_watch import Watch
 from tfcli.errors import EXIT_INTERRUPTED, interrupt
 
 __all__ = ["app", "main", "run", "fail"]
@@ -30,13 +31,15 @@ def _unraisable(info) -> None:
     sys.__unraisablehook__(info)
 
 
-def main() -> None:
+def main(watch: Watch | None = None) -> None:
+    """`watch`: the look at the CPUs, begun before these modules imported (None: it begins now)."""
     # SIGTERM acts as Ctrl-C: temp files are removed, no output is replaced, training saves a checkpoint
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, interrupt)
     sys.unraisablehook = _unraisable
     if len(sys.argv) > 1 and sys.argv[1] in COMPUTING and not {"--help", "-h"} & set(sys.argv):
-        choose_threads(given=threads_flag(sys.argv[2:]))  # (before torch loads: it reads OMP_NUM_THREADS once)
+        # (before torch loads: it reads OMP_NUM_THREADS once)
+        choose_threads(given=threads_flag(sys.argv[2:]), watch=watch)
     try:
         app()
     except SystemExit as e:

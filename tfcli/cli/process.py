@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import math
 import os
-import time
+
+from tfcli.cpu_watch import Watch
 
 # the commands that compute (the others start faster without the look at the machine)
 COMPUTING = ("train", "translate", "lm-generate", "eval", "prepare", "attention")
-SAMPLE_S = 0.1  # how long the CPUs are watched at start
+SAMPLE_S = 0.1  # how long the CPUs are watched at start, at least
 
 
-def choose_threads(sample_s: float = SAMPLE_S, given: int | None = None) -> int | None:
+def choose_threads(sample_s: float = SAMPLE_S, given: int | None = None, watch: Watch | None = None) -> int | None:
     """Before torch loads: OMP_NUM_THREADS (torch's and oneDNN's threads) and RAYON_NUM_THREADS (the tokenizers')
     set to the cores this process may use that other work is not using now; returns the count, or None where the
     user chose (OMP_NUM_THREADS set). `given`: the command's --threads (`threads_flag`), used as it is, without the
@@ -23,11 +24,12 @@ def choose_threads(sample_s: float = SAMPLE_S, given: int | None = None) -> int 
     barrier, and the others spin there waiting for it: beside one busy thread on 2 cores, 2 threads made training
     2.75x and decoding 2.05x slower than alone, where its fair share is about 1.5x. With as many threads as free
     cores nobody waits on a core it does not have, and an idle machine keeps every core (and OpenMP's default,
-    spinning briefly at barriers, which is the fastest when the cores are its own). Measured once, at start: load
-    that comes later is not followed (give --threads)."""
+    spinning briefly at barriers, which is the fastest when the cores are its own). Measured once, at start, over
+    `sample_s` seconds or since `watch` began (the command line's start: its imports overlap the watch): load that
+    comes later is not followed (give --threads)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
-    threads = given or max(1, usable_cores() - round(busy_cores(sample_s)))
+    threads = given or max(1, usable_cores() - round(busy_cores(sample_s, watch)))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     return threads
@@ -64,33 +66,7 @@ def usable_cores() -> int:
     return cores
 
 
-def busy_cores(sample_s: float) -> float:
-    """How many of this process's CPUs other work kept busy over `sample_s` seconds (from /proc/stat, this process
-    sleeping meanwhile; 0 where there is no /proc/stat)."""
-    try:
-        allowed = {f"cpu{i}" for i in os.sched_getaffinity(0)}
-    except (AttributeError, OSError):
-        allowed = None
-
-    def times() -> dict[str, tuple[int, int]]:
-        out = {}
-        with open("/proc/stat") as f:
-            for line in f:
-                name, *fields = line.split()
-                if name.startswith("cpu") and name != "cpu" and (allowed is None or name in allowed):
-                    ticks = [int(x) for x in fields[:8]]
-                    idle = ticks[3] + ticks[4]  # idle, iowait
-                    out[name] = (sum(ticks) - idle, sum(ticks))
-        return out
-
-    try:
-        before = times()
-        time.sleep(sample_s)
-        after = times()
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    busy = 0.0
-    for name, (work, total) in after.items():
-        if name in before and total > before[name][1]:
-            busy += (work - before[name][0]) / (total - before[name][1])
-    return busy
+def busy_cores(sample_s: float, watch: Watch | None = None) -> float:
+    """How many of this process's CPUs other work kept busy over `sample_s` seconds (or since `watch` began, if that
+    is longer; 0 where there is no /proc/stat)."""
+    return (watch or Watch()).busy_cores(sample_s)
