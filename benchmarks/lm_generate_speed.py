@@ -21,10 +21,11 @@ every measurement generates for the same --prompts rows (in batches of that size
 
 Each system runs in a process of its own, one at a time (in a shared process, CTranslate2's OpenMP runtime slows
 torch 2-3x: benchmarks/common.py, Isolated). Reported: new tokens per second = rows x N / wall time of the generation
-calls (prompt processing included in the time, prompt tokens not counted), best of --repeats with the systems
-interleaved (the machine may be shared); the ratios tfcli/HF and tfcli/CT2; for greedy, the share of rows whose N
-tokens are identical to tfcli's. Peak memory: each system alone in a fresh subprocess that loads the model and
-generates one batch (the largest batch size, greedy): ru_maxrss at the end minus ru_maxrss right after its imports.
+call (all of a measurement's batches in turn, in one call; prompt processing included in the time, prompt tokens not
+counted), best of --repeats with the systems interleaved (the machine may be shared); the ratios tfcli/HF and
+tfcli/CT2; for greedy, the share of rows whose N tokens are identical to tfcli's. Peak memory: each system alone in
+a fresh subprocess that loads the model and generates one batch (the largest batch size, greedy): ru_maxrss at the
+end minus ru_maxrss right after its imports.
 Results: benchmarks/results/lm_generate_speed.{json,md}; --quick (a tiny model, a few rows, one repeat) is a check
 that everything runs and writes to a temporary directory unless --out is given.
 """
@@ -76,10 +77,18 @@ def check_same_function(model, gpt2, ct2_generator, n=4, length=20) -> dict:
 
 
 # --- the three generators --------------------------------------------------------------------------------------
-# run(prompts, n, top_k, seed) -> list of new-id lists; prompts: (B, P) int64 tensor; top_k 0 means greedy.
+# run(batches, n, top_k, seed) -> list of new-id lists, the batches' rows in order; each batch a (B, P) int64 tensor
+# of prompts, generated in turn, batch i with seed + i; top_k 0 means greedy. All batches of a measurement go in one
+# call, timed in the system's process as one (as translate_speed gives each system its batches), so that the pause
+# before a call (Isolated) comes once per measurement, not before each batch.
 
 
-class TfcliRunner:
+class Runner:
+    def run(self, batches, n, top_k, seed):
+        return [row for i, b in enumerate(batches) for row in self.run_batch(b, n, top_k, seed + i)]
+
+
+class TfcliRunner(Runner):
     """`tfcli lm-generate` through the Python API, in a process tuned as the command tunes its own (tfcli.runtime):
     the prompts' ids after </s> as words of the checkpoint's word-level vocabulary (common.export_peers), which the
     API starts with </s> itself; </s> banned (ignore_eos), so each row gets exactly N tokens."""
@@ -94,7 +103,7 @@ class TfcliRunner:
         self.generator = tfcli.load(ckpt, device="cpu")
         self.vocab, self.index = vocab, {t: i for i, t in enumerate(vocab)}
 
-    def run(self, prompts, n, top_k, seed):
+    def run_batch(self, prompts, n, top_k, seed):
         texts = [" ".join(self.vocab[t] for t in row[1:]) for row in prompts.tolist()]
         search = dict(top_k=top_k) if top_k else dict(greedy=True)
         out = self.generator.generate(texts, max_new_tokens=n, ignore_eos=True, seed=seed, batch_size=len(texts),
@@ -102,13 +111,13 @@ class TfcliRunner:
         return [[self.index[t] for t in text.split()] for text in out]
 
 
-class HFRunner:
+class HFRunner(Runner):
     name = "hf"
 
     def __init__(self, gpt2):
         self.gpt2 = gpt2
 
-    def run(self, prompts, n, top_k, seed):
+    def run_batch(self, prompts, n, top_k, seed):
         sample = dict(do_sample=True, top_k=top_k, top_p=1.0, temperature=1.0) if top_k else dict(do_sample=False)
         torch.manual_seed(seed)
         with torch.inference_mode():
@@ -119,7 +128,7 @@ class HFRunner:
         return out[:, prompts.size(1):].tolist()
 
 
-class CT2Runner:
+class CT2Runner(Runner):
     name = "ct2"
 
     def __init__(self, path, vocab, threads):
@@ -130,7 +139,7 @@ class CT2Runner:
                                                intra_threads=threads, inter_threads=1)
         self.vocab = vocab
 
-    def run(self, prompts, n, top_k, seed):
+    def run_batch(self, prompts, n, top_k, seed):
         self.ct2.set_random_seed(seed)
         res = self.generator.generate_batch(
             [[self.vocab[t] for t in row] for row in prompts.tolist()], max_length=n, min_length=n,
@@ -146,14 +155,13 @@ def compare(runners, prompts, bs, n, top_k, repeats, seed) -> dict:
     batches = prompts.split(bs)
     rows = prompts.size(0)
     for r in runners:  # warm-up: first calls allocate, pick kernels, fill caches
-        r.run(batches[0], min(n, 4), top_k, seed)
+        r.run(batches[:1], min(n, 4), top_k, seed)
     times = {r.name: [] for r in runners}
     outputs = {}
     for _ in range(repeats):
         for r in runners:
-            timed = [r.run(b, n, top_k, seed + i) for i, b in enumerate(batches)]  # (seconds, rows) per batch
-            outputs[r.name] = [row for _, rows in timed for row in rows]
-            times[r.name].append(sum(dt for dt, _ in timed))
+            seconds, outputs[r.name] = r.run(batches, n, top_k, seed)  # every batch in turn, in one call
+            times[r.name].append(seconds)
     res = {"rows": rows, "batch_size": bs, "new_tokens_per_row": n, "decoding": f"top-k {top_k}" if top_k else "greedy"}
     for r in runners:
         lengths = sorted({len(o) for o in outputs[r.name]})
@@ -204,7 +212,7 @@ def probe(args) -> None:
     runner = make_runner(args.probe, str(d), args.threads)
     meta = json.loads((d / "probe.json").read_text())
     prompts = make_prompts(meta["batch_size"], meta["prompt_len"], len(meta["vocab"]), seed=1)
-    out = runner.run(prompts, meta["new_tokens"], 0, 0)
+    out = runner.run([prompts], meta["new_tokens"], 0, 0)
     assert all(len(o) == meta["new_tokens"] for o in out)
     peak = maxrss_mib()
     print(json.dumps({"after_imports_mib": after_imports, "peak_mib": peak, "delta_mib": peak - after_imports,
@@ -303,7 +311,8 @@ def markdown(res: dict) -> str:
              f"{b['model']} ({b['parameters'] / 1e6:.2f}M parameters); {b['rows']} prompts of {b['prompt_len']} "
              f"tokens, each continued by exactly {b['new_tokens']} new tokens (</s> banned for all three). "
              f"tok/s = generated tokens (rows x {b['new_tokens']}, prompt tokens not counted) / wall time, prompt "
-             f"processing included; best of {res['repeats']} interleaved runs. HF attention: "
+             f"processing included; best of {res['repeats']} interleaved runs, each a system's batches one after "
+             f"another in one call. HF attention: "
              f"`{b['hf_attn_implementation']}`.", "",
              "| batch size | decoding | tfcli tok/s | HF generate tok/s | CT2 tok/s | tfcli / HF | tfcli / CT2 | "
              "same output as tfcli (HF, CT2) |",
