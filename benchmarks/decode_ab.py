@@ -7,9 +7,10 @@ and the time of each, in alternating processes (CPU).
 COMMIT's `tfcli/` is read from git into a temporary folder; each round runs one process of each version (before,
 now, alternating which goes first), each loading the checkpoints through `tfcli.load` and decoding the first
 --lines lines of --src (default: data/numbers/test.en) at batch sizes 1, 7 and 64: beam 5 (n-best 3 with scores),
-greedy, keyed sampling, target prefixes, phrases to avoid (beam, greedy, sampling) and to hold (beam), int8, the ensemble of every -t checkpoint, and with --lm, sampled and
-greedy continuations of prompts (the first words of the same lines). The outputs of the two versions must be
-identical (the run fails naming the first case that differs); reported: the best time of each case, before and now.
+greedy, keyed sampling, target prefixes, phrases to avoid (beam, greedy, sampling) and to hold (beam), int8, the
+ensemble of every -t checkpoint, and with --lm, sampled (top-p, top-k) and greedy continuations of prompts (the first
+words of the same lines). The outputs of the two versions must be identical (the run fails naming the first case
+that differs); reported: the best time of each case, before and now.
 Results: OUT.json and OUT.md, with the CPU named (by default in the temporary folder: a before/after comparison
 belongs in the commit message, not in benchmarks/results).
 """
@@ -51,6 +52,7 @@ def cases(args) -> list[tuple[str, str, str, dict]]:
                     (f"ensemble greedy b{b}", "ens", "translate", dict(beam_size=1, batch_size=b))]
         if args.lm:
             out += [(f"lm sample b{b}", "lm", "generate", dict(max_new_tokens=24, seed=5, top_p=0.9, batch_size=b)),
+                    (f"lm top-k b{b}", "lm", "generate", dict(max_new_tokens=24, seed=7, top_k=40, batch_size=b)),
                     (f"lm greedy b{b}", "lm", "generate", dict(max_new_tokens=24, greedy=True, batch_size=b)),
                     (f"lm repetition stop b{b}", "lm", "generate",
                      dict(max_new_tokens=24, seed=2, repetition_penalty=1.3, stop=["."], batch_size=b))]

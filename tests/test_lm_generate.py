@@ -14,7 +14,9 @@ from tfcli import checkpoint
 from tfcli.cli import app
 from tfcli.generate.config import GenerateConfig
 from tfcli.generate.lm import START_ID, Continuation, generate_ids, lm_generate
-from tfcli.generate.sampling import apply_repetition_penalty, apply_temperature, next_token, top_k_filter, top_p_filter
+from tfcli.generate import native
+from tfcli.generate.sampling import (apply_repetition_penalty, apply_temperature, draw, next_token,
+                                     sample_by_uniforms, top_k_filter, top_p_filter)
 from tfcli.generate.step import IncrementalDecoder, StaticDecoder, StepModel
 from tfcli.model.config import preset
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
@@ -79,6 +81,38 @@ def test_top_k_filter_is_torchs_topk_exactly(k):
     assert torch.equal(top_k_filter(logits, k), expected)
     assert torch.equal(logits, before)  # the input untouched
     assert torch.equal(top_k_filter(logits.t().contiguous().t(), k), expected)  # not contiguous: torch's topk
+
+
+@pytest.mark.skipif(native.fp32_kernel() is None, reason="rows.c's kernels do not run here")
+def test_rows_c_draw_chooses_what_the_torch_form_chooses():
+    """rows.c's draw_rows (top-k 1..64, no top-p, on the CPU) against sample_by_uniforms over the top-k filter, the
+    torch form it stands for: the same token in every row (rows of random logits of every scale, with ties at the
+    k-th, -inf, fewer finite values than k, odd widths; u anywhere in [0, 1), a hair below 1 too), each a token the
+    filter kept. A row holding NaN or +inf is left to torch's form (None)."""
+    g = torch.Generator().manual_seed(0)
+    rows = 0
+    for trial in range(120):
+        R, V = int(torch.randint(1, 40, (1,), generator=g)), int(torch.randint(50, 3000, (1,), generator=g))
+        x = torch.randn(R, V, generator=g) * float(torch.rand(1, generator=g)) * 12
+        if trial % 3 == 0:
+            x = (x * 2).round() / 2  # ties, the k-th among them
+        if trial % 5 == 0:
+            x[:, ::4] = NEG
+        x[0, 7:] = NEG  # seven finite values
+        k = int(torch.randint(1, 65, (1,), generator=g))
+        u = torch.rand(R, generator=g, dtype=torch.float64)
+        if trial % 7 == 0:
+            u[:] = 1 - 2.0**-53
+        expected = sample_by_uniforms(top_k_filter(x, k), u)
+        assert torch.equal(native.draw(x, k, u), expected), trial
+        assert torch.equal(draw(x, k, 1.0, u), expected)
+        assert bool((x.gather(1, expected[:, None]) > NEG).all())
+        rows += R
+    assert rows > 2000
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(3, 100, generator=g)
+        x[1, 5] = bad
+        assert native.draw(x, 5, torch.rand(3, dtype=torch.float64)) is None
 
 
 def test_top_p_keeps_the_smallest_nucleus():

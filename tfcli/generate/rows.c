@@ -624,6 +624,71 @@ __attribute__((target("avx2,fma"))) int best_next(float *x, int64_t R, int64_t V
     return nan ? 2 : 0;
 }
 
+/* e^x in double for x <= 0 (-inf: 0), in plain IEEE operations (rows.c is built without contraction into FMA), so
+ * that its bits are the same on every CPU: libm's exp is chosen by instruction set. x = k ln2 + r, |r| <= ln2 / 2
+ * (ln2 in two parts), e^r by its Taylor series to r^13 (a term below 2^-60 of the sum), times 2^k. Within about an
+ * ulp of e^x. */
+static double exp_det(double x) {
+    if (!(x > -745.2)) return 0.0; /* (below e^-745.2 nothing is representable; -inf) */
+    const double k = floor(x * 1.4426950408889634 + 0.5);
+    const double r = (x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
+    double e = 1.0 / 6227020800.0; /* 1/13! */
+    static const double inv_fact[13] = {1.0,           1.0,           1.0 / 2,          1.0 / 6,
+                                        1.0 / 24,      1.0 / 120,     1.0 / 720,        1.0 / 5040,
+                                        1.0 / 40320,   1.0 / 362880,  1.0 / 3628800,    1.0 / 39916800,
+                                        1.0 / 479001600};
+    for (int i = 12; i >= 0; i--) e = e * r + inv_fact[i];
+    return ldexp(e, (int)k);
+}
+
+/* The next token of each of R rows of logits x (R x V, contiguous; banned tokens -inf already), drawn from the
+ * softmax over the row's tokens whose logit is at least lo[r] (the others: probability 0) by inverse transform with
+ * the uniform u[r] in [0, 1): p_j = e^(x_j - m) / sum (m = mx[r], the row's max; the sum and the cumulative sum in
+ * float64, token by token in order), and the first token whose cumulative probability exceeds u[r] times the
+ * total (some token does: u < 1, and the last sum is the total, added up in the same order). The probabilities are
+ * recomputed in each of three passes over the tokens kept (up to 64 of them remembered, else found again). The
+ * logits hold no NaN or +inf (best_next, which finds lo and mx, refuses those rows). */
+__attribute__((target("avx2"))) void draw_rows(const float *x, int64_t R, int64_t V, const float *lo, const float *mx,
+                                                const double *u, int64_t *ids) {
+#pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN)
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = x + r * V;
+        const float low = lo[r];
+        const double m = mx[r];
+        const __m256 lowv = _mm256_set1_ps(low);
+        int64_t kept[64], nk = 0, overflow = 0;
+        double sum = 0.0;
+        for (int64_t j0 = 0; j0 < V; j0 += 8) { /* (a block of eight looked at only where one reaches lo) */
+            const int64_t nj = V - j0 < 8 ? V - j0 : 8;
+            if (nj == 8 && !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(xr + j0), lowv, _CMP_GE_OQ))) continue;
+            for (int64_t j = j0; j < j0 + nj; j++) {
+                if (!(xr[j] >= low)) continue;
+                if (nk < 64) kept[nk++] = j;
+                else overflow = 1;
+                sum += exp_det((double)xr[j] - m);
+            }
+        }
+        const int64_t n = overflow ? V : nk; /* (overflow: every token again, the ones below lo skipped) */
+        const double inv = 1.0 / sum;
+        double total = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t j = overflow ? i : kept[i];
+            if (xr[j] >= low) total += exp_det((double)xr[j] - m) * inv;
+        }
+        const double target = u[r] * total;
+        double c = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t j = overflow ? i : kept[i];
+            if (!(xr[j] >= low)) continue;
+            c += exp_det((double)xr[j] - m) * inv;
+            if (c > target) {
+                ids[r] = j;
+                break;
+            }
+        }
+    }
+}
+
 /* One step of a constrained beam search's choice (tfcli.generate.search: `pick_by_banks`, whose torch form gives the
  * same integers): for each of n sentences, its M candidates (scores sorted best first, tokens, the beam of k each
  * came from) against its C phrases (con: n x C x (3 + L): the constraint each is a form of, the one it waits for,

@@ -20,7 +20,6 @@ from tfcli.generate import native
 from tfcli.torch_compat import is_compiling
 
 NEG_INF = float("-inf")
-_NO_IDS = torch.empty(0, dtype=torch.long)  # (best_next's banned ids: none)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -40,7 +39,7 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     best = None
     if logits.device.type == "cpu" and logits.dim() == 2 and not is_compiling():
         try:
-            best = native.best_next(logits, _NO_IDS, None, 0, k, normalise=False)
+            best = native.best_next(logits, native.NO_IDS, None, 0, k, normalise=False)
         except NotANumber:
             best = None
     kth = (best[0] if best is not None else logits.topk(k, dim=-1).values)[..., -1:]
@@ -89,10 +88,25 @@ def next_token(
     logits = apply_repetition_penalty(logits, previous, repetition_penalty)
     if greedy:
         return logits.argmax(-1)
-    logits = top_p_filter(top_k_filter(apply_temperature(logits, temperature), top_k), top_p)
+    logits = apply_temperature(logits, temperature)
     if uniforms is not None:
-        return sample_by_uniforms(logits, uniforms)
+        return draw(logits, top_k, top_p, uniforms)
+    logits = top_p_filter(top_k_filter(logits, top_k), top_p)
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+def draw(logits: torch.Tensor, top_k: int, top_p: float, u: torch.Tensor) -> torch.Tensor:
+    """(R,) ids drawn by the uniforms u ((R,) float64) from softmax(logits) after the top-k and top-p filters:
+    `sample_by_uniforms`. On the CPU with 1 <= top_k <= 64 and no top-p filter, rows.c's draw_rows computes it in one
+    pass a row: its float64 arithmetic is torch's, term by term in order, but for its own e^x and its sum taken in
+    order (torch's in its vector lanes, by instruction set), so the two choose alike except where a uniform falls
+    within about 1e-16 of the boundary between two tokens."""
+    if (top_p >= 1.0 and 1 <= top_k <= 64 and logits.device.type == "cpu" and logits.dim() == 2
+            and not is_compiling()):
+        ids = native.draw(logits.contiguous(), top_k, u)
+        if ids is not None:
+            return ids
+    return sample_by_uniforms(top_p_filter(top_k_filter(logits, top_k), top_p), u)
 
 
 _MASK64 = (1 << 64) - 1
@@ -145,7 +159,8 @@ def _uniform(seed: int, line: int, step: int) -> float:
 
 def sample_by_uniforms(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """(R,) ids drawn from softmax(logits) by inverse transform: the first token whose cumulative probability
-    exceeds u (row-wise, in float64, so that a row's draw depends on its own numbers only)."""
+    exceeds u times the total (row-wise, in float64, so that a row's draw depends on its own numbers only; u < 1, so
+    some token does)."""
     probs = logits.double().softmax(-1)
     cdf = probs.cumsum(-1)
     ids = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
@@ -165,5 +180,5 @@ class LineSampling:
     def choose(self, logits: torch.Tensor, lines: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
         """(R,) ids from (R, V) logits whose banned tokens are -inf already; `lines`: each row's line index, `step`:
         the output position (each row's, or one for all)."""
-        filtered = top_p_filter(top_k_filter(apply_temperature(logits, self.temperature), self.top_k), self.top_p)
-        return sample_by_uniforms(filtered, line_uniforms(self.seed, lines, step))
+        return draw(apply_temperature(logits, self.temperature), self.top_k, self.top_p,
+                    line_uniforms(self.seed, lines, step))
