@@ -19,6 +19,8 @@ compiler is found.
   kernels on any CPU.
 - `best_next`: a search's k best next tokens a row, chosen on the logits, with their log-probs (the log-softmax
   over the vocabulary never written out).
+- `draw`: a top-k sample a row (tfcli.generate.sampling.draw), by inverse transform in float64 over the kept tokens
+  only, where its torch form takes ten operators over the whole vocabulary.
 - `constrained_pick`: a constrained beam search's choice of its continuing candidates (dynamic beam allocation),
   the same integers as its torch form (tfcli.generate.search.pick_by_banks) in one call where that takes some
   thirty small operators a step.
