@@ -88,7 +88,7 @@ def test_rows_c_draw_chooses_what_the_torch_form_chooses():
     """rows.c's draw_rows (top-k 1..64, no top-p, on the CPU) against sample_by_uniforms over the top-k filter, the
     torch form it stands for: the same token in every row (rows of random logits of every scale, with ties at the
     k-th, -inf, fewer finite values than k, odd widths; u anywhere in [0, 1), a hair below 1 too), each a token the
-    filter kept. A row holding NaN or +inf is left to torch's form (None)."""
+    filter kept. A row holding NaN or +inf, or no finite logit, is left to torch's form (None)."""
     g = torch.Generator().manual_seed(0)
     rows = 0
     for trial in range(120):
@@ -113,6 +113,9 @@ def test_rows_c_draw_chooses_what_the_torch_form_chooses():
         x = torch.randn(3, 100, generator=g)
         x[1, 5] = bad
         assert native.draw(x, 5, torch.rand(3, dtype=torch.float64)) is None
+    x = torch.randn(3, 100, generator=g)
+    x[2] = NEG  # every token banned
+    assert native.draw(x, 5, torch.rand(3, dtype=torch.float64)) is None
 
 
 def test_top_p_keeps_the_smallest_nucleus():

@@ -242,7 +242,8 @@ def best_next(x: torch.Tensor, ban: torch.Tensor, ban_eos: torch.Tensor | None, 
 def draw(x: torch.Tensor, k: int, u: torch.Tensor) -> torch.Tensor | None:
     """rows.c's draw_rows on logits x (R, V), fp32, contiguous, on the CPU: each row's token drawn by its uniform u
     (R,) from the softmax over its k best logits and any tied with the k-th (best_next finds the k-th and the max).
-    None where best_next does not run, or a row holds NaN or +inf (whose softmax is NaN: no token to draw)."""
+    None where best_next does not run, or a row holds NaN or +inf or no finite logit (whose softmax is NaN: no token
+    to draw; torch's form draws what it draws from them)."""
     try:
         best = best_next(x, NO_IDS, None, 0, k, normalise=False)
     except NotANumber:
@@ -252,8 +253,9 @@ def draw(x: torch.Tensor, k: int, u: torch.Tensor) -> torch.Tensor | None:
     lo, mx = best[0][:, -1].contiguous(), best[0][:, 0].contiguous()
     u = u.to(torch.float64).contiguous()
     ids = torch.empty(x.size(0), dtype=torch.long)
-    library().draw_rows(x.data_ptr(), x.size(0), x.size(1), lo.data_ptr(), mx.data_ptr(), u.data_ptr(), ids.data_ptr())
-    return ids
+    empty = library().draw_rows(x.data_ptr(), x.size(0), x.size(1), lo.data_ptr(), mx.data_ptr(), u.data_ptr(),
+                                ids.data_ptr())
+    return None if empty else ids
 
 
 NO_IDS = torch.empty(0, dtype=torch.long)  # (best_next's banned ids: none)
@@ -354,7 +356,7 @@ def library():
     lib.activate.argtypes, lib.activate.restype = [p, p, i64, ctypes.c_int], None
     lib.best_next.argtypes = [p, i64, i64, p, i64, p, i64, p, p, i64, p, p, p]
     lib.best_next.restype = ctypes.c_int
-    lib.draw_rows.argtypes, lib.draw_rows.restype = [p, i64, i64, p, p, p, p], None
+    lib.draw_rows.argtypes, lib.draw_rows.restype = [p, i64, i64, p, p, p, p], ctypes.c_int
     lib.constrained_pick.argtypes = [i64, i64, i64, i64, i64, i64, p, p, p, i64, p, p, p, p, ctypes.c_int, p, p, p,
                                      p, p]
     lib.constrained_pick.restype = ctypes.c_int

@@ -647,14 +647,21 @@ static double exp_det(double x) {
  * float64, token by token in order), and the first token whose cumulative probability exceeds u[r] times the
  * total (some token does: u < 1, and the last sum is the total, added up in the same order). The probabilities are
  * recomputed in each of three passes over the tokens kept (up to 64 of them remembered, else found again). The
- * logits hold no NaN or +inf (best_next, which finds lo and mx, refuses those rows). */
-__attribute__((target("avx2"))) void draw_rows(const float *x, int64_t R, int64_t V, const float *lo, const float *mx,
-                                                const double *u, int64_t *ids) {
+ * logits hold no NaN or +inf (best_next, which finds lo and mx, refuses those rows). Returns 0; 2 where a row has
+ * no finite logit (every token banned: its softmax is NaN, and nothing is drawn). */
+__attribute__((target("avx2"))) int draw_rows(const float *x, int64_t R, int64_t V, const float *lo, const float *mx,
+                                               const double *u, int64_t *ids) {
+    int empty = 0;
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN)
     for (int64_t r = 0; r < R; r++) {
         const float *xr = x + r * V;
         const float low = lo[r];
         const double m = mx[r];
+        if (!(m > -INFINITY)) {
+#pragma omp atomic write
+            empty = 1;
+            continue;
+        }
         const __m256 lowv = _mm256_set1_ps(low);
         int64_t kept[64], nk = 0, overflow = 0;
         double sum = 0.0;
@@ -687,6 +694,7 @@ __attribute__((target("avx2"))) void draw_rows(const float *x, int64_t R, int64_
             }
         }
     }
+    return empty ? 2 : 0;
 }
 
 /* One step of a constrained beam search's choice (tfcli.generate.search: `pick_by_banks`, whose torch form gives the

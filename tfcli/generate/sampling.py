@@ -100,7 +100,8 @@ def draw(logits: torch.Tensor, top_k: int, top_p: float, u: torch.Tensor) -> tor
     `sample_by_uniforms`. On the CPU with 1 <= top_k <= 64 and no top-p filter, rows.c's draw_rows computes it in one
     pass a row: its float64 arithmetic is torch's, term by term in order, but for its own e^x and its sum taken in
     order (torch's in its vector lanes, by instruction set), so the two choose alike except where a uniform falls
-    within about 1e-16 of the boundary between two tokens."""
+    within about 1e-16 of the boundary between two tokens. A call where a row holds NaN or +inf or nothing finite (a
+    model's numbers gone, which lm-generate and translate report) is drawn by torch's form, every row of it."""
     if (top_p >= 1.0 and 1 <= top_k <= 64 and logits.device.type == "cpu" and logits.dim() == 2
             and not is_compiling()):
         ids = native.draw(logits.contiguous(), top_k, u)
