@@ -88,7 +88,9 @@ def test_rows_c_draw_chooses_what_the_torch_form_chooses():
     """rows.c's draw_rows (top-k 1..64, no top-p, on the CPU) against sample_by_uniforms over the top-k filter, the
     torch form it stands for: the same token in every row (rows of random logits of every scale, with ties at the
     k-th, -inf, fewer finite values than k, odd widths; u anywhere in [0, 1), a hair below 1 too), each a token the
-    filter kept. A row holding NaN or +inf, or no finite logit, is left to torch's form (None)."""
+    filter kept. (The two may differ only where u falls within ~1e-16 of a boundary between two tokens, their float64
+    sums being taken in another order: none of these rows does, with torch held to any instruction set.) A row
+    holding NaN or +inf, or no finite logit, is left to torch's form (None)."""
     g = torch.Generator().manual_seed(0)
     rows = 0
     for trial in range(120):
