@@ -22,6 +22,12 @@
 #                    eager steps (no CUDA graph, the device read every step)
 #       lm-decode    benchmarks/gpu_lm_generate_speed.py: tfcli vs HF generate, baby-gpt and gpt2-small shapes,
 #                    greedy and top-k sampling, batch 1 and 32, bf16 (random weights: no training needed)
+#       opus nllb    benchmarks/translate_speed.py --device cuda: CTranslate2's GPU table's setting (beam 4 and
+#                    greedy, length penalty 0, forced length 20) at the OPUS-MT base shape (SiLU, vocabulary 58,000;
+#                    OPUS_SENTENCES, default 20,000; batch 32 and 256) and the NLLB-200 600M shape (NLLB_SENTENCES,
+#                    default 4,000; batch 32): tfcli bf16 and fp16, CTranslate2 float16 and int8_float16, HF fp16
+#                    (on HF_SENTENCES of them, default 2,000: its speed over those), random weights; ctranslate2
+#                    from the carried wheel, its CUDA 12 libraries from torch's (site-packages/nvidia/*/lib)
 #                Stage times seen on an H100 (2026-11-24): check 39 s on a fresh machine, tests 88 s, shakespeare
 #                177 s, mfu about 160 s (gpt2-small) + 300 s (base), de-en 405 s, decode 108 s, en-de about as de-en;
 #                on an H200 (2026-11-26): tests 160 s (beside a sweep), sweep 353 s (4 variants), de-en 351 s
@@ -58,6 +64,11 @@ pack() {
   cp -r "$data/multi30k" "$data/tinyshakespeare" .gpu/data/
   python3 -m pip download --quiet --dest .gpu/wheels --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 sacremoses
+  # CTranslate2 (this checkout's version) for the opus and nllb stages, without its dependencies (numpy, pyyaml:
+  # the device has them)
+  python3 -m pip download --quiet --dest .gpu/wheels --only-binary=:all: --python-version 3.12 --no-deps \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_28_x86_64 "ctranslate2==$(python3 -c 'import ctranslate2; print(ctranslate2.__version__)')"
   du -sh .gpu
   echo "carry [\".gpu/data\", \".gpu/wheels\"] with each device call (the device tool takes at most 64 MiB)"
 }
@@ -135,11 +146,39 @@ lm_decode() {
   else python3 benchmarks/gpu_lm_generate_speed.py; fi
 }
 
+with_ct2() {  # ctranslate2 from the carried wheel, and the CUDA 12 libraries torch's wheels installed
+  if ! python3 -c "import ctranslate2" 2>/dev/null; then
+    python3 -m pip install --quiet --no-index --no-deps --find-links .gpu/wheels --target .gpu/ct2 ctranslate2 || return
+    export PYTHONPATH=$PYTHONPATH:$ROOT/.gpu/ct2
+  fi
+  local nv
+  nv=$(python3 -c "import os, torch; print(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), 'nvidia'))")
+  for d in "$nv"/*/lib; do [ -d "$d" ] && export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; done
+  python3 -c "import ctranslate2; print('ctranslate2', ctranslate2.__version__, 'CUDA devices',
+ctranslate2.get_cuda_device_count(), 'compute types', ctranslate2.get_supported_compute_types('$DEVICE'))"
+}
+shape_speed() {  # translate_speed at a shape: NAME SENTENCES BATCH_SIZES ARGS...
+  local name=$1 n=$2 sizes=$3
+  shift 3
+  with_ct2 || return
+  if [ "$DEVICE" = cpu ]; then
+    python3 benchmarks/translate_speed.py "$@" --sentences 8 --batch-sizes 4 --hf-sentences 4 --repeats 1 --beam 4 \
+      --alpha 0 --skip-real --out "$ROOT/.gpu/toy-results/gpu_translate_speed-$name"
+  else
+    python3 benchmarks/translate_speed.py --device cuda "$@" --sentences "$n" --batch-sizes "$sizes" \
+      --hf-sentences "${HF_SENTENCES:-2000}" --repeats 1 --beam 4 --alpha 0 --threads 4 \
+      --out "benchmarks/results/gpu_translate_speed-$name"
+  fi
+}
+opus() { shape_speed opus-base "${OPUS_SENTENCES:-20000}" 32,256 --arch base --activation silu --vocab 58000; }
+nllb() { shape_speed nllb-600m "${NLLB_SENTENCES:-4000}" 32 --shape nllb-600m; }
+
 run_stage() {
   case $1 in
     check) check ;; tests) tests ;; mfu) mfu ;; de-en) multi30k de en ;; en-de) multi30k en de ;;
-    shakespeare) shakespeare ;; decode) decode ;; lm-decode) lm_decode ;; sweep) sweep ;;
-    *) echo "unknown stage '$1' (pack, check, tests, mfu, de-en, en-de, shakespeare, decode, lm-decode, sweep)" >&2
+    shakespeare) shakespeare ;; decode) decode ;; lm-decode) lm_decode ;; sweep) sweep ;; opus) opus ;; nllb) nllb ;;
+    *) echo "unknown stage '$1' (pack, check, tests, mfu, de-en, en-de, shakespeare, decode, lm-decode, sweep, opus," \
+         "nllb)" >&2
        return 2 ;;
   esac
 }

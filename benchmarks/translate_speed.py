@@ -1,4 +1,4 @@
-"""Translation speed, side by side in one run: tfcli vs Hugging Face `generate` vs CTranslate2, all on the CPU.
+"""Translation speed, side by side in one run: tfcli vs Hugging Face `generate` vs CTranslate2, on the CPU (or a GPU).
 
     .venv/bin/python benchmarks/translate_speed.py [--threads N] [--checkpoint CKPT] [--peer-checkpoint CKPT]
 
@@ -22,6 +22,11 @@
     becomes MarianMT, pre-norm with shared embeddings Pegasus) exported to transformers and CTranslate2 as in (1);
     the same 1,000 sentences (pre-tokenised for the peers; tfcli, through its API, is given the text), natural
     output lengths, alpha 0, BLEU and agreement per system.
+
+With --device cuda, (1) alone runs on the GPU with CTranslate2's GPU table's systems: tfcli bf16 (the main columns)
+and fp16, HF fp16, CTranslate2 float16 and int8_float16 (its float model quantised at load); --hf-sentences N gives
+HF every k-th batch, N sentences, where it would take too long for a device's time (benchmarks/gpu_all.sh: opus,
+nllb).
 
 With --int8, CTranslate2's int8 runs a model converted with `quantization="int8"` (what its documentation has int8
 users do: a quarter of the bytes to read and hold), tfcli's the same fp32 checkpoint with `--dtype int8`. With
@@ -105,14 +110,15 @@ class TfcliRunner:
 
     name = "tfcli"
 
-    def __init__(self, ckpt: str, vocab: list[str], lines: dict | None = None, dtype: str = "fp32"):
+    def __init__(self, ckpt: str, vocab: list[str], lines: dict | None = None, dtype: str = "fp32",
+                 device: str = "cpu"):
         """`vocab`: the target tokens by id; `lines`: each source's text by its token ids (a tuple), for a subword
         model, whose tokens joined by spaces are not its input (without: the word-level synthetic model's words)."""
         import tfcli
         from tfcli.runtime import tune_process
 
-        tune_process("cpu")
-        self.translator = tfcli.load(ckpt, device="cpu", dtype=dtype)
+        tune_process(device)
+        self.translator = tfcli.load(ckpt, device=device, dtype=dtype)
         self.vocab, self.index, self.lines = vocab, {t: i for i, t in enumerate(vocab)}, lines
 
     def run(self, batches, beam, length, alpha, forced=True):
@@ -140,7 +146,7 @@ class HFRunner:
         out = []
         with torch.inference_mode():
             for batch in batches:
-                src = pad([source_ids(s) for s in batch], pad_id=V)
+                src = pad([source_ids(s) for s in batch], pad_id=V).to(self.marian.device)
                 beam_args = dict(length_penalty=alpha, early_stopping=True) if beam > 1 else {}
                 gen = self.marian.generate(
                     input_ids=src, attention_mask=(src != V).long(), num_beams=beam, do_sample=False,
@@ -154,10 +160,10 @@ class HFRunner:
 class CT2Runner:
     name = "ct2"
 
-    def __init__(self, path, vocab, threads, compute_type="float32"):
+    def __init__(self, path, vocab, threads, compute_type="float32", device="cpu"):
         import ctranslate2
 
-        self.translator = ctranslate2.Translator(str(path), device="cpu", compute_type=compute_type,
+        self.translator = ctranslate2.Translator(str(path), device=device, compute_type=compute_type,
                                                  intra_threads=threads, inter_threads=1)
         self.vocab = vocab
         self.index = {t: i for i, t in enumerate(vocab)}
@@ -172,16 +178,27 @@ class CT2Runner:
         return [[self.index[t] for t in r.hypotheses[0]] for r in res]
 
 
-def hf_runner(directory: str) -> HFRunner:
+def hf_runner(directory: str, device: str = "cpu") -> HFRunner:
+    """The transformers model, in fp32 on the CPU, in fp16 on a GPU (as CTranslate2's GPU table runs it)."""
     from transformers import AutoModelForSeq2SeqLM
 
-    return HFRunner(AutoModelForSeq2SeqLM.from_pretrained(directory).eval())
+    model = AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+    return HFRunner(model if device == "cpu" else model.half().to(device))
 
 
 def start_runners(ckpt: Path, hf_dir: Path, ct2_dir: Path, vocab: list[str], threads: int,
-                  lines: dict | None = None, int8: Path | None = None) -> list:
+                  lines: dict | None = None, int8: Path | None = None, device: str = "cpu") -> list:
     """tfcli, HF and CT2 (with `int8`, the CTranslate2 int8 model's directory: tfcli --dtype int8 and CTranslate2
-    int8 too), each in a process of its own (benchmarks/common.py: Isolated says why)."""
+    int8 too), each in a process of its own (benchmarks/common.py: Isolated says why). On a GPU (`device` cuda),
+    CTranslate2's GPU table's systems: tfcli bf16 and fp16, HF fp16, CTranslate2 float16 and int8_float16 (from its
+    float model, quantised at load)."""
+    if device != "cpu":
+        return [Isolated("tfcli", TfcliRunner, str(ckpt), vocab, lines, "bf16", device, threads=threads),
+                Isolated("hf", hf_runner, str(hf_dir), device, threads=threads),
+                Isolated("ct2", CT2Runner, str(ct2_dir), vocab, threads, "float16", device, threads=threads),
+                Isolated("tfcli_fp16", TfcliRunner, str(ckpt), vocab, lines, "fp16", device, threads=threads),
+                Isolated("ct2_int8_float16", CT2Runner, str(ct2_dir), vocab, threads, "int8_float16", device,
+                         threads=threads)]
     runners = [Isolated("tfcli", TfcliRunner, str(ckpt), vocab, lines, threads=threads),
                Isolated("hf", hf_runner, str(hf_dir), threads=threads),
                Isolated("ct2", CT2Runner, str(ct2_dir), vocab, threads, threads=threads)]
@@ -269,28 +286,39 @@ def timed(fn, *args):
     return time.perf_counter() - t, out
 
 
-def compare(runners, batches, beam, length, alpha, repeats, forced=True) -> tuple[dict, dict]:
+def compare(runners, batches, beam, length, alpha, repeats, forced=True,
+            most: dict | None = None) -> tuple[dict, dict]:
     """Best-of-`repeats` sentences/s per runner (each an `Isolated` process; one runs at a time), interleaved; plus
-    output agreement and lengths. Returns the figures and each runner's outputs (token ids per sentence)."""
-    n = sum(len(b) for b in batches)
+    output agreement and lengths. Returns the figures and each runner's outputs (token ids per sentence). `most`:
+    runner name -> the sentences it translates at most: every k-th batch, so that they span the lengths (its speed
+    and its agreement with tfcli are over those)."""
     for r in runners:  # warm-up: first calls allocate, pick kernels, fill caches
         r.run([batches[0][:4]], beam, length, alpha, forced)
+    picked = {}  # runner name -> the batches it translates
+    for r in runners:
+        limit = (most or {}).get(r.name)
+        picked[r.name] = list(range(len(batches)))[:: max(1, len(batches) * len(batches[0]) // limit)] if limit \
+            else list(range(len(batches)))
     times = {r.name: [] for r in runners}
     outputs = {}
     for _ in range(repeats):
         for r in runners:
-            dt, outputs[r.name] = r.run(batches, beam, length, alpha, forced)
+            dt, outputs[r.name] = r.run([batches[i] for i in picked[r.name]], beam, length, alpha, forced)
             times[r.name].append(dt)
-    res = {"sentences": n, "beam": beam, ("output_len" if forced else "max_output_len"): length}
+    res = {"sentences": sum(len(b) for b in batches), "beam": beam,
+           ("output_len" if forced else "max_output_len"): length}
     for r in runners:
         lens = {len(o) for o in outputs[r.name]}
+        n = len(outputs[r.name])
         res[r.name] = {
-            "sent_per_s": n / min(times[r.name]), "best_s": min(times[r.name]),
+            "sentences": n, "sent_per_s": n / min(times[r.name]), "best_s": min(times[r.name]),
             "median_s": float(np.median(times[r.name])), "times_s": times[r.name], "output_lengths": sorted(lens),
         }
-    ref = outputs["tfcli"]
+    starts = np.cumsum([0] + [len(b) for b in batches])
     for r in runners[1:]:
-        res[r.name]["same_output_as_tfcli"] = sum(a == b for a, b in zip(ref, outputs[r.name])) / n
+        ref = [outputs["tfcli"][j] for i in picked[r.name] for j in range(starts[i], starts[i + 1])]
+        theirs = outputs[r.name]
+        res[r.name]["same_output_as_tfcli"] = sum(a == b for a, b in zip(ref, theirs)) / len(theirs)
         res[f"tfcli_over_{r.name}"] = res["tfcli"]["sent_per_s"] / res[r.name]["sent_per_s"]
     if "tfcli_int8" in outputs:
         for peer in ("tfcli", "hf", "ct2_int8"):
@@ -338,12 +366,12 @@ def synthetic(args, tmp: Path) -> dict:
     lengths = rng.integers(args.src_len - 5, args.src_len + 6, size=args.sentences)
     sents = sorted(([int(t) for t in rng.integers(4, args.vocab, size=n)] for n in lengths), key=len)
     int8_dir = None
-    if args.int8:
+    if args.int8 and args.device == "cpu":
         from tfcli.interop import export
 
         int8_dir = tmp / "ct2_int8"
         export(tmp / "ckpt", "ctranslate2", int8_dir, quantization="int8")
-    runners = start_runners(tmp / "ckpt", hf_dir, ct2_dir, vocab, args.threads, int8=int8_dir)
+    runners = start_runners(tmp / "ckpt", hf_dir, ct2_dir, vocab, args.threads, int8=int8_dir, device=args.device)
     out = {"model": f"{args.shape or args.arch}-shaped random seq2seq, {cfg.norm}-norm, {cfg.positions} positions, "
                     f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} x {cfg.d_model}, ffn {cfg.d_ff}, {cfg.n_head} "
                     f"heads, {cfg.activation}, vocab {args.vocab}",
@@ -354,11 +382,14 @@ def synthetic(args, tmp: Path) -> dict:
         run = {"batch_size": bs}
         for beam in (args.beam, 1):
             print(f"synthetic: batch size {bs}, beam {beam} ...", file=sys.stderr, flush=True)
-            run[f"beam{beam}"], _ = compare(runners, batches, beam, args.out_len, args.alpha, args.repeats)
+            run[f"beam{beam}"], _ = compare(runners, batches, beam, args.out_len, args.alpha, args.repeats,
+                                            most={"hf": args.hf_sentences} if args.hf_sentences else None)
         out["runs"].append(run)
     out["peak_rss_mb"] = {r.name: r.peak_rss() / 2**20 for r in runners}
     for r in runners:
         r.close()
+    if args.device != "cpu":  # (the fp32 floor and `tfcli translate`'s first line are the CPU's questions)
+        return out
     out["fma_peak_gflops"] = peak = fma_peak_gflops(args.threads)  # (nothing else running)
     if peak:
         src_lens = [len(s) + 1 for s in sents]
@@ -468,9 +499,11 @@ def _agreement(r: dict) -> str:
 
 
 def markdown(res: dict) -> str:
-    lines = ["# Translation speed (CPU)", "", f"Command: `{res['command']}`", "",
-             f"Machine: {res['nproc']} CPUs ({res['cpu']}), torch {res['torch']}, transformers {res['transformers']}, "
-             f"ctranslate2 {res['ctranslate2']}, threads {res['threads']}. Measured {res['date']}.", ""]
+    gpu = res.get("gpu")
+    lines = [f"# Translation speed ({'GPU: ' + gpu if gpu else 'CPU'})", "", f"Command: `{res['command']}`", "",
+             f"Machine: {res['nproc']} CPUs ({res['cpu']}){', ' + gpu if gpu else ''}, torch {res['torch']}, "
+             f"transformers {res['transformers']}, ctranslate2 {res['ctranslate2']}, threads {res['threads']}. "
+             f"Measured {res['date']}.", ""]
     syn = res["synthetic"]
     lines += ["## Synthetic: same weights in tfcli, HF (its family's class) and CTranslate2, forced output length", "",
               f"{syn['model']}; {syn['sentences']} sentences of mean source length "
@@ -484,14 +517,32 @@ def markdown(res: dict) -> str:
             r = run[key]
             name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
             lines.append(f"| {run['batch_size']} | {name} | {_speeds(r)} | {_agreement(r)} |")
+    first = syn["runs"][0][f"beam{res['beam']}"]
+    if first["hf"].get("sentences", first["sentences"]) < first["sentences"]:
+        lines += ["", f"HF translated every k-th batch, {first['hf']['sentences']:,} of the {first['sentences']:,} "
+                  "sentences (--hf-sentences): its sent/s and its agreement with tfcli are over those."]
     lines += ["", f"Targets: tfcli/CT2 >= {CT2_TARGET} at every batch size, beam {res['beam']} and greedy (CTranslate2's "
-              f"speed on every CPU); tfcli/HF >= {HF_TARGET} with beam {res['beam']}."]
+              f"speed); tfcli/HF >= {HF_TARGET} with beam {res['beam']}."]
     for run in syn["runs"]:
         b, g = run[f"beam{res['beam']}"], run["beam1"]
         ct2 = [f"{name} **{r['tfcli_over_ct2']:.2f}** ({'met' if r['tfcli_over_ct2'] >= CT2_TARGET else 'NOT met'})"
                for name, r in ((f"beam {res['beam']}", b), ("greedy", g))]
         lines.append(f"- batch size {run['batch_size']}: tfcli/CT2 {', '.join(ct2)}; tfcli/HF beam {res['beam']} "
                      f"**{b['tfcli_over_hf']:.2f}** ({'met' if b['tfcli_over_hf'] >= HF_TARGET else 'NOT met'})")
+    others = [name for name, v in syn["runs"][0][f"beam{res['beam']}"].items()
+              if isinstance(v, dict) and "sent_per_s" in v and name not in ("tfcli", "hf", "ct2", "tfcli_int8",
+                                                                             "ct2_int8")]
+    if others:  # (a GPU's: tfcli fp16, CTranslate2 int8_float16)
+        lines += ["", "The other systems of the same runs (tfcli above: bf16; HF: fp16; CT2: float16):", "",
+                  "| batch size | decoding | system | sent/s | tfcli / it | same output as tfcli |",
+                  "| ---: | --- | --- | ---: | ---: | ---: |"]
+        for run in syn["runs"]:
+            for key in (f"beam{res['beam']}", "beam1"):
+                r = run[key]
+                name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+                for system in others:
+                    lines.append(f"| {run['batch_size']} | {name} | {system} | {r[system]['sent_per_s']:.1f} | "
+                                 f"{r['tfcli_over_' + system]:.2f}x | {r[system]['same_output_as_tfcli']:.1%} |")
     if syn.get("fma_peak_gflops"):
         lines += ["", f"fp32 arithmetic floor: this CPU's FMA peak over {res['threads']} threads, measured in this run "
                   f"(independent multiply-adds of its widest vectors, one process a thread), is "
@@ -630,9 +681,15 @@ def main():
                    help="trained post-norm de->en checkpoint for the Multi30k side-by-side part")
     p.add_argument("--real-max-len", type=int, default=80, help="most output tokens in the Multi30k side-by-side part")
     p.add_argument("--data", default=SHARED_DATA)
+    p.add_argument("--hf-sentences", type=int, default=0,
+                   help="HF translates only the first N sentences (its speed is over those; 0: all)")
+    p.add_argument("--device", default="cpu",
+                   help="cuda: the synthetic part on a GPU, CTranslate2's GPU table's systems (tfcli bf16 and fp16, HF "
+                        "fp16, CTranslate2 float16 and int8_float16); implies --skip-real")
     p.add_argument("--out", default=str(RESULTS / "translate_speed"))
     args = p.parse_args()
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    args.skip_real = args.skip_real or args.device != "cpu"
     if args.shape:
         args.arch, args.vocab = SHAPES[args.shape]["arch"], SHAPES[args.shape]["vocab"]
     args.real_repeats = args.real_repeats or args.repeats
@@ -649,6 +706,8 @@ def main():
         "real_repeats": args.real_repeats, "first_line_repeats": args.first_line_repeats,
         "load_average_at_start": os.getloadavg(),
     }
+    if args.device != "cpu":
+        res["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
     with tempfile.TemporaryDirectory() as tmp:
         res["synthetic"] = synthetic(args, Path(tmp))
     if args.skip_real:
