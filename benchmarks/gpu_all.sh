@@ -28,6 +28,13 @@
 #                    default 4,000; batch 32): tfcli bf16 and fp16, CTranslate2 float16 and int8_float16, HF fp16
 #                    (on HF_SENTENCES of them, default 2,000: its speed over those), random weights; ctranslate2
 #                    from the carried wheel, its CUDA 12 libraries from torch's (site-packages/nvidia/*/lib)
+#       multi        the six-direction model given the six bilingual budgets together (recipes/multi30k-multi.sh
+#                    cpu-long, 6 x MULTI_STEPS steps) against the six bilingual cpu-long-shaped models trained as long
+#                    (recipes/multi30k.sh cpu-long, MULTI_STEPS each, default 6,000: the CPU's cpu-long de-en took
+#                    6,290 in its 43 minutes; all six at once on the GPU), R-Drop off in both (the multilingual
+#                    recipe's choice: a step is then one pass in each), steps not minutes; rows recorded under
+#                    multi30k-PAIR-gpu-bilingual and multi30k-multi-gpu-PAIR. MULTI_PART=bilingual or multi: one half
+#                    (the whole takes more than one device call: about 5 + 12 minutes on an H100, estimated)
 #                Stage times seen on an H100 (2026-11-24): check 39 s on a fresh machine, tests 88 s, shakespeare
 #                177 s, mfu about 160 s (gpt2-small) + 300 s (base), de-en 405 s, decode 108 s, en-de about as de-en;
 #                on an H200 (2026-11-26): tests 160 s (beside a sweep), sweep 353 s (4 variants), de-en 351 s
@@ -171,14 +178,34 @@ shape_speed() {  # translate_speed at a shape: NAME SENTENCES BATCH_SIZES ARGS..
   fi
 }
 opus() { shape_speed opus-base "${OPUS_SENTENCES:-20000}" 32,256 --arch base --activation silu --vocab 58000; }
+multi() {
+  local steps=${MULTI_STEPS:-6000} part=${MULTI_PART:-all} pair rc=0
+  [ "$DEVICE" = cpu ] && steps=4
+  local args="--set train.max_minutes=0 --set train.rdrop=0 --set train.device=$DEVICE"
+  if [ "$part" != multi ]; then
+    for pair in de-en en-de de-fr fr-de en-fr fr-en; do
+      NAME=multi30k-$pair-gpu-bilingual TRAIN_ARGS="$args --set train.max_steps=$steps ${TRAIN_ARGS:-}" \
+        recipes/multi30k.sh "${pair%-*}" "${pair#*-}" cpu-long "$ROOT/.gpu/runs/bilingual-$pair" \
+        > "$ROOT/.gpu/runs/bilingual-$pair.log" 2>&1 &
+    done
+    for pair in de-en en-de de-fr fr-de en-fr fr-en; do wait -n || rc=$?; done
+    tail -n 3 "$ROOT"/.gpu/runs/bilingual-*.log
+  fi
+  if [ "$part" != bilingual ]; then
+    NAME=multi30k-multi-gpu MINUTES=0 TRAIN_ARGS="$args --set train.max_steps=$((6 * steps)) ${TRAIN_ARGS:-}" \
+      recipes/multi30k-multi.sh cpu-long "$ROOT/.gpu/runs/multi" || rc=$?
+  fi
+  return $rc
+}
 nllb() { shape_speed nllb-600m "${NLLB_SENTENCES:-4000}" 32 --shape nllb-600m; }
 
 run_stage() {
   case $1 in
     check) check ;; tests) tests ;; mfu) mfu ;; de-en) multi30k de en ;; en-de) multi30k en de ;;
     shakespeare) shakespeare ;; decode) decode ;; lm-decode) lm_decode ;; sweep) sweep ;; opus) opus ;; nllb) nllb ;;
+    multi) multi ;;
     *) echo "unknown stage '$1' (pack, check, tests, mfu, de-en, en-de, shakespeare, decode, lm-decode, sweep, opus," \
-         "nllb)" >&2
+         "nllb, multi)" >&2
        return 2 ;;
   esac
 }
