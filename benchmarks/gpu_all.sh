@@ -26,7 +26,8 @@
 #                    greedy, length penalty 0, forced length 20) at the OPUS-MT base shape (SiLU, vocabulary 58,000;
 #                    OPUS_SENTENCES, default 20,000; batch 32 and 256) and the NLLB-200 600M shape (NLLB_SENTENCES,
 #                    default 4,000; batch 32): tfcli bf16 and fp16, CTranslate2 float16 and int8_float16, HF fp16
-#                    (on HF_SENTENCES of them, default 2,000: its speed over those), random weights; ctranslate2
+#                    (on HF_SENTENCES of them, default 2,000: its speed over those), random weights, tfcli's pass
+#                    profiled (gpu_translate_speed-NAME_profile.txt); ctranslate2
 #                    from the carried wheel, its CUDA 12 libraries from torch's (site-packages/nvidia/*/lib)
 #       multi        the six-direction model given the six bilingual budgets together (recipes/multi30k-multi.sh
 #                    cpu-long, 6 x MULTI_STEPS steps) against the six bilingual cpu-long-shaped models trained as long
@@ -170,10 +171,10 @@ shape_speed() {  # translate_speed at a shape: NAME SENTENCES BATCH_SIZES ARGS..
   with_ct2 || return
   if [ "$DEVICE" = cpu ]; then
     python3 benchmarks/translate_speed.py "$@" --sentences 8 --batch-sizes 4 --hf-sentences 4 --repeats 1 --beam 4 \
-      --alpha 0 --skip-real --out "$ROOT/.gpu/toy-results/gpu_translate_speed-$name"
+      --alpha 0 --skip-real --profile --out "$ROOT/.gpu/toy-results/gpu_translate_speed-$name"
   else
     python3 benchmarks/translate_speed.py --device cuda "$@" --sentences "$n" --batch-sizes "$sizes" \
-      --hf-sentences "${HF_SENTENCES:-2000}" --repeats 1 --beam 4 --alpha 0 --threads 4 \
+      --hf-sentences "${HF_SENTENCES:-2000}" --repeats 1 --beam 4 --alpha 0 --threads 4 --profile \
       --out "benchmarks/results/gpu_translate_speed-$name"
   fi
 }

@@ -388,6 +388,8 @@ def synthetic(args, tmp: Path) -> dict:
     out["peak_rss_mb"] = {r.name: r.peak_rss() / 2**20 for r in runners}
     for r in runners:
         r.close()
+    if args.profile:
+        out["profile"] = profile_tfcli(args, tmp / "ckpt", [" ".join(vocab[t] for t in s) for s in sents])
     if args.device != "cpu":  # (the fp32 floor and `tfcli translate`'s first line are the CPU's questions)
         return out
     out["fma_peak_gflops"] = peak = fma_peak_gflops(args.threads)  # (nothing else running)
@@ -401,6 +403,21 @@ def synthetic(args, tmp: Path) -> dict:
         print("synthetic: time to the first line ...", file=sys.stderr, flush=True)
         out["first_line"] = first_lines(tmp / "ckpt", ct2_dir, int8_dir, " ".join(vocab[t] for t in sents[0]), args)
     return out
+
+
+def profile_tfcli(args, ckpt: Path, texts: list[str]) -> str:
+    """One more tfcli pass (beam --beam, the largest batch size; bf16 on a GPU) under torch.profiler, in this
+    process once the timed ones are closed; its op tables beside the results (gpu_translate_speed's profile_pass).
+    Returns the file's name."""
+    import tfcli
+    from gpu_translate_speed import profile_pass
+
+    device = torch.device(args.device)
+    translator = tfcli.load(str(ckpt), device=args.device, dtype="fp32" if device.type == "cpu" else "bf16")
+    size = max(args.batch_sizes)
+    return profile_pass(lambda: translator.translate(
+        texts, beam_size=args.beam, len_penalty=args.alpha, min_len=args.out_len, max_len_a=0.0,
+        max_len_b=args.out_len, batch_size=size, max_tokens=10**9, raw=True), device, Path(args.out)).name
 
 
 def real(args) -> dict:
@@ -582,6 +599,9 @@ def markdown(res: dict) -> str:
             x = peak["tfcli_int8"] / peak["ct2_int8"]
             lines.append(f"- int8: tfcli {peak['tfcli_int8']:,.0f} MB, CT2 {peak['ct2_int8']:,.0f} MB: **{x:.2f}x** "
                          f"({'met' if x <= 1.1 else 'NOT met'}: at most CTranslate2's int8 + 10%)")
+    if "profile" in syn:
+        lines += ["", f"One more tfcli pass (beam {res['beam']}, the largest batch size) ran under torch.profiler: "
+                  f"`{syn['profile']}` (its ops by host time, then by device time on a GPU)."]
     if "first_line" in syn:
         fl = syn["first_line"]
         lines += ["", f"Time from a command's start to its first output line (one sentence, beam {res['beam']}, "
@@ -681,6 +701,8 @@ def main():
                    help="trained post-norm de->en checkpoint for the Multi30k side-by-side part")
     p.add_argument("--real-max-len", type=int, default=80, help="most output tokens in the Multi30k side-by-side part")
     p.add_argument("--data", default=SHARED_DATA)
+    p.add_argument("--profile", action="store_true",
+                   help="one more tfcli pass of the synthetic part under torch.profiler: OUT_profile.txt")
     p.add_argument("--hf-sentences", type=int, default=0,
                    help="HF translates only the first N sentences (its speed is over those; 0: all)")
     p.add_argument("--device", default="cpu",
