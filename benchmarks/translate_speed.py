@@ -515,6 +515,14 @@ def _agreement(r: dict) -> str:
     return ", ".join("100%" if x == 1 else f"{min(x, 0.999):.1%}" for x in shares)
 
 
+def _cases(syn: dict, beam: int):
+    """(batch size, "beam N" or "greedy", that run's figures) of each synthetic run, beam search first."""
+    for run in syn["runs"]:
+        for key in (f"beam{beam}", "beam1"):
+            r = run[key]
+            yield run["batch_size"], "greedy" if r["beam"] == 1 else f"beam {r['beam']}", r
+
+
 def markdown(res: dict) -> str:
     gpu = res.get("gpu")
     lines = [f"# Translation speed ({'GPU: ' + gpu if gpu else 'CPU'})", "", f"Command: `{res['command']}`", "",
@@ -529,11 +537,8 @@ def markdown(res: dict) -> str:
               "| batch size | decoding | tfcli sent/s | HF generate sent/s | CT2 sent/s | tfcli / HF | tfcli / CT2 | "
               "same output as tfcli (HF, CT2) |",
               "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for run in syn["runs"]:
-        for key in (f"beam{res['beam']}", "beam1"):
-            r = run[key]
-            name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-            lines.append(f"| {run['batch_size']} | {name} | {_speeds(r)} | {_agreement(r)} |")
+    for bs, name, r in _cases(syn, res["beam"]):
+        lines.append(f"| {bs} | {name} | {_speeds(r)} | {_agreement(r)} |")
     first = syn["runs"][0][f"beam{res['beam']}"]
     if first["hf"].get("sentences", first["sentences"]) < first["sentences"]:
         lines += ["", f"HF translated every k-th batch, {first['hf']['sentences']:,} of the {first['sentences']:,} "
@@ -553,13 +558,10 @@ def markdown(res: dict) -> str:
         lines += ["", "The other systems of the same runs (tfcli above: bf16; HF: fp16; CT2: float16):", "",
                   "| batch size | decoding | system | sent/s | tfcli / it | same output as tfcli |",
                   "| ---: | --- | --- | ---: | ---: | ---: |"]
-        for run in syn["runs"]:
-            for key in (f"beam{res['beam']}", "beam1"):
-                r = run[key]
-                name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-                for system in others:
-                    lines.append(f"| {run['batch_size']} | {name} | {system} | {r[system]['sent_per_s']:.1f} | "
-                                 f"{r['tfcli_over_' + system]:.2f}x | {r[system]['same_output_as_tfcli']:.1%} |")
+        for bs, name, r in _cases(syn, res["beam"]):
+            for system in others:
+                lines.append(f"| {bs} | {name} | {system} | {r[system]['sent_per_s']:.1f} | "
+                             f"{r['tfcli_over_' + system]:.2f}x | {r[system]['same_output_as_tfcli']:.1%} |")
     if syn.get("fma_peak_gflops"):
         lines += ["", f"fp32 arithmetic floor: this CPU's FMA peak over {res['threads']} threads, measured in this run "
                   f"(independent multiply-adds of its widest vectors, one process a thread), is "
