@@ -164,6 +164,14 @@ with_ct2() {  # ctranslate2 from the carried wheel, and the CUDA 12 libraries to
   for d in "$nv"/*/lib; do [ -d "$d" ] && export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; done
   python3 -c "import ctranslate2; print('ctranslate2', ctranslate2.__version__, 'CUDA devices',
 ctranslate2.get_cuda_device_count(), 'compute types', ctranslate2.get_supported_compute_types('$DEVICE'))"
+  # its wheel loads CUDA 12's cuBLAS (libcublas.so.12) at its first GPU model: torch's cu12x wheels bring it, a
+  # cu13x torch does not (and cuBLAS is far past the carry's 64 MiB), so say so before any time is spent
+  if [ "$DEVICE" != cpu ] && ! ls "$nv"/*/lib/libcublas.so.12 >/dev/null 2>&1 && ! ldconfig -p | grep -q libcublas.so.12
+  then
+    echo "no libcublas.so.12 (CUDA 12's cuBLAS) here: CTranslate2 $(python3 -c 'import ctranslate2 as c; print(c.__version__)')" \
+      "cannot run on this GPU (torch $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'))" >&2
+    return 3
+  fi
 }
 shape_speed() {  # translate_speed at a shape: NAME SENTENCES BATCH_SIZES ARGS...
   local name=$1 n=$2 sizes=$3
