@@ -29,6 +29,11 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits if temperature == 1.0 else logits / temperature  # (x / 1 is x, bit for bit)
 
 
+def _on_rows_c(logits: torch.Tensor) -> bool:
+    """Whether rows.c may be asked about these (R, V) logits (it says itself where its kernels do not run)."""
+    return logits.device.type == "cpu" and logits.dim() == 2 and not is_compiling()
+
+
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k highest logits per row (and any tied with the k-th), set the rest to -inf. k <= 0: no filter.
     On the CPU the k-th value comes from rows.c's best_next where it runs (one pass over a row; the same value as
@@ -37,7 +42,7 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     if k <= 0 or k >= logits.size(-1):
         return logits
     best = None
-    if logits.device.type == "cpu" and logits.dim() == 2 and not is_compiling():
+    if _on_rows_c(logits):
         try:
             best = native.best_next(logits, native.NO_IDS, None, 0, k, normalise=False)
         except NotANumber:
@@ -102,8 +107,7 @@ def draw(logits: torch.Tensor, top_k: int, top_p: float, u: torch.Tensor) -> tor
     order (torch's in its vector lanes, by instruction set), so the two choose alike except where a uniform falls
     within about 1e-16 of the boundary between two tokens. A call where a row holds NaN or +inf or nothing finite (a
     model's numbers gone, which lm-generate and translate report) is drawn by torch's form, every row of it."""
-    if (top_p >= 1.0 and 1 <= top_k <= 64 and logits.device.type == "cpu" and logits.dim() == 2
-            and not is_compiling()):
+    if top_p >= 1.0 and top_k >= 1 and _on_rows_c(logits):  # (k past best_next's 64: None, torch's form)
         ids = native.draw(logits.contiguous(), top_k, u)
         if ids is not None:
             return ids
@@ -111,6 +115,9 @@ def draw(logits: torch.Tensor, top_k: int, top_p: float, u: torch.Tensor) -> tor
 
 
 _MASK64 = (1 << 64) - 1
+# line_uniforms' key: seed, step and line index each times an odd constant, then SplitMix64's two multipliers
+_SEED, _STEP, _LINE, _MIX1, _MIX2 = (0x9E3779B97F4A7C15, 0xD1B54A32D192ED03, 0xA0761D6478BD642F, 0xBF58476D1CE4E5B9,
+                                     0x94D049BB133111EB)
 
 
 def _splitmix64(x: torch.Tensor) -> torch.Tensor:
@@ -119,9 +126,9 @@ def _splitmix64(x: torch.Tensor) -> torch.Tensor:
         return (v >> n) & ((1 << (64 - n)) - 1)
 
     x = x ^ shr(x, 30)
-    x = x * _signed(0xBF58476D1CE4E5B9)
+    x = x * _signed(_MIX1)
     x = x ^ shr(x, 27)
-    x = x * _signed(0x94D049BB133111EB)
+    x = x * _signed(_MIX2)
     return x ^ shr(x, 31)
 
 
@@ -140,20 +147,20 @@ def line_uniforms(seed: int, lines: torch.Tensor, step: int | torch.Tensor) -> t
         steps = step.tolist() if isinstance(step, torch.Tensor) else [step] * lines.numel()
         return torch.tensor([_uniform(seed, line, s) for line, s in zip(lines.tolist(), steps)], dtype=torch.float64)
     if isinstance(step, int):
-        key = _signed((seed * 0x9E3779B97F4A7C15 + step * 0xD1B54A32D192ED03) & _MASK64)
+        key = _signed((seed * _SEED + step * _STEP) & _MASK64)
     else:
-        key = step.to(torch.int64) * _signed(0xD1B54A32D192ED03) + _signed(seed * 0x9E3779B97F4A7C15 & _MASK64)
-    x = _splitmix64(lines.to(torch.int64) * _signed(0xA0761D6478BD642F) + key)
+        key = step.to(torch.int64) * _signed(_STEP) + _signed(seed * _SEED & _MASK64)
+    x = _splitmix64(lines.to(torch.int64) * _signed(_LINE) + key)
     return ((x >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
 
 
 def _uniform(seed: int, line: int, step: int) -> float:
     """line_uniforms' number for one row, in Python ints reduced modulo 2^64."""
-    x = (seed * 0x9E3779B97F4A7C15 + step * 0xD1B54A32D192ED03 + line * 0xA0761D6478BD642F) & _MASK64
+    x = (seed * _SEED + step * _STEP + line * _LINE) & _MASK64
     x ^= x >> 30
-    x = x * 0xBF58476D1CE4E5B9 & _MASK64
+    x = x * _MIX1 & _MASK64
     x ^= x >> 27
-    x = x * 0x94D049BB133111EB & _MASK64
+    x = x * _MIX2 & _MASK64
     x ^= x >> 31
     return (x >> 11) / (1 << 53)
 
