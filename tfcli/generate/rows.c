@@ -645,10 +645,10 @@ static double exp_det(double x) {
  * softmax over the row's tokens whose logit is at least lo[r] (the others: probability 0) by inverse transform with
  * the uniform u[r] in [0, 1): p_j = e^(x_j - m) / sum (m = mx[r], the row's max; the sum and the cumulative sum in
  * float64, token by token in order), and the first token whose cumulative probability exceeds u[r] times the
- * total (some token does: u < 1, and the last sum is the total, added up in the same order). The probabilities are
- * recomputed in each of three passes over the tokens kept (up to 64 of them remembered, else found again). The
- * logits hold no NaN or +inf (best_next, which finds lo and mx, refuses those rows). Returns 0; 2 where a row has
- * no finite logit (every token banned: its softmax is NaN, and nothing is drawn). */
+ * total (some token does: u < 1, and the last sum is the total, added up in the same order). Three passes over
+ * the tokens kept: up to 64 of them are remembered with their e^(x_j - m), more (ties at lo) found and computed
+ * again. The logits hold no NaN or +inf (best_next, which finds lo and mx, refuses those rows). Returns 0; 2 where a
+ * row has no finite logit (every token banned: its softmax is NaN, and nothing is drawn). */
 __attribute__((target("avx2"))) int draw_rows(const float *x, int64_t R, int64_t V, const float *lo, const float *mx,
                                                const double *u, int64_t *ids) {
     int empty = 0;
@@ -664,30 +664,31 @@ __attribute__((target("avx2"))) int draw_rows(const float *x, int64_t R, int64_t
         }
         const __m256 lowv = _mm256_set1_ps(low);
         int64_t kept[64], nk = 0, overflow = 0;
-        double sum = 0.0;
+        double e[64], sum = 0.0;
         for (int64_t j0 = 0; j0 < V; j0 += 8) { /* (a block of eight looked at only where one reaches lo) */
             const int64_t nj = V - j0 < 8 ? V - j0 : 8;
             if (nj == 8 && !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(xr + j0), lowv, _CMP_GE_OQ))) continue;
             for (int64_t j = j0; j < j0 + nj; j++) {
                 if (!(xr[j] >= low)) continue;
-                if (nk < 64) kept[nk++] = j;
+                const double ej = exp_det((double)xr[j] - m);
+                if (nk < 64) kept[nk] = j, e[nk++] = ej;
                 else overflow = 1;
-                sum += exp_det((double)xr[j] - m);
+                sum += ej;
             }
         }
         const int64_t n = overflow ? V : nk; /* (overflow: every token again, the ones below lo skipped) */
         const double inv = 1.0 / sum;
         double total = 0.0;
         for (int64_t i = 0; i < n; i++) {
-            const int64_t j = overflow ? i : kept[i];
-            if (xr[j] >= low) total += exp_det((double)xr[j] - m) * inv;
+            if (!overflow) total += e[i] * inv;
+            else if (xr[i] >= low) total += exp_det((double)xr[i] - m) * inv;
         }
         const double target = u[r] * total;
         double c = 0.0;
         for (int64_t i = 0; i < n; i++) {
             const int64_t j = overflow ? i : kept[i];
-            if (!(xr[j] >= low)) continue;
-            c += exp_det((double)xr[j] - m) * inv;
+            if (overflow && !(xr[j] >= low)) continue;
+            c += (overflow ? exp_det((double)xr[j] - m) : e[i]) * inv;
             if (c > target) {
                 ids[r] = j;
                 break;
