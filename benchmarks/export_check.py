@@ -43,8 +43,6 @@ def hf_logit_difference(ckpt: str, hf_dir: Path, lines: list[str], hyps: list[st
     from transformers import AutoModelForSeq2SeqLM
 
     from tfcli import checkpoint
-
-    from tfcli import checkpoint_meta
     from tfcli.data import pad, source_ids
     from tfcli.data import encode_batch
     from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
@@ -79,7 +77,7 @@ def import_is_exact(ckpt: str, hf_dir: Path, tmp: Path) -> bool:
 def check(ckpt: str, args, tmp: Path) -> dict:
     import sacrebleu
 
-    from tfcli import checkpoint
+    from tfcli import checkpoint_meta
     from tfcli.interop import export
 
     data = Path(args.data) / "multi30k"

@@ -403,3 +403,41 @@ def write_sequences(directory: Path, split: str, side: str, seqs, vocab_size: in
 def holds(text: str, phrase: str) -> bool:
     """Whether `text` holds `phrase` as whole words."""
     return f" {phrase} " in f" {text} "
+
+
+# --- the searches as the tests call them ----------------------------------------------------------------------
+# The library's searches take one SearchOptions (made from a TranslateConfig) and the rows' Rows; these keep the tests'
+# keyword calls short, with the slow reference's length rule (a = 1.2, b = 10) unless a test gives its own.
+
+def search_options(**changes):
+    """`translate`'s SearchOptions (TranslateConfig's defaults) with `changes` (the options' own names)."""
+    import dataclasses
+
+    from tfcli.generate.config import TranslateConfig
+    from tfcli.generate.search import SearchOptions
+
+    return dataclasses.replace(SearchOptions.from_config(TranslateConfig()), **changes)
+
+
+def beam_search(model, src, beam_size=5, len_penalty=0.6, max_len_a=1.2, max_len_b=10, nbest=1, min_len=0,
+                token_scores=False, prefix=None, check_every=0, slots=None, avoid=None, constraints=None,
+                continuing=None, **rules):
+    from tfcli.generate.search import Rows, beam_search as search
+
+    options = search_options(beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
+                             max_len_b=max_len_b, nbest=nbest, min_len=min_len, token_scores=token_scores,
+                             check_every=check_every, **rules)
+    return search(model, src, options, Rows(prefix, avoid, constraints), slots, continuing)
+
+
+def greedy_decode(model, src, max_len_a=1.2, max_len_b=10, min_len=0, len_penalty=0.0, sampling=None, lines=None,
+                  prefix=None, check_every=0, slots=None, scored=True, avoid=None, **rules):
+    from tfcli.generate.search import Rows, greedy_decode as search
+
+    options = search_options(beam_size=1, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
+                             min_len=min_len, sampling=sampling, check_every=check_every, scored=scored, **rules)
+    return search(model, src, options, Rows(prefix, avoid, None, lines), slots)
+
+
+def greedy_search(model, src, max_len_a=1.2, max_len_b=10):
+    return [h.tokens for h in greedy_decode(model, src, max_len_a, max_len_b, scored=False)]

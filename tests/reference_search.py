@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfcli.generate.search import Hypothesis, banned_tokens, length_penalty, max_lengths
+from tfcli.device import never_chosen
+from tfcli.generate.source import Hypothesis, length_penalty, max_lengths
 from tfcli.specials import BOS_ID, EOS_ID
 
 
@@ -18,7 +19,7 @@ def _log_probs(model, src: torch.Tensor, prefix: list[int], step: int, min_len: 
     """log p(. | prefix, src) for the next position, recomputed from scratch."""
     tgt = torch.tensor([[BOS_ID] + prefix], device=src.device)
     lprobs = model(src, tgt)[0, -1].float().log_softmax(-1)
-    lprobs[banned_tokens(step, min_len, src.device)] = float("-inf")
+    lprobs[never_chosen(src.device, step <= min_len)] = float("-inf")
     return lprobs
 
 
@@ -125,7 +126,7 @@ def reference_constrained_beam_search(
     bank (a bank: the tokens of the constraints a candidate has met, and its longest partial match of another),
     each bank's best in turn, the fullest bank first; at the length limit a hypothesis scores UNMET_PENALTY less
     per token of the constraints it lacks (each by its shortest form)."""
-    from tfcli.generate.search import UNMET_PENALTY, constraint_tensor
+    from tfcli.generate.constraints import UNMET_PENALTY, constraint_tensor
 
     K = beam_size
     src = torch.tensor([src_ids])

@@ -11,7 +11,8 @@ import torch
 import tfcli
 from helpers import WORDS, holds, random_translator
 from tfcli.errors import ConfigError
-from tfcli.generate.search import avoid_tensor, avoided, beam_search, greedy_decode
+from helpers import beam_search, greedy_decode
+from tfcli.generate.rules import avoid_tensor, avoided
 from tfcli.generate.step import StepModel
 from tfcli.specials import EOS_ID, PAD_ID
 

@@ -15,9 +15,9 @@ from helpers import WORDS, holds, random_translator, save_model, save_word_token
 from reference_search import reference_constrained_beam_search
 from tfcli.errors import ConfigError, InputError
 from tfcli.generate import native
-from tfcli.generate.search import (
-    UNMET_PENALTY, advanced, beam_search, constraint_state, constraint_tensor, has_alternatives, has_waits,
-    pick_by_banks, ready,
+from helpers import beam_search
+from tfcli.generate.constraints import (
+    UNMET_PENALTY, advanced, constraint_state, constraint_tensor, has_alternatives, has_waits, pick_by_banks, ready,
 )
 from tfcli.generate.step import StepModel
 from tfcli.specials import EOS_ID, PAD_ID

@@ -18,7 +18,7 @@ from tfcli.cli import app
 from tfcli.data.batching import pad, source_ids
 from tfcli.errors import CheckpointError
 from tfcli.generate.ensemble import EnsembleStepModel
-from tfcli.generate.search import beam_search, greedy_decode
+from helpers import beam_search, greedy_decode
 from tfcli.generate.step import StepModel
 from tfcli.specials import SPECIAL_TOKENS
 

@@ -406,3 +406,50 @@ def test_the_api_translates_markup_and_files(copier, tmp_path):
     assert 'msgstr "<unk> %s"' in out.read_text()
     with pytest.raises(Exception, match="translate_file"):
         translator.translate(["x"], input_format="po")
+
+
+def test_a_file_format_never_gets_an_empty_translation_of_a_source_with_text(tmp_path):
+    """A model that would end every output at once (</s> its best first token) still gives every PO, JSON and SRT
+    entry with text a translation: in a file format no output ends before its first token; plain lines keep the
+    model's choice (an empty line)."""
+    import polib
+    import torch
+
+    from helpers import WORDS, copy_model, save_model, save_word_tokenizer
+    from tfcli.specials import EOS_ID
+
+    model = copy_model(n_words=len(WORDS), max_len=32)
+    V, P = 4 + len(WORDS), 32
+    with torch.no_grad():
+        model.decoder.layers[0].ffn.w2.bias[V + P + EOS_ID] = 5.0  # </s> first by 24 logits, at every position
+    stopper = save_model(tmp_path / "stopper", model, save_word_tokenizer(tmp_path / "tok", WORDS))
+    res = cli("translate", "-m", stopper, "--input-format", "text", "--split-sentences", "never",
+              input="apple bird\n")
+    assert res.exit_code == 0 and res.output.startswith("\n") and "are empty" in res.output  # (its own choice)
+    po = polib.pofile(translate_file(stopper, "djangojs.po", tmp_path))
+    assert all(e.msgstr.strip() for e in po if e.msgid and not e.msgid_plural)
+    out = json.loads(translate_file(stopper, "package.nls.json", tmp_path))
+    leaves = []
+    walk = [out]
+    while walk:
+        x = walk.pop()
+        walk += list(x.values()) if isinstance(x, dict) else x if isinstance(x, list) else []
+        leaves += [x] if isinstance(x, str) else []
+    assert leaves and all(v.strip() for v in leaves)
+    srt = translate_file(stopper, "styles2.srt", tmp_path)
+    assert "\n\n\n" not in srt.replace("\r\n", "\n")
+
+
+def test_html_lines_refuse_a_whole_page_naming_the_page_reader(copier, tmp_path):
+    """--input-format html reads fragments a line each; a whole page given to it (its <!DOCTYPE html> or <html>
+    line) would have its <style> rules translated line by line: refused naming the line and the page reader,
+    nothing written. The same page with --input-format html-page translates."""
+    page = (DATA / "404.html").read_text(encoding="utf-8")
+    assert page.lstrip().lower().startswith(("<!doctype html", "<html"))
+    src = tmp_path / "page.txt"
+    src.write_text(page, encoding="utf-8")
+    res = cli("translate", "-m", copier, "--input-format", "html", src, "-o", tmp_path / "out.txt")
+    assert res.exit_code == 1 and f"{src}:1:" in res.output and "--input-format html-page" in res.output
+    assert not (tmp_path / "out.txt").exists()
+    res = cli("translate", "-m", copier, "--input-format", "html-page", src, "-o", tmp_path / "out.html")
+    assert res.exit_code == 0, res.output

@@ -189,7 +189,7 @@ def test_half_weight_decoding_gives_the_fp32_outputs(copier, counter, device):
     from tfcli.generate.config import GenerateConfig, TranslateConfig
     from tfcli.generate.lm import continuations
     from tfcli.generate.loader import half_weights, load, load_ensemble
-    from tfcli.generate.request import Request
+    from tfcli.request import Request
     from tfcli.generate.translate import Pipeline
 
     dev = torch.device(device)
@@ -297,7 +297,7 @@ def test_cuda_graph_steps_give_the_eager_steps_outputs(device, dtype):
     shrinking-batch decoder gives (the same kernels, so equal ids; scores within rounding), with every sentence in
     a place of its own or in 3 places refilled as sentences finish."""
     from helpers import random_translator
-    from tfcli.generate.search import beam_search, greedy_decode
+    from helpers import beam_search, greedy_decode
     from tfcli.generate.step import StaticDecoder, StepModel
     from tfcli.specials import EOS_ID, PAD_ID
 

@@ -15,7 +15,8 @@ from tfcli.cli import app
 from tfcli.generate.config import GenerateConfig
 from tfcli.generate.lm import START_ID, Continuation, generate_ids, lm_generate
 from tfcli.generate import native
-from tfcli.generate.sampling import (apply_repetition_penalty, apply_temperature, draw, next_token,
+from tfcli.generate.rules import RepetitionPenalty, RowRules, Step
+from tfcli.generate.sampling import (apply_temperature, draw, next_token,
                                      sample_by_uniforms, top_k_filter, top_p_filter)
 from tfcli.generate.step import IncrementalDecoder, StaticDecoder, StepModel
 from tfcli.model.config import preset
@@ -143,23 +144,26 @@ def test_temperature_sharpens_and_flattens():
 
 def test_repetition_penalty_is_ctrls():
     logits = torch.tensor([[2.0, -1.0, 3.0, 0.5]])
-    out = apply_repetition_penalty(logits, torch.tensor([[0, 1, 1]]), 2.0)
+    out = RowRules([RepetitionPenalty(2.0)]).penalise(logits.clone(), Step(1, torch.tensor([[0, 1, 1]]), length=3))
     assert out.tolist() == [[1.0, -2.0, 3.0, 0.5]]  # seen: positive / 2, negative * 2; unseen untouched
-    assert apply_repetition_penalty(logits, torch.tensor([[0]]), 1.0) is logits
+    # a row's text past its own length is not read (but as <pad>, id 0, banned anyway)
+    out = RowRules([RepetitionPenalty(2.0)]).penalise(
+        logits.expand(2, 4).clone(), Step(1, torch.tensor([[0, 1, 1], [2, 2, 3]]), length=torch.tensor([3, 1])))
+    assert out[:, 1:].tolist() == [[-2.0, 3.0, 0.5], [-1.0, 1.5, 0.5]]
 
 
 def test_sampling_follows_the_filtered_distribution():
     # ids 0 and 1 (<pad>, <s>) are the most likely by far, but must never come out
     logits = torch.cat([torch.full((4000, 2), 5.0), logits_of([0.1, 0.2, 0.3, 0.4]).expand(4000, -1)], 1)
     g = torch.Generator().manual_seed(0)
-    ids = next_token(logits, torch.empty(4000, 0, dtype=torch.long), top_k=2, generator=g)
+    ids = next_token(logits, RowRules([]), Step(1), top_k=2, generator=g)
     counts = torch.bincount(ids, minlength=6).tolist()
     assert counts[0] == counts[1] == 0  # <pad>, <s> banned
     assert counts[2] == counts[3] == 0  # outside the top 2
     assert counts[5] / 4000 == pytest.approx(0.4 / 0.7, abs=0.03)
     again = torch.Generator().manual_seed(0)
-    assert torch.equal(ids, next_token(logits, torch.empty(4000, 0, dtype=torch.long), top_k=2, generator=again))
-    assert next_token(logits[:1], torch.empty(1, 0, dtype=torch.long), greedy=True).item() == 5
+    assert torch.equal(ids, next_token(logits, RowRules([]), Step(1), top_k=2, generator=again))
+    assert next_token(logits[:1], RowRules([]), Step(1), greedy=True).item() == 5
 
 
 # --- generation ------------------------------------------------------------------------------------------------

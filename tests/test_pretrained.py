@@ -60,12 +60,16 @@ def family(request, tmp_path_factory):
     return hf, tok, d.parent / "ckpt", tag, lines
 
 
-def _theirs(hf, tok, lines, tag, beam):
-    """transformers' outputs as token strings, the decoder start and </s> left out."""
+def _theirs(hf, tok, lines, tag, beam, **rules):
+    """transformers' outputs as token strings, the decoder start and </s> left out. With `rules`, <pad> is banned as
+    tfcli bans it (the hub's Marian configs do so by bad_words_ids): a penalty below 1 favours the decoder's start,
+    which is <pad>."""
+    if rules:
+        rules = dict(rules, bad_words_ids=[[hf.config.pad_token_id]])
     enc = tok([f">>{tag}<< {line}" if tag else line for line in lines], return_tensors="pt", padding=True)
     with torch.no_grad():
         out = hf.generate(**enc, num_beams=beam, max_new_tokens=CAP, length_penalty=0.0, early_stopping=True,
-                          do_sample=False, forced_eos_token_id=None)
+                          do_sample=False, forced_eos_token_id=None, **rules)
     ends = (hf.config.eos_token_id, hf.config.pad_token_id)
     return [tok.convert_ids_to_tokens([i for i in row.tolist()[1:] if i not in ends]) for row in out]
 
@@ -83,6 +87,23 @@ def test_imported_models_translate_as_transformers_generates(family):
         for line, want in zip(lines[:2], theirs):  # batch 1, against transformers' batch 1
             assert _theirs(hf, tok, [line], tag, beam)[0] == want
             assert ours.translate([line], beam_size=beam, batch_size=1, **opts)[0].split() == want
+
+
+@pytest.mark.parametrize("rules", [dict(no_repeat_ngram_size=2), dict(no_repeat_ngram_size=1),
+                                   dict(repetition_penalty=1.5), dict(repetition_penalty=0.7, no_repeat_ngram_size=3)])
+def test_repetition_rules_are_transformers(family, rules):
+    """`--no-repeat-ngram-size` and `--repetition-penalty` as transformers' `generate` applies them: greedy on the
+    logits, beam search on the log-probs it sums; at batch 16 and alone."""
+    from tfcli.api import load
+
+    hf, tok, ckpt, tag, lines = family
+    ours = load(str(ckpt))
+    opts = dict(len_penalty=0, max_len_a=0, max_len_b=CAP, raw=True, **({"tgt_lang": tag} if tag else {}))
+    for beam in (1, 4):
+        theirs = _theirs(hf, tok, lines, tag, beam, **rules)
+        assert theirs != _theirs(hf, tok, lines, tag, beam)  # (the rule changes some outputs: it is tested)
+        assert [t.split() for t in ours.translate(lines, beam_size=beam, batch_size=16, **opts, **rules)] == theirs
+        assert ours.translate(lines[:1], beam_size=beam, batch_size=1, **opts, **rules)[0].split() == theirs[0]
 
 
 def test_imported_tokenizers_cut_sources_as_marian_tokenizer(family):

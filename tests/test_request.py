@@ -1,4 +1,4 @@
-"""A line's one record (tfcli.generate.request.Request), made the same by every way in, each field checked once;
+"""A line's one record (tfcli.request.Request), made the same by every way in, each field checked once;
 and the one name per concept, with the old spellings of flags, config keys and API options still working."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from tfcli.cli import app
 from tfcli.cli.common import FLAG_ALIASES, unalias
 from tfcli.errors import ConfigError, InputError, TfcliError
 from tfcli.generate.config import TranslateConfig, translate_config
-from tfcli.generate.request import FieldError, Request, jsonl_requests, requests, with_side_file
+from tfcli.request import FieldError, Request, jsonl_requests, requests, with_side_file
+from tfcli.io import InputLine
 
 
 def cli(*args, **kw):
@@ -24,7 +25,7 @@ def cli(*args, **kw):
 
 
 def items(lines, name="in.txt"):
-    return [(name, i + 1, t) for i, t in enumerate(lines)]
+    return [InputLine(name, i + 1, t) for i, t in enumerate(lines)]
 
 
 def test_every_reader_makes_the_same_record():
@@ -44,7 +45,7 @@ def test_every_reader_makes_the_same_record():
     assert r.where == "in.txt:1" and not r.empty and by_hand[1].empty
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.text = "x"
-    assert list(requests([None, ("<stdin>", 1, "x"), None])) == [None, Request("x", "<stdin>", 1), None]
+    assert list(requests([None, InputLine("<stdin>", 1, "x"), None])) == [None, Request("x", "<stdin>", 1), None]
 
 
 def test_a_malformed_field_is_one_error_naming_the_line_or_the_argument(copier):

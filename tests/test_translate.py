@@ -16,9 +16,11 @@ from reference_search import assert_same_nbest, reference_beam_search, reference
 from tfcli.device import int8_available, onednn_available
 from tfcli.generate.schedule import keep_order
 from tfcli.generate.step import IncrementalDecoder, StaticDecoder, StepModel
-from tfcli.generate.search import beam_search, greedy_decode, greedy_search, length_penalty, top_k
+from helpers import beam_search, greedy_decode, greedy_search
+from tfcli.generate.choose import top_k
+from tfcli.generate.source import length_penalty
 from tfcli.generate.config import TranslateConfig
-from tfcli.generate.request import Request
+from tfcli.request import Request
 from tfcli.generate.translate import Pipeline, translate
 from tfcli.generate.loader import load
 from tfcli.model.config import preset
@@ -463,7 +465,7 @@ def test_translate_function_writes_output_file(copier, tmp_path):
 def test_device_reads_in_one_copy_are_the_plain_reads():
     """Beam search reads its small per-step tensors from a GPU in one float64 copy: every float32, bool and token id
     comes back exactly as .tolist() gives it."""
-    from tfcli.generate.search import _to_lists
+    from tfcli.generate.source import to_lists as _to_lists
 
     g = torch.Generator().manual_seed(0)
     tensors = [torch.randn(3, 5, generator=g), torch.randint(0, 50304, (3, 5), generator=g),
@@ -476,11 +478,11 @@ def test_beam_search_reading_in_one_copy_is_the_same(monkeypatch, token_scores):
     """The whole search with the GPU's way of reading (one copy per step) on the CPU: the same hypotheses."""
     import functools
 
-    from tfcli.generate import search
+    from tfcli.generate import beam
 
     model, srcs = random_model(), pad(sources(12, seed=5, max_words=8))
     want = beam_search(model, srcs, beam_size=4, len_penalty=0.6, nbest=2, token_scores=token_scores)
-    monkeypatch.setattr(search, "_to_lists", functools.partial(search._to_lists, one_copy=True))
+    monkeypatch.setattr(beam, "to_lists", functools.partial(beam.to_lists, one_copy=True))
     assert beam_search(model, srcs, beam_size=4, len_penalty=0.6, nbest=2, token_scores=token_scores) == want
 
 
@@ -699,7 +701,7 @@ def test_while_sentences_wait_a_read_takes_the_flags_copied_at_the_read_before(e
     device is read at once only when none waits or past the horizon; a finished sentence's place is refilled
     `every` steps later, and every translation is still the shrinking decoder's."""
     from tfcli.generate import schedule
-    from tfcli.generate.search import _SourceSearch
+    from tfcli.generate.source import SourceSearch as _SourceSearch
 
     model, srcs = random_model(), pad(sources(11, seed=8, max_words=8))
     want_beam = beam_search(StepModel(model), srcs, beam_size=3, nbest=2, token_scores=True)  # (shrinking)
@@ -723,7 +725,7 @@ def test_a_fixed_shape_search_step_traces_into_one_graph(monkeypatch):
     (schedule.StepGraph, from search_graph), which no read of the device, no host-side value and no new shape may interrupt. Dynamo's
     tracing checks the same here: the beam and greedy steps a capture would hold trace into one graph without a
     break, and running them so changes no output."""
-    from tfcli.generate import search
+    from tfcli.generate import source as search
 
     reports = []
 

@@ -162,13 +162,14 @@ def test_collecting_weights_does_not_change_the_forward(s2s, lm):
 
 
 def test_greedy_target_is_used_when_none_is_given(s2s):
-    from tfcli.generate.search import greedy_search
+    """Without a target the drawing shows `tfcli translate --greedy`'s translation: the same length rule and
+    options, from the one place their defaults live (TranslateConfig)."""
+    import tfcli
 
     model, meta = checkpoint.load(s2s)
     s = collect(model, meta, [LONG])[0]
-    tok = word_tokenizer(WORDS)
-    greedy = greedy_search(model, pad([source_ids(tok.encode(LONG).ids)]))[0]
-    assert s.tokens["tgt"] == token_labels(tok, [BOS_ID] + greedy)
+    greedy = tfcli.load(str(s2s)).translate([LONG], beam_size=1, raw=True)[0].split()
+    assert s.tokens["tgt"] == ["<s>"] + greedy
 
 
 def test_lm_self_attention_is_causal_and_covers_the_continuation(lm):

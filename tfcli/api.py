@@ -22,18 +22,19 @@ from dataclasses import dataclass
 import torch
 
 from tfcli.config import override
-from tfcli.generate.request import FieldError, Request, Translation
+from tfcli.request import FieldError, Request, Translation
 from tfcli.errors import ConfigError
 
 
 # what each method takes; the rest of TranslateConfig/GenerateConfig belongs to `load` or to the command line
-_TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
+_TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size",
+              "repetition_penalty", "batch_size", "max_tokens",
               "buffer_size", "check_every", "raw", "sampling", "temperature", "top_k", "top_p", "seed",
               "split_sentences", "src_lang", "glossary", "input_format", "protect", "placeholders", "keep_tags",
               "topk", "topp")  # (topk, topp: the old names of top_k, top_p)
 _NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
-             "repetition_penalty", "seed", "stop", "batch_size", "check_every")
+             "repetition_penalty", "no_repeat_ngram_size", "seed", "stop", "batch_size", "check_every")
 _FIXED_BY_LOAD = ("device", "dtype")
 
 
@@ -123,7 +124,8 @@ class Translator:
 
     def translate(self, texts: list[str], **options) -> list[str]:
         """The best translation of each text. `options`: beam_size (5; 1 is greedy), len_penalty, max_len_a,
-        max_len_b, min_len, batch_size, max_tokens, buffer_size, check_every, raw (subword tokens instead of text); or
+        max_len_b, min_len, no_repeat_ngram_size, repetition_penalty, batch_size, max_tokens, buffer_size,
+        check_every, raw (subword tokens instead of text); or
         sampling=True with temperature, top_k, top_p and seed: one draw a text, keyed by the seed and its index;
         prefixes: one target prefix a text ('' for none), which its translation starts with; avoid: one list of
         target phrases a text ([] for none), none of which its translation holds; constraints: one list of target
@@ -155,7 +157,7 @@ class Translator:
         for `translate`), written atomically to `output`; returns the segments translated."""
         from tfcli.formats import files
         from tfcli.generate.config import TranslateConfig
-        from tfcli.generate.translate import Pipeline, _translate_file
+        from tfcli.generate.translate import Pipeline, translate_file
         from tfcli.io import refuse_overwriting_inputs
 
         _check_options("translate_file", options, _TRANSLATE + ("tgt_lang", "overwrite"))
@@ -167,7 +169,7 @@ class Translator:
         cfg = _configured("translate_file", lambda: override(TranslateConfig(device=str(self.device), dtype=self.dtype),
                                                               "translate", input_format=fmt, **options))
         refuse_overwriting_inputs([str(output)], [str(path)], "choose another output")
-        return _translate_file(Pipeline(self.loaded, cfg, self.device, glossary), cfg, str(path), str(output), False)
+        return translate_file(Pipeline(self.loaded, cfg, self.device, glossary), cfg, str(path), str(output), False)
 
     def _nbest(self, texts: list[str], n: int | None, options: dict) -> list[list[Translation]]:
         """`n` None: the best translation of each text, unscored (its score is not read: greedy search skips it)."""
@@ -235,8 +237,8 @@ class Generator:
 
     def generate(self, prompts: list[str], **options) -> list[str]:
         """The continuation of each prompt (without the prompt). `options`: max_new_tokens (100), min_new_tokens,
-        ignore_eos, greedy, temperature, top_k, top_p, repetition_penalty, seed, stop (a string or a list of
-        them), batch_size, check_every. For several samples of a prompt, repeat it."""
+        ignore_eos, greedy, temperature, top_k, top_p, repetition_penalty, no_repeat_ngram_size, seed, stop (a string
+        or a list of them), batch_size, check_every. For several samples of a prompt, repeat it."""
         from tfcli.generate.config import GenerateConfig
         from tfcli.generate.lm import continuations
 

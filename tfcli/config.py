@@ -112,6 +112,15 @@ def _coerce(value: Any, tp, where: str):
         return dict(value)
     if tp is Any:
         return value
+    if tp in (bool, int, float, str):
+        return _scalar(value, tp, where)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")  # pragma: no cover
+
+
+def _scalar(value: Any, tp: type, where: str):
+    """`value` as a bool, int, float or str, converted only where lossless."""
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -142,15 +151,11 @@ def _coerce(value: Any, tp, where: str):
             except ValueError:
                 pass
         raise ConfigError(f"{where}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, where)
-    raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")  # pragma: no cover
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"{where}: expected a string, got {value!r}")
 
 
 @functools.cache

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Iterable, Iterator, NamedTuple
 
 from tfcli.errors import ConfigError, InputError, TfcliError, raise_if_interrupted
 
@@ -336,8 +336,16 @@ def decode_line(raw: bytes, path, lineno: int, errors: str | None = None) -> str
     return text
 
 
-def read_inputs(inputs: list[str], pauses: bool = False) -> Iterator[tuple[str, int, str] | None]:
-    """(file name, line number, text) for every line of every input, `-` being stdin; with `pauses`, also None
+class InputLine(NamedTuple):
+    """A line of an input: its file's name (<stdin> for `-`), its 1-based number, its text (without the newline)."""
+
+    name: str
+    lineno: int
+    text: str
+
+
+def read_inputs(inputs: list[str], pauses: bool = False) -> Iterator[InputLine | None]:
+    """An `InputLine` for every line of every input, `-` being stdin; with `pauses`, also None
     whenever a piped stdin has no further line ready (so `tail -f x | tfcli translate` and co-processes get each
     line's translation without waiting for --buffer-size lines; a fast producer still fills whole buffers)."""
     for path in inputs:
@@ -348,7 +356,7 @@ def read_inputs(inputs: list[str], pauses: bool = False) -> Iterator[tuple[str, 
                 yield None
                 continue
             lineno += 1
-            yield name, lineno, text
+            yield InputLine(name, lineno, text)
 
 
 def iter_lines(path: os.PathLike | str, *, allow_nul: bool = False, pauses: bool = False) -> Iterator[str | None]:

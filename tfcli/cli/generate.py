@@ -57,6 +57,10 @@ def lm_generate(
         None, "--repetition-penalty", rich_help_panel=_SAMPLE,
         help="CTRL penalty on tokens already in the text (1: none; 1.2 is common).",
     ),
+    no_repeat_ngram_size: Optional[int] = typer.Option(
+        None, "--no-repeat-ngram-size", metavar="N", rich_help_panel=_SAMPLE,
+        help="No N-gram twice in a text, its prompt included (0: no rule).",
+    ),
     seed: Optional[int] = typer.Option(
         None, "--seed", rich_help_panel=_SAMPLE, help="Random seed: each prompt draws from numbers keyed by the seed and its index in the input, so the same "
         "seed, prompt, index and options give the same text at any --batch-size."
@@ -116,7 +120,7 @@ def lm_generate(
         generate_config, config,
         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, ignore_eos=ignore_eos or None,
         greedy=greedy or None, temperature=temperature, top_k=top_k, top_p=top_p,
-        repetition_penalty=repetition_penalty, seed=seed, num_samples=num_samples, stop=stop or None,
+        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size, seed=seed, num_samples=num_samples, stop=stop or None,
         batch_size=batch_size, check_every=check_every, encoding_errors=encoding_errors, device=device, dtype=dtype, threads=threads, jsonl=jsonl or None,
     )
     run(tune_process, cfg.device, cfg.threads)

@@ -82,6 +82,15 @@ def translate(
     min_len: Optional[int] = typer.Option(
         None, "--min-len", rich_help_panel=_DEC, help="No </s> before this many output tokens."
     ),
+    no_repeat_ngram_size: Optional[int] = typer.Option(
+        None, "--no-repeat-ngram-size", metavar="N", rich_help_panel=_DEC,
+        help="No N-gram twice in an output (0: no rule), as fairseq's and transformers' option.",
+    ),
+    repetition_penalty: Optional[float] = typer.Option(
+        None, "--repetition-penalty", metavar="P", rich_help_panel=_DEC,
+        help="CTRL's penalty on tokens already output (1: none; 1.2 is common): on the logits in greedy search and "
+        "sampling, on the log-probs in beam search, as transformers has it.",
+    ),
     prefix: Optional[str] = typer.Option(
         None, "--prefix", metavar="FILE", rich_help_panel=_DEC,
         help="Target prefixes, one a line of the input (an empty line: none): each output starts with its prefix.",
@@ -233,7 +242,7 @@ def translate(
     cfg = run(
         translate_config, config,
         beam_size=1 if greedy else beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
-        min_len=min_len, nbest=nbest, scores=scores or None, jsonl=jsonl or None, raw=raw or None,
+        min_len=min_len, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty, nbest=nbest, scores=scores or None, jsonl=jsonl or None, raw=raw or None,
         alignment=alignment or None,
         sampling=sampling or None, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         alignment_layer=alignment_layer, batch_size=batch_size,

@@ -559,35 +559,40 @@ def _prepare(
 
             toks, joint, tokenizer_meta, tagged = _tokenizers(tmp, cfg, kind, reused, files, inputs, report, sample,
                                                               progress)
-            vocab = {side: toks[side].get_vocab_size() for side in sides}
-            splits_meta = {}
-            for split in report:
-                progress(f"encoding {split}")
-                direction = split.split(".", 1)[1] if "." in split else None
-                splits_meta[split] = _encode_staged(tmp, split, sides, toks, vocab, kind, cfg, report[split],
-                                                    labels[split], mode, direction)
+            encoded = _encode_all(tmp, cfg, kind, toks, report, labels, mode, progress)
             progress("writing")
             tokenizer_files = _save_tokenizers(tmp, sides, toks, files, cfg, tagged)
-            extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {"directions": cfg.lang_pairs} if cfg.lang_pairs else {}
-            if kind == "parallel":  # (translate's sentence splitter reads it through the checkpoint)
-                extra["src_lang"] = named_source_language(cfg.src, cfg.src_field, cfg.lang_pairs)
-            meta = new_meta(
-                kind,
-                fingerprint=fingerprint,
-                splits=splits_meta,
-                vocab=vocab,
-                tokenizers=tokenizer_files,
-                joint_vocab=joint,
-                tokenizer=tokenizer_meta,
-                **extra,
-                settings=settings,
-                inputs=inputs,
-                cleaning=report,
-            )
+            meta = new_meta(kind, fingerprint=fingerprint, splits=encoded["splits"], vocab=encoded["vocab"],
+                            tokenizers=tokenizer_files, joint_vocab=joint, tokenizer=tokenizer_meta,
+                            **_described(cfg, kind), settings=settings, inputs=inputs, cleaning=report)
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     except _UpToDate:
         log(UP_TO_DATE.format(out=out))
     return out
+
+
+def _described(cfg: PrepareConfig, kind: str) -> dict:
+    """What meta.json says of the data besides its splits: a monolingual directory's mode, a multilingual one's
+    directions, a parallel one's source language (translate's sentence splitter reads it through the
+    checkpoint)."""
+    extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {"directions": cfg.lang_pairs} if cfg.lang_pairs else {}
+    if kind == "parallel":
+        extra["src_lang"] = named_source_language(cfg.src, cfg.src_field, cfg.lang_pairs)
+    return extra
+
+
+def _encode_all(tmp: Path, cfg: PrepareConfig, kind: str, toks: dict, report: dict, labels: dict, mode: str,
+                progress) -> dict:
+    """Every staged split encoded and written (pass 2): {"splits": each split's meta, "vocab": each side's size}."""
+    sides = _sides(kind)
+    vocab = {side: toks[side].get_vocab_size() for side in sides}
+    splits_meta = {}
+    for split in report:
+        progress(f"encoding {split}")
+        direction = split.split(".", 1)[1] if "." in split else None
+        splits_meta[split] = _encode_staged(tmp, split, sides, toks, vocab, kind, cfg, report[split], labels[split],
+                                            mode, direction)
+    return {"splits": splits_meta, "vocab": vocab}
 
 
 def _tokenizers(tmp: Path, cfg: PrepareConfig, kind: str, reused: dict, files: dict, inputs: dict, report: dict,

@@ -25,7 +25,7 @@ from typing import Callable
 from tfcli.console import warn
 from tfcli.errors import InputError
 from tfcli.formats import markup as markups
-from tfcli.generate.request import Request
+from tfcli.request import Request
 
 LINE_FORMATS = ("text", "jsonl", "xml", "html")
 FILE_FORMATS = ("html-page", "markdown", "srt", "vtt", "po", "xliff", "json")
@@ -81,7 +81,9 @@ _SEGMENT_BREAKS = markups.BLOCK | {"html", "head", "body", "title", "option", "b
 _SKIP = {"script", "style", "template", "textarea"}
 
 
-def _html_page(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document:
+def _page_cuts(text: str) -> list[tuple[int, int, str]]:
+    """The spans of an HTML page that are translated: (start, end, how it is read: "html", a block's content, or
+    "attr", a text attribute's value), by offsets into the page, in order."""
     from html.parser import HTMLParser
 
     starts = [0] + [m.end() for m in re.finditer("\n", text)]
@@ -128,7 +130,11 @@ def _html_page(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> D
     reader.feed(text)
     reader.close()
     boundary(len(text), len(text))
-    cuts.sort()
+    return sorted(cuts)
+
+
+def _html_page(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document:
+    cuts = _page_cuts(text)
     # a segment with text translates the attributes of the tags inside it itself (Markup.attributes)
     inside = [(s, e) for s, e, how in cuts if how == "html" and _has_text(text[s:e])]
     segments, places = [], []
@@ -432,18 +438,7 @@ def _subtitles(fmt: str) -> Callable:
                 raise InputError(path, start + 1, f"a cue number that is not a number: {block[0].strip()!r}")
             if start + k + 1 < i:
                 cues.append((start + k + 1, i))
-        groups, group = [], []
-        for k, cue in enumerate(cues):
-            group.append(cue)
-            last = re.sub(r"<[^>]*>", "", lines[cue[1] - 1])
-            after = re.sub(r"<[^>]*>", "", lines[cues[k + 1][0]]).lstrip() if k + 1 < len(cues) else ""
-            # a sentence runs on into the next cue when this one has no final punctuation and the next starts in
-            # lower case
-            if _SENTENCE_END.search(last) or not after[:1].islower() or len(group) >= _CUES_A_SENTENCE:
-                groups.append(group)
-                group = []
-        if group:
-            groups.append(group)
+        groups = _sentence_groups(lines, cues)
         segments = []
         for g in groups:
             fragment = " ".join(f'<tfcli-cue n="{n}">' + " ".join(lines[a:b]) + "</tfcli-cue>"
@@ -462,6 +457,22 @@ def _subtitles(fmt: str) -> Callable:
         return Document(segments, write)
 
     return reader
+
+
+def _sentence_groups(lines: list[str], cues: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Consecutive cues translated together: a sentence runs on into the next cue when this one has no final
+    punctuation and the next starts in lower case (at most _CUES_A_SENTENCE cues a group)."""
+    groups, group = [], []
+    for k, cue in enumerate(cues):
+        group.append(cue)
+        last = re.sub(r"<[^>]*>", "", lines[cue[1] - 1])
+        after = re.sub(r"<[^>]*>", "", lines[cues[k + 1][0]]).lstrip() if k + 1 < len(cues) else ""
+        if _SENTENCE_END.search(last) or not after[:1].islower() or len(group) >= _CUES_A_SENTENCE:
+            groups.append(group)
+            group = []
+    if group:
+        groups.append(group)
+    return groups
 
 
 def _cue_texts(rendered: str, n: int) -> list[str]:

@@ -22,6 +22,7 @@ import difflib
 import html
 import re
 from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from typing import Callable
 
 PREV, NEXT, ALONE = "prev", "next", "alone"  # a fixed node's place: stuck to the word before, after, or spaced
@@ -466,83 +467,90 @@ def read_html(segment: str, protect: re.Pattern | None = None, keep: frozenset =
     """A segment of HTML (as browsers read it: never an error): void elements fixed, `KEEP` elements and `keep`
     copied whole, an element left open closed by nothing (as written), a stray end tag kept where it stands; the
     text values of `ATTRIBUTES` (alt, title, ...) in `Markup.attributes`, to be translated on their own."""
-    from html.parser import HTMLParser
-
-    keep = KEEP | keep
     b = Builder(protect, escape)
-    attributes: list[Attribute] = []
-
-    def values(node: Node) -> None:
-        attributes.extend(Attribute(node, a, z, html.unescape(node.open[a:z])) for a, z in text_attributes(node.open))
-    starts = [0] + [m.end() for m in re.finditer("\n", segment)]
-    offset = lambda pos: starts[pos[0] - 1] + pos[1]  # noqa: E731 (getpos's (line, column) as an offset)
-    kept: list = []  # [(name, start offset, depth)] while inside a kept element
-
-    class Reader(HTMLParser):
-        def handle_starttag(self, tag, attrs):
-            raw, at = self.get_starttag_text(), offset(self.getpos())
-            if kept:
-                if tag == kept[-1][0] and tag not in VOID:
-                    kept.append((tag, at))
-                return
-            if tag in VOID:
-                b.fixed(raw, breaks=tag in BLOCK)
-                values(b.stack[-1].children[-1])
-            elif untranslated(tag, dict(attrs), keep):
-                kept.append((tag, at))
-            else:
-                b.open(raw, breaks=tag in BLOCK)
-                values(b.stack[-1])
-
-        def handle_startendtag(self, tag, attrs):
-            if not kept:
-                b.fixed(self.get_starttag_text(), breaks=tag in BLOCK)
-                values(b.stack[-1].children[-1])
-
-        def handle_endtag(self, tag):
-            at = offset(self.getpos())
-            end = segment.find(">", at) + 1 or len(segment)
-            if kept:
-                if tag == kept[-1][0]:
-                    first = kept.pop()
-                    if not kept:
-                        b.fixed(segment[first[1] : end], placeholder=True)
-                return
-            open_names = [_name(n.open) for n in b.stack[1:]]
-            if tag not in open_names:
-                b.fixed(segment[at:end])
-                return
-            while _name(b.stack[-1].open) != tag:  # (an element left open inside: closed by nothing)
-                b.close("")
-            b.close(segment[at:end], breaks=tag in BLOCK)
-
-        def handle_data(self, data):
-            if not kept:
-                b.text(data)
-
-        def _raw(self, text):
-            if not kept:
-                b.fixed(text)
-
-        def handle_comment(self, data):
-            self._raw(f"<!--{data}-->")
-
-        def handle_decl(self, decl):
-            self._raw(f"<!{decl}>")
-
-        def handle_pi(self, data):
-            self._raw(f"<?{data}>")
-
-    reader = Reader(convert_charrefs=True)
+    reader = _HtmlReader(segment, b, KEEP | keep)
     reader.feed(segment)
     reader.close()
-    if kept:
-        b.fixed(segment[kept[0][1]:], placeholder=True)
+    if reader.kept:
+        b.fixed(segment[reader.kept[0][1]:], placeholder=True)
     while b.depth:
         b.close("")
     out = b.done()
-    out.attributes = attributes
+    out.attributes = reader.attributes
     return out
+
+
+class _HtmlReader(HTMLParser):
+    """read_html's parser: what each of html.parser's events does to the Builder."""
+
+    def __init__(self, segment: str, b: Builder, keep: frozenset):
+        super().__init__(convert_charrefs=True)
+        self.segment, self.b, self.keep = segment, b, keep
+        self.starts = [0] + [m.end() for m in re.finditer("\n", segment)]
+        self.kept: list = []  # [(name, start offset, depth)] while inside a kept element
+        self.attributes: list[Attribute] = []
+
+    def _at(self) -> int:
+        line, col = self.getpos()
+        return self.starts[line - 1] + col
+
+    def values(self, node: Node) -> None:
+        self.attributes.extend(Attribute(node, a, z, html.unescape(node.open[a:z]))
+                               for a, z in text_attributes(node.open))
+
+    def handle_starttag(self, tag, attrs):
+        raw, at, b, kept = self.get_starttag_text(), self._at(), self.b, self.kept
+        if kept:
+            if tag == kept[-1][0] and tag not in VOID:
+                kept.append((tag, at))
+            return
+        if tag in VOID:
+            b.fixed(raw, breaks=tag in BLOCK)
+            self.values(b.stack[-1].children[-1])
+        elif untranslated(tag, dict(attrs), self.keep):
+            kept.append((tag, at))
+        else:
+            b.open(raw, breaks=tag in BLOCK)
+            self.values(b.stack[-1])
+
+    def handle_startendtag(self, tag, attrs):
+        if not self.kept:
+            self.b.fixed(self.get_starttag_text(), breaks=tag in BLOCK)
+            self.values(self.b.stack[-1].children[-1])
+
+    def handle_endtag(self, tag):
+        at, b, kept = self._at(), self.b, self.kept
+        end = self.segment.find(">", at) + 1 or len(self.segment)
+        if kept:
+            if tag == kept[-1][0]:
+                first = kept.pop()
+                if not kept:
+                    b.fixed(self.segment[first[1] : end], placeholder=True)
+            return
+        open_names = [_name(n.open) for n in b.stack[1:]]
+        if tag not in open_names:
+            b.fixed(self.segment[at:end])
+            return
+        while _name(b.stack[-1].open) != tag:  # (an element left open inside: closed by nothing)
+            b.close("")
+        b.close(self.segment[at:end], breaks=tag in BLOCK)
+
+    def handle_data(self, data):
+        if not self.kept:
+            self.b.text(data)
+
+    def _raw(self, text):
+        if not self.kept:
+            self.b.fixed(text)
+
+    def handle_comment(self, data):
+        self._raw(f"<!--{data}-->")
+
+    def handle_decl(self, decl):
+        self._raw(f"<!{decl}>")
+
+    def handle_pi(self, data):
+        self._raw(f"<?{data}>")
 
 
 def _name(tag: str) -> str:

@@ -23,6 +23,10 @@ class TranslateConfig:
     max_len_a: float = 1.5  # at most a * source length + b output tokens
     max_len_b: int = 10
     min_len: int = 0  # no </s> before this many output tokens
+    no_repeat_ngram_size: int = 0  # no n-gram of this size twice in an output (0: no rule)
+    # CTRL's penalty on the tokens already output (1: none): on the logits in greedy search and sampling, on the
+    # log-probs in beam search (transformers' convention)
+    repetition_penalty: float = 1.0
     nbest: Optional[int] = None  # print the N best per input as "i<TAB>score<TAB>hypothesis"
     scores: bool = False  # add the per-token log-probs (implies the nbest format)
     # one JSON object a translation: {"index", "text", "score"}, with --nbest "rank", with --scores "token_scores",
@@ -85,8 +89,10 @@ class TranslateConfig:
             raise ConfigError("translate: --check-every must not be negative (0: the device's default)")
         if self.batch_size < 1 or self.max_tokens < 1 or self.buffer_size < 1 or self.part_lines < 1:
             raise ConfigError("translate: --batch-size, --max-tokens, --buffer-size and --part-lines must be positive")
-        if self.max_len_a < 0 or self.min_len < 0:
-            raise ConfigError("translate: --max-len-a and --min-len must not be negative")
+        if self.max_len_a < 0 or self.min_len < 0 or self.no_repeat_ngram_size < 0:
+            raise ConfigError("translate: --max-len-a, --min-len and --no-repeat-ngram-size must not be negative")
+        if self.repetition_penalty <= 0:
+            raise ConfigError("translate: --repetition-penalty must be positive (1: none)")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("translate: --threads must be positive")
         if self.temperature <= 0 or self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
@@ -117,6 +123,7 @@ class GenerateConfig:
     top_k: int = 0  # 0: no top-k filter
     top_p: float = 1.0  # 1: no nucleus filter
     repetition_penalty: float = 1.0  # 1: none; CTRL uses 1.2
+    no_repeat_ngram_size: int = 0  # no n-gram of this size twice in a text, its prompt included (0: no rule)
     # each prompt samples from numbers keyed by (seed, its index in the input, the step): same seed, same prompt at
     # the same index, same settings: same text, at any batch size (None: a random seed)
     seed: Optional[int] = None
@@ -146,6 +153,8 @@ class GenerateConfig:
             raise ConfigError("generate: --top-k must be >= 0 and --top-p in (0, 1]")
         if self.repetition_penalty <= 0:
             raise ConfigError("generate: --repetition-penalty must be positive")
+        if self.no_repeat_ngram_size < 0:
+            raise ConfigError("generate: --no-repeat-ngram-size must not be negative (0: no rule)")
         if any(s == "" for s in self.stop):
             raise ConfigError("generate: --stop strings must not be empty")
 

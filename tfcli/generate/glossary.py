@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfcli.errors import InputError, TfcliError
-from tfcli.generate.request import forms
+from tfcli.request import forms
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _WORD = re.compile(rf"[{_CJK}]|(?:(?![{_CJK}])\w)+|[^\w\s]")

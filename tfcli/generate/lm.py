@@ -28,6 +28,7 @@ from tfcli.device import precision, resolve_device, to_device
 from tfcli.errors import NotANumber
 from tfcli.generate.loader import Loaded, load
 from tfcli.generate.native import NAN_MESSAGE
+from tfcli.generate.rules import MinLength, NoEnd, NoRepeatNgram, RepetitionPenalty, RowRules, Step
 from tfcli.generate.sampling import line_uniforms, next_token
 from tfcli.generate.schedule import Schedule, read_every
 from tfcli.generate.step import StepModel, step_model
@@ -101,7 +102,8 @@ class _Continue:
         T = max(len(p) for p in prompts)
         self.decoder, self.logits = _prefill(sm, ids, valid, min(sm.cfg.max_len, T + cfg.max_new_tokens))
         self.fixed, self.room = self.decoder.fixed, self.decoder.max_steps
-        self.track = cfg.repetition_penalty != 1.0  # the penalty reads each row's text so far
+        self.rules = lm_rules(cfg)
+        self.track = cfg.repetition_penalty != 1.0 or cfg.no_repeat_ngram_size > 0  # (rules that read the text)
         self.history = ids if self.track else ids[:, :0]
         self.seed = cfg.seed if cfg.seed is not None or cfg.greedy else int(torch.randint(0, 2**62, ()))
         self.line = to_device(lines[:n], device)
@@ -127,13 +129,10 @@ class _Continue:
                 self.logits = self.decoder.step(self.nxt)  # one new token per row; the decoder holds the rest
                 if self.fixed:
                     self._after_fixed_step()
-        cfg, logits = self.cfg, self.logits
-        if cfg.min_new_tokens and not cfg.ignore_eos:  # </s> is not allowed yet (with ignore_eos: never)
-            logits = logits.clone()
-            logits[:, EOS_ID].masked_fill_(self.count < cfg.min_new_tokens, float("-inf"))
+        cfg, step = self.cfg, Step(self.count + 1, self.history, length=self.history.size(1))
         uniforms = None if cfg.greedy else line_uniforms(self.seed, self.line, self.count + 1)
-        nxt = next_token(logits, self.history, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p,
-                         cfg.repetition_penalty, uniforms=uniforms, ban_eos=cfg.ignore_eos)
+        nxt = next_token(self.logits, self.rules, step, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p,
+                         uniforms=uniforms)
         new = ~self.ended & (nxt != EOS_ID)
         # (a row whose logits hold NaN or +inf chose nothing, its softmax NaN: read() says so; amax keeps NaN, in one
         # pass without a mask)
@@ -222,6 +221,17 @@ class _Continue:
         history[r] = PAD_ID
         history[r, history.size(1) - len(prompt):] = to_device(prompt, self.device)
         self.history = history
+
+
+def lm_rules(cfg: GenerateConfig) -> RowRules:
+    """The rules of every row's next token: </s> never (--ignore-eos) or not before --min-new-tokens, the
+    repetition penalty, no repeated n-gram (the text read with its prompt, as transformers reads it)."""
+    rules: list = [NoEnd()] if cfg.ignore_eos else [MinLength(cfg.min_new_tokens)]
+    if cfg.repetition_penalty != 1.0:
+        rules.append(RepetitionPenalty(cfg.repetition_penalty))
+    if cfg.no_repeat_ngram_size:
+        rules.append(NoRepeatNgram(cfg.no_repeat_ngram_size))
+    return RowRules(rules)
 
 
 def _left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:

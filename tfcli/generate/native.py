@@ -22,7 +22,7 @@ compiler is found.
 - `draw`: a top-k sample a row (tfcli.generate.sampling.draw), by inverse transform in float64 over the kept tokens
   only, where its torch form takes ten operators over the whole vocabulary.
 - `constrained_pick`: a constrained beam search's choice of its continuing candidates (dynamic beam allocation),
-  the same integers as its torch form (tfcli.generate.search.pick_by_banks) in one call where that takes some
+  the same integers as its torch form (tfcli.generate.constraints.pick_by_banks) in one call where that takes some
   thirty small operators a step.
 """
 
@@ -264,7 +264,7 @@ NO_IDS = torch.empty(0, dtype=torch.long)  # (best_next's banned ids: none)
 def constrained_pick(scores: torch.Tensor, tok: torch.Tensor, beam: torch.Tensor, eos: int, con: torch.Tensor,
                      prog: torch.Tensor, ready: torch.Tensor | None, open_: torch.Tensor, alternatives: bool, K: int,
                      k: int):
-    """rows.c's constrained_pick (search.pick_by_banks says what it computes): (pick, missing, progress, open,
+    """rows.c's constrained_pick (constraints.pick_by_banks says what it computes): (pick, missing, progress, open,
     fresh), or None where it does not run (no library, or not fp32 on the CPU)."""
     lib = library()
     if lib is None or scores.dtype != torch.float32 or scores.device.type != "cpu":

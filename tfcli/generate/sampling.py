@@ -1,7 +1,7 @@
 """Turning next-token logits into a choice: pure functions on (B, V) logits, composed by `next_token`.
 
-Order (as in most toolkits): ban <pad>/<s>, repetition penalty, then greedy argmax, or temperature -> top-k -> top-p
--> sample. A seeded `torch.Generator` makes sampling repeatable: same seed, same inputs, same text.
+Order (as in most toolkits): the rules (`rules.RowRules`: bans, a repetition penalty), then greedy argmax, or
+temperature -> top-k -> top-p -> sample. A seeded `torch.Generator` makes sampling repeatable: same seed, same inputs, same text.
 
 Translation and language-model generation sample each line (prompt) from random numbers of its own
 (`line_uniforms`: a counter-based generator keyed by the seed, the line's index in the input and the step), so that
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tfcli.device import never_chosen
 from tfcli.errors import NotANumber
 from tfcli.generate import native
+from tfcli.generate.rules import RowRules, Step
 from tfcli.torch_compat import is_compiling
 
 NEG_INF = float("-inf")
@@ -65,32 +65,20 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, NEG_INF)
 
 
-def apply_repetition_penalty(logits: torch.Tensor, previous: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL's penalty (Keskar et al. 2019) on every token already in the row's text (`previous`: (B, T) ids):
-    a positive logit is divided by `penalty`, a negative one multiplied, so penalty > 1 makes repeats less likely."""
-    if penalty == 1.0 or previous.numel() == 0:
-        return logits
-    seen = logits.gather(-1, previous)
-    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
-    return logits.scatter(-1, previous, seen)
-
-
 def next_token(
     logits: torch.Tensor,
-    previous: torch.Tensor,
+    rules: RowRules,
+    step: Step,
     greedy: bool = False,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    repetition_penalty: float = 1.0,
     generator: torch.Generator | None = None,
     uniforms: torch.Tensor | None = None,
-    ban_eos: bool = False,
 ) -> torch.Tensor:
-    """(B,) next ids from (B, V) logits. <pad> and <s> are never chosen, nor </s> with `ban_eos`. Sampling draws
+    """(B,) next ids from (B, V) logits, the `rules` applied first (<pad> and <s> are never chosen). Sampling draws
     from `uniforms` ((B,), one number a row: `line_uniforms`) where given, else from `generator`."""
-    logits = logits.float().index_fill(-1, never_chosen(logits.device, ban_eos), NEG_INF)
-    logits = apply_repetition_penalty(logits, previous, repetition_penalty)
+    logits = rules.apply(logits.float().clone(), step)
     if greedy:
         return logits.argmax(-1)
     logits = apply_temperature(logits, temperature)

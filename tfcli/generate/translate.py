@@ -1,6 +1,6 @@
 """`tfcli translate`: lines in, translations out, one for one and in order, so it composes in shell pipelines.
 
-Each line is a `Request` (tfcli/generate/request.py), read in chunks (`buffer_size` lines; one at a time from a
+Each line is a `Request` (tfcli/request.py), read in chunks (`buffer_size` lines; one at a time from a
 terminal), and goes through the stages docs/architecture.md lists: encode (the checkpoint's tokenizers and language
 tokens), split (sentences, windows), search (units sorted by length into batches, `max_tokens` / `batch_size`, so
 little compute goes to padding; batched beam or greedy search), join (a line's units on text), format. Batches run
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from tfcli.formats.placeholders import pattern as placeholder_pattern
 from tfcli.generate.alignment import (
     Remembered, default_layer, pharaoh, token_alignments, word_alignment, word_pairs,
 )
-from tfcli.generate.request import SIDE_FILES, Request, Translation, jsonl_requests, requests, with_side_file
+from tfcli.request import SIDE_FILES, Request, Translation, jsonl_requests, requests, with_side_file
 from tfcli.generate.search import Hypothesis, Rows, SearchOptions, search
 from tfcli.generate.shards import translate_in_parts
 from tfcli.errors import InputError, NotANumber, TfcliError
@@ -153,6 +154,8 @@ class _Unit:
         return self.line.forced + (self.line.prefix if self.part == 0 else [])
 
 
+_WHOLE_PAGE = re.compile(r"\s*(<!--.*?-->\s*)*<(!doctype\s+html|html[\s>])", re.IGNORECASE)  # a page's first line
+
 class Pipeline:
     """A loaded model with its tokenizers and settings; turns Requests into translations, one line at a time, in
     the stages docs/architecture.md lists: encode -> split -> search -> join -> format."""
@@ -163,6 +166,8 @@ class Pipeline:
         self.cfg, self.device = cfg, device
         self.checkpoint = loaded.meta["dir"]
         self.options = SearchOptions.from_config(cfg)
+        if cfg.input_format in files.FILE_FORMATS and cfg.min_len < 1:  # (an entry with text never gets an empty
+            self.options = dataclasses.replace(self.options, min_len=1)  # translation: no output ends at once)
         self.max_len = self.steps.cfg.max_len
         n_layers = self.steps.cfg.n_decoder_layers
         if cfg.alignment_layer > n_layers:
@@ -284,6 +289,9 @@ class Pipeline:
         kind = req.extra.get("markup", self.line_markup or ("text" if self.protect else None))
         if kind is None or isinstance(kind, markups.Markup):
             return req if kind is None else dataclasses.replace(req, text=kind.plain)
+        if kind == "html" and _WHOLE_PAGE.match(req.text):
+            raise InputError(req.name, req.lineno, "a whole HTML page, read line by line (its <style> and <head> "
+                             "as text): translate the file with --input-format html-page")
         try:
             m = markups.READERS[kind](req.text, self.protect, self.keep_tags)
         except markups.MarkupError as e:
@@ -719,7 +727,7 @@ def _side_lines(field: str, path: str, inputs: list[str], cfg: TranslateConfig, 
     return lines
 
 
-def _translate_file(translator: Pipeline, cfg: TranslateConfig, path: str, out_path: str | None,
+def translate_file(translator: Pipeline, cfg: TranslateConfig, path: str, out_path: str | None,
                     progress: bool | None) -> int:
     """One file in a file format (tfcli.formats.files): read whole, its segments translated, written whole and
     atomically (nothing where it does not parse); returns the segment count."""
@@ -738,6 +746,16 @@ def _translate_file(translator: Pipeline, cfg: TranslateConfig, path: str, out_p
     with open_output(out_path) as out:
         out.write(result)
     return len(outs)
+
+
+def _translate_files(make_translator, cfg: TranslateConfig, jobs, progress: bool | None, why: str | None) -> int:
+    """Whole files in a file format (tfcli.formats.files), each to its own output; `why`: an option given that is
+    for line formats."""
+    if why:
+        raise TfcliError(f"--input-format {cfg.input_format} translates whole files, one output file each: "
+                         f"{why} is for line formats")
+    translator = make_translator(resolve_device(cfg.device))
+    return sum(translate_file(translator, cfg, path, out, progress) for (paths, out) in jobs for path in paths)
 
 
 def translate(
@@ -790,11 +808,7 @@ def translate(
         why = ("--resume" if resume else "several processes" if processes > 1 else "--prefix/--avoid/--constraints"
                if side else "--nbest/--scores/--alignment/--jsonl" if cfg.tabular or cfg.alignment or cfg.jsonl
                else None)
-        if why:
-            raise TfcliError(f"--input-format {cfg.input_format} translates whole files, one output file each: "
-                             f"{why} is for line formats")
-        translator = make_translator(resolve_device(cfg.device))
-        return sum(_translate_file(translator, cfg, path, out, progress) for (paths, out) in jobs for path in paths)
+        return _translate_files(make_translator, cfg, jobs, progress, why)
     if processes > 1 or resume:
         why = f"on {processes} processes" if processes > 1 else "with --resume"
         if output in (None, "-") or output_dir is not None:

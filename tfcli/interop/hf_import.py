@@ -347,10 +347,7 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
     """`tfcli import`: a local `transformers` Marian, Pegasus or GPT-2 directory (or a hub name, for users online)
     -> a tfcli checkpoint directory that translate/lm-generate/eval/attention use. Returns a summary."""
     import dataclasses
-    import tempfile
 
-    from tfcli import checkpoint
-    from tfcli.data.tokenizer import load_tokenizer
     from tfcli.model.transformer import build_model
 
     hf_dir = _local(hf_dir)
@@ -369,19 +366,7 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
     _check_weights(headers, cfg_in, arch, hf_dir)  # every tensor used, every shape right, on the meta device
     weights = _read_weights(hf_dir)
     state = _hf_state(weights, cfg_in, arch)
-    src, tgt = _tokenizers(hf_dir)
-    sides = {"tgt": tgt} if cfg.kind == "lm" else {"src": src, "tgt": tgt}
-    for side, (path, data) in sides.items():
-        rows = cfg.src_vocab_size if side == "src" else cfg.tgt_vocab_size
-        if len(vocab_list(data)) > rows:
-            raise TfcliError(f"{path}: {len(vocab_list(data))} tokens, more than the {rows} embedding rows of the "
-                             "model's config.json; this tokenizer does not belong to these weights")
-    toks, orders = {}, {}
-    for side, (_, data) in sides.items():
-        toks[side], orders[side] = reorder_vocabulary(data, _special_ids(config, data, arch))
-    if cfg.kind == "seq2seq" and cfg.share_embeddings and orders["src"] != orders["tgt"]:
-        raise TfcliError(f"{hf_dir}: shared embeddings, but the source and target tokenizers number tokens differently")
-
+    toks, orders = _tfcli_vocabularies(hf_dir, config, arch, cfg)
     tgt_order = orders["tgt"]
     bias = _reordered(state, cfg, orders)
     linear_biases = [k for k in state if _linear_bias(k)]
@@ -403,6 +388,37 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
         raise TfcliError(f"{hf_dir}: the weights do not fit a {arch.name} model of its config.json "
                          f"({str(e).strip().splitlines()[-1].strip()})") from None
 
+    _save(out, model, cfg, toks, hf_dir, arch)
+    return {"arch": arch.name, "kind": cfg.kind, "parameters": sum(p.numel() for p in model.parameters()),
+            "vocab": {side: len(o) for side, o in orders.items()}}
+
+
+def _tfcli_vocabularies(hf_dir: Path, config: dict, arch, cfg: ModelConfig) -> tuple[dict, dict]:
+    """Each side's tokenizer renumbered with tfcli's special tokens first, and its order (`reorder_vocabulary`),
+    after checking that it fits the embedding rows."""
+    src, tgt = _tokenizers(hf_dir)
+    sides = {"tgt": tgt} if cfg.kind == "lm" else {"src": src, "tgt": tgt}
+    for side, (path, data) in sides.items():
+        rows = cfg.src_vocab_size if side == "src" else cfg.tgt_vocab_size
+        if len(vocab_list(data)) > rows:
+            raise TfcliError(f"{path}: {len(vocab_list(data))} tokens, more than the {rows} embedding rows of the "
+                             "model's config.json; this tokenizer does not belong to these weights")
+    toks, orders = {}, {}
+    for side, (_, data) in sides.items():
+        toks[side], orders[side] = reorder_vocabulary(data, _special_ids(config, data, arch))
+    if cfg.kind == "seq2seq" and cfg.share_embeddings and orders["src"] != orders["tgt"]:
+        raise TfcliError(f"{hf_dir}: shared embeddings, but the source and target tokenizers number tokens differently")
+    return toks, orders
+
+
+def _save(out: Path, model, cfg: ModelConfig, toks: dict, hf_dir: Path, arch) -> None:
+    """The imported model and its tokenizers as a tfcli checkpoint (a new directory, or with --force one swapped in
+    whole)."""
+    import tempfile
+
+    from tfcli import checkpoint
+    from tfcli.data.tokenizer import load_tokenizer
+
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
         for side, data in toks.items():
@@ -414,9 +430,7 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
             meta[LANGUAGE_TOKENS] = m2m_language_tokens(toks["src"])
         if arch.on_sentences:  # OPUS-MT, M2M-100 and NLLB: translate's --split-sentences auto splits every line
             meta["data"] = {"trained_on": "sentences"}  # of several sentences
-        checkpoint.save(out, model, meta, files)  # a new directory, or (force) one swapped in whole
-    return {"arch": arch.name, "kind": cfg.kind, "parameters": sum(p.numel() for p in model.parameters()),
-            "vocab": {side: len(o) for side, o in orders.items()}}
+        checkpoint.save(out, model, meta, files)
 
 
 def _reordered(state: dict, cfg: ModelConfig, orders: dict[str, list[int]]) -> torch.Tensor:

@@ -34,17 +34,17 @@ def greedy_bleu(model, data, prepared, split: str, n: int, max_tokens: int, max_
     from tokenizers import Tokenizer
 
     from tfcli.generate.config import TranslateConfig
-    from tfcli.generate.search import greedy_search
+    from tfcli.generate.search import SearchOptions, greedy_search
     from tfcli.generate.step import StepModel
     from tfcli.io import read_lines
 
     hyps: list[list[int]] = [[] for _ in range(n)]
     steps = StepModel(model, pack=pack)  # its key/value memory is reused from batch to batch, and dropped after
-    rule = TranslateConfig()
+    options = SearchOptions.from_config(TranslateConfig(beam_size=1))  # (`translate --greedy`'s)
     for idx in token_batches(data.src_len[:n], max_tokens, max_sentences or None):
         src = pad([source_ids(data.src[i], max_len) for i in idx]).to(device)
         with autocast():
-            for i, out in zip(idx, greedy_search(steps, src, rule.max_len_a, rule.max_len_b)):
+            for i, out in zip(idx, greedy_search(steps, src, options)):
                 hyps[i] = out
     tok = Tokenizer.from_file(str(prepared.tokenizer_file("tgt")))
     hyp_text = tok.decode_batch(hyps, skip_special_tokens=True)

@@ -34,9 +34,9 @@ from tfcli.data.batching import pad, source_ids
 from tfcli.data.languages import Languages
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.errors import TfcliError
-from tfcli.generate.config import GenerateConfig
+from tfcli.generate.config import GenerateConfig, TranslateConfig
 from tfcli.generate.lm import START_ID, generate_ids
-from tfcli.generate.search import greedy_decode
+from tfcli.generate.search import Rows, SearchOptions, greedy_decode
 from tfcli.io import atomic_write_text, refuse_overwriting_inputs
 from tfcli.viz.mpl import have_matplotlib
 from tfcli.specials import BOS_ID, EOS_ID
@@ -141,7 +141,8 @@ def _collect_seq2seq(model, meta, texts, targets, tgt_lang, src_lang) -> list[At
     src = pad(src_seqs).to(device)
     if targets is None:
         prefix = torch.tensor([forced] * len(texts), device=device) if forced else None
-        tgt_seqs = [h.tokens for h in greedy_decode(model, src, prefix=prefix, scored=False)]
+        options = SearchOptions.from_config(TranslateConfig(beam_size=1))  # (`translate --greedy`'s translation)
+        tgt_seqs = [h.tokens for h in greedy_decode(model, src, options, Rows(prefix=prefix))]
     else:
         if len(targets) != len(texts):
             raise TfcliError(

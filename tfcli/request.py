@@ -99,9 +99,9 @@ def _located(name: str, lineno: int, make) -> Request:
 
 
 def requests(items: Iterable) -> Iterator[Request | None]:
-    """tfcli.io.read_inputs' (file name, line number, text) items as Requests; None (the input has paused) passed on."""
+    """tfcli.io.read_inputs' `InputLine`s as Requests; None (the input has paused) passed on."""
     for item in items:
-        yield None if item is None else Request(item[2], item[0], item[1])
+        yield None if item is None else Request(item.text, item.name, item.lineno)
 
 
 JSONL_FIELDS = ("text", "tgt_lang", "src_lang", "prefix", "avoid", "constraints")
@@ -112,8 +112,8 @@ def jsonl_requests(items: Iterable) -> Iterator[Request | None]:
     "avoid": [...], "constraints": [...]} (all but the text optional) as Requests; a blank line is an empty text. A
     line that is not such an object is an InputError naming it."""
     for item in items:
-        if item is None or not item[2].strip():
-            yield None if item is None else Request("", item[0], item[1])
+        if item is None or not item.text.strip():
+            yield None if item is None else Request("", item.name, item.lineno)
             continue
         name, lineno, line = item
         try:
