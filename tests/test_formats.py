@@ -453,3 +453,76 @@ def test_html_lines_refuse_a_whole_page_naming_the_page_reader(copier, tmp_path)
     assert not (tmp_path / "out.txt").exists()
     res = cli("translate", "-m", copier, "--input-format", "html-page", src, "-o", tmp_path / "out.html")
     assert res.exit_code == 0, res.output
+
+
+def test_po_refuses_a_msgid_without_its_msgstr(copier, tmp_path):
+    """A msgid with no msgstr (polib folds it into the next entry, which then vanishes from the output with exit 0)
+    is refused naming its line, as the other syntax errors are; nothing is written."""
+    lines = (DATA / "djangojs.po").read_text(encoding="utf-8").split("\n")
+    k = next(i for i, line in enumerate(lines) if line.startswith("msgid ") and line != 'msgid ""')
+    assert lines[k + 1].startswith("msgstr")
+    broken = tmp_path / "broken.po"
+    broken.write_text("\n".join(lines[: k + 1] + lines[k + 2:]), encoding="utf-8")
+    res = cli("translate", "-m", copier, broken, "-o", tmp_path / "x.po")
+    assert res.exit_code == 1 and f"{broken}:{k + 1}: a msgid without its msgstr" in res.output
+    assert not (tmp_path / "x.po").exists()
+
+
+def test_po_plural_forms_come_from_the_target_language_or_gettexts_default(copier, tmp_path):
+    """A template without a real Plural-Forms header (none: Babel's messages.pot; xgettext's placeholder
+    nplurals=INTEGER, which msgfmt rejects) gets the catalogue language's rule and as many forms; with no known
+    language, gettext's default (two forms, said in a warning). msgfmt --check passes on every one written."""
+    import polib
+
+    res = cli("translate", "-m", copier, DATA / "messages.pot", "-o", tmp_path / "out.po")
+    assert res.exit_code == 0 and "gettext's default" in res.output
+    po = polib.pofile(str(tmp_path / "out.po"))
+    assert po.metadata["Plural-Forms"] == "nplurals=2; plural=(n != 1);"
+    assert sorted(po.find("foobar").msgstr_plural) == [0, 1]
+    written = [tmp_path / "out.po"]
+    template = (DATA / "messages.pot").read_text(encoding="utf-8")
+    for lang, n in (("pl", 3), ("fr", 2), ("ja", 1), ("ar", 6)):
+        src = tmp_path / f"{lang}.pot"
+        src.write_text(template.replace('"Language: Non existent language\\n"\n', f'"Language: {lang}\\n"\n'
+                                        '"Plural-Forms: nplurals=INTEGER; plural=EXPRESSION;\\n"\n'), encoding="utf-8")
+        res = cli("translate", "-m", copier, src, "-o", tmp_path / f"{lang}.po")
+        assert res.exit_code == 0 and "gettext's default" not in res.output, res.output
+        po = polib.pofile(str(tmp_path / f"{lang}.po"))
+        assert po.metadata["Plural-Forms"].startswith(f"nplurals={n};")
+        assert sorted(po.find("foobar").msgstr_plural) == list(range(n))
+        written.append(tmp_path / f"{lang}.po")
+    if shutil.which("msgfmt"):
+        for path in written:
+            subprocess.run(["msgfmt", "--check", "--check-format", "-o", "/dev/null", path], check=True)
+
+
+def test_a_file_with_crlf_line_ends_comes_back_with_crlf(copier, tmp_path):
+    """styles2.srt as Windows tools write it (CRLF line ends): the output has CRLF line ends too, and is otherwise
+    what the LF file gives; a PO catalogue likewise."""
+    for name in ("styles2.srt", "djangojs.po", "sample.vtt"):
+        lf = translate_file(copier, name, tmp_path)
+        crlf = tmp_path / ("crlf-" + name)
+        crlf.write_bytes((DATA / name).read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+        res = cli("translate", "-m", copier, crlf, "-o", tmp_path / "out.crlf")
+        assert res.exit_code == 0, res.output
+        out = (tmp_path / "out.crlf").read_bytes()
+        assert b"\r\n" in out and out.count(b"\n") == out.count(b"\r\n")
+        assert out.replace(b"\r\n", b"\n") == lf.encode()
+
+
+@pytest.mark.parametrize("name", ["sample.vtt", "styles2.srt"])
+def test_a_timing_line_right_after_a_cue_begins_the_next_cue(copier, tmp_path, name):
+    """A cue whose text runs straight into the next cue's timing line (no blank line between: WebVTT's parser, and
+    SRT players, read a new cue there) keeps both cues: the same segments and output as with the blank line."""
+    source = (DATA / name).read_text(encoding="utf-8")
+    first, second, rest = source.split("\n\n", 2)
+    joined = f"{first}\n\n{second}\n{rest}"  # (the second blank line of the file left out)
+    fmt = name.rsplit(".", 1)[1]
+    assert [r.text for r in files.read(fmt, name, joined).segments] == \
+        [r.text for r in files.read(fmt, name, source).segments]
+    src = tmp_path / ("joined-" + name)
+    src.write_text(joined, encoding="utf-8")
+    res = cli("translate", "-m", copier, src, "-o", tmp_path / ("out-joined-" + name))
+    assert res.exit_code == 0, res.output
+    first, second, rest = translate_file(copier, name, tmp_path).split("\n\n", 2)
+    assert (tmp_path / ("out-joined-" + name)).read_text() == f"{first}\n\n{second}\n{rest}"

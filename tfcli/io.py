@@ -434,6 +434,12 @@ def read_lines(path: os.PathLike | str, *, rstrip: bool = False, allow_nul: bool
 def read_text(path: os.PathLike | str) -> str:
     """A whole text file (`-`: stdin), CRLF read as LF, a leading BOM left out; bad bytes an InputError naming the
     line, as iter_lines raises."""
+    return read_document(path)[0]
+
+
+def read_document(path: os.PathLike | str) -> tuple[str, str]:
+    """`read_text`'s text, and the file's line end: "\r\n" where every line ends so (a file written on Windows),
+    else "\n", so that a file format's output can be written with the line ends of its input."""
     name = "<stdin>" if str(path) == "-" else str(path)
     f = open_text(path)
     try:
@@ -443,7 +449,9 @@ def read_text(path: os.PathLike | str) -> str:
     finally:
         if str(path) != "-":
             f.close()
-    return "\n".join(decode_line(line, name, k + 1, _encoding_errors.get()) for k, line in enumerate(raw.split(b"\n")))
+    newline = "\r\n" if 0 < raw.count(b"\r\n") == raw.count(b"\n") else "\n"
+    text = "\n".join(decode_line(line, name, k + 1, _encoding_errors.get()) for k, line in enumerate(raw.split(b"\n")))
+    return text, newline
 
 
 __all__ = [

@@ -421,8 +421,7 @@ def _subtitles(fmt: str) -> Callable:
                 i += 1
                 continue
             start = i
-            while i < len(lines) and lines[i].strip():
-                i += 1
+            i = _block_end(lines, start, fmt)
             block = lines[start:i]
             if fmt == "vtt" and re.match(r"(NOTE|STYLE|REGION)(\s|$)", block[0]):
                 continue
@@ -457,6 +456,18 @@ def _subtitles(fmt: str) -> Callable:
         return Document(segments, write)
 
     return reader
+
+
+def _block_end(lines: list[str], start: int, fmt: str) -> int:
+    """Where the cue block beginning at `start` ends: at a blank line, or (WebVTT's parsing rules; SRT as players
+    read it) at a later line holding "-->", which begins the next cue, with its number before it in SRT."""
+    i = start + 1
+    while i < len(lines) and lines[i].strip():
+        if "-->" in lines[i] and i > start + 1:
+            number = fmt == "srt" and lines[i - 1].strip().isdigit() and i - 1 > start + 1
+            return i - 1 if number else i
+        i += 1
+    return i
 
 
 def _sentence_groups(lines: list[str], cues: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
@@ -518,17 +529,14 @@ _PO_LINE = re.compile(r'^\s*(?:#.*|(?:msgctxt|msgid|msgid_plural|msgstr(?:\[\d+\
 def _po(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document:
     import polib
 
-    for k, line in enumerate(text.split("\n")):
-        if not _PO_LINE.match(line):
-            raise InputError(path, k + 1, f"not a PO line (a keyword and a quoted string, a string, or a # comment): "
-                                          f"{line.strip()[:60]!r}")
+    _check_po(path, text.split("\n"))
     try:
         po = polib.pofile(text, wrapwidth=_po_width(text))
     except (OSError, ValueError) as e:
         m = re.search(r"line (\d+)", str(e))
         raise InputError(path, int(m.group(1)) if m else 1, f"not a PO file ({e})") from None
-    forms = re.search(r"nplurals\s*=\s*(\d+)", po.metadata.get("Plural-Forms", ""))
-    nplurals = int(forms.group(1)) if forms else 2
+    rule = _plural_rule(po.metadata.get("Plural-Forms", ""), tgt_lang or po.metadata.get("Language", ""))
+    nplurals = int(re.search(r"nplurals=(\d+)", rule).group(1))
     todo, segments = [], []
     for entry in po:
         if entry.obsolete or not entry.msgid:
@@ -559,9 +567,74 @@ def _po(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document
                 entry.flags.append("fuzzy")
         if tgt_lang and todo and not po.metadata.get("Language"):
             po.metadata["Language"] = tgt_lang
+        if any(entry.msgid_plural for entry, _ in todo) and rule != po.metadata.get("Plural-Forms"):
+            if rule == _GETTEXT_DEFAULT:
+                warn(f"{path}: no Plural-Forms header and no known target language: wrote gettext's default "
+                     f"({rule}); set the catalogue's Language header (or --tgt-lang) for the language's own rule")
+            po.metadata["Plural-Forms"] = rule
         return str(po) + ("\n" if text.endswith("\n") else "")
 
     return Document(segments, write)
+
+
+def _check_po(path: str, lines: list[str]) -> None:
+    """Every line a PO line, and every entry's keywords in order (msgctxt, msgid, msgid_plural, msgstr or
+    msgstr[n]): a msgid without its msgstr is an InputError naming its line (polib would fold it into the next
+    entry, which would vanish from the output)."""
+    open_at = None  # the line of a msgid whose msgstr has not come yet
+    for k, line in enumerate(lines):
+        if not _PO_LINE.match(line):
+            raise InputError(path, k + 1, f"not a PO line (a keyword and a quoted string, a string, or a # comment): "
+                                          f"{line.strip()[:60]!r}")
+        keyword = line.split(None, 1)[0] if line.strip() and not line.lstrip().startswith(("#", '"')) else None
+        if keyword in ("msgctxt", "msgid") and open_at is not None:
+            raise InputError(path, open_at, "a msgid without its msgstr (each entry: msgid, then msgstr)")
+        if keyword == "msgid":
+            open_at = k + 1
+        elif keyword is not None and keyword.startswith("msgstr"):
+            open_at = None
+    if open_at is not None:
+        raise InputError(path, open_at, "a msgid without its msgstr (each entry: msgid, then msgstr)")
+
+
+_GETTEXT_DEFAULT = "nplurals=2; plural=(n != 1);"
+# gettext's plural rules (its manual's "Plural forms"; Django's and Babel's catalogues use the same), by language
+_PLURAL_RULES = {
+    "nplurals=1; plural=0;": "ja ko vi zh th id ms lo km my",
+    _GETTEXT_DEFAULT: "en de nl sv da no nb nn fo es it pt bg el fi et he eo hu ca gl eu af sq tr az ka kk hi bn ur "
+                      "fa sw ta te mr",
+    "nplurals=2; plural=(n > 1);": "fr pt_BR br oc",
+    "nplurals=3; plural=(n%10==1 && n%100!=11 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || n%100>=20) ? 1 : 2);":
+        "ru uk be sr hr bs",
+    "nplurals=3; plural=(n==1) ? 0 : (n>=2 && n<=4) ? 1 : 2;": "cs sk",
+    "nplurals=3; plural=(n==1 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || n%100>=20) ? 1 : 2);": "pl",
+    "nplurals=3; plural=(n%10==1 && n%100!=11 ? 0 : n%10>=2 && (n%100<10 || n%100>=20) ? 1 : 2);": "lt",
+    "nplurals=3; plural=(n%10==1 && n%100!=11 ? 0 : n != 0 ? 1 : 2);": "lv",
+    "nplurals=3; plural=(n==1 ? 0 : (n==0 || (n%100 > 0 && n%100 < 20)) ? 1 : 2);": "ro",
+    "nplurals=3; plural=n==1 ? 0 : n==2 ? 1 : 2;": "ga",
+    "nplurals=4; plural=(n%100==1 ? 0 : n%100==2 ? 1 : n%100==3 || n%100==4 ? 2 : 3);": "sl",
+    "nplurals=6; plural=(n==0 ? 0 : n==1 ? 1 : n==2 ? 2 : n%100>=3 && n%100<=10 ? 3 : n%100>=11 ? 4 : 5);": "ar",
+}
+_PLURAL_BY_LANGUAGE = {lang: rule for rule, langs in _PLURAL_RULES.items() for lang in langs.split()}
+# (three-letter codes, as tc-big and NLLB models name languages, of the languages above)
+_ISO3 = {"eng": "en", "deu": "de", "fra": "fr", "spa": "es", "por": "pt", "ita": "it", "nld": "nl", "rus": "ru",
+         "ukr": "uk", "pol": "pl", "ces": "cs", "slk": "sk", "jpn": "ja", "kor": "ko", "zho": "zh", "cmn": "zh",
+         "ara": "ar", "arb": "ar", "tur": "tr", "swe": "sv", "dan": "da", "fin": "fi", "hun": "hu", "ron": "ro",
+         "bul": "bg", "ell": "el", "heb": "he", "lit": "lt", "lav": "lv", "slv": "sl", "hrv": "hr", "srp": "sr",
+         "vie": "vi", "tha": "th", "ind": "id", "cat": "ca", "est": "et", "gle": "ga", "hin": "hi", "pes": "fa"}
+
+
+def _plural_rule(header: str, language: str) -> str:
+    """The catalogue's Plural-Forms: its header's where it has a real one, else the target language's (a code such
+    as fr, pt_BR, fra_Latn or por), else gettext's default (two forms, n != 1)."""
+    if re.search(r"nplurals\s*=\s*\d+\s*;\s*plural\s*=", header):
+        return header.strip()
+    code = language.strip().replace("-", "_")
+    parts = code.split("_")
+    for key in (code, parts[0].lower(), _ISO3.get(parts[0].lower(), "")):
+        if key in _PLURAL_BY_LANGUAGE:
+            return _PLURAL_BY_LANGUAGE[key]
+    return _GETTEXT_DEFAULT
 
 
 def _po_width(text: str) -> int:

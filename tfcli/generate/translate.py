@@ -731,10 +731,10 @@ def translate_file(translator: Pipeline, cfg: TranslateConfig, path: str, out_pa
                     progress: bool | None) -> int:
     """One file in a file format (tfcli.formats.files): read whole, its segments translated, written whole and
     atomically (nothing where it does not parse); returns the segment count."""
-    from tfcli.io import read_text
+    from tfcli.io import read_document
 
     with encoding_errors(cfg.encoding_errors):
-        text = read_text(path)
+        text, newline = read_document(path)
     doc = files.read(cfg.input_format, "<stdin>" if path == "-" else path, text, cfg.overwrite, cfg.tgt_lang)
     translator.index = 0
     outs = []
@@ -743,6 +743,8 @@ def translate_file(translator: Pipeline, cfg: TranslateConfig, path: str, out_pa
             outs.append(translations[0].text)
             bar.advance(1)
     result = doc.write(outs)
+    if newline != "\n":  # (the input's line ends kept: CRLF where every line of it ended so)
+        result = result.replace("\n", newline)
     with open_output(out_path) as out:
         out.write(result)
     return len(outs)
