@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from helpers import make_parallel_prepared, tiny_train_config
 from tfcli import errors
-from tfcli.errors import TfcliError
+from tfcli.errors import CheckpointError, TfcliError
 from tfcli.io import atomic_dir, atomic_open, run_lock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,8 +79,39 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(tmp_
     assert "starting it again from step 0 with its saved config" in capsys.readouterr().err
     saved = json.loads((tmp_path / "run" / "checkpoints" / "step-0000004" / "config.json").read_text())
     assert saved["train"]["seed"] == 7 and saved["model"]["d_model"] == 32  # the run's own settings
-    with pytest.raises(TfcliError, match="nothing to resume"):
-        run_train(None, {"out": str(tmp_path / "empty"), "resume": True})
+    # the same --resume with another setting than the run started with: refused, naming it
+    for d in (tmp_path / "run" / "checkpoints").iterdir():
+        subprocess.run(["rm", "-rf", str(d)], check=True)
+    with pytest.raises(CheckpointError, match="started with other settings \\(seed: 7 -> 8\\)"):
+        run_train(None, {"out": str(tmp_path / "run"), "resume": True, "seed": 8})
+
+
+def test_resume_as_job_scripts_pass_it_starts_a_run_that_has_not_started(tmp_path, capsys):
+    """Job scripts on preemptible machines pass --resume on every start: where the run directory holds nothing of a
+    run (it does not exist yet, or a kill before its config left an empty checkpoints folder), --resume starts the
+    run, saying so, and it trains what a run started without --resume trains; a directory holding other files is
+    still refused."""
+    import dataclasses
+
+    from tfcli.train.trainer import run as run_train, train
+
+    data = make_parallel_prepared(tmp_path / "prep")
+    cfg = tiny_train_config(data, tmp_path / "plain", max_steps=4, valid_every=4, valid_bleu=False, seed=7)
+    train(cfg)
+    (tmp_path / "killed" / "checkpoints").mkdir(parents=True)  # (what a kill before the config leaves)
+    for out in ("fresh", "killed"):
+        flags = dict(dataclasses.asdict(cfg), out=str(tmp_path / out), resume=True)
+        capsys.readouterr()
+        assert run_train(None, flags).step == 4
+        assert "no run there yet (nothing to resume); starting it" in capsys.readouterr().err
+        for name in ("model.safetensors",):
+            want = load_file(tmp_path / "plain" / "checkpoints" / "step-0000004" / name)
+            got = load_file(tmp_path / out / "checkpoints" / "step-0000004" / name)
+            assert all(torch.equal(want[k], got[k]) for k in want)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a run")
+    with pytest.raises(CheckpointError, match="holds files but no run"):
+        run_train(None, dict(dataclasses.asdict(cfg), out=str(tmp_path / "other"), resume=True))
 
 
 # --- injected write faults (io.fault_point): every output whole or absent, and a re-run succeeds ----------------

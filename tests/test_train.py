@@ -515,7 +515,7 @@ def test_refuses_to_overwrite_a_run_and_resume_needs_one(tmp_path, parallel):
         train(cfg)
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
     with pytest.raises(CheckpointError, match="nothing to resume"):
-        run_cli_config(None, {"data": str(parallel), "out": str(tmp_path / "other"), "resume": True})
+        run_cli_config(None, {"data": str(parallel), "out": str(tmp_path / "run" / "metrics.jsonl"), "resume": True})
 
 
 # --- resume ---------------------------------------------------------------------------------------------------------

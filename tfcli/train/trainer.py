@@ -36,7 +36,7 @@ import torch
 from tfcli import checkpoint
 
 from tfcli import checkpoint_meta
-from tfcli.config import to_dict
+from tfcli.config import from_dict, to_dict
 from tfcli.data.prepared import PreparedData
 from tfcli.console import verbose_enabled
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
@@ -804,9 +804,49 @@ def run(config_file: str | Path | None, flags: dict, sets: list[str] | None = No
         run_dir = Path(cfg.out)
         if not (run_dir / CHECKPOINTS / "LATEST").exists() and (run_dir / "config.yaml").is_file():
             return _restart(run_dir, given, model_overrides)
+        if not (run_dir / CHECKPOINTS / "LATEST").exists() and _holds_no_run(run_dir):
+            print(f"{run_dir}: no run there yet (nothing to resume); starting it", file=sys.stderr)
+            return train(resolve_train_config({k: v for k, v in given.items() if k != "resume"}), model_overrides)
+        if not (run_dir / CHECKPOINTS / "LATEST").exists():
+            raise CheckpointError(f"{run_dir}: holds files but no run (no config.yaml, no {CHECKPOINTS}/LATEST): "
+                                  "nothing to resume; choose another --out")
         saved = checkpoint_meta.read_meta(resume_point(cfg.out))
         cfg = resolve_train_config(given, saved)
     return train(cfg, model_overrides, saved)
+
+
+def _holds_no_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds nothing of a run: it does not exist, or holds only what a run killed before its
+    config makes (an empty checkpoints folder, temporary files of writes that never finished). Job scripts on
+    preemptible machines pass --resume on every start, the first included."""
+    def hidden_only(d: Path) -> bool:
+        return all(p.name.startswith(".") for p in d.iterdir())
+
+    if not run_dir.exists():
+        return True
+    if not run_dir.is_dir():
+        return False
+    return all(p.name.startswith(".") or (p.name == CHECKPOINTS and p.is_dir() and hidden_only(p))
+               for p in run_dir.iterdir())
+
+
+def _same_settings(run_dir: Path, started: dict, given: dict) -> None:
+    """--resume of a run stopped before its first checkpoint restarts it only with the settings it started with
+    (its limits may change, as on any resume): a setting given otherwise is refused, naming it."""
+    def same(key, a, b) -> bool:
+        if key in ("data", "out", "init_from") and a and b:
+            return Path(str(a)).resolve() == Path(str(b)).resolve()
+        try:
+            return from_dict(TrainConfig, {key: a}, "train") == from_dict(TrainConfig, {key: b}, "train")
+        except ConfigError:
+            return a == b
+
+    changed = [k for k, v in given.items() if k not in ("resume", "max_steps", "max_minutes", "max_epochs")
+               and k in started and not same(k, v, started[k])]
+    if changed:
+        raise CheckpointError(f"{run_dir}: --resume of a run that started with other settings ("
+                              + ", ".join(f"{k}: {started[k]} -> {given[k]}" for k in changed)
+                              + "); give its own, or choose another --out")
 
 
 def _restart(run_dir: Path, given: dict, overrides: dict) -> TrainResult:
@@ -820,6 +860,7 @@ def _restart(run_dir: Path, given: dict, overrides: dict) -> TrainResult:
     except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
         raise CheckpointError(f"{run_dir}/config.yaml: unreadable ({e}); start without --resume") from None
     base["train"]["resume"] = False
+    _same_settings(run_dir, base["train"], given)
     cfg = resolve_train_config({k: v for k, v in given.items() if k != "resume"}, base)
     model = {k: v for k, v in base["model"].items() if k not in ("kind", "src_vocab_size", "tgt_vocab_size")}
     print(f"{run_dir}: stopped before its first checkpoint; starting it again from step 0 with its saved config",
