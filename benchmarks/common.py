@@ -116,7 +116,8 @@ def fell_back_to_fp32(run: Path) -> bool:
     import yaml
 
     config = Path(run) / "config.yaml"
-    asked = (yaml.safe_load(config.read_text()) or {}).get("train", {}).get("precision") if config.exists() else None
+    train = (yaml.safe_load(config.read_text()) or {}).get("train", {}) if config.exists() else {}
+    asked = train.get("dtype", train.get("precision"))  # (precision: dtype's earlier name, in older runs)
     return asked == "native-bf16" and trained_precision(run) == "fp32"
 
 

@@ -37,7 +37,7 @@ def run(prep: str, config: str, steps: int, valid_every: int, code: str, out: Pa
     """(metrics.jsonl rows, peak RSS in MB sampled every 5 s) of one `tfcli train` run."""
     args = [sys.executable, "-c", code, "train", prep, "-o", str(out), "--config", config, "--seed", "1",
             "--set", "train.max_minutes=0", "--set", f"train.max_steps={steps}",
-            "--set", f"train.valid_every={valid_every}", "--set", "train.log_every=50", "--precision", "native-bf16"]
+            "--set", f"train.valid_every={valid_every}", "--set", "train.log_every=50", "--dtype", "native-bf16"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peak = 0
     while proc.poll() is None:
@@ -76,7 +76,7 @@ def main() -> None:
     md = [
         "# bf16 CPU training: linear-layer rows padded to a multiple of 64, or not", "",
         f"`benchmarks/cpu_bf16_shapes.py {args.prep} --config {args.config} --steps {args.steps} --valid-every "
-        f"{args.valid_every}`: {res['cpu']}, {res['threads']} threads, {res['date']}; `--precision native-bf16`, "
+        f"{args.valid_every}`: {res['cpu']}, {res['threads']} threads, {res['date']}; `--dtype native-bf16`, "
         "validation (loss and greedy BLEU) at every multiple of --valid-every, run one after the other.", "",
         "| | " + " | ".join(names) + " |", "| --- | ---: | ---: |",
         "| peak resident memory | " + " | ".join(f"{res['runs'][n]['peak_rss_mb']:,} MB" for n in names) + " |",

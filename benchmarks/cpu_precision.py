@@ -1,4 +1,4 @@
-"""CPU training in fp32 and in `--precision native-bf16`, side by side: `tfcli train` on a prepared corpus with a
+"""CPU training in fp32 and in `--dtype native-bf16`, side by side: `tfcli train` on a prepared corpus with a
 recipe's config, the same seed and the same steps, once per precision per round (the order alternating by round).
 
     .venv/bin/python benchmarks/cpu_precision.py PREP [--config recipes/multi30k-cpu-long.yaml] [--steps 150]
@@ -27,7 +27,7 @@ PRECISIONS = ("fp32", "native-bf16")
 
 def train(prep: str, config: str, precision: str, steps: int, warmup: int, out: Path) -> list[dict]:
     """The train lines of metrics.jsonl of one `tfcli train` run, and the precision it resolved (from its log)."""
-    rows, _ = train_steps(prep, config, steps, warmup, out, ["--precision", precision])
+    rows, _ = train_steps(prep, config, steps, warmup, out, ["--dtype", precision])
     resolved = trained_precision(out)
     return [dict(r, resolved=resolved) for r in rows]
 
@@ -51,7 +51,7 @@ def main() -> None:
                load_average_at_end=[round(x, 2) for x in os.getloadavg()])
     steps = sorted(losses["fp32"])
     md = [
-        "# CPU training: fp32 and `--precision native-bf16`", "",
+        "# CPU training: fp32 and `--dtype native-bf16`", "",
         f"`benchmarks/cpu_precision.py {args.prep} --config {args.config} --steps {args.steps}`: {res['cpu']}, "
         f"{res['threads']} threads, {res['date']}. native-bf16 ran as **{resolved['native-bf16']}** on this CPU.", "",
         "| precision | target tokens/s (median of rounds) | rounds |", "| --- | ---: | --- |",

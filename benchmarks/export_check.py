@@ -11,7 +11,7 @@ For each checkpoint (trained de->en models: the recipes give pre-norm ones; a po
   - transformers: `tfcli export --to hf`; the largest |logit| difference from tfcli over the test sentences,
     teacher-forced with tfcli's greedy translations, in batches of 50;
   - import(export): `tfcli import` of that directory gives back every weight bit for bit;
-  - int8: `--quantization int8`: BLEU (sacreBLEU, beam 5, alpha 0) beside float32's, and sentences/s of tfcli
+  - int8: `--dtype int8`: BLEU (sacreBLEU, beam 5, alpha 0) beside float32's, and sentences/s of tfcli
     float32, CTranslate2 float32 and CTranslate2 int8, beam 5 at batch 64, each system in a process of its own
     (benchmarks/common.py: Isolated), best of --repeats, the systems interleaved.
 Results: benchmarks/results/export_check.{json,md}, with the CPU named.

@@ -5,12 +5,12 @@
 
 For each preset, a randomly initialised tfcli decoder-only model of its shapes (vocabulary --vocab) is saved as a
 checkpoint and exported with `tfcli export --to hf` (a GPT-2 model, as a user's export is). Both continue the same
-prompts (--prompt-len tokens, the first </s> as `tfcli lm-generate` starts them, equal lengths: no padding) for
+prompts (--prompt-len tokens, the first </s> as `tfcli generate` starts them, equal lengths: no padding) for
 exactly --new-tokens new tokens (</s> never chosen: tfcli `ignore_eos`, HF min_new_tokens = max_new_tokens; <pad>
 and <s>, which tfcli never picks, suppressed in HF), greedy and top-k sampling (--top-k, temperature 1), --batches
 batches at each batch size (so that batch 1 does not take 32 times batch 32's time), in --dtype (tfcli:
 the Python API, `tfcli.load(CKPT, device, dtype).generate`, all prompts in one call of --batch-size rows at a time,
-as `tfcli lm-generate --dtype` runs; HF: its weights cast, batch by batch). New tokens/s: rows x N / time of the generation calls (prompts
+as `tfcli generate --dtype` runs; HF: its weights cast, batch by batch). New tokens/s: rows x N / time of the generation calls (prompts
 included), the best of --repeats after an untimed pass, CUDA synchronised; for greedy, the share of rows identical
 to tfcli's. tfcli also runs with eager steps (no CUDA graph: the loaded model's `steps.static =
 False`), to show what the graph gains. Results: benchmarks/results/gpu_lm_generate_speed.{json,md}, rewritten after
@@ -86,7 +86,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     all_prompts = torch.randint(len(SPECIAL_TOKENS), args.vocab, (args.batches * max(args.batch_sizes),
                                                                  args.prompt_len), generator=g)
-    all_prompts[:, 0] = EOS_ID  # what `tfcli lm-generate` starts every prompt with
+    all_prompts[:, 0] = EOS_ID  # what `tfcli generate` starts every prompt with
     import transformers
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None

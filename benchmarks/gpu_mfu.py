@@ -150,7 +150,7 @@ def run_case(name: str, c: dict, args, work: Path, out: Path) -> dict:
     prepare = ["prepare", *corpus, "--tokenizer", c["tokenizer"], "--vocab-size", str(c["vocab"]), "-o", prep]
     prepare_s = tfcli(prepare, work, work / f"prepare-{name}.log", args.threads)
     train = ["train", prep, "-o", run_dir, "--arch", c["arch"], "--device", args.device,
-             "--precision", "fp32" if args.quick else "bf16", "--no-compile" if args.quick else "--compile",
+             "--dtype", "fp32" if args.quick else "bf16", "--no-compile" if args.quick else "--compile",
              "--max-steps", str(c["steps"]), "--max-epochs", "0", "--max-len", str(c["max_len"]),
              "--max-tokens", str(c["max_tokens"]), "--grad-accum", str(c["grad_accum"]),
              "--log-every", str(c["log_every"]), "--seed", str(args.seed), "--profile", "{}-{}".format(*c["profile"]),

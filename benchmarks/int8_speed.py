@@ -6,7 +6,7 @@ The 1,000 German sentences of Multi30k test2016 through five systems, each in a 
 (benchmarks/common.py: Isolated), beam 5 at batch 64, length penalty 0 and at most MAX_LEN output tokens in all
 (as benchmarks/export_check.py does, so that CTranslate2 decodes the same search): tfcli float32, tfcli int8, tfcli
 int8 as a CPU without AMX runs it (every product on fbgemm; oneDNN kept below AMX by ONEDNN_MAX_CPU_ISA), and
-the checkpoint exported by `tfcli export --to ctranslate2` with and without `--quantization int8`. BLEU is
+the checkpoint exported by `tfcli export --to ctranslate2` with and without `--dtype int8`. BLEU is
 sacreBLEU on the references; sentences/s the best of --repeats, the systems interleaved. Then each system
 translates the same sentences at batch 1 and 7, and in reverse order at --batch: how many of its translations
 differ from those at --batch (none may: a sentence's translation must not depend on its batch or neighbours).

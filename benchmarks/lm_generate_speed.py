@@ -8,13 +8,13 @@ embedding scaling; vocabulary --vocab) is exported with `tfcli export` (tfcli/in
 `transformers.GPT2LMHeadModel` and a CTranslate2 float32 model, as a user's export is. The exports are checked:
 max |logit difference| against tfcli, HF and CT2 both, must stay below 1e-3 (recorded).
 
-All three continue the same prompts (--prompt-len tokens, starting with </s> as `tfcli lm-generate` prompts do, equal
+All three continue the same prompts (--prompt-len tokens, starting with </s> as `tfcli generate` prompts do, equal
 lengths so there is no padding) for a FORCED number of new tokens N (--new-tokens), so they do the same work:
 </s> (the end token) is banned for all three (tfcli: `ignore_eos`; HF: min_new_tokens = max_new_tokens = N; CT2:
 min_length = max_length = N), and <pad> and <s>, which tfcli's sampler never picks, are suppressed in HF and CT2 too
 (HF suppress_tokens, CT2 suppress_sequences), so greedy decoding can agree token for token. tfcli runs through its
 Python API (`tfcli.load(...).generate`, the prompts as words of the word-level vocabulary) in a process tuned as
-`tfcli lm-generate` tunes its own (tfcli.runtime), on the CPU in fp32; HF runs its default
+`tfcli generate` tunes its own (tfcli.runtime), on the CPU in fp32; HF runs its default
 path (`generate`, its default attention implementation and cache); CT2 a `Generator` with the prompt forwarded at
 once (include_prompt_in_result=False). Greedy and top-k sampling (--top-k, temperature 1) at each of --batch-sizes;
 every measurement generates for the same --prompts rows (in batches of that size).
@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 SUPPRESSED = [PAD_ID, BOS_ID]  # tfcli's sampler never picks these (tfcli/generate/sampling.py)
-START_ID = EOS_ID  # what precedes every prompt in `tfcli lm-generate`
+START_ID = EOS_ID  # what precedes every prompt in `tfcli generate`
 
 
 # --- the same function -----------------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ class Runner:
 
 
 class TfcliRunner(Runner):
-    """`tfcli lm-generate` through the Python API, in a process tuned as the command tunes its own (tfcli.runtime):
+    """`tfcli generate` through the Python API, in a process tuned as the command tunes its own (tfcli.runtime):
     the prompts' ids after </s> as words of the checkpoint's word-level vocabulary (common.export_peers), which the
     API starts with </s> itself; </s> banned (ignore_eos), so each row gets exactly N tokens."""
 
@@ -253,7 +253,7 @@ def measure_memory(args, directory: Path, vocab: list[str]) -> dict:
 
 
 def make_prompts(rows, length, vocab_size, seed) -> torch.Tensor:
-    """`rows` prompts of `length` ids: </s> (what precedes every text, as in `tfcli lm-generate`), then random ids."""
+    """`rows` prompts of `length` ids: </s> (what precedes every text, as in `tfcli generate`), then random ids."""
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(len(SPECIAL_TOKENS), vocab_size, (rows, length), generator=g)
     prompts[:, 0] = START_ID

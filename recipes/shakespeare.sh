@@ -27,6 +27,6 @@ tfcli train "$OUT/prep" "${RESUME[@]}" --config "$CONFIG" --seed "${SEED:-1}" ${
 
 echo "== eval: validation loss of the best checkpoint, then a sample" >&2
 tfcli eval --model "$OUT/run" --data "$OUT/prep" --split valid --json > "$OUT/ppl.json"
-tfcli lm-generate -m "$OUT/run" "ROMEO:" --max-new-tokens $SAMPLE --top-k 40 --seed 1 | tee "$OUT/sample.txt"
+tfcli generate -m "$OUT/run" "ROMEO:" --max-new-tokens $SAMPLE --top-k 40 --seed 1 | tee "$OUT/sample.txt"
 python3 benchmarks/recipe_results.py record lm "$OUT" --name shakespeare-char --size "$SIZE" --ppl "$OUT/ppl.json" \
   --train-args "${TRAIN_ARGS:-}"

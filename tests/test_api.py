@@ -145,10 +145,10 @@ def test_options_a_method_does_not_take_are_refused_by_name(copier, counter):
         (lambda: translator.translate(TEXTS, device="cpu"), r"'device': it is fixed when the model is loaded"),
         (lambda: translator.translate_nbest(TEXTS, dtype="bf16"), r"'dtype': it is fixed when the model is loaded"),
         (lambda: translator.translate(TEXTS, threads=2), "never changes the process's thread count"),
-        (lambda: lm.generate(["cat"], num_samples=2), "repeat a prompt"),
+        (lambda: lm.generate(["cat"], nbest=2), "repeat a prompt"),
         (lambda: lm.generate(["cat"], beam_size=2), "'beam_size': it takes max_new_tokens"),
         (lambda: tfcli.score(["a"], ["a"], beam_size=2), "'beam_size': it takes tokenize"),
-        (lambda: translator.translate_nbest(TEXTS, n="2"), "n: expected an int"),
+        (lambda: translator.translate_nbest(TEXTS, n="2"), "nbest: expected an int"),
     ]
     for call, message in cases:
         with pytest.raises(TypeError, match=message):

@@ -106,6 +106,11 @@ def test_html_fragments_keep_void_and_untranslated_elements():
     ("Write to help@example.org or see https://example.org/a?b=c.", ["help@example.org", "https://example.org/a?b=c"]),
     ("[b]bold[/b] and [url=http://x.org]link[/url]", ["[b]", "[/b]", "[url=http://x.org]", "[/url]"]),
     ("100% sure, 50 % off", []),
+    # printf directives a letter follows at once (format strings as programs write them), Python's %r; a percent
+    # sign after a number is text
+    ("ETA: %dm %ds, last epoch %.1fs", ["%d", "%d", "%.1f"]),
+    ("%d file%s deleted: %r", ["%d", "%s", "%r"]),
+    ("50%off today, 100%sure", []),
 ])
 def test_placeholders_are_found_and_come_back_exactly_as_often(text, found):
     p = pattern(True)
@@ -526,3 +531,16 @@ def test_a_timing_line_right_after_a_cue_begins_the_next_cue(copier, tmp_path, n
     assert res.exit_code == 0, res.output
     first, second, rest = translate_file(copier, name, tmp_path).split("\n\n", 2)
     assert (tmp_path / ("out-joined-" + name)).read_text() == f"{first}\n\n{second}\n{rest}"
+
+
+def test_numbered_tags_are_elements_kept_around_their_words(copier, tmp_path):
+    """react-i18next's <1>...</1> (its razzle-ssr example's catalogue): read as elements, not text the model would
+    drop; every value comes back with the same numbered tags, paired, in order; keys untouched."""
+    out = json.loads(translate_file(copier, "razzle-translations.json", tmp_path))
+    src = json.loads((DATA / "razzle-translations.json").read_text(encoding="utf-8"))
+    assert list(out) == list(src)
+    key = next(k for k in src if "<1>" in k)
+    tags = lambda s: re.findall(r"</?\d+/?>", s)  # noqa: E731
+    assert tags(out[key]) == tags(src[key]) == ["<1>", "</1>", "<3>", "</3>"]
+    m = markup.read_tags(src[key])
+    assert "<" not in m.plain and "src/App.js" in m.plain

@@ -59,8 +59,8 @@ def test_mixed_precision_follows_fp32(tmp_path, parallel, device, precision):
     """The first step's loss (the same weights, the same batch) within 2% of fp32's; after 30 updates within 10%
     (20% for fp16, whose loss scaler skips its first steps while it finds a scale that does not overflow)."""
     tf32 = torch.backends.cuda.matmul.allow_tf32
-    ref = _run(parallel, tmp_path / "fp32", device, precision="fp32")
-    low = _run(parallel, tmp_path / precision, device, precision=precision)
+    ref = _run(parallel, tmp_path / "fp32", device, dtype="fp32")
+    low = _run(parallel, tmp_path / precision, device, dtype=precision)
     assert torch.backends.cuda.matmul.allow_tf32 == tf32  # the trainer's TF32 is its own, not the process's
     assert low.keys() == ref.keys()
     assert low[1] == pytest.approx(ref[1], rel=0.02)
@@ -75,7 +75,7 @@ def test_mixed_precision_follows_fp32(tmp_path, parallel, device, precision):
 def test_validation_bleu_decodes_under_mixed_precision(tmp_path, parallel, device, precision):
     """Validation's greedy decoding of the fp32 model under autocast (on CUDA: the fixed-shape decoder, whose cache
     keeps the weights' dtype) runs and is scored at each validation."""
-    cfg = tiny_train_config(parallel, tmp_path / "run", device=device, precision=precision, max_steps=8,
+    cfg = tiny_train_config(parallel, tmp_path / "run", device=device, dtype=precision, max_steps=8,
                             valid_every=4, log_every=4, valid_bleu=True, bleu_max_sentences=16)
     train(cfg, {"d_model": 64, "d_ff": 128})
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -87,8 +87,8 @@ def test_validation_bleu_decodes_under_mixed_precision(tmp_path, parallel, devic
 def test_compiled_training_follows_eager(tmp_path, parallel, device):
     """torch.compile of the model and its loss: the same losses as eager within float rounding of fused kernels
     (eager batched as --compile batches: lengths padded to multiples of 8)."""
-    eager = _run(parallel, tmp_path / "eager", device, steps=20, precision="fp32", pad_multiple=8)
-    compiled = _run(parallel, tmp_path / "compiled", device, steps=20, precision="fp32", compile=True)
+    eager = _run(parallel, tmp_path / "eager", device, steps=20, dtype="fp32", pad_multiple=8)
+    compiled = _run(parallel, tmp_path / "compiled", device, steps=20, dtype="fp32", compile=True)
     assert compiled[1] == pytest.approx(eager[1], rel=1e-4)
     assert compiled[20] == pytest.approx(eager[20], rel=1e-2)
 
@@ -97,8 +97,8 @@ def test_compiled_training_follows_eager(tmp_path, parallel, device):
 def test_resume_on_the_gpu_continues_the_run(tmp_path, parallel, device):
     """Stopped at step 12 and resumed to 24: the loss curve follows the uninterrupted run's (closely, not exactly:
     CUDA's attention backward is not deterministic)."""
-    full = _run(parallel, tmp_path / "full", device, steps=24, precision="bf16", model={"dropout": 0.1})
-    _run(parallel, tmp_path / "part", device, steps=12, precision="bf16", model={"dropout": 0.1})
+    full = _run(parallel, tmp_path / "full", device, steps=24, dtype="bf16", model={"dropout": 0.1})
+    _run(parallel, tmp_path / "part", device, steps=12, dtype="bf16", model={"dropout": 0.1})
     result = run_cli_config(None, {"out": str(tmp_path / "part"), "resume": True, "max_steps": 24})
     assert result.step == 24
     part = _losses(tmp_path / "part")
@@ -113,7 +113,7 @@ def test_a_nan_step_on_the_gpu_makes_no_update(tmp_path, parallel, monkeypatch, 
     """A NaN loss at step 3: fused AdamW skips the update on the device (fp16: the GradScaler does), the weights
     stay finite, and the log counts the skip and leaves the loss out."""
     changed = poisoned(monkeypatch, lambda step: step == 3)
-    losses = _run(parallel, tmp_path / "run", device, steps=5, precision=precision)
+    losses = _run(parallel, tmp_path / "run", device, steps=5, dtype=precision)
     assert changed[3] is False and (changed[5] is True or precision == "fp16")  # (fp16: perhaps an overflow)
     assert math.isnan(losses[3]) and all(math.isfinite(losses[s]) for s in (1, 2, 4, 5))
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -159,7 +159,7 @@ def test_one_torchrun_process_trains_as_a_plain_run(tmp_path, parallel, device):
     """`torchrun --nproc_per_node 1` joins a process group of one (NCCL on a GPU, gloo on the CPU) and trains through
     DistributedDataParallel: the losses of a plain run, one set of checkpoints."""
     common = dict(arch="toy", max_tokens=200, lr=3e-3, warmup=5, log_every=1, valid_every=4, valid_bleu=False,
-                  max_epochs=0, max_steps=8, device=device, precision="fp32", tensorboard=False)
+                  max_epochs=0, max_steps=8, device=device, dtype="fp32", tensorboard=False)
     run_cli_config(None, {**common, "data": str(parallel), "out": str(tmp_path / "plain")})
     args = [f"--{k.replace('_', '-')}={v}" for k, v in common.items() if not isinstance(v, bool)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m", "tfcli.cli",

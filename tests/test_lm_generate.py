@@ -271,7 +271,7 @@ def run_lm(ckpt, tmp_path, prompts, **kw):
 
 
 def test_seed_gives_the_same_text(counter, tmp_path):
-    kw = dict(max_new_tokens=15, temperature=3.0, num_samples=3)
+    kw = dict(max_new_tokens=15, temperature=3.0, nbest=3)
     a = run_lm(counter, tmp_path, ["cat", "moon sun"], seed=1, **kw)
     b = run_lm(counter, tmp_path, ["cat", "moon sun"], seed=1, **kw)
     c = run_lm(counter, tmp_path, ["cat", "moon sun"], seed=2, **kw)

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import tfcli
 from helpers import WORDS
 from tfcli.cli import app
+from tfcli.config import from_dict
 from tfcli.cli.common import FLAG_ALIASES, unalias
 from tfcli.errors import ConfigError, InputError, TfcliError
 from tfcli.generate.config import TranslateConfig, translate_config
@@ -88,7 +89,8 @@ def test_the_record_carries_what_a_stage_adds_without_changing_the_translation(c
 def test_every_old_flag_spelling_still_works(copier, tmp_path):
     """--alpha, --topk and --topp (hidden from --help) are --len-penalty, --top-k and --top-p: the same output, in
     translate and in eval --translate; --old=VALUE too; after `--` nothing is rewritten."""
-    assert FLAG_ALIASES == {"--alpha": "--len-penalty", "--topk": "--top-k", "--topp": "--top-p"}
+    assert FLAG_ALIASES == {"--alpha": "--len-penalty", "--topk": "--top-k", "--topp": "--top-p",
+                            "--num-samples": "--nbest", "--precision": "--dtype", "--quantization": "--dtype"}
     assert unalias(["--topk=3", "--alpha", "1", "--", "--topk"]) == ["--top-k=3", "--len-penalty", "1", "--",
                                                                    "--topk"]
     rng = random.Random(4)
@@ -125,6 +127,28 @@ def test_old_config_keys_and_api_options_still_work(copier, tmp_path):
     t = tfcli.load(str(copier), device="cpu")
     texts = ["cat dog egg", "fish goat"]
     assert t.translate(texts, sampling=True, topk=2, seed=3) == t.translate(texts, sampling=True, top_k=2, seed=3)
+    assert t.translate_nbest(texts, n=2) == t.translate_nbest(texts, nbest=2)
+    # one name per concept: num_samples -> nbest (generate), precision -> dtype (train), saved runs' keys too
+    from tfcli.generate.config import generate_config
+    from tfcli.train.config import TrainConfig
+
+    cfg.write_text("generate:\n  num_samples: 3\n")
+    assert generate_config(cfg).nbest == 3
+    assert from_dict(TrainConfig, {"precision": "fp32"}, "train").dtype == "fp32"
+
+
+def test_the_new_names_of_old_flags_give_the_same_output(copier, counter, tmp_path):
+    """generate --num-samples is --nbest; lm-generate is generate; export --quantization is --dtype."""
+    want = cli("generate", "-m", counter, "cat", "--nbest", "2", "--max-new-tokens", "4")
+    assert want.exit_code == 0 and len(want.stdout.splitlines()) == 2, want.output
+    for argv in (["lm-generate", "-m", counter, "cat", "--nbest", "2"], ["generate", "-m", counter, "cat", "-N", "2"],
+                 ["generate", "-m", counter, "cat", "--num-samples", "2"]):
+        got = cli(*argv, "--max-new-tokens", "4")
+        assert got.exit_code == 0 and got.stdout == want.stdout, (argv, got.output)
+    pytest.importorskip("ctranslate2")
+    for flag in ("--dtype", "--quantization"):
+        res = cli("export", copier, "--to", "ctranslate2", "-o", tmp_path / flag.strip("-"), flag, "int8")
+        assert res.exit_code == 0 and "int8" in res.stdout, res.output
 
 
 def test_verbose_names_the_decoding_plan(copier, tmp_path):

@@ -3,7 +3,7 @@
     import tfcli
     translator = tfcli.load("runs/de-en")                       # a run directory or one of its checkpoints
     translator.translate(["Ein Hund rennt."], beam_size=5)       # -> ["A dog is running."]
-    translator.translate_nbest(["Ein Hund rennt."], n=3)         # -> [[Translation(text, score, ...), ...]]
+    translator.translate_nbest(["Ein Hund rennt."], nbest=3)         # -> [[Translation(text, score, ...), ...]]
     lm = tfcli.load("runs/shakespeare")                          # a language model gives a Generator
     lm.generate(["ROMEO:"], max_new_tokens=50, top_p=0.9, seed=1)
     tfcli.score(hypotheses, references, metrics=["bleu", "chrf"])  # -> {"BLEU": Score(score, signature), ...}
@@ -48,11 +48,11 @@ def _check_options(method: str, options: dict, allowed: tuple[str, ...]) -> None
         elif name == "threads":
             why = "the API never changes the process's thread count: call torch.set_num_threads yourself"
         elif method == "translate" and name in _NBEST_ONLY + ("nbest", "n"):
-            why = "it is an option of translate_nbest(texts, n=..., scores=...)"
-        elif name == "num_samples":
+            why = "it is an option of translate_nbest(texts, nbest=..., scores=...)"
+        elif name == "num_samples" or (method == "generate" and name == "nbest"):
             why = "repeat a prompt for more samples of it"
         elif name in ("nbest", "tabular"):
-            why = "use translate_nbest(texts, n=...)"
+            why = "use translate_nbest(texts, nbest=...)"
         else:
             why = f"it takes {', '.join(allowed)}"
         raise TypeError(f"{method}() got an unexpected option {name!r}: {why}")
@@ -140,16 +140,18 @@ class Translator:
         _check_options("translate", options, _TRANSLATE + ("prefixes", "tgt_lang", "avoid", "constraints"))
         return [hyps[0].text for hyps in self._nbest(_texts(texts, "texts"), None, options)]
 
-    def translate_nbest(self, texts: list[str], n: int = 1, **options) -> list[list[Translation]]:
-        """The n best translations of each text with their scores, best first (`scores=True` adds per-token
+    def translate_nbest(self, texts: list[str], nbest: int = 1, **options) -> list[list[Translation]]:
+        """The `nbest` best translations of each text with their scores, best first (`scores=True` adds per-token
         log-probs; `alignment=True` word alignments from the cross-attention of decoder layer `alignment_layer`,
-        1-based, by default the penultimate). An empty text gives one empty translation with score 0. Other
-        `options` as for `translate`."""
+        1-based, by default the penultimate); `n=`, its earlier name, still works. An empty text gives one empty
+        translation with score 0. Other `options` as for `translate`."""
+        if "n" in options:
+            nbest = options.pop("n")
         _check_options("translate_nbest", options, _TRANSLATE + _NBEST_ONLY + ("prefixes", "tgt_lang", "avoid",
                                                                                "constraints"))
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"n: expected an int, got {type(n).__name__}")
-        return self._nbest(_texts(texts, "texts"), n, options)
+        if isinstance(nbest, bool) or not isinstance(nbest, int):
+            raise TypeError(f"nbest: expected an int, got {type(nbest).__name__}")
+        return self._nbest(_texts(texts, "texts"), nbest, options)
 
     def translate_file(self, path: str, output: str, **options) -> int:
         """Translate a whole file with its structure kept (input_format: "auto" by its extension, or html-page,

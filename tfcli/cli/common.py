@@ -76,7 +76,9 @@ if _typer_value_type is not None:
     typer.core.TyperOption.display_type_rich = _value_type
 
 # old spellings that still work, hidden from --help, so that no pipeline breaks: old -> the flag's one name
-FLAG_ALIASES = {"--alpha": "--len-penalty", "--topk": "--top-k", "--topp": "--top-p"}
+# old spellings of flags, still read: one name per concept (n outputs an input: --nbest; a number type: --dtype)
+FLAG_ALIASES = {"--alpha": "--len-penalty", "--topk": "--top-k", "--topp": "--top-p", "--num-samples": "--nbest",
+                "--precision": "--dtype", "--quantization": "--dtype"}
 
 
 def unalias(args: list[str]) -> list[str]:
@@ -107,7 +109,7 @@ class _App(typer.Typer):
 app = _App(
     name="tfcli",
     help="A command-line Transformer toolkit: prepare corpora, train translation models and language models, "
-    "translate, generate and score.\n\nThe stages chain: prepare -> train -> translate / lm-generate -> eval.",
+    "translate, generate and score.\n\nThe stages chain: prepare -> train -> translate / generate -> eval.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},

@@ -1,4 +1,4 @@
-"""`tfcli lm-generate`."""
+"""`tfcli generate` (`lm-generate`, its earlier name, still works)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from tfcli.cli.common import (
 from tfcli.generate.config import GenerateConfig
 
 
-@app.command("lm-generate")
 @config_defaults(GenerateConfig)
-def lm_generate(
+def generate(
     ctx: typer.Context,
     prompts: Optional[List[str]] = typer.Argument(
         None, metavar="PROMPT", show_default=False,
@@ -41,6 +40,10 @@ def lm_generate(
         False, "--ignore-eos", rich_help_panel=_SAMPLE, help="Never stop at </s>: generate --max-new-tokens tokens."
     ),
     greedy: bool = typer.Option(False, "--greedy", rich_help_panel=_SAMPLE, help="Always take the most likely token."),
+    sampling: bool = typer.Option(
+        False, "--sampling", rich_help_panel=_SAMPLE,
+        help="Draw each token (the default; as translate --sampling): temperature, top-k, top-p, seeded by --seed.",
+    ),
     temperature: Optional[float] = typer.Option(
         None, "--temperature", "-t", rich_help_panel=_SAMPLE,
         help="Divide logits by T before sampling.",
@@ -62,11 +65,13 @@ def lm_generate(
         help="No N-gram twice in a text, its prompt included (0: no rule).",
     ),
     seed: Optional[int] = typer.Option(
-        None, "--seed", rich_help_panel=_SAMPLE, help="Random seed: each prompt draws from numbers keyed by the seed and its index in the input, so the same "
-        "seed, prompt, index and options give the same text at any --batch-size."
+        None, "--seed", rich_help_panel=_SAMPLE, help="Random seed: each prompt draws from numbers keyed by the seed "
+        "and its index in the input, so the same seed, prompt, index and options give the same text at any "
+        "--batch-size (as translate --sampling's; `seed: null` in a config file: a random one)."
     ),
-    num_samples: Optional[int] = typer.Option(
-        None, "--num-samples", "-N", rich_help_panel=_SAMPLE, help="Samples per prompt."
+    nbest: Optional[int] = typer.Option(
+        None, "--nbest", "-N", rich_help_panel=_SAMPLE, help="Outputs per prompt, each drawn on its own numbers "
+        "(--num-samples: its earlier name)."
     ),
     stop: Optional[List[str]] = typer.Option(
         None, "--stop", rich_help_panel=_SAMPLE, help="Stop when this string appears (not printed); repeatable."
@@ -91,10 +96,10 @@ def lm_generate(
 ):
     """Generate text with a language model: greedy, or sampling with temperature, top-k, top-p.
 
-    tfcli lm-generate -m run/ "ROMEO:" --max-new-tokens 200 --top-p 0.9 --seed 1
-    tfcli lm-generate -m run/ -i prompts.txt --num-samples 3 > samples.txt
-    echo "The meaning of" | tfcli lm-generate -m run/ --greedy --stop "."
-    tfcli lm-generate -m run/ -i prompts.txt -N 4 --seed 1 --jsonl > samples.jsonl
+    tfcli generate -m run/ "ROMEO:" --max-new-tokens 200 --top-p 0.9 --seed 7
+    tfcli generate -m run/ -i prompts.txt --nbest 3 > samples.txt
+    echo "The meaning of" | tfcli generate -m run/ --greedy --stop "."
+    tfcli generate -m run/ -i prompts.txt -N 4 --seed 1 --jsonl > samples.jsonl
 
     Each sample is written as its prompt followed by the generated text, then a newline, in prompt order (samples
     of one prompt together). Generation stops at </s> (a warning says so when it comes before --max-new-tokens;
@@ -110,7 +115,7 @@ def lm_generate(
     from tfcli.generate.lm import lm_generate as run_generate
 
     if greedy:
-        refuse_unused(ctx, ["temperature", "top_k", "top_p", "seed"], "is not used with --greedy (no sampling)")
+        refuse_unused(ctx, ["temperature", "top_k", "top_p", "seed", "sampling"], "is not used with --greedy (no sampling)")
     if ignore_eos:
         refuse_unused(ctx, ["min_new_tokens"], "is not used with --ignore-eos (</s> never ends the text)")
     check_choice("--dtype", dtype, choices_of(GenerateConfig, "dtype"))
@@ -120,8 +125,12 @@ def lm_generate(
         generate_config, config,
         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, ignore_eos=ignore_eos or None,
         greedy=greedy or None, temperature=temperature, top_k=top_k, top_p=top_p,
-        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size, seed=seed, num_samples=num_samples, stop=stop or None,
+        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size, seed=seed, nbest=nbest, stop=stop or None,
         batch_size=batch_size, check_every=check_every, encoding_errors=encoding_errors, device=device, dtype=dtype, threads=threads, jsonl=jsonl or None,
     )
     run(tune_process, cfg.device, cfg.threads)
     run(run_generate, model, prompts or [], input_file, output, cfg, progress)
+
+
+app.command("generate")(generate)
+app.command("lm-generate", hidden=True)(generate)  # (its earlier name)

@@ -19,16 +19,16 @@ def export_(
                            help="ctranslate2 (Translator/Generator) or hf (transformers)."),
     output: Path = typer.Option(..., "--output", "-o", metavar="DIR", show_default=False,
                                 help="New model directory (must not exist)."),
-    quantization: Optional[str] = typer.Option(
-        None, "--quantization", metavar="TYPE", show_default=False,
-        help="ctranslate2 only: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16 "
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", metavar="TYPE", show_default=False,
+        help="ctranslate2 only, its weights' type (CTranslate2's quantization): int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16 "
         "\\[default: float32].",
     ),
     quiet: Quiet = False,
 ):
     """Export a model to CTranslate2 or Hugging Face transformers, computing the same function.
 
-    tfcli export run/ --to ctranslate2 -o model-ct2 [--quantization int8]
+    tfcli export run/ --to ctranslate2 -o model-ct2 [--dtype int8]
     tfcli export run/ --to hf -o model-hf
 
     ctranslate2: ctranslate2.Translator(DIR), or ctranslate2.Generator(DIR) for a language model, with the tokenizer
@@ -41,8 +41,8 @@ def export_(
     from tfcli.interop.exporter import TARGETS, export
 
     check_choice("--to", to, TARGETS)
-    check_choice("--quantization", quantization, QUANTIZATIONS)
-    info = run(export, model, to, output, quantization)
+    check_choice("--dtype", dtype, QUANTIZATIONS)
+    info = run(export, model, to, output, dtype)
     print(f"{info['out']}: {info['class']} ({info['to']}{', ' + info['quantization'] if info['quantization'] else ''})")
 
 

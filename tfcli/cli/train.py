@@ -111,8 +111,8 @@ def train(
         help="Also write TensorBoard events to RUN/tensorboard (pip install 'tfcli\\[tensorboard]').",
     ),
     device: Optional[str] = typer.Option(None, "--device", rich_help_panel=_HW, help="auto, cpu, cuda, cuda:N."),
-    precision: Optional[str] = typer.Option(
-        None, "--precision", rich_help_panel=_HW, help="auto, native-bf16, fp32, bf16 or fp16 (GPU, with "
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", rich_help_panel=_HW, help="auto, native-bf16, fp32, bf16 or fp16 (GPU, with "
         "loss scaling) \\[default: auto = bf16 on a GPU that has it, else fp32; native-bf16: also bf16 on a CPU with "
         "native bf16 products: AMX or AVX-512 BF16]."
     ),
@@ -160,7 +160,7 @@ def train(
     check_choice("--arch", arch, list(PRESETS))
     if init_from:
         refuse_unused(ctx, ["arch"], "is not used with --init-from: the architecture is the checkpoint's")
-    for flag, value, name in (("--schedule", schedule, "schedule"), ("--precision", precision, "precision"),
+    for flag, value, name in (("--schedule", schedule, "schedule"), ("--dtype", dtype, "dtype"),
                               ("--early-stop", early_stop, "early_stop_metric"),
                               ("--compile-shapes", compile_shapes, "compile_shapes")):
         check_choice(flag, value, choices_of(TrainConfig, name))
@@ -171,7 +171,7 @@ def train(
         max_len=max_len, bpe_dropout=bpe_dropout, log_every=log_every, valid_every=valid_every, valid_bleu=valid_bleu,
         early_stop_metric=early_stop, patience=patience, keep_last=keep_last, average_last=average_last,
         tensorboard=tensorboard,
-        device=device, precision=precision, compile=compile_, pad_multiple=pad_multiple, compile_shapes=compile_shapes,
+        device=device, dtype=dtype, compile=compile_, pad_multiple=pad_multiple, compile_shapes=compile_shapes,
         threads=threads, profile=profile,
     )
     keep_freed_memory()  # the step's logits and their gradient, reused instead of faulted in afresh each step

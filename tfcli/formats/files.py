@@ -71,7 +71,7 @@ def _lines(text: str, path: str, lineno: int, kind) -> list[Request]:
 
 def _kind(text: str) -> str:
     """A message's markup: tags where it holds one, else text (placeholders only)."""
-    return "tags" if re.search(r"</?[A-Za-z][\w-]*(\s[^<>]*)?/?>", text) else "text"
+    return "tags" if re.search(r"</?[A-Za-z][\w-]*(\s[^<>]*)?/?>|</?\d+\s*/?>", text) else "text"
 
 
 # --- html-page ----------------------------------------------------------------------------------------------------

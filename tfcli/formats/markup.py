@@ -565,10 +565,20 @@ def read_text(segment: str, protect: re.Pattern | None = None, keep: frozenset =
     return b.done()
 
 
+_NUMBERED = re.compile(r"<(/?)(\d+)(\s*/?)>")  # react-i18next's <0>...</0> and <1/>: elements named by a number
+
+
 def read_tags(segment: str, protect: re.Pattern | None = None, keep: frozenset = frozenset()) -> Markup:
     """A message string with HTML tags in it (a PO msgid, a JSON value): read as HTML, its text written back
-    unescaped, as such strings are."""
-    return read_html(segment, protect, keep, escape=lambda s: s)
+    unescaped, as such strings are; numbered tags (react-i18next's `<0>text</0>`, `<1/>`) are elements too."""
+    if not _NUMBERED.search(segment):
+        return read_html(segment, protect, keep, escape=lambda s: s)
+    named = _NUMBERED.sub(lambda m: f"<{m.group(1)}tfcli-n{m.group(2)}{m.group(3)}>", segment)
+    out = read_html(named, protect, keep, escape=lambda s: s)
+    back = re.compile(r"<(/?)tfcli-n(\d+)")
+    for node in out.root.walk():  # (each tag written back as it was)
+        node.open, node.close = back.sub(r"<\1\2", node.open), back.sub(r"<\1\2", node.close)
+    return out
 
 
 READERS = {"text": read_text, "xml": read_xml, "html": read_html, "tags": read_tags}  # the markup stage's, by name

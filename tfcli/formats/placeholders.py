@@ -18,7 +18,8 @@ PATTERNS = {
     "double-braces": r"\{\{[^{}]*\}\}",
     "braces": r"\{(?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*\}",
     "python-format": r"%\([^()\s]+\)[-+0# ]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]",
-    "printf": r"%(?:\d+\$)?[-+0#]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGcspaA@](?!\w)|%%",
+    # (a letter may follow at once, "%dm %ds", "%.3fs", "file%s"; a number may not come before: "50%off" is text)
+    "printf": r"(?<!\d)%(?:\d+\$)?[-+0#]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGcrspaA@]|%%",
     "bbcode": r"(?i:\[/?(?:b|i|u|s|url|img|quote|code|color|size|font|list|center|\*)(?:=[^\]\n]*)?\])",
 }
 

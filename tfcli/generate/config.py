@@ -115,6 +115,8 @@ class TranslateConfig:
 class GenerateConfig:
     """Sampling, stopping, batching and device settings (the `generate:` section of a config file)."""
 
+    ALIASES: ClassVar[dict[str, str]] = {"num_samples": "nbest"}  # old key spellings that still work
+
     max_new_tokens: int = 100
     min_new_tokens: int = 0  # no </s> before this many new tokens
     ignore_eos: bool = False  # never stop at </s>: always generate max_new_tokens
@@ -125,9 +127,9 @@ class GenerateConfig:
     repetition_penalty: float = 1.0  # 1: none; CTRL uses 1.2
     no_repeat_ngram_size: int = 0  # no n-gram of this size twice in a text, its prompt included (0: no rule)
     # each prompt samples from numbers keyed by (seed, its index in the input, the step): same seed, same prompt at
-    # the same index, same settings: same text, at any batch size (None: a random seed)
-    seed: Optional[int] = None
-    num_samples: int = 1  # samples per prompt
+    # the same index, same settings: same text, at any batch size; as translate --sampling's (null: a random seed)
+    seed: Optional[int] = 1
+    nbest: int = 1  # outputs per prompt (samples: each drawn from numbers of its own)
     stop: list[str] = field(default_factory=list)  # also stop (and cut) at any of these strings
     batch_size: int = 32  # rows (prompt x sample) generated together
     # the host reads the state from the device every N tokens (0: every token on the CPU, 8 on a GPU; every token
@@ -141,8 +143,8 @@ class GenerateConfig:
     jsonl: bool = False  # one JSON object a sample: {"index", "sample", "prompt", "continuation"} (text may hold newlines)
 
     def validate(self) -> None:
-        if self.max_new_tokens < 1 or self.num_samples < 1 or self.batch_size < 1:
-            raise ConfigError("generate: --max-new-tokens, --num-samples and --batch-size must be positive")
+        if self.max_new_tokens < 1 or self.nbest < 1 or self.batch_size < 1:
+            raise ConfigError("generate: --max-new-tokens, --nbest and --batch-size must be positive")
         if self.check_every < 0:
             raise ConfigError("generate: --check-every must not be negative (0: the device's default)")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:

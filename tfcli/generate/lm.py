@@ -302,7 +302,7 @@ def lm_generate(
     checkpoint: str, prompts: list[str], input_file: str | None, output: str | None, cfg: GenerateConfig,
     progress: bool | None = None,
 ) -> int:
-    """Generate `cfg.num_samples` continuations of every prompt; write "prompt + continuation" per sample, in order
+    """Generate `cfg.nbest` continuations of every prompt; write "prompt + continuation" per sample, in order
     (with `cfg.jsonl`, one JSON object per sample: its prompt's 0-based index, the sample's, prompt, continuation).
 
     Returns the number of samples written.
@@ -319,7 +319,7 @@ def lm_generate(
         where = input_file if input_file not in (None, "-") else "stdin"
         warn(f"no prompts: {where} was empty, so nothing was generated (give a PROMPT, or run in a terminal to "
              "generate from scratch)")
-    samples = [text for text in texts for _ in range(cfg.num_samples)]  # the prompt of each sample
+    samples = [text for text in texts for _ in range(cfg.nbest)]  # the prompt of each sample
     stream = len(samples) == 1 and output in (None, "-") and not cfg.jsonl
     written = 0
     bar = Progress("generating", len(samples), "samples", False if stream else progress)
@@ -329,7 +329,7 @@ def lm_generate(
                                                 loaded.meta["dir"])):
             text = samples[i]
             if cfg.jsonl:
-                index, sample = divmod(i, cfg.num_samples)
+                index, sample = divmod(i, cfg.nbest)
                 record = {"index": index, "sample": sample, "prompt": text, "continuation": continuation}
                 bar.emit(out, json.dumps(record, ensure_ascii=False))
             elif not stream:
@@ -349,7 +349,7 @@ def _named(items: Iterator[str], checkpoint: str) -> Iterator[str]:
 
 def continuations(loaded: Loaded, texts: list[str], cfg: GenerateConfig, device: torch.device,
                   stream: IO[str] | None = None) -> Iterator[str]:
-    """The continuation of each prompt text, in order (`cfg.num_samples` is the caller's business: repeat a text
+    """The continuation of each prompt text, in order (`cfg.nbest` is the caller's business: repeat a text
     for more samples). With `stream`, the one text and its continuation are written there as they grow."""
     tok = loaded.tgt_tok
     encoded = encode_batch(tok, texts)

@@ -10,7 +10,7 @@ import dataclasses
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from tfcli.config import from_dict, load_config_file, parse_overrides, to_dict
 from tfcli.errors import ConfigError
@@ -23,6 +23,8 @@ PLAN_MIN_STEPS = 10  # a time budget is planned from at least this many measured
 @dataclass
 class TrainConfig:
     """Everything `tfcli train` does besides the architecture (which is `arch` plus the `model:` section)."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"precision": "dtype"}  # old key spellings that still work (saved runs too)
 
     data: str = ""  # the prepared directory (`tfcli prepare`)
     out: str = ""  # the run directory: metrics.jsonl, config.yaml, checkpoints/
@@ -76,7 +78,7 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda (this process's local rank) if available, else cpu
     # auto: bf16 on a GPU that has it, else fp32; native-bf16: also bf16 on a CPU whose oneDNN multiplies bf16
     # natively (AMX tiles: Intel Xeon 4th gen and later; AVX-512 BF16: AMD Zen 4 and later), faster than fp32 there
-    precision: Literal["auto", "native-bf16", "fp32", "bf16", "fp16"] = "auto"
+    dtype: Literal["auto", "native-bf16", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False  # torch.compile the model
     # batches padded to shape buckets: lengths up to a multiple of this, rows up to what max_tokens allows at that
     # length, so that a compiled model meets few shapes (one graph each); 0: 8 with compile, else 1 (no extra padding)

@@ -99,14 +99,14 @@ class StopRequest:
 
 
 def train_precision(name: str, device: torch.device) -> str:
-    """train.precision resolved for `device`: fp32, bf16 or fp16."""
+    """train.dtype resolved for `device`: fp32, bf16 or fp16."""
     if name == "native-bf16" and device.type == "cpu":
         return "bf16" if cpu_has_native_bf16() else "fp32"
     if name in ("auto", "native-bf16"):
         cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
         return "bf16" if cuda_bf16 else ("fp16" if device.type == "cuda" else "fp32")
     if name == "fp16" and device.type != "cuda":
-        raise ConfigError("train.precision: fp16 needs a CUDA GPU; use fp32 or bf16 on the CPU")
+        raise ConfigError("train.dtype: fp16 needs a CUDA GPU; use fp32 or bf16 on the CPU")
     return name
 
 
@@ -151,7 +151,7 @@ class Trainer:
         self.prepared = PreparedData(cfg.data)
         self.src_lengths = self.prepared.source_lengths()  # (recorded in each checkpoint: translate's auto splitting)
         self.model_cfg = run_model_config(cfg, self.prepared, model_overrides or {}, saved)
-        self.precision = train_precision(cfg.precision, self.device)
+        self.precision = train_precision(cfg.dtype, self.device)
         self.gpu_name, self.peak_flops = None, None  # the peak per GPU, for MFU
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
