@@ -544,3 +544,31 @@ def test_numbered_tags_are_elements_kept_around_their_words(copier, tmp_path):
     assert tags(out[key]) == tags(src[key]) == ["<1>", "</1>", "<3>", "</3>"]
     m = markup.read_tags(src[key])
     assert "<" not in m.plain and "src/App.js" in m.plain
+
+
+@pytest.mark.parametrize("name", ["w3c-voices.vtt", "youtube_dl.vtt"])
+def test_webvtt_voices_and_inline_timestamps_stay_in_their_cues(tmp_path, name):
+    """The WebVTT spec's voices example (<v Roger Bingham> at every cue's start, a sentence across two cues) and a
+    YouTube export (inline timestamps <00:05:04.199>, <c> spans, a timing line with no blank line before it), with a
+    model that copies word for word: webvtt-py reads the same cues, times, voices (at each cue's start) and each
+    cue's inline timestamps."""
+    import webvtt
+
+    from helpers import copy_model, save_model, save_word_tokenizer
+
+    source = (DATA / name).read_text(encoding="utf-8")
+    doc = files.read("vtt", name, source)
+    words = lambda t: re.findall(r"\w+|[^\w\s]+", t)  # noqa: E731
+    vocab = sorted({w for seg in doc.segments for w in words(seg.text)})
+    model = save_model(tmp_path / "copier", copy_model(n_words=len(vocab), max_len=min(64, 2 * (4 + len(vocab)))),
+                       save_word_tokenizer(tmp_path / "tok", vocab))
+    out = webvtt.from_string(translate_file(model, name, tmp_path)).captions
+    src = webvtt.from_string(source).captions
+    assert [(c.start, c.end, c.voice) for c in out] == [(c.start, c.end, c.voice) for c in src]
+    stamps = lambda c: re.findall(r"<[\d:.]+>", c.raw_text)  # noqa: E731
+    assert [stamps(c) for c in out] == [stamps(c) for c in src]
+    assert all(c.raw_text.startswith(f"<v {c.voice}>") for c in out if c.voice)
+    assert all(re.sub(r"<[^>]*>", "", c.raw_text).strip() for c in out)
+    # whatever the words' order and alignment (here: reversed, no tags), each voice stays at its cue's start
+    reordered = webvtt.from_string(doc.write([" ".join(reversed(r.text.split())) for r in doc.segments])).captions
+    assert [c.voice for c in reordered] == [c.voice for c in src]

@@ -438,24 +438,48 @@ def _subtitles(fmt: str) -> Callable:
             if start + k + 1 < i:
                 cues.append((start + k + 1, i))
         groups = _sentence_groups(lines, cues)
-        segments = []
-        for g in groups:
-            fragment = " ".join(f'<tfcli-cue n="{n}">' + " ".join(lines[a:b]) + "</tfcli-cue>"
-                                for n, (a, b) in enumerate(g))
-            m = markups.read_html(fragment, escape=lambda s: s)
-            segments.append(Request(m.plain, path, g[0][0] + 1, extra={"markup": m}))
+        voices = {cue: _voice(" ".join(lines[cue[0]:cue[1]])) for cue in cues}
+        segments = [Request((m := _cue_markup(g, voices)).plain, path, g[0][0] + 1, extra={"markup": m})
+                    for g in groups]
 
         def write(outs: list[str]) -> str:
             new = list(lines)
             for g, out in zip(groups, outs):
                 texts = _cue_texts(out, len(g))
                 for (a, b), cue_text in zip(g, texts):
-                    new[a:b] = [_wrap(cue_text, b - a)] + [None] * (b - a - 1)
+                    head, _, tail = voices[(a, b)]
+                    new[a:b] = [head + _wrap(cue_text, b - a) + tail] + [None] * (b - a - 1)
             return "\n".join(line for line in new if line is not None)
 
         return Document(segments, write)
 
     return reader
+
+
+_VOICE = re.compile(r"\s*(<v(?:\.[^\s>]*)?(?:\s[^>]*)?>)")  # a voice span's start tag, at a cue's start
+_TIMESTAMP = re.compile(r"<((?:\d+:)?\d{2}:\d{2}\.\d{3})>")  # a karaoke-style inline timestamp
+_TIMESTAMP_TAG = re.compile(r'<tfcli-t t="([\d:.]+)"/>')
+
+
+def _voice(text: str) -> tuple[str, str, str]:
+    """A cue's text as (its voice's start tag at the cue's start, the rest, its `</v>` at the end), so that the
+    speaker stays at the start of the cue it was at, whatever the words' order."""
+    m = _VOICE.match(text)
+    if not m:
+        return "", text, ""
+    body = text[m.end():]
+    tail = "</v>" if body.rstrip().endswith("</v>") else ""
+    return m.group(1), body.rstrip()[:-4] if tail else body, tail
+
+
+def _cue_markup(group: list[tuple[int, int]], voices: dict) -> markups.Markup:
+    """The segment of a group of cues: each cue's text (without its voice) in a tfcli-cue element, read as HTML;
+    inline timestamps kept as tags where they stand."""
+    fragment = " ".join(f'<tfcli-cue n="{n}">' + voices[cue][1] + "</tfcli-cue>" for n, cue in enumerate(group))
+    m = markups.read_html(_TIMESTAMP.sub(r'<tfcli-t t="\1"/>', fragment), escape=lambda s: s)
+    for node in m.root.walk():
+        node.open = _TIMESTAMP_TAG.sub(r"<\1>", node.open)
+    return m
 
 
 def _block_end(lines: list[str], start: int, fmt: str) -> int:
