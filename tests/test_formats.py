@@ -572,3 +572,32 @@ def test_webvtt_voices_and_inline_timestamps_stay_in_their_cues(tmp_path, name):
     # whatever the words' order and alignment (here: reversed, no tags), each voice stays at its cue's start
     reordered = webvtt.from_string(doc.write([" ".join(reversed(r.text.split())) for r in doc.segments])).captions
     assert [c.voice for c in reordered] == [c.voice for c in src]
+
+
+def _outside_msgstr(text: str) -> list[str]:
+    """A PO file's lines but its msgstr blocks, with the fuzzy flag left out: what a translation must keep."""
+    out, in_msgstr = [], False
+    for line in text.split("\n"):
+        if line.startswith("msgstr"):
+            in_msgstr = True
+            continue
+        if in_msgstr and line.startswith('"'):
+            continue
+        in_msgstr = False
+        if line.strip() == "#, fuzzy":
+            continue
+        if line.startswith("#,"):
+            line = re.sub(r",\s*fuzzy\b", "", line)
+        out.append(line)
+    return out
+
+
+@pytest.mark.parametrize("name", ["django.de.po", "djangojs.po", "messages.ru.po"])
+def test_po_keeps_every_byte_outside_the_msgstrs_it_writes(copier, tmp_path, name):
+    """A catalogue comes back byte for byte where nothing is translated (polib's writer re-wrapped strings and
+    comments), and with --overwrite only its msgstr lines and fuzzy flags differ."""
+    source = (DATA / name).read_text(encoding="utf-8")
+    if name == "django.de.po":  # (every entry has its translation: nothing to do)
+        assert translate_file(copier, name, tmp_path) == source
+    out = translate_file(copier, name, tmp_path, "--overwrite")
+    assert out != source and _outside_msgstr(out) == _outside_msgstr(source)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from tfcli.console import warn
-from tfcli.errors import InputError
+from tfcli.errors import InputError, TfcliError
 from tfcli.formats import markup as markups
 from tfcli.request import Request
 
@@ -577,7 +577,7 @@ def _po(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document
         todo.append((entry, spans))
 
     def write(outs: list[str]) -> str:
-        pos = 0
+        pos, filled = 0, []
         for entry, spans in todo:
             texts = []
             for n in spans:
@@ -587,18 +587,107 @@ def _po(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document
                 entry.msgstr_plural = {k: texts[0] if k == 0 else texts[1] for k in range(nplurals)}
             else:
                 entry.msgstr = texts[0]
-            if "fuzzy" not in entry.flags:
-                entry.flags.append("fuzzy")
+            filled.append(entry)
+        header = {}
         if tgt_lang and todo and not po.metadata.get("Language"):
-            po.metadata["Language"] = tgt_lang
+            header["Language"] = tgt_lang
         if any(entry.msgid_plural for entry, _ in todo) and rule != po.metadata.get("Plural-Forms"):
             if rule == _GETTEXT_DEFAULT:
                 warn(f"{path}: no Plural-Forms header and no known target language: wrote gettext's default "
                      f"({rule}); set the catalogue's Language header (or --tgt-lang) for the language's own rule")
-            po.metadata["Plural-Forms"] = rule
-        return str(po) + ("\n" if text.endswith("\n") else "")
+            header["Plural-Forms"] = rule
+        return _po_spliced(text, [e for e in po if not e.obsolete and e.msgid], filled, header, _po_width(text))
 
     return Document(segments, write)
+
+
+def _po_entries(lines: list[str]) -> list[dict]:
+    """Each entry of a PO file (checked by _check_po) by its lines: `comments` (the first comment line's index),
+    `keys` (its first keyword line's), `msgid` (the msgid's first line), `msgstr` ((first, end) of its msgstr
+    lines, continuation strings included); obsolete entries (#~) are comments."""
+    entries, comments, current, block = [], None, None, None
+    for k, line in enumerate(lines):
+        stripped = line.strip()
+        keyword = stripped.split(None, 1)[0] if stripped and not stripped.startswith(("#", '"')) else None
+        if keyword is None and stripped.startswith('"'):
+            if block == "msgstr":
+                current["msgstr"][1] = k + 1
+            continue
+        if keyword is None:  # a comment or a blank line: the entry before (if any) has ended
+            block = None
+            if stripped.startswith("#") and comments is None:
+                comments = k
+            if not stripped:
+                comments = None
+            continue
+        if keyword in ("msgctxt", "msgid") and block in (None, "msgstr"):
+            current = {"comments": comments if comments is not None else k, "keys": k, "msgid": None,
+                       "msgstr": None}
+            entries.append(current)
+            comments = None
+        block = "msgstr" if keyword.startswith("msgstr") else keyword
+        if keyword == "msgid":
+            current["msgid"] = k
+        if block == "msgstr" and current["msgstr"] is None:
+            current["msgstr"] = [k, k + 1]
+        elif block == "msgstr":
+            current["msgstr"][1] = k + 1
+    return entries
+
+
+def _po_spliced(text: str, entries, filled, header: dict, width: int) -> str:
+    """The PO file `text` with the `filled` entries' msgstr lines written in place and each marked fuzzy, the
+    `header` fields set: every other byte as it was (polib's writer re-wraps comments; a URL broke at a hyphen)."""
+    import polib
+
+    lines = text.split("\n")
+    spans = _po_entries(lines)
+    is_header = [lines[s["msgid"]].strip() == 'msgid ""' and s["keys"] == s["msgid"]
+                 and not lines[s["msgid"] + 1].lstrip().startswith('"') for s in spans]
+    spans = [s for s, h in zip(spans, is_header) if not h] if len(spans) == len(entries) + 1 else spans
+    if len(spans) != len(entries):  # (what the line scanner and polib read must agree; else polib writes it)
+        raise TfcliError("internal: the PO entries read two ways differ")
+    at = {id(e): s for e, s in zip(entries, spans)}
+    edits = []  # (first line, end line, new lines), applied from the end
+    for entry in filled:
+        s = at[id(entry)]
+        new = polib.POEntry(msgid=entry.msgid, msgid_plural=entry.msgid_plural, msgstr=entry.msgstr,
+                            msgstr_plural=entry.msgstr_plural).__unicode__(width).split("\n")
+        edits.append((s["msgstr"][0], s["msgstr"][1], [x for x in _from_msgstr(new)]))
+        comments = lines[s["comments"]:s["keys"]]
+        flags = next((s["comments"] + i for i, c in enumerate(comments) if c.startswith("#,")), None)
+        if flags is not None and "fuzzy" not in re.split(r"[,\s]+", lines[flags]):
+            edits.append((flags, flags + 1, [lines[flags].rstrip() + ", fuzzy"]))
+        elif flags is None:
+            before = next((s["comments"] + i for i, c in enumerate(comments) if c.startswith("#|")), s["keys"])
+            edits.append((before, before, ["#, fuzzy"]))
+    if header and len(is_header) and is_header[0]:
+        edits.append(_header_edit(lines, _po_entries(lines)[0], header))
+    for first, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        lines[first:end] = new
+    return "\n".join(lines)
+
+
+def _from_msgstr(lines: list[str]) -> list[str]:
+    """The msgstr lines of polib's rendering of an entry (its msgstr keyword line to its last string line)."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("msgstr"))
+    end = max(i for i, line in enumerate(lines) if line.startswith(("msgstr", '"'))) + 1
+    return lines[start:end]
+
+
+def _header_edit(lines: list[str], span: dict, fields: dict) -> tuple[int, int, list[str]]:
+    """The header entry's msgstr lines with `fields` set: a field's line replaced where it is there, else added
+    after the last."""
+    first, end = span["msgstr"]
+    block = list(lines[first:end])
+    for name, value in fields.items():
+        line = f'"{name}: {value}\\n"'
+        k = next((i for i, x in enumerate(block) if x.startswith(f'"{name}:')), None)
+        if k is None:
+            block.append(line)
+        else:
+            block[k] = line
+    return first, end, block
 
 
 def _check_po(path: str, lines: list[str]) -> None:
