@@ -786,38 +786,99 @@ def _xliff(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Docum
         todo.append((holder, source, target))
 
     def write(outs: list[str]) -> str:
-        for (holder, source, target), out in zip(todo, outs):
-            new = etree.fromstring(f"<target{_declarations(source)}>{out}</target>")
-            if target is not None:
-                new.attrib.update({k: v for k, v in target.attrib.items() if k != "state"})
-                new.tail = target.tail
-                holder.replace(target, new)
-            else:  # (after its source, indented as the source is)
-                before = source.getprevious()
-                new.tail = source.tail
-                source.tail = (before.tail if before is not None else holder.text) or source.tail
-                source.addnext(new)
-            if version.startswith("1."):
-                new.set("state", "needs-review-translation")
-            else:
-                holder.set("state", "translated")
-        tag = re.search(r"<(?:\w+:)?xliff\b[^>]*>", text).group()  # (lxml would write its namespaces first)
-        if todo and tgt_lang:  # (XLIFF 2 wants trgLang on a document with targets; 1.2 target-language on a file)
-            if version.startswith("2.") and root.get("trgLang") is None:
-                tag = tag[:-1] + f' trgLang="{tgt_lang}">'
-            for f in root.iter(q("file")) if version.startswith("1.") else ():
-                if f.get("target-language") is None:
-                    f.set("target-language", tgt_lang)
-        if todo and version.startswith("2.") and root.get("trgLang") is None and not tgt_lang:
-            warn(f"{path}: XLIFF 2 wants trgLang on <xliff> once it holds targets, and the target language is not "
-                 "known here: set it in the file (or give a multilingual model's --tgt-lang)")
-        declaration = re.match(r"<\?xml[^>]*\?>\s*", text)
-        etree.cleanup_namespaces(root)
-        body = etree.tostring(root.getroottree(), encoding="unicode")
-        body = re.sub(r"<(?:\w+:)?xliff\b[^>]*>", lambda _: tag, body, count=1)
-        return (declaration.group() if declaration else "") + body + ("\n" if text.endswith("\n") else "")
+        return _xliff_written(path, text, root, q, version, todo, outs, tgt_lang)
 
     return Document(segments, write)
+
+
+def _xliff_written(path: str, text: str, root, q, version: str, todo: list, outs: list[str],
+                   tgt_lang: str | None) -> str:
+    """The XLIFF document `text` with each of `todo`'s (holder, source, target) given its translation in `outs`,
+    written into the document's own text: a target replaced, or a new one after its source (indented as the
+    source is), the states and target language set; every other byte as it was (lxml's writer rewrote
+    &apos;, line breaks in attribute values and CDATA)."""
+    from lxml import etree
+
+    tags = _xml_tags(text)
+    elements = list(root.iter(tag=etree.Element))
+    if len(tags) != len(elements):  # (what the tag scanner and lxml read must agree)
+        raise TfcliError("internal: the XLIFF elements read two ways differ")
+    at = {id(e): t for e, t in zip(elements, tags)}
+    edits = []  # (start, end, new text)
+    for (holder, source, target), out in zip(todo, outs):
+        state = "needs-review-translation" if version.startswith("1.") else None
+        if target is not None:
+            t = at[id(target)]
+            open_tag = _with_attribute(text[t[0]:t[1]].rstrip("/>").rstrip() + ">", "state", state)
+            edits.append((t[0], t[3], f"{open_tag}{out}</{_qname(open_tag)}>"))
+        else:  # (after its source, indented as the source is)
+            s = at[id(source)]
+            indent = re.search(r"\s*$", text[:s[0]]).group()
+            name = _qname(text[s[0]:s[1]]).replace("source", "target")
+            state_attr = f' state="{state}"' if state else ""
+            edits.append((s[3], s[3], f"{indent}<{name}{state_attr}>{out}</{name}>"))
+        if not version.startswith("1."):
+            h = at[id(holder)]
+            edits.append((h[0], h[1], _with_attribute(text[h[0]:h[1]], "state", "translated")))
+    if todo and tgt_lang:  # (XLIFF 2 wants trgLang on a document with targets; 1.2 target-language on a file)
+        for e, name in ([(root, "trgLang")] if version.startswith("2.") else
+                        [(f, "target-language") for f in root.iter(q("file"))]):
+            if e.get(name) is None:
+                t = at[id(e)]
+                edits.append((t[0], t[1], _with_attribute(text[t[0]:t[1]], name, tgt_lang)))
+    if todo and version.startswith("2.") and root.get("trgLang") is None and not tgt_lang:
+        warn(f"{path}: XLIFF 2 wants trgLang on <xliff> once it holds targets, and the target language is not "
+             "known here: set it in the file (or give a multilingual model's --tgt-lang)")
+    out = _spliced(text, edits)
+    try:  # (the targets are the markup stage's well-formed renderings; checked, never assumed)
+        etree.fromstring(out.encode(), etree.XMLParser(resolve_entities=False))
+    except etree.XMLSyntaxError as e:
+        raise TfcliError(f"{path}: internal: the translated XLIFF is not well-formed ({e.msg})") from None
+    return out
+
+
+_XML_TOKEN = re.compile(r"<!--.*?-->|<!\[CDATA\[.*?\]\]>|<\?.*?\?>|<!DOCTYPE(?:[^\[>]|\[[^\]]*\])*>"
+                        r"|</([\w:.-]+)\s*>|<([\w:.-]+)(?:\s+[\w:.-]+\s*=\s*(?:\"[^\"]*\"|'[^']*'))*\s*(/?)>", re.DOTALL)
+
+
+def _xml_tags(text: str) -> list[tuple[int, int, int, int]]:
+    """Each element of an XML document, in document order (lxml's iter()): (start tag's start, its end, end tag's
+    start, its end) as offsets into `text`; a self-closing element's end tag is its start tag."""
+    out, open_ = [], []
+    for m in _XML_TOKEN.finditer(text):
+        if m.group(2):  # a start tag
+            out.append([m.start(), m.end(), m.start(), m.end()])
+            if not m.group(3):
+                open_.append(len(out) - 1)
+        elif m.group(1):  # an end tag
+            k = open_.pop()
+            out[k][2], out[k][3] = m.start(), m.end()
+    return [tuple(t) for t in out]
+
+
+def _qname(tag: str) -> str:
+    return re.match(r"</?([\w:.-]+)", tag).group(1)
+
+
+def _with_attribute(tag: str, name: str, value: str | None) -> str:
+    """A start tag with attribute `name` set to `value` (replaced where it has one, else added last); None: as
+    it is."""
+    if value is None:
+        return tag
+    attr = re.compile(rf"""(\s{re.escape(name)}\s*=\s*)(?:"[^"]*"|'[^']*')""")
+    if attr.search(tag):
+        return attr.sub(lambda m: f'{m.group(1)}"{value}"', tag, count=1)
+    end = len(tag) - (2 if tag.endswith("/>") else 1)
+    return f'{tag[:end].rstrip()} {name}="{value}"{tag[end:]}'
+
+
+def _spliced(text: str, edits: list[tuple[int, int, str]]) -> str:
+    """`text` with each (start, end, new) span replaced, the rest as it was."""
+    out, pos = [], 0
+    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1])):
+        out += [text[pos:start], new]
+        pos = end
+    return "".join(out) + text[pos:]
 
 
 def _translatable(holder) -> bool:
