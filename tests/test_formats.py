@@ -620,3 +620,41 @@ def test_xliff_keeps_every_byte_outside_the_targets_it_writes(copier, tmp_path, 
         assert translate_file(copier, name, tmp_path) == source
     out = translate_file(copier, name, tmp_path, "--overwrite")
     assert out != source and _outside_targets(out) == _outside_targets(source)
+
+
+def _markdown_structure(text: str) -> list:
+    """markdown-it-py's token stream of a Markdown text apart from its words: every block and inline token's type,
+    tag and markup, code spans and fences whole, link targets (references resolved), images; text, line breaks and
+    a paragraph's line count left out."""
+    from markdown_it import MarkdownIt
+
+    out = []
+    for tok in MarkdownIt("commonmark").enable("table").parse(text):
+        for t in [tok] + list(tok.children or []):
+            if t.type in ("text", "softbreak", "hardbreak", "inline"):
+                continue
+            keep = t.content if t.type in ("code_inline", "fence", "code_block", "html_inline", "html_block") else ""
+            out.append((t.type, t.tag, t.markup, keep, t.attrs.get("href"), t.attrs.get("src")))
+    return out
+
+
+@pytest.mark.parametrize("name", ["hugo-imaging.md", "keyboard-shortcuts.md", "markdown-it-py.md"])
+def test_markdown_structure_is_the_sources_apart_from_the_words(tmp_path, name):
+    """Hugo's documentation page (code-toggle shortcodes holding TOML, an inline shortcode, a [!note] alert,
+    collapsed references after other brackets), GitHub docs and markdown-it-py's README: markdown-it-py reads
+    the output as the source, code spans, link targets and images included, apart from the words; the TOML inside
+    shortcodes and the alert's marker line come back as written."""
+    from helpers import copy_model, save_model, save_word_tokenizer
+
+    source = (DATA / name).read_text(encoding="utf-8")
+    plain = [r.extra["markup"].plain for r in files.read("markdown", name, source).segments]
+    vocab = sorted({w for text in plain for w in re.findall(r"\w+|[^\w\s]+", text)})  # (the word tokenizer's)
+    longest = max(len(re.findall(r"\w+|[^\w\s]+", text)) for text in plain) + 2
+    model = save_model(tmp_path / "copier", copy_model(n_words=max(len(vocab), longest), max_len=2 * longest),
+                       save_word_tokenizer(tmp_path / "tok", vocab + [f"x{i}" for i in range(longest - len(vocab))]))
+    out = translate_file(model, name, tmp_path, "--split-sentences", "never")
+    assert _markdown_structure(out) == _markdown_structure(source)
+    if name == "hugo-imaging.md":
+        for block in re.findall(r"\{\{< code-toggle file=hugo >\}\}\n.*?\{\{< /code-toggle >\}\}", source, re.DOTALL):
+            assert block in out
+        assert "\n> [!note]\n> " in out and "{{< new-in 0.153.5 />}}" in out

@@ -190,7 +190,10 @@ def _markdown(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Do
     front = re.match(r"---\n.*?\n(---|\.\.\.)\n", text, re.DOTALL)
     if front:  # (front matter: blank lines to the parser, kept as written)
         body = "\n" * front.group().count("\n") + text[front.end():]
-    tokens = MarkdownIt("commonmark").enable("table").parse(body)
+    env: dict = {}
+    tokens = MarkdownIt("commonmark").enable("table").parse(body, env)
+    references = set(env.get("references", {}))
+    raw_lines = _shortcode_raw_lines(lines)
     segments, edits = [], []  # edits: (line, start, end) of each content line of a segment, first line first
     cursor: dict[int, int] = {}
     block_map = None
@@ -199,6 +202,9 @@ def _markdown(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Do
             block_map = tok.map
         if tok.type != "inline" or not tok.content.strip() or block_map is None:
             continue
+        alert = _ALERT.match(tok.content)
+        if alert:  # (a GitHub alert's marker stays alone on its line: the rest is the segment)
+            tok = _without_first_line(tok, alert.end())
         where = []
         line = block_map[0]
         for content_line in tok.content.split("\n"):
@@ -209,9 +215,9 @@ def _markdown(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Do
                     cursor[line] = at + len(content_line.strip())
                     break
                 line += 1
-        if len(where) != len(tok.content.split("\n")):
-            continue  # (content the parser rewrote beyond finding: left as written)
-        markup = _markdown_markup(tok)
+        if len(where) != len(tok.content.split("\n")) or any(w[0] in raw_lines for w in where):
+            continue  # (content the parser rewrote beyond finding, or a raw shortcode's: left as written)
+        markup = _markdown_markup(tok, references)
         if not markup.plain:
             continue  # (images, code and links without a word: nothing to translate, left as written)
         segments.append(Request(tok.content, path, where[0][0] + 1, extra={"markup": markup}))
@@ -236,12 +242,41 @@ def _markdown(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Do
     return Document(segments, write)
 
 
+_ALERT = re.compile(r"\[!(?:NOTE|TIP|IMPORTANT|WARNING|CAUTION)\][ \t]*\n", re.IGNORECASE)  # an alert's first line
+_SHORTCODE = re.compile(r"(\{\{<.*?>\}\}|\{\{%.*?%\}\})", re.DOTALL)  # Hugo's {{< name ... >}}, {{% ... %}}
+
+
+def _shortcode_raw_lines(lines: list[str]) -> set[int]:
+    """The lines inside a paired `{{< name >}}` ... `{{< /name >}}` shortcode (its content is raw: code, TOML),
+    which are never translated; `{{% %}}` content is Markdown and is."""
+    raw, opened = set(), []
+    for k, line in enumerate(lines):
+        for m in re.finditer(r"\{\{<\s*(/?)\s*([\w-]+)[^>]*?(/?)>\}\}", line):
+            if m.group(1) and opened and opened[-1][0] == m.group(2):
+                raw.update(range(opened.pop()[1] + 1, k))
+            elif not m.group(1) and not m.group(3):
+                opened.append((m.group(2), k))
+    return raw
+
+
+def _without_first_line(tok, cut: int):
+    """An inline token without its first content line (`cut`: where the next begins): content and children."""
+    import copy
+
+    out = copy.copy(tok)
+    out.content = tok.content[cut:]
+    children = tok.children or []
+    first_break = next((i for i, c in enumerate(children) if c.type in ("softbreak", "hardbreak")), len(children))
+    out.children = children[first_break + 1:]
+    return out
+
+
 class _Brackets:
     """The links and images of an inline token's source (`content`), in order, as written: what a link's closing
     is (`](target "title")`, `][label]`), and an image's whole text, which the parser's tokens no longer say."""
 
-    def __init__(self, content: str):
-        self.s = content
+    def __init__(self, content: str, references: set[str] = frozenset()):
+        self.s, self.references = content, references  # (the document's reference labels, normalised)
         self.at = {True: 0, False: 0}  # where the next image's, and the next link's, search starts
 
     def _skip(self, k: int) -> int:
@@ -282,13 +317,23 @@ class _Brackets:
         m = re.match(r"\[(?:[^\]\\]|\\.)*\]", self.s[k + 1 :])
         return k + 1 + m.end() if m else k + 1
 
+    def _is_link(self, k: int) -> bool:
+        """Whether the brackets at k can be a link: followed by `(` or `[`, or a shortcut whose label the document
+        defines (`[Ctrl]`, `[!NOTE]`, `[1]` without a definition are text)."""
+        from markdown_it.common.utils import normalizeReference
+
+        close = self._match(k)
+        if close is None:
+            return False
+        return self.s[close + 1 : close + 2] in ("(", "[") or normalizeReference(self.s[k + 1 : close]) in self.references
+
     def next(self, image: bool) -> tuple[str, str] | None:
         """The next link's (text, closing) or image's (text, whole source); None where the source does not show it."""
         k = self.at[image]
         while k < len(self.s):
             if self._skip(k) != k:
                 k = self._skip(k)
-            elif self.s[k] == "[" and (self.s[k - 1 : k] == "!") == image:
+            elif self.s[k] == "[" and (self.s[k - 1 : k] == "!") == image and self._is_link(k):
                 break
             elif self.s[k] == "[" and not image:  # (an image, its label too, is no link)
                 close = self._match(k)
@@ -340,20 +385,24 @@ def _written(tok) -> str:
     return tok.content if tok.type in ("text", "html_inline") else tok.markup
 
 
-def _markdown_markup(tok) -> markups.Markup:
+def _markdown_markup(tok, references: set[str] = frozenset()) -> markups.Markup:
     """An inline token's children as a Markup: emphasis, strong, strikethrough and links paired nodes (a link's
     target kept as written: inline, or a reference, whose label a shortcut `[text]` gets, since its text is
     translated), inline code, images, autolinks and inline HTML fixed."""
     b = markups.Builder()
     children = tok.children or []
-    raw = _Brackets(tok.content)
+    raw = _Brackets(tok.content, references)
     closings: list[str] = []
     i = 0
     while i < len(children):
         c = children[i]
         kind = c.type
         if kind == "text":
-            b.text(c.content)
+            for k, piece in enumerate(_SHORTCODE.split(c.content)):  # (Hugo's shortcodes: structure, kept)
+                if k % 2:
+                    b.fixed(piece, placeholder=True)
+                elif piece:
+                    b.text(piece)
         elif kind in ("softbreak", "hardbreak"):
             b.text(" ")
         elif kind == "code_inline":
