@@ -658,3 +658,56 @@ def test_markdown_structure_is_the_sources_apart_from_the_words(tmp_path, name):
         for block in re.findall(r"\{\{< code-toggle file=hugo >\}\}\n.*?\{\{< /code-toggle >\}\}", source, re.DOTALL):
             assert block in out
         assert "\n> [!note]\n> " in out and "{{< new-in 0.153.5 />}}" in out
+
+
+def _icu_shape(message: str):
+    """An ICU message's structure as pyicumessageformat reads it, apart from its words: each argument's name and
+    type, each plural/select's case keys (with their bodies' shapes), `#`, and the inline elements (XLIFF's <x/>,
+    numbered tags) in order."""
+    from pyicumessageformat import Parser
+
+    tags = re.findall(r"<[^>]*>", message)
+    parsed = Parser({"allow_tags": False}).parse(re.sub(r"<[^>]*>", "", message))
+
+    def shape(node):
+        if isinstance(node, str):
+            return None
+        if isinstance(node, list):
+            return [s for s in map(shape, node) if s is not None]
+        return (node.get("name"), node.get("type"), node.get("hash", False),
+                {k: shape(v) for k, v in (node.get("options") or {}).items()})
+
+    return shape(parsed), tags
+
+
+def test_icu_messages_keep_their_structure_and_their_cases_are_translated(tmp_path):
+    """ICU MessageFormat (Angular's XLIFF example: plural and nested select, <x/> inside a case; react-i18next's
+    ICU catalogue: `#`, numbered tags inside cases, a plural inside a tag): every translated message parses as
+    ICU with the same arguments, types, case keys, `#` and inline elements as its source; the case texts are what
+    is translated (the model sees no ICU syntax)."""
+    from helpers import copy_model, save_model, save_word_tokenizer
+
+    for name, fmt in (("angular-messages.fr.xlf", "xliff"), ("react-icu.json", "json")):
+        source = (DATA / name).read_text(encoding="utf-8")
+        doc = files.read(fmt, name, source, overwrite=True)
+        texts = [r.text for r in doc.segments]
+        assert texts and not any(re.search(r"\b(plural|select)\s*,", re.sub(r"<[^>]*>", "", t)) for t in texts)
+        plain = [re.sub(r"<[^>]*>|\{[^{}]*\}", " ", t) for t in texts]
+        vocab = sorted({w for t in plain for w in re.findall(r"\w+|[^\w\s]+", t)})
+        longest = max(len(re.findall(r"\w+|[^\w\s]+", t)) for t in plain) + 2
+        n = max(len(vocab), longest)
+        (tmp_path / name).mkdir()
+        model = save_model(tmp_path / name / "copier", copy_model(n_words=n, max_len=2 * longest),
+                           save_word_tokenizer(tmp_path / name / "tok", vocab + [f"x{i}" for i in range(n - len(vocab))]))
+        out = translate_file(model, name, tmp_path, "--overwrite")
+        if fmt == "json":
+            pairs = list(zip(json.loads(source).values(), json.loads(out).values()))
+        else:
+            ns = {"x": "urn:oasis:names:tc:xliff:document:1.2"}
+            units = ET.fromstring(out.encode()).iter("{urn:oasis:names:tc:xliff:document:1.2}trans-unit")
+            inner = lambda e: (e.text or "") + "".join(ET.tostring(c, encoding="unicode") for c in e)  # noqa: E731
+            pairs = [(inner(u.find("x:source", ns)), inner(u.find("x:target", ns))) for u in units]
+        icu = [(s, t) for s, t in pairs if re.search(r"\b(plural|select)\s*,", re.sub(r"<[^>]*>", "", s))]
+        assert len(icu) >= 3
+        for s, t in icu:
+            assert _icu_shape(t) == _icu_shape(s), (s, t)

@@ -74,6 +74,114 @@ def _kind(text: str) -> str:
     return "tags" if re.search(r"</?[A-Za-z][\w-]*(\s[^<>]*)?/?>|</?\d+\s*/?>", text) else "text"
 
 
+# --- ICU MessageFormat -------------------------------------------------------------------------------------------
+
+_ICU_HEAD = re.compile(r"\{\s*[^\s,{}]+\s*,\s*(plural|select|selectordinal)\s*,")
+_ICU_CASE = re.compile(r"\s*(?:offset:\s*\d+\s*)?(=\d+|[^\s{}]+)\s*\{")
+
+
+def _closing(text: str, start: int) -> int | None:
+    """The index of the `}` that closes the `{` at `start` (nested braces counted)."""
+    depth = 0
+    for k in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0:
+            return k
+    return None
+
+
+def _icu_expressions(text: str) -> list[tuple[int, int, str, list[tuple[int, int]]]]:
+    """The top-level ICU plural/select/selectordinal expressions of a message: (start, end, type, each case
+    body's (start, end)), offsets into `text`; [] where there is none or one does not parse."""
+    text = re.sub(r"<[^>]*>", lambda t: " " * len(t.group()), text)  # (braces inside a tag are its own)
+    out, k = [], 0
+    while True:
+        m = _ICU_HEAD.search(text, k)
+        if not m:
+            return out
+        end = _closing(text, m.start())
+        if end is None:
+            return []
+        cases, j = [], m.end()
+        while j < end:
+            c = _ICU_CASE.match(text, j)
+            if not c:
+                break
+            close = _closing(text, c.end() - 1)
+            if close is None or close > end:
+                return []
+            cases.append((c.end(), close))
+            j = close + 1
+        if not cases or text[j:end].strip():
+            return []
+        out.append((m.start(), end + 1, m.group(1), cases))
+        k = end + 1
+
+
+def _icu_message(text: str) -> tuple[list[tuple[str, bool]], Callable[[list[str]], str]] | None:
+    """An ICU message as the texts to translate, each with whether `#` in it is the plural's number, and how to
+    put their translations back: the message with each plural/select expression as a placeholder `{ICU_n}` (where
+    it holds words), then each case's body (its own expressions likewise). Argument names, keywords, case keys
+    and braces are kept as written. None: no ICU plural/select in it."""
+    exprs = _icu_expressions(text)
+    if not exprs:
+        return None
+    outer, pos = [], 0
+    for n, (start, end, _, _) in enumerate(exprs):
+        outer += [text[pos:start], f"{{ICU_{n}}}"]
+        pos = end
+    outer_text = "".join(outer + [text[pos:]])
+    parts: list[tuple[str, bool]] = []
+    has_words = bool(re.search(r"\w", re.sub(r"\{ICU_\d+\}", "", outer_text)))
+    if has_words:
+        parts.append((outer_text, False))
+    bodies = []  # per expression, per case: (the case's parts, its join)
+    for start, end, kind, cases in exprs:
+        for a, b in cases:
+            inner = _icu_message(text[a:b])
+            body = inner if inner is not None else ([(text[a:b], kind != "select")], lambda outs: outs[0])
+            bodies.append(body)
+            parts += body[0]
+
+    def join(outs: list[str]) -> str:
+        top = outs[0] if has_words else outer_text
+        k, b, rebuilt = int(has_words), 0, []
+        for start, end, _, cases in exprs:
+            expr, at = [], start
+            for a, c in cases:
+                n = len(bodies[b][0])
+                expr += [text[at:a], bodies[b][1](outs[k:k + n])]
+                k, b, at = k + n, b + 1, c
+            rebuilt.append("".join(expr + [text[at:end]]))
+        for n, r in enumerate(rebuilt):
+            top = top.replace(f"{{ICU_{n}}}", r, 1)
+        return top
+
+    return parts, join
+
+
+def _message(value: str, path: str, lineno: int, markup: str | None = None):
+    """A message string's Requests and how to join their translations back: its lines (a newline inside it kept;
+    an XML message, `markup` xml, whole), or with ICU plural/select its parts (`_icu_message`), `#` held as a placeholder in a plural's cases; a part
+    without a word is kept as written. `markup`: the reader's (else tags where it holds one, else text)."""
+    icu = _icu_message(value)
+    if icu is None and markup is not None:  # (an XML message: one segment, its elements may span lines)
+        return [Request(value, path, lineno, extra={"markup": markup})], lambda outs: outs[0]
+    if icu is None:
+        return [Request(line, path, lineno + k, extra={"markup": _kind(value)})
+                for k, line in enumerate(value.split("\n"))], "\n".join
+    parts, join = icu
+    texts = [re.sub(r"(?<!&)#", "{#}", t) if number else t for t, number in parts]
+    send = [bool(re.search(r"\w", re.sub(r"<[^>]*>|\{[^{}]*\}", "", t))) for t in texts]
+    reqs = [Request(t, path, lineno, extra={"markup": markup or _kind(t)}) for t, go in zip(texts, send) if go]
+
+    def joined(outs: list[str]) -> str:
+        it = iter(outs)
+        return join([next(it).replace("{#}", "#") if go else t for (t, _), go in zip(parts, send)])
+
+    return reqs, joined
+
+
 # --- html-page ----------------------------------------------------------------------------------------------------
 
 _SEGMENT_BREAKS = markups.BLOCK | {"html", "head", "body", "title", "option", "button", "caption", "label",
@@ -831,8 +939,10 @@ def _xliff(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Docum
         inner = _inner(source, ns)
         if not inner.strip():
             continue
-        segments.append(Request(inner, path, source.sourceline or 1, extra={"markup": "xml"}))
-        todo.append((holder, source, target))
+        reqs, join = _message(inner, path, source.sourceline or 1, "xml")
+        if reqs:
+            segments += reqs
+            todo.append((holder, source, target, len(reqs), join))
 
     def write(outs: list[str]) -> str:
         return _xliff_written(path, text, root, q, version, todo, outs, tgt_lang)
@@ -854,7 +964,9 @@ def _xliff_written(path: str, text: str, root, q, version: str, todo: list, outs
         raise TfcliError("internal: the XLIFF elements read two ways differ")
     at = {id(e): t for e, t in zip(elements, tags)}
     edits = []  # (start, end, new text)
-    for (holder, source, target), out in zip(todo, outs):
+    pos = 0
+    for holder, source, target, n, join in todo:
+        out, pos = join(outs[pos:pos + n]), pos + n
         state = "needs-review-translation" if version.startswith("1.") else None
         if target is not None:
             t = at[id(target)]
@@ -982,25 +1094,26 @@ def _json(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Docume
             strings.append((trail, node))
 
     walk(data, [])
-    segments, spans = [], []
+    segments, spans, joins = [], [], []
     for n, (trail, value) in enumerate(strings):
         lineno = _line_of(text, values[n]) if n < len(values) else 1
-        reqs = _lines(value, path, lineno, _kind(value)) if value.strip() else []
+        reqs, join = _message(value, path, lineno) if value.strip() else ([], None)
         spans.append(len(reqs))
+        joins.append(join)
         segments += reqs
     indent = re.search(r"\n([ \t]+)\S", text)
 
     def write(outs: list[str]) -> str:
         pos = 0
-        for (trail, value), n in zip(strings, spans):
+        for (trail, value), n, join in zip(strings, spans, joins):
             if not n:
                 continue
             holder = data
             for key in trail[:-1]:
                 holder = holder[key]
-            holder[trail[-1]] = "\n".join(outs[pos : pos + n])
+            holder[trail[-1]] = join(outs[pos : pos + n])
             pos += n
-        result = data if strings and strings[0][0] else ("\n".join(outs[:spans[0]]) if spans and spans[0] else data)
+        result = data if strings and strings[0][0] else (joins[0](outs[:spans[0]]) if spans and spans[0] else data)
         dumped = json.dumps(result, ensure_ascii=False, indent=indent.group(1) if indent else None)
         return dumped + ("\n" if text.endswith("\n") else "")
 
