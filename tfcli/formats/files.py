@@ -160,6 +160,11 @@ def _icu_message(text: str) -> tuple[list[tuple[str, bool]], Callable[[list[str]
     return parts, join
 
 
+def _spaced_as(source: str, out: str) -> str:
+    """`out` with the spaces `source` has at its ends (an ICU case's " There is # item. " keeps them)."""
+    return source[: len(source) - len(source.lstrip())] + out.strip() + source[len(source.rstrip()):]
+
+
 def _message(value: str, path: str, lineno: int, markup: str | None = None):
     """A message string's Requests and how to join their translations back: its lines (a newline inside it kept;
     an XML message, `markup` xml, whole), or with ICU plural/select its parts (`_icu_message`), `#` held as a placeholder in a plural's cases; a part
@@ -177,7 +182,7 @@ def _message(value: str, path: str, lineno: int, markup: str | None = None):
 
     def joined(outs: list[str]) -> str:
         it = iter(outs)
-        return join([next(it).replace("{#}", "#") if go else t for (t, _), go in zip(parts, send)])
+        return join([_spaced_as(t, next(it).replace("{#}", "#")) if go else t for (t, _), go in zip(parts, send)])
 
     return reqs, joined
 
@@ -334,7 +339,9 @@ def _markdown(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Do
     def write(outs: list[str]) -> str:
         new = list(lines)
         changes: dict[int, list] = {}
-        for where, out in zip(edits, outs):
+        for where, out, req in zip(edits, outs, segments):
+            if _same_markdown(out, req.text):
+                continue  # (the segment's own text: its lines as they were)
             for k, (line, a, b) in enumerate(where):
                 changes.setdefault(line, []).append((a, b, out if k == 0 else ""))
         dropped = set()
@@ -377,6 +384,15 @@ def _without_first_line(tok, cut: int):
     first_break = next((i for i, c in enumerate(children) if c.type in ("softbreak", "hardbreak")), len(children))
     out.children = children[first_break + 1:]
     return out
+
+
+def _same_markdown(new: str, old: str) -> bool:
+    """Whether a segment's new text is its old one: the same but for spaces, and for how a reference link whose
+    text is its label is written (`[a][a]`, `[a][]`, `[a]`)."""
+    def norm(text):
+        return re.sub(r"\[([^\[\]]+)\]\[(?:\1)?\]", r"[\1]", "".join(text.split()))
+
+    return norm(new) == norm(old)
 
 
 class _Brackets:
@@ -604,7 +620,9 @@ def _subtitles(fmt: str) -> Callable:
             for g, out in zip(groups, outs):
                 texts = _cue_texts(out, len(g))
                 for (a, b), cue_text in zip(g, texts):
-                    head, _, tail = voices[(a, b)]
+                    head, body, tail = voices[(a, b)]
+                    if _same_cue(cue_text, body):  # (the cue's own words and tags: its lines as they were)
+                        continue
                     new[a:b] = [head + _wrap(cue_text, b - a) + tail] + [None] * (b - a - 1)
             return "\n".join(line for line in new if line is not None)
 
@@ -627,6 +645,15 @@ def _voice(text: str) -> tuple[str, str, str]:
     body = text[m.end():]
     tail = "</v>" if body.rstrip().endswith("</v>") else ""
     return m.group(1), body.rstrip()[:-4] if tail else body, tail
+
+
+def _same_cue(new: str, old: str) -> bool:
+    """Whether a cue's new text is its old one: the same words and the same tags in order, whatever the spaces
+    around the tags (a copying model's output then comes back byte for byte)."""
+    def parts(text):
+        return re.sub(r"<[^>]*>", " ", text).split(), re.findall(r"<[^>]*>", text)
+
+    return parts(new) == parts(old)
 
 
 def _cue_markup(group: list[tuple[int, int]], voices: dict) -> markups.Markup:
@@ -1080,7 +1107,7 @@ def _json(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Docume
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(path, e.lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
-    values = [m.start() for m in _JSON_STRING.finditer(text) if not m.group(1)]  # (string values, in order)
+    spans_at = [m.span() for m in _JSON_STRING.finditer(text) if not m.group(1)]  # (string values, in order)
     strings: list[tuple[list, object]] = []
 
     def walk(node, trail):
@@ -1096,26 +1123,22 @@ def _json(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Docume
     walk(data, [])
     segments, spans, joins = [], [], []
     for n, (trail, value) in enumerate(strings):
-        lineno = _line_of(text, values[n]) if n < len(values) else 1
+        lineno = _line_of(text, spans_at[n][0]) if n < len(spans_at) else 1
         reqs, join = _message(value, path, lineno) if value.strip() else ([], None)
         spans.append(len(reqs))
         joins.append(join)
         segments += reqs
-    indent = re.search(r"\n([ \t]+)\S", text)
-
     def write(outs: list[str]) -> str:
-        pos = 0
-        for (trail, value), n, join in zip(strings, spans, joins):
+        edits, pos = [], 0
+        for n_value, ((trail, value), n, join) in enumerate(zip(strings, spans, joins)):
             if not n:
                 continue
-            holder = data
-            for key in trail[:-1]:
-                holder = holder[key]
-            holder[trail[-1]] = join(outs[pos : pos + n])
+            new = join(outs[pos : pos + n])
             pos += n
-        result = data if strings and strings[0][0] else (joins[0](outs[:spans[0]]) if spans and spans[0] else data)
-        dumped = json.dumps(result, ensure_ascii=False, indent=indent.group(1) if indent else None)
-        return dumped + ("\n" if text.endswith("\n") else "")
+            if new != value and n_value < len(spans_at):  # (written in place: every other byte as it was)
+                start, end = spans_at[n_value]
+                edits.append((start, end, json.dumps(new, ensure_ascii=False)))
+        return _spliced(text, edits)
 
     return Document(segments, write)
 

@@ -336,8 +336,8 @@ class Builder:
     def _settle(self, space_after: bool) -> None:
         """The waiting fixed nodes' glue, now that what follows them is known."""
         for node, space_before in self.waiting:
-            if space_before and space_after:
-                node.glue = ALONE if node.placeholder else NEXT
+            if space_before and space_after:  # (spaced on both sides in the source: spaced in the output)
+                node.glue = ALONE
             else:
                 node.glue = PREV if space_after else NEXT
         self.waiting = []
