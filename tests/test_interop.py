@@ -571,3 +571,50 @@ def test_import_and_export_read_one_record_per_architecture():
         cfg = model_config_from_hf({"model_type": name, **config}, arch, Path("hf"))
         assert (cfg.kind, cfg.norm, cfg.positions) == (arch.kind, arch.norm, arch.positions), name
         assert hf_arch(cfg) is arch, name
+
+
+@pytest.mark.parametrize("rules", [dict(no_repeat_ngram_size=2), dict(repetition_penalty=1.5),
+                                   dict(repetition_penalty=0.8, no_repeat_ngram_size=3)])
+def test_generate_repetition_rules_are_transformers(tmp_path, rules):
+    """generate's --no-repeat-ngram-size and --repetition-penalty give transformers' greedy `generate` output on
+    an imported GPT-2 (the prompt counts as text in both)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    import tfcli as api
+
+    vocab = WORDS + ["<|endoftext|>"]
+    eot = len(vocab) - 1
+    cfg = transformers.GPT2Config(vocab_size=len(vocab), n_positions=32, n_embd=16, n_layer=2, n_head=4,
+                                  bos_token_id=eot, eos_token_id=eot)
+    torch.manual_seed(11)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # (weights larger than the init's, so that the text repeats and the rules act)
+        for p in hf.parameters():
+            p.normal_(0, 0.3)
+    d = tmp_path / "gpt2"
+    hf.save_pretrained(d)
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # (a word a token; decoded with spaces between)
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(d / "tokenizer.json"))
+    import_model(d, tmp_path / "ckpt")
+    lm = api.load(str(tmp_path / "ckpt"))
+
+    def theirs(prompt: str, **kw) -> list[str]:
+        ids = torch.tensor([[eot] + [vocab.index(w) for w in prompt.split()]])
+        with torch.no_grad():
+            out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
+                              do_sample=False, pad_token_id=eot, **kw)[0, ids.size(1):].tolist()
+        return [vocab[i] for i in out[: out.index(eot) if eot in out else len(out)]]
+
+    prompts = ["w3 w4", "w7", "w1 w1 w2"]
+    changed = False
+    for prompt in prompts:
+        want = theirs(prompt, **rules)
+        changed |= want != theirs(prompt)
+        got = lm.generate([prompt], max_new_tokens=10, greedy=True, **rules)[0].split()
+        assert got == want, (prompt, got, want)
+    assert changed  # (the rule changes some output: it is tested)
+    assert lm.generate(prompts, max_new_tokens=10, greedy=True, **rules) == \
+        [lm.generate([p], max_new_tokens=10, greedy=True, **rules)[0] for p in prompts]  # (batch-invariant)
