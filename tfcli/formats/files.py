@@ -173,8 +173,7 @@ def _message(value: str, path: str, lineno: int, markup: str | None = None):
     if icu is None and markup is not None:  # (an XML message: one segment, its elements may span lines)
         return [Request(value, path, lineno, extra={"markup": markup})], lambda outs: outs[0]
     if icu is None:
-        return [Request(line, path, lineno + k, extra={"markup": _kind(value)})
-                for k, line in enumerate(value.split("\n"))], "\n".join
+        return _lines(value, path, lineno, _kind(value)), "\n".join
     parts, join = icu
     texts = [re.sub(r"(?<!&)#", "{#}", t) if number else t for t, number in parts]
     send = [bool(re.search(r"\w", re.sub(r"<[^>]*>|\{[^{}]*\}", "", t))) for t in texts]
