@@ -35,7 +35,8 @@ def tokenizer(meta: dict, side: str):
     path = tokenizer_path(meta, side)
     if path is None:
         raise CheckpointError(f"{meta['dir']}: has no {side} tokenizer file")
-    tok = load_tokenizer(path)
+    text = meta.get("text") or {}
+    tok = load_tokenizer(path, any_names="text" in meta, specials_in_text=bool(text.get("specials_in_text")))
     cfg = model_config(meta)
     model_vocab = cfg.src_vocab_size if side == "src" else cfg.tgt_vocab_size
     if tok.get_vocab_size() != model_vocab:

@@ -157,9 +157,11 @@ def save_tokenizer(tok: Tokenizer, path: os.PathLike | str) -> None:
 SENTENCEPIECE_SUFFIXES = (".spm", ".model")
 
 
-def load_tokenizer(path: os.PathLike | str) -> Tokenizer:
+def load_tokenizer(path: os.PathLike | str, any_names: bool = False, specials_in_text: bool = False) -> Tokenizer:
     """Load a tokenizer.json (or convert a SentencePiece unigram .spm/.model file), with a clear error for a
-    missing or invalid file."""
+    missing or invalid file. `any_names`: the special ids may have other names than tfcli's (an imported language
+    model's own, which its prompts write). `specials_in_text`: special tokens written in a text are read as those
+    tokens, as transformers reads them (an imported language model's chat templates rely on it); else as text."""
     path = Path(path)
     if not path.is_file():
         raise TfcliError(f"{path}: tokenizer file not found")
@@ -176,9 +178,9 @@ def load_tokenizer(path: os.PathLike | str) -> Tokenizer:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise TfcliError(f"{path}: not a valid tokenizer.json ({first})") from None
     for i, s in enumerate(SPECIAL_TOKENS):
-        if tok.token_to_id(s) != i:
+        if (tok.id_to_token(i) is None) if any_names else tok.token_to_id(s) != i:
             raise TfcliError(f"{path}: token '{s}' must have id {i}; train tokenizers with `tfcli prepare`")
-    tok.encode_special_tokens = True  # not saved in tokenizer.json
+    tok.encode_special_tokens = not specials_in_text  # not saved in tokenizer.json
     return tok
 
 

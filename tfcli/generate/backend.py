@@ -44,6 +44,7 @@ IMPLEMENTS: dict[str, dict[str, frozenset | None]] = {
     "tgt_vocab_size": _EVERY,
     "d_model": _EVERY,
     "n_head": _EVERY,
+    "head_dim": dict(_EVERY, whole=frozenset({None})),  # decode_layers' scratch assumes n_head * d_head = d_model
     "n_kv_head": _EVERY,  # grouped-query attention: rows.c's attend_rows shares heads
     "n_encoder_layers": _EVERY,
     "n_decoder_layers": _EVERY,
@@ -59,11 +60,14 @@ IMPLEMENTS: dict[str, dict[str, frozenset | None]] = {
     "rms_norm": dict(_EVERY, whole=frozenset({False})),  # rows.c folds LayerNorm into the linear layers
     "qk_norm": _EVERY,  # decode_layers: the RMSNorm gains in its call
     "positions": dict(_EVERY, whole=frozenset({"sinusoidal", "fairseq", "learned"})),  # added before the layers; no RoPE
+    "rope_theta": _EVERY,  # RoPE's tables are torch's, before the attention
+    "rope_scaling": _EVERY,
     "scale_embedding": _EVERY,  # the embedding and the output layer run outside the layers
     "share_embeddings": _EVERY,
     "tie_output": _EVERY,
     "output_bias": _EVERY,
     "bias": _EVERY,  # RowLinear and decode_layers take a bias or none
+    "qkv_bias": dict(_EVERY, whole=frozenset({None})),
     "layer_norm_eps": _EVERY,
 }
 

@@ -28,7 +28,7 @@ from tfcli.device import precision, resolve_device, to_device
 from tfcli.errors import NotANumber
 from tfcli.generate.loader import Loaded, load
 from tfcli.generate.native import NAN_MESSAGE
-from tfcli.generate.rules import MinLength, NoEnd, NoRepeatNgram, RepetitionPenalty, RowRules, Step
+from tfcli.generate.rules import MinLength, NoEnd, NoRepeatNgram, OtherEnds, RepetitionPenalty, RowRules, Step
 from tfcli.generate.sampling import line_uniforms, next_token
 from tfcli.generate.schedule import Schedule, read_every
 from tfcli.generate.step import StepModel, step_model
@@ -48,8 +48,11 @@ def generate_ids(
     rows: list[int] | None = None,
     slots: int | None = None,
     check_every: int = 0,
+    ends: tuple[int, ...] = (),
 ) -> list[list[int]]:
-    """New ids (without </s>) for each prompt; prompts are id lists starting with START_ID.
+    """New ids (without </s>) for each prompt; prompts are id lists, a tfcli-trained model's starting with
+    START_ID. `ends`: the model's end tokens besides </s> (an imported model's: `prompts.Prompting.ends`); a text
+    ends at any of them, which is not part of its new ids.
 
     Sampling draws each prompt's tokens from random numbers keyed by `cfg.seed` (None: a seed drawn from torch's
     global generator), the prompt's index in the input (`rows`; default: its place in `prompts`) and the token's
@@ -79,7 +82,7 @@ def generate_ids(
     every = 1 if on_token is not None else read_every(check_every, device)
     # (no horizon: a row ends at --max-new-tokens, </s> or a stop string, all read on the host)
     sched = Schedule(B, n, sm.static, every, 2**62, device)
-    search = _Continue(sm, sched, prompts, cfg, on_token, rows if rows is not None else list(range(B)), every)
+    search = _Continue(sm, sched, prompts, cfg, on_token, rows if rows is not None else list(range(B)), every, ends)
     sched.run(search)
     search.decoder.release()
     return search.out
@@ -94,7 +97,8 @@ class _Continue:
     none: </s>, or it had ended), and with a repetition penalty its text so far; on the host, the positions it
     holds. A step is the decoder's (on the last token chosen), then the next token's choice."""
 
-    def __init__(self, sm, sched: Schedule, prompts, cfg: GenerateConfig, on_token, lines: list[int], every: int):
+    def __init__(self, sm, sched: Schedule, prompts, cfg: GenerateConfig, on_token, lines: list[int], every: int,
+                 ends: tuple[int, ...] = ()):
         self.sm, self.sched, self.prompts, self.cfg, self.on_token, self.lines = sm, sched, prompts, cfg, on_token, lines
         n, device = len(sched.held), sched.item.device
         self.device, self.window = device, max(1, sm.cfg.max_len // 2)
@@ -102,7 +106,8 @@ class _Continue:
         T = max(len(p) for p in prompts)
         self.decoder, self.logits = _prefill(sm, ids, valid, min(sm.cfg.max_len, T + cfg.max_new_tokens))
         self.fixed, self.room = self.decoder.fixed, self.decoder.max_steps
-        self.rules = lm_rules(cfg)
+        self.rules = lm_rules(cfg, ends, device)
+        self.ends = torch.tensor([EOS_ID, *ends], device=device)
         self.track = cfg.repetition_penalty != 1.0 or cfg.no_repeat_ngram_size > 0  # (rules that read the text)
         self.history = ids if self.track else ids[:, :0]
         self.seed = cfg.seed if cfg.seed is not None or cfg.greedy else int(torch.randint(0, 2**62, ()))
@@ -133,7 +138,7 @@ class _Continue:
         uniforms = None if cfg.greedy else line_uniforms(self.seed, self.line, self.count + 1)
         nxt = next_token(self.logits, self.rules, step, cfg.greedy, cfg.temperature, cfg.top_k, cfg.top_p,
                          uniforms=uniforms)
-        new = ~self.ended & (nxt != EOS_ID)
+        new = ~self.ended & ~torch.isin(nxt, self.ends)
         # (a row whose logits hold NaN or +inf chose nothing, its softmax NaN: read() says so; amax keeps NaN, in one
         # pass without a mask)
         self.fresh[:, self.since] = torch.where(self.logits.amax(-1).isfinite(), torch.where(new, nxt, -1), _NAN)
@@ -223,10 +228,13 @@ class _Continue:
         self.history = history
 
 
-def lm_rules(cfg: GenerateConfig) -> RowRules:
-    """The rules of every row's next token: </s> never (--ignore-eos) or not before --min-new-tokens, the
-    repetition penalty, no repeated n-gram (the text read with its prompt, as transformers reads it)."""
+def lm_rules(cfg: GenerateConfig, ends: tuple[int, ...] = (), device=None) -> RowRules:
+    """The rules of every row's next token: </s> (and the model's other `ends`) never (--ignore-eos) or not before
+    --min-new-tokens, the repetition penalty, no repeated n-gram (the text read with its prompt, as transformers
+    reads it)."""
     rules: list = [NoEnd()] if cfg.ignore_eos else [MinLength(cfg.min_new_tokens)]
+    if ends:
+        rules.append(OtherEnds(list(ends), device))
     if cfg.repetition_penalty != 1.0:
         rules.append(RepetitionPenalty(cfg.repetition_penalty))
     if cfg.no_repeat_ngram_size:
@@ -352,13 +360,23 @@ def continuations(loaded: Loaded, texts: list[str], cfg: GenerateConfig, device:
     """The continuation of each prompt text, in order (`cfg.nbest` is the caller's business: repeat a text
     for more samples). With `stream`, the one text and its continuation are written there as they grow."""
     tok = loaded.tgt_tok
+    start, ends = text_conventions(loaded.meta)
     encoded = encode_batch(tok, texts)
     _warn_unknown(encoded)
-    prompt_ids = _fit_prompts(loaded.steps, [[START_ID] + ids for ids in encoded])
+    prompt_ids = _fit_prompts(loaded.steps, [start + ids for ids in encoded])
     autocast = precision(device, cfg.dtype, loaded.steps.half)
     if cfg.seed is None:  # one seed for the whole input, so that each prompt's numbers are its own
         cfg = dataclasses.replace(cfg, seed=int(torch.randint(0, 2**62, ())))
-    return _generate(loaded.steps, tok, texts, prompt_ids, cfg, autocast, stream)
+    return _generate(loaded.steps, tok, texts, prompt_ids, cfg, autocast, stream, ends)
+
+
+def text_conventions(meta: dict) -> tuple[list[int], tuple[int, ...]]:
+    """(the ids before every prompt, the end tokens besides </s>) of a checkpoint's language model: an imported
+    model's own (meta "text": its tokenizer's BOS or none, its eos_token_id list), else tfcli's (START_ID, none)."""
+    text = meta.get("text")
+    if text is None:
+        return [START_ID], ()
+    return list(text.get("start", [])), tuple(text.get("ends", []))
 
 
 def _warn_unknown(prompt_ids: list[list[int]]) -> None:
@@ -401,7 +419,8 @@ def plan_batches(prompt_ids: list[list[int]], size: int, max_len: int, max_new_t
     return sorted(batches, key=min)
 
 
-def _generate(model, tok, texts, prompt_ids, cfg, autocast, stream: IO[str] | None) -> Iterator[str]:
+def _generate(model, tok, texts, prompt_ids, cfg, autocast, stream: IO[str] | None,
+              ends: tuple[int, ...] = ()) -> Iterator[str]:
     """Yield the continuation of each sample, in order; batches hold similar prompt lengths, and run in the order
     of their earliest sample so output can start early. With `stream`, the one sample is written as it grows. On a
     fixed-shape decoder (a GPU's) a batch is REFILLS times --batch-size prompts, generated in --batch-size places
@@ -432,7 +451,7 @@ def _generate(model, tok, texts, prompt_ids, cfg, autocast, stream: IO[str] | No
 
         with autocast:
             new = generate_ids(model, [prompt_ids[i] for i in batch], cfg, on_token if needs_text else None, batch,
-                               cfg.batch_size if fixed else None, cfg.check_every)
+                               cfg.batch_size if fixed else None, cfg.check_every, ends)
         for j, (i, ids) in enumerate(zip(batch, new)):
             if not needs_text:
                 conts[j].update(ids)

@@ -50,6 +50,7 @@ class Bans:
     pieces: tuple[torch.Tensor, torch.Tensor] | None = None
     no_end: torch.Tensor | None = None
     eos: bool = False
+    ends: torch.Tensor | None = None  # the model's other end tokens (`OtherEnds`): banned wherever </s> is
 
     def never(self, device) -> torch.Tensor:
         """The ids no row may take: <pad>, <s>, and </s> where `at` is one position for every row, before min_len."""
@@ -69,10 +70,16 @@ class Bans:
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """Every ban on (R, V) log-probs or logits `x`, in place (the banned tokens at -inf)."""
-        x.index_fill_(1, self.never(x.device), float("-inf"))
+        never = self.never(x.device)
+        x.index_fill_(1, never, float("-inf"))
         eos = self.no_eos()
         if eos is not None:
             x[:, EOS_ID].masked_fill_(eos, float("-inf"))
+        if self.ends is not None:
+            if bool((never == EOS_ID).any()):
+                x.index_fill_(1, self.ends, float("-inf"))
+            elif eos is not None:
+                x[:, self.ends] = x[:, self.ends].masked_fill(eos[:, None], float("-inf"))
         return self.apply_rows(x)
 
     def apply_rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +109,7 @@ class Bans:
             return x.split(size) if torch.is_tensor(x) else (x,) * n
 
         pieces = split(self.pieces[0]) if self.pieces is not None else (None,) * n
-        return [Bans(at, self.min_len, ids, (p, self.pieces[1]) if p is not None else None, ne, self.eos)
+        return [Bans(at, self.min_len, ids, (p, self.pieces[1]) if p is not None else None, ne, self.eos, self.ends)
                 for at, ids, p, ne in zip(split(self.at), split(self.ids), pieces, split(self.no_end))]
 
 
@@ -157,6 +164,17 @@ class NoEnd(Rule):
 
     def ban(self, step, bans):
         bans.eos = True
+
+
+class OtherEnds(Rule):
+    """A model's end tokens besides </s> (Llama 3's <|eot_id|>, a chat model's end of turn): each ends a text as
+    </s> does, so the rules that keep </s> back (`MinLength`, `NoEnd`) keep them back too."""
+
+    def __init__(self, ids: list[int], device=None):
+        self.ids = torch.tensor(ids, dtype=torch.long, device=device)
+
+    def ban(self, step, bans):
+        bans.ends = self.ids
 
 
 class Prefix(PerItem):

@@ -119,7 +119,8 @@ class StepModel:
             return self.model.encode(src)
         mask = self.model.src_mask(src)
         n, S = src.shape
-        D, H, H_kv, dh = self.cfg.d_model, self.cfg.n_head, self.cfg.kv_heads, self.cfg.d_head
+        H, H_kv, dh = self.cfg.n_head, self.cfg.kv_heads, self.cfg.d_head
+        D = H * dh  # the queries' width
         x = self.encoder.embed(src, torch.arange(S, device=src.device), S, self.src_tok(src)).reshape(n * S, -1)
         real = _real_rows(mask)  # the rows the linear layers and norms run on: the real tokens'
         if real is not None:

@@ -93,7 +93,11 @@ ARCHS = {a.name: a for a in (
     Arch("m2m_100", "seq2seq", "pre", "fairseq", True, False, True, True, "M2M100ForConditionalGeneration",
          "M2M100Config"),
     Arch("gpt2", "lm", "pre", "learned", False, False, False, False, "GPT2LMHeadModel", "GPT2Config"),
+    # the Llama layout (RMSNorm, SwiGLU, RoPE, grouped-query attention): Qwen 2 adds q/k/v biases, Qwen 3 QK-norm
+    *(Arch(name, "lm", "pre", "rope", False, False, False, False, f"{cls}ForCausalLM", f"{cls}Config")
+      for name, cls in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"))),
 )}
+LLAMA_LAYOUT = ("llama", "mistral", "qwen2", "qwen3")  # the architectures whose weights `_llama_pairs` names
 
 
 # --- which class, and the refusals ----------------------------------------------------------------------------
@@ -105,6 +109,8 @@ def hf_arch(cfg: ModelConfig) -> Arch:
     def refuse(option: str, why: str):
         raise TfcliError(f"--to hf: {option} is not supported ({why}); export with --to ctranslate2 instead")
 
+    if cfg.kind == "lm" and cfg.positions == "rope":
+        return _llama_arch(cfg, refuse)
     if cfg.rms_norm:
         refuse("model.rms_norm true", "GPT-2, Marian and Pegasus have LayerNorms")
     if cfg.qk_norm:
@@ -146,6 +152,27 @@ def hf_arch(cfg: ModelConfig) -> Arch:
     return ARCHS["pegasus"]
 
 
+def _llama_arch(cfg: ModelConfig, refuse) -> Arch:
+    """A decoder-only model with RoPE: Llama's layout (Qwen 2's with q/k/v biases alone, Qwen 3's with QK-norm)."""
+    wanted = dict(rms_norm=True, activation="swiglu", norm="pre", scale_embedding=False)
+    for key, value in wanted.items():
+        if getattr(cfg, key) != value:
+            shown = str(getattr(cfg, key)).lower() if isinstance(value, bool) else getattr(cfg, key)
+            refuse(f"model.positions rope with model.{key} {shown}",
+                   "the RoPE target, Llama's layout, has RMSNorm, SwiGLU, pre-norm and unscaled embeddings")
+    if cfg.output_bias:
+        refuse("model.output_bias true", "Llama's output projection has no bias")
+    if cfg.qk_norm:
+        if cfg.bias or cfg.attn_qkv_bias:
+            refuse("model.bias true with QK-norm", "Qwen 3's attention and FFN have no biases")
+        return ARCHS["qwen3"]
+    if cfg.attn_qkv_bias and not cfg.bias:
+        return ARCHS["qwen2"]
+    if cfg.attn_qkv_bias != cfg.bias:
+        refuse("model.qkv_bias false with model.bias true", "Llama's attention_bias covers q, k, v and the output")
+    return ARCHS["llama"]
+
+
 # --- the mapping ------------------------------------------------------------------------------------------------
 
 # layouts: how a tfcli tensor becomes the HF one (`perm`: the model-dimension permutation, or None for GPT-2)
@@ -154,12 +181,16 @@ def hf_arch(cfg: ModelConfig) -> Arch:
 #   bias  the output bias, HF's (1, V) final_logits_bias
 
 
-def _pairs(cfg: ModelConfig, arch: Arch) -> Iterator[tuple[str, tuple[int, int] | None, str, str]]:
-    """(tfcli name, (chunk i, of n) along dim 0 or None, HF name, layout) for every weight tfcli has, biases
-    included even where tfcli has none (they are exported as zeros)."""
+def _pairs(cfg: ModelConfig, arch: Arch) -> Iterator[tuple[str, tuple[int, tuple[int, ...]] | None, str, str]]:
+    """(tfcli name, (part j, the parts' sizes along dim 0) or None, HF name, layout) for every weight tfcli has,
+    biases included even where tfcli has none (they are exported as zeros)."""
+    if arch.name in LLAMA_LAYOUT:
+        yield from _llama_pairs(cfg)
+        return
     if arch.kind == "lm":
         yield from _gpt2_pairs(cfg)
         return
+    d = cfg.d_model
 
     def linear(t, h, layout, part=None):
         yield f"{t}.weight", part, f"{h}.weight", layout
@@ -171,7 +202,7 @@ def _pairs(cfg: ModelConfig, arch: Arch) -> Iterator[tuple[str, tuple[int, int] 
 
     def self_attn(t, h):
         for j, name in enumerate("qkv"):
-            yield from linear(f"{t}.qkv_proj", f"{h}.{name}_proj", "in", (j, 3))
+            yield from linear(f"{t}.qkv_proj", f"{h}.{name}_proj", "in", (j, (d, d, d)))
         yield from linear(f"{t}.out_proj", f"{h}.out_proj", "out")
 
     def ffn(t, h):
@@ -200,7 +231,7 @@ def _pairs(cfg: ModelConfig, arch: Arch) -> Iterator[tuple[str, tuple[int, int] 
         yield from norm(f"{t}.res_self.norm", f"{h}.self_attn_layer_norm")
         yield from linear(f"{t}.cross_attn.q_proj", f"{h}.encoder_attn.q_proj", "in")
         for j, name in enumerate("kv"):
-            yield from linear(f"{t}.cross_attn.kv_proj", f"{h}.encoder_attn.{name}_proj", "in", (j, 2))
+            yield from linear(f"{t}.cross_attn.kv_proj", f"{h}.encoder_attn.{name}_proj", "in", (j, (d, d)))
         yield from linear(f"{t}.cross_attn.out_proj", f"{h}.encoder_attn.out_proj", "out")
         yield from norm(f"{t}.res_cross.norm", f"{h}.encoder_attn_layer_norm")
         yield from ffn(t, h)
@@ -232,6 +263,33 @@ def _gpt2_pairs(cfg: ModelConfig):
         yield from conv(f"{t}.ffn.w1", f"{h}.mlp.c_fc")
         yield from conv(f"{t}.ffn.w2", f"{h}.mlp.c_proj")
     yield from norm("decoder.norm", "transformer.ln_f")
+
+
+def _llama_pairs(cfg: ModelConfig):
+    """LlamaForCausalLM's names (Mistral's, Qwen 2's and Qwen 3's are the same): q, k, v stacked into tfcli's one
+    projection, gate/up/down as w1/w3/w2; biases only where the model has them (Qwen 2's on q, k, v)."""
+    def linear(t, h, bias, part=None):
+        yield f"{t}.weight", part, f"{h}.weight", "plain"
+        if bias:
+            yield f"{t}.bias", part, f"{h}.bias", "plain"
+
+    sizes = (cfg.n_head * cfg.d_head, cfg.kv_heads * cfg.d_head, cfg.kv_heads * cfg.d_head)
+    yield "decoder.embed.tok.weight", None, "model.embed_tokens.weight", "plain"
+    if not cfg.tie_output:
+        yield "lm_head.weight", None, "lm_head.weight", "plain"
+    for i in range(cfg.n_decoder_layers):
+        t, h = f"decoder.layers.{i}", f"model.layers.{i}"
+        yield f"{t}.res_self.norm.weight", None, f"{h}.input_layernorm.weight", "plain"
+        for j, name in enumerate("qkv"):
+            yield from linear(f"{t}.self_attn.qkv_proj", f"{h}.self_attn.{name}_proj", cfg.attn_qkv_bias, (j, sizes))
+        yield from linear(f"{t}.self_attn.out_proj", f"{h}.self_attn.o_proj", cfg.bias)
+        if cfg.qk_norm:
+            yield f"{t}.self_attn.q_norm.weight", None, f"{h}.self_attn.q_norm.weight", "plain"
+            yield f"{t}.self_attn.k_norm.weight", None, f"{h}.self_attn.k_norm.weight", "plain"
+        yield f"{t}.res_ffn.norm.weight", None, f"{h}.post_attention_layernorm.weight", "plain"
+        for tname, hname in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            yield from linear(f"{t}.ffn.{tname}", f"{h}.mlp.{hname}", cfg.bias)
+    yield "decoder.norm.weight", None, "model.norm.weight", "plain"
 
 
 def _perm(d: int) -> torch.Tensor:
@@ -270,7 +328,7 @@ def to_hf_state(model, cfg: ModelConfig, arch: Arch) -> dict[str, torch.Tensor]:
         if w is None:  # a bias tfcli does not have (model.bias false)
             w = torch.zeros(sd[t.removesuffix(".bias") + ".weight"].shape[0])
         if part is not None:
-            w = w.chunk(part[1])[part[0]]
+            w = w.split(part[1])[part[0]]
         out[h] = _to_hf(w, layout, perm).contiguous()
     return out
 
@@ -295,7 +353,7 @@ def from_hf_state(hf: dict[str, torch.Tensor], cfg: ModelConfig, arch: Arch) -> 
         out["decoder.embed.tok.weight"] = out["encoder.embed.tok.weight"]
     if cfg.tie_output:
         out["lm_head.weight"] = out["decoder.embed.tok.weight"]
-    if not cfg.bias:
+    if not cfg.bias and arch.name not in LLAMA_LAYOUT:  # (those name only the biases they have)
         out = {k: v for k, v in out.items() if not _linear_bias(k)}
     return out
 
@@ -314,6 +372,8 @@ def hf_config(cfg: ModelConfig, arch: Arch, ids: dict | None = None):
     tr = _transformers()
     act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "swish"}[cfg.activation]
     common = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=cfg.tie_output)
+    if arch.name in LLAMA_LAYOUT:
+        return _llama_config(tr, cfg, arch, common)
     if arch.kind == "lm":
         return tr.GPT2Config(
             vocab_size=cfg.tgt_vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model, n_layer=cfg.n_decoder_layers,
@@ -330,6 +390,31 @@ def hf_config(cfg: ModelConfig, arch: Arch, ids: dict | None = None):
     if not arch.one_table:  # (Marian's: a target vocabulary of its own where the tables are separate)
         seq2seq.update(decoder_vocab_size=cfg.tgt_vocab_size, share_encoder_decoder_embeddings=cfg.share_embeddings)
     return getattr(tr, arch.config_class)(**{**seq2seq, **(ids or {})})
+
+
+def _llama_config(tr, cfg: ModelConfig, arch: Arch, common: dict):
+    """LlamaConfig (Qwen2Config, Qwen3Config) of a Llama-layout `cfg`: RoPE's base and scaling as this
+    transformers version spells them (`rope_parameters` from 5, `rope_theta` and `rope_scaling` before)."""
+    rope = {"rope_type": "default"}
+    if cfg.rope_scaling is not None:
+        s = cfg.rope_scaling
+        rope = {"rope_type": s.type, "factor": s.factor}
+        if s.type == "llama3":
+            rope.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor,
+                        original_max_position_embeddings=s.original_max_len)
+    cls = getattr(tr, arch.config_class)
+    if "rope_parameters" in cls().to_dict():
+        rope_args = {"rope_parameters": {**rope, "rope_theta": cfg.rope_theta}}
+    else:
+        rope_args = {"rope_theta": cfg.rope_theta, "rope_scaling": rope if cfg.rope_scaling is not None else None}
+    bias = {} if arch.name == "qwen2" else {"attention_bias": cfg.bias}
+    if arch.name == "llama":
+        bias["mlp_bias"] = cfg.bias
+    return cls(vocab_size=cfg.tgt_vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+               num_hidden_layers=cfg.n_decoder_layers, num_attention_heads=cfg.n_head,
+               num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head, max_position_embeddings=cfg.max_len,
+               rms_norm_eps=cfg.layer_norm_eps, attention_dropout=cfg.attn_dropout, hidden_act="silu",
+               **rope_args, **bias, **common)
 
 
 def _model_class(arch: Arch):

@@ -13,9 +13,10 @@ from tfcli.config import to_dict
 from tfcli.data.languages import LANGUAGE_TOKENS, m2m_language_tokens
 from tfcli.data.vocab import reorder_vocabulary, vocab_list
 from tfcli.errors import TfcliError
-from tfcli.interop.hf import ABSENT_LOGIT, ARCHS, LAYER_NORM_EPS, Arch, _linear_bias, _pairs, from_hf_state
+from tfcli.interop.hf import (ABSENT_LOGIT, ARCHS, LAYER_NORM_EPS, LLAMA_LAYOUT, Arch, _linear_bias, _pairs,
+                              _transformers, from_hf_state)
 from tfcli.io import refuse_overwriting_inputs
-from tfcli.model.config import ModelConfig
+from tfcli.model.config import ModelConfig, RopeScaling
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -72,6 +73,8 @@ def _check_config(config: dict, arch: Arch, hf_dir: Path) -> None:
     """The keys tfcli reads, with the right types and possible values, checked before anything is allocated; an
     error names the key."""
     where = f"{hf_dir / 'config.json'}"
+    if arch.name in LLAMA_LAYOUT:
+        return _check_llama_config(config, where)
     kind = arch.kind
     required, optional = _SIZES[kind]
     for key in required + optional:
@@ -142,7 +145,10 @@ def _check_sizes(config: dict, arch: Arch, headers: dict, hf_dir: Path) -> None:
     """The config's sizes against the weights' own: layer counts, embedding rows and width. Past this, every size
     the model is built with is one the weights file holds, however large the config claims."""
     where = f"{hf_dir / 'config.json'}"
-    if arch.kind == "lm":
+    if arch.name in LLAMA_LAYOUT:
+        layers = {"num_hidden_layers": _layer_count(headers, "model.layers.")}
+        embedding, rows, width = "model.embed_tokens.weight", "vocab_size", "hidden_size"
+    elif arch.kind == "lm":
         layers = {"n_layer": _layer_count(headers, "transformer.h.")}
         embedding, rows, width = "transformer.wte.weight", "vocab_size", "n_embd"
     else:
@@ -217,6 +223,8 @@ def model_config_from_hf(config: dict, arch: Arch, hf_dir: Path) -> ModelConfig:
         if not cond:
             raise TfcliError(f"{hf_dir}/config.json: {what}, which tfcli models cannot express")
 
+    if arch.name in LLAMA_LAYOUT:
+        return _llama_config(config, arch, need)
     act = config.get("activation_function", "gelu_new" if arch.kind == "lm" else "relu")
     need(act in _ACTIVATIONS, f"activation_function '{act}'")
     if arch.kind == "lm":
@@ -244,6 +252,84 @@ def model_config_from_hf(config: dict, arch: Arch, hf_dir: Path) -> ModelConfig:
         max_len=config.get("max_position_embeddings", 1024), scale_embedding=config.get("scale_embedding", False),
         share_embeddings=share, tie_output=config.get("tie_word_embeddings", True), output_bias=True,
         layer_norm_eps=LAYER_NORM_EPS,
+    )
+
+
+_LLAMA_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
+_LLAMA_OPTIONAL = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def _check_llama_config(config: dict, where: str) -> None:
+    """The Llama-layout keys tfcli reads, with the right types: sizes positive integers, the norm's eps and RoPE's
+    base positive numbers."""
+    for key in _LLAMA_SIZES + _LLAMA_OPTIONAL:
+        value = config.get(key)
+        if value is None and key in _LLAMA_OPTIONAL:
+            continue
+        if key not in config:
+            raise TfcliError(f"{where}: no '{key}', which a {config.get('model_type')} config holds")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TfcliError(f"{where}: {key} is {value!r}; expected a positive integer")
+    for key in ("rms_norm_eps", "rope_theta"):
+        value = config.get(key, 1e-6)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise TfcliError(f"{where}: {key} is {value!r}; expected a positive number")
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    if heads % kv:
+        raise TfcliError(f"{where}: num_key_value_heads {kv} does not divide num_attention_heads {heads}")
+    if config.get("head_dim") is None and config["hidden_size"] % heads:
+        raise TfcliError(f"{where}: hidden_size {config['hidden_size']} is not divisible by num_attention_heads {heads}")
+
+
+def _rope(config: dict, need) -> tuple[float, RopeScaling | None]:
+    """RoPE's base and scaling, from `rope_theta` and `rope_scaling` (transformers 4) or `rope_parameters` (5)."""
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta, scaling = params["rope_theta"], params
+    else:
+        theta, scaling = config.get("rope_theta", 10000.0), config.get("rope_scaling")
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    need(kind in ("default", "linear", "llama3"), f"rope_scaling of type '{kind}'")
+    if kind == "default":
+        return float(theta), None
+    try:
+        if kind == "linear":
+            return float(theta), RopeScaling("linear", float(scaling["factor"]))
+        return float(theta), RopeScaling("llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
+                                         float(scaling["high_freq_factor"]),
+                                         int(scaling["original_max_position_embeddings"]))
+    except (KeyError, TypeError, ValueError) as e:
+        need(False, f"rope_scaling {scaling!r} ({type(e).__name__}: {e})")
+
+
+def _llama_config(config: dict, arch: Arch, need) -> ModelConfig:
+    """The ModelConfig of a Llama, Mistral, Qwen 2 or Qwen 3 config.json; a value tfcli would have to approximate
+    is refused by `need`, naming the key."""
+    name = arch.name
+    act = config.get("hidden_act", "silu")
+    need(act == "silu", f"hidden_act '{act}' (the Llama layout's gated FFN is SwiGLU: silu)")
+    need(config.get("partial_rotary_factor", 1.0) == 1.0, f"partial_rotary_factor {config.get('partial_rotary_factor')}")
+    windows = [t for t in config.get("layer_types") or () if t != "full_attention"]
+    window = config.get("sliding_window")
+    sliding = config.get("use_sliding_window", name == "mistral") and window is not None
+    need(not windows and not (sliding and window < config.get("max_position_embeddings", 2048)),
+         f"sliding_window {window} (attention over a window of the last tokens)")
+    attention_bias = bool(config.get("attention_bias", False)) and name != "mistral"
+    mlp_bias = bool(config.get("mlp_bias", False)) and name == "llama"  # (the others' FFNs have none)
+    need(attention_bias == mlp_bias, f"attention_bias {str(attention_bias).lower()} with mlp_bias "
+         f"{str(mlp_bias).lower()} (tfcli's `bias` is the attention output's and the FFN's together)")
+    theta, scaling = _rope(config, need)
+    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
+    return ModelConfig(
+        kind="lm", tgt_vocab_size=config["vocab_size"], d_model=config["hidden_size"],
+        n_head=config["num_attention_heads"], head_dim=config.get("head_dim"),
+        n_kv_head=kv if kv != config["num_attention_heads"] else None, n_encoder_layers=0,
+        n_decoder_layers=config["num_hidden_layers"], d_ff=config["intermediate_size"], dropout=0.0,
+        attn_dropout=float(config.get("attention_dropout", 0.0)), activation="swiglu", norm="pre", rms_norm=True,
+        qk_norm=name == "qwen3", positions="rope", rope_theta=theta, rope_scaling=scaling,
+        max_len=config.get("max_position_embeddings") or 2048, scale_embedding=False,
+        tie_output=bool(config.get("tie_word_embeddings", False)), bias=attention_bias,
+        qkv_bias=True if name == "qwen2" else None, layer_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
     )
 
 
@@ -319,7 +405,10 @@ def _special_ids(config: dict, tok: dict, arch: Arch) -> dict[int, int | None]:
     elif unk_token in vocab:
         unk = vocab.index(unk_token)
     start = config.get("decoder_start_token_id") if arch.kind == "seq2seq" else config.get("bos_token_id")
-    return {PAD_ID: config.get("pad_token_id"), BOS_ID: start, EOS_ID: config.get("eos_token_id"), UNK_ID: unk}
+    eos = config.get("eos_token_id")
+    if isinstance(eos, list):  # (Llama 3's three: the first at </s>, the others the text conventions' `ends`)
+        eos = eos[0] if eos else None
+    return {PAD_ID: config.get("pad_token_id"), BOS_ID: start, EOS_ID: eos, UNK_ID: unk}
 
 
 def _rows(w: torch.Tensor, order: list[int]) -> torch.Tensor:
@@ -362,41 +451,50 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
     headers = _weight_headers(hf_dir, arch)  # names, dtypes and shapes, read before any tensor is
     _check_sizes(config, arch, headers, hf_dir)
     cfg = model_config_from_hf(config, arch, hf_dir)
-    cfg_in = dataclasses.replace(cfg, bias=True)
+    published = arch.name in LLAMA_LAYOUT  # its biases as its config says (the others': zeros are none)
+    cfg_in = cfg if published else dataclasses.replace(cfg, bias=True)
     _check_weights(headers, cfg_in, arch, hf_dir)  # every tensor used, every shape right, on the meta device
+    toks, orders, text = _tfcli_vocabularies(hf_dir, config, arch, cfg)
     weights = _read_weights(hf_dir)
     state = _hf_state(weights, cfg_in, arch)
-    toks, orders = _tfcli_vocabularies(hf_dir, config, arch, cfg)
+    del weights
     tgt_order = orders["tgt"]
     bias = _reordered(state, cfg, orders)
     linear_biases = [k for k in state if _linear_bias(k)]
     cfg = dataclasses.replace(
         cfg, src_vocab_size=len(orders["src"]) if "src" in orders else 0, tgt_vocab_size=len(tgt_order),
-        bias=any(bool(state[k].any()) for k in linear_biases), output_bias=bool(bias.any()),
+        bias=cfg.bias if published else any(bool(state[k].any()) for k in linear_biases),
+        output_bias=bool(bias.any()),
     )
     if "tfcli_model" in config:  # a tfcli export: its own config, which the weights must fit
         cfg = _saved_config(config["tfcli_model"], cfg, hf_dir)
     if cfg.output_bias:
         state["lm_head.bias"] = bias
-    if not cfg.bias:
+    if not cfg.bias and not published:
         for k in linear_biases:
             del state[k]
-    model = build_model(cfg)
+    model = build_model(cfg, init=False)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise TfcliError(f"{hf_dir}: the weights do not fit a {arch.name} model of its config.json "
                          f"({str(e).strip().splitlines()[-1].strip()})") from None
 
-    _save(out, model, cfg, toks, hf_dir, arch)
+    _save(out, model, cfg, toks, hf_dir, arch, text)
     return {"arch": arch.name, "kind": cfg.kind, "parameters": sum(p.numel() for p in model.parameters()),
             "vocab": {side: len(o) for side, o in orders.items()}}
 
 
-def _tfcli_vocabularies(hf_dir: Path, config: dict, arch, cfg: ModelConfig) -> tuple[dict, dict]:
+def _tfcli_vocabularies(hf_dir: Path, config: dict, arch, cfg: ModelConfig) -> tuple[dict, dict, dict | None]:
     """Each side's tokenizer renumbered with tfcli's special tokens first, and its order (`reorder_vocabulary`),
-    after checking that it fits the embedding rows."""
-    src, tgt = _tokenizers(hf_dir)
+    after checking that it fits the embedding rows; for a published language model, its text conventions
+    (`_text_conventions`), else None."""
+    published = arch.name in LLAMA_LAYOUT
+    if published:
+        path, data, family = _family_tokenizer(hf_dir)
+        src = tgt = (path, data)
+    else:
+        src, tgt = _tokenizers(hf_dir)
     sides = {"tgt": tgt} if cfg.kind == "lm" else {"src": src, "tgt": tgt}
     for side, (path, data) in sides.items():
         rows = cfg.src_vocab_size if side == "src" else cfg.tgt_vocab_size
@@ -405,15 +503,70 @@ def _tfcli_vocabularies(hf_dir: Path, config: dict, arch, cfg: ModelConfig) -> t
                              "model's config.json; this tokenizer does not belong to these weights")
     toks, orders = {}, {}
     for side, (_, data) in sides.items():
-        toks[side], orders[side] = reorder_vocabulary(data, _special_ids(config, data, arch))
+        special = _special_ids(config, data, arch)
+        if published:
+            toks[side], orders[side] = reorder_vocabulary(data, special, cfg.tgt_vocab_size, keep_names=True)
+        else:
+            toks[side], orders[side] = reorder_vocabulary(data, special)
     if cfg.kind == "seq2seq" and cfg.share_embeddings and orders["src"] != orders["tgt"]:
         raise TfcliError(f"{hf_dir}: shared embeddings, but the source and target tokenizers number tokens differently")
-    return toks, orders
+    text = _text_conventions(hf_dir, config, family, orders["tgt"]) if published else None
+    return toks, orders, text
 
 
-def _save(out: Path, model, cfg: ModelConfig, toks: dict, hf_dir: Path, arch) -> None:
+def _family_tokenizer(hf_dir: Path):
+    """(path, tokenizer.json data, transformers' tokenizer) of a published language model, as transformers builds
+    it from the directory's files (tokenizer.json, or vocab.json + merges.txt, tokenizer_config.json): the
+    tokenizer its users compare with, special tokens and all."""
+    tr = _transformers()
+    try:
+        family = tr.AutoTokenizer.from_pretrained(str(hf_dir))
+    except Exception as e:  # transformers' own errors name the file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TfcliError(f"{hf_dir}: transformers cannot read its tokenizer ({first})") from None
+    backend = getattr(family, "backend_tokenizer", None)
+    if backend is None:
+        raise TfcliError(f"{hf_dir}: its tokenizer ({type(family).__name__}) has no tokenizers backend to import")
+    path = hf_dir / "tokenizer.json" if (hf_dir / "tokenizer.json").is_file() else hf_dir / "tokenizer_config.json"
+    return path, json.loads(backend.to_str()), family
+
+
+def _text_conventions(hf_dir: Path, config: dict, family, order: list[int]) -> dict:
+    """What an imported language model's text needs, in tfcli ids: the ids its tokenizer puts before a text
+    (`start`: BOS or none), its end tokens besides the one at </s> (`ends`: config.json's and
+    generation_config.json's eos_token_id lists), special tokens written in a text read as those tokens, its chat
+    template, and generation_config.json's sampling defaults."""
+    where = {h: i for i, h in reversed(list(enumerate(order)))}  # HF id -> tfcli id (the first, if twice)
+    plain = family("a", add_special_tokens=False)["input_ids"]
+    full = family("a")["input_ids"]
+    start = [where[h] for h in full[: full.index(plain[0])]] if plain and plain[0] in full else []
+    generation = _read_json(hf_dir / "generation_config.json")
+    ends = []
+    for value in (config.get("eos_token_id"), generation.get("eos_token_id")):
+        for h in value if isinstance(value, list) else [value] if value is not None else []:
+            if h in where and where[h] not in ends:
+                ends.append(where[h])
+    ends = [i for i in ends if i != EOS_ID]
+    sampling = {k: generation[k] for k in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+                if generation.get(k) is not None}
+    template = getattr(family, "chat_template", None)
+    return {"start": start, "ends": ends, "specials_in_text": True,
+            "chat_template": template if isinstance(template, str) else None, "generation": sampling}
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise TfcliError(f"{path}: unreadable ({e})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _save(out: Path, model, cfg: ModelConfig, toks: dict, hf_dir: Path, arch, text: dict | None = None) -> None:
     """The imported model and its tokenizers as a tfcli checkpoint (a new directory, or with --force one swapped in
-    whole)."""
+    whole); `text`: a published language model's text conventions (meta "text", tfcli.checkpoint_meta)."""
     import tempfile
 
     from tfcli import checkpoint
@@ -424,8 +577,10 @@ def _save(out: Path, model, cfg: ModelConfig, toks: dict, hf_dir: Path, arch) ->
         for side, data in toks.items():
             files[side] = Path(tmp) / f"tokenizer.{side}.json"
             files[side].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-            load_tokenizer(files[side])  # tfcli's own check of the specials
+            load_tokenizer(files[side], any_names=text is not None)  # tfcli's own check of the specials
         meta = {"model": to_dict(cfg), "step": 0, "imported_from": {"path": str(hf_dir), "model_type": arch.name}}
+        if text is not None:
+            meta["text"] = text
         if arch.language_tokens:  # the source's language first in the source, the target's forced first
             meta[LANGUAGE_TOKENS] = m2m_language_tokens(toks["src"])
         if arch.on_sentences:  # OPUS-MT, M2M-100 and NLLB: translate's --split-sentences auto splits every line

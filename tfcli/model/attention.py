@@ -22,24 +22,28 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_head: int, attn_dropout: float = 0.0, bias: bool = True, cross: bool = False,
-                 qk_norm_eps: float | None = None, n_kv_head: int | None = None):
+                 qk_norm_eps: float | None = None, n_kv_head: int | None = None, d_head: int | None = None,
+                 qkv_bias: bool | None = None):
         """`qk_norm_eps`: RMSNorm each head's q and k (a gain of d_head each) with this eps; None: no QK-norm.
-        `n_kv_head`: key/value heads (None: n_head, plain multi-head attention)."""
+        `n_kv_head`: key/value heads (None: n_head, plain multi-head attention). `d_head`: each head's width (None:
+        d_model / n_head). `qkv_bias`: biases on the q, k, v projections (None: as `bias`, the output's)."""
         super().__init__()
         n_kv_head = n_kv_head or n_head
-        assert d_model % n_head == 0 and n_head % n_kv_head == 0
-        self.d_model, self.n_head, self.d_head = d_model, n_head, d_model // n_head
+        assert (d_head or d_model % n_head == 0) and n_head % n_kv_head == 0
+        self.d_model, self.n_head, self.d_head = d_model, n_head, d_head or d_model // n_head
+        self.d_q = n_head * self.d_head  # the queries' (and the attention output's) width
         self.n_kv_head, self.d_kv = n_kv_head, n_kv_head * self.d_head
         self.cross = cross
         self.attn_dropout = attn_dropout
+        qkv_bias = bias if qkv_bias is None else qkv_bias
         if cross:
-            self.q_proj = Linear(d_model, d_model, bias=bias)
-            self.kv_proj = Linear(d_model, 2 * self.d_kv, bias=bias)
+            self.q_proj = Linear(d_model, self.d_q, bias=qkv_bias)
+            self.kv_proj = Linear(d_model, 2 * self.d_kv, bias=qkv_bias)
             self.fused_rows = (self.d_kv, self.d_kv)  # the projections the fused one stacks: [k; v]
         else:
-            self.qkv_proj = Linear(d_model, d_model + 2 * self.d_kv, bias=bias)
-            self.fused_rows = (d_model, self.d_kv, self.d_kv)  # [q; k; v]
-        self.out_proj = Linear(d_model, d_model, bias=bias)
+            self.qkv_proj = Linear(d_model, self.d_q + 2 * self.d_kv, bias=qkv_bias)
+            self.fused_rows = (self.d_q, self.d_kv, self.d_kv)  # [q; k; v]
+        self.out_proj = Linear(self.d_q, d_model, bias=bias)
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
             self.q_norm, self.k_norm = RMSNorm(self.d_head, qk_norm_eps), RMSNorm(self.d_head, qk_norm_eps)
@@ -96,7 +100,7 @@ class MultiHeadAttention(nn.Module):
             # The weights from the very same kernel: with V = I, softmax(QK^T/sqrt(d) + mask) I is the weights.
             eye = torch.eye(k.size(2), dtype=q.dtype, device=q.device).expand(q.size(0), self.n_head, -1, -1)
             weights = F.scaled_dot_product_attention(q, k, eye, attn_mask=mask, is_causal=is_causal)
-        y = y.transpose(1, 2).reshape(B, T, self.d_model)
+        y = y.transpose(1, 2).reshape(B, T, self.d_q)
         return self.out_proj(y), weights
 
     def cross_weights(self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

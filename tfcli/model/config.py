@@ -9,6 +9,26 @@ from typing import Literal
 from tfcli.errors import ConfigError
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE's frequencies stretched for contexts past the trained one (a published config's `rope_scaling`).
+
+    linear: every frequency divided by `factor`. llama3 (Llama 3.1+): wavelengths longer than
+    original_max_len / low_freq_factor divided by `factor`, shorter than original_max_len / high_freq_factor kept,
+    those between interpolated."""
+
+    type: Literal["linear", "llama3"] = "linear"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0  # llama3 only, as the next two
+    high_freq_factor: float = 4.0
+    original_max_len: int = 8192
+
+    def validate(self) -> None:
+        if self.factor <= 0 or (self.type == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor):
+            raise ConfigError("model.rope_scaling: factor must be positive, and 0 < low_freq_factor < "
+                              "high_freq_factor")
+
+
 @dataclass
 class ModelConfig:
     """Architecture of an encoder-decoder (`seq2seq`) or decoder-only (`lm`) Transformer.
@@ -20,7 +40,8 @@ class ModelConfig:
     src_vocab_size: int = 0  # seq2seq only; filled from the prepared data
     tgt_vocab_size: int = 0  # the output vocabulary (the LM's only vocabulary)
     d_model: int = 512  # the width of every layer's input and output
-    n_head: int = 8  # attention heads (d_model / n_head each)
+    n_head: int = 8  # attention heads (d_model / n_head each, unless head_dim says)
+    head_dim: int | None = None  # each head's width; None: d_model / n_head (Gemma's and Qwen 3's differ)
     # grouped-query attention: key/value heads, each shared by n_head / n_kv_head query heads (1: multi-query
     # attention); None: n_head (multi-head attention). Shrinks the key/value projections and the decoder's memory
     n_kv_head: int | None = None
@@ -40,17 +61,25 @@ class ModelConfig:
     # fairseq: its sinusoidal table (other frequencies; positions counted from 2), M2M-100's and NLLB's; rope:
     # decoder-only models
     positions: Literal["sinusoidal", "fairseq", "learned", "rope"] = "sinusoidal"
+    rope_theta: float = 10000.0  # RoPE's base: pair i of a head turns by pos * rope_theta^(-2i/d_head)
+    rope_scaling: RopeScaling | None = None  # RoPE frequencies stretched for long contexts (Llama 3.1+)
     max_len: int = 1024  # longest sequence (learned positions table / RoPE cache size)
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model), as the paper does
     share_embeddings: bool = False  # one embedding table for source and target (needs a joint vocabulary)
     tie_output: bool = True  # output projection = target embedding matrix (Press & Wolf 2017)
     output_bias: bool = False  # a bias on the output projection (Marian models have one: kept on import)
     bias: bool = True  # biases in the linear layers of the stack
+    qkv_bias: bool | None = None  # biases on the q, k and v projections alone (Qwen 2); None: as `bias`
     layer_norm_eps: float = 1e-5  # added to the variance (RMSNorm: to the mean square) in every norm
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.n_head
+        return self.head_dim or self.d_model // self.n_head
+
+    @property
+    def attn_qkv_bias(self) -> bool:
+        """Whether the q, k and v projections have biases."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
 
     @property
     def kv_heads(self) -> int:
@@ -60,13 +89,17 @@ class ModelConfig:
     def validate(self) -> None:
         if self.d_model <= 0 or self.n_head <= 0 or self.d_ff <= 0:
             raise ConfigError("model: d_model, n_head and d_ff must be positive")
-        if self.d_model % self.n_head:
+        if self.head_dim is not None and self.head_dim <= 0:
+            raise ConfigError(f"model: head_dim must be positive, got {self.head_dim}")
+        if self.head_dim is None and self.d_model % self.n_head:
             raise ConfigError(f"model: d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.n_kv_head is not None and not (0 < self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0):
             raise ConfigError(f"model: n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): each key/value "
                               "head serves the same number of query heads")
         if self.positions == "rope" and self.d_head % 2:
-            raise ConfigError(f"model: rope needs an even head size, got d_model/n_head = {self.d_head}")
+            raise ConfigError(f"model: rope needs an even head size, got {self.d_head}")
+        if self.rope_theta <= 0:
+            raise ConfigError(f"model: rope_theta must be positive, got {self.rope_theta}")
         if self.positions == "fairseq" and self.d_model % 2:
             raise ConfigError(f"model: fairseq positions need an even d_model, got {self.d_model}")
         if self.positions == "rope" and self.kind != "lm":

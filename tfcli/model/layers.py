@@ -40,7 +40,7 @@ class Sublayers:
     with the norms self_norm, cross_norm, ffn_norm (LayerNorm or RMSNorm). An encoder layer (and a language
     model's) has no cross_*; only a gated FFN has w3; with QK-norm, q = q_norm(q) and k = k_norm(k) per head
     (cross_q_norm, cross_k_norm in the cross-attention) before RoPE and the product. With grouped-query attention
-    (n_kv_head key/value heads) qkv's output is [q; k; v] of d_model, n_kv_head * d_head, n_kv_head * d_head, and
+    (n_kv_head key/value heads) qkv's output is [q; k; v] of n_head * d_head, n_kv_head * d_head, n_kv_head * d_head, and
     cross_kv's [k; v] of n_kv_head * d_head each."""
 
     pre_norm: bool
@@ -62,8 +62,10 @@ class Sublayers:
     cross_k_norm: nn.Module | None = None
 
 
-def _qk_norm_eps(cfg: ModelConfig) -> float | None:
-    return cfg.layer_norm_eps if cfg.qk_norm else None
+def _attention(cfg: ModelConfig, cross: bool = False) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, cross=cross,
+                              qk_norm_eps=cfg.layer_norm_eps if cfg.qk_norm else None, n_kv_head=cfg.n_kv_head,
+                              d_head=cfg.d_head, qkv_bias=cfg.attn_qkv_bias)
 
 
 class FeedForward(nn.Module):
@@ -109,8 +111,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias,
-                                            qk_norm_eps=_qk_norm_eps(cfg), n_kv_head=cfg.n_kv_head)
+        self.self_attn = _attention(cfg)
         self.ffn = FeedForward(cfg)
         self.res_attn, self.res_ffn = Residual(cfg), Residual(cfg)
 
@@ -137,11 +138,8 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, cross: bool):
         super().__init__()
-        eps = _qk_norm_eps(cfg)
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, qk_norm_eps=eps,
-                                            n_kv_head=cfg.n_kv_head)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, cross=True,
-                                             qk_norm_eps=eps, n_kv_head=cfg.n_kv_head) if cross else None
+        self.self_attn = _attention(cfg)
+        self.cross_attn = _attention(cfg, cross=True) if cross else None
         self.ffn = FeedForward(cfg)
         self.cfg = cfg
         self.res_self = Residual(cfg)

@@ -71,19 +71,41 @@ class LearnedPositions(nn.Module):
         return self.emb(pos)
 
 
+def rope_frequencies(d_head: int, theta: float = 10000.0, scaling=None) -> torch.Tensor:
+    """RoPE's (d_head/2,) angular frequencies theta^(-2i/d_head) in fp32, stretched as `scaling` (a
+    ModelConfig.RopeScaling, or None) says."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head))
+    if scaling is None:
+        return inv_freq
+    if scaling.type == "linear":
+        return inv_freq / scaling.factor
+    # llama3: long wavelengths slowed by `factor`, short ones kept, those between interpolated
+    long_wave = scaling.original_max_len / scaling.low_freq_factor
+    short_wave = scaling.original_max_len / scaling.high_freq_factor
+    wavelength = 2 * math.pi / inv_freq
+    slowed = torch.where(wavelength > long_wave, inv_freq / scaling.factor, inv_freq)
+    smooth = (scaling.original_max_len / wavelength - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    between = (1 - smooth) * slowed / scaling.factor + smooth * slowed
+    middle = ~(wavelength < short_wave) * ~(wavelength > long_wave)
+    return torch.where(middle, between, slowed)
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE (Su et al. 2021): rotate each (x_i, x_{i+d/2}) pair of q and k by angle pos * theta_i.
 
-    theta_i = 10000^(-2i/d_head); q.k then depends only on the relative position.
+    theta_i = rope_theta^(-2i/d_head) (`rope_frequencies`); q.k then depends only on the relative position.
     """
 
-    def __init__(self, d_head: int, max_len: int, base: float = 10000.0):
+    def __init__(self, d_head: int, max_len: int, theta: float = 10000.0, scaling=None):
         super().__init__()
-        self.d_head, self.base = d_head, base
+        self.d_head = d_head
+        # (a plain attribute, not a buffer: a model cast to bf16 keeps its frequencies in fp32)
+        self.inv_freq = rope_frequencies(d_head, theta, scaling)
         self._build(max_len)
 
     def _build(self, n: int, device=None):
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.d_head, 2, dtype=torch.float32, device=device) / self.d_head))
+        inv_freq = self.inv_freq.to(device)
         angles = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv_freq)  # (n, d_head/2)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)

@@ -93,7 +93,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = embed
-        self.rope = RotaryEmbedding(cfg.d_head, cfg.max_len) if cfg.positions == "rope" else None
+        self.rope = RotaryEmbedding(cfg.d_head, cfg.max_len, cfg.rope_theta, cfg.rope_scaling) if cfg.positions == "rope" else None
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross) for _ in range(n_layers))
         self.norm = _final_norm(cfg)
 
