@@ -22,11 +22,11 @@ install: $(VENV)/.installed
 
 ## test: the full test suite (what CI runs), one worker per core (pytest-xdist)
 test: install
-	$(PY) -m pytest -q -n auto $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadgroup $(PYTEST_ARGS)
 
 ## test-fast: skip the slow end-to-end tests
 test-fast: install
-	$(PY) -m pytest -q -n auto -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 ## test-oldest-torch: the whole suite on OLDEST_TORCH in its own venv (the PyPI build: a few GB of CUDA libraries);
 ## the summary and the versions go to benchmarks/results/oldest_torch.txt

@@ -77,8 +77,7 @@ def _load_weights(cfg, weights: Path, mapped: bool) -> tuple[torch.nn.Module, li
     """The model of `cfg` holding the file's tensors, with (missing, unexpected) names. Built without drawing its
     random initial weights (memory allocated and never touched: no pages) and given the tensors read, not copied into
     the model's own; a parameter known by several names (tied output layer, shared embeddings) stays one."""
-    with _Uninitialised():
-        model = build_model(cfg, init=False)
+    model = build_empty(cfg)
     own = dict(model.named_parameters(remove_duplicate=False))
     names: dict[int, list[str]] = {}  # (each parameter's names: a tied one has several)
     for name, p in own.items():
@@ -95,6 +94,13 @@ def _load_weights(cfg, weights: Path, mapped: bool) -> tuple[torch.nn.Module, li
                 setattr(model.get_submodule(owner), attr, value)
             missing = [m for m in missing if m not in group]
     return model, missing, unexpected
+
+
+def build_empty(cfg) -> torch.nn.Module:
+    """The model of `cfg` with its memory allocated and nothing drawn into it: for a caller that loads every weight
+    (torch's own initialisers, run for nothing, take seconds on a large vocabulary)."""
+    with _Uninitialised():
+        return build_model(cfg, init=False)
 
 
 class _Uninitialised(TorchFunctionMode):

@@ -412,19 +412,22 @@ def _special_ids(config: dict, tok: dict, arch: Arch) -> dict[int, int | None]:
 
 
 def _rows(w: torch.Tensor, order: list[int]) -> torch.Tensor:
-    idx = torch.tensor([max(h, 0) for h in order])
-    out = w[idx].clone()
-    out[torch.tensor([h < 0 for h in order])] = 0.0
+    order_t = torch.tensor(order)
+    out = w[order_t.clamp(min=0)]
+    out[order_t < 0] = 0.0
     return out
 
 
 def _output_bias(b: torch.Tensor | None, order: list[int]) -> torch.Tensor:
     """HF's output bias in tfcli's order; a row the model lacks, or a second copy of a row (Marian's decoder start
-    is its <pad>), gets ABSENT_LOGIT, so the softmax over the model's own tokens is unchanged."""
+    is its <pad>), gets ABSENT_LOGIT, so the softmax over the model's own tokens is unchanged. (The ordinary
+    tokens' rows are each one of their own: only the specials can repeat a row.)"""
     out = torch.full((len(order),), ABSENT_LOGIT)
+    n = len(SPECIAL_TOKENS)
+    rest = torch.tensor(order[n:], dtype=torch.long)
+    out[n:] = b[rest] if b is not None else 0.0
     seen = set()
-    first = [EOS_ID, UNK_ID, *range(len(SPECIAL_TOKENS), len(order)), PAD_ID, BOS_ID]  # never-output ones last
-    for i in first:
+    for i in (EOS_ID, UNK_ID, PAD_ID, BOS_ID):  # never-output ones last
         h = order[i]
         if h >= 0 and h not in seen:
             out[i] = b[h] if b is not None else 0.0
@@ -437,7 +440,7 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
     -> a tfcli checkpoint directory that translate/lm-generate/eval/attention use. Returns a summary."""
     import dataclasses
 
-    from tfcli.model.transformer import build_model
+    from tfcli.checkpoint import build_empty
 
     hf_dir = _local(hf_dir)
     out = Path(out)
@@ -473,7 +476,7 @@ def import_model(hf_dir: str | Path, out: str | Path, force: bool = False) -> di
     if not cfg.bias and not published:
         for k in linear_biases:
             del state[k]
-    model = build_model(cfg, init=False)
+    model = build_empty(cfg)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:

@@ -1,0 +1,145 @@
+"""Published decoder-only families imported exactly: each built in transformers from its real config.json (one
+layer; every other value real) with random weights, saved with its real tokenizer files (../shared/models/llm), and
+imported. tfcli must read text into the family's token ids, score a text with the same per-token log-likelihoods,
+and continue prompts greedily with the same tokens as transformers' `generate`, in any batch, fp32 and int8."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tfcli.device import int8_available
+
+pytestmark = [pytest.mark.shared_data, pytest.mark.slow]
+
+LLM = Path(__file__).resolve().parents[2] / "shared" / "models" / "llm"
+FAMILIES = ["llama-2-7b-hf", "llama-3.2-1b-instruct", "qwen2.5-0.5b-instruct", "qwen3-1.7b"]
+TEXTS = [
+    "Hello world, ça va? Größe naïve café",
+    "東京は日本の首都です。北京欢迎你！",
+    "emoji 🙂👍🏽 and ZWJ 👨‍👩‍👧",
+    "def f(x):\n\treturn x  **  2   # spaces\n\n\n",
+    "   leading and trailing whitespace runs   ",
+]
+PROMPTS = ["The capital of France is", "def fib(n):", "Bonjour, je m'appelle", "東京", "<s>"]
+NEW = 8
+
+
+# (each family's tests on one worker: `make test` runs pytest-xdist with --dist loadgroup)
+@pytest.fixture(scope="module", params=[pytest.param(f, marks=pytest.mark.xdist_group(f)) for f in FAMILIES])
+def family(request, tmp_path_factory):
+    """(transformers tokenizer, transformers model, tfcli Generator) of one family, built once a module."""
+    transformers = pytest.importorskip("transformers")
+    src = LLM / request.param
+    if not src.is_dir():
+        pytest.skip(f"{src} absent")
+    from tfcli.interop.hf_import import import_model
+
+    import tfcli
+
+    d = tmp_path_factory.mktemp(request.param)
+    hf_dir, ckpt = d / "hf", d / "ckpt"
+    config = transformers.AutoConfig.from_pretrained(src)
+    config.num_hidden_layers = 1
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:1]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # (larger than the init's, so that greedy continuations vary)
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.05)
+    model.save_pretrained(hf_dir)
+    for f in src.iterdir():
+        if f.is_file() and f.name != "config.json":
+            shutil.copy(f, hf_dir / f.name)
+    import_model(hf_dir, ckpt)
+    yield transformers.AutoTokenizer.from_pretrained(hf_dir), model, tfcli.load(str(ckpt))
+    shutil.rmtree(d)
+
+
+def tfcli_ids(lm, text: str) -> list[int]:
+    """The ids tfcli reads `text` into, the model's start (BOS or none) first."""
+    from tfcli.generate.lm import text_conventions
+
+    start, _ = text_conventions(lm.loaded.meta)
+    return start + lm.loaded.tgt_tok.encode(text, add_special_tokens=False).ids
+
+
+def to_hf(lm, tok, ids: list[int]) -> list[int]:
+    """tfcli ids as the family's ids (through the tokens' names, which the import keeps)."""
+    return [tok.convert_tokens_to_ids(lm.loaded.tgt_tok.id_to_token(i)) for i in ids]
+
+
+def test_text_becomes_the_familys_token_ids_and_back(family):
+    tok, _, lm = family
+    specials = [t for t in tok.all_special_tokens if t not in (tok.unk_token,)][:3]
+    for text in TEXTS + [f"{specials[0]}a{specials[-1]} b"]:
+        ids = tfcli_ids(lm, text)
+        assert to_hf(lm, tok, ids) == tok(text)["input_ids"], text
+    from tfcli.data.tokenizer import decode_batch
+
+    for text in TEXTS:
+        plain = lm.loaded.tgt_tok.encode(text, add_special_tokens=False).ids
+        assert decode_batch(lm.loaded.tgt_tok, [plain]) == [tok.decode(tok(text, add_special_tokens=False)
+                                                                        ["input_ids"])], text
+
+
+def test_log_likelihoods_are_the_familys(family):
+    """Teacher-forced per-token log-likelihood within 1e-5 relative of transformers' (the softmax over every
+    embedding row, Qwen's rows past its tokens included)."""
+    tok, model, lm = family
+    for text in TEXTS:
+        hf_ids = tok(text)["input_ids"]
+        ids = tfcli_ids(lm, text)
+        with torch.no_grad():
+            theirs = model(torch.tensor([hf_ids])).logits[0].log_softmax(-1)
+            ours = lm.loaded.model(torch.tensor([ids]))[0].log_softmax(-1)
+        want = theirs[:-1].gather(1, torch.tensor(hf_ids[1:])[:, None])
+        got = ours[:-1].gather(1, torch.tensor(ids[1:])[:, None])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def greedy(lm, prompts: list[list[int]], dtype_lm=None) -> list[list[int]]:
+    from tfcli.generate.config import GenerateConfig
+    from tfcli.generate.lm import generate_ids, text_conventions
+
+    lm = dtype_lm or lm
+    _, ends = text_conventions(lm.loaded.meta)
+    cfg = GenerateConfig(max_new_tokens=NEW, greedy=True, batch_size=len(prompts))
+    return generate_ids(lm.loaded.steps, prompts, cfg, ends=ends)
+
+
+def test_greedy_continuations_are_generates_in_any_batch(family):
+    tok, model, lm = family
+    prompts = [tfcli_ids(lm, p) for p in PROMPTS]
+    eos = model.generation_config.eos_token_id
+    never = [i for i in (tok.bos_token_id, tok.pad_token_id) if i is not None]  # (tfcli never outputs these)
+    want = []
+    for p in PROMPTS:
+        ids = torch.tensor([tok(p)["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW,
+                                 do_sample=False, bad_words_ids=[[i] for i in never] or None,
+                                 pad_token_id=tok.pad_token_id or 0)[0, ids.size(1):].tolist()
+        ends = eos if isinstance(eos, list) else [eos]
+        cut = next((k for k, t in enumerate(out) if t in ends), len(out))
+        want.append(out[:cut])
+    alone = [greedy(lm, [p])[0] for p in prompts]
+    assert [to_hf(lm, tok, ids) for ids in alone] == want
+    assert greedy(lm, prompts) == alone  # (all in one batch)
+
+
+def test_int8_continuations_do_not_depend_on_the_batch(family):
+    if not int8_available():
+        pytest.skip("int8 kernels unavailable on this CPU")
+    import tfcli
+
+    _, _, lm = family
+    q = tfcli.load(lm.loaded.meta["dir"], dtype="int8")
+    prompts = [tfcli_ids(lm, p) for p in PROMPTS]
+    alone = [greedy(lm, [p], q)[0] for p in prompts]
+    assert greedy(lm, prompts, q) == alone
