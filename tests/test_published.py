@@ -133,6 +133,85 @@ def test_greedy_continuations_are_generates_in_any_batch(family):
     assert greedy(lm, prompts) == alone  # (all in one batch)
 
 
+CONVERSATIONS = [
+    [{"role": "user", "content": "Translate to German: the cat sleeps"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Why? 🙂"}],
+]
+
+
+def test_chat_replies_are_transformers(family):
+    """--chat: the conversation written as apply_chat_template writes it, and the greedy reply generate gives from
+    it, under the model's generation_config.json (Qwen's repetition_penalty 1.1 included); a model without a
+    template (Llama 2 base) is refused in one line."""
+    tok, model, lm = family
+    from tfcli.errors import TfcliError
+    from tfcli.generate.lm import chat_prompts
+
+    if not tok.chat_template:
+        with pytest.raises(TfcliError, match="no chat template"):
+            lm.generate(["Hi"], chat=True, greedy=True)
+        return
+    for conversation in CONVERSATIONS:
+        want = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        assert chat_prompts(lm.loaded.meta, [conversation], None) == [want]
+        ids = tok.apply_chat_template(conversation, add_generation_prompt=True, return_tensors="pt",
+                                      return_dict=True)
+        with torch.no_grad():
+            out = model.generate(**ids, max_new_tokens=NEW, do_sample=False)[0, ids["input_ids"].size(1):]
+        reply = lm.generate([conversation], chat=True, greedy=True, max_new_tokens=NEW)
+        assert reply == [tok.decode(out, skip_special_tokens=True)]
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert chat_prompts(lm.loaded.meta, ["Hi"], "Be brief.") == chat_prompts(lm.loaded.meta, [system], None)
+
+
+def test_generate_chat_writes_the_replies_alone(family, tmp_path):
+    """`tfcli generate --chat`: a line of text is the user's message (--system said first), a JSON line with
+    "messages" a whole conversation; one reply a line, as the API gives them."""
+    import json
+    import subprocess
+    import sys
+
+    tok, _, lm = family
+    if not tok.chat_template:
+        pytest.skip("a base model: no chat template")
+    lines = ["Hi", json.dumps({"messages": CONVERSATIONS[1]}, ensure_ascii=False)]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "tfcli", "generate", "-m", lm.loaded.meta["dir"], "-i",
+                        str(tmp_path / "in.txt"), "--chat", "--system", "Be brief.", "--greedy", "-n", str(NEW),
+                        "--jsonl", "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(line)["continuation"] for line in r.stdout.splitlines()]
+    want = lm.generate(["Hi", CONVERSATIONS[1]], chat=True, system="Be brief.", greedy=True, max_new_tokens=NEW)
+    assert got == want
+
+
+def test_gpt2_with_its_2020_tokenizer_json_imports(tmp_path):
+    """GPT-2's published tokenizer.json is the 2020 format (no `model.type`): it imports, and reads text into
+    GPT-2's ids."""
+    transformers = pytest.importorskip("transformers")
+    src = LLM / "gpt2-xl"
+    if not src.is_dir():
+        pytest.skip(f"{src} absent")
+    from tfcli.interop.hf_import import import_model
+
+    import tfcli
+
+    config = transformers.AutoConfig.from_pretrained(src)
+    config.n_layer = 1
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp_path / "hf")
+    for f in src.iterdir():
+        if f.is_file() and f.name != "config.json":
+            shutil.copy(f, tmp_path / "hf" / f.name)
+    import_model(tmp_path / "hf", tmp_path / "ckpt")
+    lm = tfcli.load(str(tmp_path / "ckpt"))
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    for text in TEXTS:
+        ids = lm.loaded.tgt_tok.encode(text, add_special_tokens=False).ids
+        assert to_hf(lm, tok, ids) == tok(text)["input_ids"], text
+
+
 def test_int8_continuations_do_not_depend_on_the_batch(family):
     if not int8_available():
         pytest.skip("int8 kernels unavailable on this CPU")

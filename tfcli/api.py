@@ -34,7 +34,8 @@ _TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "
               "topk", "topp")  # (topk, topp: the old names of top_k, top_p)
 _NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
-             "repetition_penalty", "no_repeat_ngram_size", "seed", "stop", "batch_size", "check_every")
+             "repetition_penalty", "no_repeat_ngram_size", "seed", "stop", "batch_size", "check_every", "chat",
+             "system")
 _FIXED_BY_LOAD = ("device", "dtype")
 
 
@@ -240,12 +241,17 @@ class Generator:
     def generate(self, prompts: list[str], **options) -> list[str]:
         """The continuation of each prompt (without the prompt). `options`: max_new_tokens (100), min_new_tokens,
         ignore_eos, greedy, temperature, top_k, top_p, repetition_penalty, no_repeat_ngram_size, seed, stop (a string
-        or a list of them), batch_size, check_every. For several samples of a prompt, repeat it."""
+        or a list of them), batch_size, check_every; chat (each prompt a user's message, or a conversation: a list of
+        {"role", "content"} messages, written with the model's chat template; the reply is returned), system (with
+        chat: the system message). For several samples of a prompt, repeat it."""
         from tfcli.generate.config import GenerateConfig
         from tfcli.generate.lm import continuations
 
         _check_options("generate", options, _GENERATE)
-        prompts = _texts(prompts, "prompts")
+        if options.get("chat"):
+            prompts = [p if isinstance(p, str) else _conversation(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
+        else:
+            prompts = _texts(prompts, "prompts")
         if isinstance(options.get("stop"), str):
             options["stop"] = [options["stop"]]
         elif options.get("stop") is not None:
@@ -253,6 +259,18 @@ class Generator:
         cfg = _configured("generate", lambda: override(GenerateConfig(device=str(self.device), dtype=self.dtype),
                                                        "generate", **options))
         return list(continuations(self.loaded, prompts, cfg, self.device))
+
+
+def _conversation(value, name: str) -> list[dict]:
+    """A chat's messages, checked: a list of {"role": system/user/assistant/tool, "content": text}."""
+    from tfcli.generate.chat import ROLES
+
+    items = list(value) if isinstance(value, (list, tuple)) else None
+    if not items or not all(isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+                            for m in items):
+        raise TypeError(f"{name}: expected a text or a non-empty list of {{'role': one of {', '.join(ROLES)}, "
+                        "'content': text}} messages")
+    return [dict(m) for m in items]
 
 
 def load(path: str | list[str], device: str = "auto", dtype: str = "fp32") -> Translator | Generator:

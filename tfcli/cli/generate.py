@@ -87,6 +87,14 @@ def generate(
     jsonl: bool = typer.Option(
         False, "--jsonl", help="One JSON object a sample, for text that holds newlines (format below)."
     ),
+    chat: bool = typer.Option(
+        False, "--chat", help="Each prompt is a user's message, written with the model's own chat template (an "
+        "imported chat model's); a prompt line that is a JSON object with a \"messages\" list is a whole "
+        "conversation. The reply alone is written; it ends at any of the model's end tokens."
+    ),
+    system: Optional[str] = typer.Option(
+        None, "--system", metavar="TEXT", help="With --chat: the system message, said before each conversation."
+    ),
     encoding_errors: EncodingErrors = None,
     device: Device = None,
     dtype: Dtype = None,
@@ -100,6 +108,7 @@ def generate(
     tfcli generate -m run/ -i prompts.txt --nbest 3 > samples.txt
     echo "The meaning of" | tfcli generate -m run/ --greedy --stop "."
     tfcli generate -m run/ -i prompts.txt -N 4 --seed 1 --jsonl > samples.jsonl
+    tfcli generate -m qwen/ --chat --system "Answer briefly." "What is RoPE?"
 
     Each sample is written as its prompt followed by the generated text, then a newline, in prompt order (samples
     of one prompt together). Generation stops at </s> (a warning says so when it comes before --max-new-tokens;
@@ -124,9 +133,10 @@ def generate(
     cfg = run(
         generate_config, config,
         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, ignore_eos=ignore_eos or None,
-        greedy=greedy or None, temperature=temperature, top_k=top_k, top_p=top_p,
+        greedy=True if greedy else False if sampling else None, temperature=temperature, top_k=top_k, top_p=top_p,
         repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size, seed=seed, nbest=nbest, stop=stop or None,
         batch_size=batch_size, check_every=check_every, encoding_errors=encoding_errors, device=device, dtype=dtype, threads=threads, jsonl=jsonl or None,
+        chat=chat or None, system=system,
     )
     run(tune_process, cfg.device, cfg.threads)
     run(run_generate, model, prompts or [], input_file, output, cfg, progress)

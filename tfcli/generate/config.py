@@ -4,6 +4,7 @@ command line's help can show the defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional
@@ -120,11 +121,13 @@ class GenerateConfig:
     max_new_tokens: int = 100
     min_new_tokens: int = 0  # no </s> before this many new tokens
     ignore_eos: bool = False  # never stop at </s>: always generate max_new_tokens
-    greedy: bool = False  # argmax instead of sampling
-    temperature: float = 1.0
-    top_k: int = 0  # 0: no top-k filter
-    top_p: float = 1.0  # 1: no nucleus filter
-    repetition_penalty: float = 1.0  # 1: none; CTRL uses 1.2
+    # the next five: null takes an imported model's generation_config.json value (its do_sample for greedy), else
+    # the default after the comment (MODEL_DEFAULTS; `resolved`)
+    greedy: Optional[bool] = None  # argmax instead of sampling (false)
+    temperature: Optional[float] = None  # (1.0)
+    top_k: Optional[int] = None  # (0: no top-k filter)
+    top_p: Optional[float] = None  # (1.0: no nucleus filter)
+    repetition_penalty: Optional[float] = None  # (1.0: none; CTRL uses 1.2)
     no_repeat_ngram_size: int = 0  # no n-gram of this size twice in a text, its prompt included (0: no rule)
     # each prompt samples from numbers keyed by (seed, its index in the input, the step): same seed, same prompt at
     # the same index, same settings: same text, at any batch size; as translate --sampling's (null: a random seed)
@@ -141,6 +144,32 @@ class GenerateConfig:
     dtype: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
     threads: Optional[int] = None
     jsonl: bool = False  # one JSON object a sample: {"index", "sample", "prompt", "continuation"} (text may hold newlines)
+    # each prompt is a user's message, written with the model's chat template (an imported chat model's); a prompt
+    # line that is a JSON object with a "messages" list is a whole conversation; the reply alone is written
+    chat: bool = False
+    system: Optional[str] = None  # with chat: the system message said first
+
+    # field -> (its generation_config.json key, tfcli's default): the settings a model's publisher may choose
+    MODEL_DEFAULTS: ClassVar[dict[str, tuple[str, object]]] = {
+        "greedy": ("do_sample", False), "temperature": ("temperature", 1.0), "top_k": ("top_k", 0),
+        "top_p": ("top_p", 1.0), "repetition_penalty": ("repetition_penalty", 1.0),
+    }
+
+    def resolved(self, model: dict | None = None) -> tuple["GenerateConfig", dict]:
+        """This config with every null of MODEL_DEFAULTS filled: from `model` (an imported model's
+        generation_config.json values, meta "text"."generation") where it has the key, else tfcli's default.
+        Returns it and the values taken from the model."""
+        model = model or {}
+        fill, taken = {}, {}
+        for name, (key, default) in self.MODEL_DEFAULTS.items():
+            if getattr(self, name) is not None:
+                continue
+            if key in model:
+                value = (not model[key]) if name == "greedy" else model[key]
+                fill[name] = taken[name] = value
+            else:
+                fill[name] = default
+        return (dataclasses.replace(self, **fill) if fill else self), taken
 
     def validate(self) -> None:
         if self.max_new_tokens < 1 or self.nbest < 1 or self.batch_size < 1:
@@ -149,14 +178,16 @@ class GenerateConfig:
             raise ConfigError("generate: --check-every must not be negative (0: the device's default)")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ConfigError("generate: --min-new-tokens must be between 0 and --max-new-tokens")
-        if self.temperature <= 0:
+        if self.temperature is not None and self.temperature <= 0:
             raise ConfigError("generate: --temperature must be positive (use --greedy for the most likely text)")
-        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+        if (self.top_k is not None and self.top_k < 0) or (self.top_p is not None and not 0.0 < self.top_p <= 1.0):
             raise ConfigError("generate: --top-k must be >= 0 and --top-p in (0, 1]")
-        if self.repetition_penalty <= 0:
+        if self.repetition_penalty is not None and self.repetition_penalty <= 0:
             raise ConfigError("generate: --repetition-penalty must be positive")
         if self.no_repeat_ngram_size < 0:
             raise ConfigError("generate: --no-repeat-ngram-size must not be negative (0: no rule)")
+        if self.system is not None and not self.chat:
+            raise ConfigError("generate: --system is the system message of a chat: give --chat too")
         if any(s == "" for s in self.stop):
             raise ConfigError("generate: --stop strings must not be empty")
 

@@ -21,11 +21,11 @@ from typing import IO, Callable, Iterator
 
 import torch
 
-from tfcli.console import Progress, warn
+from tfcli.console import Progress, info, warn
 from tfcli.data.tokenizer import decode_batch, encode_batch
 from tfcli.generate.config import GenerateConfig
 from tfcli.device import precision, resolve_device, to_device
-from tfcli.errors import NotANumber
+from tfcli.errors import NotANumber, TfcliError
 from tfcli.generate.loader import Loaded, load
 from tfcli.generate.native import NAN_MESSAGE
 from tfcli.generate.rules import MinLength, NoEnd, NoRepeatNgram, OtherEnds, RepetitionPenalty, RowRules, Step
@@ -73,6 +73,7 @@ def generate_ids(
     `on_token(row, new_ids)` is called after each new token of a row; it returns True to stop that row (a stop
     string was reached).
     """
+    cfg = cfg.resolved()[0]  # (nulls: tfcli's defaults; `continuations` fills a model's first)
     sm = step_model(model)
     device = sm.embed.tok.weight.device
     B = len(prompts)
@@ -323,11 +324,18 @@ def lm_generate(
     loaded = load(checkpoint, device, "lm", cfg.dtype)
     with encoding_errors(cfg.encoding_errors):
         texts = read_prompts(prompts, input_file)
+    shown = texts
+    if cfg.chat:  # (a line may be a whole conversation: {"messages": [...]})
+        from tfcli.generate.chat import read_messages
+
+        source = "prompt" if prompts else input_file if input_file not in (None, "-") else "stdin"
+        texts = [read_messages(t, f"{source}:{i}" if not prompts else f"prompt {i}") for i, t in enumerate(texts, 1)]
     if not texts:
         where = input_file if input_file not in (None, "-") else "stdin"
         warn(f"no prompts: {where} was empty, so nothing was generated (give a PROMPT, or run in a terminal to "
              "generate from scratch)")
     samples = [text for text in texts for _ in range(cfg.nbest)]  # the prompt of each sample
+    shown = [text for text in shown for _ in range(cfg.nbest)]
     stream = len(samples) == 1 and output in (None, "-") and not cfg.jsonl
     written = 0
     bar = Progress("generating", len(samples), "samples", False if stream else progress)
@@ -335,13 +343,13 @@ def lm_generate(
         # enumerate, not zip: the generator must run to its end (its summary warning comes after the last sample)
         for i, continuation in enumerate(_named(continuations(loaded, samples, cfg, device, out if stream else None),
                                                 loaded.meta["dir"])):
-            text = samples[i]
+            text = shown[i]
             if cfg.jsonl:
                 index, sample = divmod(i, cfg.nbest)
                 record = {"index": index, "sample": sample, "prompt": text, "continuation": continuation}
                 bar.emit(out, json.dumps(record, ensure_ascii=False))
             elif not stream:
-                bar.emit(out, text + continuation)
+                bar.emit(out, continuation if cfg.chat else text + continuation)
             bar.advance(1)
             written += 1
     return written
@@ -361,6 +369,12 @@ def continuations(loaded: Loaded, texts: list[str], cfg: GenerateConfig, device:
     for more samples). With `stream`, the one text and its continuation are written there as they grow."""
     tok = loaded.tgt_tok
     start, ends = text_conventions(loaded.meta)
+    cfg, taken = cfg.resolved((loaded.meta.get("text") or {}).get("generation"))
+    if taken:  # (an imported model's publisher chose them: say so, as transformers applies them silently)
+        info(f"{loaded.meta['dir']}: generation_config.json's " + ", ".join(
+            f"{k} {v}" for k, v in taken.items()) + " (set them to choose otherwise)")
+    if cfg.chat:  # (the template writes the model's BOS where it wants one)
+        texts, start = chat_prompts(loaded.meta, texts, cfg.system), []
     encoded = encode_batch(tok, texts)
     _warn_unknown(encoded)
     prompt_ids = _fit_prompts(loaded.steps, [start + ids for ids in encoded])
@@ -368,6 +382,20 @@ def continuations(loaded: Loaded, texts: list[str], cfg: GenerateConfig, device:
     if cfg.seed is None:  # one seed for the whole input, so that each prompt's numbers are its own
         cfg = dataclasses.replace(cfg, seed=int(torch.randint(0, 2**62, ())))
     return _generate(loaded.steps, tok, texts, prompt_ids, cfg, autocast, stream, ends)
+
+
+def chat_prompts(meta: dict, prompts: list, system: str | None) -> list[str]:
+    """Each prompt (a user's message, or a conversation: a list of messages) as the model's chat template writes
+    it, the assistant's turn opened."""
+    from tfcli.generate.chat import messages_of, render
+
+    text = meta.get("text") or {}
+    template = text.get("chat_template")
+    if not template:
+        raise TfcliError(f"{meta['dir']}: the model has no chat template (a base model, or one tfcli trained): "
+                         "leave out --chat, and write the prompt as the model expects it")
+    where = f"{meta['dir']}: chat template"
+    return [render(template, messages_of(p, system), text.get("template_tokens", {}), where) for p in prompts]
 
 
 def text_conventions(meta: dict) -> tuple[list[int], tuple[int, ...]]:
@@ -435,7 +463,7 @@ def _generate(model, tok, texts, prompt_ids, cfg, autocast, stream: IO[str] | No
     for batch in batches:
         conts = [Continuation(tok, prompt_ids[i], cfg.stop) for i in batch]
         shown = 0
-        if stream is not None:
+        if stream is not None and not cfg.chat:  # (a chat's reply alone)
             stream.write(texts[batch[0]])
             stream.flush()
 
@@ -464,7 +492,7 @@ def _generate(model, tok, texts, prompt_ids, cfg, autocast, stream: IO[str] | No
         while done in results:
             yield results.pop(done)
             done += 1
-    if early_ends:
+    if early_ends and not cfg.chat:  # (a chat's reply ends at its end-of-turn)
         span = f"{min(early_ends)}" if min(early_ends) == max(early_ends) else f"{min(early_ends)}-{max(early_ends)}"
         warn(f"{len(early_ends)} of {len(texts)} sample(s) ended at </s> after {span} of --max-new-tokens "
              f"{cfg.max_new_tokens} tokens; --min-new-tokens N or --ignore-eos go on past it")

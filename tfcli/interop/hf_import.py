@@ -359,7 +359,7 @@ def _tokenizers(hf_dir: Path) -> tuple[tuple[Path, dict], tuple[Path, dict]]:
     if src.is_file():
         tgt = hf_dir / "target_tokenizer.json"
         tgt = tgt if tgt.is_file() else src
-        return (src, read(src)), (tgt, read(tgt))
+        return (src, _current_format(src, read(src))), (tgt, _current_format(tgt, read(tgt)))
     spm_src, spm_tgt, vocab = hf_dir / "source.spm", hf_dir / "target.spm", hf_dir / "vocab.json"
     if spm_src.is_file() and vocab.is_file():
         from tfcli.data.spm import marian_tokenizer
@@ -375,6 +375,19 @@ def _tokenizers(hf_dir: Path) -> tuple[tuple[Path, dict], tuple[Path, dict]]:
         return (bpe, data), (bpe, data)
     raise TfcliError(f"{hf_dir}: no tokenizer.json (nor Marian's source.spm, nor M2M-100's sentencepiece.bpe.model, "
                      "with vocab.json)")
+
+
+def _current_format(path: Path, data: dict) -> dict:
+    """A tokenizer.json as the tokenizers library writes it now: the hub's older files (GPT-2's, from 2020: no
+    `model.type`) read and written back by the library."""
+    if isinstance(data.get("model"), dict) and "type" in data["model"]:
+        return data
+    from tokenizers import Tokenizer
+
+    try:
+        return json.loads(Tokenizer.from_str(json.dumps(data)).to_str())
+    except Exception as e:  # the Rust library's errors are plain Exceptions
+        raise TfcliError(f"{path}: not a tokenizer.json the tokenizers library reads ({e})") from None
 
 
 def _m2m_appended(hf_dir: Path, read) -> list[str]:
@@ -553,8 +566,10 @@ def _text_conventions(hf_dir: Path, config: dict, family, order: list[int]) -> d
     sampling = {k: generation[k] for k in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
                 if generation.get(k) is not None}
     template = getattr(family, "chat_template", None)
+    tokens = {k: v for k, v in family.special_tokens_map.items() if isinstance(v, str)}  # (what templates read)
     return {"start": start, "ends": ends, "specials_in_text": True,
-            "chat_template": template if isinstance(template, str) else None, "generation": sampling}
+            "chat_template": template if isinstance(template, str) else None, "template_tokens": tokens,
+            "generation": sampling}
 
 
 def _read_json(path: Path) -> dict:
