@@ -34,7 +34,8 @@ SAMPLES = {  # the fields that are not a Literal or a bool: the values tried
     "src_vocab_size": [V], "tgt_vocab_size": [V], "d_model": [32, 48], "n_head": [2, 4], "n_kv_head": [None, 1, 2],
     "n_encoder_layers": [1, 2], "n_decoder_layers": [1, 2], "d_ff": [40, 64], "dropout": [0.0, 0.1],
     "attn_dropout": [0.0, 0.1], "max_len": [16, 64], "layer_norm_eps": [1e-5, 0.1], "head_dim": [None, 8, 24],
-    "rope_theta": [10000.0, 500000.0], "qkv_bias": [None, False, True],
+    "rope_theta": [10000.0, 500000.0], "qkv_bias": [None, False, True], "sliding_window": [None, 3, 6],
+    "global_every": [0, 2], "rope_local_theta": [None, 1000.0],
     "rope_scaling": [None, RopeScaling("linear", 4.0), RopeScaling("llama3", 8.0, 1.0, 4.0, 16)],
 }
 STEPS = 6  # greedy steps a sentence (within the smallest max_len)
@@ -42,11 +43,10 @@ TOLERANCE = dict(atol=1e-4, rtol=1e-4)  # fp32 logits: the same sums in other or
 # int8 against its oracle, |error| / the largest |logit|: the two agree to 1e-6 but where an input lies at a
 # rounding level's midpoint, which their fp32 activations (1e-7 apart) may take on different sides: one level (1/63
 # of a row's largest value) of one element moves that step's logits by up to a few percent in these small models
-# (seen: 0.7% at ATEN_CPU_CAPABILITY=default; 6.5% on a 48-wide post-norm GeGLU model). A wrong kernel errs at
-# every step: all steps but INT8_FLIPS (of STEPS; a flip lives on in the cached keys for the steps after it: seen,
-# a flip at the second step of a 2+2-layer post-norm model kept three steps above INT8_CLOSE) must agree to
-# INT8_CLOSE, and none be off by more than INT8_BOUND.
-INT8_CLOSE, INT8_FLIPS, INT8_BOUND = 1e-4, STEPS - 2, 0.1
+# (seen: 0.7% at ATEN_CPU_CAPABILITY=default; 6.5% on a 48-wide post-norm GeGLU model), and a flip in a cached key
+# lives on in every later step (seen: 2-4% at all six steps after one at the first). A wrong kernel errs by more:
+# no step may be off by more than INT8_BOUND.
+INT8_BOUND = 0.1
 
 
 def field_values(field: dataclasses.Field) -> list:
@@ -279,7 +279,7 @@ def test_every_backend_gives_the_full_forwards_greedy_ids(index):
         ran.add(key)
         got, errors = decode(sm, cfg, ids, model, sm.plan.linear == "int8", memo)
         if sm.plan.linear == "int8":
-            assert max(errors) <= INT8_BOUND and sum(e > INT8_CLOSE for e in errors) <= INT8_FLIPS, (variant, errors)
+            assert max(errors) <= INT8_BOUND, (variant, errors)
         else:
             assert got == want, (variant, fields)
 
@@ -289,10 +289,11 @@ def test_the_configs_cover_every_pair_of_values():
     names = [f.name for f in dataclasses.fields(ModelConfig)]
     seen = {(n, c[n]) for c in GENERAL for n in names}
     assert seen == {(f.name, v) for f in dataclasses.fields(ModelConfig) for v in field_values(f)}
-    for a, b in itertools.combinations(names, 2):  # (rope: language models only)
+    lm_only = [("positions", "rope"), *(("sliding_window", w) for w in SAMPLES["sliding_window"] if w)]
+    for a, b in itertools.combinations(names, 2):  # (rope, sliding windows: language models only)
         held = {(c[a], c[b]) for c in GENERAL}
         possible = {(x, y) for x in field_values(FIELDS[a]) for y in field_values(FIELDS[b])
-                    if not {(a, x), (b, y)} >= {("positions", "rope"), ("kind", "seq2seq")}}
+                    if not any({(a, x), (b, y)} >= {only, ("kind", "seq2seq")} for only in lm_only)}
         assert held >= possible, (a, b, possible - held)
     assert not any(c["positions"] == "rope" and c["kind"] == "seq2seq" for c in CONFIGS)
     if native.layers_kernel() is not None:  # decode_layers runs on each of its configs

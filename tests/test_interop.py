@@ -567,7 +567,7 @@ def test_import_and_export_read_one_record_per_architecture():
              "vocab_size": 50}
     configs = {"marian": seq2seq, "pegasus": seq2seq, "m2m_100": seq2seq,
                "gpt2": {"n_embd": 16, "n_head": 2, "n_layer": 1, "n_positions": 64, "vocab_size": 50},
-               "llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama}
+               "llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama, "gemma3_text": llama}
     exported_as = {"mistral": "llama"}  # (a Mistral without a sliding window is a Llama)
     assert set(configs) == set(ARCHS)
     for name, config in configs.items():

@@ -16,7 +16,7 @@ from tfcli.device import int8_available
 pytestmark = [pytest.mark.shared_data, pytest.mark.slow]
 
 LLM = Path(__file__).resolve().parents[2] / "shared" / "models" / "llm"
-FAMILIES = ["llama-2-7b-hf", "llama-3.2-1b-instruct", "qwen2.5-0.5b-instruct", "qwen3-1.7b"]
+FAMILIES = ["llama-2-7b-hf", "llama-3.2-1b-instruct", "qwen2.5-0.5b-instruct", "qwen3-1.7b", "gemma-3-270m-it"]
 TEXTS = [
     "Hello world, ça va? Größe naïve café",
     "東京は日本の首都です。北京欢迎你！",
@@ -43,9 +43,11 @@ def family(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(request.param)
     hf_dir, ckpt = d / "hf", d / "ckpt"
     config = transformers.AutoConfig.from_pretrained(src)
-    config.num_hidden_layers = 1
-    if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:1]
+    types = getattr(config, "layer_types", None) or []
+    kinds = sorted(set(types), key=types.index)  # (Gemma's sliding and full layers: one of each)
+    config.num_hidden_layers = max(1, len(kinds))
+    if types:
+        config.layer_types = kinds or types[:1]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():  # (larger than the init's, so that greedy continuations vary)
@@ -101,6 +103,32 @@ def test_log_likelihoods_are_the_familys(family):
         want = theirs[:-1].gather(1, torch.tensor(hf_ids[1:])[:, None])
         got = ours[:-1].gather(1, torch.tensor(ids[1:])[:, None])
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_text_past_the_sliding_window_is_read_as_the_family_reads_it(family):
+    """A model whose layers see a window of the last tokens (Gemma 3: 512): the hidden states of a text longer
+    than the window, and a greedy continuation of a prompt that fills it, as transformers computes them."""
+    tok, model, lm = family
+    window = lm.loaded.cfg.sliding_window
+    if window is None:
+        pytest.skip("no sliding window")
+    words = " ".join(f"word{i} ça 東" for i in range(window))
+    ids = tok(words)["input_ids"][: window + 40]
+    ours = tfcli_ids(lm, words)[: window + 40]
+    assert to_hf(lm, tok, ours) == ids
+    with torch.no_grad():
+        theirs = model.model(torch.tensor([ids])).last_hidden_state[0]
+        got = lm.loaded.model.features(torch.tensor([ours]))[0]
+    torch.testing.assert_close(got, theirs, rtol=1e-4, atol=1e-4)
+    prompt = ids[: window - 3]
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=NEW, do_sample=False, bad_words_ids=[[tok.pad_token_id]])
+    want = out[0, len(prompt):].tolist()
+    ends = model.generation_config.eos_token_id
+    ends = ends if isinstance(ends, list) else [ends]
+    want = want[: next((k for k, t in enumerate(want) if t in ends), len(want))]
+    assert to_hf(lm, tok, greedy(lm, [ours[: window - 3]])[0]) == want
 
 
 def greedy(lm, prompts: list[list[int]], dtype_lm=None) -> list[list[int]]:

@@ -56,12 +56,16 @@ IMPLEMENTS: dict[str, dict[str, frozenset | None]] = {
     "zero_init_residual": _EVERY,
     # the layer's arithmetic
     "activation": dict(_EVERY, whole=frozenset({"relu", "relu2", "gelu", "silu"})),  # rows.c's linear_t.act
-    "norm": _EVERY,  # pre or post: RowLinear norms its input or its output rows
+    "norm": dict(_EVERY, whole=frozenset({"pre", "post"})),  # RowLinear norms its input or its output rows
     "rms_norm": dict(_EVERY, whole=frozenset({False})),  # rows.c folds LayerNorm into the linear layers
     "qk_norm": _EVERY,  # decode_layers: the RMSNorm gains in its call
     "positions": dict(_EVERY, whole=frozenset({"sinusoidal", "fairseq", "learned"})),  # added before the layers; no RoPE
     "rope_theta": _EVERY,  # RoPE's tables are torch's, before the attention
     "rope_scaling": _EVERY,
+    "rope_local_theta": _EVERY,
+    # a bias by layer over the slots; the ring of fixed shapes (static) would need the slots' positions
+    "sliding_window": dict(_EVERY, static=frozenset({None}), whole=frozenset({None})),
+    "global_every": _EVERY,
     "scale_embedding": _EVERY,  # the embedding and the output layer run outside the layers
     "share_embeddings": _EVERY,
     "tie_output": _EVERY,

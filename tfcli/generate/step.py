@@ -88,7 +88,7 @@ class StepModel:
         self.stored = stored is not None and bool(stored.tensors)
         self.attend_rows = native.attention_kernel() if plan.attention == "c" else None
         decoder = parts.decoder
-        self.embed, self.rope = decoder.embed, decoder.rope
+        self.embed, self.rope, self.rope_local = decoder.embed, decoder.rope, decoder.rope_local
         self.tok = rows_reader(decoder.embed.tok.weight)  # (lookups that map none of a checkpoint file's pages)
         self.layers = [_Layer(layer, plan.linear, stored) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
@@ -333,7 +333,7 @@ class IncrementalDecoder:
         if c and self.layer_args is not None:  # (never with fixed shapes, whose `start` is a tensor)
             x = self._c_layers(x, start, r, L, self_bias)
         else:
-            x = self._op_layers(x, start, r, L, self_bias if c else self._head_bias(self_bias), pos, c)
+            x = self._op_layers(x, start, r, L, self_bias, pos, c)
         if last_only:
             x = x.view(self.n, r, -1)[:, -1]
         return self.sm.lm_head(self.sm.final_norm(x))
@@ -352,11 +352,19 @@ class IncrementalDecoder:
         return x
 
     def _op_layers(self, x, start, r: int, L: int, self_bias, pos, c: bool) -> torch.Tensor:
-        """`_layers`' layers one operator (or kernel call) at a time; `self_bias` as `_attend` takes it."""
+        """`_layers`' layers one operator (or kernel call) at a time; `self_bias` (n, r, L) per row."""
         n, H, H_kv, dh = self.n, self.H, self.H_kv, self.dh
         D = H * dh
-        rope = self.sm.rope
+        biases = {}  # window -> the bias as `_attend` takes it (sliding layers see the last `window` positions)
+
+        def seen(window):
+            if window not in biases:
+                bias = self_bias if window is None else self_bias + self._window_bias(window, start, r, L)
+                biases[window] = bias if c else self._head_bias(bias)
+            return biases[window]
+
         for i, (layer, (slots, keys_t, values)) in enumerate(zip(self.sm.layers, self._cache())):
+            rope = self.sm.rope_local if layer.local_rope else self.sm.rope
             # self-attention: softmax(q K^T / sqrt(d_head) + history) V over this row's slots
             qkv = layer.qkv(layer.norm_self_in(x))
             q = layer.q_norm(qkv[:, :D].view(n, r, H, dh))
@@ -373,7 +381,7 @@ class IncrementalDecoder:
             else:
                 # (under autocast new_kv is bf16 while the cache keeps the weights' dtype: copy_ casts, this does not)
                 slots.index_copy_(2, start, new_kv.permute(0, 3, 1, 2, 4).to(slots.dtype))
-            x = layer.norm_self_out(layer.self_out(self._attend(q, keys_t, values, self_bias, L, c), x))
+            x = layer.norm_self_out(layer.self_out(self._attend(q, keys_t, values, seen(layer.window), L, c), x))
             if self.mem_kv is not None:  # cross-attention to the source
                 mem_kt, mem_v = self.mem_kv[i]
                 q = layer.cross_q_norm(layer.cross_q(layer.norm_cross_in(x)).view(n, r, H, dh))
@@ -382,6 +390,17 @@ class IncrementalDecoder:
             # position-wise FFN
             x = layer.norm_ffn_out(layer.w2(layer.ffn_hidden(layer.norm_ffn_in(x)), x))
         return x
+
+    def _window_bias(self, window: int, start: int, r: int, L: int) -> torch.Tensor:
+        """(r, L): -inf at the slots a sliding-window layer's queries do not see, those `window` positions or more
+        before their own (a prefill's query i is position i; a step's beams share position start // K). Slots are
+        counted from each row's first slot, so a row's left padding moves both alike."""
+        K = self.K
+        device = self.history.device
+        at = torch.arange(r, device=device) if r > 1 and K == 1 else torch.zeros(r, dtype=torch.long, device=device)
+        slot = torch.arange(L, device=device) // K
+        far = slot[None, :] <= (start // K + at)[:, None] - window
+        return torch.zeros(r, L, device=device, dtype=self.history.dtype).masked_fill_(far, float("-inf"))
 
     def _attend(self, q, keys_t, values, bias, L: int, c: bool) -> torch.Tensor:
         """q: (n, r, H, d_head); keys_t (n*H_kv, d_head, >= L), values (n*H_kv, >= L, d_head), of which the first L
@@ -608,17 +627,18 @@ class _Layer:
 
     def __init__(self, layer: Sublayers, mode: str, store: StoredWeights | None = None):
         pre = layer.pre_norm
+        self.window, self.local_rope = layer.window, layer.local_rope
         linear = functools.partial(_linear, mode=mode, store=store)
         self.norm_self_in, self.norm_self_out, first, last = _placed(layer.self_norm, pre, mode)
         self.qkv = linear(layer.qkv, norm_in=first)
         self.q_norm, self.k_norm = layer.q_norm or _identity, layer.k_norm or _identity
         self.cross_q_norm, self.cross_k_norm = layer.cross_q_norm or _identity, layer.cross_k_norm or _identity
-        self.self_out = linear(layer.self_out, residual=True, norm_out=last)
+        self.self_out = _out(linear, layer.self_out, layer.self_post_norm, last)
         if layer.cross_q is not None:
             self.norm_cross_in, self.norm_cross_out, first, last = _placed(layer.cross_norm, pre, mode)
             self.cross_q = linear(layer.cross_q, norm_in=first)
             self.cross_kv = linear(layer.cross_kv)
-            self.cross_out = linear(layer.cross_out, residual=True, norm_out=last)
+            self.cross_out = _out(linear, layer.cross_out, layer.cross_post_norm, last)
         gated = layer.w3 is not None  # (two layers read the normed input: it is normed once, apart)
         self.norm_ffn_in, self.norm_ffn_out, first, last = _placed(layer.ffn_norm, pre, mode, gated)
         w1 = linear(layer.w1, act=gate_activation(layer.activation), norm_in=first)
@@ -627,7 +647,7 @@ class _Layer:
         else:  # gated: act(w1 x) * w3 x
             w3 = linear(layer.w3)
             self.ffn_hidden = lambda x: w1(x).mul_(w3(x))
-        self.w2 = linear(layer.w2, residual=True, norm_out=last)
+        self.w2 = _out(linear, layer.w2, layer.ffn_post_norm, last)
 
     def kernel_args(self) -> native.LayerArgs:
         """This layer as rows.c's decode_layers runs it (the batch's memory for the decoder to fill in), where the
@@ -656,6 +676,15 @@ class _Layer:
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def _out(linear, module: nn.Linear, post_norm: nn.Module | None, norm_out):
+    """A sublayer's last linear layer with its residual addition: (y, x) -> x + y W^T + b in one call, or under
+    sandwich norms x + post_norm(y W^T + b)."""
+    if post_norm is None:
+        return linear(module, residual=True, norm_out=norm_out)
+    plain, post = linear(module), _norm(post_norm)
+    return lambda y, x: x + post(plain(y))
 
 
 _C_ACTIVATIONS = {"relu2": 2, **native.ACTIVATIONS}  # what decode_layers applies after w1 (rows.c's linear_t.act)

@@ -96,8 +96,11 @@ ARCHS = {a.name: a for a in (
     # the Llama layout (RMSNorm, SwiGLU, RoPE, grouped-query attention): Qwen 2 adds q/k/v biases, Qwen 3 QK-norm
     *(Arch(name, "lm", "pre", "rope", False, False, False, False, f"{cls}ForCausalLM", f"{cls}Config")
       for name, cls in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"))),
+    # Gemma 3's text model: Llama's names, a norm before and after each sublayer (RMSNorm over 1 + weight)
+    Arch("gemma3_text", "lm", "sandwich", "rope", False, False, False, False, "Gemma3ForCausalLM",
+         "Gemma3TextConfig"),
 )}
-LLAMA_LAYOUT = ("llama", "mistral", "qwen2", "qwen3")  # the architectures whose weights `_llama_pairs` names
+LLAMA_LAYOUT = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")  # the weights `_llama_pairs` names
 
 
 # --- which class, and the refusals ----------------------------------------------------------------------------
@@ -154,6 +157,15 @@ def hf_arch(cfg: ModelConfig) -> Arch:
 
 def _llama_arch(cfg: ModelConfig, refuse) -> Arch:
     """A decoder-only model with RoPE: Llama's layout (Qwen 2's with q/k/v biases alone, Qwen 3's with QK-norm)."""
+    if cfg.norm == "sandwich":
+        wanted = dict(rms_norm=True, activation="geglu_tanh", qk_norm=True, scale_embedding=True, bias=False,
+                      qkv_bias=None, output_bias=False)
+        for key, value in wanted.items():
+            if getattr(cfg, key) != value:
+                refuse(f"model.norm sandwich with model.{key} {getattr(cfg, key)}",
+                       "the sandwich-norm target, Gemma 3, has RMSNorm, GeGLU (tanh), QK-norm, scaled embeddings "
+                       "and no biases")
+        return ARCHS["gemma3_text"]
     wanted = dict(rms_norm=True, activation="swiglu", norm="pre", scale_embedding=False)
     for key, value in wanted.items():
         if getattr(cfg, key) != value:
@@ -178,6 +190,7 @@ def _llama_arch(cfg: ModelConfig, refuse) -> Arch:
 # layouts: how a tfcli tensor becomes the HF one (`perm`: the model-dimension permutation, or None for GPT-2)
 #   in    reads the residual stream: permute the columns      out   writes it: permute the rows (and the bias)
 #   plain unchanged                                            conv  GPT-2's Conv1D: transposed
+#   gain-1 a Gemma RMSNorm gain, stored less 1
 #   bias  the output bias, HF's (1, V) final_logits_bias
 
 
@@ -266,30 +279,37 @@ def _gpt2_pairs(cfg: ModelConfig):
 
 
 def _llama_pairs(cfg: ModelConfig):
-    """LlamaForCausalLM's names (Mistral's, Qwen 2's and Qwen 3's are the same): q, k, v stacked into tfcli's one
-    projection, gate/up/down as w1/w3/w2; biases only where the model has them (Qwen 2's on q, k, v)."""
+    """LlamaForCausalLM's names (Mistral's, Qwen 2's, Qwen 3's and Gemma 3's are the same): q, k, v stacked into
+    tfcli's one projection, gate/up/down as w1/w3/w2; biases only where the model has them (Qwen 2's on q, k, v);
+    Gemma's norms before and after each sublayer, their gains stored less 1 ("gain-1")."""
     def linear(t, h, bias, part=None):
         yield f"{t}.weight", part, f"{h}.weight", "plain"
         if bias:
             yield f"{t}.bias", part, f"{h}.bias", "plain"
 
     sizes = (cfg.n_head * cfg.d_head, cfg.kv_heads * cfg.d_head, cfg.kv_heads * cfg.d_head)
+    gain = "gain-1" if cfg.norm == "sandwich" else "plain"  # Gemma's RMSNorm multiplies by 1 + its weight
     yield "decoder.embed.tok.weight", None, "model.embed_tokens.weight", "plain"
     if not cfg.tie_output:
         yield "lm_head.weight", None, "lm_head.weight", "plain"
     for i in range(cfg.n_decoder_layers):
         t, h = f"decoder.layers.{i}", f"model.layers.{i}"
-        yield f"{t}.res_self.norm.weight", None, f"{h}.input_layernorm.weight", "plain"
+        yield f"{t}.res_self.norm.weight", None, f"{h}.input_layernorm.weight", gain
         for j, name in enumerate("qkv"):
             yield from linear(f"{t}.self_attn.qkv_proj", f"{h}.self_attn.{name}_proj", cfg.attn_qkv_bias, (j, sizes))
         yield from linear(f"{t}.self_attn.out_proj", f"{h}.self_attn.o_proj", cfg.bias)
         if cfg.qk_norm:
-            yield f"{t}.self_attn.q_norm.weight", None, f"{h}.self_attn.q_norm.weight", "plain"
-            yield f"{t}.self_attn.k_norm.weight", None, f"{h}.self_attn.k_norm.weight", "plain"
-        yield f"{t}.res_ffn.norm.weight", None, f"{h}.post_attention_layernorm.weight", "plain"
+            yield f"{t}.self_attn.q_norm.weight", None, f"{h}.self_attn.q_norm.weight", gain
+            yield f"{t}.self_attn.k_norm.weight", None, f"{h}.self_attn.k_norm.weight", gain
+        if cfg.norm == "sandwich":  # (Gemma's four norms a layer)
+            yield f"{t}.res_self.post_norm.weight", None, f"{h}.post_attention_layernorm.weight", gain
+            yield f"{t}.res_ffn.norm.weight", None, f"{h}.pre_feedforward_layernorm.weight", gain
+            yield f"{t}.res_ffn.post_norm.weight", None, f"{h}.post_feedforward_layernorm.weight", gain
+        else:
+            yield f"{t}.res_ffn.norm.weight", None, f"{h}.post_attention_layernorm.weight", gain
         for tname, hname in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
             yield from linear(f"{t}.ffn.{tname}", f"{h}.mlp.{hname}", cfg.bias)
-    yield "decoder.norm.weight", None, "model.norm.weight", "plain"
+    yield "decoder.norm.weight", None, "model.norm.weight", gain
 
 
 def _perm(d: int) -> torch.Tensor:
@@ -298,6 +318,8 @@ def _perm(d: int) -> torch.Tensor:
 
 
 def _to_hf(w: torch.Tensor, layout: str, perm: torch.Tensor | None) -> torch.Tensor:
+    if layout == "gain-1":
+        return w - 1.0
     if layout == "conv":
         return w.t().contiguous()
     if layout == "bias":
@@ -308,6 +330,8 @@ def _to_hf(w: torch.Tensor, layout: str, perm: torch.Tensor | None) -> torch.Ten
 
 
 def _from_hf(w: torch.Tensor, layout: str, perm: torch.Tensor | None) -> torch.Tensor:
+    if layout == "gain-1":  # (in fp32, as Gemma computes 1 + weight)
+        return 1.0 + w
     if layout == "conv":
         return w.t().contiguous()
     if layout == "bias":
@@ -370,7 +394,7 @@ def hf_config(cfg: ModelConfig, arch: Arch, ids: dict | None = None):
     """The transformers config; `ids`: {vocab_size, pad/bos/eos/decoder_start_token_id} where the export's
     vocabulary is not tfcli's (M2M100's: `hf_export.fairseq_layout`)."""
     tr = _transformers()
-    act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "swish"}[cfg.activation]
+    act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "swish"}.get(cfg.activation)
     common = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=cfg.tie_output)
     if arch.name in LLAMA_LAYOUT:
         return _llama_config(tr, cfg, arch, common)
@@ -407,6 +431,8 @@ def _llama_config(tr, cfg: ModelConfig, arch: Arch, common: dict):
         rope_args = {"rope_parameters": {**rope, "rope_theta": cfg.rope_theta}}
     else:
         rope_args = {"rope_theta": cfg.rope_theta, "rope_scaling": rope if cfg.rope_scaling is not None else None}
+    if arch.name == "gemma3_text":
+        return _gemma3_config(cls, cfg, rope_args, common)
     bias = {} if arch.name == "qwen2" else {"attention_bias": cfg.bias}
     if arch.name == "llama":
         bias["mlp_bias"] = cfg.bias
@@ -415,6 +441,25 @@ def _llama_config(tr, cfg: ModelConfig, arch: Arch, common: dict):
                num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head, max_position_embeddings=cfg.max_len,
                rms_norm_eps=cfg.layer_norm_eps, attention_dropout=cfg.attn_dropout, hidden_act="silu",
                **rope_args, **bias, **common)
+
+
+def _gemma3_config(cls, cfg: ModelConfig, rope_args: dict, common: dict):
+    """Gemma3TextConfig of a sandwich-norm `cfg`: its sliding and full layers, each kind's RoPE base."""
+    types = ["sliding_attention" if cfg.window(i) is not None else "full_attention"
+             for i in range(cfg.n_decoder_layers)]
+    local = cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta
+    if "rope_parameters" in rope_args:
+        rope_args = {"rope_parameters": {"full_attention": rope_args["rope_parameters"],
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": local}}}
+    else:
+        rope_args = {**rope_args, "rope_local_base_freq": local}
+    return cls(vocab_size=cfg.tgt_vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+               num_hidden_layers=cfg.n_decoder_layers, num_attention_heads=cfg.n_head,
+               num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head, query_pre_attn_scalar=cfg.d_head,
+               max_position_embeddings=cfg.max_len, rms_norm_eps=cfg.layer_norm_eps,
+               attention_dropout=cfg.attn_dropout, hidden_activation="gelu_pytorch_tanh",
+               sliding_window=cfg.sliding_window or cfg.max_len, layer_types=types, attn_logit_softcapping=None,
+               final_logit_softcapping=None, **rope_args, **common)
 
 
 def _model_class(arch: Arch):

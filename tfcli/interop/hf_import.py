@@ -223,6 +223,8 @@ def model_config_from_hf(config: dict, arch: Arch, hf_dir: Path) -> ModelConfig:
         if not cond:
             raise TfcliError(f"{hf_dir}/config.json: {what}, which tfcli models cannot express")
 
+    if arch.name == "gemma3_text":
+        return _gemma3_config(config, arch, need)
     if arch.name in LLAMA_LAYOUT:
         return _llama_config(config, arch, need)
     act = config.get("activation_function", "gelu_new" if arch.kind == "lm" else "relu")
@@ -330,6 +332,48 @@ def _llama_config(config: dict, arch: Arch, need) -> ModelConfig:
         max_len=config.get("max_position_embeddings") or 2048, scale_embedding=False,
         tie_output=bool(config.get("tie_word_embeddings", False)), bias=attention_bias,
         qkv_bias=True if name == "qwen2" else None, layer_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+    )
+
+
+def _gemma3_config(config: dict, arch: Arch, need) -> ModelConfig:
+    """The ModelConfig of a Gemma 3 text model's config.json: Llama's layout with a norm before and after each
+    sublayer, embeddings times sqrt(d_model), GeGLU (tanh), QK-norm, a sliding window on all but every N-th layer,
+    whose RoPE has a base of its own."""
+    act = config.get("hidden_activation", "gelu_pytorch_tanh")
+    need(act == "gelu_pytorch_tanh", f"hidden_activation '{act}'")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        need(config.get(key) is None, f"{key} {config.get(key)}")
+    need(not config.get("use_bidirectional_attention", False), "use_bidirectional_attention true")
+    need(not config.get("attention_bias", False), "attention_bias true")
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    scalar = config.get("query_pre_attn_scalar", head_dim)
+    need(scalar == head_dim, f"query_pre_attn_scalar {scalar} (attention scaled by other than head_dim {head_dim})")
+    types = config.get("layer_types") or []
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    every = full[0] + 1 if full else 0
+    need(all((t == "full_attention") == bool(every and (i + 1) % every == 0) for i, t in enumerate(types)),
+         f"layer_types {types} (full attention on other layers than every N-th)")
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and "sliding_attention" in params:  # (transformers 5: a RoPE per layer type)
+        local = params["sliding_attention"]
+        need(local.get("rope_type", "default") == "default", f"rope_parameters.sliding_attention {local}")
+        local_theta = local.get("rope_theta", 10000.0)
+        config = {**config, "rope_parameters": params.get("full_attention", {})}
+    else:
+        local_theta = config.get("rope_local_base_freq", 10000.0)
+    theta, scaling = _rope(config, need)
+    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
+    return ModelConfig(
+        kind="lm", tgt_vocab_size=config["vocab_size"], d_model=config["hidden_size"],
+        n_head=config["num_attention_heads"], head_dim=config.get("head_dim"),
+        n_kv_head=kv if kv != config["num_attention_heads"] else None, n_encoder_layers=0,
+        n_decoder_layers=config["num_hidden_layers"], d_ff=config["intermediate_size"], dropout=0.0,
+        attn_dropout=float(config.get("attention_dropout", 0.0)), activation="geglu_tanh", norm="sandwich",
+        rms_norm=True, qk_norm=True, positions="rope", rope_theta=theta, rope_scaling=scaling,
+        sliding_window=config.get("sliding_window"), global_every=every, rope_local_theta=float(local_theta),
+        max_len=config.get("max_position_embeddings") or 8192, scale_embedding=True,
+        tie_output=bool(config.get("tie_word_embeddings", True)), bias=False,
+        layer_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
     )
 
 
@@ -512,6 +556,9 @@ def _tfcli_vocabularies(hf_dir: Path, config: dict, arch, cfg: ModelConfig) -> t
     else:
         src, tgt = _tokenizers(hf_dir)
     sides = {"tgt": tgt} if cfg.kind == "lm" else {"src": src, "tgt": tgt}
+    if published:  # (Gemma 3's tokenizer names one token past its embedding rows: no text can use it here)
+        data = _within_rows(data, cfg.tgt_vocab_size)
+        sides = {"tgt": (path, data)}
     for side, (path, data) in sides.items():
         rows = cfg.src_vocab_size if side == "src" else cfg.tgt_vocab_size
         if len(vocab_list(data)) > rows:
@@ -528,6 +575,15 @@ def _tfcli_vocabularies(hf_dir: Path, config: dict, arch, cfg: ModelConfig) -> t
         raise TfcliError(f"{hf_dir}: shared embeddings, but the source and target tokenizers number tokens differently")
     text = _text_conventions(hf_dir, config, family, orders["tgt"]) if published else None
     return toks, orders, text
+
+
+def _within_rows(data: dict, rows: int) -> dict:
+    """The tokenizer without the added tokens numbered past the model's embedding rows (which transformers cannot
+    embed either)."""
+    added = data.get("added_tokens", [])
+    if all(a["id"] < rows for a in added):
+        return data
+    return {**data, "added_tokens": [a for a in added if a["id"] < rows]}
 
 
 def _family_tokenizer(hf_dir: Path):

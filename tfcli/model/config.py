@@ -53,8 +53,11 @@ class ModelConfig:
     # the FFN's activation. gelu_tanh: GELU's tanh approximation (GPT-2); relu2: ReLU(x)^2 (Primer, modded-nanogpt);
     # silu: x * sigmoid(x), "swish" (classic OPUS-MT); swiglu / geglu: gated, w2(act(w1 x) * w3 x) with SiLU / GELU
     # (Shazeer 2020; three d_model x d_ff matrices)
-    activation: Literal["relu", "gelu", "gelu_tanh", "relu2", "silu", "swiglu", "geglu"] = "relu"
-    norm: Literal["pre", "post"] = "pre"  # post: LN(x + sublayer(x)) as in 2017; pre: x + sublayer(LN(x))
+    # geglu_tanh: GeGLU with GELU's tanh approximation (Gemma)
+    activation: Literal["relu", "gelu", "gelu_tanh", "relu2", "silu", "swiglu", "geglu", "geglu_tanh"] = "relu"
+    # post: LN(x + sublayer(x)) as in 2017; pre: x + sublayer(LN(x)); sandwich: x + LN'(sublayer(LN(x))), a norm
+    # before and after each sublayer (CogView; Gemma 2 and 3)
+    norm: Literal["pre", "post", "sandwich"] = "pre"
     rms_norm: bool = False  # RMSNorm (x / rms(x) * g: no mean, no bias; Zhang & Sennrich 2019) for every LayerNorm
     zero_init_residual: bool = False  # attention-out and FFN-out projections start at zero (each block the identity)
     qk_norm: bool = False  # RMSNorm over each head's queries and keys before their product (and before RoPE)
@@ -63,6 +66,13 @@ class ModelConfig:
     positions: Literal["sinusoidal", "fairseq", "learned", "rope"] = "sinusoidal"
     rope_theta: float = 10000.0  # RoPE's base: pair i of a head turns by pos * rope_theta^(-2i/d_head)
     rope_scaling: RopeScaling | None = None  # RoPE frequencies stretched for long contexts (Llama 3.1+)
+    # sliding-window attention: a token sees itself and the sliding_window - 1 tokens before it (Mistral 7B v0.1,
+    # Gemma); None: every token before it
+    sliding_window: int | None = None
+    # with sliding_window: every global_every-th layer (the global_every-th, 2 * global_every-th, ...) sees every
+    # token before it instead (Gemma 2: 2, Gemma 3: 6); 0: every layer slides
+    global_every: int = 0
+    rope_local_theta: float | None = None  # RoPE's base on the sliding layers (Gemma 3: 10000); None: rope_theta
     max_len: int = 1024  # longest sequence (learned positions table / RoPE cache size)
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model), as the paper does
     share_embeddings: bool = False  # one embedding table for source and target (needs a joint vocabulary)
@@ -81,6 +91,12 @@ class ModelConfig:
         """Whether the q, k and v projections have biases."""
         return self.bias if self.qkv_bias is None else self.qkv_bias
 
+    def window(self, layer: int) -> int | None:
+        """The attention window of layer `layer` (0-based): sliding_window, or None where it sees every token."""
+        if self.sliding_window is None or (self.global_every and (layer + 1) % self.global_every == 0):
+            return None
+        return self.sliding_window
+
     @property
     def kv_heads(self) -> int:
         """Key/value heads: n_kv_head, or n_head where it is not set."""
@@ -98,6 +114,10 @@ class ModelConfig:
                               "head serves the same number of query heads")
         if self.positions == "rope" and self.d_head % 2:
             raise ConfigError(f"model: rope needs an even head size, got {self.d_head}")
+        if self.sliding_window is not None and (self.sliding_window < 1 or self.kind != "lm"):
+            raise ConfigError("model: sliding_window must be positive, in a decoder-only model (kind: lm)")
+        if self.global_every < 0 or (self.rope_local_theta is not None and self.rope_local_theta <= 0):
+            raise ConfigError("model: global_every must not be negative, rope_local_theta must be positive")
         if self.rope_theta <= 0:
             raise ConfigError(f"model: rope_theta must be positive, got {self.rope_theta}")
         if self.positions == "fairseq" and self.d_model % 2:

@@ -19,7 +19,7 @@ ACTIVATIONS = {
     "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu2": lambda x: F.relu(x).square(), "silu": F.silu,
 }
-GATED = {"swiglu": "silu", "geglu": "gelu"}  # a gated FFN's activation -> the one applied to its gate, w1 x
+GATED = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}  # a gated FFN's activation -> the one applied to its gate, w1 x
 
 
 def gate_activation(activation: str) -> str:
@@ -37,7 +37,8 @@ class Sublayers:
         cross-attention:  q = cross_q(N(x)), [k; v] = cross_kv(memory);   x = x + cross_out(attention(q, k, v))
         feed-forward:     x = x + w2(act(w1(N(x))))                      (act: `activation`, a key of ACTIVATIONS)
                           x = x + w2(act(w1(N(x))) * w3(N(x)))           (gated: act = gate_activation(activation))
-    with the norms self_norm, cross_norm, ffn_norm (LayerNorm or RMSNorm). An encoder layer (and a language
+    with the norms self_norm, cross_norm, ffn_norm (LayerNorm or RMSNorm), and under sandwich norms (`pre_norm`
+    too) x = x + self_post_norm(self_out(...)), and so on. An encoder layer (and a language
     model's) has no cross_*; only a gated FFN has w3; with QK-norm, q = q_norm(q) and k = k_norm(k) per head
     (cross_q_norm, cross_k_norm in the cross-attention) before RoPE and the product. With grouped-query attention
     (n_kv_head key/value heads) qkv's output is [q; k; v] of n_head * d_head, n_kv_head * d_head, n_kv_head * d_head, and
@@ -60,6 +61,12 @@ class Sublayers:
     k_norm: nn.Module | None = None
     cross_q_norm: nn.Module | None = None
     cross_k_norm: nn.Module | None = None
+    # sandwich norms (`norm: sandwich`): on a sublayer's output before its residual addition, x = x + N'(f(N(x)))
+    self_post_norm: nn.Module | None = None
+    cross_post_norm: nn.Module | None = None
+    ffn_post_norm: nn.Module | None = None
+    window: int | None = None  # sliding-window attention: the positions a token sees (itself included); None: all
+    local_rope: bool = False  # the self-attention's RoPE is the Stack's `rope_local` (the sliding layers' base)
 
 
 def _attention(cfg: ModelConfig, cross: bool = False) -> MultiHeadAttention:
@@ -90,16 +97,20 @@ class FeedForward(nn.Module):
 class Residual(nn.Module):
     """A sublayer wrapped with dropout, the residual connection and the norm (LN: LayerNorm or RMSNorm).
 
-    post-norm (2017 paper): LN(x + Dropout(f(x)));  pre-norm (modern default): x + Dropout(f(LN(x))).
+    post-norm (2017 paper): LN(x + Dropout(f(x)));  pre-norm (modern default): x + Dropout(f(LN(x)));
+    sandwich: x + Dropout(LN'(f(LN(x)))).
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.pre = cfg.norm == "pre"
+        self.pre = cfg.norm in ("pre", "sandwich")
         self.norm = norm_layer(cfg)
+        self.post_norm = norm_layer(cfg) if cfg.norm == "sandwich" else None
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:
+        if self.post_norm is not None:
+            return x + self.dropout(self.post_norm(f(self.norm(x))))
         if self.pre:
             return x + self.dropout(f(self.norm(x)))
         return self.norm(x + self.dropout(f(x)))
@@ -117,9 +128,10 @@ class EncoderLayer(nn.Module):
 
     def sublayers(self) -> Sublayers:
         return Sublayers(
-            self.cfg.norm == "pre", self.cfg.activation, self.res_attn.norm, self.self_attn.qkv_proj,
+            self.res_attn.pre, self.cfg.activation, self.res_attn.norm, self.self_attn.qkv_proj,
             self.self_attn.out_proj, self.res_ffn.norm, self.ffn.w1, self.ffn.w2, w3=self.ffn.w3,
-            q_norm=self.self_attn.q_norm, k_norm=self.self_attn.k_norm,
+            q_norm=self.self_attn.q_norm, k_norm=self.self_attn.k_norm, self_post_norm=self.res_attn.post_norm,
+            ffn_post_norm=self.res_ffn.post_norm,
         )
 
     def forward(self, x, mask, attn_out: list | None = None):
@@ -136,8 +148,11 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to the encoder output (encoder-decoder only), then FFN."""
 
-    def __init__(self, cfg: ModelConfig, cross: bool):
+    def __init__(self, cfg: ModelConfig, cross: bool, window: int | None = None, local_rope: bool = False):
+        """`window`: sliding-window self-attention over that many positions; `local_rope`: its RoPE is the
+        decoder's local one (cfg.rope_local_theta)."""
         super().__init__()
+        self.window, self.local_rope = window, local_rope
         self.self_attn = _attention(cfg)
         self.cross_attn = _attention(cfg, cross=True) if cross else None
         self.ffn = FeedForward(cfg)
@@ -149,12 +164,15 @@ class DecoderLayer(nn.Module):
     def sublayers(self) -> Sublayers:
         cross = self.cross_attn
         return Sublayers(
-            self.cfg.norm == "pre", self.cfg.activation, self.res_self.norm, self.self_attn.qkv_proj,
+            self.res_self.pre, self.cfg.activation, self.res_self.norm, self.self_attn.qkv_proj,
             self.self_attn.out_proj, self.res_ffn.norm, self.ffn.w1, self.ffn.w2,
             *((self.res_cross.norm, cross.q_proj, cross.kv_proj, cross.out_proj) if cross is not None else ()),
             w3=self.ffn.w3, q_norm=self.self_attn.q_norm, k_norm=self.self_attn.k_norm,
             cross_q_norm=cross.q_norm if cross is not None else None,
             cross_k_norm=cross.k_norm if cross is not None else None,
+            self_post_norm=self.res_self.post_norm,
+            cross_post_norm=self.res_cross.post_norm if cross is not None else None,
+            ffn_post_norm=self.res_ffn.post_norm, window=self.window, local_rope=self.local_rope,
         )
 
     def forward(

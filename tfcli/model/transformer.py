@@ -48,12 +48,14 @@ class Stack:
     """An encoder's or a decoder's parts, for code that runs them its own way (the incremental decoder,
     tfcli.generate.step) through this interface rather than attribute names:
         x = embed(ids, positions);  x = each layer, as its Sublayers say;  out = norm(x)
-    `rope`: the rotary embedding the self-attention applies to q and k (None: positions are in `embed`)."""
+    `rope`: the rotary embedding the self-attention applies to q and k (None: positions are in `embed`); a layer
+    with `local_rope` applies `rope_local` instead."""
 
     embed: Embeddings
     layers: tuple[Sublayers, ...]
     norm: nn.Module
     rope: RotaryEmbedding | None = None
+    rope_local: RotaryEmbedding | None = None  # the sliding layers' RoPE where its base differs (Sublayers.local_rope)
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,8 @@ class Parts:
 
 
 def _final_norm(cfg: ModelConfig) -> nn.Module:
-    # pre-norm stacks end with a norm; post-norm stacks are already normalised after each sublayer
-    return norm_layer(cfg) if cfg.norm == "pre" else nn.Identity()
+    # pre-norm (and sandwich) stacks end with a norm; post-norm stacks are already normalised after each sublayer
+    return norm_layer(cfg) if cfg.norm != "post" else nn.Identity()
 
 
 class Encoder(nn.Module):
@@ -93,12 +95,17 @@ class Decoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = embed
-        self.rope = RotaryEmbedding(cfg.d_head, cfg.max_len, cfg.rope_theta, cfg.rope_scaling) if cfg.positions == "rope" else None
-        self.layers = nn.ModuleList(DecoderLayer(cfg, cross) for _ in range(n_layers))
+        rope = cfg.positions == "rope"
+        self.rope = RotaryEmbedding(cfg.d_head, cfg.max_len, cfg.rope_theta, cfg.rope_scaling) if rope else None
+        local = rope and cfg.rope_local_theta is not None
+        self.rope_local = RotaryEmbedding(cfg.d_head, cfg.max_len, cfg.rope_local_theta) if local else None
+        self.layers = nn.ModuleList(DecoderLayer(cfg, cross, cfg.window(i), local and cfg.window(i) is not None)
+                                    for i in range(n_layers))
         self.norm = _final_norm(cfg)
 
     def parts(self) -> Stack:
-        return Stack(self.embed, tuple(layer.sublayers() for layer in self.layers), self.norm, self.rope)
+        return Stack(self.embed, tuple(layer.sublayers() for layer in self.layers), self.norm, self.rope,
+                     self.rope_local)
 
     def forward(
         self,
@@ -110,27 +117,42 @@ class Decoder(nn.Module):
         """tgt: (B, T) ids; each position sees itself and those before it (the fused causal kernel). is_causal is a
         constant True, also for T = 1 (one query, one key: the same): a test on T would be a symbolic bool under
         torch.compile's dynamic shapes, which SDPA refuses (a graph break per layer)."""
-        x, rope, pos = self._inputs(tgt)
+        x, pos = self._inputs(tgt)
         for layer in self.layers:
-            x = layer(x, None, True, memory, memory_mask, rope, pos, attn_out)
+            x = layer(x, *self._attention(layer, tgt.size(1)), memory, memory_mask, self._rope(layer, tgt.size(1)),
+                      pos, attn_out)
         return self.norm(x)
 
     def cross_weights(self, tgt: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor,
                       layer: int) -> torch.Tensor:
         """The cross-attention weights (B, n_head, T, S) of the 1-based decoder layer `layer` under teacher forcing
         on `tgt`, the same as `forward(attn_out=...)` gives, from the layers before it and its own attention only."""
-        x, rope, pos = self._inputs(tgt)
+        x, pos = self._inputs(tgt)
+        T = tgt.size(1)
         for lay in self.layers[: layer - 1]:
-            x = lay(x, None, True, memory, memory_mask, rope, pos)
-        return self.layers[layer - 1].cross_weights(x, memory, memory_mask, rope, pos)
+            x = lay(x, *self._attention(lay, T), memory, memory_mask, self._rope(lay, T), pos)
+        last = self.layers[layer - 1]
+        return last.cross_weights(x, memory, memory_mask, self._rope(last, T), pos)
 
     def _inputs(self, tgt: torch.Tensor):
-        """The embedded `tgt`, the RoPE function (or None) and the positions, as every layer takes them."""
+        """The embedded `tgt` and its positions, as every layer takes them."""
         T = tgt.size(1)
         pos = torch.arange(T, device=tgt.device)
+        return self.embed(tgt, pos, T), pos
+
+    def _rope(self, layer: DecoderLayer, T: int):
+        """The RoPE function `layer` applies to q and k (None: positions are in the embeddings)."""
+        rope = self.rope_local if layer.local_rope else self.rope
         # (a closure, not functools.partial: Dynamo before torch 2.3 cannot trace a partial of a module)
-        rope = (lambda x, p: self.rope(x, p, T)) if self.rope is not None else None
-        return self.embed(tgt, pos, T), rope, pos
+        return (lambda x, p: rope(x, p, T)) if rope is not None else None
+
+    def _attention(self, layer: DecoderLayer, T: int):
+        """(mask, is_causal) of `layer`'s self-attention over T positions: the fused causal kernel, or where a
+        sliding window binds, a mask (True: seen) of each position and the window - 1 before it."""
+        if layer.window is None or T <= layer.window:
+            return None, True
+        seen = torch.ones(T, T, dtype=torch.bool, device=self.embed.tok.weight.device)
+        return seen.tril() & ~seen.tril(-layer.window), False
 
 
 class EncoderDecoder(nn.Module):
@@ -212,7 +234,7 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     identity; those projections get gradients at once, the weights before them from the second step on.
     """
     n_layers = cfg.n_encoder_layers + cfg.n_decoder_layers if cfg.kind == "seq2seq" else cfg.n_decoder_layers
-    residual_scale = 1.0 / math.sqrt(2 * n_layers) if cfg.norm == "pre" else 1.0
+    residual_scale = 1.0 / math.sqrt(2 * n_layers) if cfg.norm != "post" else 1.0
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             if cfg.scale_embedding:
