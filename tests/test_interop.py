@@ -622,3 +622,54 @@ def test_generate_repetition_rules_are_transformers(tmp_path, rules):
     assert changed  # (the rule changes some output: it is tested)
     assert lm.generate(prompts, max_new_tokens=10, greedy=True, **rules) == \
         [lm.generate([p], max_new_tokens=10, greedy=True, **rules)[0] for p in prompts]  # (batch-invariant)
+
+
+def _tiny_llama(d: Path, **config) -> "torch.nn.Module":
+    """A random Llama-layout model of `config` (grouped-query attention, llama3 RoPE scaling, untied) with a word
+    tokenizer, saved in bf16 in shards of at most 20 kB, as save_pretrained writes them."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = ["<unk>", "<s>", "</s>", *WORDS]
+    cfg = transformers.LlamaConfig(**{**dict(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}), **config})
+    torch.manual_seed(3)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # (values bf16 holds: the stored copy is exact)
+            p.copy_(p.normal_(0, 0.1).to(torch.bfloat16).float())
+    model.to(torch.bfloat16).save_pretrained(d, max_shard_size="20kB")
+    model.float()
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                               unk_token="<unk>")
+    tok.save_pretrained(d)
+    return model
+
+
+def test_a_sharded_bf16_llama_imports_exactly_and_a_missing_shard_is_named(tmp_path):
+    """A Llama-layout model in bf16 shards (model.safetensors.index.json) imports to the same log-probs; a shard
+    the index names and the directory lacks is one line naming it, nothing written."""
+    model = _tiny_llama(tmp_path / "hf")
+    shards = sorted((tmp_path / "hf").glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    import_model(tmp_path / "hf", tmp_path / "ckpt")
+    ours, meta = checkpoint.load(tmp_path / "ckpt")
+    tok = checkpoint.tokenizer(meta, "tgt")
+    text = "w1 w2 w3 w4 w5 w6 w7"
+    hf_ids = [WORDS.index(w) + 3 for w in text.split()]  # (this tokenizer adds no BOS: nor does tfcli)
+    ids = meta["text"]["start"] + tok.encode(text, add_special_tokens=False).ids
+    assert len(ids) == len(hf_ids)
+    with torch.no_grad():
+        want = model(torch.tensor([hf_ids])).logits.log_softmax(-1)[0]
+        got = ours(torch.tensor([ids])).log_softmax(-1)[0]
+    order = [tok.token_to_id(n) for n in ["<unk>", "<s>", "</s>", *WORDS]]  # (HF id -> tfcli id)
+    torch.testing.assert_close(got[:, order], want, rtol=1e-5, atol=1e-5)
+    shards[-1].unlink()
+    with pytest.raises(TfcliError, match=f"{shards[-1]}: missing, a shard model.safetensors.index.json names"):
+        import_model(tmp_path / "hf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

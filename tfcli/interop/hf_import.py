@@ -114,6 +114,7 @@ def _weight_headers(hf_dir: Path, arch: Arch) -> dict[str, tuple[str, tuple[int,
     from safetensors import safe_open
 
     files = sorted(hf_dir.glob("model*.safetensors"))
+    _check_index(hf_dir)
     if not files:
         pickled = [p.name for p in hf_dir.glob("*.bin")]
         hint = (f" ({pickled[0]} is a pickle, which tfcli never loads; write safetensors beside it with transformers: "
@@ -134,6 +135,22 @@ def _weight_headers(hf_dir: Path, arch: Arch) -> dict[str, tuple[str, tuple[int,
         if dtype not in _FLOATS:
             raise TfcliError(f"{f}: tensor {name} is {dtype}; model weights are floating point")
     return out
+
+
+def _check_index(hf_dir: Path) -> None:
+    """A sharded model's index (model.safetensors.index.json): every shard it names is there."""
+    index = hf_dir / "model.safetensors.index.json"
+    if not index.is_file():
+        return
+    data = _read_json(index)
+    weight_map = data.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise TfcliError(f"{index}: no weight_map (tensor -> shard file)")
+    for shard in sorted(set(map(str, weight_map.values()))):
+        if "/" in shard or not (hf_dir / shard).is_file():
+            name = next(k for k, v in weight_map.items() if v == shard)
+            raise TfcliError(f"{hf_dir / shard}: missing, a shard {index.name} names (for {name} and others); "
+                             "download every shard")
 
 
 def _layer_count(headers: dict, prefix: str) -> int:
