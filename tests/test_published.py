@@ -105,6 +105,45 @@ def test_log_likelihoods_are_the_familys(family):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+def guide_nll(model, ids: list[int], window: int, stride: int) -> tuple[float, int]:
+    """Total NLL and tokens scored as transformers' perplexity guide computes them (its loop, summed)."""
+    nll, count, prev_end = 0.0, 0, 0
+    for begin in range(0, len(ids), stride):
+        end = min(begin + window, len(ids))
+        trg_len = end - prev_end
+        inputs = torch.tensor([ids[begin:end]])
+        targets = inputs.clone()
+        targets[:, :-trg_len] = -100
+        with torch.no_grad():
+            logits = model(inputs).logits[0, :-1]
+        labels = targets[0, 1:]
+        nll += float(torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum"))
+        count += int((labels != -100).sum())
+        prev_end = end
+        if end == len(ids):
+            break
+    return nll, count
+
+
+def test_perplexity_of_a_text_file_is_the_guides(family, tmp_path):
+    """`tfcli eval --model --text`: the whole file as the family's tokenizer reads it, scored in the windows of
+    transformers' perplexity guide, gives its total NLL over the same tokens."""
+    from tfcli.evaluate.config import PerplexityConfig
+    from tfcli.evaluate.perplexity import evaluate_text
+
+    tok, model, lm = family
+    text = "\n\n".join(TEXTS * 3)
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    ids = tok(text)["input_ids"]
+    for window, stride in ((48, 48), (48, 16)):
+        want, n = guide_nll(model, ids, window, stride)
+        got = evaluate_text(lm.loaded.meta["dir"], str(tmp_path / "text.txt"),
+                            PerplexityConfig(window=window, stride=stride, device="cpu"))
+        assert got.tokens == n  # (stride = window: the guide leaves each window's first token unscored)
+        assert got.nll == pytest.approx(want, rel=1e-5)
+    assert n == len(ids) - 1  # (with overlap, every token but the first)
+
+
 def test_a_text_past_the_sliding_window_is_read_as_the_family_reads_it(family):
     """A model whose layers see a window of the last tokens (Gemma 3: 512): the hidden states of a text longer
     than the window, and a greedy continuation of a prompt that fills it, as transformers computes them."""

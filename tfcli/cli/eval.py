@@ -75,6 +75,11 @@ def eval_(
         None, "--data", metavar="PREP", rich_help_panel=_MODEL,
         help="Prepared directory tokenized with the checkpoint's tokenizer.",
     ),
+    text: Optional[Path] = typer.Option(
+        None, "--text", metavar="FILE", rich_help_panel=_MODEL,
+        help="A plain text file to score with a language model: an imported model reads it whole, as its tokenizer "
+        "does (its BOS first where it adds one), a tfcli-trained one line by line.",
+    ),
     split: str = typer.Option("test", "--split", rich_help_panel=_MODEL, help="Split of --data to score."),
     words: Optional[int] = typer.Option(
         None, "--words", rich_help_panel=_MODEL,
@@ -129,6 +134,7 @@ def eval_(
     tfcli translate ... | tfcli eval -r ref.en     hypotheses from stdin
     tfcli eval a.en b.en -r ref.en --paired-bs     table + significance vs a.en
     tfcli eval --model CKPT --data PREP            loss, perplexity per token/word
+    tfcli eval --model CKPT --text FILE            the same on a text file (an imported LLM: as transformers)
     tfcli eval --model CKPT --translate src.de -r ref.en    translate, then score
 
     Scores and signatures are sacrebleu's own and agree with the sacrebleu command line.
@@ -147,14 +153,23 @@ def eval_(
     if model is not None and translate_src is None:
         if hypotheses or refs:
             fail("--model scores a prepared --data split; it takes no hypothesis or reference files", EXIT_USAGE)
-        if data is None:
-            fail("--model needs --data PREP (a prepared directory) to score", EXIT_USAGE)
+        if data is not None and text is not None:
+            fail("--data and --text exclude each other: score a prepared split or a text file", EXIT_USAGE)
+        if data is None and text is None:
+            fail("--model needs --data PREP (a prepared directory) or --text FILE to score", EXIT_USAGE)
+        if text is not None:
+            refuse_unused(ctx, _TEXT_SCORING + _DECODING + ["width", "split"], "is not used by perplexity "
+                          "scoring of a text file (--model --text)")
+            return _perplexity(model, text, PerplexityConfig(split, max_tokens, window, stride, words, device),
+                               threads, json_out, whole_text=True)
         refuse_unused(ctx, _TEXT_SCORING + _DECODING + ["width"], "is not used by perplexity scoring (--model --data): "
                       "it applies to text scoring or --translate; perplexity is computed in fp32")
         return _perplexity(model, data, PerplexityConfig(split, max_tokens, window, stride, words, device), threads,
                            json_out)
-    if data is not None:
-        fail("--data needs --model CKPT" if model is None else "--data and --translate exclude each other", EXIT_USAGE)
+    if data is not None or text is not None:
+        what = "--data" if data is not None else "--text"
+        fail(f"{what} needs --model CKPT" if model is None else f"{what} and --translate exclude each other",
+             EXIT_USAGE)
     refuse_unused(ctx, _PERPLEXITY, "is for perplexity (--model CKPT --data PREP)")
     if translate_src is None:
         refuse_unused(ctx, _DECODING + ["max_tokens", "device", "threads"], "is for --translate (or perplexity); "
@@ -197,16 +212,17 @@ _TEXT_SCORING = ["metrics", "tokenize", "lowercase", "ter_case_sensitive", "chrf
                  "baseline", "n_samples", "score_only", "encoding_errors"]
 _DECODING = ["beam_size", "greedy", "len_penalty", "max_len_a", "max_len_b", "batch_size", "dtype", "tgt_lang",
              "src_lang", "split_sentences"]
-_PERPLEXITY = ["split", "words", "window", "stride"]
+_PERPLEXITY = ["split", "words", "window", "stride", "text"]
 
 
-def _perplexity(model: str, data: Path, cfg: PerplexityConfig, threads: int | None, json_out: bool) -> None:
-    """--model CKPT --data PREP: teacher-forced loss and perplexity of a prepared split."""
+def _perplexity(model: str, data: Path, cfg: PerplexityConfig, threads: int | None, json_out: bool,
+                whole_text: bool = False) -> None:
+    """--model CKPT --data PREP (or --text FILE): teacher-forced loss and perplexity of a prepared split (a file)."""
     from tfcli.runtime import tune_process
-    from tfcli.evaluate.perplexity import evaluate_checkpoint
+    from tfcli.evaluate.perplexity import evaluate_checkpoint, evaluate_text
 
     run(tune_process, cfg.device, threads)
-    result = run(evaluate_checkpoint, model, data, cfg)
+    result = run(evaluate_text if whole_text else evaluate_checkpoint, model, str(data) if whole_text else data, cfg)
     print(json.dumps(result.to_json(), indent=2) if json_out else result.format())
 
 

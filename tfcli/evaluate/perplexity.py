@@ -41,6 +41,8 @@ from tfcli.io import iter_lines
 from tfcli.specials import PAD_ID
 
 IGNORE = -100  # target id that cross_entropy skips (padding, and context-only positions of sliding windows)
+HEAD_FLOATS = 1 << 26  # logits computed at once while scoring a language model (256 MB of fp32)
+TEXT_WINDOW = 4096  # --text's default window where the model's context is longer (Llama 3's is 131,072)
 
 
 @dataclass
@@ -171,10 +173,27 @@ def lm_windows(n_targets: int, window: int, stride: int) -> list[tuple[int, int,
     return windows
 
 
+def text_windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int]]:
+    """`lm_windows`' (begin, end, n_new) for the windows of transformers' perplexity guide: window k reads tokens
+    [k * stride, k * stride + window) and scores those it reaches that no window before it did and that have a
+    token before them in it: a window of W tokens scores at most W - 1, the text's first token never, and with
+    stride = window no window's first token (the guide's arithmetic, kept so that the figures are its)."""
+    windows, scored_to = [], 1
+    for begin in range(0, n_tokens, stride):
+        end = min(begin + window, n_tokens)
+        windows.append((begin, end - 1, min(end - scored_to, end - 1 - begin)))
+        scored_to = end
+        if end == n_tokens:
+            break
+    return windows
+
+
 @torch.inference_mode()
-def lm_nll(model, stream: np.ndarray, window: int, stride: int, max_tokens: int, device) -> tuple[float, int]:
-    """Total NLL (nats) and count of every token of `stream` after the first, scored window by window."""
-    windows = lm_windows(len(stream) - 1, window, stride)
+def lm_nll(model, stream: np.ndarray, window: int, stride: int, max_tokens: int, device,
+           windows: list[tuple[int, int, int]] | None = None) -> tuple[float, int]:
+    """Total NLL (nats) and count of every token of `stream` after the first, scored window by window
+    (`lm_windows`, or the `windows` given)."""
+    windows = windows if windows is not None else lm_windows(len(stream) - 1, window, stride)
     per_batch = max(1, max_tokens // window)
     nll, count = 0.0, 0
     data = torch.from_numpy(stream)
@@ -189,14 +208,71 @@ def lm_nll(model, stream: np.ndarray, window: int, stride: int, max_tokens: int,
                 ids[row, :n] = data[begin:end]
                 # right padding is harmless: causal attention never lets a real position see the pads after it
                 targets[row, n - n_new : n] = data[end - n_new + 1 : end + 1]
-            logits = model(ids.to(device))
-            targets = targets.to(device)
-            nll += F.cross_entropy(
-                logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
-            ).item()
-            count += int((targets != IGNORE).sum())
+            targets = targets.to(device).flatten()
+            scored = targets != IGNORE
+            features = model.features(ids.to(device)).flatten(0, 1)[scored]
+            targets = targets[scored]
+            # the output layer on the scored positions only, a block of rows at a time: a 256k vocabulary's
+            # logits for a whole window would take gigabytes
+            rows = max(1, HEAD_FLOATS // model.cfg.tgt_vocab_size)
+            for i in range(0, len(targets), rows):
+                logits = model.lm_head(features[i : i + rows]).float()
+                nll += F.cross_entropy(logits, targets[i : i + rows], reduction="sum").item()
+            count += len(targets)
             bar.advance(len(chunk))
     return nll, count
+
+
+def evaluate_text(ckpt, path: str, cfg: PerplexityConfig) -> PerplexityResult:
+    """Loss and perplexity of language model `ckpt` on a plain text file. An imported model reads the file as
+    one text, as its tokenizer does (its BOS first where it adds one), in the windows of transformers' perplexity
+    guide (`text_windows`), so that its figure is the guide's; a tfcli-trained one line by line, </s> before each
+    line, in `lm_windows`, as a prepared split. Windows of `cfg.window` tokens (default: the model's max_len, at
+    most TEXT_WINDOW) every `cfg.stride`."""
+    from pathlib import Path
+
+    cfg.validate()
+    device = resolve_device(cfg.device)
+    meta = checkpoint_meta.read_meta(ckpt)
+    if checkpoint_meta.model_config(meta).kind != "lm":
+        raise TfcliError(f"{meta['dir']}: a translation model; --text scores a language model (a translation model "
+                         "scores a prepared --data split)")
+    tok = checkpoint.tokenizer(meta, "tgt")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TfcliError(f"{path}: not UTF-8 (byte {e.start})") from None
+    except OSError as e:
+        raise TfcliError(f"{path}: cannot read ({e.strerror or e})") from None
+    if "text" in meta:
+        from tfcli.generate.lm import text_conventions
+
+        ids = text_conventions(meta)[0] + tok.encode(text, add_special_tokens=False).ids
+        stream, sequences = np.asarray(ids, dtype=np.int64), 1
+    else:
+        from tfcli.data.tokenizer import encode_batch
+
+        lines = text.splitlines()
+        encoded = encode_batch(tok, lines)
+        flat = np.asarray([i for ids in encoded for i in ids], dtype=np.int64)
+        stream, sequences = lm_stream(flat, np.cumsum([0] + [len(e) for e in encoded])), len(lines)
+    if len(stream) < 2:
+        raise TfcliError(f"{path}: no text to score")
+    model, meta = checkpoint.load(meta["dir"], device, mapped=True)
+    window = cfg.window or min(model.cfg.max_len, TEXT_WINDOW)
+    if window > model.cfg.max_len:
+        raise ConfigError(f"--window {window} is longer than the model's context (max_len {model.cfg.max_len})")
+    stride = cfg.stride or window
+    if stride > window:
+        raise ConfigError(f"--stride {stride} is longer than the window ({window}): tokens would be skipped")
+    result = PerplexityResult(meta["dir"], str(path), "text", "lm", sequences, 0, 0.0, window=window, stride=stride)
+    guide = text_windows(len(stream), window, stride) if "text" in meta else None
+    result.nll, result.tokens = lm_nll(model, stream, window, stride, cfg.max_tokens, device, guide)
+    if cfg.words is not None:
+        result.words, result.words_from = cfg.words, "given by --words"
+    else:
+        result.words, result.words_from = len(text.split()), f"{len(text.split())} whitespace words of {path}"
+    return result
 
 
 def word_count(data: PreparedData, split: str, n_sequences: int) -> tuple[int | None, str]:
