@@ -253,6 +253,43 @@ def test_generate_chat_writes_the_replies_alone(family, tmp_path):
     assert got == want
 
 
+SOURCES = ["Der Hund schläft.", "Ein Mann fährt Fahrrad auf der Straße, 東京 🙂", "Hallo"]
+TEMPLATE = "German: {text}\n{tgt_lang}:"
+
+
+def test_translate_through_a_prompt_is_generates(family):
+    """translate with a decoder-only model: the chat template around Tower's instruction (a model without one:
+    --prompt-template), greedy and beam 4, batch 1 and all, the reply equal to transformers' `generate` on the same
+    rendered prompt (its end tokens, no length penalty)."""
+    from tfcli.generate.prompting import INSTRUCTION, fill, reply_line
+
+    tok, model, lm = family
+    template = None if tok.chat_template else TEMPLATE
+    ends = model.generation_config.eos_token_id
+    ends = ends if isinstance(ends, list) else [ends]
+    never = [[i] for i in (tok.bos_token_id, tok.pad_token_id) if i is not None]
+    for beam in (1, 4):
+        options = dict(beam_size=beam, len_penalty=0.0, max_len_a=0.0, max_len_b=NEW, src_lang="de", tgt_lang="en",
+                       prompt_template=template)
+        got = lm.translate(SOURCES, **options)
+        assert got == [lm.translate([s], **options)[0] for s in SOURCES]
+        want = []
+        for text in SOURCES:
+            if template is None:
+                prompt = tok.apply_chat_template([{"role": "user", "content": fill(INSTRUCTION, text, "de", "en")}],
+                                                 tokenize=False, add_generation_prompt=True)
+                ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            else:
+                ids = tok(fill(template, text, "de", "en"), return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=beam,
+                                     max_new_tokens=NEW, length_penalty=0.0, early_stopping=True, do_sample=False,
+                                     bad_words_ids=never or None)[0, ids.size(1):].tolist()
+            out = out[: next((k for k, t in enumerate(out) if t in ends), len(out))]
+            want.append(reply_line(tok.decode(out, skip_special_tokens=True)))
+        assert got == want, beam
+
+
 def test_gpt2_with_its_2020_tokenizer_json_imports(tmp_path):
     """GPT-2's published tokenizer.json is the 2020 format (no `model.type`): it imports, and reads text into
     GPT-2's ids."""

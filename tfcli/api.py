@@ -31,6 +31,7 @@ _TRANSLATE = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "
               "repetition_penalty", "batch_size", "max_tokens",
               "buffer_size", "check_every", "raw", "sampling", "temperature", "top_k", "top_p", "seed",
               "split_sentences", "src_lang", "glossary", "input_format", "protect", "placeholders", "keep_tags",
+              "prompt_template",
               "topk", "topp")  # (topk, topp: the old names of top_k, top_p)
 _NBEST_ONLY = ("scores", "alignment", "alignment_layer")
 _GENERATE = ("max_new_tokens", "min_new_tokens", "ignore_eos", "greedy", "temperature", "top_k", "top_p",
@@ -231,12 +232,10 @@ def _request(i: int, text: str, prefixes, langs, src_langs, avoid, constraints) 
         raise (TypeError if e.wrong_type else ConfigError)(f"{e.field}[{i}]: {e}") from None
 
 
-class Generator:
-    """A language model ready to continue prompts."""
-
-    def __init__(self, loaded, device: torch.device, dtype: str):
-        self.loaded, self.device, self.dtype = loaded, device, dtype
-        self.model = loaded.model
+class Generator(Translator):
+    """A language model ready to continue prompts (`generate`), and to translate as a Translator does, each text
+    in a prompt: `prompt_template` (with {text}, {src_lang}, {tgt_lang}), or its chat template around a translation
+    instruction (tgt_lang, and src_lang, name the languages; tfcli/generate/prompting.py)."""
 
     def generate(self, prompts: list[str], **options) -> list[str]:
         """The continuation of each prompt (without the prompt). `options`: max_new_tokens (100), min_new_tokens,

@@ -153,19 +153,8 @@ def eval_(
     if model is not None and translate_src is None:
         if hypotheses or refs:
             fail("--model scores a prepared --data split; it takes no hypothesis or reference files", EXIT_USAGE)
-        if data is not None and text is not None:
-            fail("--data and --text exclude each other: score a prepared split or a text file", EXIT_USAGE)
-        if data is None and text is None:
-            fail("--model needs --data PREP (a prepared directory) or --text FILE to score", EXIT_USAGE)
-        if text is not None:
-            refuse_unused(ctx, _TEXT_SCORING + _DECODING + ["width", "split"], "is not used by perplexity "
-                          "scoring of a text file (--model --text)")
-            return _perplexity(model, text, PerplexityConfig(split, max_tokens, window, stride, words, device),
-                               threads, json_out, whole_text=True)
-        refuse_unused(ctx, _TEXT_SCORING + _DECODING + ["width"], "is not used by perplexity scoring (--model --data): "
-                      "it applies to text scoring or --translate; perplexity is computed in fp32")
-        return _perplexity(model, data, PerplexityConfig(split, max_tokens, window, stride, words, device), threads,
-                           json_out)
+        cfg = PerplexityConfig(split, max_tokens, window, stride, words, device)
+        return _perplexity(ctx, model, data, text, cfg, threads, json_out)
     if data is not None or text is not None:
         what = "--data" if data is not None else "--text"
         fail(f"{what} needs --model CKPT" if model is None else f"{what} and --translate exclude each other",
@@ -215,14 +204,22 @@ _DECODING = ["beam_size", "greedy", "len_penalty", "max_len_a", "max_len_b", "ba
 _PERPLEXITY = ["split", "words", "window", "stride", "text"]
 
 
-def _perplexity(model: str, data: Path, cfg: PerplexityConfig, threads: int | None, json_out: bool,
-                whole_text: bool = False) -> None:
+def _perplexity(ctx, model: str, data: Path | None, text: Path | None, cfg: PerplexityConfig, threads: int | None,
+                json_out: bool) -> None:
     """--model CKPT --data PREP (or --text FILE): teacher-forced loss and perplexity of a prepared split (a file)."""
     from tfcli.runtime import tune_process
     from tfcli.evaluate.perplexity import evaluate_checkpoint, evaluate_text
 
+    if data is not None and text is not None:
+        fail("--data and --text exclude each other: score a prepared split or a text file", EXIT_USAGE)
+    if data is None and text is None:
+        fail("--model needs --data PREP (a prepared directory) or --text FILE to score", EXIT_USAGE)
+    unused = _TEXT_SCORING + _DECODING + ["width"] + (["split"] if text is not None else [])
+    refuse_unused(ctx, unused, f"is not used by perplexity scoring (--model {'--text' if text else '--data'}): it "
+                  "applies to text scoring or --translate; perplexity is computed in fp32")
     run(tune_process, cfg.device, threads)
-    result = run(evaluate_text if whole_text else evaluate_checkpoint, model, str(data) if whole_text else data, cfg)
+    result = run(evaluate_text, model, str(text), cfg) if text is not None else run(evaluate_checkpoint, model, data,
+                                                                                     cfg)
     print(json.dumps(result.to_json(), indent=2) if json_out else result.format())
 
 

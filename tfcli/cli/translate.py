@@ -112,6 +112,12 @@ def translate(
         "Each source term found in a line (whole words; any case unless the term has capitals inside; inflected "
         "forms where simplemma knows --src-lang) makes its target term one of the line's constraints.",
     ),
+    prompt_template: Optional[str] = typer.Option(
+        None, "--prompt-template", metavar="TEXT|FILE", rich_help_panel=_DEC,
+        help="A decoder-only model's prompt, {text} where the source goes ({src_lang}, {tgt_lang}: the languages' "
+        "names): a string, or a file holding it. Default: the model's chat template around Tower's translation "
+        "instruction (--tgt-lang needed). The reply, up to the model's end token, is the translation (one line).",
+    ),
     sampling: bool = typer.Option(
         False, "--sampling", rich_help_panel=_SAMPLE,
         help="Draw each translation instead of searching (back-translation): one per line, its random numbers keyed "
@@ -249,7 +255,7 @@ def translate(
         max_tokens=max_tokens, check_every=check_every, buffer_size=buffer_size, part_lines=part_lines, device=device, dtype=dtype,
         threads=threads, encoding_errors=encoding_errors, tgt_lang=tgt_lang, input_format=input_format,
         split_sentences=split_sentences, src_lang=src_lang, glossary=glossary or None, protect=protect or None,
-        placeholders=placeholders, keep_tags=keep_tags or None, overwrite=overwrite or None,
+        prompt_template=prompt_template, placeholders=placeholders, keep_tags=keep_tags or None, overwrite=overwrite or None,
     )
     if output_dir is not None and output is not None:
         fail("-o FILE and --output-dir DIR exclude each other", EXIT_USAGE)

@@ -31,6 +31,7 @@ class Beam(SourceSearch):
         self.con = rules.find(Constraints)
         B, n, device = src.size(0), sched.item.numel(), src.device
         self.K, self.nbest, self.len_penalty = K, options.nbest, options.len_penalty
+        self.ends = options.end_ids(device) if options.ends else None  # (None: </s> alone ends a text)
         self.fin_score = torch.full((B, K), float("-inf"), device=device)
         self.fin_step = torch.zeros(B, K, dtype=torch.long, device=device)
         self.fin_eos = torch.zeros(B, K, dtype=torch.bool, device=device)
@@ -62,7 +63,7 @@ class Beam(SourceSearch):
         col = at if isinstance(at, int) else at[:, None]
         top_lp, cand_scores, cand_idx, cand_beam, cand_tok = self._candidates(at, at_row)
         cand_row = cand_beam + (torch.arange(n, device=device) * k)[:, None]  # the beam's row in `tokens` / cache
-        is_eos = cand_tok == EOS_ID
+        is_eos = cand_tok == EOS_ID if self.ends is None else torch.isin(cand_tok, self.ends)
         if self.con is None:
             # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
             next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)

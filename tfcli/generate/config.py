@@ -69,6 +69,9 @@ class TranslateConfig:
     # glossary files (TSV or CSV: source term, target term; tfcli/generate/glossary.py): each source term found in a
     # line makes its target term one of the line's constraints
     glossary: list[str] = field(default_factory=list)
+    # a decoder-only model's prompt (tfcli/generate/prompting.py): a string or a file with {text} (and {src_lang},
+    # {tgt_lang}); null: the model's chat template around a translation instruction
+    prompt_template: Optional[str] = None
     batch_size: int = 64  # sentences per batch, at most
     max_tokens: int = 4096  # padded source tokens per batch, at most
     buffer_size: int = 10000  # lines read ahead and sorted by length

@@ -23,6 +23,7 @@ class Greedy(SourceSearch):
         super().__init__(sm, decoder, sched, src, max_len, rules, 1)
         B, n, device = src.size(0), sched.item.numel(), src.device
         self.sampling, self.lines, self.scored = options.sampling, lines, options.scored
+        self.ends = options.end_ids(device) if options.ends else None  # (None: </s> alone ends a text)
         self.out_tok = torch.zeros(B, T + 1, dtype=torch.long, device=device)
         self.out_lp = torch.zeros(B, T + 1, device=device)
         self.out_end = torch.zeros(B, dtype=torch.long, device=device)
@@ -42,7 +43,7 @@ class Greedy(SourceSearch):
             nxt, lp = self._choose(step, forced)
         write_at(self.tokens, at, nxt)
         write_at(self.lps, at, lp)
-        is_eos = nxt == EOS_ID
+        is_eos = nxt == EOS_ID if self.ends is None else torch.isin(nxt, self.ends)
         ending = (self.end == 0) & (is_eos | (self.limit <= at))
         if self.sched.fixed:
             self.end.copy_(torch.where(ending, at, self.end))

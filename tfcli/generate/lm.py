@@ -234,12 +234,12 @@ def lm_rules(cfg: GenerateConfig, ends: tuple[int, ...] = (), device=None) -> Ro
     --min-new-tokens, the repetition penalty, no repeated n-gram (the text read with its prompt, as transformers
     reads it)."""
     rules: list = [NoEnd()] if cfg.ignore_eos else [MinLength(cfg.min_new_tokens)]
-    if ends:
-        rules.append(OtherEnds(list(ends), device))
     if cfg.repetition_penalty != 1.0:
         rules.append(RepetitionPenalty(cfg.repetition_penalty))
     if cfg.no_repeat_ngram_size:
         rules.append(NoRepeatNgram(cfg.no_repeat_ngram_size))
+    if ends:
+        rules.append(OtherEnds(list(ends), device))
     return RowRules(rules)
 
 

@@ -88,8 +88,8 @@ def load_ensemble(paths: list[str], device: torch.device, dtype: str = "fp32", h
     tokenizers. The first one's model, config and metadata stand for the ensemble; one path is a plain `load`."""
     from tfcli.generate.ensemble import EnsembleStepModel
 
-    members = [load(p, device, "seq2seq", dtype, half) for p in paths]
-    if len(members) == 1:
+    members = [load(p, device, "seq2seq" if len(paths) > 1 else None, dtype, half) for p in paths]
+    if len(members) == 1:  # (a language model translates through a prompt: tfcli.generate.prompting)
         return members[0]
     first = members[0]
     for path, other in zip(paths[1:], members[1:]):

@@ -53,8 +53,11 @@ class Bans:
     ends: torch.Tensor | None = None  # the model's other end tokens (`OtherEnds`): banned wherever </s> is
 
     def never(self, device) -> torch.Tensor:
-        """The ids no row may take: <pad>, <s>, and </s> where `at` is one position for every row, before min_len."""
-        return never_chosen(device, self.eos or isinstance(self.at, int) and self.at <= self.min_len)
+        """The ids no row may take: <pad>, <s>, and </s> (and the model's other `ends`) where `at` is one position
+        for every row, before min_len."""
+        no_end = self.eos or isinstance(self.at, int) and self.at <= self.min_len
+        ids = never_chosen(device, no_end)
+        return torch.cat([ids, self.ends]) if no_end and self.ends is not None else ids
 
     def no_eos(self) -> torch.Tensor | None:
         """(R,) the rows that may not take </s> besides `never`'s: before min_len by a row's own position, or
@@ -70,16 +73,10 @@ class Bans:
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """Every ban on (R, V) log-probs or logits `x`, in place (the banned tokens at -inf)."""
-        never = self.never(x.device)
-        x.index_fill_(1, never, float("-inf"))
+        x.index_fill_(1, self.never(x.device), float("-inf"))
         eos = self.no_eos()
         if eos is not None:
             x[:, EOS_ID].masked_fill_(eos, float("-inf"))
-        if self.ends is not None:
-            if bool((never == EOS_ID).any()):
-                x.index_fill_(1, self.ends, float("-inf"))
-            elif eos is not None:
-                x[:, self.ends] = x[:, self.ends].masked_fill(eos[:, None], float("-inf"))
         return self.apply_rows(x)
 
     def apply_rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -168,13 +165,18 @@ class NoEnd(Rule):
 
 class OtherEnds(Rule):
     """A model's end tokens besides </s> (Llama 3's <|eot_id|>, a chat model's end of turn): each ends a text as
-    </s> does, so the rules that keep </s> back (`MinLength`, `NoEnd`) keep them back too."""
+    </s> does, so the rules that keep </s> back (`MinLength`, `NoEnd`, the constraints') keep them back too: for
+    every row (`Bans.never`), or for the rows that may not end (their ids banned by row). The list's last rule."""
 
     def __init__(self, ids: list[int], device=None):
         self.ids = torch.tensor(ids, dtype=torch.long, device=device)
 
     def ban(self, step, bans):
+        """(Last in the list: the rules before it say which rows may not end.)"""
         bans.ends = self.ids
+        rows = bans.no_eos()
+        if rows is not None:
+            bans.add_ids(torch.where(rows[:, None], self.ids[None, :], PAD_ID))
 
 
 class Prefix(PerItem):

@@ -18,12 +18,12 @@ from tfcli.data.batching import pad
 from tfcli.errors import NotANumber
 from tfcli.generate import native
 from tfcli.generate.constraints import LENGTH, Constraints, constraint_tensor
-from tfcli.generate.rules import (Avoid, MinLength, NoRepeatNgram, Prefix, RepetitionPenalty, RowRules,
+from tfcli.generate.rules import (Avoid, MinLength, NoRepeatNgram, OtherEnds, Prefix, RepetitionPenalty, RowRules,
                                   avoid_tensor)
 from tfcli.generate.sampling import LineSampling
 from tfcli.generate.schedule import Schedule, read_every, search_graph
 from tfcli.generate.step import step_model
-from tfcli.specials import PAD_ID
+from tfcli.specials import EOS_ID, PAD_ID
 
 
 @dataclass
@@ -54,15 +54,20 @@ class SearchOptions:
     sampling: LineSampling | None
     no_repeat_ngram_size: int
     repetition_penalty: float
+    ends: tuple[int, ...]  # the model's end tokens besides </s> (an imported chat model's end of turn)
 
     @classmethod
-    def from_config(cls, cfg) -> SearchOptions:
-        """From a TranslateConfig."""
+    def from_config(cls, cfg, ends: tuple[int, ...] = ()) -> SearchOptions:
+        """From a TranslateConfig, and the model's other `ends` (its checkpoint's)."""
         sampling = LineSampling(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed) if cfg.sampling else None
         return cls(cfg.beam_size, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.nbest or 1,
                    scored=cfg.tabular or cfg.sampling, token_scores=cfg.scores, check_every=cfg.check_every,
                    sampling=sampling, no_repeat_ngram_size=cfg.no_repeat_ngram_size,
-                   repetition_penalty=cfg.repetition_penalty)
+                   repetition_penalty=cfg.repetition_penalty, ends=tuple(ends))
+
+    def end_ids(self, device) -> torch.Tensor:
+        """(E,) every id that ends an output: </s>, then the model's other ends."""
+        return torch.tensor([EOS_ID, *self.ends], device=device)
 
     def mode(self, constrained: bool = False) -> str:
         """"sampling", "greedy" or "beam": what `search` runs (constraints need beam search, at any beam size)."""
@@ -95,7 +100,7 @@ class Rows:
                    constraint_tensor(constraints, device) if constraints is not None else None,
                    torch.tensor(lines, device=device) if lines is not None else None)
 
-    def rules(self, options: SearchOptions, n: int, continuing: torch.Tensor | None = None) -> RowRules:
+    def rules(self, options: SearchOptions, n: int, continuing: torch.Tensor | None = None, device=None) -> RowRules:
         """The batch's rule list, for its first `n` rows decoded at once: the options' rules, then the rows' own."""
         rules = [RepetitionPenalty(options.repetition_penalty)] if options.repetition_penalty != 1.0 else []
         rules += [MinLength(options.min_len)]
@@ -107,6 +112,8 @@ class Rows:
             rules.append(NoRepeatNgram(options.no_repeat_ngram_size))
         if self.constraints is not None:
             rules.append(Constraints(self.constraints, n, continuing))
+        if options.ends:  # (last: the rules before it say which rows may not end)
+            rules.append(OtherEnds(list(options.ends), device))
         return RowRules(rules)
 
 
@@ -192,6 +199,8 @@ def run(make, model, src: torch.Tensor, options: SearchOptions, rows: Rows, beam
     every = read_every(o.check_every, src.device)
     max_len = max_lengths(model, src, o.max_len_a, o.max_len_b, rows.prefix, rows.constraints)
     sm = step_model(model)
+    if sm.cfg.kind == "lm":  # a decoder-only model: the source is its prompt, the output what follows it
+        return _run_prompted(make, sm, src, max_len, o, rows, beams, continuing, every)
     T = _longest(sm, src, max_len.tolist(), o.max_len_a, o.max_len_b, rows.prefix)  # (one read)
     n = src.size(0) if slots is None else max(1, min(slots, src.size(0)))
     if n < src.size(0) and not sm.static:
@@ -199,10 +208,49 @@ def run(make, model, src: torch.Tensor, options: SearchOptions, rows: Rows, beam
                          "(StepModel(static=True))")
     decoder = sm.start(n, beams, T, *sm.encode(src[:n] if n < src.size(0) else src))
     sched = Schedule(src.size(0), n, decoder.fixed, every, T, src.device)
-    search = make(sm, decoder, sched, max_len, T, rows.rules(o, n, continuing))
+    search = make(sm, decoder, sched, max_len, T, rows.rules(o, n, continuing, src.device))
     sched.run(search, search_graph(decoder))
     decoder.release()
     return search
+
+
+def _run_prompted(make, sm, src: torch.Tensor, max_len: torch.Tensor, o: SearchOptions, rows: Rows, beams: int,
+                  continuing, every: int):
+    """`run` for a decoder-only model: each row of `src` (right-padded) is a prompt, prefilled left-padded into a
+    decoder holding it and the longest output; the search's first step reads the logits after the prompt."""
+    if sm.static:
+        raise ValueError("a prompted search runs on the shrinking decoder (a StepModel without static shapes)")
+    lengths = (src != PAD_ID).sum(1)
+    P = int(lengths.max())
+    max_len = torch.minimum(max_len, sm.cfg.max_len - lengths).clamp(min=1)  # (prompt and output in the context)
+    T = int(max_len.max())
+    at = torch.arange(P, device=src.device)
+    valid = at[None, :] >= (P - lengths)[:, None]  # (right-padded prompts, moved right: left-padded)
+    ids = src.gather(1, (at[None, :] - (P - lengths)[:, None]).clamp(min=0)).masked_fill(~valid, PAD_ID)
+    decoder = sm.start(src.size(0), beams, P + T)
+    decoder = _Prompted(decoder, decoder.prefill(ids, valid if not bool(valid.all()) else None))
+    sched = Schedule(src.size(0), src.size(0), False, every, T, src.device)
+    search = make(sm, decoder, sched, max_len, T, rows.rules(o, src.size(0), continuing, src.device))
+    sched.run(search, None)
+    decoder.release()
+    return search
+
+
+class _Prompted:
+    """A decoder whose prompts were prefilled: its first `step` gives the logits after them (the token the search
+    feeds there, <s>, is not part of a decoder-only model's text); every other call is the decoder's."""
+
+    def __init__(self, decoder, logits: torch.Tensor):
+        self.decoder, self.first = decoder, logits
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        if self.first is not None:
+            logits, self.first = self.first, None
+            return logits
+        return self.decoder.step(tok)
+
+    def __getattr__(self, name):
+        return getattr(self.decoder, name)
 
 
 def _longest(sm, src: torch.Tensor, limits: list[int], max_len_a: float, max_len_b: int,

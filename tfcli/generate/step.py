@@ -293,9 +293,11 @@ class IncrementalDecoder:
 
     def prefill(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Feed whole prompts at the start: ids (n, T), left-padded where `valid` (n, T) is False. Returns the
-        logits after each row's last token, (n, V)."""
+        logits after each row's last token, (n, V). With K beams a row (a prompted beam search) position p goes to
+        slot p * K, which every beam sees, and the beams go on from one (`select` with parents)."""
         n, T = ids.shape
-        if self.t or self.K != 1 or n != self.n or T > self.max_steps:
+        K = self.K
+        if self.t or self.k != 1 or n != self.n or T > self.max_steps:
             raise RuntimeError("prefill comes first, with one beam, n rows and at most max_steps positions")
         device = ids.device
         causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
@@ -308,9 +310,14 @@ class IncrementalDecoder:
             # nobody attends to padding; a padding query sees itself, so that no softmax row is empty
             mask = (causal & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=device)
         bias = torch.zeros(mask.shape, device=device, dtype=self.history.dtype).masked_fill_(~mask, float("-inf"))
+        start = 0
+        if K > 1:  # (the prompt's slots p * K; those of the other beams unwritten, unseen)
+            wide = torch.full((n, T, T * K), float("-inf"), device=device, dtype=bias.dtype)
+            wide[:, :, ::K] = bias
+            bias, start = wide, torch.arange(T, device=device) * K
         self.history = bias[:, -1:, :]  # what the next position sees: every real token
         x = self._embed(ids.reshape(-1), pos.reshape(-1) if pos.dim() == 2 else pos.repeat(n))
-        logits = self._layers(x, 0, T, T, bias, pos, last_only=True)
+        logits = self._layers(x, start, T, T * K, bias, pos, last_only=True)
         self.t = T
         return logits
 
@@ -330,7 +337,7 @@ class IncrementalDecoder:
         -inf). `pos`: their positions for RoPE, (r,) or (n, r). Returns the logits (n*r, V), or (n, V) of each row's
         last position with `last_only`."""
         c = self.sm.c_attention()
-        if c and self.layer_args is not None:  # (never with fixed shapes, whose `start` is a tensor)
+        if c and self.layer_args is not None and isinstance(start, int):  # (fixed shapes: `start` a tensor)
             x = self._c_layers(x, start, r, L, self_bias)
         else:
             x = self._op_layers(x, start, r, L, self_bias, pos, c)
@@ -393,13 +400,17 @@ class IncrementalDecoder:
 
     def _window_bias(self, window: int, start: int, r: int, L: int) -> torch.Tensor:
         """(r, L): -inf at the slots a sliding-window layer's queries do not see, those `window` positions or more
-        before their own (a prefill's query i is position i; a step's beams share position start // K). Slots are
-        counted from each row's first slot, so a row's left padding moves both alike."""
+        before their own (a prefill's query i is position i; a step's beams share position start // K; slot s holds
+        position s // K). Slots are counted from each row's first slot, so a row's left padding moves both alike."""
         K = self.K
         device = self.history.device
-        at = torch.arange(r, device=device) if r > 1 and K == 1 else torch.zeros(r, dtype=torch.long, device=device)
+        if torch.is_tensor(start):  # (a prompted beam search's prefill: query i at slot start[i])
+            query = start // K
+        else:
+            query = start // K + (torch.arange(r, device=device) if r > 1 and K == 1 else
+                                  torch.zeros(r, dtype=torch.long, device=device))
         slot = torch.arange(L, device=device) // K
-        far = slot[None, :] <= (start // K + at)[:, None] - window
+        far = slot[None, :] <= query[:, None] - window
         return torch.zeros(r, L, device=device, dtype=self.history.dtype).masked_fill_(far, float("-inf"))
 
     def _attend(self, q, keys_t, values, bias, L: int, c: bool) -> torch.Tensor:
@@ -522,6 +533,8 @@ class StaticDecoder(IncrementalDecoder):
     def prefill(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """As `IncrementalDecoder.prefill` (eagerly); the prompts' history mask then fills the first of all the
         slots in view, and each row's offset is its left padding."""
+        if self.K != 1:
+            raise RuntimeError("a fixed-shape decoder prefills prompts with one beam a row")
         history = self.history
         logits = super().prefill(ids, valid)
         history[:, :, : ids.size(1)] = self.history

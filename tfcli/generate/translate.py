@@ -32,6 +32,8 @@ from tfcli.console import Progress, info, verbose_enabled, warn
 from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load_ensemble
 from tfcli.generate.glossary import Glossary
+from tfcli.generate.lm import text_conventions
+from tfcli.generate.prompting import Prompter, read_template, reply_line
 from tfcli.formats import files, markup as markups
 from tfcli.formats.placeholders import pattern as placeholder_pattern
 from tfcli.generate.alignment import (
@@ -161,11 +163,12 @@ class Pipeline:
     the stages docs/architecture.md lists: encode -> split -> search -> join -> format."""
 
     def __init__(self, loaded: Loaded, cfg: TranslateConfig, device: torch.device, glossary: Glossary | None = None):
-        self.steps, self.src_tok, self.tgt_tok = loaded.steps, loaded.src_tok, loaded.tgt_tok
+        self.steps, self.src_tok, self.tgt_tok = loaded.steps, loaded.src_tok or loaded.tgt_tok, loaded.tgt_tok
         self.glossary = glossary if glossary is not None else Glossary.load(cfg.glossary) if cfg.glossary else None
         self.cfg, self.device = cfg, device
         self.checkpoint = loaded.meta["dir"]
-        self.options = SearchOptions.from_config(cfg)
+        self.prompter = _prompter(loaded, cfg)  # a decoder-only model's prompts (None: an encoder-decoder)
+        self.options = SearchOptions.from_config(cfg, text_conventions(loaded.meta)[1] if self.prompter else ())
         if cfg.input_format in files.FILE_FORMATS and cfg.min_len < 1:  # (an entry with text never gets an empty
             self.options = dataclasses.replace(self.options, min_len=1)  # translation: no output ends at once)
         self.max_len = self.steps.cfg.max_len
@@ -174,7 +177,8 @@ class Pipeline:
             raise TfcliError(f"--alignment-layer {cfg.alignment_layer}: the model's decoder has {n_layers} layers")
         self.alignment_layer = cfg.alignment_layer or default_layer(n_layers)
         self.languages = loaded.languages
-        self.languages.check(cfg.src_lang, cfg.tgt_lang)
+        if self.prompter is None:  # (a prompt names the languages)
+            self.languages.check(cfg.src_lang, cfg.tgt_lang)
         self.precision = precision(device, cfg.dtype, loaded.steps.half)
         self.warned_unk = self.warned_empty = False
         # --split-sentences auto: the training sources' 99th percentile in tokens (None: a checkpoint without it);
@@ -344,8 +348,11 @@ class Pipeline:
         for k, i in enumerate(todo):
             req = chunk[i]
             tgt_lang = req.tgt_lang if req.tgt_lang is not None else self.cfg.tgt_lang
-            lead = self.languages.lead(req.src_lang or self.cfg.src_lang, tgt_lang, req.where)
-            forced = self.languages.forced(tgt_lang, req.where)
+            if self.prompter is None:
+                lead = self.languages.lead(req.src_lang or self.cfg.src_lang, tgt_lang, req.where)
+                forced = self.languages.forced(tgt_lang, req.where)
+            else:
+                lead, forced = None, []
             texts = [c if isinstance(c, str) else c[0] for c in req.constraints]
             line = lines[i] = _Line(req, first + i, ids[k], lead, forced, prefixes[k], avoids[i], musts[i], texts)
             line.terms = self._terms(req)
@@ -429,7 +436,10 @@ class Pipeline:
                 pieces = list(zip(encode_batch(self.src_tok, sentences), _starts(req.text, sentences), sentences))
         windows, starts = [], []  # every unit's ids, and where in the line it starts
         for seq, start, text in pieces:
-            if len(seq) > room:
+            if self.prompter is not None:  # (its prompt: `_unit`)
+                windows.append(seq)
+                starts.append(start)
+            elif len(seq) > room:
                 warn(f"{req.where}: a sentence of {len(seq)} tokens, longer than the model's max_len "
                      f"({self.max_len}); translating it in windows of up to {room} tokens, cut between words")
                 if self._cuts is None:
@@ -443,7 +453,8 @@ class Pipeline:
         terms = [[] for _ in windows]
         for m, c in line.terms:  # (each with the last unit that starts at or before it)
             terms[max(j for j, at in enumerate(starts) if at <= m.start or j == 0)].append((m, c))
-        return [self._unit(line, w, j == 0, terms[j]) for j, w in enumerate(windows)]
+        texts = [text for _, _, text in pieces] if self.prompter is not None else [None] * len(windows)
+        return [self._unit(line, w, j == 0, terms[j], texts[j]) for j, w in enumerate(windows)]
 
     def _char_cuts(self, text: str, seq: list[int], windows: list[list[int]], start: int) -> list[int]:
         """Where in the line each window of `seq` (`text`'s ids, `text` starting at `start`) starts, by the
@@ -454,9 +465,11 @@ class Pipeline:
         firsts = [sum(len(w) for w in windows[:j]) for j in range(len(windows))]
         return [start + enc.offsets[t][0] if t < len(enc.offsets) else start + len(text) for t in firsts]
 
-    def _unit(self, line: _Line, window: list[int], first: bool, terms: list) -> tuple[list[int], list, list[str]]:
-        """A unit's source ids, constraints and their texts (the request's own with the first unit, then its
-        glossary terms, a term found k times given k times); checked to fit the model's outputs."""
+    def _unit(self, line: _Line, window: list[int], first: bool, terms: list,
+              text: str | None = None) -> tuple[list[int], list, list[str]]:
+        """A unit's source ids (a decoder-only model's: the prompt of its `text`), constraints and their texts (the
+        request's own with the first unit, then its glossary terms, a term found k times given k times); checked
+        to fit the model's outputs."""
         must, texts = (list(line.must), list(line.must_text)) if first else ([], [])
         found = [c for _, c in terms]
         for m, c in terms:  # (a term found k times is held k times; the request's own phrases count towards it)
@@ -470,8 +483,21 @@ class Pipeline:
                 req = line.request
                 raise InputError(req.name, req.lineno, f"its constraints and prefix are {need} target tokens, "
                                  f"and the model's outputs hold at most {self.max_len - 1}")
+        if self.prompter is not None:
+            return self._prompt(line.request, text), must, texts
         src = source_ids([line.lead, *window] if line.lead is not None else window, self.max_len)
         return src, must, texts
+
+    def _prompt(self, req: Request, text: str) -> list[int]:
+        """The prompt ids of a source text, for a decoder-only model; one that leaves no room in the model's
+        context for a reply is an error naming the line."""
+        prompt, start = self.prompter.prompt(text, req.src_lang or self.cfg.src_lang,
+                                             req.tgt_lang if req.tgt_lang is not None else self.cfg.tgt_lang)
+        ids = list(start) + self.tgt_tok.encode(prompt, add_special_tokens=False).ids
+        if len(ids) >= self.max_len:
+            raise InputError(req.name, req.lineno, f"its prompt is {len(ids)} tokens, and the model's context holds "
+                             f"{self.max_len}: no room for a translation")
+        return ids
 
     def _sentences(self, text: str, lang: str | None) -> list[str]:
         """`text`'s sentences (tfcli.data.sentences) by the rules of `lang` (None: generic ones)."""
@@ -612,10 +638,12 @@ class Pipeline:
                  "(the length limit came first; a larger --max-len-a/--max-len-b gives room)")
 
     def _texts(self, hyps: list[Hypothesis]) -> list[str]:
-        """Each hypothesis as text: detokenised (or subword tokens with `raw`)."""
+        """Each hypothesis as text: detokenised (or subword tokens with `raw`); a decoder-only model's reply as
+        one line (prompting.reply_line)."""
         if self.cfg.raw:
             return [" ".join(self.tgt_tok.id_to_token(t) for t in h.tokens) for h in hyps]
-        return decode_batch(self.tgt_tok, [h.tokens for h in hyps])
+        texts = decode_batch(self.tgt_tok, [h.tokens for h in hyps])
+        return texts if self.prompter is None else [reply_line(t) for t in texts]
 
     def _joined_alignment(self, hs: list[Hypothesis], texts: list[str], units: list[_Unit]) -> list[tuple[int, int]]:
         """The units' word alignments as one line's: each offset by the source and target words before it."""
@@ -674,6 +702,23 @@ class Pipeline:
                 f"{rate:.0%} of the input's tokens are unknown (<unk>) to the model's source vocabulary: wrong "
                 "language or model, or raw text where subwords were expected (or the other way round)?"
             )
+
+
+def _prompter(loaded: Loaded, cfg: TranslateConfig) -> Prompter | None:
+    """A decoder-only model's Prompter (None for an encoder-decoder), after refusing what it cannot do."""
+    if loaded.cfg.kind != "lm":
+        if cfg.prompt_template is not None:
+            raise TfcliError("--prompt-template is for a decoder-only model; this one is an encoder-decoder")
+        return None
+    refused = [("--alignment", cfg.alignment),
+               (f"--input-format {cfg.input_format}", cfg.input_format not in ("auto", "text", "jsonl")),
+               ("--sampling", cfg.sampling)]
+    for flag, given in refused:
+        if given:
+            raise TfcliError(f"{flag}: not with a decoder-only model yet (it has no cross-attention to align "
+                             "with, which tags, alignments and this mode read here)")
+    start, _ = text_conventions(loaded.meta)
+    return Prompter.of(loaded.meta, read_template(cfg.prompt_template), start)
 
 
 def _tagged(req: Request) -> bool:
