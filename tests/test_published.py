@@ -24,7 +24,7 @@ TEXTS = [
     "def f(x):\n\treturn x  **  2   # spaces\n\n\n",
     "   leading and trailing whitespace runs   ",
 ]
-PROMPTS = ["The capital of France is", "def fib(n):", "Bonjour, je m'appelle", "東京", "<s>"]
+PROMPTS = ["The capital of France is", "def fib(n):", "Bonjour, je m'appelle", "東京", "<s>", "1, 2, 3,", "   x"]
 NEW = 8
 
 
@@ -197,7 +197,7 @@ def test_greedy_continuations_are_generates_in_any_batch(family):
         want.append(out[:cut])
     alone = [greedy(lm, [p])[0] for p in prompts]
     assert [to_hf(lm, tok, ids) for ids in alone] == want
-    assert greedy(lm, prompts) == alone  # (all in one batch)
+    assert greedy(lm, prompts) == alone  # (all seven in one batch)
 
 
 CONVERSATIONS = [
@@ -317,6 +317,7 @@ def test_gpt2_with_its_2020_tokenizer_json_imports(tmp_path):
 
 
 def test_int8_continuations_do_not_depend_on_the_batch(family):
+    """int8 greedy continuations: the same at batch 1, 7 and 64."""
     if not int8_available():
         pytest.skip("int8 kernels unavailable on this CPU")
     import tfcli
@@ -325,4 +326,6 @@ def test_int8_continuations_do_not_depend_on_the_batch(family):
     q = tfcli.load(lm.loaded.meta["dir"], dtype="int8")
     prompts = [tfcli_ids(lm, p) for p in PROMPTS]
     alone = [greedy(lm, [p], q)[0] for p in prompts]
-    assert greedy(lm, prompts, q) == alone
+    assert greedy(lm, prompts, q) == alone  # (batch 7)
+    many = [prompts[i % len(prompts)] for i in range(64)]
+    assert greedy(lm, many, q) == [alone[i % len(prompts)] for i in range(64)]

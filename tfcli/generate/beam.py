@@ -62,8 +62,10 @@ class Beam(SourceSearch):
         at_row = at if isinstance(at, int) else per_beam(at, k)
         col = at if isinstance(at, int) else at[:, None]
         top_lp, cand_scores, cand_idx, cand_beam, cand_tok = self._candidates(at, at_row)
+        if self.ends is not None:  # (the model's other ends end a text as </s> does: </s> from here, constraints too)
+            cand_tok = torch.where(torch.isin(cand_tok, self.ends), EOS_ID, cand_tok)
         cand_row = cand_beam + (torch.arange(n, device=device) * k)[:, None]  # the beam's row in `tokens` / cache
-        is_eos = cand_tok == EOS_ID if self.ends is None else torch.isin(cand_tok, self.ends)
+        is_eos = cand_tok == EOS_ID
         if self.con is None:
             # the K best candidates that do not end the hypothesis continue (at most K of the 2K end in </s>)
             next_scores, pick = cand_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)

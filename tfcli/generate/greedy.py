@@ -41,9 +41,11 @@ class Greedy(SourceSearch):
             lp, nxt = best_next(self.decoder, self.tok, self.rules, step, 1, forced, self.scored)
         else:
             nxt, lp = self._choose(step, forced)
+        if self.ends is not None:  # (the model's other ends end a text as </s> does: counted as </s> from here)
+            nxt = torch.where(torch.isin(nxt, self.ends), EOS_ID, nxt)
         write_at(self.tokens, at, nxt)
         write_at(self.lps, at, lp)
-        is_eos = nxt == EOS_ID if self.ends is None else torch.isin(nxt, self.ends)
+        is_eos = nxt == EOS_ID
         ending = (self.end == 0) & (is_eos | (self.limit <= at))
         if self.sched.fixed:
             self.end.copy_(torch.where(ending, at, self.end))

@@ -1,4 +1,5 @@
-"""Decoding for encoder-decoder models: the one entry (`search`) to greedy decoding, sampling and beam search.
+"""Decoding for encoder-decoder models (and decoder-only ones given prompts: their source is the prompt, prefilled by
+`source.run`): the one entry (`search`) to greedy decoding, sampling and beam search.
 
 Each runs the encoder once per sentence, feeds the decoder one new token per beam and steps through
 `step.IncrementalDecoder` (its key/value memory holds the rest, the cross-attention keys/values of the source are
