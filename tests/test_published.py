@@ -288,6 +288,9 @@ def test_translate_through_a_prompt_is_generates(family):
             out = out[: next((k for k, t in enumerate(out) if t in ends), len(out))]
             want.append(reply_line(tok.decode(out, skip_special_tokens=True)))
         assert got == want, beam
+    sampled = dict(sampling=True, seed=3, max_len_a=0.0, max_len_b=NEW, src_lang="de", tgt_lang="en",
+                   prompt_template=template)  # (each line's draws keyed by its index: any batch size)
+    assert lm.translate(SOURCES, batch_size=1, **sampled) == lm.translate(SOURCES, batch_size=3, **sampled)
 
 
 def test_gpt2_with_its_2020_tokenizer_json_imports(tmp_path):

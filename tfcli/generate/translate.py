@@ -711,12 +711,11 @@ def _prompter(loaded: Loaded, cfg: TranslateConfig) -> Prompter | None:
             raise TfcliError("--prompt-template is for a decoder-only model; this one is an encoder-decoder")
         return None
     refused = [("--alignment", cfg.alignment),
-               (f"--input-format {cfg.input_format}", cfg.input_format not in ("auto", "text", "jsonl")),
-               ("--sampling", cfg.sampling)]
+               (f"--input-format {cfg.input_format}", cfg.input_format not in ("auto", "text", "jsonl"))]
     for flag, given in refused:
         if given:
             raise TfcliError(f"{flag}: not with a decoder-only model yet (it has no cross-attention to align "
-                             "with, which tags, alignments and this mode read here)")
+                             "with, which tags and alignments read here)")
     start, _ = text_conventions(loaded.meta)
     return Prompter.of(loaded.meta, read_template(cfg.prompt_template), start)
 
