@@ -51,7 +51,7 @@ def generate_ids(
     ends: tuple[int, ...] = (),
 ) -> list[list[int]]:
     """New ids (without </s>) for each prompt; prompts are id lists, a tfcli-trained model's starting with
-    START_ID. `ends`: the model's end tokens besides </s> (an imported model's: `prompts.Prompting.ends`); a text
+    START_ID. `ends`: the model's end tokens besides </s> (an imported model's: `text_conventions`); a text
     ends at any of them, which is not part of its new ids.
 
     Sampling draws each prompt's tokens from random numbers keyed by `cfg.seed` (None: a seed drawn from torch's
