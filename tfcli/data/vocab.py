@@ -83,8 +83,9 @@ def reorder_vocabulary(tok: dict, special: dict[int, int | None], rows: int | No
         if i < len(SPECIAL_TOKENS) and not keep_names:
             added.append({"id": i, "content": SPECIAL_TOKENS[i], "single_word": False, "lstrip": False,
                           "rstrip": False, "normalized": False, "special": True})
-        elif h in old_added and new[i] == old_added[h]["content"] or (h in old_added and not keep_names):
-            # (under its new name: fairseq's own <s> is an added token of M2M-100's tokenizers)
+        elif h in old_added and (not keep_names or new[i] == old_added[h]["content"]):
+            # (under its new name: fairseq's own <s> is an added token of M2M-100's tokenizers; with `keep_names`,
+            # only under its own: a second id of one row is no text's)
             added.append({**old_added[h], "id": i, "content": new[i]})
     tok["added_tokens"] = added
     tok["post_processor"] = None  # tfcli adds </s> and <s> itself

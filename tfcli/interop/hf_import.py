@@ -76,15 +76,7 @@ def _check_config(config: dict, arch: Arch, hf_dir: Path) -> None:
     if arch.name in LLAMA_LAYOUT:
         return _check_llama_config(config, where)
     kind = arch.kind
-    required, optional = _SIZES[kind]
-    for key in required + optional:
-        value = config.get(key)
-        if value is None and key in optional:
-            continue
-        if key not in config:
-            raise TfcliError(f"{where}: no '{key}', which a {arch.name} config holds")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise TfcliError(f"{where}: {key} is {value!r}; expected a positive integer")
+    _check_sizes_given(config, *_SIZES[kind], where, arch.name)
     for key in _RATES[kind]:
         value = config.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -278,17 +270,22 @@ _LLAMA_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "inte
 _LLAMA_OPTIONAL = ("num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
+def _check_sizes_given(config: dict, required: tuple, optional: tuple, where: str, name: str) -> None:
+    """Each size key positive integer: every `required` one, and each `optional` one that is not null."""
+    for key in required + optional:
+        value = config.get(key)
+        if value is None and key in optional:
+            continue
+        if key not in config:
+            raise TfcliError(f"{where}: no '{key}', which a {name} config holds")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TfcliError(f"{where}: {key} is {value!r}; expected a positive integer")
+
+
 def _check_llama_config(config: dict, where: str) -> None:
     """The Llama-layout keys tfcli reads, with the right types: sizes positive integers, the norm's eps and RoPE's
     base positive numbers."""
-    for key in _LLAMA_SIZES + _LLAMA_OPTIONAL:
-        value = config.get(key)
-        if value is None and key in _LLAMA_OPTIONAL:
-            continue
-        if key not in config:
-            raise TfcliError(f"{where}: no '{key}', which a {config.get('model_type')} config holds")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise TfcliError(f"{where}: {key} is {value!r}; expected a positive integer")
+    _check_sizes_given(config, _LLAMA_SIZES, _LLAMA_OPTIONAL, where, str(config.get("model_type")))
     for key in ("rms_norm_eps", "rope_theta"):
         value = config.get(key, 1e-6)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -338,17 +335,24 @@ def _llama_config(config: dict, arch: Arch, need) -> ModelConfig:
     need(attention_bias == mlp_bias, f"attention_bias {str(attention_bias).lower()} with mlp_bias "
          f"{str(mlp_bias).lower()} (tfcli's `bias` is the attention output's and the FFN's together)")
     theta, scaling = _rope(config, need)
-    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
     return ModelConfig(
+        **_llama_sizes(config), activation="swiglu", norm="pre", qk_norm=name == "qwen3", rope_theta=theta,
+        rope_scaling=scaling, max_len=config.get("max_position_embeddings") or 2048, scale_embedding=False,
+        tie_output=bool(config.get("tie_word_embeddings", False)), bias=attention_bias,
+        qkv_bias=True if name == "qwen2" else None,
+    )
+
+
+def _llama_sizes(config: dict) -> dict:
+    """The ModelConfig fields every Llama-layout config gives alike: sizes, heads, RMSNorm, RoPE."""
+    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
+    return dict(
         kind="lm", tgt_vocab_size=config["vocab_size"], d_model=config["hidden_size"],
         n_head=config["num_attention_heads"], head_dim=config.get("head_dim"),
         n_kv_head=kv if kv != config["num_attention_heads"] else None, n_encoder_layers=0,
         n_decoder_layers=config["num_hidden_layers"], d_ff=config["intermediate_size"], dropout=0.0,
-        attn_dropout=float(config.get("attention_dropout", 0.0)), activation="swiglu", norm="pre", rms_norm=True,
-        qk_norm=name == "qwen3", positions="rope", rope_theta=theta, rope_scaling=scaling,
-        max_len=config.get("max_position_embeddings") or 2048, scale_embedding=False,
-        tie_output=bool(config.get("tie_word_embeddings", False)), bias=attention_bias,
-        qkv_bias=True if name == "qwen2" else None, layer_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        attn_dropout=float(config.get("attention_dropout", 0.0)), rms_norm=True, positions="rope",
+        layer_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
     )
 
 
@@ -379,18 +383,11 @@ def _gemma3_config(config: dict, arch: Arch, need) -> ModelConfig:
     else:
         local_theta = config.get("rope_local_base_freq", 10000.0)
     theta, scaling = _rope(config, need)
-    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
     return ModelConfig(
-        kind="lm", tgt_vocab_size=config["vocab_size"], d_model=config["hidden_size"],
-        n_head=config["num_attention_heads"], head_dim=config.get("head_dim"),
-        n_kv_head=kv if kv != config["num_attention_heads"] else None, n_encoder_layers=0,
-        n_decoder_layers=config["num_hidden_layers"], d_ff=config["intermediate_size"], dropout=0.0,
-        attn_dropout=float(config.get("attention_dropout", 0.0)), activation="geglu_tanh", norm="sandwich",
-        rms_norm=True, qk_norm=True, positions="rope", rope_theta=theta, rope_scaling=scaling,
-        sliding_window=config.get("sliding_window"), global_every=every, rope_local_theta=float(local_theta),
-        max_len=config.get("max_position_embeddings") or 8192, scale_embedding=True,
-        tie_output=bool(config.get("tie_word_embeddings", True)), bias=False,
-        layer_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        **_llama_sizes(config), activation="geglu_tanh", norm="sandwich", qk_norm=True, rope_theta=theta,
+        rope_scaling=scaling, sliding_window=config.get("sliding_window"), global_every=every,
+        rope_local_theta=float(local_theta), max_len=config.get("max_position_embeddings") or 8192,
+        scale_embedding=True, tie_output=bool(config.get("tie_word_embeddings", True)), bias=False,
     )
 
 
