@@ -299,6 +299,20 @@ def test_stop_strings_and_eos(counter, tmp_path):
     assert run_lm(counter, tmp_path, ["cat"], greedy=True, max_new_tokens=2) == ["cat dog egg"]
 
 
+def test_translating_through_a_prompt_continues_it(counter):
+    """translate with a decoder-only model: the prompt template around each line, greedy and beam 4, prompts of
+    unequal length in one batch, give the counter's continuation; a prompted beam search's prefill leaves the other
+    beams' slots unwritten, which must not read the memory's old contents (NaN here)."""
+    import tfcli
+
+    lm = tfcli.load(str(counter), device="cpu")
+    lines = ["queen", "moon nest owl", "apple bird"]
+    want = ["rat sun tree .", "pig queen rat sun tree .", "cat dog egg fish goat hat ice jam kite lamp"]
+    for beam in (1, 4):
+        lm.loaded.steps._workspace = torch.full((1 << 16,), float("nan"))
+        assert lm.translate(lines, beam_size=beam, prompt_template="{text}", max_len_a=0.0, max_len_b=10) == want
+
+
 def test_streaming_single_prompt_equals_batch_output(counter, tmp_path):
     res = subprocess.run(
         [str(TFCLI), "lm-generate", "-m", str(counter), "cat dog", "--seed", "3", "-n", "12", "--threads", "1",

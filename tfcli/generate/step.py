@@ -311,7 +311,8 @@ class IncrementalDecoder:
             mask = (causal & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=device)
         bias = torch.zeros(mask.shape, device=device, dtype=self.history.dtype).masked_fill_(~mask, float("-inf"))
         start = 0
-        if K > 1:  # (the prompt's slots p * K; those of the other beams unwritten, unseen)
+        if K > 1:  # (the prompt's slots p * K; those of the other beams unseen, zeroed: 0 * NaN would be NaN)
+            self.kv_all[:, :n, :, : T * K].zero_()
             wide = torch.full((n, T, T * K), float("-inf"), device=device, dtype=bias.dtype)
             wide[:, :, ::K] = bias
             bias, start = wide, torch.arange(T, device=device) * K
