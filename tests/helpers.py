@@ -65,12 +65,14 @@ def make_parallel_prepared(
     max_len: int = 8,
     seed: int = 0,
     stop: bool = False,
+    words: list[str] | None = None,
 ) -> Path:
     """A prepared parallel directory (joint vocabulary) for a copy/reverse task; returns its path. `stop`: each
-    sentence ends with a " ." token (sentences a splitter finds)."""
+    sentence ends with a " ." token (sentences a splitter finds); `words`: the vocabulary (w0, w1, ... by
+    default, n_words of them)."""
     d = Path(d)
     d.mkdir(parents=True, exist_ok=True)
-    words = [f"w{i}" for i in range(n_words)]
+    words = words or [f"w{i}" for i in range(n_words)]
     tok = word_tokenizer(words + ["."] * stop)
     vocab = tok.get_vocab_size()
     rng = random.Random(seed)

@@ -58,7 +58,7 @@ class PerplexityResult:
     words_from: str = ""  # where the word count came from
     window: int | None = None  # LM only
     stride: int | None = None  # LM only
-    truncated: int = 0  # seq2seq pairs cut to the model's max_len (their tail is not scored)
+    truncated: int = 0  # pairs cut to the model's max_len (their tail is not scored)
 
     @property
     def loss(self) -> float:
@@ -97,7 +97,7 @@ class PerplexityResult:
         lines = [
             f"checkpoint: {self.checkpoint} ({self.kind})",
             f"data:       {self.data} split {self.split}: {self.sequences} sequences, {self.tokens} tokens scored"
-            + (f" (windows of {self.window}, stride {self.stride})" if self.kind == "lm" else ""),
+            + (f" (windows of {self.window}, stride {self.stride})" if self.window is not None else ""),
             f"nll  = {self.loss:.4f} nats/token ({self.loss / math.log(2):.4f} bits; plain cross-entropy, not the "
             "label-smoothed training loss)",
             f"ppl  = {self.ppl:.2f} per token",
@@ -289,6 +289,25 @@ def word_count(data: PreparedData, split: str, n_sequences: int) -> tuple[int | 
     return words + lines, f"{words} whitespace words + {lines} </s> of {text.name}"
 
 
+@torch.inference_mode()
+def pair_nll(model, data: PreparedData, split: str, max_tokens: int, device: torch.device) -> tuple[float, int, int]:
+    """A decoder-only translator's `seq2seq_nll`: each pair as it trained on it (tfcli.train.data.PairData), the
+    target's tokens and its </s> scored."""
+    from tfcli.train.data import PairData
+
+    pairs = PairData(data, split, model.cfg.max_len, max_tokens, 0, seed=0)
+    nll, count = 0.0, 0
+    with Progress("scoring", len(pairs), "sent") as bar:
+        for idx in pairs.batches(0, shuffle=False):
+            batch = pairs.collate(idx).to(device)
+            logits = model(batch.inputs, prefix=batch.prefix)
+            nll += F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=PAD_ID,
+                                   reduction="sum").item()
+            count += batch.tgt_tokens
+            bar.advance(len(idx))
+    return nll, count, pairs.truncated
+
+
 def evaluate_checkpoint(ckpt, data_dir, cfg: PerplexityConfig) -> PerplexityResult:
     """Loss and perplexity of checkpoint `ckpt` on split `cfg.split` of prepared directory `data_dir`."""
     cfg.validate()
@@ -304,11 +323,14 @@ def evaluate_checkpoint(ckpt, data_dir, cfg: PerplexityConfig) -> PerplexityResu
 
     tgt = data.sequences(cfg.split, "tgt")
     result = PerplexityResult(meta["dir"], str(data.path), cfg.split, kind, len(tgt), 0, 0.0)
-    if kind == "seq2seq":
+    if data.kind == "parallel":  # (an encoder-decoder, or a decoder-only translator: the target given the source)
         if cfg.window is not None or cfg.stride is not None:
             raise ConfigError("--window/--stride are for language models; a translation model scores whole pairs")
-        src = data.sequences(cfg.split, "src")
-        result.nll, result.tokens, result.truncated = seq2seq_nll(model, src, tgt, cfg.max_tokens, device)
+        if kind == "seq2seq":
+            src = data.sequences(cfg.split, "src")
+            result.nll, result.tokens, result.truncated = seq2seq_nll(model, src, tgt, cfg.max_tokens, device)
+        else:
+            result.nll, result.tokens, result.truncated = pair_nll(model, data, cfg.split, cfg.max_tokens, device)
     else:
         window = cfg.window or model.cfg.max_len
         if window > model.cfg.max_len:

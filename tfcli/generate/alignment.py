@@ -1,4 +1,5 @@
-"""Word alignments from the cross-attention (fairseq `--print-alignment`, Marian `--alignment hard`).
+"""Word alignments from the cross-attention (fairseq `--print-alignment`, Marian `--alignment hard`), or a
+decoder-only model's self-attention onto the source in its prompt (`prompt_alignments`).
 
 For each output token y_t, the source token that the chosen decoder layer's cross-attention (heads averaged) weighs
 most, in a teacher-forced pass over the finished hypothesis that runs the decoder only up to that layer's attention,
@@ -47,6 +48,29 @@ def token_alignments(model, src: torch.Tensor, hyps: list[list[int]], layer: int
         weights = weights.masked_fill(((rows[take] == PAD_ID) | (rows[take] == EOS_ID))[:, None, :], float("-inf"))
         for i, best in zip(part, weights.argmax(-1).tolist()):
             out[i] = best[: len(hyps[i])]
+    return out
+
+
+@torch.inference_mode()
+def prompt_alignments(model, prompts: list[list[int]], spans: list[tuple[int, int]], hyps: list[list[int]],
+                      layer: int) -> list[list[int]]:
+    """A decoder-only model's `token_alignments`: for each hypothesis (its tokens, without </s>) of the prompt of
+    the same index, the position in that prompt's source span (start, end), counted from its start, that the
+    self-attention of `layer` (heads averaged) weighs most from the position that predicts the token (the prompt's
+    last for the first), in one teacher-forced pass over prompt and hypothesis (a prefix LM's prompt its prefix)."""
+    out: list[list[int]] = [[] for _ in hyps]
+    order = sorted(range(len(hyps)), key=lambda i: len(prompts[i]) + len(hyps[i]))
+    device = next(model.parameters()).device
+    for at in range(0, len(order), CHUNK):
+        part = [i for i in order[at : at + CHUNK] if hyps[i]]
+        if not part:
+            continue
+        ids = pad([prompts[i] + hyps[i][:-1] for i in part]).to(device)  # (right-padded: nothing real sees it)
+        prefix = torch.tensor([len(prompts[i]) for i in part], device=device)
+        weights = model.decoder.self_weights(ids, layer, prefix if model.cfg.prefix_attention else None).mean(1)
+        for row, i in enumerate(part):
+            P, (a, b) = len(prompts[i]), spans[i]
+            out[i] = weights[row, P - 1 : P - 1 + len(hyps[i]), a:b].argmax(-1).tolist()
     return out
 
 
@@ -121,10 +145,12 @@ def word_pairs(pairs) -> list[tuple[int, int]]:
 
 
 def word_alignment(src_tok, tgt_tok, src_ids: list[int], hyp: list[int], aligned: list[int],
-                   raw: bool, lead: int = 0) -> list[tuple[int, int]]:
+                   raw: bool, lead: int = 0, plain: bool = False) -> list[tuple[int, int]]:
     """The word pairs from `aligned` (the source position of each token of `hyp`), in target order. `lead`: tokens
-    in front of the line's own (a multilingual model's language tag), part of no word."""
-    src = [t for t in src_ids if t not in (EOS_ID, PAD_ID)][lead:]
+    in front of the line's own (a multilingual model's language tag), part of no word; `plain`: `src_ids` are the
+    source's tokens only (a prompt's span, in a vocabulary whose ids 0 and 2 may be words), else </s> and padding
+    are dropped."""
+    src = src_ids[lead:] if plain else [t for t in src_ids if t not in (EOS_ID, PAD_ID)][lead:]
     src_words = word_of_token(src_tok, src, raw)
     tgt_words = word_of_token(tgt_tok, hyp, raw)
     return word_pairs((src_words[s - lead], tgt_words[t]) for t, s in enumerate(aligned)

@@ -66,6 +66,7 @@ IMPLEMENTS: dict[str, dict[str, frozenset | None]] = {
     # a bias by layer over the slots; the ring of fixed shapes (static) would need the slots' positions
     "sliding_window": dict(_EVERY, static=frozenset({None}), whole=frozenset({None})),
     "global_every": _EVERY,
+    "prefix_attention": _EVERY,  # the prefill's bias (IncrementalDecoder.prefill): what every backend reads
     "scale_embedding": _EVERY,  # the embedding and the output layer run outside the layers
     "share_embeddings": _EVERY,
     "tie_output": _EVERY,

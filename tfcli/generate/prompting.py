@@ -4,7 +4,9 @@ translation. Torch-free.
 The prompt: the user's own template (`--prompt-template`: a string or a file, with `{src_lang}`, `{tgt_lang}` and
 `{text}`) as the whole prompt after the model's start (BOS where its tokenizer adds one); or, for a model with a
 chat template, INSTRUCTION as the user's message in it, the assistant's turn opened (the template writes the BOS).
-INSTRUCTION is the prompt Unbabel publishes for its Tower models, a Llama-family translator. The reply ends at any
+INSTRUCTION is the prompt Unbabel publishes for its Tower models, a Llama-family translator. A decoder-only
+translator trained here (on parallel data: tfcli.train.data.PairData) has no text prompt: its source ids follow
+the model's start, then the separator it was trained with (the target's language tag, or <s>). The reply ends at any
 of the model's end tokens; it is read as one line: its leading and trailing whitespace removed, and cut at its
 first line break (a one-line source has a one-line translation; what a model adds after it is commentary)."""
 
@@ -73,34 +75,45 @@ def fill(template: str, text: str, src_lang: str | None, tgt_lang: str | None) -
 @dataclass(frozen=True)
 class Prompter:
     """How a decoder-only checkpoint's translation prompts are written: `template` (the user's, the whole prompt
-    after `start`) or the model's chat template (`chat_template`, its token strings `tokens`) around INSTRUCTION."""
+    after `start`), the model's chat template (`chat_template`, its token strings `tokens`) around INSTRUCTION, or
+    a translator trained here: the source after `start`, then a separator (`tags`: its language tags, {}: <s>)."""
 
     template: str | None
     chat_template: str | None
     tokens: dict = field(default_factory=dict)
     start: tuple[int, ...] = ()
+    tags: dict | None = None  # a translator trained here: {language: its tag's id} ({}: one target language)
 
     @classmethod
-    def of(cls, meta: dict, template: str | None, start: list[int]) -> Prompter:
+    def of(cls, meta: dict, template: str | None, start: list[int], tags: dict | None = None) -> Prompter:
         """For checkpoint `meta` (its config.json) and --prompt-template's text; `start`: the ids the model's
-        texts begin with (its BOS, or tfcli's </s>)."""
+        texts begin with (its BOS, or tfcli's </s>); `tags`: the language tags of its vocabulary."""
         text = meta.get("text") or {}
+        if template is None and (meta.get("data") or {}).get("kind") == "parallel":
+            return cls(None, None, {}, tuple(start), dict(tags or {}))
         if template is None and not text.get("chat_template"):
             raise TfcliError(f"{meta['dir']}: a language model without a chat template: give --prompt-template "
                              "with {text} (and {src_lang}, {tgt_lang}) to translate with it")
         return cls(template, text.get("chat_template"), dict(text.get("template_tokens") or {}), tuple(start))
 
-    def prompt(self, text: str, src_lang: str | None, tgt_lang: str | None) -> tuple[str, tuple[int, ...]]:
-        """(the prompt's text, the ids before it) of one source text."""
+    def prompt(self, text: str, src_lang: str | None, tgt_lang: str | None
+               ) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+        """(the prompt's text, the ids before it, the ids after it) of one source text."""
+        if self.tags is not None:
+            from tfcli.data.languages import tag_id
+            from tfcli.specials import BOS_ID
+
+            sep = tag_id(self.tags, tgt_lang, "--tgt-lang")
+            return text, self.start, (BOS_ID if sep is None else sep,)
         if self.template is not None:
-            return fill(self.template, text, src_lang, tgt_lang), self.start
+            return fill(self.template, text, src_lang, tgt_lang), self.start, ()
         from tfcli.generate.chat import render
 
         if not tgt_lang:
             raise TfcliError("translating with a chat model's instruction needs the target language: --tgt-lang "
                              "(or a JSONL line's tgt_lang), or your own --prompt-template")
         instruction = fill(INSTRUCTION if src_lang else INSTRUCTION_NO_SOURCE, text, src_lang, tgt_lang)
-        return render(self.chat_template, [{"role": "user", "content": instruction}], self.tokens), ()
+        return render(self.chat_template, [{"role": "user", "content": instruction}], self.tokens), (), ()
 
 
 def reply_line(reply: str) -> str:

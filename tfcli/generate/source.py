@@ -3,8 +3,9 @@ each row brings (`Rows`, which builds the batch's rule list), the length rules, 
 decoder's rows (`SourceSearch`: a `schedule.Search`'s bookkeeping, run by `run`).
 
 Length rules, shared with the slow reference in `tests/reference_search.py`:
-  - a sentence may have at most max_len = a * src_len + b output tokens (src_len counts </s>; capped at the model's
-    max_len); a hypothesis that reaches it stops there, without </s>;
+  - a sentence may have at most max_len = a * src_len + b output tokens (src_len counts </s>; a decoder-only
+    model's, its source's tokens in the prompt, plus one; capped at the model's max_len); a hypothesis that
+    reaches it stops there, without </s>;
   - </s> is forbidden before `min_len` tokens (benchmarks set min_len = max_len to force equal work).
 """
 
@@ -81,24 +82,27 @@ class Rows:
     """What each row of a batch brings besides its source, each None where no row has any: `prefix` (B, P) target
     ids its output starts with (-1 past a row's prefix), `avoid` its phrases to avoid (`avoid_tensor`),
     `constraints` its phrases to hold (`constraint_tensor`), `lines` (B,) the keys of its random numbers
-    (sampling: its index in the input)."""
+    (sampling: its index in the input), `sources` (B,) a decoder-only model's source lengths in tokens (its
+    source is in a prompt: the length rule counts the source's tokens, not the prompt's)."""
 
     prefix: torch.Tensor | None = None
     avoid: torch.Tensor | None = None
     constraints: torch.Tensor | None = None
     lines: torch.Tensor | None = None
+    sources: torch.Tensor | None = None
 
     @classmethod
     def build(cls, device, max_len: int, prefixes: list[list[int]] | None = None,
               avoid: list[list[list[int]]] | None = None, constraints: list[list] | None = None,
-              lines: list[int] | None = None) -> Rows:
+              lines: list[int] | None = None, sources: list[int] | None = None) -> Rows:
         """From per-row lists (token ids; [] for none): a prefix is cut to max_len - 1 tokens."""
         prefix = None
         if prefixes is not None and any(prefixes):
             prefix = pad([p[: max_len - 1] for p in prefixes], pad_id=-1).to(device)
         return cls(prefix, avoid_tensor(avoid, device) if avoid is not None else None,
                    constraint_tensor(constraints, device) if constraints is not None else None,
-                   torch.tensor(lines, device=device) if lines is not None else None)
+                   torch.tensor(lines, device=device) if lines is not None else None,
+                   torch.tensor(sources, device=device) if sources is not None else None)
 
     def rules(self, options: SearchOptions, n: int, continuing: torch.Tensor | None = None, device=None) -> RowRules:
         """The batch's rule list, for its first `n` rows decoded at once: the options' rules, then the rows' own."""
@@ -122,11 +126,12 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
-def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int,
-                prefix: torch.Tensor | None = None, constraints: torch.Tensor | None = None) -> torch.Tensor:
+def max_lengths(model, src: torch.Tensor, max_len_a: float, max_len_b: int, prefix: torch.Tensor | None = None,
+                constraints: torch.Tensor | None = None, sources: torch.Tensor | None = None) -> torch.Tensor:
     """(B,) longest allowed output per sentence: a * src_len + b, at least 1 (and one more than its target prefix),
-    and room for its constraints' tokens on top; at most the model's max_len."""
-    src_len = (src != PAD_ID).sum(1)
+    and room for its constraints' tokens on top; at most the model's max_len. `sources`: the source lengths where
+    `src` holds prompts (src_len: each one's, plus one as for </s>)."""
+    src_len = (src != PAD_ID).sum(1) if sources is None else sources + 1
     longest = (src_len.float() * max_len_a + max_len_b).long().clamp(min=1)
     if prefix is not None:
         longest = torch.maximum(longest, (prefix >= 0).sum(1) + 1)
@@ -197,7 +202,7 @@ def run(make, model, src: torch.Tensor, options: SearchOptions, rows: Rows, beam
     (`StaticDecoder`)."""
     o = options
     every = read_every(o.check_every, src.device)
-    max_len = max_lengths(model, src, o.max_len_a, o.max_len_b, rows.prefix, rows.constraints)
+    max_len = max_lengths(model, src, o.max_len_a, o.max_len_b, rows.prefix, rows.constraints, rows.sources)
     sm = step_model(model)
     if sm.cfg.kind == "lm":  # a decoder-only model: the source is its prompt, the output what follows it
         return _run_prompted(make, sm, src, max_len, o, rows, beams, continuing, every)

@@ -292,7 +292,8 @@ class IncrementalDecoder:
         return logits
 
     def prefill(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed whole prompts at the start: ids (n, T), left-padded where `valid` (n, T) is False. Returns the
+        """Feed whole prompts at the start: ids (n, T), left-padded where `valid` (n, T) is False (a prefix LM's
+        prompts are its prefix, their positions seeing each other both ways). Returns the
         logits after each row's last token, (n, V). With K beams a row (a prompted beam search) position p goes to
         slot p * K, which every beam sees, and the beams go on from one (`select` with parents)."""
         n, T = ids.shape
@@ -300,7 +301,9 @@ class IncrementalDecoder:
         if self.t or self.k != 1 or n != self.n or T > self.max_steps:
             raise RuntimeError("prefill comes first, with one beam, n rows and at most max_steps positions")
         device = ids.device
-        causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        causal = torch.ones(T, T, dtype=torch.bool, device=device)
+        if not self.sm.cfg.prefix_attention:  # (a prefix LM's prompt is its prefix: seen both ways)
+            causal = causal.tril()
         if valid is None:  # (a `valid` given is used as it is: reading whether it is all True would wait for a GPU)
             pos = torch.arange(T, device=device)
             mask = causal.expand(n, T, T)

@@ -33,11 +33,13 @@ from tfcli.device import precision, resolve_device
 from tfcli.generate.loader import Loaded, load_ensemble
 from tfcli.generate.glossary import Glossary
 from tfcli.generate.lm import text_conventions
+from tfcli.checkpoint_meta import tokenizer_path
+from tfcli.data.languages import language_tags
 from tfcli.generate.prompting import Prompter, read_template, reply_line
 from tfcli.formats import files, markup as markups
 from tfcli.formats.placeholders import pattern as placeholder_pattern
 from tfcli.generate.alignment import (
-    Remembered, default_layer, pharaoh, token_alignments, word_alignment, word_pairs,
+    Remembered, default_layer, pharaoh, prompt_alignments, token_alignments, word_alignment, word_pairs,
 )
 from tfcli.request import SIDE_FILES, Request, Translation, jsonl_requests, requests, with_side_file
 from tfcli.generate.search import Hypothesis, Rows, SearchOptions, search
@@ -149,6 +151,7 @@ class _Unit:
     src: list[int]
     must: list = field(default_factory=list)  # its constraints as target ids, and their texts (each's first form)
     must_text: list[str] = field(default_factory=list)
+    span: tuple[int, int] | None = None  # a decoder-only model's: where in `src` (its prompt) the source's ids are
 
     @property
     def target(self) -> list[int]:
@@ -314,8 +317,9 @@ class Pipeline:
         if not m.root.children:  # (nothing to put back: the words, escaped as the format writes them)
             return [dataclasses.replace(t, text=m.render(t.text, None)) for t in translations]
         lead = self.languages.leads
-        src_words = [w for u in units for w in self.src_tok.decode(
-            [t for t in u.src[lead:] if t != EOS_ID], skip_special_tokens=False).split()]
+        sources = [u.src[u.span[0] : u.span[1]] if u.span else [t for t in u.src[lead:] if t != EOS_ID]
+                   for u in units]
+        src_words = [w for ids in sources for w in self.src_tok.decode(ids, skip_special_tokens=False).split()]
         return [dataclasses.replace(t, text=m.render(t.text, t.alignment, src_words, attributes),
                                     alignment=t.alignment if self.cfg.alignment else None) for t in translations]
 
@@ -329,6 +333,8 @@ class Pipeline:
         room = self.max_len - 1 - (line.lead is not None)
         if self._cuts is None:
             self._cuts = (word_start_ids(self.src_tok), clause_end_ids(self.src_tok))
+        if self.prompter is not None:  # (a prompt takes a value whole)
+            return [[self._unit(line, [], False, [], a.text)] for a in m.attributes]
         return [[self._unit(line, w, False, []) for w in _windows(ids, room, *self._cuts)]
                 for ids in encode_batch(self.src_tok, [a.text for a in m.attributes])]
 
@@ -466,10 +472,10 @@ class Pipeline:
         return [start + enc.offsets[t][0] if t < len(enc.offsets) else start + len(text) for t in firsts]
 
     def _unit(self, line: _Line, window: list[int], first: bool, terms: list,
-              text: str | None = None) -> tuple[list[int], list, list[str]]:
+              text: str | None = None) -> tuple[list[int], list, list[str], tuple[int, int] | None]:
         """A unit's source ids (a decoder-only model's: the prompt of its `text`), constraints and their texts (the
-        request's own with the first unit, then its glossary terms, a term found k times given k times); checked
-        to fit the model's outputs."""
+        request's own with the first unit, then its glossary terms, a term found k times given k times), checked
+        to fit the model's outputs; and a prompt's source span (`_Unit.span`)."""
         must, texts = (list(line.must), list(line.must_text)) if first else ([], [])
         found = [c for _, c in terms]
         for m, c in terms:  # (a term found k times is held k times; the request's own phrases count towards it)
@@ -484,20 +490,28 @@ class Pipeline:
                 raise InputError(req.name, req.lineno, f"its constraints and prefix are {need} target tokens, "
                                  f"and the model's outputs hold at most {self.max_len - 1}")
         if self.prompter is not None:
-            return self._prompt(line.request, text), must, texts
+            ids, span = self._prompt(line.request, text)
+            return ids, must, texts, span
         src = source_ids([line.lead, *window] if line.lead is not None else window, self.max_len)
-        return src, must, texts
+        return src, must, texts, None
 
-    def _prompt(self, req: Request, text: str) -> list[int]:
-        """The prompt ids of a source text, for a decoder-only model; one that leaves no room in the model's
-        context for a reply is an error naming the line."""
-        prompt, start = self.prompter.prompt(text, req.src_lang or self.cfg.src_lang,
-                                             req.tgt_lang if req.tgt_lang is not None else self.cfg.tgt_lang)
-        ids = list(start) + self.tgt_tok.encode(prompt, add_special_tokens=False).ids
+    def _prompt(self, req: Request, text: str) -> tuple[list[int], tuple[int, int]]:
+        """The prompt ids of a source text, for a decoder-only model, and where the text's own tokens are in them
+        (by the tokenizer's offsets: the tokens that overlap the text's last occurrence in the prompt); one that
+        leaves no room in the model's context for a reply is an error naming the line."""
+        prompt, start, end = self.prompter.prompt(text, req.src_lang or self.cfg.src_lang,
+                                                  req.tgt_lang if req.tgt_lang is not None else self.cfg.tgt_lang)
+        enc = self.tgt_tok.encode(prompt, add_special_tokens=False)
+        ids = [*start, *enc.ids, *end]
         if len(ids) >= self.max_len:
             raise InputError(req.name, req.lineno, f"its prompt is {len(ids)} tokens, and the model's context holds "
                              f"{self.max_len}: no room for a translation")
-        return ids
+        at = prompt.rfind(text) if text else -1
+        if at < 0:
+            return ids, (len(start), len(start))
+        a = next((t for t, (_, e) in enumerate(enc.offsets) if e > at), len(enc.ids))
+        b = next((t for t, (o, _) in enumerate(enc.offsets) if o >= at + len(text)), len(enc.ids))
+        return ids, (len(start) + a, len(start) + max(a, b))
 
     def _sentences(self, text: str, lang: str | None) -> list[str]:
         """`text`'s sentences (tfcli.data.sentences) by the rules of `lang` (None: generic ones)."""
@@ -535,7 +549,8 @@ class Pipeline:
         src = pad(batch, length=min(width, self.max_len) if width else None).to(self.device)
         rows = Rows.build(self.device, self.max_len, [u.target for u in units], [u.line.avoid for u in units],
                           [u.must for u in units],
-                          [u.line.index + (u.part << 40) for u in units] if self.options.sampling else None)
+                          [u.line.index + (u.part << 40) for u in units] if self.options.sampling else None,
+                          [u.span[1] - u.span[0] for u in units] if self.prompter is not None else None)
         # (a line's attribute values, its last units, are put back whole: no alignment)
         aligned = [self.cfg.alignment or _tagged(u.line.request) and u.part < u.line.n - sum(u.line.attributes)
                    for u in units]
@@ -549,7 +564,7 @@ class Pipeline:
                 where = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}"
                 raise NotANumber(f"{self.checkpoint}: {e} (translating input {where})") from None
             if any(aligned):
-                self._align(batch, src, hyps, aligned, steps)
+                self._align(units, src, hyps, aligned, steps)
         if self.languages.forces:  # the target language's token, forced first: not part of the translation
             skip = self.languages.forces
             for h in (h for hs in hyps for h in hs):
@@ -567,12 +582,21 @@ class Pipeline:
             self._continuing = out.to(self.device)
         return self._continuing if bool(self._continuing.any()) else None
 
-    def _align(self, batch: list[list[int]], src: torch.Tensor, hyps: list[list[Hypothesis]], which: list[bool],
+    def _align(self, units: list[_Unit], src: torch.Tensor, hyps: list[list[Hypothesis]], which: list[bool],
                steps) -> None:
         """The word alignment of each hypothesis (every n-best one) of the units `which` says, from one
         teacher-forced pass of the decoder up to the aligning layer. `steps`: the StepModel that searched."""
         rows = [i for i, hs in enumerate(hyps) if which[i] for _ in hs]
         flat = [h for i, hs in enumerate(hyps) if which[i] for h in hs]
+        if self.prompter is not None:  # (the self-attention onto the source in the prompt)
+            aligned = prompt_alignments(steps.model, [units[r].src for r in rows], [units[r].span for r in rows],
+                                        [h.tokens for h in flat], self.alignment_layer)
+            for row, h, positions in zip(rows, flat, aligned):
+                a, b = units[row].span
+                h.alignment = word_alignment(self.src_tok, self.tgt_tok, units[row].src[a:b], h.tokens, positions,
+                                             self.cfg.raw, plain=True)
+            return
+        batch = [u.src for u in units]
         encode = steps.recall if isinstance(steps, Remembered) else steps.members[0].encode
         aligned = token_alignments(steps.model, src[rows], [h.tokens for h in flat], self.alignment_layer, encode)
         skip = self.languages.forces
@@ -710,14 +734,10 @@ def _prompter(loaded: Loaded, cfg: TranslateConfig) -> Prompter | None:
         if cfg.prompt_template is not None:
             raise TfcliError("--prompt-template is for a decoder-only model; this one is an encoder-decoder")
         return None
-    refused = [("--alignment", cfg.alignment),
-               (f"--input-format {cfg.input_format}", cfg.input_format not in ("auto", "text", "jsonl"))]
-    for flag, given in refused:
-        if given:
-            raise TfcliError(f"{flag}: not with a decoder-only model yet (it has no cross-attention to align "
-                             "with, which tags and alignments read here)")
     start, _ = text_conventions(loaded.meta)
-    return Prompter.of(loaded.meta, read_template(cfg.prompt_template), start)
+    trained_here = (loaded.meta.get("data") or {}).get("kind") == "parallel"  # (a translator: its language tags)
+    tags = language_tags(loaded.tgt_tok, tokenizer_path(loaded.meta, "tgt")) if trained_here else None
+    return Prompter.of(loaded.meta, read_template(cfg.prompt_template), start, tags)
 
 
 def _tagged(req: Request) -> bool:

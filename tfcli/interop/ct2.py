@@ -112,6 +112,9 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
                   "gelu_tanh": common_spec.Activation.GELUTanh, "silu": common_spec.Activation.SWISH,
                   "swiglu": common_spec.Activation.SWISH,
                   "geglu": common_spec.Activation.GELU}.get(cfg.activation)
+    if cfg.prefix_attention:
+        raise TfcliError("--to ctranslate2: model.prefix_attention true is not supported (its Generator attends "
+                         "causally everywhere)")
     if activation is None:
         raise TfcliError(f"--to ctranslate2: model.activation {cfg.activation} is not supported (CTranslate2 has no "
                          "such activation, nor has --to hf); a model to export trains with relu, gelu, silu, swiglu "

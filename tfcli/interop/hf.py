@@ -112,6 +112,8 @@ def hf_arch(cfg: ModelConfig) -> Arch:
     def refuse(option: str, why: str):
         raise TfcliError(f"--to hf: {option} is not supported ({why}); export with --to ctranslate2 instead")
 
+    if cfg.prefix_attention:
+        refuse("model.prefix_attention true", "their decoder-only classes attend causally everywhere")
     if cfg.kind == "lm" and cfg.positions == "rope":
         return _llama_arch(cfg, refuse)
     if cfg.rms_norm:

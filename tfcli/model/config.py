@@ -73,6 +73,9 @@ class ModelConfig:
     # token before it instead (Gemma 2: 2, Gemma 3: 6); 0: every layer slides
     global_every: int = 0
     rope_local_theta: float | None = None  # RoPE's base on the sliding layers (Gemma 3: 10000); None: rope_theta
+    # a decoder-only translator's source, and a prompt, seen whole: attention within the prefix runs both ways,
+    # causal after it (a prefix LM, Raffel et al. 2020; Wang et al. 2022); False: causal everywhere
+    prefix_attention: bool = False
     max_len: int = 1024  # longest sequence (learned positions table / RoPE cache size)
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model), as the paper does
     share_embeddings: bool = False  # one embedding table for source and target (needs a joint vocabulary)
@@ -122,6 +125,8 @@ class ModelConfig:
             raise ConfigError(f"model: rope_theta must be positive, got {self.rope_theta}")
         if self.positions == "fairseq" and self.d_model % 2:
             raise ConfigError(f"model: fairseq positions need an even d_model, got {self.d_model}")
+        if self.prefix_attention and self.kind != "lm":
+            raise ConfigError("model: prefix_attention is for decoder-only models (kind: lm)")
         if self.positions == "rope" and self.kind != "lm":
             raise ConfigError("model: positions 'rope' is for decoder-only models (kind: lm)")
         if self.n_decoder_layers < 1 or (self.kind == "seq2seq" and self.n_encoder_layers < 1):

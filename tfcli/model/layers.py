@@ -208,6 +208,11 @@ class DecoderLayer(nn.Module):
             x = self.res_cross(x, cross_attn)
         return self.res_ffn(x, self.ffn)
 
+    def self_weights(self, x, self_mask=None, is_causal=False, rope=None, pos=None) -> torch.Tensor:
+        """The self-attention weights (B, n_head, T, T) this layer computes on x (forward's, without the rest)."""
+        h = self.res_self.norm(x) if self.res_self.pre else x
+        return self.self_attn(h, mask=self_mask, is_causal=is_causal, rope=rope, pos=pos, need_weights=True)[1]
+
     def cross_weights(self, x, memory, memory_mask, rope=None, pos=None) -> torch.Tensor:
         """The cross-attention weights (B, n_head, T, S) this layer computes on x: its causal self-attention, then
         only the weights of its cross-attention (MultiHeadAttention.cross_weights)."""

@@ -113,14 +113,16 @@ class Decoder(nn.Module):
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
         attn_out: dict | None = None,
+        prefix: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """tgt: (B, T) ids; each position sees itself and those before it (the fused causal kernel). is_causal is a
-        constant True, also for T = 1 (one query, one key: the same): a test on T would be a symbolic bool under
-        torch.compile's dynamic shapes, which SDPA refuses (a graph break per layer)."""
+        """tgt: (B, T) ids; each position sees itself and those before it (the fused causal kernel), and with
+        `prefix` (B,) (a prefix LM's: model.prefix_attention) the first prefix[b] positions of row b also see each
+        other. is_causal is a constant True, also for T = 1 (one query, one key: the same): a test on T would be a
+        symbolic bool under torch.compile's dynamic shapes, which SDPA refuses (a graph break per layer)."""
         x, pos = self._inputs(tgt)
         for layer in self.layers:
-            x = layer(x, *self._attention(layer, tgt.size(1)), memory, memory_mask, self._rope(layer, tgt.size(1)),
-                      pos, attn_out)
+            x = layer(x, *self._attention(layer, tgt.size(1), prefix), memory, memory_mask,
+                      self._rope(layer, tgt.size(1)), pos, attn_out)
         return self.norm(x)
 
     def cross_weights(self, tgt: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor,
@@ -134,6 +136,16 @@ class Decoder(nn.Module):
         last = self.layers[layer - 1]
         return last.cross_weights(x, memory, memory_mask, self._rope(last, T), pos)
 
+    def self_weights(self, tgt: torch.Tensor, layer: int, prefix: torch.Tensor | None = None) -> torch.Tensor:
+        """The self-attention weights (B, n_head, T, T) of the 1-based layer `layer` on `tgt` (`prefix` as
+        `forward`'s), from the layers before it and its own attention only: a decoder-only model's alignment."""
+        x, pos = self._inputs(tgt)
+        T = tgt.size(1)
+        for lay in self.layers[: layer - 1]:
+            x = lay(x, *self._attention(lay, T, prefix), rope=self._rope(lay, T), pos=pos)
+        last = self.layers[layer - 1]
+        return last.self_weights(x, *self._attention(last, T, prefix), self._rope(last, T), pos)
+
     def _inputs(self, tgt: torch.Tensor):
         """The embedded `tgt` and its positions, as every layer takes them."""
         T = tgt.size(1)
@@ -146,13 +158,21 @@ class Decoder(nn.Module):
         # (a closure, not functools.partial: Dynamo before torch 2.3 cannot trace a partial of a module)
         return (lambda x, p: rope(x, p, T)) if rope is not None else None
 
-    def _attention(self, layer: DecoderLayer, T: int):
+    def _attention(self, layer: DecoderLayer, T: int, prefix: torch.Tensor | None = None):
         """(mask, is_causal) of `layer`'s self-attention over T positions: the fused causal kernel, or where a
-        sliding window binds, a mask (True: seen) of each position and the window - 1 before it."""
-        if layer.window is None or T <= layer.window:
+        sliding window binds, a mask (True: seen) of each position and the window - 1 before it; with `prefix` (B,),
+        (B, 1, T, T), each row's first prefix[b] positions seeing each other too."""
+        windowed = layer.window is not None and T > layer.window
+        if prefix is None and not windowed:
             return None, True
-        seen = torch.ones(T, T, dtype=torch.bool, device=self.embed.tok.weight.device)
-        return seen.tril() & ~seen.tril(-layer.window), False
+        device = self.embed.tok.weight.device
+        seen = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        if windowed:
+            seen = seen & ~seen.tril(-layer.window)
+        if prefix is None:
+            return seen, False
+        inside = torch.arange(T, device=device)[None, :] < prefix.to(device)[:, None]  # (B, T)
+        return (seen | (inside[:, :, None] & inside[:, None, :]))[:, None], False
 
 
 class EncoderDecoder(nn.Module):
@@ -215,13 +235,18 @@ class DecoderOnlyLM(nn.Module):
     def parts(self) -> Parts:
         return Parts(None, self.decoder.parts(), self.lm_head)
 
-    def features(self, ids: torch.Tensor) -> torch.Tensor:
-        """The decoder's output (B, T, d_model); logits = lm_head(features)."""
-        return self.decoder(ids)
+    def features(self, ids: torch.Tensor, prefix: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder's output (B, T, d_model); logits = lm_head(features). `prefix` (B,): each row's prefix length,
+        seen both ways where the model has prefix_attention (ignored otherwise)."""
+        return self.decoder(ids, prefix=self._prefix(prefix))
 
-    def forward(self, ids: torch.Tensor, attn_out: dict | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, attn_out: dict | None = None,
+                prefix: torch.Tensor | None = None) -> torch.Tensor:
         """ids: (B, T); returns logits (B, T, V)."""
-        return self.lm_head(self.decoder(ids, attn_out=attn_out))
+        return self.lm_head(self.decoder(ids, attn_out=attn_out, prefix=self._prefix(prefix)))
+
+    def _prefix(self, prefix: torch.Tensor | None) -> torch.Tensor | None:
+        return prefix if self.cfg.prefix_attention else None
 
 
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:

@@ -16,7 +16,7 @@ import torch
 from tfcli.data.batching import collate_seq2seq, lm_stream, token_batches
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import TfcliError
-from tfcli.specials import PAD_ID, UNK_ID
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
 @dataclass
@@ -29,6 +29,7 @@ class Batch:
     src_tokens: int  # non-padding source tokens (incl. </s>)
     tgt_tokens: int  # non-padding target tokens (what the loss is averaged over)
     slots: int  # all positions in the batch tensors, padding included (for the padding fraction)
+    prefix: torch.Tensor | None = None  # (B,) a decoder-only translator's prompt lengths (PairData), None: none
     # (query, key) pairs scored per attention layer, summed over sentences, for FLOPs: S^2, T^2 and T*S
     src_pairs: int = 0
     tgt_pairs: int = 0
@@ -36,8 +37,8 @@ class Batch:
 
     def to(self, device: torch.device) -> "Batch":
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return Batch(move(self.src), move(self.inputs), move(self.targets), self.src_tokens, self.tgt_tokens,
-                     self.slots, self.src_pairs, self.tgt_pairs, self.cross_pairs)
+        return dataclasses.replace(self, src=move(self.src), inputs=move(self.inputs), targets=move(self.targets),
+                                   prefix=move(self.prefix))
 
 
 def round_up(n, multiple: int):
@@ -59,8 +60,11 @@ def to_bucket(batch: Batch, rows: int, length: int) -> Batch:
         return torch.cat([t, more])
 
     src, inputs, targets = pad(batch.src, True), pad(batch.inputs, True), pad(batch.targets, False)
+    prefix = batch.prefix
+    if prefix is not None and rows > prefix.size(0):
+        prefix = torch.cat([prefix, prefix[:1].expand(rows - prefix.size(0))])
     slots = (src.numel() if src is not None else 0) + targets.numel()
-    return dataclasses.replace(batch, src=src, inputs=inputs, targets=targets, slots=slots)
+    return dataclasses.replace(batch, src=src, inputs=inputs, targets=targets, slots=slots, prefix=prefix)
 
 
 class Joined:
@@ -161,7 +165,7 @@ class ParallelData:
                 self.cut, self.cut_epoch = {side: self._recut(side, epoch) for side in ("src", "tgt")}, epoch
             src_len = np.minimum(np.array([len(x) for x in self.cut["src"]]) + 1, self.max_len)
             tgt_len = np.minimum(np.array([len(x) for x in self.cut["tgt"]]) + 1, self.max_len)
-        lengths = np.maximum(src_len, tgt_len)
+        lengths = self._lengths(src_len, tgt_len)
         if self.pad_multiple > 1:  # batched at their bucket's length, so that a batch fits its bucket's rows
             lengths = np.minimum(round_up(lengths, self.pad_multiple), self.max_len)
         rows = self.epoch_rows(epoch) if shuffle else None
@@ -170,13 +174,22 @@ class ParallelData:
         return [rows[b] for b in token_batches(lengths[rows], self.max_tokens, self.max_sentences or None, shuffle,
                                                self.seed, epoch)]
 
-    def collate(self, idx: np.ndarray) -> Batch:
+    def _lengths(self, src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
+        """What a pair takes in a batch, from its source and target lengths as batched."""
+        return np.maximum(src_len, tgt_len)
+
+    def _pairs(self, idx: np.ndarray) -> tuple[list, list]:
+        """The pairs `idx` (this epoch's BPE-dropout cut where there is one)."""
         if self.cut is not None:
-            srcs, tgts = [self.cut["src"][i] for i in idx], [self.cut["tgt"][i] for i in idx]
+            return [self.cut["src"][i] for i in idx], [self.cut["tgt"][i] for i in idx]
+        return [self.src[i] for i in idx], [self.tgt[i] for i in idx]
+
+    def collate(self, idx: np.ndarray) -> Batch:
+        srcs, tgts = self._pairs(idx)
+        if self.cut is not None:
             s = np.minimum(np.array([len(x) for x in srcs]) + 1, self.max_len)
             t = np.minimum(np.array([len(x) for x in tgts]) + 1, self.max_len)
         else:
-            srcs, tgts = [self.src[i] for i in idx], [self.tgt[i] for i in idx]
             s, t = self.src_len[idx], self.tgt_len[idx]
         src, tgt_in, tgt_out = collate_seq2seq(srcs, tgts, self.max_len)
         batch = Batch(
@@ -185,6 +198,58 @@ class ParallelData:
         )
         if self.pad_multiple > 1:
             length = min(round_up(max(src.size(1), tgt_out.size(1)), self.pad_multiple), self.max_len)
+            rows = max(self.max_tokens // length, 1)
+            rows = min(rows, self.max_sentences) if self.max_sentences else rows
+            batch = to_bucket(batch, max(rows, len(idx)), length)
+        return batch
+
+
+class PairData(ParallelData):
+    """Sentence pairs for a decoder-only translator: each pair one sequence, batched as ParallelData batches,
+
+        </s> x_1 .. x_m  sep  y_1 .. y_n </s>
+
+    sep: the target's language tag where the prepared sources carry one (multilingual data: taken from the source's
+    front), else <s>. The prompt is everything up to sep; the loss is on y_1 .. y_n </s> only (the targets before
+    are padding), and `prefix` holds each prompt's length, which a model with prefix_attention sees both ways. A
+    pair longer than max_len loses the end of its source first, keeping at least half of max_len of it."""
+
+    kind = "lm"
+
+    def _lengths(self, src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
+        return np.minimum(src_len + tgt_len + (0 if self.tagged else 1), self.max_len)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        total = self.src.lengths + self.tgt.lengths + (1 if self.tagged else 2)
+        self.truncated = int((total > self.max_len).sum())
+
+    def sequence(self, src, tgt) -> tuple[list[int], int]:
+        """(the pair's ids, its prompt's length), cut to max_len + 1 ids (max_len inputs)."""
+        src, tgt = [int(x) for x in src], [int(x) for x in tgt]
+        sep = src.pop(0) if self.tagged and src else BOS_ID
+        room = self.max_len - 2  # besides </s> before, sep (inputs) and </s> after (a target)
+        keep = max(room - len(tgt), room // 2)
+        src = src[:keep]
+        tgt = tgt[: room - len(src)]
+        return [EOS_ID, *src, sep, *tgt, EOS_ID], len(src) + 2
+
+    def collate(self, idx: np.ndarray) -> Batch:
+        pairs = [self.sequence(x, y) for x, y in zip(*self._pairs(idx))]
+        T = max(len(ids) for ids, _ in pairs) - 1
+        inputs = torch.full((len(pairs), T), PAD_ID, dtype=torch.long)
+        targets = torch.full((len(pairs), T), PAD_ID, dtype=torch.long)
+        for row, (ids, p) in enumerate(pairs):
+            inputs[row, : len(ids) - 1] = torch.tensor(ids[:-1])
+            targets[row, p - 1 : len(ids) - 1] = torch.tensor(ids[p:])
+        lengths = np.array([len(ids) - 1 for ids, _ in pairs])
+        prefix = torch.tensor([p for _, p in pairs])
+        # (src_tokens: the prompts' positions that predict nothing; with the targets, every real input position)
+        batch = Batch(None, inputs, targets, int(prefix.sum()) - len(pairs), int((targets != PAD_ID).sum()),
+                      inputs.numel(),
+                      tgt_pairs=int((lengths * lengths).sum()), prefix=prefix)
+        if self.pad_multiple > 1:
+            length = min(round_up(T, self.pad_multiple), self.max_len)
             rows = max(self.max_tokens // length, 1)
             rows = min(rows, self.max_sentences) if self.max_sentences else rows
             batch = to_bucket(batch, max(rows, len(idx)), length)

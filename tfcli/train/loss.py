@@ -166,20 +166,23 @@ class Objective(nn.Module):
         self.smoothing = smoothing
         self.rdrop = rdrop
 
-    def forward(self, src: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor):
+    def forward(self, src: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor,
+                prefix: torch.Tensor | None = None):
+        """`prefix` (B,): a decoder-only translator's prompt lengths (its loss only after them: targets hold PAD)."""
         m = self.model
         if self.rdrop and m.training:  # (validation: the plain loss)
-            return self._rdrop(src, inputs, targets)
-        h = m.features(inputs) if src is None else m.features(src, inputs)
+            return self._rdrop(src, inputs, targets, prefix)
+        h = m.features(inputs, prefix) if src is None else m.features(src, inputs)
         if h.device.type != "cpu":
             return linear_label_smoothed_loss(h, m.lm_head.weight, m.lm_head.bias, targets, self.smoothing)
-        if src is not None and not is_compiling():
+        if (src is not None or prefix is not None) and not is_compiling():
             real = targets != PAD_ID
             h, targets = h[real], targets[real]
         return label_smoothed_loss(m.lm_head(h), targets, self.smoothing, reuse_logits=True)
 
 
-    def _rdrop(self, src: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor):
+    def _rdrop(self, src: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor,
+               prefix: torch.Tensor | None = None):
         """R-Drop (Liang et al. 2021), as fairseq's implementation: the batch twice in one forward (each copy its
         own dropout masks), then over the real target tokens
             loss = (CE_1 + CE_2) / 2 + alpha * (KL(P_1 || P_2) + KL(P_2 || P_1)) / 2
@@ -189,7 +192,10 @@ class Objective(nn.Module):
         vocabulary) logits of both passes are held (autograd through the KL)."""
         m = self.model
         doubled = torch.cat([inputs, inputs])
-        h = m.features(doubled) if src is None else m.features(torch.cat([src, src]), doubled)
+        if src is None:
+            h = m.features(doubled, None if prefix is None else torch.cat([prefix, prefix]))
+        else:
+            h = m.features(torch.cat([src, src]), doubled)
         real = targets != PAD_ID
         h1, h2 = h.chunk(2)
         z1, z2 = m.lm_head(h1[real]).float(), m.lm_head(h2[real]).float()
@@ -205,4 +211,4 @@ class Objective(nn.Module):
 def batch_loss(objective: Objective, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed label-smoothed loss, summed nll) of one batch (tfcli.train.data.Batch) under teacher forcing: the one
     forward that training and validation share."""
-    return objective(batch.src, batch.inputs, batch.targets)
+    return objective(batch.src, batch.inputs, batch.targets, batch.prefix)

@@ -20,8 +20,10 @@ def run_model_config(cfg: TrainConfig, data, overrides: dict, saved: dict | None
     if cfg.arch not in PRESETS:
         preset(cfg.arch)  # raises the "unknown preset" message
     kind = PRESETS[cfg.arch].get("kind", "seq2seq")
-    want = "parallel" if kind == "seq2seq" else "mono"
-    if data.kind != want:
+    if kind == "lm" and data.kind == "parallel" and not data.meta.get("joint_vocab"):
+        raise ConfigError(f"{data.path}: a decoder-only translator reads source and target with one vocabulary, "
+                          "and this data has one a side: prepare it with --joint-vocab")
+    if kind == "seq2seq" and data.kind != "parallel":
         what = "monolingual (language-model) data" if data.kind == "mono" else "parallel (translation) data"
         presets = [n for n, p in PRESETS.items() if p.get("kind", "seq2seq") == kind]
         others = [n for n in PRESETS if n not in presets]
@@ -60,10 +62,10 @@ def run_model_config(cfg: TrainConfig, data, overrides: dict, saved: dict | None
 def _fine_tune_config(meta: dict, data, overrides: dict) -> ModelConfig:
     """--init-from: the checkpoint's architecture (regularisation may change), if its tokenizers are the data's."""
     cfg = checkpoint_meta.model_config(meta)
-    if (cfg.kind == "seq2seq") != (data.kind == "parallel"):
+    if cfg.kind == "seq2seq" and data.kind != "parallel":
         raise ConfigError(f"--init-from {meta['dir']}: a {cfg.kind} model cannot train on {data.kind} data")
-    for side, path in data.tokenizer_files().items():
-        theirs = checkpoint_meta.tokenizer_path(meta, side)
+    for side, path in data.tokenizer_files().items():  # (a language model's one vocabulary reads both sides)
+        theirs = checkpoint_meta.tokenizer_path(meta, side if cfg.kind == "seq2seq" else "tgt")
         if theirs is None or json.loads(theirs.read_text("utf-8")) != json.loads(path.read_text("utf-8")):
             raise ConfigError(f"{data.path}: its {side} tokenizer is not the one of --init-from {meta['dir']}; "
                               f"prepare the data with: tfcli prepare ... --tokenizer-from {meta['dir']}")

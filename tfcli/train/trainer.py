@@ -48,7 +48,7 @@ from tfcli.train.budget import Budget
 from tfcli.train.config import (
     PLAN_MIN_STEPS, TrainConfig, config_to_yaml, resolve_train_config, train_settings,
 )
-from tfcli.train.data import Batch, ParallelData, StreamData
+from tfcli.train.data import Batch, PairData, ParallelData, StreamData
 from tfcli.train.flops import gpu_peak_flops, train_flops
 from tfcli.train.log import MetricsLog, ppl
 from tfcli.train.model_config import run_model_config
@@ -165,11 +165,12 @@ class Trainer:
         if self.max_len > mc.max_len and mc.positions == "learned":
             raise ConfigError(f"train.max_len ({self.max_len}) is longer than the model's learned positions "
                               f"(model.max_len {mc.max_len}); raise model.max_len or lower --max-len")
-        Data = ParallelData if mc.kind == "seq2seq" else StreamData
-        if cfg.bpe_dropout and mc.kind != "seq2seq":
+        parallel = self.prepared.kind == "parallel"
+        Data = (PairData if mc.kind == "lm" else ParallelData) if parallel else StreamData
+        if cfg.bpe_dropout and not parallel:
             raise ConfigError("train.bpe_dropout: re-cuts translation pairs; a language model's stream is not re-cut")
         extra = {"bpe_dropout": cfg.bpe_dropout} if cfg.bpe_dropout else {}
-        if mc.kind == "seq2seq":
+        if parallel:
             extra["temperature"] = cfg.lang_temperature
         self.pad_multiple = cfg.pad_multiple or (8 if cfg.compile else 1)
         train = self.prepared.split_names("train")
@@ -316,7 +317,8 @@ class Trainer:
         if not verbose_enabled():
             log.print(f"config: {self.run_dir / 'config.yaml'} (every setting; -v prints it here, `tfcli config` "
                       "lists every key with its default)")
-        what = "encoder-decoder" if mc.kind == "seq2seq" else "decoder-only LM"
+        what = ("encoder-decoder" if mc.kind == "seq2seq" else
+                "decoder-only translator" if self.prepared.kind == "parallel" else "decoder-only LM")
         log.print(f"model: {what} ({cfg.arch}), {count_parameters(self.raw) / 1e6:.2f}M parameters; "
                   f"device {self.device}, {self.precision}, {self.dist.world_size} process(es)")
         if self.gpu_name:
@@ -324,15 +326,15 @@ class Trainer:
                       f"{self.precision}, dense{', train.peak_flops' if cfg.peak_flops else ''})" if self.peak_flops else
                       f"MFU: not logged, the peak of a {self.gpu_name} is not known; set train.peak_flops (dense FLOP/s "
                       "per GPU)")
-        unit = "sentence pairs" if mc.kind == "seq2seq" else "tokens in the stream"
+        unit = "sentence pairs" if self.prepared.kind == "parallel" else "tokens in the stream"
         line = f"data: {len(self.train_data)} {unit}, {len(batches)} batches per epoch"
         if mc.kind == "seq2seq":
             d = self.train_data
             real = sum(int(d.src_len[b].sum() + d.tgt_len[b].sum()) for b in batches)
             slots = sum(len(b) * int(d.src_len[b].max() + d.tgt_len[b].max()) for b in batches)
             line += f", {100 * (1 - real / slots):.1f}% padding after length bucketing"
-            if d.truncated:
-                line += f"; {d.truncated} pairs longer than {self.max_len} tokens are truncated"
+        if self.train_data.truncated:
+            line += f"; {self.train_data.truncated} pairs longer than {self.max_len} tokens are truncated"
         log.print(line)
         if self.resume_from is not None:
             planned = f"; {cfg.max_steps} steps planned for the time budget" if cfg.max_minutes and cfg.max_steps else ""

@@ -69,9 +69,12 @@ class AttentionSample:
     maps: dict[str, list[np.ndarray]]
     target_text: str | None = None
     next_tokens: list[str | None] = field(default_factory=list)  # what each target row predicts
+    prefix: int = 0  # a prefix LM's prompt length: its tokens see each other both ways
 
     def kind_title(self, kind: str, lm: bool) -> str:
-        return "self-attention (causal)" if lm and kind == "self" else KINDS[kind].title
+        if lm and kind == "self":
+            return "self-attention (the prompt both ways, then causal)" if self.prefix else "self-attention (causal)"
+        return KINDS[kind].title
 
 
 # --- weights from the model -------------------------------------------------------------------------------------
@@ -87,10 +90,11 @@ def seq2seq_attention(model, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[st
 
 
 @torch.inference_mode()
-def lm_attention(model, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-    """One forward of a decoder-only LM over ids (B, T); {"self": [(B, n_head, T, T) per layer]}."""
+def lm_attention(model, ids: torch.Tensor, prefix: torch.Tensor | None = None) -> dict[str, list[torch.Tensor]]:
+    """One forward of a decoder-only LM over ids (B, T) (`prefix` (B,): its prompt lengths, seen both ways by a
+    prefix LM); {"self": [(B, n_head, T, T) per layer]}."""
     attn: dict[str, list[torch.Tensor]] = {"self": [], "cross": []}
-    model(ids, attn_out=attn)
+    model(ids, attn_out=attn, prefix=prefix)
     return {"self": attn["self"]}
 
 
@@ -116,6 +120,11 @@ def collect(
                 "--generate is for language models; a translation model's target is --target or its greedy translation"
             )
         return _collect_seq2seq(model, meta, texts, targets, tgt_lang, src_lang)
+    if (meta.get("data") or {}).get("kind") == "parallel":  # a decoder-only translator trained here
+        if generate:
+            raise TfcliError("--generate is for language models; a translator's target is --target or its greedy "
+                             "translation")
+        return _collect_translator(model, meta, texts, targets, tgt_lang)
     if tgt_lang or src_lang:
         raise TfcliError(f"{'--tgt-lang' if tgt_lang else '--src-lang'} is for multilingual translation models")
     if targets:
@@ -168,6 +177,41 @@ def _collect_seq2seq(model, meta, texts, targets, tgt_lang, src_lang) -> list[At
                 next_tokens=tgt_labels[1:],
             )
         )
+    return samples
+
+
+def _collect_translator(model, meta, texts, targets, tgt_lang) -> list[AttentionSample]:
+    """A decoder-only translator's self-attention over its prompt (as translate writes it) and its greedy
+    translation or the given target, one sentence at a time."""
+    from tfcli.data.languages import language_tags
+    from tfcli.generate.prompting import Prompter
+
+    cfg = model.cfg
+    device = next(model.parameters()).device
+    tok = checkpoint_tokenizer(meta, "tgt")
+    prompter = Prompter.of(meta, None, [START_ID], language_tags(tok, checkpoint_meta.tokenizer_path(meta, "tgt")))
+    if targets is not None and len(targets) != len(texts):
+        raise TfcliError(f"got {len(targets)} --target sentences for {len(texts)} source sentences; give one per source")
+    samples = []
+    for i, text in enumerate(texts):
+        _, start, end = prompter.prompt(text, None, tgt_lang)
+        prompt = [*start, *encode_batch(tok, [text])[0], *end]
+        if len(prompt) >= cfg.max_len:
+            raise TfcliError(f"prompt is {len(prompt)} tokens, and the model's context holds {cfg.max_len}")
+        if targets is None:
+            options = SearchOptions.from_config(TranslateConfig(beam_size=1))  # (`translate --greedy`'s)
+            src = torch.tensor([prompt], device=device)
+            out = greedy_decode(model, src, options, Rows(sources=torch.tensor([len(prompt) - len(start) - len(end)],
+                                                                                device=device)))[0].tokens
+        else:
+            out = encode_batch(tok, [targets[i]])[0]
+        ids = (prompt + out)[: cfg.max_len]
+        attn = lm_attention(model, torch.tensor([ids], device=device), torch.tensor([len(prompt)], device=device))
+        labels = token_labels(tok, ids)
+        samples.append(AttentionSample(text=text, tokens={"tgt": labels},
+                                       maps={"self": [_numpy(w[0]) for w in attn["self"]]},
+                                       target_text=decode_batch(tok, [out])[0], next_tokens=labels[1:] + [None],
+                                       prefix=len(prompt) if cfg.prefix_attention else 0))
     return samples
 
 
@@ -273,6 +317,8 @@ def render_png(
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")
     axes = fig.subplots(rows, cols, squeeze=False)
     hidden = np.triu(np.ones((len(q_tok), len(k_tok)), dtype=bool), 1) if spec.causal else None
+    if hidden is not None:
+        hidden[: sample.prefix, : sample.prefix] = False
     image = None
     for r, layer in enumerate(layers):
         heads = maps[layer]
@@ -319,6 +365,7 @@ def render_html(samples: Sequence[AttentionSample], path: os.PathLike | str, tit
                         "q": KINDS[kind].q,
                         "k": KINDS[kind].k,
                         "causal": KINDS[kind].causal,
+                        "prefix": s.prefix if kind == "self" else 0,
                         # per layer: the heads, then their mean; 4 decimals keep the page small
                         "layers": [np.round(np.concatenate([w, w.mean(0, keepdims=True)]), 4).tolist() for w in maps],
                     }
