@@ -261,3 +261,27 @@ def test_eval_scores_a_decoder_only_translators_targets(translator, tmp_path):
     assert result.kind == "lm" and result.window is None and result.sequences == 20
     assert result.tokens == sum(len(PreparedData(data).sequences("valid", "tgt")[i]) + 1 for i in range(20))
     assert result.loss == pytest.approx(meta["metrics"]["valid"]["nll"], rel=1e-4)
+
+
+def test_replies_cut_by_the_length_limit_are_counted_and_a_template_needs_its_text(tmp_path):
+    """A reply the length limit cuts before the model ends it is counted in one warning; a prompt template
+    without {text} is refused in one line, one without {tgt_lang} warns that --tgt-lang is unused, and a model
+    translating into one language refuses --tgt-lang."""
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    model, ckpt = save_translator(tmp_path, prefix_attention=False)
+    src = "".join(line + "\n" for line in LINES)
+    res = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "--greedy", "--max-len-a", "0", "--max-len-b", "1"],
+                             input=src)
+    assert res.exit_code == 0 and len(res.stdout.splitlines()) == len(LINES)
+    cut = sum(len(line.split()) == 1 for line in res.stdout.splitlines())  # (a word, then the limit: cut)
+    assert cut and f"{cut} of {len(LINES)} replies reached the length limit" in res.stderr
+    res = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "--prompt-template", "Translate:"], input=src)
+    assert res.exit_code != 0 and "no {text}" in res.stderr and res.stdout == ""
+    res = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "--prompt-template", "{text} =", "--tgt-lang", "de",
+                                   "--max-len-b", "2"], input=src)
+    assert res.exit_code == 0 and "--tgt-lang de: the prompt template has no {tgt_lang}" in res.stderr
+    res = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "--tgt-lang", "de"], input=src)
+    assert res.exit_code != 0 and "drop --tgt-lang" in res.stderr and res.stdout == ""

@@ -191,8 +191,8 @@ class Beam(SourceSearch):
                          *((self.fin_lp,) if token_scores else ()))
         for score, ended, eos, toks, *lp in zip(*host):
             numbers(score)
-            out.append([Hypothesis(toks[j][: ended[j] - eos[j]], score[j], lp[0][j][: ended[j]] if lp else None)
-                        for j in range(self.nbest)])
+            out.append([Hypothesis(toks[j][: ended[j] - eos[j]], score[j], lp[0][j][: ended[j]] if lp else None,
+                                   ended=bool(eos[j])) for j in range(self.nbest)])
         return out
 
 

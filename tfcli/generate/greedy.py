@@ -96,7 +96,8 @@ class Greedy(SourceSearch):
             numbers(lps)
             scores = lps if self.scored else None
             out.append(Hypothesis(toks[: e - 1 if ended_eos else e],
-                                  sum(scores) / length_penalty(e, len_penalty) if scores is not None else None, scores))
+                                  sum(scores) / length_penalty(e, len_penalty) if scores is not None else None, scores,
+                                  ended=bool(ended_eos)))
         return out
 
 

@@ -34,6 +34,7 @@ class Hypothesis:
     token_scores: list[float] | None = None  # log p of each token, then of </s> when it ended with one
     alignment: list[tuple[int, int]] | None = None  # (source word, target word) pairs (translate --alignment)
     parts: list[int] | None = None  # a line translated sentence by sentence: each sentence's number of tokens
+    ended: bool = True  # False: stopped by the length limit, before the model ended it
 
 
 @dataclass(frozen=True)

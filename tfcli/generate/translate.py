@@ -196,6 +196,7 @@ class Pipeline:
         self._cuts = None  # the source pieces that start a word, and those that end a clause (made when needed)
         self.index = 0  # 0-based index of the next input line, across chunks and files
         self.decoded = self.empty = 0  # lines decoded, and of those the ones whose best output is empty
+        self.unended = 0  # a decoder-only model's lines whose best reply the length limit cut
         self.constrained = self.unmet = 0  # lines with constraints, and of those the ones whose best output misses one
         self.term_ids: dict = {}  # each glossary term met: its target forms' ids (None: the vocabulary cannot spell it)
         # the markup stage: a line's inline markup (--input-format xml/html, or what a file format's reader says) and
@@ -245,6 +246,10 @@ class Pipeline:
         if chunk:
             yield from self._chunk(chunk)
         self._check_empty()
+        if self.unended:  # (a decoder-only model's reply may run on: say where its length limit cut it)
+            warn(f"{self.unended} of {self.decoded} replies reached the length limit before the model ended them "
+                 "(cut there): raise --max-len-a / --max-len-b, or check the prompt")
+        self.unended = 0
         if self.unmet:
             warn(f"{self.unmet} of {self.constrained} line(s) with constraints miss at least one (named above)")
         self.unmet = self.constrained = 0  # (counted again for the next file or part)
@@ -636,6 +641,7 @@ class Pipeline:
                                    self._held(hs, units)))
         self.decoded += 1
         self.empty += not any(h.tokens for h in ranks[0]) and not line.request.prefix
+        self.unended += self.prompter is not None and not all(h.ended for h in ranks[0])
         if out[0].constraints is not None:
             self._check_held(line, out[0].constraints)
         return self._restore(line.request, out, units, attributes)
@@ -729,15 +735,20 @@ class Pipeline:
 
 
 def _prompter(loaded: Loaded, cfg: TranslateConfig) -> Prompter | None:
-    """A decoder-only model's Prompter (None for an encoder-decoder), after refusing what it cannot do."""
+    """A decoder-only model's Prompter (None for an encoder-decoder); a language given that its template does not
+    use is warned of."""
     if loaded.cfg.kind != "lm":
         if cfg.prompt_template is not None:
             raise TfcliError("--prompt-template is for a decoder-only model; this one is an encoder-decoder")
         return None
+    template = read_template(cfg.prompt_template)
+    for flag, lang, field_ in (("--src-lang", cfg.src_lang, "{src_lang}"), ("--tgt-lang", cfg.tgt_lang, "{tgt_lang}")):
+        if template is not None and lang and field_ not in template:
+            warn(f"{flag} {lang}: the prompt template has no {field_}, so the model is not told it")
     start, _ = text_conventions(loaded.meta)
     trained_here = (loaded.meta.get("data") or {}).get("kind") == "parallel"  # (a translator: its language tags)
     tags = language_tags(loaded.tgt_tok, tokenizer_path(loaded.meta, "tgt")) if trained_here else None
-    return Prompter.of(loaded.meta, read_template(cfg.prompt_template), start, tags)
+    return Prompter.of(loaded.meta, template, start, tags)
 
 
 def _tagged(req: Request) -> bool:
