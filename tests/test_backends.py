@@ -179,8 +179,8 @@ def full_logits(model, cfg: ModelConfig, ids: torch.Tensor, row: int, out: list[
     """The next-token logits after row `row`'s input and `out`, by the model's full forward (no cache)."""
     if cfg.kind == "seq2seq":
         return model(ids[row : row + 1], torch.tensor([[BOS_ID, *out]]))[0, -1]
-    prompt = [t for t in ids[row].tolist() if t != PAD_ID]
-    return model(torch.tensor([prompt + out]))[0, -1]
+    prompt = [t for t in ids[row].tolist() if t != PAD_ID]  # (a prefix LM's prefix: model.prefix_attention)
+    return model(torch.tensor([prompt + out]), prefix=torch.tensor([len(prompt)]))[0, -1]
 
 
 def choose(logits: torch.Tensor) -> torch.Tensor:
@@ -289,8 +289,9 @@ def test_the_configs_cover_every_pair_of_values():
     names = [f.name for f in dataclasses.fields(ModelConfig)]
     seen = {(n, c[n]) for c in GENERAL for n in names}
     assert seen == {(f.name, v) for f in dataclasses.fields(ModelConfig) for v in field_values(f)}
-    lm_only = [("positions", "rope"), *(("sliding_window", w) for w in SAMPLES["sliding_window"] if w)]
-    for a, b in itertools.combinations(names, 2):  # (rope, sliding windows: language models only)
+    lm_only = [("positions", "rope"), ("prefix_attention", True),
+               *(("sliding_window", w) for w in SAMPLES["sliding_window"] if w)]
+    for a, b in itertools.combinations(names, 2):  # (rope, prefix attention, sliding windows: language models only)
         held = {(c[a], c[b]) for c in GENERAL}
         possible = {(x, y) for x in field_values(FIELDS[a]) for y in field_values(FIELDS[b])
                     if not any({(a, x), (b, y)} >= {only, ("kind", "seq2seq")} for only in lm_only)}

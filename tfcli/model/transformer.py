@@ -159,20 +159,21 @@ class Decoder(nn.Module):
         return (lambda x, p: rope(x, p, T)) if rope is not None else None
 
     def _attention(self, layer: DecoderLayer, T: int, prefix: torch.Tensor | None = None):
-        """(mask, is_causal) of `layer`'s self-attention over T positions: the fused causal kernel, or where a
-        sliding window binds, a mask (True: seen) of each position and the window - 1 before it; with `prefix` (B,),
-        (B, 1, T, T), each row's first prefix[b] positions seeing each other too."""
+        """(mask, is_causal) of `layer`'s self-attention over T positions: the fused causal kernel, or a mask (True:
+        seen): with `prefix` (B,), (B, 1, T, T), each row's first prefix[b] positions seeing each other too; where
+        a sliding window binds, none sees the positions `window` or more before its own."""
         windowed = layer.window is not None and T > layer.window
         if prefix is None and not windowed:
             return None, True
         device = self.embed.tok.weight.device
-        seen = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        ones = torch.ones(T, T, dtype=torch.bool, device=device)
+        seen = ones.tril()
+        if prefix is not None:
+            inside = torch.arange(T, device=device)[None, :] < prefix.to(device)[:, None]  # (B, T)
+            seen = (seen | (inside[:, :, None] & inside[:, None, :]))[:, None]
         if windowed:
-            seen = seen & ~seen.tril(-layer.window)
-        if prefix is None:
-            return seen, False
-        inside = torch.arange(T, device=device)[None, :] < prefix.to(device)[:, None]  # (B, T)
-        return (seen | (inside[:, :, None] & inside[:, None, :]))[:, None], False
+            seen = seen & ~ones.tril(-layer.window)
+        return seen, False
 
 
 class EncoderDecoder(nn.Module):
