@@ -127,7 +127,8 @@ def test_translating_is_recomputing_the_sequence(tmp_path, prefix_attention):
 
 def test_a_decoder_only_translator_trains_on_parallel_data(tmp_path):
     """`train` with a decoder-only preset on a prepared parallel directory: it learns to copy (validation loss 0.5 nats
-    below the uniform one at least), its checkpoint translates from the command line."""
+    below the uniform one at least), its validation BLEU is that of translate's greedy translations."""
+    import sacrebleu
     from typer.testing import CliRunner
 
     from tfcli.cli import app
@@ -140,8 +141,12 @@ def test_a_decoder_only_translator_trains_on_parallel_data(tmp_path):
     meta = json.loads((result.best / "config.json").read_text())
     assert meta["metrics"]["valid"]["loss"] < np.log(vocab) - 0.5  # (uniform: log(vocab))
     assert meta["model"]["prefix_attention"] and meta["data"]["kind"] == "parallel"
-    res = CliRunner().invoke(app, ["translate", "-m", str(tmp_path / "run"), "--greedy"], input="w1 w2 w3\n")
-    assert res.exit_code == 0 and len(res.stdout.splitlines()) == 1, res.stderr
+    res = CliRunner().invoke(app, ["translate", "-m", str(tmp_path / "run"), "--greedy", str(data / "valid.src.txt")])
+    assert res.exit_code == 0 and len(res.stdout.splitlines()) == 20, res.stderr
+    # (validation's BLEU: the greedy translations translate gives, scored against the references)
+    refs = (data / "valid.tgt.txt").read_text().splitlines()
+    assert meta["metrics"]["valid"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(res.stdout.splitlines(),
+                                                                                   [refs]).score)
 
 
 def test_a_decoder_only_translator_needs_one_vocabulary(tmp_path):

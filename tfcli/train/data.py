@@ -234,6 +234,11 @@ class PairData(ParallelData):
         tgt = tgt[: room - len(src)]
         return [EOS_ID, *src, sep, *tgt, EOS_ID], len(src) + 2
 
+    def prompt(self, src) -> list[int]:
+        """A source's prompt, as translate writes it: </s> x_1 .. x_m sep."""
+        ids, p = self.sequence(src, [])
+        return ids[:p]
+
     def collate(self, idx: np.ndarray) -> Batch:
         pairs = [self.sequence(x, y) for x, y in zip(*self._pairs(idx))]
         T = max(len(ids) for ids, _ in pairs) - 1

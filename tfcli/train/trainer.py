@@ -185,7 +185,7 @@ class Trainer:
                                                      cfg.max_sentences, cfg.seed, pad_multiple=self.pad_multiple))
         if not self.valid_data and cfg.patience:
             raise ConfigError(f"train.patience: early stopping needs a '{cfg.valid_split}' split in {cfg.data}")
-        if mc.kind == "lm" and cfg.early_stop_metric == "bleu":
+        if not parallel and cfg.early_stop_metric == "bleu":
             raise ConfigError("train.early_stop_metric: 'bleu' is for translation; use loss or ppl for a language model")
 
     def _setup_model(self) -> None:
@@ -666,7 +666,7 @@ class Trainer:
 
     def _validate_split(self, split: str, data) -> dict:
         metrics = valid_loss(self.objective, data, self.dist, self.device, self.autocast)
-        if self.model_cfg.kind == "seq2seq" and self.cfg.valid_bleu:
+        if self.prepared.kind == "parallel" and self.cfg.valid_bleu:  # (a translator of either kind)
             cfg = self.cfg
             n = len(data) if not cfg.bleu_max_sentences else min(len(data), cfg.bleu_max_sentences)
             bleu = greedy_bleu(

@@ -34,18 +34,24 @@ def greedy_bleu(model, data, prepared, split: str, n: int, max_tokens: int, max_
     from tokenizers import Tokenizer
 
     from tfcli.generate.config import TranslateConfig
-    from tfcli.generate.search import SearchOptions, greedy_search
+    from tfcli.generate.search import Rows, SearchOptions, greedy_decode
     from tfcli.generate.step import StepModel
     from tfcli.io import read_lines
 
     hyps: list[list[int]] = [[] for _ in range(n)]
     steps = StepModel(model, pack=pack)  # its key/value memory is reused from batch to batch, and dropped after
     options = SearchOptions.from_config(TranslateConfig(beam_size=1))  # (`translate --greedy`'s)
+    prompted = data.kind == "lm"  # (a decoder-only translator: its prompts, PairData's)
     for idx in token_batches(data.src_len[:n], max_tokens, max_sentences or None):
-        src = pad([source_ids(data.src[i], max_len) for i in idx]).to(device)
+        if prompted:
+            prompts = [data.prompt(data.src[i]) for i in idx]
+            src = pad(prompts).to(device)
+            rows = Rows.build(device, max_len, sources=[len(p) - 2 for p in prompts])
+        else:
+            src, rows = pad([source_ids(data.src[i], max_len) for i in idx]).to(device), Rows()
         with autocast():
-            for i, out in zip(idx, greedy_search(steps, src, options)):
-                hyps[i] = out
+            for i, out in zip(idx, greedy_decode(steps, src, options, rows)):
+                hyps[i] = out.tokens
     tok = Tokenizer.from_file(str(prepared.tokenizer_file("tgt")))
     hyp_text = tok.decode_batch(hyps, skip_special_tokens=True)
     ref_file = prepared.text_file(split, "tgt")
