@@ -290,12 +290,15 @@ SHIPPED = re.compile(r"(cpu|cpu-long|full)( \(fp32\))?")
 
 def _student(e: dict) -> str:
     """What sets a Multi30k run apart from the recipe's own: a distilled student (recipes/distill.sh names it), or
-    one multilingual model's direction (recipes/multi30k-multi.sh; -zs: its zero-shot run)."""
+    one multilingual model's direction (recipes/multi30k-multi.sh; -zs: its zero-shot run), or a decoder-only
+    translator (recipes/multi30k-decoder-cpu-long.yaml)."""
     if e["name"].startswith("multi30k-distill"):  # (multi30k-distill[-teacher-size][-orig]-SRC-TGT)
         variant = e["name"][len("multi30k-distill"):-len("-xx-yy")]
         return " distilled student" + {"": "", "-teacher-size": " of the teacher's size", "-orig": " (with the "
                                        "original pairs)", "-teacher-size-orig": " of the teacher's size (with the "
                                        "original pairs)"}.get(variant, f" ({variant.lstrip('-')})")
+    if e["name"].startswith("multi30k-decoder"):  # (multi30k-decoder[-prefix]-SRC-TGT)
+        return " decoder-only translator" + (" (prefix attention)" if "-prefix-" in e["name"] else " (causal)")
     if e["name"].startswith("multi30k-multi"):
         return " one multilingual model" + (" (zero-shot run)" if e["name"].startswith("multi30k-multi-zs") else "")
     return ""

@@ -434,8 +434,12 @@ def test_impossible_model_and_wrong_data_kind_are_clear_errors_and_write_nothing
         train(tiny_train_config(parallel, out), {"d_model": 30})
     with pytest.raises(ConfigError, match="monolingual.*is an encoder-decoder.*lm-toy"):
         train(tiny_train_config(mono, out, arch="toy"))
-    with pytest.raises(ConfigError, match="parallel.*decoder-only.*toy"):
-        train(tiny_train_config(parallel, out, arch="lm-toy"))
+    separate = tmp_path / "separate"  # a decoder-only translator reads both sides with one vocabulary
+    shutil.copytree(parallel, separate)
+    meta = json.loads((separate / "meta.json").read_text())
+    (separate / "meta.json").write_text(json.dumps({**meta, "joint_vocab": False}))
+    with pytest.raises(ConfigError, match="decoder-only translator.*--joint-vocab"):
+        train(tiny_train_config(separate, out, arch="lm-toy"))
     with pytest.raises(ConfigError, match="unknown architecture preset 'huge'"):
         train(tiny_train_config(parallel, out, arch="huge"))
     with pytest.raises(TfcliError, match="not a prepared directory"):

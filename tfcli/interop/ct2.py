@@ -103,11 +103,8 @@ def _decoder(spec, decoder, lm_head, cross: bool) -> None:
         _ffn(s.ffn, layer)
 
 
-def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
-    """The CTranslate2 spec holding `model`'s weights (float32; the converter quantises)."""
-    _ctranslate2()  # a clear error where it is missing
-    from ctranslate2.specs import common_spec, transformer_spec
-
+def _activation(cfg: ModelConfig, common_spec):
+    """CTranslate2's activation for `cfg`, or a one-line error naming what CTranslate2 cannot hold."""
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
                   "gelu_tanh": common_spec.Activation.GELUTanh, "silu": common_spec.Activation.SWISH,
                   "swiglu": common_spec.Activation.SWISH,
@@ -123,6 +120,15 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
         # its spec takes qk_norm, but its cross-attention normalises each query over the whole width, not per head
         raise TfcliError("--to ctranslate2: model.qk_norm true is not supported for translation models (CTranslate2's "
                          "cross-attention has no per-head QK-norm); train with --set model.qk_norm=false to export")
+    return activation
+
+
+def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
+    """The CTranslate2 spec holding `model`'s weights (float32; the converter quantises)."""
+    _ctranslate2()  # a clear error where it is missing
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    activation = _activation(cfg, common_spec)
     pre = cfg.norm == "pre"
     options = dict(pre_norm=pre, activation=activation, ffn_glu=cfg.activation in GATED, rms_norm=cfg.rms_norm)
     if cfg.n_kv_head is not None:  # grouped-query attention; [q; k; v] fused as CTranslate2 reads them
