@@ -660,6 +660,18 @@ def test_markdown_structure_is_the_sources_apart_from_the_words(tmp_path, name):
         assert "\n> [!note]\n> " in out and "{{< new-in 0.153.5 />}}" in out
 
 
+def test_a_code_span_inside_a_word_goes_back_inside_its_translation():
+    """Hugo's "(`string`)": the code span sits inside the word "()"; it goes back inside that word's translation
+    where the translation keeps the punctuation before it, else just before it (never into the next word)."""
+    doc = files.read("markdown", "a.md", "Returns (`string`) the format.\n")
+    m = doc.segments[0].extra["markup"]
+    assert m.plain == "Returns () the format."
+    aligned = [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert m.render("Gibt zurück () das Format.", aligned) == "Gibt zurück (`string`) das Format."
+    assert m.render("Gibt zurück [] das Format.", aligned) == "Gibt zurück `string`[] das Format."
+    assert doc.write(["Gibt zurück (`string`) das Format."]) == "Gibt zurück (`string`) das Format.\n"
+
+
 def _icu_shape(message: str):
     """An ICU message's structure as pyicumessageformat reads it, apart from its words: each argument's name and
     type, each plural/select's case keys (with their bodies' shapes), `#`, and the inline elements (XLIFF's <x/>,
@@ -728,11 +740,9 @@ def _copied(doc) -> list[str]:
     return outs
 
 
-# not yet: hugo-imaging.md, whose "(`string`)" puts a code span inside a word (the layout places nodes between
-# words, so it comes back as "() `string`") and whose &nbsp; markdown-it decodes (written back as a space)
 @pytest.mark.parametrize("name", sorted(p.name for p in DATA.iterdir() if p.name != "README.md"
                                         and files.choose("auto", str(p)) in files.FILE_FORMATS
-                                        and p.name not in ("translation.json", "hugo-imaging.md")))
+                                        and p.name != "translation.json"))  # (not JSON: a comment in it)
 def test_a_file_copied_word_for_word_comes_back_byte_for_byte(name):
     """The round trip of every format on every real file: read, each segment "translated" by a copying model (its
     words, its markup put back), written. Markdown, HTML pages, JSON and subtitles come back byte for byte, CRLF

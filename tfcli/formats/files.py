@@ -16,6 +16,7 @@ Torch-free: the translator sees only Requests.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from dataclasses import dataclass
@@ -386,9 +387,11 @@ def _without_first_line(tok, cut: int):
 
 
 def _same_markdown(new: str, old: str) -> bool:
-    """Whether a segment's new text is its old one: the same but for spaces, and for how a reference link whose
-    text is its label is written (`[a][a]`, `[a][]`, `[a]`)."""
+    """Whether a segment's new text is its old one: the same but for spaces, for how a reference link whose
+    text is its label is written (`[a][a]`, `[a][]`, `[a]`), and for entities and backslash escapes (`&nbsp;`,
+    `\\*`), which the text the model sees has decoded."""
     def norm(text):
+        text = html.unescape(re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text))
         return re.sub(r"\[([^\[\]]+)\]\[(?:\1)?\]", r"[\1]", "".join(text.split()))
 
     return norm(new) == norm(old)

@@ -169,6 +169,8 @@ class _Layout:
         word before it, or before those of the word after it (the one a fixed node is stuck to first)."""
         before = bisect.bisect_right(self.ends, node.start) - 1 if not words else words.start - 1
         after = bisect.bisect_left(self.starts, node.end) if not words else words.stop
+        if node.fixed and 0 <= before + 1 < len(self.starts) and self.starts[before + 1] < node.start:
+            after = before + 1  # (inside a word, `(<code>)`: before its translation, or inside it: _cut)
         sides = [("prev", before), ("next", after)]
         if (node.glue != PREV) if node.fixed else before < 0:
             sides.reverse()
@@ -222,7 +224,7 @@ class _Layout:
             out += list(range(j, a))
             tag = self.opens.get(c, c.open)
             if c.fixed:
-                out.append((tag, c.glue, 0))
+                out.append((tag, c.glue, self._cut(c.start, a, lead=True) if c.glue == NEXT else 0))
             else:
                 inner = self._items(c, a, b)
                 out += [(tag, NEXT, self._cut(c.start, a, lead=True) if b > a else 0)] + inner
