@@ -574,6 +574,37 @@ def test_webvtt_voices_and_inline_timestamps_stay_in_their_cues(tmp_path, name):
     assert [c.voice for c in reordered] == [c.voice for c in src]
 
 
+@pytest.mark.parametrize("name", ["sample.vtt", "w3c-voices.vtt", "youtube_dl.vtt"])
+def test_no_cue_with_text_comes_back_empty_whatever_the_alignment(name):
+    """Whatever a model aligns (here: random alignments, translations of random length, a word a cue at least),
+    every cue whose source has words gets words back, its neighbours' tags and timestamps whole; a cue cut from a
+    neighbour inside an element opens it again (`<i>a b</i>` -> `<i>a</i>` and `<i>b</i>`)."""
+    import random
+
+    import webvtt
+
+    rng = random.Random(0)
+    source = (DATA / name).read_text(encoding="utf-8")
+    doc = files.read("vtt", name, source)
+    src = webvtt.from_string(source).captions
+    for _ in range(100):
+        outs = []
+        for r in doc.segments:
+            m = r.extra["markup"]
+            n_src = len(m.plain.split())
+            n_cues = sum(1 for node in m.root.walk() if node.open.startswith("<tfcli-cue"))
+            n_tgt = rng.randint(n_cues, 2 * n_src + 1)
+            alignment = [(rng.randrange(n_src), rng.randrange(n_tgt)) for _ in range(rng.randint(0, n_src + n_tgt))]
+            outs.append(m.render(" ".join(f"w{i}" for i in range(n_tgt)), alignment))
+        out = webvtt.from_string(doc.write(outs)).captions
+        assert len(out) == len(src)
+        for c, s in zip(out, src):
+            text = lambda cue: re.sub(r"<[^>]*>", "", cue.raw_text).strip()  # noqa: E731
+            assert text(c) or not text(s), (s.raw_text, c.raw_text)
+    assert files._split_cue("<i>a b</i> c") == ("<i>a</i>", "<i>b</i> c")
+    assert files._split_cue("<c.yellow>a <00:00:01.000>b</c>") == ("<c.yellow>a</c>", "<c.yellow><00:00:01.000>b</c>")
+
+
 def _outside_msgstr(text: str) -> list[str]:
     """A PO file's lines but its msgstr blocks, with the fuzzy flag left out: what a translation must keep."""
     out, in_msgstr = [], False

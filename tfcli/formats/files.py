@@ -698,7 +698,8 @@ def _sentence_groups(lines: list[str], cues: list[tuple[int, int]]) -> list[list
 
 def _cue_texts(rendered: str, n: int) -> list[str]:
     """A rendered segment's text of each cue (its tfcli-cue element's; words outside any go to the cue before);
-    a cue left with no word takes half of its neighbour's, so that no cue is empty."""
+    a cue left with no word takes half of the words of the nearest cue that has two or more, so that no cue is
+    empty while the translation has a word for each."""
     texts = [""] * n
     current = 0
     for piece in re.split(r'(<tfcli-cue n="\d+">|</tfcli-cue>)', rendered):
@@ -709,15 +710,52 @@ def _cue_texts(rendered: str, n: int) -> list[str]:
             texts[current] += piece
     texts = [" ".join(t.split()) for t in texts]
     for k in range(n):
-        if not re.sub(r"<[^>]*>", "", texts[k]).strip() and "<" not in texts[k]:
-            donor = next((d for d in sorted(range(n), key=lambda d: abs(d - k))
-                          if len(texts[d].split()) > 1 and "<" not in texts[d]), None)
-            if donor is not None:
-                words = texts[donor].split()
-                half = len(words) // 2
-                give, keep = (words[half:], words[:half]) if donor < k else (words[:half], words[half:])
-                texts[k], texts[donor] = " ".join(give), " ".join(keep)
+        if _has_words(texts[k]):
+            continue
+        donor = next((d for d in sorted(range(n), key=lambda d: abs(d - k))
+                      if sum(map(_has_words, _cue_chunks(texts[d]))) > 1), None)
+        if donor is not None:
+            first, last = _split_cue(texts[donor])
+            give, keep = (last, first) if donor < k else (first, last)
+            texts[k], texts[donor] = " ".join(filter(None, (texts[k], give))), keep
     return texts
+
+
+_CUE_TAG = r"<[A-Za-z/\d][^<>]*>"  # a WebVTT/SRT tag (not a "<" of the text: "2 < 3")
+
+
+def _has_words(text: str) -> bool:
+    return bool(re.sub(_CUE_TAG, "", text).strip())
+
+
+def _cue_chunks(text: str) -> list[str]:
+    """A cue's text split at its spaces, but never inside a tag (`<font color="#fff">`)."""
+    return re.findall(rf"(?:{_CUE_TAG}|[^\s<]+|<)+", text)
+
+
+def _split_cue(text: str) -> tuple[str, str]:
+    """A cue's text in two halves by its words, each a whole cue: an element open where it is cut is closed at
+    the end of the first half and opened again at the start of the second (`<i>a b</i>`: `<i>a</i>`, `<i>b</i>`).
+    Closing tags after the last word of the first half stay with it."""
+    chunks = _cue_chunks(text)
+    words = [i for i, c in enumerate(chunks) if _has_words(c)]
+    cut = words[len(words) // 2 - 1] + 1
+    while cut < len(chunks) and chunks[cut].startswith("</"):
+        cut += 1
+    first, last = " ".join(chunks[:cut]), " ".join(chunks[cut:])
+    opened: list[str] = []
+    for tag in re.findall(_CUE_TAG, first):
+        if tag.startswith("</"):
+            if opened and _tag_name(opened[-1]) == tag[2:-1].strip():
+                opened.pop()
+        elif not tag.endswith("/>") and not _TIMESTAMP.fullmatch(tag):
+            opened.append(tag)
+    return (first + "".join(f"</{_tag_name(t)}>" for t in reversed(opened)), "".join(opened) + last)
+
+
+def _tag_name(tag: str) -> str:
+    """A WebVTT start tag's name: <c.yellow> and <c> are both c's."""
+    return re.match(r"</?([^\s.>/]*)", tag).group(1)
 
 
 def _wrap(text: str, n_lines: int) -> str:
