@@ -725,12 +725,13 @@ def _icu_shape(message: str):
 
 def test_icu_messages_keep_their_structure_and_their_cases_are_translated(tmp_path):
     """ICU MessageFormat (Angular's XLIFF example: plural and nested select, <x/> inside a case; react-i18next's
-    ICU catalogue: `#`, numbered tags inside cases, a plural inside a tag): every translated message parses as
+    ICU catalogue: `#`, numbered tags inside cases, a plural inside a tag; a lingui PO catalogue, whose msgids are
+    ICU messages): every translated message parses as
     ICU with the same arguments, types, case keys, `#` and inline elements as its source; the case texts are what
     is translated (the model sees no ICU syntax)."""
     from helpers import copy_model, save_model, save_word_tokenizer
 
-    for name, fmt in (("angular-messages.fr.xlf", "xliff"), ("react-icu.json", "json")):
+    for name, fmt in (("angular-messages.fr.xlf", "xliff"), ("react-icu.json", "json"), ("lingui-nextjs.en.po", "po")):
         source = (DATA / name).read_text(encoding="utf-8")
         doc = files.read(fmt, name, source, overwrite=True)
         texts = [r.text for r in doc.segments]
@@ -745,13 +746,21 @@ def test_icu_messages_keep_their_structure_and_their_cases_are_translated(tmp_pa
         out = translate_file(model, name, tmp_path, "--overwrite")
         if fmt == "json":
             pairs = list(zip(json.loads(source).values(), json.loads(out).values()))
+        elif fmt == "po":
+            import polib
+
+            pairs = [(e.msgid, e.msgstr) for e in polib.pofile(out) if e.msgid]
+            if shutil.which("msgfmt"):
+                (tmp_path / name / "out.po").write_text(out, encoding="utf-8")
+                subprocess.run(["msgfmt", "--check", "--check-format", "-o", "/dev/null", tmp_path / name / "out.po"],
+                               check=True)
         else:
             ns = {"x": "urn:oasis:names:tc:xliff:document:1.2"}
             units = ET.fromstring(out.encode()).iter("{urn:oasis:names:tc:xliff:document:1.2}trans-unit")
             inner = lambda e: (e.text or "") + "".join(ET.tostring(c, encoding="unicode") for c in e)  # noqa: E731
             pairs = [(inner(u.find("x:source", ns)), inner(u.find("x:target", ns))) for u in units]
         icu = [(s, t) for s, t in pairs if re.search(r"\b(plural|select)\s*,", re.sub(r"<[^>]*>", "", s))]
-        assert len(icu) >= 3
+        assert len(icu) >= (1 if fmt == "po" else 3)
         for s, t in icu:
             assert _icu_shape(t) == _icu_shape(s), (s, t)
 

@@ -794,9 +794,9 @@ def _po(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document
             continue
         sources = [entry.msgid] + ([entry.msgid_plural] if entry.msgid_plural else [])
         spans = []
-        for source in sources:
-            reqs = _lines(source, path, entry.linenum, _kind(source))
-            spans.append(len(reqs))
+        for source in sources:  # (its lines, or an ICU message's case texts: lingui's catalogues)
+            reqs, join = _message(source, path, entry.linenum)
+            spans.append((len(reqs), join))
             segments += reqs
         todo.append((entry, spans))
 
@@ -804,8 +804,8 @@ def _po(path: str, text: str, overwrite: bool, tgt_lang: str | None) -> Document
         pos, filled = 0, []
         for entry, spans in todo:
             texts = []
-            for n in spans:
-                texts.append("\n".join(outs[pos : pos + n]))
+            for n, join in spans:
+                texts.append(join(outs[pos : pos + n]))
                 pos += n
             if entry.msgid_plural:  # (form 0 the singular's translation, the others the plural's)
                 entry.msgstr_plural = {k: texts[0] if k == 0 else texts[1] for k in range(nplurals)}
