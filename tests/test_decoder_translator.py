@@ -290,3 +290,49 @@ def test_replies_cut_by_the_length_limit_are_counted_and_a_template_needs_its_te
     assert res.exit_code == 0 and "--tgt-lang de: the prompt template has no {tgt_lang}" in res.stderr
     res = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "--tgt-lang", "de"], input=src)
     assert res.exit_code != 0 and "drop --tgt-lang" in res.stderr and res.stdout == ""
+
+
+def test_search_options_work_for_a_decoder_only_translator(translator, tmp_path):
+    """What translate's search takes works on the generated side of a decoder-only translator as for an
+    encoder-decoder one: n-best lists (the best the beam's translation), --prefix, --avoid, --no-repeat-ngram-size,
+    seeded sampling independent of the batch, and --resume in parts the same bytes as one run."""
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    def run(*args, input=None):
+        res = CliRunner().invoke(app, ["translate", "-m", str(translator), *map(str, args)], input=input)
+        assert res.exit_code == 0, res.output
+        return res.stdout.splitlines()
+
+    lines = ["cat dog egg", "moon sun tree", "hat ice cat dog"]
+    src = tmp_path / "in.txt"
+    src.write_text("".join(line + "\n" for line in lines))
+    beam = run("-b", "4", src)
+    rows = [json.loads(r) for r in run("-b", "4", "--nbest", "3", "--jsonl", src)]
+    assert [r["index"] for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for k in range(3):
+        best = rows[3 * k : 3 * k + 3]
+        assert best[0]["text"] == beam[k] and len({r["text"] for r in best}) == 3
+        assert [r["score"] for r in best] == sorted((r["score"] for r in best), reverse=True)
+
+    (tmp_path / "prefix.txt").write_text("moon\n\nfish goat\n")
+    prefixed = run("-b", "4", "--prefix", tmp_path / "prefix.txt", src)
+    assert prefixed[0].split()[0] == "moon" and prefixed[1] == beam[1] and prefixed[2].split()[:2] == ["fish", "goat"]
+
+    first, (a, *_, b) = beam[0].split()[0], beam[2].split() + [""]  # (words its beam translations hold)
+    (tmp_path / "avoid.txt").write_text(f"{first}\n\n{a}\t{b}\n" if b else f"{first}\n\n{a}\n")
+    avoided = run("-b", "4", "--avoid", tmp_path / "avoid.txt", src)
+    assert first not in avoided[0].split() and avoided[1] == beam[1]
+    assert a not in avoided[2].split() and (not b or b not in avoided[2].split())
+
+    for out in run("-b", "4", "--no-repeat-ngram-size", "1", src):
+        assert len(set(out.split())) == len(out.split())
+
+    sampled = run("--sampling", "--seed", "7", src)
+    assert run("--sampling", "--seed", "7", src) == sampled
+    assert run("--sampling", "--seed", "7", "--batch-size", "1", src) == sampled  # (a draw per line and step)
+
+    out = tmp_path / "out.txt"
+    run("-b", "4", src, "-o", out, "--resume", "--part-lines", "1")
+    assert out.read_text().splitlines() == beam
