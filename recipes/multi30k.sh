@@ -13,6 +13,9 @@
 # vocabulary for both sides, with one embedding table; separate: one a side; default: the size's own, below), BPE
 # (its size; default 8000 joint, 5000 separate), LOWERCASE=1 (`prepare --lowercase`: trained on lowercased text, as
 # the en->de anchor was; every score of the variant is then lowercased, its signatures say so).
+# MODEL=decoder (or decoder-prefix) trains a decoder-only translator instead (recipes/multi30k-decoder-SIZE.yaml, the
+# encoder-decoder's parameter count; one joint vocabulary; decoder-prefix: attention both ways over the source), its
+# figures recorded as multi30k-MODEL-SRC-TGT.
 # For recipes/distill.sh: DISTILLED (a file of target sentences line-aligned with train.SRC, trained on in place of
 # train.TGT; with ORIGINAL=1 beside it), CONFIG (another config than the size's) and NAME (the name the figures are
 # recorded under; default multi30k-SRC-TGT).
@@ -36,6 +39,13 @@ case $SIZE in cpu) SIZE_CONFIG=recipes/multi30k-cpu.yaml OWN_VOCAB=separate ;;
   cpu-long) SIZE_CONFIG=recipes/multi30k-cpu-long.yaml OWN_VOCAB=separate ;;
   full) SIZE_CONFIG=recipes/multi30k.yaml OWN_VOCAB=joint ;;
   *) echo "error: SIZE must be cpu, cpu-long or full, got '$SIZE'" >&2; exit 2 ;; esac
+MODEL=${MODEL:-encoder-decoder}
+case $MODEL in encoder-decoder) ;;
+  decoder|decoder-prefix) SIZE_CONFIG=recipes/multi30k-decoder-$SIZE.yaml VOCAB=${VOCAB:-joint}
+    NAME=${NAME:-multi30k-$MODEL-$SRC-$TGT}
+    [ -f "$SIZE_CONFIG" ] || { echo "error: MODEL=$MODEL has no $SIZE size ($SIZE_CONFIG); use cpu-long" >&2; exit 2; }
+    [ "$MODEL" = decoder-prefix ] && TRAIN_ARGS="--set model.prefix_attention=true${TRAIN_ARGS:+ $TRAIN_ARGS}" ;;
+  *) echo "error: MODEL must be encoder-decoder, decoder or decoder-prefix, got '$MODEL'" >&2; exit 2 ;; esac
 CONFIG=${CONFIG:-$SIZE_CONFIG}
 VOCAB=${VOCAB:-$OWN_VOCAB}
 case $VOCAB in separate) OWN_BPE=5000 ;; joint) OWN_BPE=8000 ;;
