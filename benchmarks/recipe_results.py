@@ -256,6 +256,8 @@ def table(all_: dict) -> str:
         lines += ["## Distillation (recipes/distill.sh)", "", *distill_table(distilled), ""]
     if multilingual_table(all_):
         lines += ["## One model for several directions (recipes/multi30k-multi.sh)", "", *multilingual_table(all_), ""]
+    if decoder_table(all_):
+        lines += ["## Decoder-only translators (MODEL=decoder recipes/multi30k.sh)", "", *decoder_table(all_), ""]
     lm = [e for e in all_.values() if e["recipe"] == "lm"]
     if lm:
         lines += ["## Language models", "",
@@ -395,6 +397,38 @@ def multilingual_table(all_: dict) -> list[str]:
     return rows
 
 
+def decoder_table(all_: dict) -> list[str]:
+    """Each decoder-only translator's run (MODEL=decoder[-prefix] recipes/multi30k.sh) beside the encoder-decoder
+    recipe of its pair and budget recorded on the same machine nearest in time (a shared machine's speed varies by
+    the hour: the target tokens a second say what each run had): test2016, beam 5."""
+    runs = [e for e in all_.values() if e["recipe"] == "multi30k" and e["name"].startswith("multi30k-decoder")]
+    if not runs:
+        return []
+    rows = ["| direction | attention | test2016 sacreBLEU | lc tok. BLEU | steps | target tok/s | encoder-decoder "
+            "(`cpu-long`, same machine) | its steps | its target tok/s | decoder-only - encoder-decoder | machine, "
+            "date |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for e in sorted(runs, key=lambda e: (e["pair"], e["date"])):
+        budget = e["size"].split(" ")[0]
+        same = [b for b in all_.values() if b["recipe"] == "multi30k" and b["name"] == f"multi30k-{e['pair']}"
+                and b["size"].removesuffix(" (fp32)") == budget and _machine(b["hardware"]) == _machine(e["hardware"])]
+        b = min(same, key=lambda b: abs(_when(b) - _when(e))) if same else None
+        t, ours = e.get("training", {}), e["sacrebleu"]["BLEU"]["score"]
+        tb = b.get("training", {}) if b else {}
+        rows.append(
+            f"| {e['pair'].replace('-', '->')} | {'prefix' if '-prefix-' in e['name'] else 'causal'} | {ours:.2f} | "
+            f"{_score(e.get('tokenised_bleu_lowercased'))} | {t.get('steps', '')} | "
+            f"{t.get('median_tgt_tokens_per_s', 0):.0f} | "
+            + (f"{b['sacrebleu']['BLEU']['score']:.2f} ({b['date']}) | {tb.get('steps', '')} | "
+               f"{tb.get('median_tgt_tokens_per_s', 0):.0f} | {ours - b['sacrebleu']['BLEU']['score']:+.2f}" if b
+               else "– | – | – | –")
+            + f" | {_machine(e['hardware'])}, {e['date']} |")
+    return rows
+
+
+def _when(e: dict) -> float:
+    return time.mktime(time.strptime(e["date"], "%Y-%m-%d %H:%M"))
+
+
 def readme_blocks(all_: dict) -> dict[str, str]:
     """The blocks the documents hold, from recipes.json: `current` (README: each recipe as it ships, its latest
     run), `recipes` (docs/recipes.md: those and their one-option variants) and `demo` (README: the demo sentence)."""
@@ -422,7 +456,7 @@ def readme_blocks(all_: dict) -> dict[str, str]:
                 latest[key] = e
     blocks = {"recipes": "\n".join(head + rows), "current": "\n".join(_line(latest[k]) for k in sorted(latest)),
               "distill": "\n".join(distill_table([e for e in all_.values() if e["recipe"] == "distill"])),
-              "multilingual": "\n".join(multilingual_table(all_))}
+              "multilingual": "\n".join(multilingual_table(all_)), "decoder": "\n".join(decoder_table(all_))}
     demo = all_.get("demo/cpu")
     if demo:
         busy = demo.get("busy_cores_before")
