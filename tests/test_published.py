@@ -332,3 +332,31 @@ def test_int8_continuations_do_not_depend_on_the_batch(family):
     assert greedy(lm, prompts, q) == alone  # (batch 7)
     many = [prompts[i % len(prompts)] for i in range(64)]
     assert greedy(lm, many, q) == [alone[i % len(prompts)] for i in range(64)]
+
+
+def test_ctranslate2_generator_continues_as_tfcli(family, tmp_path):
+    """`export --to ctranslate2` of an imported family gives a Generator whose greedy continuations are tfcli's
+    (RoPE theta and scaling, head width, grouped KV heads, QK-norm, biases as the family has them); Gemma's layout
+    is refused in one line."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from tfcli.errors import TfcliError
+    from tfcli.generate.lm import text_conventions
+    from tfcli.interop import export
+    from tfcli.specials import EOS_ID
+
+    _, _, lm = family
+    if lm.loaded.cfg.norm == "sandwich":
+        with pytest.raises(TfcliError, match="Gemma's layout"):
+            export(lm.loaded.meta["dir"], "ctranslate2", tmp_path / "ct2")
+        return
+    export(lm.loaded.meta["dir"], "ctranslate2", tmp_path / "ct2")
+    generator = ctranslate2.Generator(str(tmp_path / "ct2"))
+    tok = lm.loaded.tgt_tok
+    _, ends = text_conventions(lm.loaded.meta)
+    prompts = [tfcli_ids(lm, p) for p in PROMPTS]
+    for prompt, want in zip(prompts, [greedy(lm, [p])[0] for p in prompts]):
+        res = generator.generate_batch([[tok.id_to_token(i) for i in prompt]], max_length=NEW + len(prompt),
+                                       sampling_topk=1, include_prompt_in_result=False,
+                                       end_token=[tok.id_to_token(i) for i in [EOS_ID, *ends]],
+                                       suppress_sequences=[[tok.id_to_token(i)] for i in (0, 1)])
+        assert [tok.token_to_id(t) for t in res[0].sequences[0]][:NEW] == want

@@ -3,14 +3,17 @@
 
 Every tfcli configuration maps onto the spec: pre-/post-norm (`pre_norm`), sinusoidal or learned positions (the
 table is written into the model, so tfcli's interleaved sin/cos layout is kept as it is), RoPE for language models
-(`rotary_dim=0`, halves rotated: `rotary_interleave=False`), ReLU/GELU, gated FFNs (SwiGLU, GeGLU: `ffn_glu`),
+(`rotary_dim=0`, halves rotated: `rotary_interleave=False`; an imported family's theta, llama3 or linear scaling,
+head width and sliding window), ReLU/GELU, gated FFNs (SwiGLU, GeGLU: `ffn_glu`),
 LayerNorm or RMSNorm (`rms_norm`), scaled or unscaled embeddings, shared or separate embeddings, tied or separate
 output projection, with or without biases, QK-norm (language models). ReLU^2 has no CTranslate2 activation, and
 its translation models' cross-attention has no per-head QK-norm: both refused.
 
 CTranslate2 reads token strings: the vocabularies are the tokenizers' tokens in id order, and the tokenizer files
 are copied beside the model. A source gets </s> appended by CTranslate2 (`add_source_eos`), as tfcli does; the
-decoder starts from <s>; a language model's text starts after </s>, as in tfcli's training streams.
+decoder starts from <s>; a language model's text starts after </s>, as in tfcli's training streams (an imported
+family's after its own start, BOS or none: the Generator's caller gives the prompt's tokens, and the config names the
+family's own tokens at tfcli's special ids).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from tfcli.model.config import ModelConfig
 from tfcli.model.layers import GATED
 from tfcli.model.norm import RMSNorm
 from tfcli.model.positional import sinusoidal_table
+from tfcli.specials import BOS_ID, EOS_ID, UNK_ID
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
 SINUSOIDAL_ROWS = 1024  # rows of the position table written for sinusoidal models (CTranslate2 needs a fixed table)
@@ -112,6 +116,9 @@ def _activation(cfg: ModelConfig, common_spec):
     if cfg.prefix_attention:
         raise TfcliError("--to ctranslate2: model.prefix_attention true is not supported (its Generator attends "
                          "causally everywhere)")
+    if cfg.norm == "sandwich" or cfg.global_every:
+        raise TfcliError("--to ctranslate2: Gemma's layout (model.norm sandwich, model.global_every) is not "
+                         "supported by this export; CTranslate2's own converter reads the Hugging Face model")
     if activation is None:
         raise TfcliError(f"--to ctranslate2: model.activation {cfg.activation} is not supported (CTranslate2 has no "
                          "such activation, nor has --to hf); a model to export trains with relu, gelu, silu, swiglu "
@@ -158,19 +165,44 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
             spec.register_source_vocabulary(vocabulary(src_tok))
             spec.register_target_vocabulary(vocabulary(tgt_tok))
         else:
-            rope = cfg.positions == "rope"
-            spec = transformer_spec.TransformerDecoderModelSpec.from_config(
-                cfg.n_decoder_layers, cfg.n_head, **options, no_final_norm=not pre, qk_norm=cfg.qk_norm,
-                rotary_dim=0 if rope else None, rotary_interleave=False,
-            )
-            if not rope:
-                _positions(spec.decoder, model.decoder.embed, cfg)
-            else:
-                spec.decoder.scale_embeddings = cfg.scale_embedding
-            _decoder(spec.decoder, model.decoder, model.lm_head, cross=False)
+            spec = _decoder_model_spec(model, cfg, options, transformer_spec)
             spec.register_vocabulary(vocabulary(tgt_tok))
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
+    tokens = vocabulary(tgt_tok)  # (an imported family's own names of tfcli's special ids: <|eot_id|>, ...)
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = tokens[UNK_ID], tokens[BOS_ID], tokens[EOS_ID]
+    return spec
+
+
+def _decoder_model_spec(model, cfg: ModelConfig, options: dict, transformer_spec):
+    """A language model's Generator spec: RoPE with its theta, llama3 or linear scaling, head width and sliding
+    window as the imported families have them (Llama, Mistral, Qwen 2 and 3; Gemma's layout is refused in
+    `_activation`)."""
+    from ctranslate2.specs import attention_spec
+
+    rope = cfg.positions == "rope"
+    if rope:
+        options.update(rotary_dim=0, rotary_interleave=False, rotary_base=cfg.rope_theta)
+        if cfg.rope_scaling is not None:
+            kind = {"linear": attention_spec.RotaryScalingType.Linear,
+                    "llama3": attention_spec.RotaryScalingType.Llama3}[cfg.rope_scaling.type]
+            options.update(rotary_scaling_type=kind, rotary_scaling_factor=cfg.rope_scaling.factor)
+            if cfg.rope_scaling.type == "llama3":
+                options["original_max_position_embeddings"] = cfg.rope_scaling.original_max_len
+    if cfg.head_dim is not None:
+        options["head_dim"] = cfg.head_dim
+    if cfg.sliding_window is not None:
+        options["sliding_window"] = cfg.sliding_window
+    spec = transformer_spec.TransformerDecoderModelSpec.from_config(
+        cfg.n_decoder_layers, cfg.n_head, **options, no_final_norm=cfg.norm != "pre", qk_norm=cfg.qk_norm)
+    if rope and cfg.rope_scaling is not None and cfg.rope_scaling.type == "llama3":
+        for layer in spec.decoder.layer:
+            layer.self_attention.rotary_low_freq_factor = cfg.rope_scaling.low_freq_factor
+            layer.self_attention.rotary_high_freq_factor = cfg.rope_scaling.high_freq_factor
+    if not rope:
+        _positions(spec.decoder, model.decoder.embed, cfg)
+    else:
+        spec.decoder.scale_embeddings = cfg.scale_embedding
+    _decoder(spec.decoder, model.decoder, model.lm_head, cross=False)
     return spec
 
 
