@@ -136,6 +136,7 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
     from ctranslate2.specs import common_spec, transformer_spec
 
     activation = _activation(cfg, common_spec)
+    tokens = vocabulary(tgt_tok)  # (an imported family's own names of tfcli's special ids: <|eot_id|>, ...)
     pre = cfg.norm == "pre"
     options = dict(pre_norm=pre, activation=activation, ffn_glu=cfg.activation in GATED, rms_norm=cfg.rms_norm)
     if cfg.n_kv_head is not None:  # grouped-query attention; [q; k; v] fused as CTranslate2 reads them
@@ -163,12 +164,11 @@ def build_spec(model, cfg: ModelConfig, src_tok, tgt_tok):
             spec.config.add_source_eos = True  # tfcli's sources end with </s>
             spec.config.decoder_start_token = "<s>"
             spec.register_source_vocabulary(vocabulary(src_tok))
-            spec.register_target_vocabulary(vocabulary(tgt_tok))
+            spec.register_target_vocabulary(tokens)
         else:
             spec = _decoder_model_spec(model, cfg, options, transformer_spec)
-            spec.register_vocabulary(vocabulary(tgt_tok))
+            spec.register_vocabulary(tokens)
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
-    tokens = vocabulary(tgt_tok)  # (an imported family's own names of tfcli's special ids: <|eot_id|>, ...)
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = tokens[UNK_ID], tokens[BOS_ID], tokens[EOS_ID]
     return spec
 
