@@ -422,16 +422,24 @@ def test_kill_9_during_prepare(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_during_training_then_resume_gives_the_uninterrupted_weights(tmp_path):
+@pytest.mark.parametrize("adapting", [None, "lora", "freeze"])
+def test_kill_9_during_training_then_resume_gives_the_uninterrupted_weights(tmp_path, adapting):
+    """Training from scratch (killed KILLS times), and fine-tuning a trained model by LoRA or with frozen parts
+    (killed twice each)."""
     from tfcli import checkpoint
+    from tfcli.train.trainer import train
 
     data = make_parallel_prepared(tmp_path / "prep", n_train=400)
     common = ["--arch", "toy", "--max-steps", "24", "--valid-every", "4", "--no-valid-bleu", "--threads", "1",
               "--set", "train.tensorboard=false", "--max-tokens", "256"]
+    if adapting:
+        train(tiny_train_config(data, tmp_path / "base", max_steps=4, valid_every=4, valid_bleu=False))
+        common = [*common[2:], "--init-from", tmp_path / "base", "--set", "model.dropout=0.1",
+                  *(["--lora-rank", "4", "--lora-dropout", "0.1"] if adapting == "lora" else ["--freeze", "encoder"])]
     whole = tmp_path / "whole"
     moments = _moments(["train", data, "-o", whole, *common], seed=2)
     reference = checkpoint.load(whole / "checkpoints" / "step-0000024")[0].state_dict()
-    for i, at in enumerate(moments):
+    for i, at in enumerate(moments[1::2] if adapting else moments):
         run = tmp_path / f"run{i}"
         _kill_at(["train", data, "-o", run, *common], at)
         ckpts = run / "checkpoints"

@@ -48,13 +48,17 @@ def tokenizer(meta: dict, side: str):
 
 
 def load(path: os.PathLike | str | dict, device: str | torch.device = "cpu",
-         mapped: bool = False) -> tuple[torch.nn.Module, dict]:
+         mapped: bool = False, merge: bool = True) -> tuple[torch.nn.Module, dict]:
     """Build the model from the checkpoint's config and load its weights; returns (model in eval mode, meta).
     `path` may be the meta that `read_meta` returned, so that a caller who looked first reads config.json once.
     `mapped`: on the CPU the weights are the file's pages, mapped copy-on-write (`read_weights`), not a copy read
     into memory: what a caller that only reads them wants (nothing is read until touched; `paged`). On another
-    device they are copied there from the mapped file either way."""
+    device they are copied there from the mapped file either way. A LoRA run's checkpoint (adapters alone) loads its
+    base model, checked by fingerprint, with the adapters merged into it, or with `merge` false attached to it
+    (to train on)."""
     meta = path if isinstance(path, dict) else read_meta(path)
+    if meta.get("adapter"):
+        return _load_adapted(meta, device, mapped, merge)
     cfg = model_config(meta)
     weights = Path(meta["dir"]) / WEIGHTS
     if not weights.exists():
@@ -71,6 +75,30 @@ def load(path: os.PathLike | str | dict, device: str | torch.device = "cpu",
         )
     model.to(device).eval()
     return model, meta
+
+
+def _load_adapted(meta: dict, device, mapped: bool, merge: bool) -> tuple[torch.nn.Module, dict]:
+    from tfcli.model import lora
+
+    record, here = meta["adapter"], Path(meta["dir"])
+    try:
+        base = read_meta(record["base"])
+    except CheckpointError as e:
+        raise CheckpointError(f"{here}: holds LoRA adapters for the model in {record['base']}, which cannot be "
+                              f"loaded ({e})") from None
+    model, _ = load({**base, "model": meta["model"]}, "cpu", mapped)  # (the run's dropout, the base's weights)
+    if model_fingerprint(model) != record["fingerprint"]:
+        raise CheckpointError(f"{here}: its adapters were trained on other weights than {record['base']} holds now; "
+                              "give them the model they were trained on")
+    lora.attach(model, lora.LoraConfig.from_dict(record), draw=False)
+    state = dict(read_weights(here / WEIGHTS))
+    expected = lora.adapter_state(model)
+    if state.keys() != expected.keys() or any(state[k].shape != expected[k].shape for k in state):
+        raise CheckpointError(f"{here / WEIGHTS}: does not hold the adapters its {CONFIG} describes")
+    model.load_state_dict(state, strict=False)
+    if merge:
+        lora.merge(model)
+    return model.to(device).eval(), meta
 
 
 def _load_weights(cfg, weights: Path, mapped: bool) -> tuple[torch.nn.Module, list[str], list[str]]:
@@ -251,6 +279,13 @@ def fingerprint(tensors: list[torch.Tensor], samples: int = 32, run: int = 64) -
     return h.hexdigest()
 
 
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """`fingerprint` of every tensor of `model`'s state: what ties a LoRA run's adapters to the weights they were
+    trained on."""
+    state = model.state_dict()
+    return fingerprint([state[k] for k in sorted(state)])
+
+
 def _written(base: int, first: int, last: int) -> bool:
     """Whether this process wrote to any page in [first, last) of the map at `base` (/proc/self/pagemap: present
     and not the file's, or swapped out), or cannot tell."""
@@ -334,13 +369,18 @@ def save(
     path = Path(path)
     model = getattr(model, "module", model)  # DDP
     model = getattr(model, "_orig_mod", model)  # torch.compile
-    tensors = [*model.state_dict().values(), *(trainer_tensors or {}).values()]
+    if meta.get("adapter"):  # a LoRA run's: the adapters alone (`load` finds the base model they belong to)
+        from tfcli.model import lora
+
+        weights, metadata = {k: v.detach().contiguous() for k, v in lora.adapter_state(model).items()}, None
+    else:
+        weights, metadata = _state_to_save(model)
+    tensors = [*weights.values(), *(trainer_tensors or {}).values()]
     needs = sum({t.data_ptr(): t.numel() * t.element_size() for t in tensors}.values())  # tied weights once
     with atomic_dir(path, overwrite=True, needs=needs) as tmp:
         try:
             fault_point(WEIGHTS)
-            tensors, metadata = _state_to_save(model)
-            save_file(tensors, str(tmp / WEIGHTS), metadata=metadata)
+            save_file(weights, str(tmp / WEIGHTS), metadata=metadata)
         except SafetensorError as e:  # the Rust writer's I/O errors (a full disk) are not OSErrors
             raise CheckpointError(f"{path}: cannot write: {e}{space_needed(needs)}") from None
         names = {}

@@ -16,7 +16,8 @@ from tfcli.cli.common import (
 def export_(
     model: str = typer.Argument(..., metavar="RUN_OR_CKPT", show_default=False, help="Checkpoint or run directory."),
     to: str = typer.Option(..., "--to", metavar="TARGET", show_default=False,
-                           help="ctranslate2 (Translator/Generator) or hf (transformers)."),
+                           help="ctranslate2 (Translator/Generator), hf (transformers) or peft (a LoRA run's "
+                           "adapters)."),
     output: Path = typer.Option(..., "--output", "-o", metavar="DIR", show_default=False,
                                 help="New model directory (must not exist)."),
     dtype: Optional[str] = typer.Option(
@@ -30,12 +31,14 @@ def export_(
 
     tfcli export run/ --to ctranslate2 -o model-ct2 [--dtype int8]
     tfcli export run/ --to hf -o model-hf
+    tfcli export lora-run/ --to peft -o adapter      (peft.PeftModel.from_pretrained(base_hf, "adapter"))
 
     ctranslate2: ctranslate2.Translator(DIR), or ctranslate2.Generator(DIR) for a language model, with the tokenizer
     files copied beside it; every tfcli architecture is supported. hf: AutoModelForSeq2SeqLM /
     AutoModelForCausalLM and AutoTokenizer load it, as MarianMT (post-norm translation models), Pegasus (pre-norm,
     shared embeddings) or GPT-2 (language models with learned positions); other options are refused, naming the
-    option. The directory is written whole or not at all.
+    option. A LoRA run (train --lora-rank) exports merged into its base model, or with --to peft its adapters
+    alone, for the hf export of its base. The directory is written whole or not at all.
     """
     from tfcli.interop.ct2 import QUANTIZATIONS
     from tfcli.interop.exporter import TARGETS, export

@@ -17,6 +17,7 @@ from tfcli.train.config import TrainConfig
 
 
 _OPT, _BATCH, _VAL, _HW = "Optimisation", "Batching", "Validation, logging, checkpoints", "Hardware"
+_ADAPT = "Fine-tuning (with --init-from)"
 
 
 @app.command()
@@ -43,6 +44,27 @@ def train(
     init_from: Optional[str] = typer.Option(
         None, "--init-from", metavar="CKPT", help="Fine-tune: start from this checkpoint's weights and architecture "
         "(a fresh optimizer and schedule). DATA must use its tokenizer: tfcli prepare --tokenizer-from CKPT."
+    ),
+    lora_rank: Optional[int] = typer.Option(
+        None, "--lora-rank", metavar="R", rich_help_panel=_ADAPT, help="Train rank-R LoRA adapters on the frozen "
+        "model instead of its weights; checkpoints hold the adapters alone (tfcli export --to peft), decoding merges "
+        "them (0: off)."
+    ),
+    lora_alpha: Optional[float] = typer.Option(
+        None, "--lora-alpha", rich_help_panel=_ADAPT, help="The adapters' output is scaled by alpha / rank "
+        "\\[default: 16]."
+    ),
+    lora_dropout: Optional[float] = typer.Option(
+        None, "--lora-dropout", rich_help_panel=_ADAPT, help="Dropout on the adapters' input \\[default: 0]."
+    ),
+    lora_targets: Optional[str] = typer.Option(
+        None, "--lora-targets", metavar="LAYERS", rich_help_panel=_ADAPT, help="Comma-separated layers to adapt: "
+        "qkv, self_out, cross_q, cross_kv, cross_out, w1, w2, w3 \\[default: all of them]."
+    ),
+    freeze: Optional[str] = typer.Option(
+        None, "--freeze", metavar="PARTS", rich_help_panel=_ADAPT, help="Full fine-tuning with these parts left as "
+        "they are, comma-separated: embeddings, encoder, decoder, or patterns of parameter names "
+        "('decoder.layers.0.*')."
     ),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", rich_help_panel=_OPT, help="Updates (0: no limit)."),
     max_epochs: Optional[int] = typer.Option(None, "--max-epochs", rich_help_panel=_OPT, help="Epochs (0: no limit)."),
@@ -144,6 +166,7 @@ def train(
     tfcli train prep/ -o run/ -c train.yaml --set model.dropout=0.3
     tfcli train -o run/ --resume --max-steps 50000      continue exactly
     tfcli train prep/ -o tuned/ --init-from run/ --lr 1e-4      fine-tune
+    tfcli train prep/ -o lora/ --init-from imported/ --lora-rank 16      adapters (LoRA)
     torchrun --nproc_per_node=4 $(which tfcli) train prep/ -o run/
 
     Writes RUN/config.yaml (the resolved config), RUN/metrics.jsonl (one JSON line per log step and per
@@ -172,7 +195,8 @@ def train(
         early_stop_metric=early_stop, patience=patience, keep_last=keep_last, average_last=average_last,
         tensorboard=tensorboard,
         device=device, dtype=dtype, compile=compile_, pad_multiple=pad_multiple, compile_shapes=compile_shapes,
-        threads=threads, profile=profile,
+        threads=threads, profile=profile, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+        lora_targets=_names(lora_targets), freeze=_names(freeze),
     )
     keep_freed_memory()  # the step's logits and their gradient, reused instead of faulted in afresh each step
     result = run(run_training, config, flags, sets)
@@ -181,3 +205,7 @@ def train(
               f"{result.run_dir} --resume", file=sys.stderr)
         raise typer.Exit(EXIT_INTERRUPTED)
     print(result.best or result.checkpoint)
+
+
+def _names(value: str | None) -> list[str] | None:
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]

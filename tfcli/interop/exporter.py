@@ -1,4 +1,5 @@
-"""`tfcli export`: a checkpoint -> a CTranslate2 or Hugging Face model directory, written whole or not at all."""
+"""`tfcli export`: a checkpoint -> a CTranslate2 or Hugging Face model directory, or a LoRA run's adapters in PEFT's
+layout, written whole or not at all."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tfcli.errors import TfcliError
 from tfcli.interop import ct2, hf, hf_export
 from tfcli.io import atomic_dir, refuse_overwriting_inputs
 
-TARGETS = ("ctranslate2", "hf")
+TARGETS = ("ctranslate2", "hf", "peft")
 
 
 def export(path: str | Path, to: str, out: str | Path, quantization: str | None = None) -> dict:
@@ -30,12 +31,16 @@ def export(path: str | Path, to: str, out: str | Path, quantization: str | None 
     refuse_overwriting_inputs([out], checkpoint_meta.input_paths(path), "choose another -o")
     if out.exists():
         raise TfcliError(f"{out}: already exists; remove it or choose another -o")
-    model, meta = checkpoint.load(path, mapped=True)
+    meta = checkpoint_meta.read_meta(path)
+    if to == "peft" and not meta.get("adapter"):
+        raise TfcliError(f"--to peft: {meta['dir']} holds a whole model, not a LoRA run's adapters (train with "
+                         "--lora-rank); export it with --to hf")
+    model, meta = checkpoint.load(meta, mapped=True, merge=to != "peft")
     cfg = checkpoint_meta.model_config(meta)
     sides = ("src", "tgt") if cfg.kind == "seq2seq" else ("tgt",)
     toks = {side: checkpoint.tokenizer(meta, side) for side in sides}  # checked against the model
     files = {side: checkpoint_meta.tokenizer_path(meta, side) for side in sides}
-    if to == "hf":
+    if to in ("hf", "peft"):
         arch = hf.hf_arch(cfg).model_class
         hf._transformers()
     else:
@@ -47,6 +52,8 @@ def export(path: str | Path, to: str, out: str | Path, quantization: str | None 
                 ct2.convert(model, cfg, toks.get("src"), toks["tgt"], str(tmp), quantization)
                 for side, f in files.items():
                     shutil.copyfile(f, tmp / f"tokenizer.{side}.json")
+            elif to == "peft":
+                arch = hf_export.save_peft(model, cfg, meta["adapter"], tmp)
             else:
                 arch = hf_export.save_hf(model, cfg, files, tmp)
             info = {"exported_by": f"tfcli {tfcli.__version__}", "from": meta["dir"], "to": to, "class": arch,

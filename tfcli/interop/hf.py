@@ -359,6 +359,28 @@ def to_hf_state(model, cfg: ModelConfig, arch: Arch) -> dict[str, torch.Tensor]:
     return out
 
 
+def to_peft_state(adapters: dict, cfg: ModelConfig, arch: Arch) -> dict[str, torch.Tensor]:
+    """LoRA `adapters` ({tfcli module name: tfcli.model.lora.Adapter}) as PEFT names them on the HF model
+    (`base_model.model.<module>.lora_A.weight`, `lora_B`): a layer HF splits (q, k, v; k, v) gets the shared A and
+    its rows of B, which is the same product; the input (A) and output (B) dimensions permuted as the weight's."""
+    perm = _perm(cfg.d_model) if arch.kind == "seq2seq" else None
+    out = {}
+    for t, part, h, layout in _pairs(cfg, arch):
+        adapter = adapters.get(t.removesuffix(".weight")) if t.endswith(".weight") else None
+        if adapter is None:
+            continue
+        A, B = adapter.A.detach().float(), adapter.B.detach().float()
+        if part is not None:
+            B = B.split(part[1])[part[0]]
+        if layout == "in" and perm is not None:
+            A = A[:, perm]
+        elif layout == "out" and perm is not None:
+            B = B[perm]
+        module = f"base_model.model.{h.removesuffix('.weight')}"
+        out[f"{module}.lora_A.weight"], out[f"{module}.lora_B.weight"] = A.clone(), B.clone()  # (each its own)
+    return out
+
+
 def from_hf_state(hf: dict[str, torch.Tensor], cfg: ModelConfig, arch: Arch) -> dict[str, torch.Tensor]:
     """The tfcli state dict (aliases of shared/tied weights included) from an HF one, in tfcli's vocabulary order
     only if the HF model already is (`import_model` reorders)."""

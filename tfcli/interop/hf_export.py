@@ -11,7 +11,9 @@ import torch
 from tfcli.config import to_dict
 from tfcli.data.vocab import permute_vocabulary, plain_name, vocab_list
 from tfcli.errors import TfcliError
-from tfcli.interop.hf import _model_class, _no_progress_bars, _transformers, hf_arch, hf_config, to_hf_state
+from tfcli.interop.hf import (
+    _model_class, _no_progress_bars, _transformers, hf_arch, hf_config, to_hf_state, to_peft_state,
+)
 from tfcli.model.config import ModelConfig
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
@@ -111,3 +113,25 @@ def save_hf(model, cfg: ModelConfig, tokenizers: dict[str, Path], out_dir: Path)
         (out_dir / "target_tokenizer.json").write_text(_hf_tokenizer_json(tokenizers["tgt"], add_eos=False),
                                                        encoding="utf-8")
     return type(hf).__name__
+
+
+def save_peft(model, cfg: ModelConfig, record: dict, out_dir: Path) -> str:
+    """A LoRA run's adapters in the layout PEFT reads (adapter_config.json, adapter_model.safetensors), for the
+    `transformers` export of the model they were trained on (`tfcli export BASE --to hf`); returns the class name
+    of that export."""
+    from safetensors.torch import save_file
+
+    from tfcli.model import lora
+
+    arch = hf_arch(cfg)
+    state = to_peft_state(lora.adapters(model), cfg, arch)
+    config = {
+        "peft_type": "LORA", "task_type": "SEQ_2_SEQ_LM" if arch.kind == "seq2seq" else "CAUSAL_LM",
+        "base_model_name_or_path": record["base"], "r": record["rank"], "lora_alpha": record["alpha"],
+        "lora_dropout": record["dropout"], "bias": "none", "fan_in_fan_out": arch.name == "gpt2",  # (its Conv1D)
+        "target_modules": sorted({k.removeprefix("base_model.model.").rsplit(".lora_", 1)[0] for k in state}),
+        "inference_mode": True,
+    }
+    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    save_file(state, str(out_dir / "adapter_model.safetensors"))
+    return arch.model_class

@@ -163,6 +163,9 @@ PRESETS: dict[str, dict] = {
 # names a preset had before: a run saved with one resumes under the new name; given anew, it is refused with the new
 # name (`tiny` read as fairseq's transformer_tiny by those who know fairseq)
 RENAMED = {"tiny": "toy", "lm-tiny": "lm-toy"}
+# the linear layers LoRA can adapt (tfcli/model/lora.py), by their names in tfcli.model.layers.Sublayers: the
+# self-attention's fused q, k, v and its output, the cross-attention's, the FFN's
+LORA_TARGETS = ("qkv", "self_out", "cross_q", "cross_kv", "cross_out", "w1", "w2", "w3")
 _LM_DEFAULTS = dict(
     n_encoder_layers=0, activation="gelu", positions="learned", scale_embedding=False, norm="pre", tie_output=True
 )

@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 
 from tfcli.config import from_dict, load_config_file, parse_overrides, to_dict
 from tfcli.errors import ConfigError
-from tfcli.model.config import RENAMED, ModelConfig, model_config_fields
+from tfcli.model.config import LORA_TARGETS, RENAMED, ModelConfig, model_config_fields
 
 SECTIONS = ("train", "model")
 PLAN_MIN_STEPS = 10  # a time budget is planned from at least this many measured steps
@@ -91,6 +91,12 @@ class TrainConfig:
     peak_flops: float = 0.0  # the GPU's dense peak FLOP/s, for MFU (0: from its name and the precision; train/flops.py)
     resume: bool = False  # continue the run in `out` from its latest checkpoint
     init_from: str = ""  # fine-tune: start from this checkpoint's weights (its architecture; fresh optimizer, schedule)
+    # what a fine-tuning run trains (tfcli/train/adapt.py): every weight but the frozen parts, or LoRA adapters
+    freeze: list[str] = field(default_factory=list)  # embeddings, encoder, decoder, or globs of parameter names
+    lora_rank: int = 0  # train rank-R adapters (LoRA) on the frozen --init-from model (0: off); saved alone
+    lora_alpha: float = 16.0  # the adapters' output is scaled by alpha / rank
+    lora_dropout: float = 0.0  # dropout on the adapters' input
+    lora_targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # the layers adapted
 
     def validate(self) -> None:
         if self.pad_multiple < 0:
@@ -111,6 +117,11 @@ class TrainConfig:
             raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {self.betas}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"train.lora_*: rank must be >= 0 (0: off), alpha positive, dropout in [0, 1); got "
+                              f"{self.lora_rank}, {self.lora_alpha}, {self.lora_dropout}")
+        if self.lora_rank and self.freeze:
+            raise ConfigError("train.freeze: a LoRA run (lora_rank) trains its adapters alone; give one or the other")
         if self.rdrop < 0:
             raise ConfigError(f"train.rdrop: R-Drop's alpha must not be negative, got {self.rdrop} (0: off)")
         if self.lang_temperature <= 0:

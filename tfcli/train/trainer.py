@@ -18,6 +18,7 @@ to go back to.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import math
 import os
@@ -43,6 +44,7 @@ from tfcli.errors import CheckpointError, ConfigError, TfcliError
 from tfcli.io import atomic_write_text, run_lock
 from tfcli.model.transformer import build_model, count_parameters
 from tfcli import distributed
+from tfcli.train import adapt
 from tfcli.train.checkpoints import CHECKPOINTS, pack_state, prune, restore_state, resume_point, step_dirs, step_name
 from tfcli.train.budget import Budget
 from tfcli.train.config import (
@@ -194,13 +196,16 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
+        resumed = None
         if self.resume_from is not None:
-            self.raw, _ = checkpoint.load(self.resume_from, self.device)
+            self.raw, resumed = checkpoint.load(self.resume_from, self.device, merge=False)
         else:
             self.raw = build_model(self.model_cfg).to(self.device)
             if cfg.init_from:
-                start, _ = checkpoint.load(cfg.init_from, self.device)
+                start, _ = checkpoint.load(cfg.init_from, self.device, mapped=True)
                 self.raw.load_state_dict(start.state_dict())
+                del start
+        self.adapter = adapt.trainable(self.raw, cfg, resumed)  # (the "adapter" record of a LoRA run's checkpoints)
         self.raw.train()
         torch.manual_seed(cfg.seed + self.dist.rank)  # each rank its own dropout stream
         self.optimizer = self._optimizer()
@@ -319,7 +324,14 @@ class Trainer:
                       "lists every key with its default)")
         what = ("encoder-decoder" if mc.kind == "seq2seq" else
                 "decoder-only translator" if self.prepared.kind == "parallel" else "decoder-only LM")
-        log.print(f"model: {what} ({cfg.arch}), {count_parameters(self.raw) / 1e6:.2f}M parameters; "
+        trained = sum(p.numel() for p in {id(p): p for p in self.raw.parameters() if p.requires_grad}.values())
+        total = count_parameters(self.raw)
+        if trained != total:
+            how = f"LoRA rank {cfg.lora_rank} adapters" if self.adapter else f"frozen: {', '.join(cfg.freeze)}"
+            how = f" ({trained / 1e6:.3g}M trained: {how})"
+        else:
+            how = ""
+        log.print(f"model: {what} ({cfg.arch}), {total / 1e6:.2f}M parameters{how}; "
                   f"device {self.device}, {self.precision}, {self.dist.world_size} process(es)")
         if self.gpu_name:
             log.print(f"MFU: model FLOPs over {self.peak_flops / 1e12:.0f} TFLOP/s per GPU ({self.gpu_name}, "
@@ -670,11 +682,19 @@ class Trainer:
             cfg = self.cfg
             n = len(data) if not cfg.bleu_max_sentences else min(len(data), cfg.bleu_max_sentences)
             bleu = greedy_bleu(
-                self.raw, data, self.prepared, split, n, cfg.max_tokens, cfg.max_sentences, self.max_len,
+                self._decoding_model(), data, self.prepared, split, n, cfg.max_tokens, cfg.max_sentences, self.max_len,
                 self.device, self.autocast, pack=self.precision == "fp32",
             ) if self.main else 0.0
             metrics["bleu"] = distributed.all_reduce_sum([bleu], self.dist, self.device)[0]
         return metrics
+
+    def _decoding_model(self) -> torch.nn.Module:
+        """The model as decoding runs it: a LoRA run's adapters merged into a copy (decoding reads the weights)."""
+        if not self.adapter:
+            return self.raw
+        from tfcli.model import lora
+
+        return lora.merge(copy.deepcopy(self.raw))
 
     def _save(self, is_best: bool) -> None:
         """Checkpoint with the full trainer state (rank 0 writes; every rank contributes its RNG state); none where
@@ -705,6 +725,7 @@ class Trainer:
                 "step": self.step,
                 "epoch": self._epoch(),
                 "metrics": {"valid": self.last_valid, "best": self.best},
+                **({"adapter": self.adapter} if self.adapter else {}),
             }
             checkpoint.save(self.ckpt_dir / name, self.raw, meta, self.prepared.tokenizer_files(), tensors, state)
             if is_best:
