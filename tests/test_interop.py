@@ -28,7 +28,7 @@ from tfcli.errors import ConfigError, TfcliError
 from tfcli.interop.exporter import export
 from tfcli.interop.hf_import import import_model
 from tfcli.model.config import preset
-from tfcli.specials import BOS_ID, EOS_ID
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
 from tfcli.model.transformer import build_model
 
 WORDS = [f"w{i}" for i in range(30)]
@@ -214,6 +214,60 @@ def test_hf_export_computes_the_same_logits_and_imports_back_exactly(tmp_path, v
     a, b = model.state_dict(), back.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert checkpoint.tokenizer(meta, "tgt").get_vocab() == checkpoint.tokenizer(checkpoint_meta.read_meta(ckpt), "tgt").get_vocab()
+
+
+@pytest.mark.parametrize("variant", HF_VARIANTS)
+def test_training_loss_and_steps_are_transformers_on_the_export(tmp_path, variant):
+    """tfcli's training objective on a batch is the loss transformers computes on the exported model (1e-4
+    relative), and two AdamW steps of both on the layers' weights (the embedding tables held) move each tensor the
+    same way (the difference's norm under 1% of the move's)."""
+    transformers = pytest.importorskip("transformers")
+    from tfcli.interop.hf import _pairs, from_hf_state, hf_arch
+    from tfcli.train.loss import Objective
+
+    cls, fields = HF_VARIANTS[variant]
+    lm = cls.startswith("GPT2")
+    model = random_model("lm" if lm else "seq2seq", **fields)
+    export(save(tmp_path, model), "hf", tmp_path / "hf")
+    Auto = transformers.AutoModelForCausalLM if lm else transformers.AutoModelForSeq2SeqLM
+    theirs = Auto.from_pretrained(tmp_path / "hf").eval()
+    src = torch.tensor([ids(SOURCES[0]) + [EOS_ID], ids(SOURCES[2])[:4] + [EOS_ID]])
+    tgt = torch.tensor([[BOS_ID] + ids(TARGETS[1]) + [EOS_ID], [BOS_ID] + ids(TARGETS[0]) + [EOS_ID, PAD_ID]])
+    swap = torch.tensor([1, 0, *range(2, model.cfg.tgt_vocab_size)]) if cls.startswith("M2M100") else None
+    hf = (lambda t: swap[t]) if swap is not None else (lambda t: t)  # (fairseq's layout: <s> 0, <pad> 1)
+    frozen = ("embed", "shared", "lm_head", "wte", "wpe")
+    absent = {h for t, _, h, _ in _pairs(model.cfg, hf_arch(model.cfg)) if t not in model.state_dict()}
+    for m in (model, theirs):  # (and the biases the export fills with zeros where tfcli has none: model.bias false)
+        for name, p in m.named_parameters():
+            p.requires_grad_(not any(f in name for f in frozen) and name not in absent)
+    objective = Objective(model, 0.0)
+    options = dict(lr=1e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.0)
+    opts = [torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], **options) for m in (model, theirs)]
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    for step in range(2):
+        if lm:
+            loss, _ = objective(None, src[:, :-1], src[:, 1:])
+            labels = src
+            hf_loss = theirs(input_ids=src, labels=labels).loss
+        else:
+            loss, _ = objective(src, tgt[:, :-1], tgt[:, 1:])
+            labels = hf(tgt[:, 1:]).masked_fill(tgt[:, 1:] == PAD_ID, -100)
+            hf_loss = theirs(input_ids=hf(src), decoder_input_ids=hf(tgt[:, :-1]), labels=labels).loss
+        mean = loss / int((labels[:, 1:] if lm else labels).ne(-100).sum())
+        if step == 0:
+            assert float(mean.detach()) == pytest.approx(float(hf_loss.detach()), rel=1e-4)
+        for opt, value in zip(opts, (mean, hf_loss)):
+            opt.zero_grad()
+            value.backward()
+            opt.step()
+    arch = hf_arch(model.cfg)
+    want = from_hf_state({k: v.detach() for k, v in theirs.state_dict().items()}, model.cfg, arch)
+    got = model.state_dict()
+    trained = {t for t, *_ in _pairs(model.cfg, arch) if t in got and not any(f in t for f in frozen)}
+    assert trained
+    for name in sorted(trained):
+        move, off = got[name] - start[name], got[name] - want[name]
+        assert float(move.abs().max()) > 1e-3 and float(off.norm()) < 0.01 * float(move.norm()), name
 
 
 def _marian_like_dir(tmp_path: Path) -> tuple[Path, object, list[str]]:

@@ -360,3 +360,47 @@ def test_ctranslate2_generator_continues_as_tfcli(family, tmp_path):
                                        end_token=[tok.id_to_token(i) for i in [EOS_ID, *ends]],
                                        suppress_sequences=[[tok.id_to_token(i)] for i in (0, 1)])
         assert [tok.token_to_id(t) for t in res[0].sequences[0]][:NEW] == want
+
+
+def test_training_loss_and_steps_are_transformers(family):
+    """The training objective of the imported model on a batch is transformers' loss on it (1e-4 relative); and two
+    AdamW steps of both on the layers' weights (lr 1e-3, eps 1e-6; the embedding tables held, for time) move each
+    weight tensor the same way: the difference's norm under 1% of the move's, each element within 1e-4 but for one
+    in 1,000 (Adam's step is lr * sign(g) where g is at rounding level, and rounding differs), none past 2 lr."""
+    import copy
+
+    from tfcli.interop.hf import ARCHS, _pairs, from_hf_state
+    from tfcli.train.loss import Objective
+
+    tok, model, lm = family
+    texts = [TEXTS[0], TEXTS[3]]
+    n = min(len(tfcli_ids(lm, t)) for t in texts)
+    ids = torch.tensor([tfcli_ids(lm, t)[:n] for t in texts])
+    hf_ids = torch.tensor([to_hf(lm, tok, row) for row in ids.tolist()])
+    ours, theirs = copy.deepcopy(lm.loaded.model).train(), copy.deepcopy(model).train()
+    for m, table in ((ours, "embed.tok"), (theirs, "embed_tokens")):
+        for name, p in m.named_parameters():
+            p.requires_grad_(table not in name and "lm_head" not in name and "wte" not in name)
+    objective = Objective(ours, 0.0)
+    options = dict(lr=1e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.0)
+    opt_ours = torch.optim.AdamW([p for p in ours.parameters() if p.requires_grad], **options)
+    opt_theirs = torch.optim.AdamW([p for p in theirs.parameters() if p.requires_grad], **options)
+    for step in range(2):
+        loss, _ = objective(None, ids[:, :-1], ids[:, 1:])
+        mean = loss / ids[:, 1:].numel()
+        hf_loss = theirs(input_ids=hf_ids, labels=hf_ids).loss
+        if step == 0:
+            assert float(mean.detach()) == pytest.approx(float(hf_loss.detach()), rel=1e-4)
+        for opt, value in ((opt_ours, mean), (opt_theirs, hf_loss)):
+            opt.zero_grad()
+            value.backward()
+            opt.step()
+    cfg, arch = ours.cfg, ARCHS[model.config.model_type]
+    want = from_hf_state({k: v.detach() for k, v in theirs.state_dict().items()}, cfg, arch)
+    got, start = ours.state_dict(), lm.loaded.model.state_dict()
+    layers = {t for t, *_ in _pairs(cfg, arch) if t.startswith("decoder.layers.") or t == "decoder.norm.weight"}
+    for name in sorted(layers):
+        move, off = got[name] - start[name], (got[name] - want[name]).abs()
+        assert float(move.abs().max()) > 1e-3, name  # (the steps moved it)
+        assert float(off.norm()) < 0.01 * float(move.norm()), name
+        assert float((off > 1e-4).float().mean()) < 1e-3 and float(off.max()) < 2e-3, name
