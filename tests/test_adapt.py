@@ -163,3 +163,60 @@ def test_peft_loads_the_adapters_onto_the_transformers_export(tmp_path, name):
     assert float((ours - hf).abs().max()) < 1e-4
     assert not torch.allclose(ours, checkpoint.load(base)[0](*((src, tgt) if kind == "seq2seq" else (src,))),
                               atol=1e-3)  # (the adapters change the outputs: the test sees them)
+
+
+def test_corpora_are_drawn_by_their_weights_and_each_valid_set_is_reported(tmp_path):
+    """`prepare --corpus NAME=SRC,TGT[,W]` (a new domain beside an earlier one's data replayed): each epoch draws
+    from each corpus in proportion to its weight, and training reports each `--valid-corpus` alone."""
+    from tfcli.data.config import PrepareConfig
+    from tfcli.data.prepare import prepare
+    from tfcli.data.prepared import PreparedData
+    from tfcli.train.data import ParallelData
+
+    files = {}
+    for name, words, n in (("new", "abcdefgh", 120), ("old", "stuvwxyz", 40)):
+        for split, count in (("train", n), ("valid", 10)):
+            lines = [" ".join(words[(i + j) % 8] for j in range(3 + i % 4)) for i in range(count)]
+            for side in ("src", "tgt"):
+                files[name, split, side] = tmp_path / f"{name}.{split}.{side}"
+                files[name, split, side].write_text("\n".join(lines) + "\n")
+    spec = lambda name, split, w="": f"{name}={files[name, split, 'src']},{files[name, split, 'tgt']}{w}"  # noqa: E731
+    cfg = PrepareConfig(out=str(tmp_path / "prep"), corpora=[spec("new", "train"), spec("old", "train", ",3")],
+                        valid_corpora=[spec("new", "valid"), spec("old", "valid")], tokenizer="char", vocab_size=40)
+    cfg.validate()
+    data = PreparedData(prepare(cfg))
+    assert data.meta["corpora"] == {"new": 1.0, "old": 3.0}
+    assert data.split_names("train") == ["train.new", "train.old"]
+    assert data.split_names("valid") == ["valid.new", "valid.old"]
+    pairs = ParallelData(data, data.split_names("train"), 64, 256, 0, 1, weights=[1.0, 3.0])
+    rows = pairs.epoch_rows(0)
+    old = int((rows >= 120).sum())
+    assert len(rows) == 160 and old == 120  # 3/4 of the epoch's 160 rows: the 40 rows of "old", 3 times each
+    assert sorted(rows[rows >= 120].tolist()) == sorted(list(range(120, 160)) * 3)
+    train(tiny_train_config(data.path, tmp_path / "run", max_steps=4, valid_every=4, bleu_max_sentences=4))
+    valid = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"valid"' in line]
+    assert set(valid[-1]["directions"]) == {"new", "old"} and all("bleu" in m for m in valid[-1]["directions"].values())
+    for bad, message in ((dict(corpora=["new=a.de"]), "expected NAME=SRC,TGT,WEIGHT"),
+                         (dict(corpora=["new=a,b,0"]), "the weight must be positive"),
+                         (dict(corpora=["x=a,b", "x=c,d"]), "x is named twice"),
+                         (dict(valid_corpora=["x=a,b"]), "go with training corpora")):
+        with pytest.raises(ConfigError, match=message):
+            PrepareConfig(out=str(tmp_path / "bad"), **bad).validate()
+    with pytest.raises(ConfigError, match="--corpus names every training corpus; drop --src"):
+        prepare(PrepareConfig(out=str(tmp_path / "bad"), corpora=[spec("new", "train")], src="a", tgt="b"))
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("how", ["full", "lora"])
+def test_activation_checkpointing_trains_the_same_weights(base, tmp_path, how):
+    """Recomputing each layer's activations in the backward (dropout on: its random stream replayed) gives the
+    weights that keeping them gives, bit for bit."""
+    data, base_run = base
+    extra = {} if how == "lora" else dict(lora_rank=0)
+    runs = {}
+    for on in (False, True):
+        cfg = lora_config(data, tmp_path / f"ac-{on}", base_run, max_steps=3, activation_checkpointing=on, **extra)
+        train(cfg, {"dropout": 0.1})
+        runs[on] = checkpoint.load(tmp_path / f"ac-{on}" / "checkpoints" / "step-0000003", merge=False)[0].state_dict()
+    assert all(torch.equal(runs[False][k], runs[True][k]) for k in runs[False])

@@ -47,6 +47,15 @@ def prepare(
         help="Directions for one model, e.g. de-en,en-de,en-fr: each source gets its target language's tag >>fr<< "
         "(translate --tgt-lang fr); files PREFIX.SRC and PREFIX.TGT, or fairseq's PREFIX.SRC-TGT.LANG.",
     ),
+    corpus: Optional[List[str]] = typer.Option(
+        None, "--corpus", metavar="NAME=SRC,TGT[,W]", rich_help_panel=_MULTI,
+        help="A training corpus by name (repeat): each epoch draws from the corpora in proportion to their weights "
+        "W (default 1), e.g. a new domain's beside an earlier one's replayed.",
+    ),
+    valid_corpus: Optional[List[str]] = typer.Option(
+        None, "--valid-corpus", metavar="NAME=SRC,TGT", rich_help_panel=_MULTI,
+        help="A valid set by name (repeat), each scored and reported alone during training.",
+    ),
     train_prefix: Optional[str] = typer.Option(
         None, "--train-prefix", metavar="PREFIX", rich_help_panel=_MULTI, help="Training files, e.g. data/train (data/train.de, ...)."
     ),
@@ -162,6 +171,8 @@ def prepare(
     tfcli prepare --train pairs.tsv --valid dev.tsv --tokenizer unigram -o prep/
     tfcli prepare --train input.txt --mono-mode document --tokenizer char --valid-ratio 0.1 -o prep/
     tfcli prepare --lang-pairs de-en,en-de,en-fr,fr-en --train-prefix d/train --valid-prefix d/valid -o prep/
+    tfcli prepare --corpus new=t.de,t.en --corpus old=m.de,m.en,0.3 --valid-corpus new=tv.de,tv.en
+        --valid-corpus old=mv.de,mv.en --tokenizer-from ckpt -o prep/      (fine-tuning with replay)
 
     Filters: empty rows (every split); duplicates, --max-length and --max-ratio (train only).
     A table of the rows each filter dropped, per split, goes to stderr.
@@ -183,7 +194,7 @@ def prepare(
         prepare_config, config,
         out=out, src=src, tgt=tgt, valid_src=valid_src, valid_tgt=valid_tgt, test_src=test_src, test_tgt=test_tgt,
         lang_pairs=[lang_pairs] if lang_pairs else None, train_prefix=train_prefix, valid_prefix=valid_prefix,
-        test_prefix=test_prefix,
+        test_prefix=test_prefix, corpora=corpus or None, valid_corpora=valid_corpus or None,
         train=train, valid=valid, test=test, format=fmt, src_field=src_field, tgt_field=tgt_field,
         text_field=text_field, mono_mode=mono_mode, valid_ratio=valid_ratio, dataset=dataset,
         dataset_config=dataset_config, data_files=data_files or None, dataset_splits=dataset_splits or None,

@@ -29,6 +29,11 @@ class PrepareConfig:
     train_prefix: Optional[str] = None
     valid_prefix: Optional[str] = None
     test_prefix: Optional[str] = None
+    # several training corpora in one directory, each drawn from in proportion to its weight (an earlier domain's
+    # data replayed beside a new one's): NAME=SRC,TGT[,WEIGHT] (weight 1 by default); and a valid set per corpus,
+    # NAME=SRC,TGT, each validated and reported alone
+    corpora: list[str] = field(default_factory=list)
+    valid_corpora: list[str] = field(default_factory=list)
     # one file per split: TSV (parallel), JSONL (parallel with src_field/tgt_field, else monolingual), or text
     train: Optional[str] = None
     valid: Optional[str] = None
@@ -75,10 +80,44 @@ class PrepareConfig:
             raise ConfigError(f"prepare.tokenizer_sample: must be >= 0 (0 = all rows), got {self.tokenizer_sample}")
         if not self.text_field:
             raise ConfigError("prepare.text_field: must not be empty")
+        if self.corpora or self.valid_corpora:
+            self.corpus_files()
         if self.lang_pairs:
             from tfcli.data.languages import parse_directions
 
             self.lang_pairs = parse_directions(self.lang_pairs, "prepare.lang_pairs")
+
+
+    def corpus_files(self) -> dict[str, tuple[str, str]]:
+        """{split name (train.NAME, valid.NAME): (source file, target file)} of `corpora` and `valid_corpora`."""
+        files = {}
+        for key, split in (("corpora", "train"), ("valid_corpora", "valid")):
+            for name, src, tgt, _ in (parse_corpus(spec, key) for spec in getattr(self, key)):
+                if f"{split}.{name}" in files:
+                    raise ConfigError(f"prepare.{key}: {name} is named twice")
+                files[f"{split}.{name}"] = (src, tgt)
+        if self.valid_corpora and not self.corpora:
+            raise ConfigError("prepare.valid_corpora: valid sets per corpus go with training corpora (--corpus)")
+        return files
+
+    def corpus_weights(self) -> dict[str, float]:
+        return {name: weight for name, _, _, weight in (parse_corpus(s, "corpora") for s in self.corpora)}
+
+
+def parse_corpus(spec: str, key: str) -> tuple[str, str, str, float]:
+    """NAME=SRC,TGT[,WEIGHT] -> (name, src, tgt, weight)."""
+    name, eq, files = str(spec).partition("=")
+    parts = files.split(",")
+    usage = f"prepare.{key}: {spec!r}: expected NAME=SRC,TGT" + (",WEIGHT" if key == "corpora" else "")
+    if not eq or not name.replace("_", "").replace("-", "").isalnum() or len(parts) not in (2, 3 if key == "corpora" else 2):
+        raise ConfigError(usage + " (a name of letters, digits, - and _)")
+    try:
+        weight = float(parts[2]) if len(parts) == 3 else 1.0
+    except ValueError:
+        raise ConfigError(usage + f": the weight {parts[2]!r} is not a number") from None
+    if not weight > 0:
+        raise ConfigError(f"prepare.{key}: {name}: the weight must be positive, got {parts[2]}")
+    return name, parts[0], parts[1], weight
 
 
 def prepare_config(path: os.PathLike | str | None = None, **flags) -> PrepareConfig:

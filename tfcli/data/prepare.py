@@ -89,7 +89,25 @@ def _multilingual_sources(cfg: PrepareConfig) -> dict[str, _Source]:
             for split, prefix in prefixes.items() if prefix is not None for d in cfg.lang_pairs}
 
 
+def _corpus_sources(cfg: PrepareConfig) -> dict[str, _Source]:
+    others = [name for name in ("src", "tgt", "valid_src", "valid_tgt", "train", "valid", "test", "dataset",
+                                "train_prefix", "valid_prefix", "test_prefix") if getattr(cfg, name) is not None]
+    if others or cfg.lang_pairs:
+        raise ConfigError(f"--corpus names every training corpus; drop --{(others or ['lang-pairs'])[0].replace('_', '-')} "
+                          "(a valid set per corpus: --valid-corpus; a test set: --test-src/--test-tgt)")
+    if cfg.valid_ratio:
+        raise ConfigError("--valid-ratio: with --corpus, give each corpus's valid set with --valid-corpus")
+    sources = {split: _Source("pair", files) for split, files in cfg.corpus_files().items()}
+    if (cfg.test_src is None) != (cfg.test_tgt is None):
+        raise ConfigError("--test-src and --test-tgt go together: give both aligned files")
+    if cfg.test_src is not None:
+        sources["test"] = _Source("pair", (cfg.test_src, cfg.test_tgt))
+    return sources
+
+
 def _split_sources(cfg: PrepareConfig) -> dict[str, _Source]:
+    if cfg.corpora or cfg.valid_corpora:
+        return _corpus_sources(cfg)
     if cfg.lang_pairs or cfg.train_prefix or cfg.valid_prefix or cfg.test_prefix:
         return _multilingual_sources(cfg)
     pairs = {"train": (cfg.src, cfg.tgt), "valid": (cfg.valid_src, cfg.valid_tgt), "test": (cfg.test_src, cfg.test_tgt)}
@@ -576,6 +594,8 @@ def _described(cfg: PrepareConfig, kind: str) -> dict:
     directions, a parallel one's source language (translate's sentence splitter reads it through the
     checkpoint)."""
     extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {"directions": cfg.lang_pairs} if cfg.lang_pairs else {}
+    if cfg.corpora:
+        extra["corpora"] = cfg.corpus_weights()
     if kind == "parallel":
         extra["src_lang"] = named_source_language(cfg.src, cfg.src_field, cfg.lang_pairs)
     return extra
@@ -589,7 +609,7 @@ def _encode_all(tmp: Path, cfg: PrepareConfig, kind: str, toks: dict, report: di
     splits_meta = {}
     for split in report:
         progress(f"encoding {split}")
-        direction = split.split(".", 1)[1] if "." in split else None
+        direction = split.split(".", 1)[1] if "." in split and cfg.lang_pairs else None  # (not a corpus)
         splits_meta[split] = _encode_staged(tmp, split, sides, toks, vocab, kind, cfg, report[split], labels[split],
                                             mode, direction)
     return {"splits": splits_meta, "vocab": vocab}

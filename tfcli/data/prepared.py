@@ -133,11 +133,17 @@ class PreparedData:
         """A multilingual directory's directions (de-en, ...), each split one per direction; [] for one pair."""
         return list(self.meta.get("directions", []))
 
+    @property
+    def parts(self) -> list[str]:
+        """The names a split is stored under parts of: a multilingual directory's directions, or the corpora."""
+        return self.directions or list(self.meta.get("corpora") or {})
+
     def split_names(self, split: str) -> list[str]:
-        """The stored splits that make up `split`: itself, or one per direction (train.de-en, ...) that it has."""
-        if split in self.meta["splits"] or not self.directions:
+        """The stored splits that make up `split`: itself, or one per direction or corpus (train.de-en, ...) that
+        it has."""
+        if split in self.meta["splits"] or not self.parts:
             return [split]
-        return [f"{split}.{d}" for d in self.directions if f"{split}.{d}" in self.meta["splits"]] or [split]
+        return [f"{split}.{d}" for d in self.parts if f"{split}.{d}" in self.meta["splits"]] or [split]
 
     def vocab_size(self, side: str) -> int:
         return int(self.meta["vocab"][side])

@@ -72,7 +72,27 @@ def _final_norm(cfg: ModelConfig) -> nn.Module:
     return norm_layer(cfg) if cfg.norm != "post" else nn.Identity()
 
 
+def _layer(layer: nn.Module, recompute: bool, *args) -> torch.Tensor:
+    """layer(*args); with `recompute` (training under train.activation_checkpointing) its activations are not kept
+    but computed again in the backward (torch.utils.checkpoint, the random stream replayed: the same dropout)."""
+    if recompute and torch.is_grad_enabled():
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(layer, *args, use_reentrant=False)
+    return layer(*args)
+
+
+def recompute_activations(model: nn.Module, on: bool = True) -> None:
+    """Keep only each layer's input for the backward and recompute the rest there: a layer's activations in memory
+    instead of all of them, for about a third more compute."""
+    for m in model.modules():
+        if isinstance(m, (Encoder, Decoder)):
+            m.recompute = on
+
+
 class Encoder(nn.Module):
+    recompute = False  # (recompute_activations)
+
     def __init__(self, cfg: ModelConfig, embed: Embeddings):
         super().__init__()
         self.embed = embed
@@ -86,11 +106,13 @@ class Encoder(nn.Module):
         """src: (B, S) token ids; src_mask: (B, 1, 1, S) True at real tokens."""
         x = self.embed(src, torch.arange(src.size(1), device=src.device), src.size(1))
         for layer in self.layers:
-            x = layer(x, src_mask, attn_out)
+            x = _layer(layer, self.recompute and self.training, x, src_mask, attn_out)
         return self.norm(x)
 
 
 class Decoder(nn.Module):
+    recompute = False  # (recompute_activations)
+
     def __init__(self, cfg: ModelConfig, embed: Embeddings, n_layers: int, cross: bool):
         super().__init__()
         self.cfg = cfg
@@ -121,8 +143,8 @@ class Decoder(nn.Module):
         symbolic bool under torch.compile's dynamic shapes, which SDPA refuses (a graph break per layer)."""
         x, pos = self._inputs(tgt)
         for layer in self.layers:
-            x = layer(x, *self._attention(layer, tgt.size(1), prefix), memory, memory_mask,
-                      self._rope(layer, tgt.size(1)), pos, attn_out)
+            x = _layer(layer, self.recompute and self.training, x, *self._attention(layer, tgt.size(1), prefix),
+                       memory, memory_mask, self._rope(layer, tgt.size(1)), pos, attn_out)
         return self.norm(x)
 
     def cross_weights(self, tgt: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor,

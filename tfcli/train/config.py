@@ -80,6 +80,9 @@ class TrainConfig:
     # natively (AMX tiles: Intel Xeon 4th gen and later; AVX-512 BF16: AMD Zen 4 and later), faster than fp32 there
     dtype: Literal["auto", "native-bf16", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False  # torch.compile the model
+    # keep each layer's input only and recompute its activations in the backward: much less memory (a large
+    # model's fine-tuning or LoRA), about a third more compute
+    activation_checkpointing: bool = False
     # batches padded to shape buckets: lengths up to a multiple of this, rows up to what max_tokens allows at that
     # length, so that a compiled model meets few shapes (one graph each); 0: 8 with compile, else 1 (no extra padding)
     pad_multiple: int = 0

@@ -93,7 +93,7 @@ class ParallelData:
 
     def __init__(self, prepared: PreparedData, split: str | list[str], max_len: int, max_tokens: int,
                  max_sentences: int, seed: int, bpe_dropout: float = 0.0, pad_multiple: int = 1,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, weights: list[float] | None = None):
         splits = [split] if isinstance(split, str) else list(split)
         parts = {side: [prepared.sequences(s, side) for s in splits] for side in ("src", "tgt")}
         self.src, self.tgt = (p[0] if len(p) == 1 else Joined(p) for p in parts.values())
@@ -101,7 +101,7 @@ class ParallelData:
         if len(self.src) != len(self.tgt):
             raise TfcliError(f"{prepared.path}: split '{', '.join(splits)}' has {len(self.src)} source but "
                              f"{len(self.tgt)} target sentences; the prepared directory is corrupt")
-        self.temperature = temperature
+        self.temperature, self.weights = temperature, weights
         self.tagged = bool(prepared.directions)  # each source starts with a language tag
         self.max_len, self.max_tokens, self.max_sentences, self.seed = max_len, max_tokens, max_sentences, seed
         self.pad_multiple = pad_multiple
@@ -141,12 +141,12 @@ class ParallelData:
     def epoch_rows(self, epoch: int) -> np.ndarray | None:
         """The rows epoch `epoch` trains on, or None for every row once. With several splits (directions) of n_d
         rows and temperature T, direction d gets N * p_d of the epoch's N = sum(n_d) rows, p_d proportional to
-        n_d^(1/T): whole passes over its rows in a seeded order, then a seeded part of one more (a function of
-        (seed, epoch), so that a resumed run sees the same)."""
+        n_d^(1/T), or to its corpus's weight where `weights` are given: whole passes over its rows in a seeded
+        order, then a seeded part of one more (a function of (seed, epoch), so that a resumed run sees the same)."""
         n = self.counts
-        if len(n) < 2 or self.temperature == 1:
+        if len(n) < 2 or (self.weights is None and self.temperature == 1):
             return None
-        p = n ** (1 / self.temperature)
+        p = np.asarray(self.weights, dtype=np.float64) if self.weights is not None else n ** (1 / self.temperature)
         want = np.maximum(np.round(p / p.sum() * n.sum()).astype(np.int64), 1)
         if (want == n).all():  # balanced directions: every row once, as without sampling
             return None

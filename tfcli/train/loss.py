@@ -111,8 +111,10 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
             V = wc.size(0)
             real = target != pad_id
             grad_h = torch.empty_like(h)
-            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-            grad_b = torch.zeros(V, dtype=torch.float32, device=h.device) if bias is not None else None
+            train_w = ctx.needs_input_grad[1]  # (a frozen output layer, LoRA's: no (V, d) gradient)
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if train_w else None
+            grad_b = torch.zeros(V, dtype=torch.float32, device=h.device) \
+                if bias is not None and ctx.needs_input_grad[2] else None
             nll = torch.zeros((), device=h.device)
             smooth = torch.zeros((), device=h.device)
             for start in range(0, hc.size(0), block_rows):
@@ -130,7 +132,8 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
                 g.scatter_add_(1, t, -(1.0 - eps) * s[:, None])  # s * (p - q)
                 gc = g.to(dtype)
                 grad_h[rows] = gc @ wc
-                grad_w.add_(gc.t() @ hc[rows])
+                if grad_w is not None:
+                    grad_w.add_(gc.t() @ hc[rows])
                 if grad_b is not None:
                     grad_b.add_(g.sum(dim=0))
         loss = (1.0 - eps) * nll + eps * smooth if eps else nll.clone()
@@ -144,7 +147,7 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
         grad_h, grad_w, grad_b = ctx.saved_tensors
         w_dtype, b_dtype = ctx.dtypes
         return (
-            grad_h * grad_loss.to(grad_h.dtype), (grad_w * grad_loss).to(w_dtype),
+            grad_h * grad_loss.to(grad_h.dtype), (grad_w * grad_loss).to(w_dtype) if grad_w is not None else None,
             (grad_b * grad_loss).to(b_dtype) if grad_b is not None else None, None, None, None, None,
         )
 
@@ -157,7 +160,8 @@ class Objective(nn.Module):
     the decoder's output first: less work, and no vocabulary-wide copy). Elsewhere shapes stay static: selecting
     rows would need the count on the host, a GPU sync and a break in a compiled graph; there the projection and
     the loss run fused, by blocks of rows, so that no (tokens x vocabulary) logits are ever held
-    (linear_label_smoothed_loss).
+    (linear_label_smoothed_loss), as they do on the CPU too where the output layer is frozen (LoRA: the memory
+    of large-vocabulary logits is what such a run saves on).
     """
 
     def __init__(self, model: nn.Module, smoothing: float, rdrop: float = 0.0):
@@ -178,6 +182,8 @@ class Objective(nn.Module):
         if (src is not None or prefix is not None) and not is_compiling():
             real = targets != PAD_ID
             h, targets = h[real], targets[real]
+        if not m.lm_head.weight.requires_grad:  # (frozen, as under LoRA: the logits by blocks, never all held)
+            return linear_label_smoothed_loss(h, m.lm_head.weight, m.lm_head.bias, targets, self.smoothing)
         return label_smoothed_loss(m.lm_head(h), targets, self.smoothing, reuse_logits=True)
 
 

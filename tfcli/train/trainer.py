@@ -42,7 +42,7 @@ from tfcli.data.prepared import PreparedData
 from tfcli.console import verbose_enabled
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
 from tfcli.io import atomic_write_text, run_lock
-from tfcli.model.transformer import build_model, count_parameters
+from tfcli.model.transformer import build_model, count_parameters, recompute_activations
 from tfcli import distributed
 from tfcli.train import adapt
 from tfcli.train.checkpoints import CHECKPOINTS, pack_state, prune, restore_state, resume_point, step_dirs, step_name
@@ -172,10 +172,13 @@ class Trainer:
         if cfg.bpe_dropout and not parallel:
             raise ConfigError("train.bpe_dropout: re-cuts translation pairs; a language model's stream is not re-cut")
         extra = {"bpe_dropout": cfg.bpe_dropout} if cfg.bpe_dropout else {}
+        train = self.prepared.split_names("train")
+        corpora = self.prepared.meta.get("corpora")
         if parallel:
             extra["temperature"] = cfg.lang_temperature
+            if corpora and len(train) > 1:  # (corpora are drawn from by their weights, not by temperature)
+                extra["weights"] = [corpora[s.split(".", 1)[1]] for s in train]
         self.pad_multiple = cfg.pad_multiple or (8 if cfg.compile else 1)
-        train = self.prepared.split_names("train")
         self.train_data = Data(self.prepared, train if len(train) > 1 else train[0], self.max_len, cfg.max_tokens,
                                cfg.max_sentences, cfg.seed, pad_multiple=self.pad_multiple, **extra)
         # {name: (split, data)}: the valid split, or a multilingual directory's one per direction, each reported
@@ -197,15 +200,16 @@ class Trainer:
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
         resumed = None
-        if self.resume_from is not None:
-            self.raw, resumed = checkpoint.load(self.resume_from, self.device, merge=False)
+        if self.resume_from is not None:  # (a LoRA run's frozen base mapped, as below)
+            self.raw, resumed = checkpoint.load(self.resume_from, self.device, mapped=bool(cfg.lora_rank),
+                                                merge=False)
+        elif cfg.init_from:  # its weights in this run's config (dropout), mapped: in memory once, copied if written
+            meta = checkpoint_meta.read_meta(cfg.init_from)
+            self.raw, _ = checkpoint.load({**meta, "model": to_dict(self.model_cfg)}, self.device, mapped=True)
         else:
             self.raw = build_model(self.model_cfg).to(self.device)
-            if cfg.init_from:
-                start, _ = checkpoint.load(cfg.init_from, self.device, mapped=True)
-                self.raw.load_state_dict(start.state_dict())
-                del start
         self.adapter = adapt.trainable(self.raw, cfg, resumed)  # (the "adapter" record of a LoRA run's checkpoints)
+        recompute_activations(self.raw, cfg.activation_checkpointing)
         self.raw.train()
         torch.manual_seed(cfg.seed + self.dist.rank)  # each rank its own dropout stream
         self.optimizer = self._optimizer()
