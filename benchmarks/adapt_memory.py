@@ -43,8 +43,7 @@ WAYS = {"LoRA rank 16": ["--lora-rank", "16"],
 
 def build(shape: str, directory: Path) -> tuple[Path, Path, int]:
     """(checkpoint, prepared directory, weight bytes) of `shape`."""
-    from tfcli.model.config import preset
-    from tfcli.model.transformer import build_model
+    from tfcli.model import build_model, preset
 
     kind, fields = SHAPES[shape]
     fields = dict(fields)
