@@ -39,7 +39,7 @@ for how in full lora; do
       echo "== $how, $data: training $STEPS steps" >&2
       /usr/bin/time -f "%e %M" -o "$run.time" tfcli train "$OUT/prep-$data" -o "$run" --init-from "$BASE" \
         "${extra[@]}" --max-steps "$STEPS" --max-epochs 0 --max-tokens 1500 --warmup 50 --schedule constant \
-        --valid-every 100 --bleu-max-sentences 300 --label-smoothing 0.1 --keep-last 1 --seed 1 -q >/dev/null
+        --valid-every 100 --set train.bleu_max_sentences=300 --label-smoothing 0.1 --keep-last 1 --seed 1 -q >/dev/null
       score "$run/checkpoints/$(cat "$run/checkpoints/LATEST")" "$how-$data"
     fi
   done

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from helpers import make_parallel_prepared, save_model, save_word_tokenizer, tiny_train_config
+from helpers import make_parallel_prepared, save_model, save_word_tokenizer, stored_layout_decoded, tiny_train_config
 from tfcli import checkpoint, checkpoint_meta
 from tfcli.errors import CheckpointError, ConfigError, TfcliError
 from tfcli.interop.exporter import export
@@ -58,6 +58,9 @@ def test_lora_trains_the_adapters_alone_saves_them_alone_and_decodes_merged(base
     save_model(tmp_path / "plain", merged, checkpoint_meta.tokenizer_path(meta, "src"))
     lines = ["w1 w2 w3 w4", "w5 w6 w7", "w9 w3"]
     assert tfcli.load(str(ckpt)).translate(lines) == tfcli.load(str(tmp_path / "plain")).translate(lines)
+    if stored_layout_decoded("int8"):  # (int8 quantises the merged weights: as it quantises the plain ones)
+        assert tfcli.load(str(ckpt), dtype="int8").translate(lines) == \
+            tfcli.load(str(tmp_path / "plain"), dtype="int8").translate(lines)
 
 
 @pytest.mark.parametrize("how", ["lora", "freeze"])
@@ -174,7 +177,7 @@ def test_corpora_are_drawn_by_their_weights_and_each_valid_set_is_reported(tmp_p
     from tfcli.train.data import ParallelData
 
     files = {}
-    for name, words, n in (("new", "abcdefgh", 120), ("old", "stuvwxyz", 40)):
+    for name, words, n in (("new", "abcdefgh", 120), ("old", "stuvwxyz", 40), ("other", "abcdwxyz", 0)):
         for split, count in (("train", n), ("valid", 10)):
             lines = [" ".join(words[(i + j) % 8] for j in range(3 + i % 4)) for i in range(count)]
             for side in ("src", "tgt"):
@@ -182,12 +185,13 @@ def test_corpora_are_drawn_by_their_weights_and_each_valid_set_is_reported(tmp_p
                 files[name, split, side].write_text("\n".join(lines) + "\n")
     spec = lambda name, split, w="": f"{name}={files[name, split, 'src']},{files[name, split, 'tgt']}{w}"  # noqa: E731
     cfg = PrepareConfig(out=str(tmp_path / "prep"), corpora=[spec("new", "train"), spec("old", "train", ",3")],
-                        valid_corpora=[spec("new", "valid"), spec("old", "valid")], tokenizer="char", vocab_size=40)
+                        valid_corpora=[spec("new", "valid"), spec("old", "valid"), spec("other", "valid")],
+                        tokenizer="char", vocab_size=40)  # ("other": a domain to watch, not to train on)
     cfg.validate()
     data = PreparedData(prepare(cfg))
     assert data.meta["corpora"] == {"new": 1.0, "old": 3.0}
     assert data.split_names("train") == ["train.new", "train.old"]
-    assert data.split_names("valid") == ["valid.new", "valid.old"]
+    assert data.split_names("valid") == ["valid.new", "valid.old", "valid.other"]
     pairs = ParallelData(data, data.split_names("train"), 64, 256, 0, 1, weights=[1.0, 3.0])
     rows = pairs.epoch_rows(0)
     old = int((rows >= 120).sum())
@@ -196,7 +200,7 @@ def test_corpora_are_drawn_by_their_weights_and_each_valid_set_is_reported(tmp_p
     train(tiny_train_config(data.path, tmp_path / "run", max_steps=4, valid_every=4, bleu_max_sentences=4))
     valid = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
              if '"valid"' in line]
-    assert set(valid[-1]["directions"]) == {"new", "old"} and all("bleu" in m for m in valid[-1]["directions"].values())
+    assert set(valid[-1]["directions"]) == {"new", "old", "other"} and all("bleu" in m for m in valid[-1]["directions"].values())
     for bad, message in ((dict(corpora=["new=a.de"]), "expected NAME=SRC,TGT,WEIGHT"),
                          (dict(corpora=["new=a,b,0"]), "the weight must be positive"),
                          (dict(corpora=["x=a,b", "x=c,d"]), "x is named twice"),

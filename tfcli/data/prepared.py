@@ -135,8 +135,12 @@ class PreparedData:
 
     @property
     def parts(self) -> list[str]:
-        """The names a split is stored under parts of: a multilingual directory's directions, or the corpora."""
-        return self.directions or list(self.meta.get("corpora") or {})
+        """The names a split is stored under parts of: a multilingual directory's directions, or the corpora (the
+        training corpora, then valid and test sets named otherwise)."""
+        if self.directions or not self.meta.get("corpora"):
+            return self.directions
+        named = [s.split(".", 1)[1] for s in self.meta["splits"] if "." in s]
+        return list(dict.fromkeys([*self.meta["corpora"], *named]))
 
     def split_names(self, split: str) -> list[str]:
         """The stored splits that make up `split`: itself, or one per direction or corpus (train.de-en, ...) that
