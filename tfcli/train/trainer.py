@@ -335,7 +335,8 @@ class Trainer:
             how = f" ({trained / 1e6:.3g}M trained: {how})"
         else:
             how = ""
-        log.print(f"model: {what} ({cfg.arch}), {total / 1e6:.2f}M parameters{how}; "
+        shape = f"from {cfg.init_from}" if cfg.init_from else cfg.arch  # (a fine-tuning run's is the checkpoint's)
+        log.print(f"model: {what} ({shape}), {total / 1e6:.2f}M parameters{how}; "
                   f"device {self.device}, {self.precision}, {self.dist.world_size} process(es)")
         if self.gpu_name:
             log.print(f"MFU: model FLOPs over {self.peak_flops / 1e12:.0f} TFLOP/s per GPU ({self.gpu_name}, "
