@@ -24,7 +24,7 @@ def base(tmp_path_factory):
     """(prepared data, a briefly trained encoder-decoder's run directory)."""
     d = tmp_path_factory.mktemp("adapt")
     data = make_parallel_prepared(d / "prep")
-    train(tiny_train_config(data, d / "base", max_steps=12, valid_every=12, valid_bleu=False))
+    train(tiny_train_config(data, d / "base", max_steps=100, valid_every=100, valid_bleu=False))
     return data, d / "base"
 
 
@@ -36,7 +36,7 @@ def lora_config(data, out, base_run, **kw):
 
 def test_lora_trains_the_adapters_alone_saves_them_alone_and_decodes_merged(base, tmp_path):
     data, base_run = base
-    train(lora_config(data, tmp_path / "lora", base_run))
+    train(lora_config(data, tmp_path / "lora", base_run, valid_bleu=True))
     ckpt = checkpoint_meta.resolve(tmp_path / "lora")
     saved = checkpoint.read_weights(ckpt / checkpoint_meta.WEIGHTS)
     assert saved and all(".lora." in k for k in saved)  # the adapters alone
@@ -52,8 +52,17 @@ def test_lora_trains_the_adapters_alone_saves_them_alone_and_decodes_merged(base
     with torch.no_grad():
         assert torch.allclose(merged(src, tgt), attached(src, tgt), atol=1e-5)
         assert not torch.allclose(merged(src, tgt), start(src, tgt), atol=1e-3)
-    # translate decodes the merged model: the outputs of the same weights saved as a plain checkpoint
+    # translate decodes the merged model: the outputs of the same weights saved as a plain checkpoint; and the
+    # BLEU training logged (validation merges the adapters for the while) is that of `translate --greedy` on valid
+    import sacrebleu
+
     import tfcli
+
+    prepared = (data / "valid.src.txt").read_text().splitlines(), (data / "valid.tgt.txt").read_text().splitlines()
+    logged = [json.loads(line) for line in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()
+              if '"valid"' in line][-1]["bleu"]
+    greedy = tfcli.load(str(ckpt)).translate(prepared[0], beam_size=1)
+    assert logged == sacrebleu.corpus_bleu(greedy, [prepared[1]]).score
 
     save_model(tmp_path / "plain", merged, checkpoint_meta.tokenizer_path(meta, "src"))
     lines = ["w1 w2 w3 w4", "w5 w6 w7", "w9 w3"]

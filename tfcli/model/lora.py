@@ -13,6 +13,7 @@ cross_kv, cross_out, w1, w2, w3 (the FFN; w3 only in a gated one).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +123,28 @@ def adapters(model: nn.Module) -> dict[str, Adapter]:
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapters' tensors under the model's state-dict names ("…qkv_proj.lora.A")."""
     return {f"{n}.lora.{k}": v for n, a in adapters(model).items() for k, v in a.state_dict().items()}
+
+
+@contextmanager
+def merged(model: nn.Module):
+    """`model` with each adapted layer's weight replaced by W + (alpha / r) B A (a new tensor) and its adapter off,
+    for code that reads the weights (decoding, while training validates); on exit the frozen weights (never
+    written) and the adapters are back as they were. Costs a copy of the adapted layers, not of the model."""
+    held = {}
+    with torch.no_grad():
+        for name, adapter in adapters(model).items():
+            layer = model.get_submodule(name)
+            held[name] = layer.weight
+            layer._lora_hook.remove()
+            layer.weight = nn.Parameter((layer.weight.float() + adapter.delta()).to(layer.weight.dtype),
+                                        requires_grad=False)
+    try:
+        yield model
+    finally:
+        for name, weight in held.items():
+            layer = model.get_submodule(name)
+            layer.weight = weight
+            layer._lora_hook = layer.register_forward_hook(_add)
 
 
 @torch.no_grad()

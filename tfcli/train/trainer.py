@@ -18,7 +18,6 @@ to go back to.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib.util
 import math
 import os
@@ -686,20 +685,22 @@ class Trainer:
         if self.prepared.kind == "parallel" and self.cfg.valid_bleu:  # (a translator of either kind)
             cfg = self.cfg
             n = len(data) if not cfg.bleu_max_sentences else min(len(data), cfg.bleu_max_sentences)
-            bleu = greedy_bleu(
-                self._decoding_model(), data, self.prepared, split, n, cfg.max_tokens, cfg.max_sentences, self.max_len,
-                self.device, self.autocast, pack=self.precision == "fp32",
-            ) if self.main else 0.0
+            with self._decoding_model() as model:
+                bleu = greedy_bleu(
+                    model, data, self.prepared, split, n, cfg.max_tokens, cfg.max_sentences, self.max_len,
+                    self.device, self.autocast, pack=self.precision == "fp32",
+                ) if self.main else 0.0
             metrics["bleu"] = distributed.all_reduce_sum([bleu], self.dist, self.device)[0]
         return metrics
 
-    def _decoding_model(self) -> torch.nn.Module:
-        """The model as decoding runs it: a LoRA run's adapters merged into a copy (decoding reads the weights)."""
+    def _decoding_model(self):
+        """The model as decoding runs it (a context): a LoRA run's adapters merged into its layers' weights for the
+        while (decoding reads the weights), the frozen ones untouched."""
         if not self.adapter:
-            return self.raw
+            return contextlib.nullcontext(self.raw)
         from tfcli.model import lora
 
-        return lora.merge(copy.deepcopy(self.raw))
+        return lora.merged(self.raw)
 
     def _save(self, is_best: bool) -> None:
         """Checkpoint with the full trainer state (rank 0 writes; every rank contributes its RNG state); none where
