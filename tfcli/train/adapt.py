@@ -50,7 +50,8 @@ def trainable(model: nn.Module, cfg: TrainConfig, resumed: dict | None) -> dict 
 
 def freeze(model: nn.Module, parts: list[str]) -> None:
     """Stop training the parameters named by `parts`: PARTS' names, or glob patterns of parameter names."""
-    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    params = dict(model.named_parameters(remove_duplicate=False))  # (a tied parameter under each of its names)
+    names = list(params)
     frozen = set()
     for part in parts:
         patterns = PARTS.get(part, (part,))
@@ -59,7 +60,6 @@ def freeze(model: nn.Module, parts: list[str]) -> None:
             raise ConfigError(f"train.freeze: {part!r} names no parameter of the model (give {', '.join(PARTS)} or "
                               f"a pattern of parameter names such as 'decoder.layers.0.*')")
         frozen |= hit
-    params = dict(model.named_parameters(remove_duplicate=False))
     if {id(params[n]) for n in frozen} == {id(p) for p in params.values()}:
         raise ConfigError(f"train.freeze: {', '.join(parts)} leaves nothing to train")
     for name in frozen:

@@ -327,7 +327,7 @@ class Trainer:
                       "lists every key with its default)")
         what = ("encoder-decoder" if mc.kind == "seq2seq" else
                 "decoder-only translator" if self.prepared.kind == "parallel" else "decoder-only LM")
-        trained = sum(p.numel() for p in {id(p): p for p in self.raw.parameters() if p.requires_grad}.values())
+        trained = sum(p.numel() for p in self.raw.parameters() if p.requires_grad)  # (tied ones once, as total)
         total = count_parameters(self.raw)
         if trained != total:
             how = f"LoRA rank {cfg.lora_rank} adapters" if self.adapter else f"frozen: {', '.join(cfg.freeze)}"
