@@ -443,3 +443,43 @@ def greedy_decode(model, src, max_len_a=1.2, max_len_b=10, min_len=0, len_penalt
 
 def greedy_search(model, src, max_len_a=1.2, max_len_b=10):
     return [h.tokens for h in greedy_decode(model, src, max_len_a, max_len_b, scored=False)]
+
+
+def spm_bpe(d: Path, data: Path) -> Path:
+    """A SentencePiece BPE model over Multi30k's three languages (in `data`), as M2M-100 and NLLB ship theirs."""
+    import pytest
+
+    spm = pytest.importorskip("sentencepiece")
+    text = d / "text.txt"
+    with text.open("w", encoding="utf-8") as out:
+        for lang in ("en", "de", "fr"):
+            out.writelines((data / f"train.{lang}").read_text(encoding="utf-8").splitlines(True)[:4000])
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(d / "bpe"), vocab_size=2000, model_type="bpe",
+                                   character_coverage=1.0, minloglevel=2)
+    return d / "bpe.model"
+
+
+def m2m_tokenizer_files(family: str, d: Path, model: Path):
+    """The family's tokenizer files in `d`, and transformers' tokenizer read from them."""
+    import shutil
+
+    import sentencepiece as spm
+    import transformers
+
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    pieces = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]  # (0-2: <unk>, <s>, </s>)
+    shutil.copy(model, d / "sentencepiece.bpe.model")
+    if family == "m2m100":  # fairseq's dictionary: its own order (by frequency there; reversed here), not the .spm's
+        vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", *reversed(pieces)])}
+        (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        return transformers.M2M100Tokenizer(str(d / "vocab.json"), str(d / "sentencepiece.bpe.model"))
+    # NLLB: the .spm's ids + 1 behind fairseq's four specials, the language codes and <mask> after (tokenizer.json)
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+    from tfcli.data.spm import m2m_tokenizer
+
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", *pieces])}
+    data = m2m_tokenizer(d / "sentencepiece.bpe.model", vocab, [*FAIRSEQ_LANGUAGE_CODES, "<mask>"])
+    (d / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    (d / "sentencepiece.bpe.model").unlink()  # (the hub's NLLB directories have both; tokenizer.json is read)
+    return transformers.NllbTokenizer(tokenizer_file=str(d / "tokenizer.json"))

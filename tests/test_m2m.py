@@ -9,12 +9,12 @@ first, greedy and beam 4 (length penalty 0), at batch 16 and 1; the CTranslate2 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import m2m_tokenizer_files, spm_bpe
 from tfcli.interop.hf_import import import_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,42 +26,6 @@ FAMILIES = {"m2m100": ("en", "fr"), "nllb": ("eng_Latn", "fra_Latn")}
 pytestmark = pytest.mark.slow
 
 
-def _spm_bpe(d: Path) -> Path:
-    """A SentencePiece BPE model over Multi30k's three languages, as M2M-100 and NLLB ship theirs."""
-    spm = pytest.importorskip("sentencepiece")
-    text = d / "text.txt"
-    with text.open("w", encoding="utf-8") as out:
-        for lang in ("en", "de", "fr"):
-            out.writelines((DATA / f"train.{lang}").read_text(encoding="utf-8").splitlines(True)[:4000])
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(d / "bpe"), vocab_size=2000, model_type="bpe",
-                                   character_coverage=1.0, minloglevel=2)
-    return d / "bpe.model"
-
-
-def _tokenizer_files(family: str, d: Path, model: Path):
-    """The family's tokenizer files in `d`, and transformers' tokenizer read from them."""
-    import sentencepiece as spm
-    import transformers
-
-    sp = spm.SentencePieceProcessor(model_file=str(model))
-    pieces = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]  # (0-2: <unk>, <s>, </s>)
-    shutil.copy(model, d / "sentencepiece.bpe.model")
-    if family == "m2m100":  # fairseq's dictionary: its own order (by frequency there; reversed here), not the .spm's
-        vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", *reversed(pieces)])}
-        (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-        return transformers.M2M100Tokenizer(str(d / "vocab.json"), str(d / "sentencepiece.bpe.model"))
-    # NLLB: the .spm's ids + 1 behind fairseq's four specials, the language codes and <mask> after (tokenizer.json)
-    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
-
-    from tfcli.data.spm import m2m_tokenizer
-
-    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", *pieces])}
-    data = m2m_tokenizer(d / "sentencepiece.bpe.model", vocab, [*FAIRSEQ_LANGUAGE_CODES, "<mask>"])
-    (d / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    (d / "sentencepiece.bpe.model").unlink()  # (the hub's NLLB directories have both; tokenizer.json is read)
-    return transformers.NllbTokenizer(tokenizer_file=str(d / "tokenizer.json"))
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """(transformers model, its tokenizer, the imported checkpoint, (source, target language), the sources)."""
@@ -71,7 +35,7 @@ def family(request, tmp_path_factory):
     base = tmp_path_factory.mktemp(request.param)
     d = base / "hf"
     d.mkdir()
-    tok = _tokenizer_files(request.param, d, _spm_bpe(base))
+    tok = m2m_tokenizer_files(request.param, d, spm_bpe(base, DATA))
     # (M2M100Tokenizer's len() leaves out the language tokens and madeup words numbered after vocab.json)
     V = tok.encoder_size + len(tok.lang_code_to_id) + tok.num_madeup_words if request.param == "m2m100" else len(tok)
     cfg = transformers.M2M100Config(

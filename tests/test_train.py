@@ -712,6 +712,40 @@ def test_two_gloo_processes_match_one_process_with_twice_the_batch(tmp_path, par
         "BEST", "LATEST", "step-0000004", "step-0000008"]
 
 
+@pytest.mark.slow
+def test_fsdp_processes_train_what_one_process_trains_and_resume_exactly(tmp_path, parallel):
+    """torchrun --fsdp, 2 CPU processes (gloo): each holds half of every parameter, gradient and AdamW moment, and
+    the run computes what one process accumulating both shares computes; its checkpoints are whole models, and a
+    run stopped halfway and resumed reaches the uninterrupted run's weights bit for bit."""
+    common = dict(arch="toy", max_tokens=200, lr=3e-3, warmup=5, log_every=1, valid_every=4, valid_bleu=False,
+                  max_epochs=0, max_steps=8, device="cpu", label_smoothing=0.1, tensorboard=False)
+    run_cli_config(None, {**common, "data": str(parallel), "out": str(tmp_path / "one"), "grad_accum": 2})
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in common.items() if not isinstance(v, bool)]
+
+    def torchrun(*more):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+               "tfcli.cli", "train", *more, "--no-valid-bleu", "--set", "train.tensorboard=false"]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    torchrun(str(parallel), "-o", str(tmp_path / "two"), *args, "--fsdp")
+    assert "shard of the parameters (FSDP)" in (tmp_path / "two" / "train.log").read_text()
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [(r["step"], r["split"]) for r in one] == [(r["step"], r["split"]) for r in two]
+    for r1, r2 in zip(one, two):
+        assert r2["loss"] == pytest.approx(r1["loss"], rel=1e-4, abs=1e-5)
+    (m1, _), (m2, _) = checkpoint.load(tmp_path / "one"), checkpoint.load(tmp_path / "two")
+    src, tgt = torch.randint(4, 20, (4, 7)), torch.randint(4, 20, (4, 6))
+    torch.testing.assert_close(m1(src, tgt), m2(src, tgt), atol=1e-4, rtol=1e-4)
+
+    half = [a if not a.startswith("--max-steps") else "--max-steps=4" for a in args]
+    torchrun(str(parallel), "-o", str(tmp_path / "half"), *half, "--fsdp")
+    torchrun("-o", str(tmp_path / "half"), "--resume", "--max-steps=8")
+    a, b = weights(tmp_path / "two"), weights(tmp_path / "half")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 # --- averaging ------------------------------------------------------------------------------------------------------
 
 

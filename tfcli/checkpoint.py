@@ -364,17 +364,20 @@ def save(
     tokenizer_files: dict[str, os.PathLike | str],
     trainer_tensors: dict[str, torch.Tensor] | None = None,
     trainer_json: dict | None = None,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write a checkpoint directory atomically. `meta` holds the resolved configs (model/train/data), step, metrics."""
+    """Write a checkpoint directory atomically. `meta` holds the resolved configs (model/train/data), step, metrics;
+    `state`, where given, is the model's state dict (an FSDP model's, gathered whole)."""
     path = Path(path)
     model = getattr(model, "module", model)  # DDP
     model = getattr(model, "_orig_mod", model)  # torch.compile
     if meta.get("adapter"):  # a LoRA run's: the adapters alone (`load` finds the base model they belong to)
         from tfcli.model import lora
 
-        weights, metadata = {k: v.detach().contiguous() for k, v in lora.adapter_state(model).items()}, None
+        adapters = lora.adapter_state(model) if state is None else {k: v for k, v in state.items() if ".lora." in k}
+        weights, metadata = {k: v.detach().contiguous() for k, v in adapters.items()}, None
     else:
-        weights, metadata = _state_to_save(model)
+        weights, metadata = _state_to_save(model.state_dict() if state is None else state)
     tensors = [*weights.values(), *(trainer_tensors or {}).values()]
     needs = sum({t.data_ptr(): t.numel() * t.element_size() for t in tensors}.values())  # tied weights once
     with atomic_dir(path, overwrite=True, needs=needs) as tmp:
@@ -404,13 +407,12 @@ def save(
     return path
 
 
-def _state_to_save(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _state_to_save(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) for safetensors' save_file, as its save_model writes them: a tensor known by several
     names (tied weights) once, under the first name in sorted order, the metadata naming it for each other name.
     A tensor that shares its memory with other tensors (a mapped checkpoint's weights share the file's) is copied:
     safetensors writes each tensor's storage whole."""
     groups: dict[tuple, list[str]] = {}
-    state = model.state_dict()
     for name, t in state.items():
         groups.setdefault((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()), []).append(name)
     kept = {min(names): names for names in groups.values()}

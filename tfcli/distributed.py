@@ -4,7 +4,9 @@ torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without them a command runs as on
 Under torchrun a process group is joined even by a single process, so that `torchrun --nproc_per_node 1` runs the
 code of N processes (DDP, NCCL) on a one-GPU machine. Training: every rank
 builds the same deterministic batch list and takes its own share of each step's batches, gradients are summed by
-DistributedDataParallel's all-reduce, and only rank 0 writes checkpoints, logs and the progress bar. Translation:
+DistributedDataParallel's all-reduce (or, with train.fsdp, each rank holds a shard of every parameter, its
+gradient and its optimizer moments: torch's FSDP), and only rank 0 writes checkpoints, logs and the progress bar.
+Translation:
 each rank translates its parts of the file and rank 0 joins them (tfcli/generate/shards.py).
 """
 
@@ -81,8 +83,64 @@ def wrap(model: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.
     )
 
 
+def shard_model(root: torch.nn.Module, model: torch.nn.Module, device: torch.device) -> None:
+    """FSDP (fully_shard): each encoder and decoder layer of `model` a unit whose parameters are gathered for its
+    forward and backward and freed after, the rest (embeddings, final norms, output layer) the unit of `root`, the
+    module whose forward training calls (the model with its loss); each process keeps 1/N of every parameter, of
+    its gradient (reduce-scattered, averaged as DDP averages) and of its moments."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for stack in (getattr(model, "encoder", None), model.decoder):
+        for layer in stack.layers if stack is not None else ():
+            fully_shard(layer, mesh=mesh)
+    fully_shard(root, mesh=mesh)
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor (FSDP's DTensor) gathered whole on every rank (every rank must call it); others as they
+    are."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def shard_like(param: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """A whole tensor sharded as `param` is (an FSDP parameter's optimizer moment); as it is for a plain one."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(param, DTensor):
+        return t
+    return distribute_tensor(t.to(param.device), param.device_mesh, param.placements)
+
+
+def gathered(model: torch.nn.Module, optimizer, info: DistInfo) -> tuple[dict | None, dict | None]:
+    """(the model's state dict, the optimizer's state) of an FSDP model, whole on the CPU of rank 0 (None on the
+    others), one tensor at a time; a tied weight is gathered once and shared by its names, as in the model."""
+    from torch.distributed.tensor import DTensor
+
+    done: dict[int, torch.Tensor] = {}
+    state = {}
+    for name, t in model.state_dict().items():
+        key = (t._local_tensor if isinstance(t, DTensor) else t).data_ptr()
+        if key not in done:
+            full = whole(t)  # (a collective: on every rank)
+            done[key] = full.detach().cpu() if info.is_main else None
+        state[name] = done[key]
+    moments = {}
+    for i, st in optimizer.state_dict()["state"].items():
+        full = {k: whole(v) if torch.is_tensor(v) else v for k, v in st.items()}
+        moments[i] = {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in full.items()}
+    return (state, moments) if info.is_main else (None, None)
+
+
 def no_sync(model: torch.nn.Module, last: bool):
-    """Skip DDP's gradient all-reduce on all but the last micro-batch of an accumulated step."""
+    """Skip the gradient reduction on all but the last micro-batch of an accumulated step: DDP's all-reduce, or
+    an FSDP model's reduce-scatter (its gradients held whole until then)."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
     if last or not hasattr(model, "no_sync"):
         return contextlib.nullcontext()
     return model.no_sync()

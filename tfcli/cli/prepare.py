@@ -45,7 +45,13 @@ def prepare(
     lang_pairs: Optional[str] = typer.Option(
         None, "--lang-pairs", metavar="SRC-TGT,...", rich_help_panel=_MULTI,
         help="Directions for one model, e.g. de-en,en-de,en-fr: each source gets its target language's tag >>fr<< "
-        "(translate --tgt-lang fr); files PREFIX.SRC and PREFIX.TGT, or fairseq's PREFIX.SRC-TGT.LANG.",
+        "(translate --tgt-lang fr); files PREFIX.SRC and PREFIX.TGT, or fairseq's PREFIX.SRC-TGT.LANG. One pair "
+        "with --src/--tgt names their languages (an imported M2M-100/NLLB or chat model needs them).",
+    ),
+    add_language: Optional[List[str]] = typer.Option(
+        None, "--add-language", metavar="CODE[=LIKE]", rich_help_panel=_MULTI,
+        help="With --tokenizer-from a checkpoint: a language it lacks (repeat), its token added (__xx__, NLLB's "
+        "code, >>xx<<); train --init-from gives it rows copied from language LIKE's, or the mean of all rows.",
     ),
     corpus: Optional[List[str]] = typer.Option(
         None, "--corpus", metavar="NAME=SRC,TGT[,W]", rich_help_panel=_MULTI,
@@ -84,7 +90,8 @@ def prepare(
     ),
     text_field: Optional[str] = typer.Option(
         None, "--text-field", metavar="FIELD", rich_help_panel=_ONE,
-        help="Monolingual JSONL/dataset field (used without --src-field/--tgt-field).",
+        help="Monolingual JSONL/dataset field (used without --src-field/--tgt-field); 'messages': conversations "
+        "for a chat model (--tokenizer-from it), the loss on the assistant's replies only.",
     ),
     mono_mode: Optional[str] = typer.Option(
         None, "--mono-mode", rich_help_panel=_ONE,
@@ -173,6 +180,11 @@ def prepare(
     tfcli prepare --lang-pairs de-en,en-de,en-fr,fr-en --train-prefix d/train --valid-prefix d/valid -o prep/
     tfcli prepare --corpus new=t.de,t.en --corpus old=m.de,m.en,0.3 --valid-corpus new=tv.de,tv.en
         --valid-corpus old=mv.de,mv.en --tokenizer-from ckpt -o prep/      (fine-tuning with replay)
+    tfcli prepare --src t.de --tgt t.en --lang-pairs deu_Latn-eng_Latn --tokenizer-from nllb -o prep/
+    tfcli prepare --train chats.jsonl --text-field messages --tokenizer-from qwen-instruct -o prep/
+
+    With --tokenizer-from a checkpoint imported from a published family, the data is written in the family's
+    conventions: M2M-100/NLLB language tokens, OPUS-MT's >>xx<<, a chat model's template (the loss on its replies).
 
     Filters: empty rows (every split); duplicates, --max-length and --max-ratio (train only).
     A table of the rows each filter dropped, per split, goes to stderr.
@@ -194,7 +206,7 @@ def prepare(
         prepare_config, config,
         out=out, src=src, tgt=tgt, valid_src=valid_src, valid_tgt=valid_tgt, test_src=test_src, test_tgt=test_tgt,
         lang_pairs=[lang_pairs] if lang_pairs else None, train_prefix=train_prefix, valid_prefix=valid_prefix,
-        test_prefix=test_prefix, corpora=corpus or None, valid_corpora=valid_corpus or None,
+        test_prefix=test_prefix, add_languages=add_language or None, corpora=corpus or None, valid_corpora=valid_corpus or None,
         train=train, valid=valid, test=test, format=fmt, src_field=src_field, tgt_field=tgt_field,
         text_field=text_field, mono_mode=mono_mode, valid_ratio=valid_ratio, dataset=dataset,
         dataset_config=dataset_config, data_files=data_files or None, dataset_splits=dataset_splits or None,

@@ -144,6 +144,11 @@ def train(
         help="Keep each layer's input only and recompute its activations in the backward: much less memory for "
         "about a third more compute.",
     ),
+    fsdp: Optional[bool] = typer.Option(
+        None, "--fsdp/--no-fsdp", rich_help_panel=_HW,
+        help="Under torchrun, shard the parameters, gradients and optimizer state over the processes (FSDP), for a "
+        "model one device cannot hold \[default: off: DDP, a whole copy in each process].",
+    ),
     pad_multiple: Optional[int] = typer.Option(
         None, "--pad-multiple", metavar="N", rich_help_panel=_HW,
         help="Pad batch lengths to a multiple of N (and rows to fill max-tokens): few shapes, one compiled graph "
@@ -201,7 +206,7 @@ def train(
         tensorboard=tensorboard,
         device=device, dtype=dtype, compile=compile_, pad_multiple=pad_multiple, compile_shapes=compile_shapes,
         threads=threads, profile=profile, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-        lora_targets=_names(lora_targets), freeze=_names(freeze), activation_checkpointing=activation_checkpointing,
+        lora_targets=_names(lora_targets), freeze=_names(freeze), activation_checkpointing=activation_checkpointing, fsdp=fsdp,
     )
     keep_freed_memory()  # the step's logits and their gradient, reused instead of faulted in afresh each step
     result = run(run_training, config, flags, sets)

@@ -26,6 +26,9 @@ class PrepareConfig:
     # several directions into one directory (a multilingual model): each split's files PREFIX.LANG, or fairseq's
     # PREFIX.SRC-TGT.LANG; each source starts with its target language's tag, >>xx<< (tfcli/data/languages.py)
     lang_pairs: list[str] = field(default_factory=list)  # de-en, en-fr, ... (a comma list on the command line)
+    # with --tokenizer-from a checkpoint: languages its vocabulary gains, CODE[=LIKE] (the new rows start as LIKE's,
+    # or as the mean of the model's rows): tfcli/data/conventions.py
+    add_languages: list[str] = field(default_factory=list)
     train_prefix: Optional[str] = None
     valid_prefix: Optional[str] = None
     test_prefix: Optional[str] = None
@@ -41,7 +44,7 @@ class PrepareConfig:
     format: Literal["auto", "tsv", "jsonl", "text"] = "auto"  # auto: from the extension (.tsv, .jsonl/.json)
     src_field: Optional[str] = None  # JSONL/dataset: dotted path (translation.de); TSV: column number
     tgt_field: Optional[str] = None
-    text_field: str = "text"  # monolingual JSONL/dataset field
+    text_field: str = "text"  # monolingual JSONL/dataset field; "messages": conversations, for a chat model
     mono_mode: Literal["line", "paragraph", "document"] = "line"
     valid_ratio: float = 0.0  # no valid split given: the LAST fraction of train becomes valid (as nanoGPT does)
     # datasets.load_dataset: a hub name, or a packaged builder (json, text, ...) on local --data-files

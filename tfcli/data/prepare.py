@@ -26,7 +26,11 @@ from tfcli import checkpoint_meta
 from tfcli.config import to_dict
 from tfcli.data.config import PrepareConfig
 from tfcli.data import cleaning, loading
-from tfcli.data.languages import named_source_language, tag, target_languages
+from tfcli.data.conventions import (
+    CHAT_FIELD, Convention, checkpoint_of, encode_segments, new_languages, pair_messages, read_conversation, segments,
+    tokenizer_options,
+)
+from tfcli.data.languages import language_tags, named_source_language, tag, target_languages
 from tfcli.data.prepared import FORMAT, FORMAT_VERSION, PreparedData, SequenceWriter, new_meta
 from tfcli.data.tokenizer import (
     SENTENCEPIECE_SUFFIXES, encode_chunks, for_clean_text, load_tokenizer, lowercases, save_tokenizer,
@@ -77,6 +81,10 @@ def _multilingual_sources(cfg: PrepareConfig) -> dict[str, _Source]:
     if not cfg.lang_pairs:
         raise ConfigError("--train-prefix/--valid-prefix/--test-prefix read one file per language: give the "
                           "directions with --lang-pairs, e.g. de-en,en-de")
+    if len(cfg.lang_pairs) == 1 and not any(prefixes.values()):  # one direction's files, its languages named
+        if cfg.valid_ratio:
+            raise ConfigError("--valid-ratio: with --lang-pairs, give the valid split's files (--valid-src/--valid-tgt)")
+        return {f"{split}.{cfg.lang_pairs[0]}": s for split, s in _split_sources(replace(cfg, lang_pairs=[])).items()}
     others = [name for name in ("src", "tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "train", "valid",
                                 "test", "dataset") if getattr(cfg, name) is not None]
     if others:
@@ -310,12 +318,23 @@ def _source_rows(s: _Source, kind: str, cfg: PrepareConfig) -> Rows:
     if s.fmt == "jsonl":
         if kind == "parallel":
             return lambda: loading.iter_jsonl(path, [cfg.src_field, cfg.tgt_field])
+        if cfg.text_field == CHAT_FIELD:
+            return lambda: _conversations(path)
         return lambda: _mono_rows(t for (t,) in loading.iter_jsonl(path, [cfg.text_field]))
     return lambda: _mono_rows(loading.iter_mono(path, cfg.mono_mode))
 
 
 def _mono_rows(texts: Iterable[str]) -> Iterator[Row]:
     return ((t,) for t in texts)
+
+
+def _conversations(path: str) -> Iterator[Row]:
+    """A chat dataset's conversations, each as one JSON text (checked line by line, `read_conversation`)."""
+    from tfcli.io import iter_lines
+
+    for lineno, line in enumerate(iter_lines(path), 1):
+        if line.strip():
+            yield (json.dumps(read_conversation(line, path, lineno), ensure_ascii=False),)
 
 
 def _rows(cfg: PrepareConfig, kind: str, sources: dict[str, _Source]) -> tuple[dict[str, Rows], dict[str, str]]:
@@ -395,12 +414,14 @@ def _stage_path(tmp: Path, split: str, side: str) -> Path:
 
 
 def _stage(tmp: Path, split: str, rows: Rows, sides: list[str], kind: str, cfg: PrepareConfig, label: str,
-           hasher=None, sample: _Sample | None = None) -> dict:
+           hasher=None, sample: _Sample | None = None, convert=None) -> dict:
     """Read, clean and stage one split; returns its cleaning counts. `hasher` sees every row as read (a hub
-    dataset's fingerprint); `sample` every row kept."""
+    dataset's fingerprint); `sample` every row kept; `convert(cols, split, label)`, where given, turns the cleaned
+    rows into the one column staged as "tgt" (a chat model's conversations)."""
     counts = cleaning.new_counts()
     dedupe = cleaning.Deduper() if base_split(split) == "train" and cfg.dedupe else None
-    files = [open(_stage_path(tmp, split, side), "w", encoding="utf-8", newline="") for side in sides]
+    staged = ["tgt"] if convert is not None else sides
+    files = [open(_stage_path(tmp, split, side), "w", encoding="utf-8", newline="") for side in staged]
     try:
         for cols in _chunks(rows(), CHUNK_ROWS):
             if hasher is not None:
@@ -408,6 +429,8 @@ def _stage(tmp: Path, split: str, rows: Rows, sides: list[str], kind: str, cfg: 
                     hasher.update("\t".join(row).encode("utf-8", "surrogatepass") + b"\n")
             _check_nul(cols, label, counts["input"])
             cols = _clean(cols, kind, cfg, counts, dedupe)
+            if convert is not None:
+                cols = convert(cols, split, label)
             for f, col in zip(files, cols):
                 for text in col:
                     f.write(text)
@@ -530,13 +553,14 @@ def _prepare(
     directory prepared with other settings.
     """
     kind, sources = _plan(cfg)
-    out = Path(cfg.out)
-    settings = _settings(cfg)
+    conv = _convention(cfg, kind)
+    out_kind = "chat" if conv.kind == "chat" else kind  # (a chat model's conversations, from pairs or chats)
+    out, settings = Path(cfg.out), _settings(cfg)
 
     # Files are hashed before anything is read, so an up-to-date directory costs one read of each input. A hub
     # dataset has no file to hash: its text is hashed as it is read, and compared once read.
     progress("hashing inputs")
-    files = _input_files(cfg, kind, sources)
+    files = _input_files(cfg, out_kind, sources)
     refuse_overwriting_inputs([out], [*files.values(), cfg.tokenizer_from], "choose another -o")
     inputs = {path: _sha256_file(path) for path in dict.fromkeys(files.values())}
     roles = {role: inputs[path] for role, path in files.items()}
@@ -549,13 +573,13 @@ def _prepare(
             log(UP_TO_DATE.format(out=out))
             return out
 
-    reused = {side: load_tokenizer(files[f"tokenizer.{side}"]) for side in _sides(kind)} if cfg.tokenizer_from else {}
+    reused = _reused(cfg, files, out_kind)
     if reused:  # a reused tokenizer that lowercases: the prepared text (valid references too) follows it
         cfg = replace(cfg, lowercase=any(lowercases(tok) for tok in reused.values()))
     rows, labels = _rows(cfg, kind, sources)
     if cfg.valid_ratio:
         _cut_valid(rows, labels, cfg.valid_ratio, cfg.mono_mode)
-    sides = _sides(kind)
+    convert = _chat_converter(conv, cfg) if out_kind == "chat" else None
     mode = cfg.mono_mode if kind == "mono" else "line"
     try:
         with atomic_dir(out, overwrite=state == "replace") as tmp:
@@ -564,8 +588,8 @@ def _prepare(
             for split in sorted(rows, key=lambda s: SPLITS.index(base_split(s))):  # directions in the given order
                 progress(f"reading and cleaning {split}")
                 hasher = hashlib.sha256() if hub_only else None
-                report[split] = _stage(tmp, split, rows[split], sides, kind, cfg, labels[split], hasher,
-                                       sample if base_split(split) == "train" else None)
+                report[split] = _stage(tmp, split, rows[split], _sides(kind), kind, cfg, labels[split], hasher,
+                                       sample if base_split(split) == "train" else None, convert)
                 if not report[split]["kept"]:
                     raise InputError(labels[split], None, f"no {split} rows left after cleaning ({_dropped(report[split])})")
                 if hasher is not None:
@@ -575,25 +599,64 @@ def _prepare(
                 if _existing_state(out, fingerprint, settings, inputs, force) == "same":
                     raise _UpToDate
 
-            toks, joint, tokenizer_meta, tagged = _tokenizers(tmp, cfg, kind, reused, files, inputs, report, sample,
-                                                              progress)
-            encoded = _encode_all(tmp, cfg, kind, toks, report, labels, mode, progress)
+            toks, joint, tokenizer_meta, tagged, added = _tokenizers(tmp, cfg, out_kind, reused, files, inputs, report,
+                                                                     sample, progress, conv)
+            encoded = _encode_all(tmp, cfg, out_kind, toks, report, labels, mode, progress, conv)
             progress("writing")
-            tokenizer_files = _save_tokenizers(tmp, sides, toks, files, cfg, tagged)
-            meta = new_meta(kind, fingerprint=fingerprint, splits=encoded["splits"], vocab=encoded["vocab"],
+            tokenizer_files = _save_tokenizers(tmp, _sides(out_kind), toks, files, cfg, tagged)
+            meta = new_meta(out_kind, fingerprint=fingerprint, splits=encoded["splits"], vocab=encoded["vocab"],
                             tokenizers=tokenizer_files, joint_vocab=joint, tokenizer=tokenizer_meta,
-                            **_described(cfg, kind), settings=settings, inputs=inputs, cleaning=report)
+                            **_described(cfg, kind, conv, added), settings=settings, inputs=inputs, cleaning=report)
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     except _UpToDate:
         log(UP_TO_DATE.format(out=out))
     return out
 
 
-def _described(cfg: PrepareConfig, kind: str) -> dict:
+def _convention(cfg: PrepareConfig, kind: str) -> Convention:
+    """The family conventions of the checkpoint --tokenizer-from names, checked against the data and options."""
+    conv = Convention.of(cfg.tokenizer_from, kind == "parallel", cfg.text_field)
+    if cfg.add_languages and (conv.kind == "chat" or checkpoint_of(cfg.tokenizer_from) is None
+                              or conv.kind == "plain" and not cfg.lang_pairs):
+        raise ConfigError("--add-language: gives a checkpoint (--tokenizer-from) a language token it lacks, for "
+                          "--lang-pairs in it; a chat model is told its languages by name")
+    if conv.kind in ("tokens", "chat") and kind == "parallel" and not cfg.lang_pairs:
+        what = "its language tokens" if conv.kind == "tokens" else "the languages its instruction names"
+        raise ConfigError(f"--tokenizer-from {cfg.tokenizer_from}: the model needs {what}: give the data's "
+                          "direction(s) with --lang-pairs, e.g. --lang-pairs de-en")
+    return conv
+
+
+def _chat_converter(conv: Convention, cfg: PrepareConfig):
+    """convert(cols, split, label) for _stage: each pair (the split's direction's languages) or conversation as the
+    chat template's pieces, one JSON text a row."""
+    def convert(cols: list[list[str]], split: str, label: str) -> list[list[str]]:
+        if len(cols) == 2:
+            src_lang, tgt_lang = split.split(".", 1)[1].split("-")
+            chats = [pair_messages(s, t, src_lang, tgt_lang) for s, t in zip(*cols)]
+        else:
+            chats = [json.loads(text) for text in cols[0]]
+        return [[json.dumps(segments(conv.text, m, label), ensure_ascii=False) for m in chats]]
+
+    return convert
+
+
+def _reused(cfg: PrepareConfig, files: dict, kind: str) -> dict:
+    """{side: tokenizer} of --tokenizer-from (read as its checkpoint reads them), {} without it."""
+    options = tokenizer_options(cfg.tokenizer_from)
+    return {side: load_tokenizer(files[f"tokenizer.{side}"], **options) for side in _sides(kind)} \
+        if cfg.tokenizer_from else {}
+
+
+def _described(cfg: PrepareConfig, kind: str, conv: Convention, added: dict) -> dict:
     """What meta.json says of the data besides its splits: a monolingual directory's mode, a multilingual one's
     directions, a parallel one's source language (translate's sentence splitter reads it through the
-    checkpoint)."""
+    checkpoint), the family's convention it is written in and the languages it adds."""
     extra = {"mono_mode": cfg.mono_mode} if kind == "mono" else {"directions": cfg.lang_pairs} if cfg.lang_pairs else {}
+    if conv.kind != "plain":
+        extra["convention"] = conv.kind
+    if added:
+        extra["new_languages"] = added
     if cfg.corpora:
         extra["corpora"] = cfg.corpus_weights()
     if kind == "parallel":
@@ -602,7 +665,7 @@ def _described(cfg: PrepareConfig, kind: str) -> dict:
 
 
 def _encode_all(tmp: Path, cfg: PrepareConfig, kind: str, toks: dict, report: dict, labels: dict, mode: str,
-                progress) -> dict:
+                progress, conv: Convention) -> dict:
     """Every staged split encoded and written (pass 2): {"splits": each split's meta, "vocab": each side's size}."""
     sides = _sides(kind)
     vocab = {side: toks[side].get_vocab_size() for side in sides}
@@ -611,14 +674,15 @@ def _encode_all(tmp: Path, cfg: PrepareConfig, kind: str, toks: dict, report: di
         progress(f"encoding {split}")
         direction = split.split(".", 1)[1] if "." in split and cfg.lang_pairs else None  # (not a corpus)
         splits_meta[split] = _encode_staged(tmp, split, sides, toks, vocab, kind, cfg, report[split], labels[split],
-                                            mode, direction)
+                                            mode, direction, conv)
     return {"splits": splits_meta, "vocab": vocab}
 
 
 def _tokenizers(tmp: Path, cfg: PrepareConfig, kind: str, reused: dict, files: dict, inputs: dict, report: dict,
-                sample, progress) -> tuple[dict, bool, dict, set[str]]:
-    """(tokenizers, whether joint, what meta.json records of them, the sides given language tags): the reused ones,
-    or trained on the staged train split(s); a multilingual directory's tags added."""
+                sample, progress, conv: Convention) -> tuple[dict, bool, dict, set[str], dict]:
+    """(tokenizers, whether joint, what meta.json records of them, the sides given language tokens, the new
+    languages): the reused ones, or trained on the staged train split(s); a multilingual directory's tags added,
+    and the languages --add-language names."""
     if cfg.tokenizer_from:
         toks = reused
         joint = kind == "parallel" and inputs[files["tokenizer.src"]] == inputs[files["tokenizer.tgt"]]
@@ -627,7 +691,40 @@ def _tokenizers(tmp: Path, cfg: PrepareConfig, kind: str, reused: dict, files: d
         progress(f"training {cfg.tokenizer} tokenizer")
         train_splits = [s for s in report if base_split(s) == "train"]
         toks, joint, tokenizer_meta = _train_on_staged(tmp, cfg, kind, _sides(kind), train_splits, sample)
-    return toks, joint, tokenizer_meta, _add_tags(toks, joint, cfg.lang_pairs)
+    side = _sides(kind)[0]
+    added = new_languages(cfg.add_languages, conv, toks[side], files.get(f"tokenizer.{side}"))
+    changed = set()
+    if added:
+        for s in ("src", "tgt") if conv.kind == "tokens" or joint else ("src",):
+            toks[s].add_special_tokens([a["token"] for a in added.values()])
+            changed.add(s)
+    if conv.kind == "tokens":
+        _check_language_tokens(cfg.lang_pairs, conv, added)
+    if conv.kind != "plain":  # (a chat model is told its languages by name)
+        return toks, joint, tokenizer_meta, changed, added
+    if conv.kind == "plain" and cfg.lang_pairs and checkpoint_of(cfg.tokenizer_from) is not None:
+        _check_tags(toks["src"], files["tokenizer.src"], cfg)
+    return toks, joint, tokenizer_meta, changed | _add_tags(toks, joint, cfg.lang_pairs), added
+
+
+def _check_language_tokens(directions: list[str], conv: Convention, added: dict) -> None:
+    """Every language of the directions is one the M2M-100/NLLB model has, or one --add-language adds."""
+    for lang in sorted({code for d in directions for code in d.split("-")}):
+        if lang not in conv.tokens and lang not in added:
+            near = sorted(c for c in conv.tokens if c.split("_")[0][:2] == lang.split("_")[0][:2])[:6]
+            raise ConfigError(f"--lang-pairs: the model has no language '{lang}'"
+                              f"{' (close: ' + ', '.join(near) + ')' if near else ''}; a new one: --add-language "
+                              f"{lang}[=LIKE]")
+
+
+def _check_tags(tok, file: str, cfg: PrepareConfig) -> None:
+    """A checkpoint's data: every target language of the directions has its >>xx<< tag, or --add-language adds it
+    (a tag the model never saw is a new row, which train --init-from must grow)."""
+    have = set(language_tags(tok, file)) | {str(a).partition("=")[0] for a in cfg.add_languages}
+    missing = [lang for lang in target_languages(cfg.lang_pairs) if lang not in have]
+    if missing:
+        raise ConfigError(f"--lang-pairs: --tokenizer-from {cfg.tokenizer_from} has no {tag(missing[0])} tag; a "
+                          f"new target language: --add-language {missing[0]}[=LIKE]")
 
 
 def _train_on_staged(tmp: Path, cfg: PrepareConfig, kind: str, sides: list[str], train_splits: list[str],
@@ -648,19 +745,23 @@ def _train_on_staged(tmp: Path, cfg: PrepareConfig, kind: str, sides: list[str],
 
 
 def _encode_staged(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, kind: str, cfg: PrepareConfig,
-                   counts: dict, label: str, mode: str, direction: str | None) -> dict:
-    """Encode one staged split (`_encode`; a direction's sources start with its target language's tag), write the
-    text of a split other than train, and drop its staged copy; returns what meta.json records of it."""
-    first = None
-    if direction is not None:
-        first = toks["src"].token_to_id(tag(direction.split("-")[1]))
-    meta = _encode(tmp, split, sides, toks, vocab, kind, cfg, counts, first)
+                   counts: dict, label: str, mode: str, direction: str | None, conv: Convention) -> dict:
+    """Encode one staged split (`_encode`; a direction's sources start with its target language's tag, or with
+    M2M-100's language tokens both sides with their language's), write the text of a split other than train, and
+    drop its staged copy; returns what meta.json records of it."""
+    firsts = [None, None]
+    if direction is not None and conv.kind == "tokens":
+        firsts = [toks[side].token_to_id(conv.token(lang)) for side, lang in zip(sides, direction.split("-"))]
+    elif direction is not None and kind == "parallel":
+        firsts[0] = toks["src"].token_to_id(tag(direction.split("-")[1]))
+    meta = (_encode_chat(tmp, split, toks["tgt"], cfg, counts) if kind == "chat"
+            else _encode(tmp, split, sides, toks, vocab, kind, cfg, counts, firsts))
     if not meta[sides[0]]["count"]:
         raise InputError(label, None, f"no {split} rows left after cleaning ({_dropped(counts)})")
-    if base_split(split) != "train":
+    if base_split(split) != "train" and kind != "chat":
         for side in sides:
             _write_text(tmp, split, side, mode)
-    for side in sides:
+    for side in ["tgt"] if kind == "chat" else sides:
         _stage_path(tmp, split, side).unlink()
     return meta
 
@@ -680,9 +781,9 @@ def _save_tokenizers(tmp: Path, sides: list[str], toks: dict, files: dict, cfg: 
 
 
 def _encode(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, kind: str, cfg: PrepareConfig,
-            counts: dict, first: int | None = None) -> dict:
+            counts: dict, firsts: list[int | None]) -> dict:
     """Encode one staged split chunk by chunk (the Rust library uses every core), apply the token-length filters
-    to train pairs, and write the ids, each source after `first` (a language tag) where given; returns
+    to train pairs, and write the ids, each side's after its `firsts` id (a language token) where given; returns
     {side: what meta.json records}."""
     toks = {side: for_clean_text(tok, cfg.nfc, cfg.lowercase) for side, tok in toks.items()}  # the staged text is clean
     with contextlib.ExitStack() as stack:
@@ -692,11 +793,28 @@ def _encode(tmp: Path, split: str, sides: list[str], toks: dict, vocab: dict, ki
                 keep = cleaning.length_filter(ids[0], ids[1], counts, cfg.max_length, cfg.max_ratio)
                 if len(keep) < len(ids[0]):
                     ids = [[seqs[i] for i in keep] for seqs in ids]
-            if first is not None:
-                ids[0] = [[first, *seq] for seq in ids[0]]
+            for i, first in enumerate(firsts[: len(ids)]):
+                if first is not None:
+                    ids[i] = [[first, *seq] for seq in ids[i]]
             for w, seqs in zip(writers, ids):
                 w.append(seqs)
         return {side: w.close() for side, w in zip(sides, writers)}
+
+
+def _encode_chat(tmp: Path, split: str, tok, cfg: PrepareConfig, counts: dict) -> dict:
+    """A chat model's staged conversations encoded whole (`encode_segments`): their ids as "tgt", and as "mask"
+    1 on each reply token (the ones trained on); train conversations over --max-length tokens dropped."""
+    with SequenceWriter(tmp, split, "tgt", tok.get_vocab_size()) as ids_out, SequenceWriter(tmp, split, "mask", 2) as mask_out:
+        for texts in _staged_lists(tmp, split, "tgt", CHUNK_ROWS):
+            ids, masks = encode_segments(tok, [json.loads(t) for t in texts])
+            if base_split(split) == "train" and cfg.max_length:
+                keep = [i for i, seq in enumerate(ids) if len(seq) <= cfg.max_length]
+                counts["too_long"] += len(ids) - len(keep)
+                counts["kept"] -= len(ids) - len(keep)
+                ids, masks = [ids[i] for i in keep], [masks[i] for i in keep]
+            ids_out.append(ids)
+            mask_out.append(masks)
+        return {"tgt": ids_out.close(), "mask": mask_out.close()}
 
 
 def _add_tags(toks: dict, joint: bool, directions: list[str]) -> set[str]:
@@ -716,6 +834,7 @@ def _add_tags(toks: dict, joint: bool, directions: list[str]) -> set[str]:
 
 
 def _sides(kind: str) -> list[str]:
+    """The tokenizers' sides (a chat model's data: its one tokenizer's ids, "tgt", and their loss "mask")."""
     return ["src", "tgt"] if kind == "parallel" else ["tgt"]
 
 

@@ -49,12 +49,14 @@ def read_messages(line: str, where: str) -> list[dict] | str:
     return messages
 
 
-def render(template: str, messages: list[dict], tokens: dict[str, str], where: str = "chat template") -> str:
+def render(template: str, messages: list[dict], tokens: dict[str, str], where: str = "chat template",
+           generation: bool = True) -> str:
     """The conversation as the template writes it, with the generation prompt after it (the assistant's turn
-    opened). `tokens`: the tokenizer's special-token strings (bos_token, eos_token, ...), which templates read."""
+    opened) unless `generation` is False. `tokens`: the tokenizer's special-token strings (bos_token, eos_token,
+    ...), which templates read."""
     try:
-        return _compiled(template).render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
-                                          **tokens)
+        return _compiled(template).render(messages=messages, tools=None, documents=None,
+                                          add_generation_prompt=generation, **tokens)
     except TfcliError:
         raise
     except Exception as e:  # jinja2's TemplateError and whatever a template's own code raises

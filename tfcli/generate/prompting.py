@@ -112,8 +112,13 @@ class Prompter:
         if not tgt_lang:
             raise TfcliError("translating with a chat model's instruction needs the target language: --tgt-lang "
                              "(or a JSONL line's tgt_lang), or your own --prompt-template")
-        instruction = fill(INSTRUCTION if src_lang else INSTRUCTION_NO_SOURCE, text, src_lang, tgt_lang)
-        return render(self.chat_template, [{"role": "user", "content": instruction}], self.tokens), (), ()
+        return render(self.chat_template, [instruction(text, src_lang, tgt_lang)], self.tokens), (), ()
+
+
+def instruction(text: str, src_lang: str | None, tgt_lang: str) -> dict:
+    """The user's message that asks a chat model for a translation of `text` (and what prepare trains it on)."""
+    return {"role": "user", "content": fill(INSTRUCTION if src_lang else INSTRUCTION_NO_SOURCE, text, src_lang,
+                                            tgt_lang)}
 
 
 def reply_line(reply: str) -> str:

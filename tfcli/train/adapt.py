@@ -1,15 +1,71 @@
 """What a fine-tuning run trains: every weight (the default), all but the frozen parts (`train.freeze`), or low-rank
-adapters on the frozen model (`train.lora_rank`, tfcli/model/lora.py)."""
+adapters on the frozen model (`train.lora_rank`, tfcli/model/lora.py); and the model it starts from, with rows for
+the languages its data adds (`prepare --add-language`: tfcli/data/conventions.py)."""
 
 from __future__ import annotations
 
 import fnmatch
+
+import torch
 from torch import nn
 
 from tfcli import checkpoint, checkpoint_meta
+from tfcli.data.languages import LANGUAGE_TOKENS
+from tfcli.data.tokenizer import load_tokenizer
 from tfcli.errors import ConfigError
 from tfcli.model import lora
+from tfcli.model.config import ModelConfig
+from tfcli.specials import SPECIAL_TOKENS
 from tfcli.train.config import TrainConfig
+
+# what a fine-tuned checkpoint keeps of the one it started from: how its texts and languages are written
+INHERITED = ("text", LANGUAGE_TOKENS)
+
+
+def new_rows(meta: dict, data) -> dict[str, dict[int, int | None]]:
+    """{side: {new token's id: the id of the row it starts as, None for the mean}} of the languages the prepared
+    `data` adds to checkpoint `meta`'s vocabulary (empty where it adds none)."""
+    added = data.meta.get("new_languages") or {}
+    rows = {}
+    for side, path in data.tokenizer_files().items():
+        ours = checkpoint.tokenizer(meta, side if meta["model"]["kind"] == "seq2seq" else "tgt")
+        theirs = load_tokenizer(path, any_names=True)
+        grown = {theirs.token_to_id(a["token"]): (ours.token_to_id(a["like"]) if a["like"] else None)
+                 for a in added.values() if ours.token_to_id(a["token"]) is None}
+        if grown:
+            rows[side] = grown
+    return rows
+
+
+def inherited(meta: dict, data) -> dict:
+    """What a run's checkpoints keep of checkpoint `meta` it was initialised from (INHERITED), the languages its
+    data adds joined to an M2M-100-style model's language tokens."""
+    out = {k: meta[k] for k in INHERITED if k in meta}
+    added = data.meta.get("new_languages") or {}
+    if LANGUAGE_TOKENS in out and added:
+        out[LANGUAGE_TOKENS] = {**out[LANGUAGE_TOKENS], **{code: a["token"] for code, a in added.items()}}
+    return out
+
+
+def grown(meta: dict, cfg: ModelConfig, rows: dict[str, dict[int, int | None]], device) -> nn.Module:
+    """Checkpoint `meta`'s model at `cfg`'s (larger) vocabulary sizes: every row it had, and each new token's
+    row (embeddings, output weights and bias) a copy of its named language's row, or the mean of the token rows
+    (the specials left out: an imported model's absent ones have an output bias of -1e9)."""
+    from tfcli.model import build_model
+
+    old, _ = checkpoint.load(meta, device)
+    model = build_model(cfg).to(device)
+    before = old.state_dict()
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            src = before[name]
+            if src.shape == t.shape:
+                t.copy_(src)
+                continue
+            t[: src.shape[0]] = src
+            for row, like in rows["src" if name.startswith("encoder.") and "src" in rows else "tgt"].items():
+                t[row] = src[like] if like is not None else src[len(SPECIAL_TOKENS):].mean(0)
+    return model
 
 # the names `train.freeze` takes besides glob patterns of parameter names
 PARTS = {

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tfcli import checkpoint
+from tfcli import checkpoint, distributed
 from tfcli.errors import CheckpointError
 
 CHECKPOINTS = "checkpoints"
@@ -49,12 +49,13 @@ def prune(ckpt_dir: Path, keep: int, protected: set[str]) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def pack_state(optimizer, scaler, torch_states: list, cuda_states: list, counters: dict) -> tuple[dict, dict]:
-    """(tensors, JSON state) for checkpoint.save: the optimizer's moments, the RNG states (torch's and CUDA's of
-    every process, numpy's, Python's) and the loop's `counters`."""
+def pack_state(optimizer, scaler, torch_states: list, cuda_states: list, counters: dict,
+               moments: dict | None = None) -> tuple[dict, dict]:
+    """(tensors, JSON state) for checkpoint.save: the optimizer's moments (`moments`: an FSDP run's, gathered
+    whole), the RNG states (torch's and CUDA's of every process, numpy's, Python's) and the loop's `counters`."""
     tensors: dict[str, torch.Tensor] = {}
     extra: dict = {}
-    for i, st in optimizer.state_dict()["state"].items():
+    for i, st in (optimizer.state_dict()["state"] if moments is None else moments).items():
         for key, value in st.items():
             if torch.is_tensor(value):
                 tensors[f"optimizer.{i}.{key}"] = value.detach().cpu()
@@ -98,6 +99,8 @@ def restore_state(path: Path, optimizer, scaler, rank: int, device: torch.device
                 torch.is_tensor(v) and v.dim() > 0 and v.shape != params[i].shape for v in st.values()
             ):
                 raise CheckpointError(f"{path}: optimizer state does not match the model")
+            st.update({k: distributed.shard_like(params[i], v) for k, v in st.items()  # (an FSDP run's shards)
+                       if torch.is_tensor(v) and v.dim() > 0})
         sd["state"] = opt_state
         optimizer.load_state_dict(sd)
         if state.get("scaler") and scaler.is_enabled():

@@ -83,6 +83,9 @@ class TrainConfig:
     # keep each layer's input only and recompute its activations in the backward: much less memory (a large
     # model's fine-tuning or LoRA), about a third more compute
     activation_checkpointing: bool = False
+    # under torchrun: each process holds a shard of the parameters, gradients and optimizer state (torch's FSDP,
+    # fully_shard), for a model whose training state one device cannot hold; off: DDP, a whole copy each
+    fsdp: bool = False
     # batches padded to shape buckets: lengths up to a multiple of this, rows up to what max_tokens allows at that
     # length, so that a compiled model meets few shapes (one graph each); 0: 8 with compile, else 1 (no extra padding)
     pad_multiple: int = 0

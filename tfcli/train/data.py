@@ -159,13 +159,7 @@ class ParallelData:
         return np.concatenate(picks)
 
     def batches(self, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
-        src_len, tgt_len = self.src_len, self.tgt_len
-        if self.dropout is not None:
-            if self.cut_epoch != epoch:
-                self.cut, self.cut_epoch = {side: self._recut(side, epoch) for side in ("src", "tgt")}, epoch
-            src_len = np.minimum(np.array([len(x) for x in self.cut["src"]]) + 1, self.max_len)
-            tgt_len = np.minimum(np.array([len(x) for x in self.cut["tgt"]]) + 1, self.max_len)
-        lengths = self._lengths(src_len, tgt_len)
+        lengths = self._epoch_lengths(epoch)
         if self.pad_multiple > 1:  # batched at their bucket's length, so that a batch fits its bucket's rows
             lengths = np.minimum(round_up(lengths, self.pad_multiple), self.max_len)
         rows = self.epoch_rows(epoch) if shuffle else None
@@ -173,6 +167,16 @@ class ParallelData:
             return token_batches(lengths, self.max_tokens, self.max_sentences or None, shuffle, self.seed, epoch)
         return [rows[b] for b in token_batches(lengths[rows], self.max_tokens, self.max_sentences or None, shuffle,
                                                self.seed, epoch)]
+
+    def _epoch_lengths(self, epoch: int) -> np.ndarray:
+        """What each pair takes in a batch in epoch `epoch` (BPE-dropout cuts each epoch anew)."""
+        src_len, tgt_len = self.src_len, self.tgt_len
+        if self.dropout is not None:
+            if self.cut_epoch != epoch:
+                self.cut, self.cut_epoch = {side: self._recut(side, epoch) for side in ("src", "tgt")}, epoch
+            src_len = np.minimum(np.array([len(x) for x in self.cut["src"]]) + 1, self.max_len)
+            tgt_len = np.minimum(np.array([len(x) for x in self.cut["tgt"]]) + 1, self.max_len)
+        return self._lengths(src_len, tgt_len)
 
     def _lengths(self, src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
         """What a pair takes in a batch, from its source and target lengths as batched."""
@@ -258,6 +262,50 @@ class PairData(ParallelData):
             rows = max(self.max_tokens // length, 1)
             rows = min(rows, self.max_sentences) if self.max_sentences else rows
             batch = to_bucket(batch, max(rows, len(idx)), length)
+        return batch
+
+
+class ChatData(ParallelData):
+    """A chat model's conversations (prepared kind "chat": tfcli/data/conventions.py), each one sequence of ids as
+    its template renders it, the loss on the tokens its mask marks (the replies) and the targets elsewhere
+    padding; batched by tokens as ParallelData batches pairs, drawn from several directions or corpora as it draws.
+    A conversation over max_len + 1 ids loses its end."""
+
+    kind = "lm"
+
+    def __init__(self, prepared: PreparedData, split: str | list[str], max_len: int, max_tokens: int,
+                 max_sentences: int, seed: int, pad_multiple: int = 1, temperature: float = 1.0,
+                 weights: list[float] | None = None):
+        splits = [split] if isinstance(split, str) else list(split)
+        parts = {side: [prepared.sequences(s, side) for s in splits] for side in ("tgt", "mask")}
+        self.ids, self.mask = (p[0] if len(p) == 1 else Joined(p) for p in parts.values())
+        self.src = self.ids  # (len(): the conversations)
+        self.counts = np.array([len(p) for p in parts["tgt"]])
+        self.temperature, self.weights, self.dropout = temperature, weights, None
+        self.max_len, self.max_tokens, self.max_sentences, self.seed = max_len, max_tokens, max_sentences, seed
+        self.pad_multiple = pad_multiple
+        self.truncated = int((self.ids.lengths - 1 > max_len).sum())
+
+    def _epoch_lengths(self, epoch: int) -> np.ndarray:
+        return np.minimum(self.ids.lengths - 1, self.max_len)
+
+    def collate(self, idx: np.ndarray) -> Batch:
+        rows = [(np.asarray(self.ids[i][: self.max_len + 1], dtype=np.int64), self.mask[i][1 : self.max_len + 1])
+                for i in idx]
+        T = max(len(ids) for ids, _ in rows) - 1
+        inputs = torch.full((len(rows), T), PAD_ID, dtype=torch.long)
+        targets = torch.full((len(rows), T), PAD_ID, dtype=torch.long)
+        for row, (ids, mask) in enumerate(rows):
+            inputs[row, : len(ids) - 1] = torch.from_numpy(ids[:-1])
+            targets[row, : len(ids) - 1] = torch.from_numpy(np.where(mask != 0, ids[1:], PAD_ID))
+        lengths = np.array([len(ids) - 1 for ids, _ in rows])
+        batch = Batch(None, inputs, targets, 0, int((targets != PAD_ID).sum()), inputs.numel(),
+                      tgt_pairs=int((lengths * lengths).sum()))
+        if self.pad_multiple > 1:
+            length = min(round_up(T, self.pad_multiple), self.max_len)
+            rows_ = max(self.max_tokens // length, 1)
+            rows_ = min(rows_, self.max_sentences) if self.max_sentences else rows_
+            batch = to_bucket(batch, max(rows_, len(idx)), length)
         return batch
 
 

@@ -59,16 +59,36 @@ def run_model_config(cfg: TrainConfig, data, overrides: dict, saved: dict | None
     return old
 
 
+def _same_tokenizer(theirs: dict, ours: dict, added: set[str]) -> bool:
+    """Whether a prepared directory's tokenizer.json is the checkpoint's, but for the language tokens `added`
+    after its own (prepare --add-language; each side read back through the library, which wrote ours)."""
+    if not added:
+        return theirs == ours
+    from tokenizers import Tokenizer
+
+    extra = [t for t in ours.get("added_tokens", []) if t["content"] in added]
+    ours = {**ours, "added_tokens": [t for t in ours.get("added_tokens", []) if t["content"] not in added]}
+    before, after = (Tokenizer.from_str(json.dumps(d)) for d in (theirs, ours))
+    size = before.get_vocab_size(with_added_tokens=True)
+    return len(extra) == len(added) and all(t["id"] >= size for t in extra) and before.to_str() == after.to_str()
+
+
 def _fine_tune_config(meta: dict, data, overrides: dict) -> ModelConfig:
     """--init-from: the checkpoint's architecture (regularisation may change), if its tokenizers are the data's."""
     cfg = checkpoint_meta.model_config(meta)
     if cfg.kind == "seq2seq" and data.kind != "parallel":
         raise ConfigError(f"--init-from {meta['dir']}: a {cfg.kind} model cannot train on {data.kind} data")
+    added = {a["token"] for a in (data.meta.get("new_languages") or {}).values()}
     for side, path in data.tokenizer_files().items():  # (a language model's one vocabulary reads both sides)
         theirs = checkpoint_meta.tokenizer_path(meta, side if cfg.kind == "seq2seq" else "tgt")
-        if theirs is None or json.loads(theirs.read_text("utf-8")) != json.loads(path.read_text("utf-8")):
+        if theirs is None or not _same_tokenizer(json.loads(theirs.read_text("utf-8")),
+                                                 json.loads(path.read_text("utf-8")), added):
             raise ConfigError(f"{data.path}: its {side} tokenizer is not the one of --init-from {meta['dir']}; "
                               f"prepare the data with: tfcli prepare ... --tokenizer-from {meta['dir']}")
+    if added:  # (the new languages' rows: tfcli.train.adapt.grown)
+        sizes = {f"{side}_vocab_size": max(getattr(cfg, f"{side}_vocab_size"), data.vocab_size(side))
+                 for side in data.tokenizer_files() if cfg.kind == "seq2seq" or side == "tgt"}
+        cfg = dataclasses.replace(cfg, **sizes)
     changeable = {"dropout", "attn_dropout"}
     fixed = sorted(k for k, v in overrides.items() if k not in changeable and getattr(cfg, k) != v)
     if fixed:

@@ -49,7 +49,7 @@ from tfcli.train.budget import Budget
 from tfcli.train.config import (
     PLAN_MIN_STEPS, TrainConfig, config_to_yaml, resolve_train_config, train_settings,
 )
-from tfcli.train.data import Batch, PairData, ParallelData, StreamData
+from tfcli.train.data import Batch, ChatData, PairData, ParallelData, StreamData
 from tfcli.train.flops import gpu_peak_flops, train_flops
 from tfcli.train.log import MetricsLog, ppl
 from tfcli.train.model_config import run_model_config
@@ -167,13 +167,14 @@ class Trainer:
             raise ConfigError(f"train.max_len ({self.max_len}) is longer than the model's learned positions "
                               f"(model.max_len {mc.max_len}); raise model.max_len or lower --max-len")
         parallel = self.prepared.kind == "parallel"
-        Data = (PairData if mc.kind == "lm" else ParallelData) if parallel else StreamData
+        chat = self.prepared.kind == "chat"  # (a chat model's conversations: drawn from as pairs are)
+        Data = ((PairData if mc.kind == "lm" else ParallelData) if parallel else ChatData if chat else StreamData)
         if cfg.bpe_dropout and not parallel:
             raise ConfigError("train.bpe_dropout: re-cuts translation pairs; a language model's stream is not re-cut")
         extra = {"bpe_dropout": cfg.bpe_dropout} if cfg.bpe_dropout else {}
         train = self.prepared.split_names("train")
         corpora = self.prepared.meta.get("corpora")
-        if parallel:
+        if parallel or chat:
             extra["temperature"] = cfg.lang_temperature
             if corpora and len(train) > 1:  # (corpora are drawn from by their weights, not by temperature)
                 extra["weights"] = [corpora[s.split(".", 1)[1]] for s in train]
@@ -204,21 +205,44 @@ class Trainer:
                                                 merge=False)
         elif cfg.init_from:  # its weights in this run's config (dropout), mapped: in memory once, copied if written
             meta = checkpoint_meta.read_meta(cfg.init_from)
-            self.raw, _ = checkpoint.load({**meta, "model": to_dict(self.model_cfg)}, self.device, mapped=True)
+            rows = adapt.new_rows(meta, self.prepared)  # (languages the data adds: their rows grown)
+            if rows and cfg.lora_rank:
+                raise ConfigError("train.lora_rank: the data adds languages (prepare --add-language), whose new rows "
+                                  "are trained whole, not by adapters: fine-tune fully (--freeze may hold parts)")
+            self.raw = (adapt.grown(meta, self.model_cfg, rows, self.device) if rows else
+                        checkpoint.load({**meta, "model": to_dict(self.model_cfg)}, self.device, mapped=True)[0])
         else:
             self.raw = build_model(self.model_cfg).to(self.device)
         self.adapter = adapt.trainable(self.raw, cfg, resumed)  # (the "adapter" record of a LoRA run's checkpoints)
+        self.inherited = (adapt.inherited(checkpoint_meta.read_meta(cfg.init_from), self.prepared) if cfg.init_from
+                          else {})  # (what its checkpoints keep of the one it started from)
         recompute_activations(self.raw, cfg.activation_checkpointing)
         self.raw.train()
         torch.manual_seed(cfg.seed + self.dist.rank)  # each rank its own dropout stream
+        # DDP, FSDP and torch.compile wrap the model together with its loss
+        self.objective = Objective(self.raw, cfg.label_smoothing, cfg.rdrop)
+        if cfg.fsdp:
+            self._check_fsdp()
+            distributed.shard_model(self.objective, self.raw, self.device)
         self.optimizer = self._optimizer()
         self.scaler = grad_scaler(self.device.type, enabled=self.precision == "fp16")
-        # DDP and torch.compile wrap the model together with its loss
-        self.objective = Objective(self.raw, cfg.label_smoothing, cfg.rdrop)
         # with shape buckets, one static graph per bucket, or symbolic graphs the buckets share (compile_shapes)
         dynamic = True if cfg.compile_shapes == "dynamic" else (False if self.pad_multiple > 1 else None)
         self.model = torch.compile(self.objective, dynamic=dynamic) if cfg.compile else self.objective
-        self.model = distributed.wrap(self.model, self.dist, self.device)
+        if not cfg.fsdp:
+            self.model = distributed.wrap(self.model, self.dist, self.device)
+
+    def _check_fsdp(self) -> None:
+        cfg = self.cfg
+        if not self.dist.enabled:
+            raise ConfigError("train.fsdp: shards the model over the processes torchrun starts; run under torchrun "
+                              "(torchrun --nproc_per_node N -m tfcli.cli train ...), or drop --fsdp")
+        if cfg.optimizer == "muon":
+            raise ConfigError("train.fsdp: Muon orthogonalises whole weight matrices, which FSDP's processes hold "
+                              "in shards; use --optimizer adamw")
+        if cfg.early_stop_metric == "bleu":
+            raise ConfigError("train.early_stop_metric: 'bleu' decodes with the whole model, which train.fsdp's "
+                              "processes hold in shards; use loss")
 
     def _setup_state(self) -> None:
         """The counters a checkpoint keeps: fresh, or a resumed run's."""
@@ -326,7 +350,8 @@ class Trainer:
             log.print(f"config: {self.run_dir / 'config.yaml'} (every setting; -v prints it here, `tfcli config` "
                       "lists every key with its default)")
         what = ("encoder-decoder" if mc.kind == "seq2seq" else
-                "decoder-only translator" if self.prepared.kind == "parallel" else "decoder-only LM")
+                "decoder-only translator" if self.prepared.kind == "parallel" else
+                "chat model" if self.prepared.kind == "chat" else "decoder-only LM")
         trained = sum(p.numel() for p in self.raw.parameters() if p.requires_grad)  # (tied ones once, as total)
         total = count_parameters(self.raw)
         if trained != total:
@@ -336,13 +361,17 @@ class Trainer:
             how = ""
         shape = f"from {cfg.init_from}" if cfg.init_from else cfg.arch  # (a fine-tuning run's is the checkpoint's)
         log.print(f"model: {what} ({shape}), {total / 1e6:.2f}M parameters{how}; "
-                  f"device {self.device}, {self.precision}, {self.dist.world_size} process(es)")
+                  f"device {self.device}, {self.precision}, {self.dist.world_size} process(es)"
+                  + (", each holding a shard of the parameters (FSDP)" if cfg.fsdp else ""))
         if self.gpu_name:
             log.print(f"MFU: model FLOPs over {self.peak_flops / 1e12:.0f} TFLOP/s per GPU ({self.gpu_name}, "
                       f"{self.precision}, dense{', train.peak_flops' if cfg.peak_flops else ''})" if self.peak_flops else
                       f"MFU: not logged, the peak of a {self.gpu_name} is not known; set train.peak_flops (dense FLOP/s "
                       "per GPU)")
-        unit = "sentence pairs" if self.prepared.kind == "parallel" else "tokens in the stream"
+        if cfg.fsdp and cfg.valid_bleu and self.prepared.kind == "parallel":
+            log.print("valid: loss only, no BLEU (with --fsdp each process holds a shard of the weights; translate "
+                      "a checkpoint to score it)")
+        unit = {"parallel": "sentence pairs", "chat": "conversations"}.get(self.prepared.kind, "tokens in the stream")
         line = f"data: {len(self.train_data)} {unit}, {len(batches)} batches per epoch"
         if mc.kind == "seq2seq":
             d = self.train_data
@@ -513,7 +542,7 @@ class Trainer:
         step_acc, tokens = 0.0, 0
         for i, b in enumerate(batches):
             b_dev = b.to(self.device)
-            with distributed.no_sync(self.model, last=i == len(batches) - 1):
+            with distributed.no_sync(self.raw if self.cfg.fsdp else self.model, last=i == len(batches) - 1):
                 with self.autocast():
                     loss, nll = batch_loss(self.model, b_dev)
                 self.scaler.scale(loss * scale).backward()
@@ -525,7 +554,7 @@ class Trainer:
                                               b.cross_pairs)
         self.scaler.unscale_(self.optimizer)
         clip = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
-        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.raw.parameters(), clip)
+        self.grad_norm = distributed.whole(torch.nn.utils.clip_grad_norm_(self.raw.parameters(), clip))
         self.lr = self._lr(self.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
@@ -681,8 +710,8 @@ class Trainer:
         return {**mean, "ppl": ppl(mean["nll"]), "directions": per}
 
     def _validate_split(self, split: str, data) -> dict:
-        metrics = valid_loss(self.objective, data, self.dist, self.device, self.autocast)
-        if self.prepared.kind == "parallel" and self.cfg.valid_bleu:  # (a translator of either kind)
+        metrics = valid_loss(self.objective, data, self.dist, self.device, self.autocast, even=self.cfg.fsdp)
+        if self.prepared.kind == "parallel" and self.cfg.valid_bleu and not self.cfg.fsdp:  # (a translator)
             cfg = self.cfg
             n = len(data) if not cfg.bleu_max_sentences else min(len(data), cfg.bleu_max_sentences)
             with self._decoding_model() as model:
@@ -712,6 +741,9 @@ class Trainer:
         cuda_states = []
         if self.device.type == "cuda":
             cuda_states = distributed.gather_tensors(torch.cuda.get_rng_state(self.device), self.dist, self.device)
+        weights = moments = None
+        if self.cfg.fsdp:  # (every process takes part in gathering the shards)
+            weights, moments = distributed.gathered(self.raw, self.optimizer, self.dist)
         if self.main:
             name = step_name(self.step)
             counters = {
@@ -721,7 +753,7 @@ class Trainer:
                 "total_steps": self.total_steps, "schedule_anchor": list(self.anchor) if self.anchor else None,
                 "budget_planned": self.planned, "skipped_in_row": in_row,
             }
-            tensors, state = pack_state(self.optimizer, self.scaler, torch_states, cuda_states, counters)
+            tensors, state = pack_state(self.optimizer, self.scaler, torch_states, cuda_states, counters, moments)
             meta = {
                 "model": to_dict(self.model_cfg),
                 "train": to_dict(self.cfg),
@@ -732,8 +764,10 @@ class Trainer:
                 "epoch": self._epoch(),
                 "metrics": {"valid": self.last_valid, "best": self.best},
                 **({"adapter": self.adapter} if self.adapter else {}),
+                **self.inherited,
             }
-            checkpoint.save(self.ckpt_dir / name, self.raw, meta, self.prepared.tokenizer_files(), tensors, state)
+            checkpoint.save(self.ckpt_dir / name, self.raw, meta, self.prepared.tokenizer_files(), tensors, state,
+                            weights)
             if is_best:
                 atomic_write_text(self.ckpt_dir / "BEST", name + "\n")
             atomic_write_text(self.ckpt_dir / "LATEST", name + "\n")

@@ -11,14 +11,21 @@ from tfcli.train.loss import batch_loss
 
 
 @torch.inference_mode()
-def valid_loss(objective, data, dist, device, autocast) -> dict:
-    """loss (label-smoothed), nll and ppl per target token over the whole split, sharded over the processes."""
+def valid_loss(objective, data, dist, device, autocast, even: bool = False) -> dict:
+    """loss (label-smoothed), nll and ppl per target token over the whole split, sharded over the processes.
+    `even`: every process runs as many batches (an FSDP model's forward is a collective), the short ones a batch
+    again whose sums they leave out."""
     sums = [0.0, 0.0, 0.0]
-    for b in distributed.shard(data.batches(0, shuffle=False), dist):
+    batches = data.batches(0, shuffle=False)
+    mine = [(b, True) for b in distributed.shard(batches, dist)]
+    if even and batches:
+        mine += [(batches[0], False)] * (-(-len(batches) // dist.world_size) - len(mine))
+    for b, counted in mine:
         batch = data.collate(b).to(device)
         with autocast():
             loss, nll = batch_loss(objective, batch)
-        sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.tgt_tokens]
+        if counted:
+            sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.tgt_tokens]
     loss, nll, tokens = distributed.all_reduce_sum(sums, dist, device)
     return {"loss": loss / tokens, "nll": nll / tokens, "ppl": ppl(nll / tokens)}
 
