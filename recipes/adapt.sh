@@ -4,9 +4,11 @@
 # (`prepare --corpus`, weight 1:1). What each gains on Tatoeba's test set and loses on Multi30k's test2016, in how
 # much time and memory.
 #
-#   recipes/adapt.sh BASE [OUT]      e.g. recipes/adapt.sh runs/multi30k-de-en-cpu-long/run/checkpoints/avg-last3
+#   recipes/adapt.sh BASE [OUT]      e.g. recipes/adapt.sh runs/multi30k-de-en-cpu/run/checkpoints/BEST
 #
-# BASE: a de->en checkpoint (recipes/multi30k.sh de en cpu-long makes one). Every run trains STEPS steps (default
+# BASE: a de->en checkpoint (recipes/multi30k.sh de en cpu makes one), first exported to transformers and imported
+# back, as a published model comes (ROUNDTRIP=0: used as it is; a model transformers cannot hold, such as one with
+# QK-norm, needs it). Every run trains STEPS steps (default
 # 600) of at most 1,500 tokens with a constant learning rate after 50 warmup steps (full: 5e-4; LoRA: rank 16 on
 # every linear layer, 3e-3), validating both domains every 100 steps; its last checkpoint is scored, so that no run
 # chooses on either valid set. Each model translates both test sets with beam 5 and length penalty 1.0. Figures:
@@ -19,6 +21,20 @@ DATA=${DATA:-../shared/data}
 STEPS=${STEPS:-600}
 T=$DATA/tatoeba M=$DATA/multi30k
 mkdir -p "$OUT"
+TRAINED=$BASE
+if [ "${ROUNDTRIP:-1}" = 1 ]; then
+  if [ ! -d "$OUT/base-imported" ]; then
+    tfcli export "$BASE" --to hf -o "$OUT/base-hf" -q
+    python3 - "$OUT/base-hf/config.json" <<'PY'  # (what a published model's config holds: no tfcli entry)
+import json, sys
+config = json.load(open(sys.argv[1]))
+config.pop("tfcli_model", None)
+json.dump(config, open(sys.argv[1], "w"), indent=2)
+PY
+    tfcli import "$OUT/base-hf" -o "$OUT/base-imported" -q
+  fi
+  BASE=$OUT/base-imported
+fi
 valid=(--valid-corpus "tatoeba=$T/valid.de,$T/valid.en" --valid-corpus "multi30k=$M/valid.de,$M/valid.en")
 tfcli prepare --corpus "tatoeba=$T/train.de,$T/train.en" "${valid[@]}" --tokenizer-from "$BASE" -o "$OUT/prep-new" -q
 tfcli prepare --corpus "tatoeba=$T/train.de,$T/train.en" --corpus "multi30k=$M/train.de,$M/train.en" "${valid[@]}" \
@@ -44,13 +60,14 @@ for how in full lora; do
     fi
   done
 done
-python3 - "$OUT" "$BASE" "$STEPS" <<'EOF'
+python3 - "$OUT" "$TRAINED" "$STEPS" "$BASE" <<'EOF'
 import json, os, platform, sys, time
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 from common import cpu_name, portable, write_results
 
-out, base, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+out, base, steps, used = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+how_base = " (exported to transformers and imported back: the model adapted)" if used != base else ""
 bleu = lambda name, test: float((out / f"{name}.{test}.bleu").read_text())
 rows, start = {}, {t: bleu("base", t) for t in ("tatoeba", "multi30k")}
 for how in ("full", "lora"):
@@ -63,11 +80,12 @@ for how in ("full", "lora"):
                       "valid": [{"step": v["step"], **{d: round(m["bleu"], 2) for d, m in v["directions"].items()}}
                                 for v in valid]}
 res = {"cpu": cpu_name(), "threads": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "base": base,
-       "steps": steps, "base_bleu": start, "runs": rows}
+       "roundtrip": used != base, "steps": steps, "base_bleu": start, "runs": rows}
 label = {"full-new": "full fine-tuning", "full-replay": "full fine-tuning + Multi30k replay",
          "lora-new": "LoRA r16", "lora-replay": "LoRA r16 + Multi30k replay"}
 md = ["# Adapting a Multi30k de->en model to Tatoeba", "",
-      f"`recipes/adapt.sh` ({res['cpu']}, {res['threads']} threads, {res['date']}): the base `{portable(base)}`, "
+      f"`recipes/adapt.sh` ({res['cpu']}, {res['threads']} threads, {res['date']}): the base `{portable(base)}`"
+      f"{how_base}, "
       f"{steps} steps each, the last checkpoint scored; sacreBLEU (13a, cased), beam 5, length penalty 1.0.", "",
       "| model | Tatoeba test | gain | Multi30k test2016 | change | training | peak RSS |",
       "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
