@@ -36,6 +36,7 @@ class Convention:
     kind: str = "plain"  # tokens (M2M-100/NLLB) | chat | plain (tfcli's own tags where lang_pairs are given)
     tokens: dict = field(default_factory=dict)  # tokens: {language: token}
     text: dict = field(default_factory=dict)  # chat: the checkpoint's meta "text" (template, its tokens)
+    checkpoint: dict | None = None  # the config.json of the checkpoint --tokenizer-from names (None: no checkpoint)
 
     @classmethod
     def of(cls, tokenizer_from: str | None, parallel: bool, text_field: str) -> Convention:
@@ -43,14 +44,21 @@ class Convention:
         if meta is None:
             return cls()
         if LANGUAGE_TOKENS in meta:
-            return cls("tokens", tokens=dict(meta[LANGUAGE_TOKENS]))
+            return cls("tokens", tokens=dict(meta[LANGUAGE_TOKENS]), checkpoint=meta)
         text = meta.get("text") or {}
         if text.get("chat_template") and (parallel or text_field == CHAT_FIELD):
-            return cls("chat", text=text)
+            return cls("chat", text=text, checkpoint=meta)
         if text_field == CHAT_FIELD:
             raise ConfigError(f"--text-field {CHAT_FIELD}: conversations are written through a chat template, and "
                               f"--tokenizer-from {tokenizer_from} has none")
-        return cls()
+        return cls(checkpoint=meta)
+
+    @property
+    def tokenizer_options(self) -> dict:
+        """load_tokenizer's options for the checkpoint's tokenizers (an imported model's own special names, special
+        tokens in the text read as those tokens, as its checkpoint reads them)."""
+        text = (self.checkpoint or {}).get("text")
+        return {"any_names": text is not None, "specials_in_text": bool((text or {}).get("specials_in_text"))}
 
     def token(self, lang: str) -> str:
         """The token a language is written with in this convention (M2M-100's __xx__, NLLB's code, else >>xx<<)."""
@@ -65,14 +73,6 @@ def checkpoint_of(path: str | None) -> dict | None:
     if not path or Path(path).is_file() or (Path(path) / "meta.json").is_file():
         return None
     return checkpoint_meta.read_meta(path)
-
-
-def tokenizer_options(tokenizer_from: str | None) -> dict:
-    """load_tokenizer's options for the tokenizers of `tokenizer_from` (an imported model's own special names,
-    special tokens in the text read as those tokens, as its checkpoint reads them)."""
-    meta = checkpoint_of(tokenizer_from)
-    text = (meta or {}).get("text")
-    return {"any_names": text is not None, "specials_in_text": bool((text or {}).get("specials_in_text"))}
 
 
 # --- new languages ---------------------------------------------------------------------------------------------

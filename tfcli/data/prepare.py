@@ -27,8 +27,7 @@ from tfcli.config import to_dict
 from tfcli.data.config import PrepareConfig
 from tfcli.data import cleaning, loading
 from tfcli.data.conventions import (
-    CHAT_FIELD, Convention, checkpoint_of, encode_segments, new_languages, pair_messages, read_conversation, segments,
-    tokenizer_options,
+    CHAT_FIELD, Convention, encode_segments, new_languages, pair_messages, read_conversation, segments,
 )
 from tfcli.data.languages import language_tags, named_source_language, tag, target_languages
 from tfcli.data.prepared import FORMAT, FORMAT_VERSION, PreparedData, SequenceWriter, new_meta
@@ -573,7 +572,7 @@ def _prepare(
             log(UP_TO_DATE.format(out=out))
             return out
 
-    reused = _reused(cfg, files, out_kind)
+    reused = _reused(cfg, files, out_kind, conv)
     if reused:  # a reused tokenizer that lowercases: the prepared text (valid references too) follows it
         cfg = replace(cfg, lowercase=any(lowercases(tok) for tok in reused.values()))
     rows, labels = _rows(cfg, kind, sources)
@@ -616,7 +615,7 @@ def _prepare(
 def _convention(cfg: PrepareConfig, kind: str) -> Convention:
     """The family conventions of the checkpoint --tokenizer-from names, checked against the data and options."""
     conv = Convention.of(cfg.tokenizer_from, kind == "parallel", cfg.text_field)
-    if cfg.add_languages and (conv.kind == "chat" or checkpoint_of(cfg.tokenizer_from) is None
+    if cfg.add_languages and (conv.kind == "chat" or conv.checkpoint is None
                               or conv.kind == "plain" and not cfg.lang_pairs):
         raise ConfigError("--add-language: gives a checkpoint (--tokenizer-from) a language token it lacks, for "
                           "--lang-pairs in it; a chat model is told its languages by name")
@@ -641,10 +640,9 @@ def _chat_converter(conv: Convention, cfg: PrepareConfig):
     return convert
 
 
-def _reused(cfg: PrepareConfig, files: dict, kind: str) -> dict:
+def _reused(cfg: PrepareConfig, files: dict, kind: str, conv: Convention) -> dict:
     """{side: tokenizer} of --tokenizer-from (read as its checkpoint reads them), {} without it."""
-    options = tokenizer_options(cfg.tokenizer_from)
-    return {side: load_tokenizer(files[f"tokenizer.{side}"], **options) for side in _sides(kind)} \
+    return {side: load_tokenizer(files[f"tokenizer.{side}"], **conv.tokenizer_options) for side in _sides(kind)} \
         if cfg.tokenizer_from else {}
 
 
@@ -702,7 +700,7 @@ def _tokenizers(tmp: Path, cfg: PrepareConfig, kind: str, reused: dict, files: d
         _check_language_tokens(cfg.lang_pairs, conv, added)
     if conv.kind != "plain":  # (a chat model is told its languages by name)
         return toks, joint, tokenizer_meta, changed, added
-    if conv.kind == "plain" and cfg.lang_pairs and checkpoint_of(cfg.tokenizer_from) is not None:
+    if conv.kind == "plain" and cfg.lang_pairs and conv.checkpoint is not None:
         _check_tags(toks["src"], files["tokenizer.src"], cfg)
     return toks, joint, tokenizer_meta, changed | _add_tags(toks, joint, cfg.lang_pairs), added
 

@@ -200,12 +200,17 @@ class ParallelData:
             src, tgt_in, tgt_out, int(s.sum()), int(t.sum()), src.numel() + tgt_out.numel(),
             src_pairs=int((s * s).sum()), tgt_pairs=int((t * t).sum()), cross_pairs=int((s * t).sum()),
         )
-        if self.pad_multiple > 1:
-            length = min(round_up(max(src.size(1), tgt_out.size(1)), self.pad_multiple), self.max_len)
-            rows = max(self.max_tokens // length, 1)
-            rows = min(rows, self.max_sentences) if self.max_sentences else rows
-            batch = to_bucket(batch, max(rows, len(idx)), length)
-        return batch
+        return self._bucketed(batch, max(src.size(1), tgt_out.size(1)), len(idx))
+
+    def _bucketed(self, batch: Batch, length: int, n: int) -> Batch:
+        """With pad_multiple > 1, `batch` (`n` rows, `length` long) padded to its shape bucket: the length up to a
+        multiple of pad_multiple (at most max_len), the rows up to what max_tokens allows at that length."""
+        if self.pad_multiple <= 1:
+            return batch
+        length = min(round_up(length, self.pad_multiple), self.max_len)
+        rows = max(self.max_tokens // length, 1)
+        rows = min(rows, self.max_sentences) if self.max_sentences else rows
+        return to_bucket(batch, max(rows, n), length)
 
 
 class PairData(ParallelData):
@@ -257,12 +262,7 @@ class PairData(ParallelData):
         batch = Batch(None, inputs, targets, int(prefix.sum()) - len(pairs), int((targets != PAD_ID).sum()),
                       inputs.numel(),
                       tgt_pairs=int((lengths * lengths).sum()), prefix=prefix)
-        if self.pad_multiple > 1:
-            length = min(round_up(T, self.pad_multiple), self.max_len)
-            rows = max(self.max_tokens // length, 1)
-            rows = min(rows, self.max_sentences) if self.max_sentences else rows
-            batch = to_bucket(batch, max(rows, len(idx)), length)
-        return batch
+        return self._bucketed(batch, T, len(idx))
 
 
 class ChatData(ParallelData):
@@ -301,12 +301,7 @@ class ChatData(ParallelData):
         lengths = np.array([len(ids) - 1 for ids, _ in rows])
         batch = Batch(None, inputs, targets, 0, int((targets != PAD_ID).sum()), inputs.numel(),
                       tgt_pairs=int((lengths * lengths).sum()))
-        if self.pad_multiple > 1:
-            length = min(round_up(T, self.pad_multiple), self.max_len)
-            rows_ = max(self.max_tokens // length, 1)
-            rows_ = min(rows_, self.max_sentences) if self.max_sentences else rows_
-            batch = to_bucket(batch, max(rows_, len(idx)), length)
-        return batch
+        return self._bucketed(batch, T, len(idx))
 
 
 class StreamData:
