@@ -35,8 +35,14 @@ SAMPLES = {  # the fields that are not a Literal or a bool: the values tried
     "n_encoder_layers": [1, 2], "n_decoder_layers": [1, 2], "d_ff": [40, 64], "dropout": [0.0, 0.1],
     "attn_dropout": [0.0, 0.1], "max_len": [16, 64], "layer_norm_eps": [1e-5, 0.1], "head_dim": [None, 8, 24],
     "rope_theta": [10000.0, 500000.0], "qkv_bias": [None, False, True], "sliding_window": [None, 3, 6],
-    "global_every": [0, 2], "rope_local_theta": [None, 1000.0],
-    "rope_scaling": [None, RopeScaling("linear", 4.0), RopeScaling("llama3", 8.0, 1.0, 4.0, 16)],
+    "global_every": [0, 2], "rope_local_theta": [None, 1000.0], "attn_scale": [None, 0.3], "attn_softcap": [None, 2.0],
+    "final_softcap": [None, 3.0],
+    "rope_scaling": [None, RopeScaling("linear", 4.0), RopeScaling("llama3", 8.0, 1.0, 4.0, 16),
+                     # (four frequencies: RoPE over 8 dimensions; every prompt past 2 positions: the long ones
+                     # throughout, in a full forward as in a step; the switch between: tests/test_interop.py)
+                     RopeScaling("longrope", 4.0, original_max_len=2, short_factor=(1.0, 1.5, 2.0, 3.0),
+                                 long_factor=(2.0, 4.0, 8.0, 16.0))],
+    "rotary_dim": [None, 8],
 }
 STEPS = 6  # greedy steps a sentence (within the smallest max_len)
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)  # fp32 logits: the same sums in other orders
@@ -290,11 +296,15 @@ def test_the_configs_cover_every_pair_of_values():
     seen = {(n, c[n]) for c in GENERAL for n in names}
     assert seen == {(f.name, v) for f in dataclasses.fields(ModelConfig) for v in field_values(f)}
     lm_only = [("positions", "rope"), ("prefix_attention", True),
-               *(("sliding_window", w) for w in SAMPLES["sliding_window"] if w)]
-    for a, b in itertools.combinations(names, 2):  # (rope, prefix attention, sliding windows: language models only)
+               *((name, v) for name in ("sliding_window", "attn_scale", "attn_softcap", "final_softcap")
+                 for v in SAMPLES[name] if v)]
+    not_rope = {("kind", "seq2seq"), *(("positions", p) for p in field_values(FIELDS["positions"]) if p != "rope")}
+    for a, b in itertools.combinations(names, 2):  # (rope, prefix attention, sliding windows, scales and caps:
+        # language models only)
         held = {(c[a], c[b]) for c in GENERAL}
         possible = {(x, y) for x in field_values(FIELDS[a]) for y in field_values(FIELDS[b])
-                    if not any({(a, x), (b, y)} >= {only, ("kind", "seq2seq")} for only in lm_only)}
+                    if not any({(a, x), (b, y)} >= {only, ("kind", "seq2seq")} for only in lm_only)
+                    and not ({(a, x), (b, y)} & {("rotary_dim", 8)} and {(a, x), (b, y)} & not_rope)}
         assert held >= possible, (a, b, possible - held)
     assert not any(c["positions"] == "rope" and c["kind"] == "seq2seq" for c in CONFIGS)
     if native.layers_kernel() is not None:  # decode_layers runs on each of its configs

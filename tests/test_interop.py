@@ -621,14 +621,17 @@ def test_import_and_export_read_one_record_per_architecture():
              "vocab_size": 50}
     configs = {"marian": seq2seq, "pegasus": seq2seq, "m2m_100": seq2seq,
                "gpt2": {"n_embd": 16, "n_head": 2, "n_layer": 1, "n_positions": 64, "vocab_size": 50},
-               "llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama, "gemma3_text": llama}
-    exported_as = {"mistral": "llama"}  # (a Mistral without a sliding window is a Llama)
+               "llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama, "phi3": llama, "gemma2": llama,
+               "gemma3_text": llama}
+    # (a Mistral without a sliding window is a Llama; Phi-3 is written as itself when it is the model's own family)
+    exported_as = {"mistral": "llama", "phi3": "llama"}
     assert set(configs) == set(ARCHS)
     for name, config in configs.items():
         arch = ARCHS[name]
         cfg = model_config_from_hf({"model_type": name, **config}, arch, Path("hf"))
         assert (cfg.kind, cfg.norm, cfg.positions) == (arch.kind, arch.norm, arch.positions), name
         assert hf_arch(cfg) is ARCHS[exported_as.get(name, name)], name
+        assert hf_arch(cfg, name) is arch, name
 
 
 @pytest.mark.parametrize("rules", [dict(no_repeat_ngram_size=2), dict(repetition_penalty=1.5),
@@ -727,3 +730,101 @@ def test_a_sharded_bf16_llama_imports_exactly_and_a_missing_shard_is_named(tmp_p
     with pytest.raises(TfcliError, match=f"{shards[-1]}: missing, a shard model.safetensors.index.json names"):
         import_model(tmp_path / "hf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _tiny_family(d: Path, family: str, **config) -> "torch.nn.Module":
+    """A random fp32 model of transformers' `family` class ("Gemma2", "Phi3", "Mistral") with `config`, saved with
+    a word tokenizer (BOS added, as the families' tokenizers add it)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = ["<unk>", "<s>", "</s>", *WORDS]
+    cfg = getattr(transformers, f"{family}Config")(**{**dict(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+        tie_word_embeddings=False), **config})
+    torch.manual_seed(5)
+    model = getattr(transformers, f"{family}ForCausalLM")(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    model.save_pretrained(d)
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                               unk_token="<unk>")
+    tok.save_pretrained(d)
+    return model
+
+
+@pytest.mark.parametrize("family, config", [
+    # Gemma 2: a sliding window on every other layer, scores scaled by query_pre_attn_scalar (not head_dim), the
+    # scores and the logits soft-capped (caps low enough to bind)
+    ("Gemma2", dict(head_dim=16, query_pre_attn_scalar=12, sliding_window=4, attn_logit_softcapping=2.0,
+                    final_logit_softcapping=3.0)),
+    # Phi-3: q, k, v in one projection, gate and up in another; a sliding window on every layer
+    ("Phi3", dict(sliding_window=4)),
+    # Phi-3.5 / Phi-4-mini: RoPE on half of each head, longrope (a 4-token prompt switches to the long factors
+    # as it is continued past 8 positions, as transformers switches)
+    ("Phi3", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                   "short_factor": [1.0, 1.3], "long_factor": [3.0, 7.0],
+                                   "original_max_position_embeddings": 8})),
+    ("Mistral", dict(sliding_window=4)),
+])
+def test_gemma2_phi3_and_mistral_conventions_import_and_export_exactly(tmp_path, family, config):
+    """Each family's conventions, at values that bind on a short text: tfcli's log-probs and greedy continuation
+    are transformers', and `export --to hf` writes the family back computing the same logits."""
+    transformers = pytest.importorskip("transformers")
+    import tfcli
+
+    model = _tiny_family(tmp_path / "hf", family, **config)
+    import_model(tmp_path / "hf", tmp_path / "ckpt")
+    lm = tfcli.load(str(tmp_path / "ckpt"))
+    tok = lm.loaded.tgt_tok
+    text = " ".join(WORDS[3:15])
+    hf_ids = [1] + [WORDS.index(w) + 3 for w in text.split()]
+    ids = lm.loaded.meta["text"]["start"] + tok.encode(text, add_special_tokens=False).ids
+    order = [tok.token_to_id(n) for n in ["<unk>", "<s>", "</s>", *WORDS]]  # (HF id -> tfcli id)
+    with torch.no_grad():
+        want = model(torch.tensor([hf_ids])).logits.log_softmax(-1)[0]
+        got = lm.loaded.model(torch.tensor([ids])).log_softmax(-1)[0]
+    torch.testing.assert_close(got[:, order], want, rtol=1e-5, atol=1e-5)
+    for prompt in (text, " ".join(WORDS[5:9])):
+        prompt_ids = [1] + [WORDS.index(w) + 3 for w in prompt.split()]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=10, do_sample=False, eos_token_id=2,
+                                 attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
+        out = out[0, len(prompt_ids):].tolist()
+        out = out[: out.index(2)] if 2 in out else out
+        assert lm.generate([prompt], max_new_tokens=10, greedy=True)[0].split() == [WORDS[i - 3] for i in out]
+    export(tmp_path / "ckpt", "hf", tmp_path / "back")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert type(back) is type(model)
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "back")(text)["input_ids"] == hf_ids
+    with torch.no_grad():
+        torch.testing.assert_close(back(torch.tensor([hf_ids])).logits, model(torch.tensor([hf_ids])).logits,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_llama_layout_configs_tfcli_cannot_express_are_refused_naming_the_key(tmp_path):
+    """A published config whose value tfcli would have to approximate: one line naming the key and value, nothing
+    written."""
+    _tiny_family(tmp_path / "phi", "Phi3")
+    _tiny_family(tmp_path / "qwen", "Qwen2")
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    longrope = {"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [2.0] * 3,
+                "original_max_position_embeddings": 16}
+    cases = [
+        (tmp_path / "qwen", _set(partial_rotary_factor=0.5), "partial_rotary_factor 0.5 in a qwen2 model"),
+        (tmp_path / "phi", _set(partial_rotary_factor=0.1), "partial_rotary_factor 0.1"),
+        (tmp_path / "qwen", _set(rope_scaling=yarn, rope_parameters=None), "rope_scaling of type 'yarn'"),
+        (tmp_path / "phi", _set(rope_scaling=longrope, rope_parameters=None), "longrope has 3 factors"),
+        (tmp_path / "qwen", _set(use_sliding_window=True, sliding_window=4, max_window_layers=1),
+         "use_sliding_window true with max_window_layers 1"),
+    ]
+    for source, change, message in cases:
+        d = _broken(source, tmp_path, config=change)
+        r = in_process("import", d, "-o", tmp_path / "out")
+        assert r.returncode == 1 and message in r.stderr, (message, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -147,7 +147,7 @@ def train(
     fsdp: Optional[bool] = typer.Option(
         None, "--fsdp/--no-fsdp", rich_help_panel=_HW,
         help="Under torchrun, shard the parameters, gradients and optimizer state over the processes (FSDP), for a "
-        "model one device cannot hold \[default: off: DDP, a whole copy in each process].",
+        "model one device cannot hold \\[default: off: DDP, a whole copy in each process].",
     ),
     pad_multiple: Optional[int] = typer.Option(
         None, "--pad-multiple", metavar="N", rich_help_panel=_HW,

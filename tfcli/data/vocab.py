@@ -10,6 +10,9 @@ import json
 from tfcli.specials import SPECIAL_TOKENS, UNK_ID
 
 
+UNUSED_NAME = "<|tfcli unused "  # the start of the name reorder_vocabulary gives a row no token of the model has
+
+
 def vocab_list(tok: dict) -> list[str]:
     """Tokens in id order (model vocabulary and added tokens)."""
     model = tok["model"]
@@ -47,7 +50,7 @@ def reorder_vocabulary(tok: dict, special: dict[int, int | None], rows: int | No
     taken = set(tokens)
     for i, t in enumerate(tokens):  # (an unused id, or a row past the tokens: a name of its own)
         if t == "":
-            tokens[i] = _unused_name(f"<|tfcli unused {i}|>", taken)
+            tokens[i] = _unused_name(f"{UNUSED_NAME}{i}|>", taken)
     heads = [special[i] if special[i] is not None else -1 for i in range(len(SPECIAL_TOKENS))]
     used = {h for h in heads if h >= 0}
     order = heads + [i for i in range(len(tokens)) if i not in used]

@@ -216,7 +216,7 @@ def lm_nll(model, stream: np.ndarray, window: int, stride: int, max_tokens: int,
             # logits for a whole window would take gigabytes
             rows = max(1, HEAD_FLOATS // model.cfg.tgt_vocab_size)
             for i in range(0, len(targets), rows):
-                logits = model.lm_head(features[i : i + rows]).float()
+                logits = model.logits(features[i : i + rows]).float()
                 nll += F.cross_entropy(logits, targets[i : i + rows], reduction="sum").item()
             count += len(targets)
             bar.advance(len(chunk))

@@ -62,10 +62,14 @@ IMPLEMENTS: dict[str, dict[str, frozenset | None]] = {
     "positions": dict(_EVERY, whole=frozenset({"sinusoidal", "fairseq", "learned"})),  # added before the layers; no RoPE
     "rope_theta": _EVERY,  # RoPE's tables are torch's, before the attention
     "rope_scaling": _EVERY,
+    "rotary_dim": _EVERY,
     "rope_local_theta": _EVERY,
     # a bias by layer over the slots; the ring of fixed shapes (static) would need the slots' positions
     "sliding_window": dict(_EVERY, static=frozenset({None}), whole=frozenset({None})),
     "global_every": _EVERY,
+    "attn_scale": _EVERY,  # the scale every attention kernel takes
+    "attn_softcap": dict(_EVERY, c_attention=frozenset({None}), whole=frozenset({None})),  # torch's attention caps
+    "final_softcap": _EVERY,  # on the logits, after the output layer
     "prefix_attention": _EVERY,  # the prefill's bias (IncrementalDecoder.prefill): what every backend reads
     "scale_embedding": _EVERY,  # the embedding and the output layer run outside the layers
     "share_embeddings": _EVERY,

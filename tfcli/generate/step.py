@@ -54,6 +54,7 @@ from tfcli.generate.stored import StoredWeights
 from tfcli.generate.schedule import StepGraph
 from tfcli.model.layers import ACTIVATIONS, Sublayers, gate_activation
 from tfcli.model.norm import RMSNorm
+from tfcli.model.transformer import softcap
 from tfcli.torch_compat import cpu_autocast_dtype
 
 # oneDNN's fused linear + activation: (attr, algorithm)
@@ -92,7 +93,12 @@ class StepModel:
         self.tok = rows_reader(decoder.embed.tok.weight)  # (lookups that map none of a checkpoint file's pages)
         self.layers = [_Layer(layer, plan.linear, stored) for layer in decoder.layers]
         self.final_norm = _norm(decoder.norm)
-        self.lm_head = _linear(parts.lm_head, plan.linear, store=stored)
+        head, self.logits_bias = parts.lm_head, None
+        if self.cfg.final_softcap is not None and head.bias is not None:  # (the cap before the bias, as the model)
+            head, self.logits_bias, stored_head = _WeightOnly(head.weight), head.bias.detach(), None
+        else:
+            stored_head = stored
+        self.lm_head = _linear(head, plan.linear, store=stored_head)
         self.layer_args, self.decode_layers = None, None  # rows.c's decode_layers: every layer in one call
         if plan.whole:
             args = [layer.kernel_args() for layer in self.layers]
@@ -188,7 +194,7 @@ class IncrementalDecoder:
         self.sm = sm
         self.K, self.H, self.dh = beam_size, cfg.n_head, cfg.d_head
         self.H_kv = cfg.kv_heads  # key/value heads, each shared by g = H / H_kv query heads
-        self.scale = self.dh**-0.5
+        self.scale, self.softcap = cfg.q_scale, cfg.attn_softcap
         self.max_steps = max_steps
         self.n, self.k, self.t = n, 1, 0  # rows, beams per row, positions so far
         weight = sm.embed.tok.weight
@@ -347,7 +353,8 @@ class IncrementalDecoder:
             x = self._op_layers(x, start, r, L, self_bias, pos, c)
         if last_only:
             x = x.view(self.n, r, -1)[:, -1]
-        return self.sm.lm_head(self.sm.final_norm(x))
+        logits = softcap(self.sm.lm_head(self.sm.final_norm(x)), self.sm.cfg.final_softcap)
+        return logits if self.sm.logits_bias is None else logits + self.sm.logits_bias
 
     def _c_layers(self, x, start: int, r: int, L: int, self_bias) -> torch.Tensor:
         """`_layers`' layers as one call of rows.c's decode_layers, on x in place."""
@@ -436,7 +443,11 @@ class IncrementalDecoder:
             keys_t, values = keys_t[..., :L], values[:, :L]
         if r > 1:
             q = q.transpose(1, 2)
-        scores = torch.baddbmm(bias, q.reshape(n * H_kv, H // H_kv * r, dh), keys_t, alpha=self.scale)
+        q = q.reshape(n * H_kv, H // H_kv * r, dh)
+        if self.softcap is None:
+            scores = torch.baddbmm(bias, q, keys_t, alpha=self.scale)
+        else:  # the scores capped before the mask (Gemma 2)
+            scores = softcap(torch.bmm(q, keys_t) * self.scale, self.softcap) + bias
         y = torch.bmm(scores.softmax(-1), values)
         if r == 1:  # (one query a row: the heads are already in place)
             return y.view(n, H * dh)
@@ -738,6 +749,14 @@ def _norm(module: nn.Module):
         return _identity
     shape, weight, bias, eps = module.normalized_shape, module.weight, module.bias, module.eps
     return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
+
+
+class _WeightOnly(nn.Module):
+    """A linear layer's weight without its bias (the output layer of a model whose logits are capped before it)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight, self.bias = weight, None
 
 
 def _linear(module: nn.Linear, mode: str, act: str | None = None, residual: bool = False,

@@ -119,6 +119,13 @@ def _activation(cfg: ModelConfig, common_spec):
     if cfg.norm == "sandwich" or cfg.global_every:
         raise TfcliError("--to ctranslate2: Gemma's layout (model.norm sandwich, model.global_every) is not "
                          "supported by this export; CTranslate2's own converter reads the Hugging Face model")
+    if cfg.rope_scaling is not None and cfg.rope_scaling.type == "longrope":
+        raise TfcliError("--to ctranslate2: model.rope_scaling longrope is not supported by this export; "
+                         "CTranslate2's own converter reads the Hugging Face model")
+    for key in ("attn_scale", "attn_softcap", "final_softcap"):
+        if getattr(cfg, key) is not None:
+            raise TfcliError(f"--to ctranslate2: model.{key} {getattr(cfg, key)} is not supported by this export "
+                             "(its spec scales attention by 1/sqrt(head width) and caps nothing)")
     if activation is None:
         raise TfcliError(f"--to ctranslate2: model.activation {cfg.activation} is not supported (CTranslate2 has no "
                          "such activation, nor has --to hf); a model to export trains with relu, gelu, silu, swiglu "
@@ -181,7 +188,7 @@ def _decoder_model_spec(model, cfg: ModelConfig, options: dict, transformer_spec
 
     rope = cfg.positions == "rope"
     if rope:
-        options.update(rotary_dim=0, rotary_interleave=False, rotary_base=cfg.rope_theta)
+        options.update(rotary_dim=cfg.rotary_dim or 0, rotary_interleave=False, rotary_base=cfg.rope_theta)
         if cfg.rope_scaling is not None:
             kind = {"linear": attention_spec.RotaryScalingType.Linear,
                     "llama3": attention_spec.RotaryScalingType.Llama3}[cfg.rope_scaling.type]

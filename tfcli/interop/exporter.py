@@ -41,7 +41,7 @@ def export(path: str | Path, to: str, out: str | Path, quantization: str | None 
     toks = {side: checkpoint.tokenizer(meta, side) for side in sides}  # checked against the model
     files = {side: checkpoint_meta.tokenizer_path(meta, side) for side in sides}
     if to in ("hf", "peft"):
-        arch = hf.hf_arch(cfg).model_class
+        arch = hf_export.target_arch(cfg, meta).model_class
         hf._transformers()
     else:
         arch = "TransformerSpec" if cfg.kind == "seq2seq" else "TransformerDecoderModelSpec"
@@ -53,9 +53,9 @@ def export(path: str | Path, to: str, out: str | Path, quantization: str | None 
                 for side, f in files.items():
                     shutil.copyfile(f, tmp / f"tokenizer.{side}.json")
             elif to == "peft":
-                arch = hf_export.save_peft(model, cfg, meta["adapter"], tmp)
+                arch = hf_export.save_peft(model, cfg, meta, tmp)
             else:
-                arch = hf_export.save_hf(model, cfg, files, tmp)
+                arch = hf_export.save_hf(model, cfg, files, tmp, meta)
             info = {"exported_by": f"tfcli {tfcli.__version__}", "from": meta["dir"], "to": to, "class": arch,
                     "quantization": quantization, "kind": cfg.kind}
             (tmp / "tfcli_export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

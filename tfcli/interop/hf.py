@@ -24,6 +24,7 @@ own tokens is unchanged.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -95,20 +96,37 @@ ARCHS = {a.name: a for a in (
     Arch("gpt2", "lm", "pre", "learned", False, False, False, False, "GPT2LMHeadModel", "GPT2Config"),
     # the Llama layout (RMSNorm, SwiGLU, RoPE, grouped-query attention): Qwen 2 adds q/k/v biases, Qwen 3 QK-norm
     *(Arch(name, "lm", "pre", "rope", False, False, False, False, f"{cls}ForCausalLM", f"{cls}Config")
-      for name, cls in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"))),
-    # Gemma 3's text model: Llama's names, a norm before and after each sublayer (RMSNorm over 1 + weight)
+      for name, cls in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"),
+                        ("phi3", "Phi3"))),
+    # Gemma 2 and 3 (text): Llama's names, a norm before and after each sublayer (RMSNorm over 1 + weight)
+    Arch("gemma2", "lm", "sandwich", "rope", False, False, False, False, "Gemma2ForCausalLM", "Gemma2Config"),
     Arch("gemma3_text", "lm", "sandwich", "rope", False, False, False, False, "Gemma3ForCausalLM",
          "Gemma3TextConfig"),
 )}
-LLAMA_LAYOUT = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")  # the weights `_llama_pairs` names
+# the weights `_llama_pairs` names (Phi-3's q, k, v and gate, up projections each fused into one)
+LLAMA_LAYOUT = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
 
 
 # --- which class, and the refusals ----------------------------------------------------------------------------
 
 
-def hf_arch(cfg: ModelConfig) -> Arch:
-    """The architecture (ARCHS: marian, pegasus, m2m_100 or gpt2) that expresses `cfg`, or a one-line error naming
-    the option none can express."""
+def hf_arch(cfg: ModelConfig, family: str | None = None) -> Arch:
+    """The architecture (ARCHS) that expresses `cfg`, or a one-line error naming the option none can express;
+    `family`: an imported model's own model_type, chosen where it expresses `cfg` too (Mistral and Phi-3, whose
+    models Llama's layout expresses where they have no sliding window)."""
+    arch = _hf_arch(cfg)
+    if family in ("mistral", "phi3") and arch.name in ("llama", "mistral") and not cfg.bias:
+        return ARCHS[family]
+    return arch
+
+
+def _phi3_only(cfg: ModelConfig) -> bool:
+    """RoPE over part of each head, or longrope: of the RoPE targets only Phi-3 has them."""
+    return cfg.rotary_dim not in (None, cfg.d_head) or (cfg.rope_scaling is not None and
+                                                        cfg.rope_scaling.type == "longrope")
+
+
+def _hf_arch(cfg: ModelConfig) -> Arch:
     def refuse(option: str, why: str):
         raise TfcliError(f"--to hf: {option} is not supported ({why}); export with --to ctranslate2 instead")
 
@@ -158,16 +176,26 @@ def hf_arch(cfg: ModelConfig) -> Arch:
 
 
 def _llama_arch(cfg: ModelConfig, refuse) -> Arch:
-    """A decoder-only model with RoPE: Llama's layout (Qwen 2's with q/k/v biases alone, Qwen 3's with QK-norm)."""
+    """A decoder-only model with RoPE: Llama's layout (Qwen 2's with q/k/v biases alone, Qwen 3's with QK-norm,
+    Mistral's with a sliding window on every layer), or with sandwich norms Gemma 3's (QK-norm) or Gemma 2's."""
     if cfg.norm == "sandwich":
-        wanted = dict(rms_norm=True, activation="geglu_tanh", qk_norm=True, scale_embedding=True, bias=False,
-                      qkv_bias=None, output_bias=False)
+        wanted = dict(rms_norm=True, activation="geglu_tanh", scale_embedding=True, bias=False, qkv_bias=None,
+                      output_bias=False)
         for key, value in wanted.items():
             if getattr(cfg, key) != value:
                 refuse(f"model.norm sandwich with model.{key} {getattr(cfg, key)}",
-                       "the sandwich-norm target, Gemma 3, has RMSNorm, GeGLU (tanh), QK-norm, scaled embeddings "
+                       "the sandwich-norm targets, Gemma 2 and 3, have RMSNorm, GeGLU (tanh), scaled embeddings "
                        "and no biases")
-        return ARCHS["gemma3_text"]
+        if cfg.qk_norm:
+            return ARCHS["gemma3_text"]
+        if cfg.rope_local_theta is not None or (cfg.sliding_window is not None and cfg.global_every != 2):
+            refuse("model.norm sandwich without qk_norm, with a sliding window on other than every other layer or "
+                   "a RoPE base of its own", "the sandwich-norm target without QK-norm, Gemma 2, slides on every "
+                   "other layer with one RoPE base")
+        return ARCHS["gemma2"]
+    for key in ("attn_scale", "attn_softcap", "final_softcap"):
+        if getattr(cfg, key) is not None:
+            refuse(f"model.{key} {getattr(cfg, key)}", "of the RoPE targets only Gemma's scale or cap attention")
     wanted = dict(rms_norm=True, activation="swiglu", norm="pre", scale_embedding=False)
     for key, value in wanted.items():
         if getattr(cfg, key) != value:
@@ -176,6 +204,17 @@ def _llama_arch(cfg: ModelConfig, refuse) -> Arch:
                    "the RoPE target, Llama's layout, has RMSNorm, SwiGLU, pre-norm and unscaled embeddings")
     if cfg.output_bias:
         refuse("model.output_bias true", "Llama's output projection has no bias")
+    if _phi3_only(cfg):
+        if cfg.global_every or cfg.qk_norm or cfg.bias or cfg.attn_qkv_bias or cfg.rope_local_theta is not None:
+            refuse(f"model.rotary_dim {cfg.rotary_dim} or longrope with full-attention layers, QK-norm, biases or a "
+                   "second RoPE base", "the RoPE target with them, Phi-3, has none of those")
+        return ARCHS["phi3"]
+    if cfg.sliding_window is not None:
+        if cfg.global_every or cfg.qk_norm or cfg.bias or cfg.attn_qkv_bias or cfg.rope_local_theta is not None:
+            refuse(f"model.sliding_window {cfg.sliding_window} with full-attention layers, QK-norm, biases or a "
+                   "second RoPE base", "the sliding-window target of Llama's layout, Mistral, slides on every "
+                   "layer and has none of them")
+        return ARCHS["mistral"]
     if cfg.qk_norm:
         if cfg.bias or cfg.attn_qkv_bias:
             refuse("model.bias true with QK-norm", "Qwen 3's attention and FFN have no biases")
@@ -193,6 +232,7 @@ def _llama_arch(cfg: ModelConfig, refuse) -> Arch:
 #   in    reads the residual stream: permute the columns      out   writes it: permute the rows (and the bias)
 #   plain unchanged                                            conv  GPT-2's Conv1D: transposed
 #   gain-1 a Gemma RMSNorm gain, stored less 1
+#   half0, half1  the first / second half of the rows of a tensor HF fuses (Phi-3's gate_up_proj)
 #   bias  the output bias, HF's (1, V) final_logits_bias
 
 
@@ -200,7 +240,7 @@ def _pairs(cfg: ModelConfig, arch: Arch) -> Iterator[tuple[str, tuple[int, tuple
     """(tfcli name, (part j, the parts' sizes along dim 0) or None, HF name, layout) for every weight tfcli has,
     biases included even where tfcli has none (they are exported as zeros)."""
     if arch.name in LLAMA_LAYOUT:
-        yield from _llama_pairs(cfg)
+        yield from _llama_pairs(cfg, arch.name == "phi3")
         return
     if arch.kind == "lm":
         yield from _gpt2_pairs(cfg)
@@ -280,10 +320,11 @@ def _gpt2_pairs(cfg: ModelConfig):
     yield from norm("decoder.norm", "transformer.ln_f")
 
 
-def _llama_pairs(cfg: ModelConfig):
-    """LlamaForCausalLM's names (Mistral's, Qwen 2's, Qwen 3's and Gemma 3's are the same): q, k, v stacked into
+def _llama_pairs(cfg: ModelConfig, fused: bool = False):
+    """LlamaForCausalLM's names (Mistral's, Qwen 2's, Qwen 3's and Gemma's are the same): q, k, v stacked into
     tfcli's one projection, gate/up/down as w1/w3/w2; biases only where the model has them (Qwen 2's on q, k, v);
-    Gemma's norms before and after each sublayer, their gains stored less 1 ("gain-1")."""
+    Gemma's norms before and after each sublayer, their gains stored less 1 ("gain-1"). `fused` (Phi-3): one
+    qkv_proj as tfcli's, and gate_up_proj the gate's rows (w1) over the up projection's (w3)."""
     def linear(t, h, bias, part=None):
         yield f"{t}.weight", part, f"{h}.weight", "plain"
         if bias:
@@ -297,7 +338,9 @@ def _llama_pairs(cfg: ModelConfig):
     for i in range(cfg.n_decoder_layers):
         t, h = f"decoder.layers.{i}", f"model.layers.{i}"
         yield f"{t}.res_self.norm.weight", None, f"{h}.input_layernorm.weight", gain
-        for j, name in enumerate("qkv"):
+        if fused:
+            yield from linear(f"{t}.self_attn.qkv_proj", f"{h}.self_attn.qkv_proj", cfg.attn_qkv_bias)
+        for j, name in enumerate("qkv" if not fused else ""):
             yield from linear(f"{t}.self_attn.qkv_proj", f"{h}.self_attn.{name}_proj", cfg.attn_qkv_bias, (j, sizes))
         yield from linear(f"{t}.self_attn.out_proj", f"{h}.self_attn.o_proj", cfg.bias)
         if cfg.qk_norm:
@@ -309,7 +352,10 @@ def _llama_pairs(cfg: ModelConfig):
             yield f"{t}.res_ffn.post_norm.weight", None, f"{h}.post_feedforward_layernorm.weight", gain
         else:
             yield f"{t}.res_ffn.norm.weight", None, f"{h}.post_attention_layernorm.weight", gain
-        for tname, hname in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+        if fused:
+            yield f"{t}.ffn.w1.weight", None, f"{h}.mlp.gate_up_proj.weight", "half0"
+            yield f"{t}.ffn.w3.weight", None, f"{h}.mlp.gate_up_proj.weight", "half1"
+        for tname, hname in (("w1", "gate_proj"), ("w3", "up_proj"))[: 0 if fused else 2] + (("w2", "down_proj"),):
             yield from linear(f"{t}.ffn.{tname}", f"{h}.mlp.{hname}", cfg.bias)
     yield "decoder.norm.weight", None, "model.norm.weight", gain
 
@@ -334,6 +380,8 @@ def _to_hf(w: torch.Tensor, layout: str, perm: torch.Tensor | None) -> torch.Ten
 def _from_hf(w: torch.Tensor, layout: str, perm: torch.Tensor | None) -> torch.Tensor:
     if layout == "gain-1":  # (in fp32, as Gemma computes 1 + weight)
         return 1.0 + w
+    if layout in ("half0", "half1"):
+        return w.chunk(2)[int(layout[-1])]
     if layout == "conv":
         return w.t().contiguous()
     if layout == "bias":
@@ -355,6 +403,9 @@ def to_hf_state(model, cfg: ModelConfig, arch: Arch) -> dict[str, torch.Tensor]:
             w = torch.zeros(sd[t.removesuffix(".bias") + ".weight"].shape[0])
         if part is not None:
             w = w.split(part[1])[part[0]]
+        if layout == "half1":  # (its half0 came first: the two stacked)
+            out[h] = torch.cat([out[h], w])
+            continue
         out[h] = _to_hf(w, layout, perm).contiguous()
     return out
 
@@ -369,6 +420,10 @@ def to_peft_state(adapters: dict, cfg: ModelConfig, arch: Arch) -> dict[str, tor
         adapter = adapters.get(t.removesuffix(".weight")) if t.endswith(".weight") else None
         if adapter is None:
             continue
+        if layout in ("half0", "half1"):
+            raise TfcliError(f"--to peft: {t.removesuffix('.weight')}'s adapter cannot be written on {h}, which "
+                             "fuses it with another layer's (PEFT's LoRA takes one A per layer); train LoRA on "
+                             "other layers (--lora-targets)")
         A, B = adapter.A.detach().float(), adapter.B.detach().float()
         if part is not None:
             B = B.split(part[1])[part[0]]
@@ -420,8 +475,11 @@ def hf_config(cfg: ModelConfig, arch: Arch, ids: dict | None = None):
     tr = _transformers()
     act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "swish"}.get(cfg.activation)
     common = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=cfg.tie_output)
-    if arch.name in LLAMA_LAYOUT:
-        return _llama_config(tr, cfg, arch, common)
+    if arch.name in LLAMA_LAYOUT:  # (`ids`: an imported family's own)
+        ids = dict(ids or {})
+        if "vocab_size" in ids:
+            cfg = dataclasses.replace(cfg, tgt_vocab_size=ids.pop("vocab_size"))
+        return _llama_config(tr, cfg, arch, {**common, **ids})
     if arch.kind == "lm":
         return tr.GPT2Config(
             vocab_size=cfg.tgt_vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model, n_layer=cfg.n_decoder_layers,
@@ -450,16 +508,23 @@ def _llama_config(tr, cfg: ModelConfig, arch: Arch, common: dict):
         if s.type == "llama3":
             rope.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor,
                         original_max_position_embeddings=s.original_max_len)
+        if s.type == "longrope":
+            rope.update(short_factor=list(s.short_factor), long_factor=list(s.long_factor),
+                        original_max_position_embeddings=s.original_max_len, attention_factor=s.scale)
+    partial = {"partial_rotary_factor": cfg.rope_dim / cfg.d_head} if arch.name == "phi3" else {}
     cls = getattr(tr, arch.config_class)
     if "rope_parameters" in cls().to_dict():
-        rope_args = {"rope_parameters": {**rope, "rope_theta": cfg.rope_theta}}
+        rope_args = {"rope_parameters": {**rope, **partial, "rope_theta": cfg.rope_theta}}
     else:
-        rope_args = {"rope_theta": cfg.rope_theta, "rope_scaling": rope if cfg.rope_scaling is not None else None}
-    if arch.name == "gemma3_text":
-        return _gemma3_config(cls, cfg, rope_args, common)
+        rope_args = {"rope_theta": cfg.rope_theta, "rope_scaling": rope if cfg.rope_scaling is not None else None,
+                     **partial}
+    if arch.name in ("gemma2", "gemma3_text"):
+        return _gemma_config(cls, cfg, rope_args, common)
     bias = {} if arch.name == "qwen2" else {"attention_bias": cfg.bias}
     if arch.name == "llama":
         bias["mlp_bias"] = cfg.bias
+    if arch.name in ("mistral", "phi3"):
+        bias["sliding_window"] = cfg.sliding_window
     return cls(vocab_size=cfg.tgt_vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
                num_hidden_layers=cfg.n_decoder_layers, num_attention_heads=cfg.n_head,
                num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head, max_position_embeddings=cfg.max_len,
@@ -467,23 +532,28 @@ def _llama_config(tr, cfg: ModelConfig, arch: Arch, common: dict):
                **rope_args, **bias, **common)
 
 
-def _gemma3_config(cls, cfg: ModelConfig, rope_args: dict, common: dict):
-    """Gemma3TextConfig of a sandwich-norm `cfg`: its sliding and full layers, each kind's RoPE base."""
+def _gemma_config(cls, cfg: ModelConfig, rope_args: dict, common: dict):
+    """Gemma3TextConfig or Gemma2Config (`cls`) of a sandwich-norm `cfg`: its sliding and full layers, each kind's
+    RoPE base (Gemma 3), the attention's scale and the caps."""
     types = ["sliding_attention" if cfg.window(i) is not None else "full_attention"
              for i in range(cfg.n_decoder_layers)]
     local = cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta
-    if "rope_parameters" in rope_args:
+    scalar = cfg.d_head if cfg.attn_scale is None else cfg.attn_scale**-2
+    if abs(scalar - round(scalar)) < 1e-6:  # (the integer it was read from)
+        scalar = round(scalar)
+    if cfg.qk_norm and "rope_parameters" in rope_args:  # (Gemma 3: a RoPE base per kind of layer; Gemma 2: one)
         rope_args = {"rope_parameters": {"full_attention": rope_args["rope_parameters"],
                                          "sliding_attention": {"rope_type": "default", "rope_theta": local}}}
-    else:
+    elif cfg.qk_norm:
         rope_args = {**rope_args, "rope_local_base_freq": local}
     return cls(vocab_size=cfg.tgt_vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
                num_hidden_layers=cfg.n_decoder_layers, num_attention_heads=cfg.n_head,
-               num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head, query_pre_attn_scalar=cfg.d_head,
+               num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head, query_pre_attn_scalar=scalar,
                max_position_embeddings=cfg.max_len, rms_norm_eps=cfg.layer_norm_eps,
                attention_dropout=cfg.attn_dropout, hidden_activation="gelu_pytorch_tanh",
-               sliding_window=cfg.sliding_window or cfg.max_len, layer_types=types, attn_logit_softcapping=None,
-               final_logit_softcapping=None, **rope_args, **common)
+               sliding_window=cfg.sliding_window or cfg.max_len, layer_types=types,
+               attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.final_softcap, **rope_args,
+               **common)
 
 
 def _model_class(arch: Arch):

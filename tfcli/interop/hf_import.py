@@ -12,7 +12,7 @@ import torch
 from tfcli.config import to_dict
 from tfcli.data.languages import LANGUAGE_TOKENS, m2m_language_tokens
 from tfcli.data.vocab import reorder_vocabulary, vocab_list
-from tfcli.errors import TfcliError
+from tfcli.errors import ConfigError, TfcliError
 from tfcli.interop.hf import (ABSENT_LOGIT, ARCHS, LAYER_NORM_EPS, LLAMA_LAYOUT, Arch, _linear_bias, _pairs,
                               _transformers, from_hf_state)
 from tfcli.io import refuse_overwriting_inputs
@@ -232,10 +232,13 @@ def model_config_from_hf(config: dict, arch: Arch, hf_dir: Path) -> ModelConfig:
         if not cond:
             raise TfcliError(f"{hf_dir}/config.json: {what}, which tfcli models cannot express")
 
-    if arch.name == "gemma3_text":
-        return _gemma3_config(config, arch, need)
     if arch.name in LLAMA_LAYOUT:
-        return _llama_config(config, arch, need)
+        cfg = (_gemma_config if arch.name in ("gemma2", "gemma3_text") else _llama_config)(config, arch, need)
+        try:
+            cfg.validate()
+        except ConfigError as e:
+            raise TfcliError(f"{hf_dir}/config.json: {e}") from None
+        return cfg
     act = config.get("activation_function", "gelu_new" if arch.kind == "lm" else "relu")
     need(act in _ACTIVATIONS, f"activation_function '{act}'")
     if arch.kind == "lm":
@@ -282,12 +285,17 @@ def _check_sizes_given(config: dict, required: tuple, optional: tuple, where: st
             raise TfcliError(f"{where}: {key} is {value!r}; expected a positive integer")
 
 
+_POSITIVE_OR_NULL = ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")
+
+
 def _check_llama_config(config: dict, where: str) -> None:
     """The Llama-layout keys tfcli reads, with the right types: sizes positive integers, the norm's eps and RoPE's
     base positive numbers."""
     _check_sizes_given(config, _LLAMA_SIZES, _LLAMA_OPTIONAL, where, str(config.get("model_type")))
-    for key in ("rms_norm_eps", "rope_theta"):
+    for key in ("rms_norm_eps", "rope_theta", *_POSITIVE_OR_NULL):
         value = config.get(key, 1e-6)
+        if value is None and key in _POSITIVE_OR_NULL:
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise TfcliError(f"{where}: {key} is {value!r}; expected a positive number")
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
@@ -305,12 +313,21 @@ def _rope(config: dict, need) -> tuple[float, RopeScaling | None]:
     else:
         theta, scaling = config.get("rope_theta", 10000.0), config.get("rope_scaling")
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    need(kind in ("default", "linear", "llama3"), f"rope_scaling of type '{kind}'")
+    kind = "longrope" if kind == "su" else kind  # (Phi-3's first name for it)
+    need(kind in ("default", "linear", "llama3", "longrope"), f"rope_scaling of type '{kind}'")
     if kind == "default":
         return float(theta), None
     try:
         if kind == "linear":
             return float(theta), RopeScaling("linear", float(scaling["factor"]))
+        if kind == "longrope":
+            original = int(scaling.get("original_max_position_embeddings") or config["original_max_position_embeddings"])
+            factor = scaling.get("factor") or config.get("max_position_embeddings", original) / original
+            attention = scaling.get("attention_factor")
+            return float(theta), RopeScaling("longrope", float(factor), original_max_len=original,
+                                             short_factor=tuple(scaling["short_factor"]),
+                                             long_factor=tuple(scaling["long_factor"]),
+                                             attention_factor=None if attention is None else float(attention))
         return float(theta), RopeScaling("llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
                                          float(scaling["high_freq_factor"]),
                                          int(scaling["original_max_position_embeddings"]))
@@ -318,28 +335,45 @@ def _rope(config: dict, need) -> tuple[float, RopeScaling | None]:
         need(False, f"rope_scaling {scaling!r} ({type(e).__name__}: {e})")
 
 
+def _rotary_dim(config: dict, need) -> int | None:
+    """RoPE's share of a head (`partial_rotary_factor`, at the top or in `rope_parameters`); None: all of it."""
+    params = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    factor = config.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+    if factor == 1.0:
+        return None
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    rotary = int(head_dim * factor)
+    need(0 < factor < 1 and rotary > 0 and rotary % 2 == 0, f"partial_rotary_factor {factor} ({rotary} of a head's {head_dim})")
+    return rotary
+
+
 def _llama_config(config: dict, arch: Arch, need) -> ModelConfig:
-    """The ModelConfig of a Llama, Mistral, Qwen 2 or Qwen 3 config.json; a value tfcli would have to approximate
-    is refused by `need`, naming the key."""
+    """The ModelConfig of a Llama, Mistral, Qwen 2, Qwen 3 or Phi-3 config.json; a value tfcli would have to
+    approximate is refused by `need`, naming the key. Mistral's and Phi-3's sliding_window binds on every layer
+    (Qwen's only with use_sliding_window, from its max_window_layers-th layer: refused)."""
     name = arch.name
     act = config.get("hidden_act", "silu")
     need(act == "silu", f"hidden_act '{act}' (the Llama layout's gated FFN is SwiGLU: silu)")
-    need(config.get("partial_rotary_factor", 1.0) == 1.0, f"partial_rotary_factor {config.get('partial_rotary_factor')}")
-    windows = [t for t in config.get("layer_types") or () if t != "full_attention"]
-    window = config.get("sliding_window")
-    sliding = config.get("use_sliding_window", name == "mistral") and window is not None
-    need(not windows and not (sliding and window < config.get("max_position_embeddings", 2048)),
-         f"sliding_window {window} (attention over a window of the last tokens)")
+    window = config.get("sliding_window") if name in ("mistral", "phi3") else None
+    types = set(config.get("layer_types") or ())
+    need(types <= {"full_attention"} or (window is not None and types == {"sliding_attention"}),
+         f"layer_types {sorted(types)} (full attention on some layers, a sliding window on others)")
+    need(not config.get("use_sliding_window", False) or name in ("mistral", "phi3"),
+         f"use_sliding_window true with max_window_layers {config.get('max_window_layers')} (a sliding window on "
+         "the layers from that one on)")
     attention_bias = bool(config.get("attention_bias", False)) and name != "mistral"
     mlp_bias = bool(config.get("mlp_bias", False)) and name == "llama"  # (the others' FFNs have none)
     need(attention_bias == mlp_bias, f"attention_bias {str(attention_bias).lower()} with mlp_bias "
          f"{str(mlp_bias).lower()} (tfcli's `bias` is the attention output's and the FFN's together)")
     theta, scaling = _rope(config, need)
+    rotary = _rotary_dim(config, need)
+    need(rotary is None or name == "phi3", f"partial_rotary_factor {config.get('partial_rotary_factor')} in a "
+         f"{name} model (its attention turns every dimension)")
     return ModelConfig(
         **_llama_sizes(config), activation="swiglu", norm="pre", qk_norm=name == "qwen3", rope_theta=theta,
         rope_scaling=scaling, max_len=config.get("max_position_embeddings") or 2048, scale_embedding=False,
         tie_output=bool(config.get("tie_word_embeddings", False)), bias=attention_bias,
-        qkv_bias=True if name == "qwen2" else None,
+        qkv_bias=True if name == "qwen2" else None, sliding_window=window, rotary_dim=rotary,
     )
 
 
@@ -356,20 +390,21 @@ def _llama_sizes(config: dict) -> dict:
     )
 
 
-def _gemma3_config(config: dict, arch: Arch, need) -> ModelConfig:
-    """The ModelConfig of a Gemma 3 text model's config.json: Llama's layout with a norm before and after each
-    sublayer, embeddings times sqrt(d_model), GeGLU (tanh), QK-norm, a sliding window on all but every N-th layer,
-    whose RoPE has a base of its own."""
+def _gemma_config(config: dict, arch: Arch, need) -> ModelConfig:
+    """The ModelConfig of a Gemma 2 or Gemma 3 text model's config.json: Llama's layout with a norm before and after
+    each sublayer, embeddings times sqrt(d_model), GeGLU (tanh), attention scaled by query_pre_attn_scalar^-1/2, a
+    sliding window on all but every N-th layer (Gemma 2: every other one), attention scores and logits soft-capped
+    where the config says (Gemma 2); Gemma 3 has QK-norm and a RoPE base of its own on the sliding layers."""
     act = config.get("hidden_activation", "gelu_pytorch_tanh")
     need(act == "gelu_pytorch_tanh", f"hidden_activation '{act}'")
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        need(config.get(key) is None, f"{key} {config.get(key)}")
     need(not config.get("use_bidirectional_attention", False), "use_bidirectional_attention true")
     need(not config.get("attention_bias", False), "attention_bias true")
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    scalar = config.get("query_pre_attn_scalar", head_dim)
-    need(scalar == head_dim, f"query_pre_attn_scalar {scalar} (attention scaled by other than head_dim {head_dim})")
-    types = config.get("layer_types") or []
+    scalar = config.get("query_pre_attn_scalar") or head_dim
+    gemma2 = arch.name == "gemma2"
+    types = config.get("layer_types") or (  # (Gemma 2's default: every other layer slides, the first one first)
+        ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(config["num_hidden_layers"])]
+        if gemma2 else [])
     full = [i for i, t in enumerate(types) if t == "full_attention"]
     every = full[0] + 1 if full else 0
     need(all((t == "full_attention") == bool(every and (i + 1) % every == 0) for i, t in enumerate(types)),
@@ -384,10 +419,12 @@ def _gemma3_config(config: dict, arch: Arch, need) -> ModelConfig:
         local_theta = config.get("rope_local_base_freq", 10000.0)
     theta, scaling = _rope(config, need)
     return ModelConfig(
-        **_llama_sizes(config), activation="geglu_tanh", norm="sandwich", qk_norm=True, rope_theta=theta,
+        **_llama_sizes(config), activation="geglu_tanh", norm="sandwich", qk_norm=not gemma2, rope_theta=theta,
         rope_scaling=scaling, sliding_window=config.get("sliding_window"), global_every=every,
-        rope_local_theta=float(local_theta), max_len=config.get("max_position_embeddings") or 8192,
+        rope_local_theta=None if gemma2 else float(local_theta), max_len=config.get("max_position_embeddings") or 8192,
         scale_embedding=True, tie_output=bool(config.get("tie_word_embeddings", True)), bias=False,
+        attn_scale=None if scalar == head_dim else float(scalar) ** -0.5,
+        attn_softcap=config.get("attn_logit_softcapping"), final_softcap=config.get("final_logit_softcapping"),
     )
 
 
@@ -588,7 +625,7 @@ def _tfcli_vocabularies(hf_dir: Path, config: dict, arch, cfg: ModelConfig) -> t
     if cfg.kind == "seq2seq" and cfg.share_embeddings and orders["src"] != orders["tgt"]:
         raise TfcliError(f"{hf_dir}: shared embeddings, but the source and target tokenizers number tokens differently")
     text = _text_conventions(hf_dir, config, family, orders["tgt"]) if published else None
-    return toks, orders, text
+    return toks, orders, text and {**text, "family": arch.name, "family_ids": orders["tgt"][: len(SPECIAL_TOKENS)]}
 
 
 def _within_rows(data: dict, rows: int) -> dict:

@@ -23,10 +23,11 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_head: int, attn_dropout: float = 0.0, bias: bool = True, cross: bool = False,
                  qk_norm_eps: float | None = None, n_kv_head: int | None = None, d_head: int | None = None,
-                 qkv_bias: bool | None = None):
+                 qkv_bias: bool | None = None, scale: float | None = None, softcap: float | None = None):
         """`qk_norm_eps`: RMSNorm each head's q and k (a gain of d_head each) with this eps; None: no QK-norm.
         `n_kv_head`: key/value heads (None: n_head, plain multi-head attention). `d_head`: each head's width (None:
-        d_model / n_head). `qkv_bias`: biases on the q, k, v projections (None: as `bias`, the output's)."""
+        d_model / n_head). `qkv_bias`: biases on the q, k, v projections (None: as `bias`, the output's). `scale`:
+        what q.k is multiplied by (None: 1 / sqrt(d_head)); `softcap`: scores capped as cap * tanh(s / cap)."""
         super().__init__()
         n_kv_head = n_kv_head or n_head
         assert (d_head or d_model % n_head == 0) and n_head % n_kv_head == 0
@@ -35,6 +36,8 @@ class MultiHeadAttention(nn.Module):
         self.n_kv_head, self.d_kv = n_kv_head, n_kv_head * self.d_head
         self.cross = cross
         self.attn_dropout = attn_dropout
+        self.scale, self.softcap = scale if scale is not None else self.d_head**-0.5, softcap
+        self.sdpa_scale = scale  # (None: SDPA's own 1 / sqrt(d_head), bit for bit what it computes by default)
         qkv_bias = bias if qkv_bias is None else qkv_bias
         if cross:
             self.q_proj = Linear(d_model, self.d_q, bias=qkv_bias)
@@ -88,20 +91,37 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.attn_dropout if self.training else 0.0
         weights = None
         # softmax(Q K^T / sqrt(d_head) + mask) V
-        if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        if self.softcap is not None:  # (no fused kernel caps the scores)
+            weights = self._capped_weights(q, k, mask, is_causal)
+            y = F.dropout(weights, dropout_p) @ v
+        elif q.dtype == torch.bfloat16 and q.device.type == "cpu":
             # torch's CPU flash kernel is slower in bf16 than in fp32 at training sizes, backward included: the
             # product runs in fp32, the projections in bf16
             with torch.autocast("cpu", enabled=False):  # autocast would cast them back
                 y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
-                                                   dropout_p=dropout_p, is_causal=is_causal).to(q.dtype)
+                                                   dropout_p=dropout_p, is_causal=is_causal,
+                                                   scale=self.sdpa_scale).to(q.dtype)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
-        if need_weights:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                                               scale=self.sdpa_scale)
+        if need_weights and self.softcap is None:
             # The weights from the very same kernel: with V = I, softmax(QK^T/sqrt(d) + mask) I is the weights.
             eye = torch.eye(k.size(2), dtype=q.dtype, device=q.device).expand(q.size(0), self.n_head, -1, -1)
-            weights = F.scaled_dot_product_attention(q, k, eye, attn_mask=mask, is_causal=is_causal)
+            weights = F.scaled_dot_product_attention(q, k, eye, attn_mask=mask, is_causal=is_causal,
+                                                     scale=self.sdpa_scale)
         y = y.transpose(1, 2).reshape(B, T, self.d_q)
-        return self.out_proj(y), weights
+        return self.out_proj(y), weights if need_weights else None
+
+    def _capped_weights(self, q, k, mask, is_causal: bool) -> torch.Tensor:
+        """softmax(cap * tanh(Q K^T * scale / cap) + mask): the scores capped before the mask (Gemma 2)."""
+        scores = (q @ k.transpose(-1, -2)) * self.scale
+        scores = self.softcap * torch.tanh(scores / self.softcap)
+        if is_causal:
+            T, S = scores.shape[-2:]
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return scores.softmax(-1)
 
     def cross_weights(self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """softmax(Q K^T / sqrt(d_head) + mask) of a cross-attention, (B, n_head, T, S), without its product with V
@@ -111,7 +131,7 @@ class MultiHeadAttention(nn.Module):
         k = self._heads(self.kv_proj(memory).split(self.fused_rows, dim=-1)[0])
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        scores = q.float() @ self._share(k).float().transpose(-1, -2) * self.d_head**-0.5
+        scores = q.float() @ self._share(k).float().transpose(-1, -2) * self.scale
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         return scores.softmax(-1)

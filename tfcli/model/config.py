@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -15,18 +16,42 @@ class RopeScaling:
 
     linear: every frequency divided by `factor`. llama3 (Llama 3.1+): wavelengths longer than
     original_max_len / low_freq_factor divided by `factor`, shorter than original_max_len / high_freq_factor kept,
-    those between interpolated."""
+    those between interpolated. longrope (Phi-3.5, Phi-4-mini): frequency i divided by short_factor[i], or by
+    long_factor[i] in a sequence past original_max_len positions (from the call that takes it past them, as
+    transformers does), the rotation's cos and sin times attention_factor (None: sqrt(1 + ln(factor) /
+    ln(original_max_len)), 1 where factor <= 1)."""
 
-    type: Literal["linear", "llama3"] = "linear"
+    type: Literal["linear", "llama3", "longrope"] = "linear"
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only, as the next two
     high_freq_factor: float = 4.0
     original_max_len: int = 8192
+    short_factor: tuple[float, ...] = ()  # longrope only, as the next two: a factor per frequency
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float | None = None
+
+    def __post_init__(self):
+        for key in ("short_factor", "long_factor"):  # (a config's lists, kept hashable)
+            object.__setattr__(self, key, tuple(float(v) for v in getattr(self, key)))
+
+    @property
+    def scale(self) -> float:
+        """What longrope multiplies cos and sin by (1 for the others)."""
+        if self.type != "longrope":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        return 1.0 if self.factor <= 1.0 else math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_len))
 
     def validate(self) -> None:
         if self.factor <= 0 or (self.type == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor):
             raise ConfigError("model.rope_scaling: factor must be positive, and 0 < low_freq_factor < "
                               "high_freq_factor")
+        factors = self.short_factor + self.long_factor
+        if self.type == "longrope" and (not self.short_factor or len(self.short_factor) != len(self.long_factor)
+                                        or min(factors) <= 0 or self.original_max_len < 1):
+            raise ConfigError("model.rope_scaling: longrope needs short_factor and long_factor, positive, one per "
+                              "frequency, and original_max_len")
 
 
 @dataclass
@@ -66,6 +91,7 @@ class ModelConfig:
     positions: Literal["sinusoidal", "fairseq", "learned", "rope"] = "sinusoidal"
     rope_theta: float = 10000.0  # RoPE's base: pair i of a head turns by pos * rope_theta^(-2i/d_head)
     rope_scaling: RopeScaling | None = None  # RoPE frequencies stretched for long contexts (Llama 3.1+)
+    rotary_dim: int | None = None  # RoPE on each head's first rotary_dim dimensions (Phi-4-mini: 3/4); None: all
     # sliding-window attention: a token sees itself and the sliding_window - 1 tokens before it (Mistral 7B v0.1,
     # Gemma); None: every token before it
     sliding_window: int | None = None
@@ -73,6 +99,13 @@ class ModelConfig:
     # token before it instead (Gemma 2: 2, Gemma 3: 6); 0: every layer slides
     global_every: int = 0
     rope_local_theta: float | None = None  # RoPE's base on the sliding layers (Gemma 3: 10000); None: rope_theta
+    # q.k multiplied by attn_scale before the softmax; None: 1 / sqrt(d_head) (Gemma 2 27B: 1 / sqrt(144), its
+    # query_pre_attn_scalar)
+    attn_scale: float | None = None
+    # soft-capping (Gemma 2): attention scores cap * tanh(score / cap) before the mask and softmax, and the output
+    # logits the same with their own cap; None: uncapped. These three: decoder-only models
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
     # a decoder-only translator's source, and a prompt, seen whole: attention within the prefix runs both ways,
     # causal after it (a prefix LM, Raffel et al. 2020; Wang et al. 2022); False: causal everywhere
     prefix_attention: bool = False
@@ -101,6 +134,16 @@ class ModelConfig:
         return self.sliding_window
 
     @property
+    def rope_dim(self) -> int:
+        """The dimensions of a head that RoPE turns."""
+        return self.rotary_dim or self.d_head
+
+    @property
+    def q_scale(self) -> float:
+        """What q.k is multiplied by before the softmax."""
+        return self.attn_scale if self.attn_scale is not None else self.d_head**-0.5
+
+    @property
     def kv_heads(self) -> int:
         """Key/value heads: n_kv_head, or n_head where it is not set."""
         return self.n_kv_head or self.n_head
@@ -115,12 +158,25 @@ class ModelConfig:
         if self.n_kv_head is not None and not (0 < self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0):
             raise ConfigError(f"model: n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): each key/value "
                               "head serves the same number of query heads")
-        if self.positions == "rope" and self.d_head % 2:
-            raise ConfigError(f"model: rope needs an even head size, got {self.d_head}")
+        if self.positions == "rope" and self.rope_dim % 2:
+            raise ConfigError(f"model: rope needs an even head size (or rotary_dim), got {self.rope_dim}")
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_head and self.positions == "rope"):
+            raise ConfigError(f"model: rotary_dim ({self.rotary_dim}) is RoPE's share of a head: positive, at most "
+                              f"the head's {self.d_head}, with positions rope")
+        scaling = self.rope_scaling
+        if scaling is not None and scaling.type == "longrope" and len(scaling.short_factor) * 2 != self.rope_dim:
+            raise ConfigError(f"model.rope_scaling: longrope has {len(scaling.short_factor)} factors; RoPE turns "
+                              f"{self.rope_dim} dimensions, {self.rope_dim // 2} frequencies")
         if self.sliding_window is not None and (self.sliding_window < 1 or self.kind != "lm"):
             raise ConfigError("model: sliding_window must be positive, in a decoder-only model (kind: lm)")
         if self.global_every < 0 or (self.rope_local_theta is not None and self.rope_local_theta <= 0):
             raise ConfigError("model: global_every must not be negative, rope_local_theta must be positive")
+        for key in ("attn_scale", "attn_softcap", "final_softcap"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ConfigError(f"model: {key} must be positive, got {value}")
+        if (self.attn_scale, self.attn_softcap, self.final_softcap) != (None,) * 3 and self.kind != "lm":
+            raise ConfigError("model: attn_scale, attn_softcap and final_softcap are for decoder-only models (kind: lm)")
         if self.rope_theta <= 0:
             raise ConfigError(f"model: rope_theta must be positive, got {self.rope_theta}")
         if self.positions == "fairseq" and self.d_model % 2:

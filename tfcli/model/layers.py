@@ -72,7 +72,8 @@ class Sublayers:
 def _attention(cfg: ModelConfig, cross: bool = False) -> MultiHeadAttention:
     return MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attn_dropout, cfg.bias, cross=cross,
                               qk_norm_eps=cfg.layer_norm_eps if cfg.qk_norm else None, n_kv_head=cfg.n_kv_head,
-                              d_head=cfg.d_head, qkv_bias=cfg.attn_qkv_bias)
+                              d_head=cfg.d_head, qkv_bias=cfg.attn_qkv_bias, scale=cfg.attn_scale,
+                              softcap=cfg.attn_softcap)
 
 
 class FeedForward(nn.Module):

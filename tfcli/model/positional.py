@@ -71,14 +71,17 @@ class LearnedPositions(nn.Module):
         return self.emb(pos)
 
 
-def rope_frequencies(d_head: int, theta: float = 10000.0, scaling=None) -> torch.Tensor:
+def rope_frequencies(d_head: int, theta: float = 10000.0, scaling=None, long: bool = False) -> torch.Tensor:
     """RoPE's (d_head/2,) angular frequencies theta^(-2i/d_head) in fp32, stretched as `scaling` (a
-    ModelConfig.RopeScaling, or None) says."""
+    ModelConfig.RopeScaling, or None) says; `long`: longrope's long factors (else its short ones)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head))
     if scaling is None:
         return inv_freq
     if scaling.type == "linear":
         return inv_freq / scaling.factor
+    if scaling.type == "longrope":
+        factors = torch.tensor(scaling.long_factor if long else scaling.short_factor, dtype=torch.float32)
+        return 1.0 / (factors * theta ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head))
     # llama3: long wavelengths slowed by `factor`, short ones kept, those between interpolated
     long_wave = scaling.original_max_len / scaling.low_freq_factor
     short_wave = scaling.original_max_len / scaling.high_freq_factor
@@ -92,23 +95,33 @@ def rope_frequencies(d_head: int, theta: float = 10000.0, scaling=None) -> torch
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE (Su et al. 2021): rotate each (x_i, x_{i+d/2}) pair of q and k by angle pos * theta_i.
+    """RoPE (Su et al. 2021): rotate each (x_i, x_{i+d/2}) pair of q and k by angle pos * theta_i, over a head's
+    first d_rot dimensions (all of them but where the model says: Phi-4-mini's 3/4), the rest passed through.
 
-    theta_i = rope_theta^(-2i/d_head) (`rope_frequencies`); q.k then depends only on the relative position.
+    theta_i = rope_theta^(-2i/d_rot) (`rope_frequencies`); q.k then depends only on the relative position. With
+    longrope, a sequence past its original_max_len positions turns by the long factors' frequencies (a row of a
+    batch by its own positions; transformers decides for the whole batch, which equals this at batch 1).
     """
 
-    def __init__(self, d_head: int, max_len: int, theta: float = 10000.0, scaling=None):
+    def __init__(self, d_rot: int, max_len: int, theta: float = 10000.0, scaling=None):
         super().__init__()
-        self.d_head = d_head
-        # (a plain attribute, not a buffer: a model cast to bf16 keeps its frequencies in fp32)
-        self.inv_freq = rope_frequencies(d_head, theta, scaling)
+        self.d_rot, self.scaling = d_rot, scaling
+        self.longrope = scaling is not None and scaling.type == "longrope"
+        # (plain attributes, not buffers: a model cast to bf16 keeps its frequencies in fp32)
+        self.inv_freq = rope_frequencies(d_rot, theta, scaling)
+        self.inv_freq_long = rope_frequencies(d_rot, theta, scaling, long=True) if self.longrope else None
         self._build(max_len)
 
     def _build(self, n: int, device=None):
-        inv_freq = self.inv_freq.to(device)
-        angles = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv_freq)  # (n, d_head/2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        scale = 1.0 if self.scaling is None else self.scaling.scale
+        steps = torch.arange(n, dtype=torch.float32, device=device)
+        angles = torch.outer(steps, self.inv_freq.to(device))  # (n, d_rot/2)
+        self.register_buffer("cos", angles.cos() * scale, persistent=False)
+        self.register_buffer("sin", angles.sin() * scale, persistent=False)
+        if self.longrope:
+            angles = torch.outer(steps, self.inv_freq_long.to(device))
+            self.register_buffer("cos_long", angles.cos() * scale, persistent=False)
+            self.register_buffer("sin_long", angles.sin() * scale, persistent=False)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, end: int | None = None) -> torch.Tensor:
         """x: (B, H, T, d_head); pos: (T,) or (B, T) absolute positions; `end` as in SinusoidalPositions."""
@@ -117,11 +130,16 @@ class RotaryEmbedding(nn.Module):
             if need > self.cos.size(0):
                 self._build(max(need, 2 * self.cos.size(0)), self.cos.device)
         cos, sin = self.cos[pos], self.sin[pos]  # (T, d/2) or (B, T, d/2)
+        if self.longrope:  # (past original_max_len: the long factors, for the whole row; on the device, no sync)
+            past = (pos.amax(-1, keepdim=True) >= self.scaling.original_max_len)[..., None]
+            cos, sin = torch.where(past, self.cos_long[pos], cos), torch.where(past, self.sin_long[pos], sin)
         if cos.dim() == 3:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        x1, x2 = x[..., : self.d_head // 2], x[..., self.d_head // 2 :]
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+        half = self.d_rot // 2
+        x1, x2 = x[..., :half], x[..., half : self.d_rot]
+        turned = [x1 * cos - x2 * sin, x1 * sin + x2 * cos]
+        return torch.cat(turned if self.d_rot == x.size(-1) else [*turned, x[..., self.d_rot :]], dim=-1)
 
 
 def _end(pos: torch.Tensor, end: int | None) -> int:

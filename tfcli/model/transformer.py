@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.config import ModelConfig
@@ -15,6 +16,11 @@ from tfcli.model.norm import norm_layer
 from tfcli.model.linear import Linear
 from tfcli.model.positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions
 from tfcli.specials import PAD_ID
+
+
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(x / cap): x kept within (-cap, cap), near-linear well inside (Gemma 2's logits); None: x."""
+    return x if cap is None else cap * torch.tanh(x / cap)
 
 
 class Embeddings(nn.Module):
@@ -118,9 +124,9 @@ class Decoder(nn.Module):
         self.cfg = cfg
         self.embed = embed
         rope = cfg.positions == "rope"
-        self.rope = RotaryEmbedding(cfg.d_head, cfg.max_len, cfg.rope_theta, cfg.rope_scaling) if rope else None
+        self.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_len, cfg.rope_theta, cfg.rope_scaling) if rope else None
         local = rope and cfg.rope_local_theta is not None
-        self.rope_local = RotaryEmbedding(cfg.d_head, cfg.max_len, cfg.rope_local_theta) if local else None
+        self.rope_local = RotaryEmbedding(cfg.rope_dim, cfg.max_len, cfg.rope_local_theta) if local else None
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross, cfg.window(i), local and cfg.window(i) is not None)
                                     for i in range(n_layers))
         self.norm = _final_norm(cfg)
@@ -228,16 +234,20 @@ class EncoderDecoder(nn.Module):
 
     def decode(self, tgt, memory, memory_mask, attn_out: dict | None = None):
         """Logits (B, T, V) for target prefix `tgt`."""
-        return self.lm_head(self.decoder(tgt, memory, memory_mask, attn_out=attn_out))
+        return self.logits(self.decoder(tgt, memory, memory_mask, attn_out=attn_out))
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The output layer on the decoder's `features`."""
+        return self.lm_head(features)
 
     def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """The decoder's output (B, T, d_model) under teacher forcing; logits = lm_head(features)."""
+        """The decoder's output (B, T, d_model) under teacher forcing; logits = logits(features)."""
         memory, mask = self.encode(src)
         return self.decoder(tgt_in, memory, mask)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: src (B, S), tgt_in (B, T) = <s> y_1 .. y_{T-1}; returns logits (B, T, V)."""
-        return self.lm_head(self.features(src, tgt_in))
+        return self.logits(self.features(src, tgt_in))
 
 
 class DecoderOnlyLM(nn.Module):
@@ -259,14 +269,22 @@ class DecoderOnlyLM(nn.Module):
         return Parts(None, self.decoder.parts(), self.lm_head)
 
     def features(self, ids: torch.Tensor, prefix: torch.Tensor | None = None) -> torch.Tensor:
-        """The decoder's output (B, T, d_model); logits = lm_head(features). `prefix` (B,): each row's prefix length,
+        """The decoder's output (B, T, d_model); logits = logits(features). `prefix` (B,): each row's prefix length,
         seen both ways where the model has prefix_attention (ignored otherwise)."""
         return self.decoder(ids, prefix=self._prefix(prefix))
 
     def forward(self, ids: torch.Tensor, attn_out: dict | None = None,
                 prefix: torch.Tensor | None = None) -> torch.Tensor:
         """ids: (B, T); returns logits (B, T, V)."""
-        return self.lm_head(self.decoder(ids, attn_out=attn_out, prefix=self._prefix(prefix)))
+        return self.logits(self.decoder(ids, attn_out=attn_out, prefix=self._prefix(prefix)))
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The output layer on the decoder's `features`, soft-capped where the model says (final_softcap): the cap
+        on x W^T, the output bias added after it (an imported family's -1e9 on the specials it lacks stays -1e9)."""
+        if self.cfg.final_softcap is None:
+            return self.lm_head(features)
+        capped = softcap(F.linear(features, self.lm_head.weight), self.cfg.final_softcap)
+        return capped if self.lm_head.bias is None else capped + self.lm_head.bias
 
     def _prefix(self, prefix: torch.Tensor | None) -> torch.Tensor | None:
         return prefix if self.cfg.prefix_attention else None

@@ -177,14 +177,15 @@ class Objective(nn.Module):
         if self.rdrop and m.training:  # (validation: the plain loss)
             return self._rdrop(src, inputs, targets, prefix)
         h = m.features(inputs, prefix) if src is None else m.features(src, inputs)
-        if h.device.type != "cpu":
+        fused = m.cfg.final_softcap is None  # (the loss by blocks of the output layer's rows: uncapped logits)
+        if h.device.type != "cpu" and fused:
             return linear_label_smoothed_loss(h, m.lm_head.weight, m.lm_head.bias, targets, self.smoothing)
         if (src is not None or prefix is not None) and not is_compiling():
             real = targets != PAD_ID
             h, targets = h[real], targets[real]
-        if not m.lm_head.weight.requires_grad:  # (frozen, as under LoRA: the logits by blocks, never all held)
+        if not m.lm_head.weight.requires_grad and fused:  # (frozen, as under LoRA: the logits by blocks)
             return linear_label_smoothed_loss(h, m.lm_head.weight, m.lm_head.bias, targets, self.smoothing)
-        return label_smoothed_loss(m.lm_head(h), targets, self.smoothing, reuse_logits=True)
+        return label_smoothed_loss(m.logits(h), targets, self.smoothing, reuse_logits=True)
 
 
     def _rdrop(self, src: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor,
@@ -204,7 +205,7 @@ class Objective(nn.Module):
             h = m.features(torch.cat([src, src]), doubled)
         real = targets != PAD_ID
         h1, h2 = h.chunk(2)
-        z1, z2 = m.lm_head(h1[real]).float(), m.lm_head(h2[real]).float()
+        z1, z2 = m.logits(h1[real]).float(), m.logits(h2[real]).float()
         t = targets[real]
         loss1, nll1 = label_smoothed_loss(z1, t, self.smoothing)
         loss2, nll2 = label_smoothed_loss(z2, t, self.smoothing)
