@@ -49,3 +49,21 @@ def random_checkpoint(tmp_path_factory) -> Path:
     sentence's output does not depend on its batch or neighbours."""
     d = tmp_path_factory.mktemp("random")
     return save_model(d / "ckpt", random_translator(3), save_word_tokenizer(d / "tok", WORDS))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup` (make test): an item marked `xdist_group(NAME)` gets "@NAME" after its node id, which is how
+    xdist's scheduler keeps a group on one worker. xdist 3.8 sets it on `item._nodeid`, which pytest 9 no longer
+    reads (it derives the id from `item._id`): without this the groups are split across the workers (and a family
+    of tests/test_published.py is built on each)."""
+    if not getattr(config.option, "loadgroup", False):  # (set on xdist's workers under --dist loadgroup)
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix):  # (an older pytest shows xdist's own suffix)
+            from _pytest.nodeid import coerce_node_id
+
+            item._id = coerce_node_id(item.nodeid + suffix)

@@ -377,6 +377,29 @@ def save_random_translator(d: Path, seed: int) -> Path:
     return save_model(d / "ckpt", random_translator(seed), save_word_tokenizer(d / "tok", WORDS))
 
 
+def save_random_decoder_translator(d: Path, seed: int, prefix_attention: bool = False) -> Path:
+    """A random decoder-only model over WORDS saved as a translator trained here (meta data kind: parallel: the
+    source, <s>, the target in one sequence) in d/ckpt: outputs arbitrary but fixed by `seed`."""
+    import dataclasses
+
+    import torch
+
+    from tfcli import checkpoint
+    from tfcli.model.config import preset
+    from tfcli.model.transformer import build_model
+
+    torch.manual_seed(seed)
+    v = len(SPECIAL_TOKENS) + len(WORDS)
+    model = build_model(preset("lm-toy", tgt_vocab_size=v, prefix_attention=prefix_attention, max_len=40)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    tok = save_word_tokenizer(d / "tok", WORDS)
+    meta = {"model": dataclasses.asdict(model.cfg), "data": {"kind": "parallel", "joint": True}}
+    return checkpoint.save(d / "ckpt", model, meta, {"src": tok, "tgt": tok})
+
+
 def save_copier(d: Path, words: list[str]) -> Path:
     """copy_model over `words`, saved as a checkpoint in d/copier (its word tokenizer in d/tok)."""
     return save_model(d / "copier", copy_model(n_words=len(words), max_len=32), save_word_tokenizer(d / "tok", words))

@@ -42,9 +42,9 @@ def _remove_the_last_family():  # (not a fixture's teardown: xdist tears every f
 # (each family's tests on one worker: `make test` runs pytest-xdist with --dist loadgroup)
 @pytest.fixture(scope="module", params=[pytest.param(f, marks=pytest.mark.xdist_group(f)) for f in FAMILIES])
 def family(request, tmp_path_factory):
-    """(transformers tokenizer, transformers model, tfcli Generator) of one family, built once a module. (xdist may
-    set the fixture up twice for one family, between two batches of its tests: the second setup gives the first's
-    objects, and a family's files go when the next family is built.)"""
+    """(transformers tokenizer, transformers model, tfcli Generator) of one family, built once a worker. (xdist may
+    set the fixture up again for one family, between two batches of its tests: that setup gives the first's
+    objects; a family's files go when the next family is built.)"""
     transformers = pytest.importorskip("transformers")
     src = LLM / request.param
     if not src.is_dir():

@@ -13,18 +13,22 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers import WORDS, save_random_translator
+from helpers import WORDS, save_random_decoder_translator, save_random_translator
 from tfcli.cli import app
 from tfcli.generate import translate as translate_module
 from tfcli.generate.config import TranslateConfig
 from tfcli.generate.translate import translate
 
 
-@pytest.fixture(scope="module")
-def random_ckpt(tmp_path_factory) -> Path:
-    """A random tiny model over WORDS: its outputs are arbitrary but fixed, a sterner check than the copier that
-    a sentence's translation does not depend on which process or batch it is in."""
-    return save_random_translator(tmp_path_factory.mktemp("random"), 0)
+@pytest.fixture(scope="module", params=["encoder-decoder", "decoder-only"])
+def random_ckpt(request, tmp_path_factory) -> Path:
+    """A random tiny model over WORDS, an encoder-decoder or a decoder-only translator (its source and target in one
+    sequence, prefilled as a prompt): its outputs are arbitrary but fixed, a sterner check than the copier that a
+    sentence's translation does not depend on which process or batch it is in."""
+    d = tmp_path_factory.mktemp("random")
+    if request.param == "decoder-only":
+        return save_random_decoder_translator(d, 0, prefix_attention=True)
+    return save_random_translator(d, 0)
 
 
 def corpus(path: Path, n: int, seed: int = 0) -> Path:
