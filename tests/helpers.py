@@ -377,9 +377,9 @@ def save_random_translator(d: Path, seed: int) -> Path:
     return save_model(d / "ckpt", random_translator(seed), save_word_tokenizer(d / "tok", WORDS))
 
 
-def save_random_decoder_translator(d: Path, seed: int, prefix_attention: bool = False) -> Path:
-    """A random decoder-only model over WORDS saved as a translator trained here (meta data kind: parallel: the
-    source, <s>, the target in one sequence) in d/ckpt: outputs arbitrary but fixed by `seed`."""
+def random_decoder_translator(d: Path, seed: int, prefix_attention: bool = False):
+    """(model, checkpoint path): a random decoder-only model over WORDS saved as a translator trained here (meta data
+    kind: parallel: the source, <s>, the target in one sequence) in d/ckpt; outputs arbitrary but fixed by `seed`."""
     import dataclasses
 
     import torch
@@ -397,7 +397,7 @@ def save_random_decoder_translator(d: Path, seed: int, prefix_attention: bool = 
                 p.normal_(0, 0.3)
     tok = save_word_tokenizer(d / "tok", WORDS)
     meta = {"model": dataclasses.asdict(model.cfg), "data": {"kind": "parallel", "joint": True}}
-    return checkpoint.save(d / "ckpt", model, meta, {"src": tok, "tgt": tok})
+    return model, checkpoint.save(d / "ckpt", model, meta, {"src": tok, "tgt": tok})
 
 
 def save_copier(d: Path, words: list[str]) -> Path:

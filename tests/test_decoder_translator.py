@@ -4,14 +4,13 @@ equal to recomputing the whole sequence at every step."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import WORDS, make_parallel_prepared, save_word_tokenizer, tiny_train_config
+from helpers import WORDS, make_parallel_prepared, random_decoder_translator, tiny_train_config
 from tfcli import checkpoint
 from tfcli.data.prepared import PreparedData
 from tfcli.errors import ConfigError
@@ -77,19 +76,6 @@ def test_prefix_attention_sees_the_prompt_both_ways(prefix_attention):
     assert torch.equal(a[:, :7], c[:, :7])
 
 
-def save_translator(d, prefix_attention: bool):
-    """A random decoder-only model over WORDS saved as a translator trained here (meta data kind: parallel)."""
-    torch.manual_seed(3)
-    model = build_model(preset("lm-toy", tgt_vocab_size=V, prefix_attention=prefix_attention, max_len=40)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    tok = save_word_tokenizer(d / "tok", WORDS)
-    meta = {"model": dataclasses.asdict(model.cfg), "data": {"kind": "parallel", "joint": True}}
-    return model, checkpoint.save(d / "ckpt", model, meta, {"src": tok, "tgt": tok})
-
-
 def recompute_greedy(model, prompt: list[int], n: int) -> list[int]:
     """The slow way: the whole sequence through the model at each step, the prompt its prefix."""
     ids, out = list(prompt), []
@@ -111,7 +97,7 @@ def test_translating_is_recomputing_the_sequence(tmp_path, prefix_attention):
     prefix attention), in any batch; beam 4's do not depend on the batch either."""
     import tfcli
 
-    model, ckpt = save_translator(tmp_path, prefix_attention)
+    model, ckpt = random_decoder_translator(tmp_path, 3, prefix_attention)
     lm = tfcli.load(str(ckpt), device="cpu")
     tok = lm.loaded.tgt_tok
     want = []
@@ -176,7 +162,7 @@ def test_prompt_alignment_is_the_self_attention_onto_the_source(tmp_path):
     (heads averaged, of the aligning layer) from the position that predicts it, over the prompt's source span."""
     from tfcli.generate.alignment import prompt_alignments
 
-    model, _ = save_translator(tmp_path, prefix_attention=True)
+    model, _ = random_decoder_translator(tmp_path, 3, prefix_attention=True)
     prompts = [[EOS_ID, 5, 6, 7, BOS_ID], [EOS_ID, 9, BOS_ID]]
     hyps = [[8, 9, 10], [11, 12, 13, 14]]
     got = prompt_alignments(model, prompts, [(1, 4), (1, 2)], hyps, layer=2)
@@ -276,7 +262,7 @@ def test_replies_cut_by_the_length_limit_are_counted_and_a_template_needs_its_te
 
     from tfcli.cli import app
 
-    model, ckpt = save_translator(tmp_path, prefix_attention=False)
+    model, ckpt = random_decoder_translator(tmp_path, 3, prefix_attention=False)
     src = "".join(line + "\n" for line in LINES)
     res = CliRunner().invoke(app, ["translate", "-m", str(ckpt), "--greedy", "--max-len-a", "0", "--max-len-b", "1"],
                              input=src)

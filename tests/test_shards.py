@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers import WORDS, save_random_decoder_translator, save_random_translator
+from helpers import WORDS, random_decoder_translator, save_random_translator
 from tfcli.cli import app
 from tfcli.generate import translate as translate_module
 from tfcli.generate.config import TranslateConfig
@@ -27,7 +27,7 @@ def random_ckpt(request, tmp_path_factory) -> Path:
     sentence's translation does not depend on which process or batch it is in."""
     d = tmp_path_factory.mktemp("random")
     if request.param == "decoder-only":
-        return save_random_decoder_translator(d, 0, prefix_attention=True)
+        return random_decoder_translator(d, 0, prefix_attention=True)[1]
     return save_random_translator(d, 0)
 
 
