@@ -32,9 +32,12 @@ import torch
 
 from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig
-from tfcli.specials import BOS_ID, EOS_ID, PAD_ID
+from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 ABSENT_LOGIT = -1e9  # output bias of a special token the imported model did not have
+# where two of tfcli's specials are one row of an imported model, the first of these holds the row (the never-output
+# ones last) and the other gets ABSENT_LOGIT; export gives the row back from it
+ROW_HOLDERS = (EOS_ID, UNK_ID, PAD_ID, BOS_ID)
 LAYER_NORM_EPS = 1e-5  # Marian's and Pegasus' LayerNorms (not configurable there)
 
 

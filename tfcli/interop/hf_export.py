@@ -13,7 +13,7 @@ from tfcli.config import to_dict
 from tfcli.data.vocab import UNUSED_NAME, permute_vocabulary, plain_name, vocab_list
 from tfcli.errors import TfcliError
 from tfcli.interop.hf import (
-    _model_class, _no_progress_bars, _transformers, hf_arch, hf_config, to_hf_state, to_peft_state,
+    ROW_HOLDERS, _model_class, _no_progress_bars, _transformers, hf_arch, hf_config, to_hf_state, to_peft_state,
 )
 from tfcli.model.config import ModelConfig
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
@@ -40,8 +40,8 @@ def family_layout(model, cfg: ModelConfig, text: dict) -> Layout:
     if heads is None:
         raise TfcliError("--to hf: this model was imported by an earlier tfcli, which did not record its family's "
                          "special-token ids; import it again (tfcli import) and export that")
-    row = {}  # the family's id -> the tfcli id whose row import filled (of two ids on one row, as _output_bias)
-    for i in (EOS_ID, UNK_ID, PAD_ID, BOS_ID):
+    row = {}  # the family's id -> the tfcli id whose row import filled (of two ids on one row: ROW_HOLDERS)
+    for i in ROW_HOLDERS:
         if heads[i] >= 0:
             row.setdefault(heads[i], i)
     rest = iter(range(len(SPECIAL_TOKENS), cfg.tgt_vocab_size))

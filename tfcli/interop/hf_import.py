@@ -13,8 +13,8 @@ from tfcli.config import to_dict
 from tfcli.data.languages import LANGUAGE_TOKENS, m2m_language_tokens
 from tfcli.data.vocab import reorder_vocabulary, vocab_list
 from tfcli.errors import ConfigError, TfcliError
-from tfcli.interop.hf import (ABSENT_LOGIT, ARCHS, LAYER_NORM_EPS, LLAMA_LAYOUT, Arch, _linear_bias, _pairs,
-                              _transformers, from_hf_state)
+from tfcli.interop.hf import (ABSENT_LOGIT, ARCHS, LAYER_NORM_EPS, LLAMA_LAYOUT, ROW_HOLDERS, Arch, _linear_bias,
+                              _pairs, _transformers, from_hf_state)
 from tfcli.io import refuse_overwriting_inputs
 from tfcli.model.config import ModelConfig, RopeScaling
 from tfcli.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
@@ -535,7 +535,7 @@ def _output_bias(b: torch.Tensor | None, order: list[int]) -> torch.Tensor:
     rest = torch.tensor(order[n:], dtype=torch.long)
     out[n:] = b[rest] if b is not None else 0.0
     seen = set()
-    for i in (EOS_ID, UNK_ID, PAD_ID, BOS_ID):  # never-output ones last
+    for i in ROW_HOLDERS:
         h = order[i]
         if h >= 0 and h not in seen:
             out[i] = b[h] if b is not None else 0.0
